@@ -1,0 +1,83 @@
+//! Errors of the repository layer.
+//!
+//! Every error carries a kind (what a caller may branch on), a context string naming the
+//! object or operation, and its source. `retryable()` tells transient storage failures from
+//! permanent ones.
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The object does not exist.
+    NotFound,
+    /// A write-once object already exists.
+    AlreadyExists,
+    /// Stored bytes fail their checksum or cannot be decoded.
+    Corrupt,
+    /// Stored data is valid but says something unexpected (wrong format version, ...).
+    Format,
+    /// The storage backend failed; may be transient.
+    Storage,
+    /// Invalid argument from the caller (bad option value and such).
+    Invalid,
+}
+
+#[derive(Debug)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub context: String,
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn new(kind: ErrorKind, context: impl Into<String>) -> Error {
+        Error {
+            kind,
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    pub fn with_source(
+        kind: ErrorKind,
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Error {
+        Error {
+            kind,
+            context: context.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    pub fn corrupt(context: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Corrupt, context)
+    }
+
+    /// True when retrying the same operation may succeed.
+    pub fn retryable(&self) -> bool {
+        self.kind == ErrorKind::Storage
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        self.kind == ErrorKind::NotFound
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.context)?;
+        if let Some(s) = &self.source {
+            write!(f, ": {s}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

@@ -1,0 +1,56 @@
+//! Object names inside a repository. One function per kind of object, so the names live in
+//! exactly one place (and in docs/repository-format.md).
+//!
+//! ```text
+//! <stanza>/stanza.json                                  which cluster the stanza belongs to
+//! <stanza>/archive/<archive-id>/<first 16 of name>/<walname>   archived WAL (and .partial/.backup)
+//! <stanza>/archive/<archive-id>/<name>.history          timeline history files
+//! <stanza>/backup/<label>/pack/<worker>-<seq>           pack objects holding file data
+//! <stanza>/backup/<label>/backup.manifest               the manifest, written last
+//! ```
+
+pub fn stanza_info(stanza: &str) -> String {
+    format!("{stanza}/stanza.json")
+}
+
+pub fn archive_root(stanza: &str, archive_id: &str) -> String {
+    format!("{stanza}/archive/{archive_id}")
+}
+
+/// Where an archived WAL file (segment, .partial, .backup or .history) is stored.
+pub fn archive_object(stanza: &str, archive_id: &str, wal_name: &str) -> String {
+    if wal_name.len() >= 24 && wal_name[..24].bytes().all(|b| b.is_ascii_hexdigit()) {
+        format!("{}/{}/{}", archive_root(stanza, archive_id), &wal_name[..16], wal_name)
+    } else {
+        format!("{}/{}", archive_root(stanza, archive_id), wal_name)
+    }
+}
+
+pub fn backup_root(stanza: &str) -> String {
+    format!("{stanza}/backup")
+}
+
+pub fn backup_dir(stanza: &str, label: &str) -> String {
+    format!("{stanza}/backup/{label}")
+}
+
+pub fn manifest(stanza: &str, label: &str) -> String {
+    format!("{}/backup.manifest", backup_dir(stanza, label))
+}
+
+pub fn pack(stanza: &str, label: &str, name: &str) -> String {
+    format!("{}/pack/{name}", backup_dir(stanza, label))
+}
+
+/// Validate a stanza name: it becomes part of object names.
+pub fn check_stanza_name(stanza: &str) -> Result<(), String> {
+    if stanza.is_empty()
+        || stanza.len() > 64
+        || !stanza.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(format!(
+            "stanza name '{stanza}' is not allowed: use 1-64 letters, digits, '-' or '_'"
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,27 @@
+//! pgstrata's repository: where backups and archived WAL live, and the format they are
+//! stored in. `docs/repository-format.md` is the specification; this crate is its one
+//! implementation, and the two must agree.
+//!
+//! - [`storage`]: the one way to reach a repository (object_store underneath), write-once.
+//! - [`codec`]: compression types and levels.
+//! - [`layout`]: object names.
+//! - [`stanza`]: the record of which cluster a stanza belongs to.
+//! - [`pack`]: frames of compressed data grouped into pack objects, and reading them back.
+//! - [`manifest`]: a backup's manifest, the object that makes a backup exist.
+//! - [`wal`]: archived WAL objects.
+
+pub mod codec;
+pub mod error;
+pub mod layout;
+pub mod manifest;
+pub mod pack;
+pub mod stanza;
+pub mod storage;
+pub mod wal;
+
+pub use error::{Error, ErrorKind, Result};
+pub use storage::Storage;
+
+/// Version of the repository format written by this code. Bumped on any change that an
+/// older reader would misread; readers refuse versions they do not know.
+pub const FORMAT_VERSION: u32 = 1;

@@ -1,0 +1,222 @@
+//! The backup manifest: everything needed to restore one backup, and the object whose
+//! existence makes a backup exist.
+//!
+//! It is written last, after every pack it references and after the WAL the backup needs
+//! is archived, with a create-only write, so a backup is either complete or invisible.
+//!
+//! Stored form: `"PGSTRMAN"`, then 32 bytes of BLAKE3 over the rest, then zstd-compressed
+//! JSON of [`Manifest`].
+
+use crate::codec::Compression;
+use crate::pack::Chunk;
+use crate::stanza::ClusterIdentity;
+use crate::{layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
+use serde::{Deserialize, Serialize};
+
+const MAGIC: &[u8; 8] = b"PGSTRMAN";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackupType {
+    Full,
+    Diff,
+    Incr,
+}
+
+impl BackupType {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackupType::Full => "full",
+            BackupType::Diff => "diff",
+            BackupType::Incr => "incr",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub label: String,
+    #[serde(rename = "type")]
+    pub backup_type: BackupType,
+    /// Label of the backup this one was compared against (none for a full backup).
+    #[serde(default)]
+    pub prior: Option<String>,
+    pub stanza: String,
+    pub cluster: ClusterIdentity,
+    /// server_version_num of the server backed up.
+    pub server_version_num: u32,
+    pub start: WalPoint,
+    pub stop: WalPoint,
+    /// The backup_label text returned by pg_backup_stop; restore writes it as backup_label.
+    pub backup_label: String,
+    /// The tablespace_map text returned by pg_backup_stop, if any.
+    #[serde(default)]
+    pub tablespace_map: Option<String>,
+    pub compression: Compression,
+    pub frame_size: u32,
+    pub data_checksums: bool,
+    pub tablespaces: Vec<Tablespace>,
+    pub entries: Vec<Entry>,
+    pub stats: Stats,
+}
+
+/// A point of the backup: when and where in the WAL it started or stopped.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WalPoint {
+    /// RFC 3339 time, UTC.
+    pub time: String,
+    /// Unix seconds of `time`.
+    pub epoch: i64,
+    pub lsn: String,
+    pub timeline: u32,
+    pub wal: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Tablespace {
+    pub oid: u32,
+    /// Absolute path the pg_tblspc/<oid> link pointed to on the source.
+    pub location: String,
+}
+
+/// Ownership and permissions of a path. Names are preferred when restoring, ids are the
+/// fallback when the name does not exist on the restore host.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Owner {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub group: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Entry {
+    Dir {
+        path: String,
+        #[serde(flatten)]
+        owner: Owner,
+    },
+    Link {
+        path: String,
+        target: String,
+        #[serde(flatten)]
+        owner: Owner,
+    },
+    File(FileEntry),
+}
+
+impl Entry {
+    pub fn path(&self) -> &str {
+        match self {
+            Entry::Dir { path, .. } | Entry::Link { path, .. } => path,
+            Entry::File(f) => &f.path,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Path relative to the data directory, '/'-separated; tablespace files are under
+    /// `pg_tblspc/<oid>/`.
+    pub path: String,
+    pub size: u64,
+    /// Modification time, unix seconds.
+    pub mtime: i64,
+    #[serde(flatten)]
+    pub owner: Owner,
+    /// BLAKE3 of the content, hex.
+    pub hash: String,
+    pub chunks: Vec<Chunk>,
+    /// Blocks whose page checksum failed while backing up (real corruption, not torn reads).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bad_pages: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Stats {
+    /// Bytes of all files backed up (the database size as restored).
+    pub db_size: u64,
+    /// Bytes written to the repository by this backup (packs and manifest excluded).
+    pub stored_size: u64,
+    pub files: u64,
+    pub packs: u64,
+    pub pages_checked: u64,
+    pub page_errors: u64,
+    pub duration_ms: u64,
+}
+
+impl Manifest {
+    pub fn encode(&self) -> Vec<u8> {
+        let json = serde_json::to_vec(self).expect("serialize manifest");
+        let body = zstd::bulk::compress(&json, 3).expect("zstd into memory");
+        let mut out = Vec::with_capacity(40 + body.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(blake3::hash(&body).as_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    pub fn decode(obj: &[u8], what: &str) -> Result<Manifest> {
+        if obj.len() < 40 || &obj[..8] != MAGIC {
+            return Err(Error::corrupt(format!("{what}: not a pgstrata manifest (bad header)")));
+        }
+        if blake3::hash(&obj[40..]).as_bytes() != &obj[8..40] {
+            return Err(Error::corrupt(format!("{what}: manifest fails its checksum: the repository is damaged")));
+        }
+        let json = zstd::stream::decode_all(&obj[40..])
+            .map_err(|e| Error::with_source(ErrorKind::Corrupt, format!("{what}: cannot decode manifest"), e))?;
+        let m: Manifest = serde_json::from_slice(&json)
+            .map_err(|e| Error::with_source(ErrorKind::Corrupt, format!("{what}: invalid manifest"), e))?;
+        if m.format_version > FORMAT_VERSION {
+            return Err(Error::new(
+                ErrorKind::Format,
+                format!("{what}: format {} is newer than this pgstrata understands; upgrade pgstrata", m.format_version),
+            ));
+        }
+        Ok(m)
+    }
+
+    pub async fn load(storage: &Storage, stanza: &str, label: &str) -> Result<Manifest> {
+        let key = layout::manifest(stanza, label);
+        let obj = storage.get(&key).await.map_err(|e| {
+            if e.is_not_found() {
+                Error::new(ErrorKind::NotFound, format!("backup '{label}' does not exist in stanza '{stanza}'"))
+            } else {
+                e
+            }
+        })?;
+        Manifest::decode(&obj, &key)
+    }
+
+    /// Write the manifest, making the backup visible.
+    pub async fn publish(&self, storage: &Storage) -> Result<()> {
+        storage
+            .put_new(&layout::manifest(&self.stanza, &self.label), self.encode().into())
+            .await
+    }
+
+    pub fn files(&self) -> impl Iterator<Item = &FileEntry> {
+        self.entries.iter().filter_map(|e| match e {
+            Entry::File(f) => Some(f),
+            _ => None,
+        })
+    }
+}
+
+/// Labels of all complete backups of a stanza (those with a manifest), oldest first.
+/// Labels sort by time by construction.
+pub async fn list_backups(storage: &Storage, stanza: &str) -> Result<Vec<String>> {
+    let mut labels = Vec::new();
+    for dir in storage.list_dirs(&layout::backup_root(stanza)).await? {
+        if storage.exists(&layout::manifest(stanza, &dir)).await? {
+            labels.push(dir);
+        }
+    }
+    labels.sort();
+    Ok(labels)
+}

@@ -1,0 +1,70 @@
+//! The stanza record: which PostgreSQL cluster a stanza's backups and WAL belong to.
+//! Written once by stanza-create; every command that touches the repository checks the
+//! cluster it works on against it.
+
+use crate::{layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClusterIdentity {
+    /// pg_control's system identifier, as a decimal string (it does not fit a JSON double).
+    pub system_identifier: String,
+    pub major_version: u32,
+    pub catalog_version: u32,
+    pub control_version: u32,
+    pub wal_segment_size: u64,
+    pub block_size: u32,
+}
+
+impl ClusterIdentity {
+    /// Name of this cluster's WAL archive directory: WAL names restart with every new
+    /// cluster (initdb, pg_upgrade), so the archive is kept per system identity.
+    pub fn archive_id(&self) -> String {
+        format!("{}-{}", self.major_version, self.system_identifier)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StanzaInfo {
+    pub format_version: u32,
+    pub stanza: String,
+    pub created: String,
+    pub cluster: ClusterIdentity,
+}
+
+impl StanzaInfo {
+    pub async fn load(storage: &Storage, stanza: &str) -> Result<StanzaInfo> {
+        let key = layout::stanza_info(stanza);
+        let bytes = storage.get(&key).await.map_err(|e| {
+            if e.is_not_found() {
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "stanza '{stanza}' does not exist in repository {} (run stanza-create first, or check the stanza name)",
+                        storage.description()
+                    ),
+                )
+            } else {
+                e
+            }
+        })?;
+        let info: StanzaInfo = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::with_source(ErrorKind::Corrupt, format!("{key}: not a valid stanza record"), e))?;
+        if info.format_version > FORMAT_VERSION {
+            return Err(Error::new(
+                ErrorKind::Format,
+                format!(
+                    "{key}: repository format {} is newer than this pgstrata understands ({FORMAT_VERSION}); upgrade pgstrata",
+                    info.format_version
+                ),
+            ));
+        }
+        Ok(info)
+    }
+
+    pub async fn create(storage: &Storage, info: &StanzaInfo) -> Result<()> {
+        let key = layout::stanza_info(&info.stanza);
+        let json = serde_json::to_vec_pretty(info).expect("serialize stanza info");
+        storage.put_new(&key, json.into()).await
+    }
+}
