@@ -1,0 +1,31 @@
+//! pgstrata's commands, one module each, on top of the `pg` and `repo` crates.
+//!
+//! Commands are async functions taking [`Settings`] (the resolved configuration) and their
+//! own options. CPU and file work runs on plain worker threads (`--process-max` of them),
+//! which reach the async storage layer through the runtime handle: reading, hashing,
+//! checksumming and compressing a file is blocking work, and threads keep it simple.
+
+pub mod archive;
+pub mod backup;
+pub mod check;
+pub mod db;
+pub mod error;
+pub mod info;
+pub mod owner;
+pub mod progress;
+pub mod restore;
+pub mod settings;
+pub mod stanza;
+pub mod walk;
+
+pub use error::{Error, ErrorKind, Result};
+pub use settings::Settings;
+
+/// Open the repository and load the stanza record; the first step of most commands.
+pub async fn open_stanza(
+    s: &Settings,
+) -> Result<(pgstrata_repo::Storage, pgstrata_repo::stanza::StanzaInfo)> {
+    let storage = s.storage()?;
+    let info = pgstrata_repo::stanza::StanzaInfo::load(&storage, &s.stanza).await?;
+    Ok((storage, info))
+}

@@ -38,7 +38,10 @@ const MAJORS: &[(u32, u32, u32)] = &[
 impl ControlData {
     pub fn parse(buf: &[u8]) -> Result<ControlData> {
         if buf.len() < 512 {
-            return Err(invalid("pg_control", format!("only {} bytes, expected 8192", buf.len())));
+            return Err(invalid(
+                "pg_control",
+                format!("only {} bytes, expected 8192", buf.len()),
+            ));
         }
         let u32_at = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(buf[o..o + 8].try_into().unwrap());
@@ -91,7 +94,9 @@ impl ControlData {
         MAJORS
             .iter()
             .rev()
-            .find(|(_, control, catalog)| *control == self.control_version && self.catalog_version >= *catalog)
+            .find(|(_, control, catalog)| {
+                *control == self.control_version && self.catalog_version >= *catalog
+            })
             .map(|(major, _, _)| *major)
             .ok_or_else(|| {
                 invalid(

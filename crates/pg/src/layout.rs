@@ -57,7 +57,10 @@ pub fn classify(rel_path: &str, is_dir: bool) -> Disposition {
     if !rel_path.contains('/') && SKIP_TOP_FILES.contains(&rel_path) {
         return Disposition::Skip;
     }
-    if name.starts_with("pgsql_tmp") || name == "pg_internal.init" || name.ends_with(".tmp") && rel_path.starts_with("pg_stat") {
+    if name.starts_with("pgsql_tmp")
+        || name == "pg_internal.init"
+        || name.ends_with(".tmp") && rel_path.starts_with("pg_stat")
+    {
         return Disposition::Skip;
     }
     Disposition::Copy
@@ -148,10 +151,19 @@ mod tests {
     fn relation_names() {
         assert_eq!(
             relation_file("base/5/16384_vm.2"),
-            Some(RelFile { relnumber: 16384, fork: Fork::Vm, segno: 2 })
+            Some(RelFile {
+                relnumber: 16384,
+                fork: Fork::Vm,
+                segno: 2
+            })
         );
         assert_eq!(relation_file("base/5/PG_VERSION"), None);
-        assert_eq!(relation_file("pg_tblspc/16400/PG_15_202209061/5/16401").unwrap().relnumber, 16401);
+        assert_eq!(
+            relation_file("pg_tblspc/16400/PG_15_202209061/5/16401")
+                .unwrap()
+                .relnumber,
+            16401
+        );
         assert_eq!(relation_file("pg_xact/0000"), None);
         assert!(relation_file("global/pg_control").is_none());
     }

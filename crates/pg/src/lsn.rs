@@ -20,13 +20,13 @@ impl fmt::Display for Lsn {
 impl FromStr for Lsn {
     type Err = crate::Error;
     fn from_str(s: &str) -> crate::Result<Lsn> {
-        let (hi, lo) = s
-            .trim()
-            .split_once('/')
-            .ok_or_else(|| crate::invalid(format!("LSN '{s}'"), "expected the form X/X in hexadecimal"))?;
+        let (hi, lo) = s.trim().split_once('/').ok_or_else(|| {
+            crate::invalid(format!("LSN '{s}'"), "expected the form X/X in hexadecimal")
+        })?;
         let parse = |p: &str| {
-            u32::from_str_radix(p, 16)
-                .map_err(|_| crate::invalid(format!("LSN '{s}'"), "expected the form X/X in hexadecimal"))
+            u32::from_str_radix(p, 16).map_err(|_| {
+                crate::invalid(format!("LSN '{s}'"), "expected the form X/X in hexadecimal")
+            })
         };
         Ok(Lsn(((parse(hi)? as u64) << 32) | parse(lo)? as u64))
     }
@@ -42,7 +42,12 @@ impl Lsn {
 /// Name of the WAL segment `segno` on `timeline`.
 pub fn segment_name(timeline: u32, segno: u64, seg_size: u64) -> String {
     let per_log = 0x1_0000_0000u64 / seg_size;
-    format!("{:08X}{:08X}{:08X}", timeline, segno / per_log, segno % per_log)
+    format!(
+        "{:08X}{:08X}{:08X}",
+        timeline,
+        segno / per_log,
+        segno % per_log
+    )
 }
 
 /// Parse a 24-character segment name into (timeline, segment number).
@@ -96,7 +101,15 @@ mod tests {
         let n = segment_name(3, l.segment(SEG), SEG);
         assert_eq!(n, "00000003000000010000002A");
         assert_eq!(parse_segment_name(&n, SEG), Some((3, l.segment(SEG))));
-        let segs = segments_between(1, "0/2000028".parse().unwrap(), "0/4000000".parse().unwrap(), SEG);
-        assert_eq!(segs, vec!["000000010000000000000002", "000000010000000000000003"]);
+        let segs = segments_between(
+            1,
+            "0/2000028".parse().unwrap(),
+            "0/4000000".parse().unwrap(),
+            SEG,
+        );
+        assert_eq!(
+            segs,
+            vec!["000000010000000000000002", "000000010000000000000003"]
+        );
     }
 }

@@ -69,7 +69,10 @@ pub enum PageCheck {
     /// An all-zero new page: valid, nothing to check.
     Zero,
     /// Stored and computed checksum differ.
-    Mismatch { stored: u16, computed: u16 },
+    Mismatch {
+        stored: u16,
+        computed: u16,
+    },
 }
 
 /// Verify one page the way PostgreSQL's buffer manager would on read.
@@ -104,7 +107,11 @@ mod tests {
         let c = checksum(&page, 3);
         page[8..10].copy_from_slice(&c.to_le_bytes());
         assert_eq!(verify(&page, 3), PageCheck::Valid);
-        assert_ne!(verify(&page, 4), PageCheck::Valid, "block number is mixed in");
+        assert_ne!(
+            verify(&page, 4),
+            PageCheck::Valid,
+            "block number is mixed in"
+        );
         page[4000] ^= 1;
         assert!(matches!(verify(&page, 3), PageCheck::Mismatch { .. }));
     }

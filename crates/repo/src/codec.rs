@@ -91,7 +91,10 @@ impl Compression {
         if kind != CompressType::Lz4 && (level < lo || level > hi) {
             return Err(Error::new(
                 ErrorKind::Invalid,
-                format!("compress-level {level} is out of range for {}: allowed {lo}..={hi}", kind.name()),
+                format!(
+                    "compress-level {level} is out of range for {}: allowed {lo}..={hi}",
+                    kind.name()
+                ),
             ));
         }
         Ok(Compression { kind, level })
@@ -102,7 +105,9 @@ impl Compression {
         // below are unreachable in practice; expect() documents that.
         match self.kind {
             CompressType::None => raw.to_vec(),
-            CompressType::Zst => zstd::bulk::compress(raw, self.level).expect("zstd compress into memory"),
+            CompressType::Zst => {
+                zstd::bulk::compress(raw, self.level).expect("zstd compress into memory")
+            }
             CompressType::Lz4 => {
                 let mut enc = lz4_flex::frame::FrameEncoder::new(Vec::with_capacity(raw.len() / 2));
                 enc.write_all(raw).expect("lz4 compress into memory");
@@ -130,7 +135,12 @@ impl Compression {
 
 /// Decode one stream of `kind`. `raw_len` is the expected decoded size; a stream that
 /// decodes to anything else is reported as corrupt.
-pub fn decompress(kind: CompressType, stored: &[u8], raw_len: usize, context: &str) -> Result<Vec<u8>> {
+pub fn decompress(
+    kind: CompressType,
+    stored: &[u8],
+    raw_len: usize,
+    context: &str,
+) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(raw_len);
     let res = match kind {
         CompressType::None => {
@@ -142,10 +152,20 @@ pub fn decompress(kind: CompressType, stored: &[u8], raw_len: usize, context: &s
         CompressType::Lz4 => lz4_flex::frame::FrameDecoder::new(stored)
             .read_to_end(&mut out)
             .map(|_| ()),
-        CompressType::Gz => flate2::read::GzDecoder::new(stored).read_to_end(&mut out).map(|_| ()),
-        CompressType::Bz2 => bzip2::read::BzDecoder::new(stored).read_to_end(&mut out).map(|_| ()),
+        CompressType::Gz => flate2::read::GzDecoder::new(stored)
+            .read_to_end(&mut out)
+            .map(|_| ()),
+        CompressType::Bz2 => bzip2::read::BzDecoder::new(stored)
+            .read_to_end(&mut out)
+            .map(|_| ()),
     };
-    res.map_err(|e| Error::with_source(ErrorKind::Corrupt, format!("{context}: cannot decode {} data", kind.name()), e))?;
+    res.map_err(|e| {
+        Error::with_source(
+            ErrorKind::Corrupt,
+            format!("{context}: cannot decode {} data", kind.name()),
+            e,
+        )
+    })?;
     if out.len() != raw_len {
         return Err(Error::corrupt(format!(
             "{context}: decoded {} bytes, expected {raw_len}",
@@ -161,16 +181,25 @@ mod tests {
 
     #[test]
     fn every_codec_round_trips_and_detects_damage() {
-        let raw: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8 ^ (i / 1000) as u8).collect();
+        let raw: Vec<u8> = (0..200_000u32)
+            .map(|i| (i % 251) as u8 ^ (i / 1000) as u8)
+            .collect();
         for kind in CompressType::ALL {
             let c = Compression::new(kind, None).unwrap();
             let stored = c.compress(&raw);
-            assert_eq!(decompress(kind, &stored, raw.len(), "t").unwrap(), raw, "{kind:?}");
+            assert_eq!(
+                decompress(kind, &stored, raw.len(), "t").unwrap(),
+                raw,
+                "{kind:?}"
+            );
             if kind != CompressType::None {
                 assert!(stored.len() < raw.len(), "{kind:?} compresses");
                 let mut bad = stored.clone();
                 bad.truncate(stored.len() / 2);
-                assert!(decompress(kind, &bad, raw.len(), "t").is_err(), "{kind:?} truncated");
+                assert!(
+                    decompress(kind, &bad, raw.len(), "t").is_err(),
+                    "{kind:?} truncated"
+                );
             }
         }
     }

@@ -20,7 +20,12 @@ pub fn archive_root(stanza: &str, archive_id: &str) -> String {
 /// Where an archived WAL file (segment, .partial, .backup or .history) is stored.
 pub fn archive_object(stanza: &str, archive_id: &str, wal_name: &str) -> String {
     if wal_name.len() >= 24 && wal_name[..24].bytes().all(|b| b.is_ascii_hexdigit()) {
-        format!("{}/{}/{}", archive_root(stanza, archive_id), &wal_name[..16], wal_name)
+        format!(
+            "{}/{}/{}",
+            archive_root(stanza, archive_id),
+            &wal_name[..16],
+            wal_name
+        )
     } else {
         format!("{}/{}", archive_root(stanza, archive_id), wal_name)
     }
@@ -46,7 +51,9 @@ pub fn pack(stanza: &str, label: &str, name: &str) -> String {
 pub fn check_stanza_name(stanza: &str) -> Result<(), String> {
     if stanza.is_empty()
         || stanza.len() > 64
-        || !stanza.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        || !stanza
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
         return Err(format!(
             "stanza name '{stanza}' is not allowed: use 1-64 letters, digits, '-' or '_'"

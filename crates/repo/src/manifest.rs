@@ -163,19 +163,32 @@ impl Manifest {
 
     pub fn decode(obj: &[u8], what: &str) -> Result<Manifest> {
         if obj.len() < 40 || &obj[..8] != MAGIC {
-            return Err(Error::corrupt(format!("{what}: not a pgstrata manifest (bad header)")));
+            return Err(Error::corrupt(format!(
+                "{what}: not a pgstrata manifest (bad header)"
+            )));
         }
         if blake3::hash(&obj[40..]).as_bytes() != &obj[8..40] {
-            return Err(Error::corrupt(format!("{what}: manifest fails its checksum: the repository is damaged")));
+            return Err(Error::corrupt(format!(
+                "{what}: manifest fails its checksum: the repository is damaged"
+            )));
         }
-        let json = zstd::stream::decode_all(&obj[40..])
-            .map_err(|e| Error::with_source(ErrorKind::Corrupt, format!("{what}: cannot decode manifest"), e))?;
-        let m: Manifest = serde_json::from_slice(&json)
-            .map_err(|e| Error::with_source(ErrorKind::Corrupt, format!("{what}: invalid manifest"), e))?;
+        let json = zstd::stream::decode_all(&obj[40..]).map_err(|e| {
+            Error::with_source(
+                ErrorKind::Corrupt,
+                format!("{what}: cannot decode manifest"),
+                e,
+            )
+        })?;
+        let m: Manifest = serde_json::from_slice(&json).map_err(|e| {
+            Error::with_source(ErrorKind::Corrupt, format!("{what}: invalid manifest"), e)
+        })?;
         if m.format_version > FORMAT_VERSION {
             return Err(Error::new(
                 ErrorKind::Format,
-                format!("{what}: format {} is newer than this pgstrata understands; upgrade pgstrata", m.format_version),
+                format!(
+                    "{what}: format {} is newer than this pgstrata understands; upgrade pgstrata",
+                    m.format_version
+                ),
             ));
         }
         Ok(m)
@@ -185,7 +198,10 @@ impl Manifest {
         let key = layout::manifest(stanza, label);
         let obj = storage.get(&key).await.map_err(|e| {
             if e.is_not_found() {
-                Error::new(ErrorKind::NotFound, format!("backup '{label}' does not exist in stanza '{stanza}'"))
+                Error::new(
+                    ErrorKind::NotFound,
+                    format!("backup '{label}' does not exist in stanza '{stanza}'"),
+                )
             } else {
                 e
             }
@@ -196,7 +212,10 @@ impl Manifest {
     /// Write the manifest, making the backup visible.
     pub async fn publish(&self, storage: &Storage) -> Result<()> {
         storage
-            .put_new(&layout::manifest(&self.stanza, &self.label), self.encode().into())
+            .put_new(
+                &layout::manifest(&self.stanza, &self.label),
+                self.encode().into(),
+            )
             .await
     }
 

@@ -141,12 +141,20 @@ pub async fn read_chunk(
     let stored = storage
         .get_range(&key, chunk.offset..chunk.offset + chunk.stored as u64)
         .await
-        .map_err(|e| Error { context: format!("{file}: {}", e.context), ..e })?;
+        .map_err(|e| Error {
+            context: format!("{file}: {}", e.context),
+            ..e
+        })?;
     if frame_check(&stored) != chunk.check {
         return Err(Error::corrupt(format!(
             "{file}: stored frame at {key} offset {} fails its checksum: the repository is damaged",
             chunk.offset
         )));
     }
-    decompress(codec, &stored, chunk.raw as usize, &format!("{file} (frame at {key} offset {})", chunk.offset))
+    decompress(
+        codec,
+        &stored,
+        chunk.raw as usize,
+        &format!("{file} (frame at {key} offset {})", chunk.offset),
+    )
 }

@@ -48,8 +48,13 @@ impl StanzaInfo {
                 e
             }
         })?;
-        let info: StanzaInfo = serde_json::from_slice(&bytes)
-            .map_err(|e| Error::with_source(ErrorKind::Corrupt, format!("{key}: not a valid stanza record"), e))?;
+        let info: StanzaInfo = serde_json::from_slice(&bytes).map_err(|e| {
+            Error::with_source(
+                ErrorKind::Corrupt,
+                format!("{key}: not a valid stanza record"),
+                e,
+            )
+        })?;
         if info.format_version > FORMAT_VERSION {
             return Err(Error::new(
                 ErrorKind::Format,

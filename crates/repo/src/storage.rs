@@ -30,8 +30,12 @@ pub struct Storage {
 
 fn map_err(e: object_store::Error, what: String) -> Error {
     match e {
-        object_store::Error::NotFound { .. } => Error::new(ErrorKind::NotFound, format!("{what}: not found")),
-        object_store::Error::AlreadyExists { .. } => Error::new(ErrorKind::AlreadyExists, format!("{what}: already exists")),
+        object_store::Error::NotFound { .. } => {
+            Error::new(ErrorKind::NotFound, format!("{what}: not found"))
+        }
+        object_store::Error::AlreadyExists { .. } => {
+            Error::new(ErrorKind::AlreadyExists, format!("{what}: already exists"))
+        }
         other => Error::with_source(ErrorKind::Storage, what, other),
     }
 }
@@ -69,7 +73,8 @@ impl Storage {
     }
 
     fn path(key: &str) -> Result<ObjPath> {
-        ObjPath::parse(key).map_err(|e| Error::with_source(ErrorKind::Invalid, format!("object name '{key}'"), e))
+        ObjPath::parse(key)
+            .map_err(|e| Error::with_source(ErrorKind::Invalid, format!("object name '{key}'"), e))
     }
 
     /// Write a new object; fails with `AlreadyExists` if one is there.
@@ -91,7 +96,9 @@ impl Storage {
             .get(&Self::path(key)?)
             .await
             .map_err(|e| map_err(e, format!("read {key}")))?;
-        r.bytes().await.map_err(|e| map_err(e, format!("read {key}")))
+        r.bytes()
+            .await
+            .map_err(|e| map_err(e, format!("read {key}")))
     }
 
     pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
@@ -100,7 +107,12 @@ impl Storage {
             .store
             .get_range(&Self::path(key)?, range.clone())
             .await
-            .map_err(|e| map_err(e, format!("read {key} bytes {}..{}", range.start, range.end)))?;
+            .map_err(|e| {
+                map_err(
+                    e,
+                    format!("read {key} bytes {}..{}", range.start, range.end),
+                )
+            })?;
         if b.len() as u64 != want {
             return Err(Error::corrupt(format!(
                 "{key}: short read at {}..{} ({} of {want} bytes): object truncated",

@@ -45,7 +45,9 @@ pub fn hash(raw: &[u8]) -> [u8; 32] {
 
 pub fn parse_header(obj: &[u8], what: &str) -> Result<WalHeader> {
     if obj.len() < HEADER_LEN || &obj[..8] != MAGIC {
-        return Err(Error::corrupt(format!("{what}: not a pgstrata WAL object (bad header)")));
+        return Err(Error::corrupt(format!(
+            "{what}: not a pgstrata WAL object (bad header)"
+        )));
     }
     if obj[8] != 1 {
         return Err(Error::new(
@@ -53,7 +55,8 @@ pub fn parse_header(obj: &[u8], what: &str) -> Result<WalHeader> {
             format!("{what}: WAL object version {} is not supported", obj[8]),
         ));
     }
-    let codec = CompressType::from_id(obj[9]).ok_or_else(|| Error::corrupt(format!("{what}: unknown codec id {}", obj[9])))?;
+    let codec = CompressType::from_id(obj[9])
+        .ok_or_else(|| Error::corrupt(format!("{what}: unknown codec id {}", obj[9])))?;
     Ok(WalHeader {
         codec,
         raw_len: u64::from_le_bytes(obj[16..24].try_into().unwrap()),
@@ -66,7 +69,9 @@ pub fn decode(obj: &[u8], what: &str) -> Result<Vec<u8>> {
     let h = parse_header(obj, what)?;
     let raw = decompress(h.codec, &obj[HEADER_LEN..], h.raw_len as usize, what)?;
     if hash(&raw) != h.hash {
-        return Err(Error::corrupt(format!("{what}: content does not match its recorded BLAKE3 hash")));
+        return Err(Error::corrupt(format!(
+            "{what}: content does not match its recorded BLAKE3 hash"
+        )));
     }
     Ok(raw)
 }

@@ -1,0 +1,335 @@
+//! Resolving option values from the command line, the environment and the config file,
+//! against the option table.
+
+use crate::options::{self, Kind, Scope};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+#[derive(Debug)]
+pub struct Invocation {
+    pub command: String,
+    pub args: Vec<String>,
+    values: HashMap<&'static str, String>,
+    lists: HashMap<&'static str, Vec<String>>,
+    /// The config file actually read, if any.
+    pub config_file: Option<PathBuf>,
+}
+
+impl Invocation {
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.values.get(name).map(String::as_str)
+    }
+    pub fn flag(&self, name: &str) -> bool {
+        self.get(name) == Some("true")
+    }
+    pub fn int(&self, name: &str) -> Option<i64> {
+        self.get(name).and_then(|v| v.parse().ok())
+    }
+    pub fn list(&self, name: &str) -> &[String] {
+        self.lists.get(name).map(Vec::as_slice).unwrap_or(&[])
+    }
+    /// Options given explicitly (not defaults), to pass on to restore_command.
+    pub fn require(&self, name: &str) -> Result<&str, String> {
+        self.get(name).ok_or_else(|| {
+            format!(
+                "option '{name}' is required for {}: give --{name} or set it in the config file",
+                self.command
+            )
+        })
+    }
+}
+
+/// Split the command line into the command, positional arguments and raw options.
+fn split_args(
+    argv: &[String],
+) -> Result<(Option<String>, Vec<String>, Vec<(String, String)>), String> {
+    let mut command = None;
+    let mut positional = Vec::new();
+    let mut raw = Vec::new();
+    let mut i = 0;
+    while i < argv.len() {
+        let a = &argv[i];
+        if a == "--help" || a == "-h" {
+            raw.push(("help".to_string(), "true".to_string()));
+        } else if a == "--version" {
+            command.get_or_insert_with(|| "version".to_string());
+        } else if let Some(opt) = a.strip_prefix("--") {
+            let (name, value) = match opt.split_once('=') {
+                Some((n, v)) => (n.to_string(), Some(v.to_string())),
+                None => (opt.to_string(), None),
+            };
+            if !options::known(&name) {
+                return Err(format!("unknown option '--{name}' (see 'pgstrata help')"));
+            }
+            let is_bool = options::OPTIONS
+                .iter()
+                .any(|o| o.name == name && o.kind == Kind::Bool);
+            let value = match value {
+                Some(v) => v,
+                None if is_bool => "true".to_string(),
+                None => {
+                    i += 1;
+                    argv.get(i)
+                        .cloned()
+                        .ok_or_else(|| format!("option '--{name}' needs a value"))?
+                }
+            };
+            raw.push((name, value));
+        } else if command.is_none() {
+            command = Some(a.clone());
+        } else {
+            positional.push(a.clone());
+        }
+        i += 1;
+    }
+    Ok((command, positional, raw))
+}
+
+fn toml_value_string(v: &toml::Value) -> Option<String> {
+    match v {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// Parse and check a config file: every key must be a known option settable in the file.
+fn load_config(path: &PathBuf) -> Result<toml::Table, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("config file {}: {e}", path.display()))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e| format!("config file {} is not valid TOML: {e}", path.display()))?;
+    for (section, body) in &table {
+        let toml::Value::Table(body) = body else {
+            return Err(format!(
+                "config file {}: '{section}' must be a table ([global] or [STANZA]), not a value",
+                path.display()
+            ));
+        };
+        for (key, value) in body {
+            let Some(def) = options::OPTIONS.iter().find(|o| o.name == key) else {
+                return Err(format!(
+                    "config file {}: unknown option '{key}' in [{section}]",
+                    path.display()
+                ));
+            };
+            if def.scope != Scope::Config {
+                return Err(format!(
+                    "config file {}: option '{key}' in [{section}] can only be given on the command line",
+                    path.display()
+                ));
+            }
+            let Some(s) = toml_value_string(value) else {
+                return Err(format!(
+                    "config file {}: option '{key}' in [{section}] must be a string, integer or boolean",
+                    path.display()
+                ));
+            };
+            def.validate(&s, &format!("[{section}] in {}", path.display()))?;
+        }
+    }
+    Ok(table)
+}
+
+pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocation, String> {
+    let (command, args, raw) = split_args(argv)?;
+    let wants_help = raw.iter().any(|(n, _)| n == "help");
+    let command = match (command, wants_help) {
+        (Some(c), true) if c != "help" => {
+            return Ok(Invocation {
+                command: "help".into(),
+                args: vec![c],
+                values: HashMap::new(),
+                lists: HashMap::new(),
+                config_file: None,
+            })
+        }
+        (None, _) => "help".to_string(),
+        (Some(c), _) => c,
+    };
+    if !options::COMMANDS.iter().any(|(c, _)| *c == command) {
+        return Err(format!("unknown command '{command}' (see 'pgstrata help')"));
+    }
+    let raw: Vec<(String, String)> = raw.into_iter().filter(|(n, _)| n != "help").collect();
+    for (name, _) in &raw {
+        if options::find(name, &command).is_none() {
+            return Err(format!(
+                "option '--{name}' does not apply to command '{command}'"
+            ));
+        }
+    }
+
+    // The config file: --config, else PGSTRATA_CONFIG, else the default (optional).
+    let explicit = raw
+        .iter()
+        .rev()
+        .find(|(n, _)| n == "config")
+        .map(|(_, v)| v.clone())
+        .or_else(|| env.get("PGSTRATA_CONFIG").cloned());
+    let (config_path, required) = match explicit {
+        Some(p) => (PathBuf::from(p), true),
+        None => (
+            PathBuf::from(
+                options::find("config", &command)
+                    .and_then(|o| o.default)
+                    .unwrap_or_default(),
+            ),
+            false,
+        ),
+    };
+    let table = if config_path.exists() {
+        Some(load_config(&config_path)?)
+    } else if required {
+        return Err(format!(
+            "config file {} does not exist",
+            config_path.display()
+        ));
+    } else {
+        None
+    };
+    let config_file = table.as_ref().map(|_| config_path.clone());
+
+    let stanza = raw
+        .iter()
+        .rev()
+        .find(|(n, _)| n == "stanza")
+        .map(|(_, v)| v.clone())
+        .or_else(|| env.get("PGSTRATA_STANZA").cloned());
+    if let (Some(t), Some(s)) = (&table, &stanza) {
+        if s != "global" && !t.contains_key(s) && t.keys().any(|k| k != "global") {
+            log::debug!("config file has no [{s}] table");
+        }
+    }
+
+    let mut values = HashMap::new();
+    let mut lists: HashMap<&'static str, Vec<String>> = HashMap::new();
+    for def in options::OPTIONS.iter().filter(|o| o.applies_to(&command)) {
+        if def.kind == Kind::List {
+            let vals: Vec<String> = raw
+                .iter()
+                .filter(|(n, _)| n == def.name)
+                .map(|(_, v)| v.clone())
+                .collect();
+            for v in &vals {
+                def.validate(v, &format!("--{}", def.name))?;
+            }
+            lists.insert(def.name, vals);
+            continue;
+        }
+        let from_flag = raw
+            .iter()
+            .rev()
+            .find(|(n, _)| n == def.name)
+            .map(|(_, v)| (v.clone(), format!("--{}", def.name)));
+        let from_env = || {
+            env.get(&def.env_name())
+                .map(|v| (v.clone(), def.env_name()))
+        };
+        let from_table = |section: &str| {
+            table
+                .as_ref()
+                .and_then(|t| t.get(section))
+                .and_then(|s| s.get(def.name))
+                .and_then(toml_value_string)
+                .map(|v| (v, format!("[{section}] in {}", config_path.display())))
+        };
+        let found = from_flag.or_else(from_env).or_else(|| {
+            if def.scope == Scope::Config {
+                stanza
+                    .as_deref()
+                    .and_then(from_table)
+                    .or_else(|| from_table("global"))
+            } else {
+                None
+            }
+        });
+        match found {
+            Some((v, source)) => {
+                values.insert(def.name, def.validate(&v, &source)?);
+            }
+            None => {
+                if let Some(d) = def.default {
+                    values.insert(def.name, d.to_string());
+                }
+            }
+        }
+    }
+    Ok(Invocation {
+        command,
+        args,
+        values,
+        lists,
+        config_file,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn precedence_flag_env_stanza_global_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(&cfg, "[global]\nrepo-path = \"/g\"\nprocess-max = 3\ncompress-type = \"lz4\"\n[main]\nrepo-path = \"/s\"\n").unwrap();
+        let mut env = HashMap::new();
+        let base = format!("--config={} --stanza=main backup", cfg.display());
+        let inv = resolve(&argv(&base), &env).unwrap();
+        assert_eq!(inv.get("repo-path"), Some("/s"));
+        assert_eq!(inv.get("process-max"), Some("3"));
+        assert_eq!(inv.get("pg-port"), Some("5432"));
+        env.insert("PGSTRATA_REPO_PATH".to_string(), "/e".to_string());
+        assert_eq!(
+            resolve(&argv(&base), &env).unwrap().get("repo-path"),
+            Some("/e")
+        );
+        let inv = resolve(&argv(&format!("{base} --repo-path=/f")), &env).unwrap();
+        assert_eq!(inv.get("repo-path"), Some("/f"));
+        assert_eq!(inv.get("compress-type"), Some("lz4"));
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_the_option_name() {
+        let env = HashMap::new();
+        let e = resolve(&argv("--stanza=x --bogus=1 backup"), &env).unwrap_err();
+        assert!(e.contains("--bogus"), "{e}");
+        let e = resolve(&argv("--stanza=x --compress-type=rar backup"), &env).unwrap_err();
+        assert!(e.contains("compress-type") && e.contains("zst"), "{e}");
+        let e = resolve(&argv("--stanza=x --process-max=0 backup"), &env).unwrap_err();
+        assert!(e.contains("process-max"), "{e}");
+        let e = resolve(&argv("--stanza=x --delta backup"), &env).unwrap_err();
+        assert!(e.contains("does not apply"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(&cfg, "[global]\nrepo-paht = \"/g\"\n").unwrap();
+        let e = resolve(
+            &argv(&format!("--config={} --stanza=x info", cfg.display())),
+            &env,
+        )
+        .unwrap_err();
+        assert!(e.contains("repo-paht"), "{e}");
+        std::fs::write(&cfg, "[global\nrepo-path = 1").unwrap();
+        let e = resolve(
+            &argv(&format!("--config={} --stanza=x info", cfg.display())),
+            &env,
+        )
+        .unwrap_err();
+        assert!(e.contains("not valid TOML"), "{e}");
+    }
+
+    #[test]
+    fn docs_match_the_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/options.md");
+        let docs = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            docs == crate::options::reference_markdown(),
+            "docs/options.md is stale: run `cargo run -q -p pgstrata -- help options > docs/options.md`"
+        );
+    }
+}

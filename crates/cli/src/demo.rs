@@ -1,0 +1,187 @@
+//! `pgstrata demo`: the whole story on a throwaway cluster, in a couple of minutes.
+//!
+//! It creates a cluster with pgbench data, archives its WAL with `pgstrata archive-push`,
+//! takes a backup, changes the data, takes a second backup, restores it into a new
+//! directory, starts the restored cluster and compares every table with the source.
+//! Run as root, it first becomes the `postgres` user, since PostgreSQL will not run as root.
+
+use pgstrata_engine::backup::BackupOptions;
+use pgstrata_engine::progress::human_bytes;
+use pgstrata_engine::restore::{RecoveryType, RestoreOptions};
+use pgstrata_engine::{Error, Settings};
+use pgstrata_repo::codec::{CompressType, Compression};
+use pgstrata_repo::manifest::BackupType;
+use pgstrata_testkit::{Cluster, PgBin, Scratch};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn fail(what: &str) -> impl FnOnce(String) -> Error + '_ {
+    move |e| {
+        Error::new(
+            pgstrata_engine::ErrorKind::Refused,
+            format!("demo: {what}: {e}"),
+        )
+    }
+}
+
+fn become_postgres() -> Result<(), Error> {
+    if !pgstrata_testkit::is_root() {
+        return Ok(());
+    }
+    let user = nix::unistd::User::from_name(pgstrata_testkit::PG_OS_USER)
+        .ok()
+        .flatten()
+        .ok_or_else(|| Error::refused("demo: running as root needs a 'postgres' user to run PostgreSQL (install postgresql-15)"))?;
+    nix::unistd::setgid(user.gid)
+        .and_then(|_| nix::unistd::setuid(user.uid))
+        .map_err(|e| Error::refused(format!("demo: cannot become postgres: {e}")))?;
+    // SAFETY-free: environment for child programs.
+    std::env::set_var("HOME", &user.dir);
+    println!("   (running as root: switched to the postgres user)");
+    Ok(())
+}
+
+pub fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
+    let t0 = Instant::now();
+    let bin = match pg_bin {
+        Some(d) => PgBin {
+            dir: d,
+            major: 0,
+            lib_dir: None,
+        },
+        None => PgBin::default_install().map_err(fail("find PostgreSQL"))?,
+    };
+    let scratch = Scratch::new("demo");
+    // The server runs archive-push as its own user: give it a copy of this binary it can run.
+    let exe_src = std::env::current_exe().map_err(|e| Error::io("find pgstrata binary", e))?;
+    let bin_dir = scratch.join("bin");
+    std::fs::create_dir_all(&bin_dir).map_err(|e| Error::io("create demo bin dir", e))?;
+    let exe = bin_dir.join("pgstrata");
+    std::fs::copy(&exe_src, &exe).map_err(|e| Error::io("copy pgstrata binary", e))?;
+    pgstrata_testkit::give_to_pg_user(&bin_dir);
+    pgstrata_testkit::give_to_pg_user(&exe);
+    become_postgres()?;
+
+    let repo = scratch.join("repo");
+    std::fs::create_dir_all(&repo).map_err(|e| Error::io("create demo repository", e))?;
+    println!("pgstrata demo in {}", scratch.path.display());
+    let archive_command = format!(
+        "{} --stanza=demo --repo-path={} --compress-type=lz4 archive-push %p",
+        exe.display(),
+        repo.display()
+    );
+    let src = Cluster::init(&bin, &scratch.path, &archive_command).map_err(fail("initdb"))?;
+    src.start().map_err(fail("start the cluster"))?;
+    println!("1. created a PostgreSQL {} cluster with data checksums, archive_command = '{archive_command}'", bin.major);
+    src.pgbench(&["-i", "-s", "10", "-q", "postgres"])
+        .map_err(fail("pgbench -i"))?;
+    println!("2. loaded pgbench data (scale 10, 1,000,000 accounts)");
+
+    let mut s = Settings {
+        stanza: "demo".into(),
+        repo_path: repo.clone(),
+        pg_path: Some(src.data.clone()),
+        pg_host: Some(src.socket_dir.display().to_string()),
+        pg_port: src.port,
+        pg_user: Some("postgres".into()),
+        pg_database: "postgres".into(),
+        compression: Compression::new(CompressType::Zst, None)?,
+        process_max: 2,
+        start_fast: true,
+        archive_timeout: Duration::from_secs(60),
+        config_file: None,
+        frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
+        pack_size: pgstrata_repo::pack::DEFAULT_PACK_SIZE,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(pgstrata_engine::stanza::stanza_create(&s))?;
+    println!("3. stanza-create: stanza 'demo' in {}", repo.display());
+    let full = rt.block_on(pgstrata_engine::backup::backup(
+        &s,
+        &BackupOptions {
+            backup_type: BackupType::Full,
+        },
+    ))?;
+    println!(
+        "4. full backup {}: {} of data stored as {} ({:.1}s)",
+        full.label,
+        human_bytes(full.stats.db_size),
+        human_bytes(full.stats.stored_size),
+        full.stats.duration_ms as f64 / 1000.0
+    );
+
+    src.pgbench(&["-n", "-t", "300", "-c", "2", "postgres"])
+        .map_err(fail("pgbench run"))?;
+    for sql in [
+        "DELETE FROM pgbench_accounts WHERE aid % 100 = 0",
+        "CREATE TABLE demo_note AS SELECT g AS id, md5(g::text) AS note FROM generate_series(1, 5000) g",
+        "VACUUM",
+    ] {
+        src.psql("postgres", sql).map_err(fail("change data"))?;
+    }
+    println!("5. changed the data: 600 pgbench transactions, 1% of accounts deleted, a new table");
+    let expected = src.content_hashes().map_err(fail("hash tables"))?;
+    let second = rt.block_on(pgstrata_engine::backup::backup(
+        &s,
+        &BackupOptions {
+            backup_type: BackupType::Full,
+        },
+    ))?;
+    println!(
+        "6. second backup {}: {} stored ({:.1}s)",
+        second.label,
+        human_bytes(second.stats.stored_size),
+        second.stats.duration_ms as f64 / 1000.0
+    );
+
+    let restored = scratch.join("restored");
+    s.pg_path = Some(restored.clone());
+    let opts = RestoreOptions {
+        set: Some(second.label.clone()),
+        delta: false,
+        force: false,
+        tablespace_map: vec![],
+        recovery_type: RecoveryType::Immediate,
+        target: None,
+        target_action: Some("promote".into()),
+        target_timeline: None,
+        target_exclusive: false,
+        archive_get_command: format!(
+            "{} --stanza=demo --repo-path={}",
+            exe.display(),
+            repo.display()
+        ),
+    };
+    let r = rt.block_on(pgstrata_engine::restore::restore(&s, &opts))?;
+    println!(
+        "7. restored {} into {} ({} files)",
+        r.label,
+        restored.display(),
+        r.files_written
+    );
+    let copy = Cluster::adopt(&bin, &restored, &scratch.path);
+    copy.start().map_err(fail("start the restored cluster"))?;
+    copy.wait_for_promotion(Duration::from_secs(120))
+        .map_err(fail("recover"))?;
+    let got = copy
+        .content_hashes()
+        .map_err(fail("hash restored tables"))?;
+    if got != expected {
+        return Err(Error::integrity(format!(
+            "demo: the restored cluster differs from the source:\n source: {expected:?}\n restored: {got:?}"
+        )));
+    }
+    println!(
+        "8. started the restored cluster: all {} tables equal the source at the backup ({} rows of pgbench_accounts)",
+        got.len(),
+        copy.psql("postgres", "SELECT count(*) FROM pgbench_accounts").unwrap_or_default()
+    );
+    let report = rt.block_on(pgstrata_engine::info::info(&s, None))?;
+    println!("\n{}", pgstrata_engine::info::render_text(&report));
+    println!("demo finished in {:.0}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! Logging: levels for the console (standard error) and for a file, set by
+//! log-level-console, log-level-file and log-path.
+
+use std::io::Write;
+use std::sync::Mutex;
+
+struct Logger {
+    console: log::LevelFilter,
+    file_level: log::LevelFilter,
+    file: Option<Mutex<std::fs::File>>,
+}
+
+fn level(s: &str) -> log::LevelFilter {
+    match s {
+        "off" => log::LevelFilter::Off,
+        "error" => log::LevelFilter::Error,
+        "warn" => log::LevelFilter::Warn,
+        "info" => log::LevelFilter::Info,
+        "debug" => log::LevelFilter::Debug,
+        _ => log::LevelFilter::Trace,
+    }
+}
+
+impl log::Log for Logger {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.target().starts_with("pgstrata")
+            && (m.level() <= self.console || m.level() <= self.file_level)
+    }
+
+    fn log(&self, r: &log::Record) {
+        if !self.enabled(r.metadata()) {
+            return;
+        }
+        if r.level() <= self.console {
+            let _ = writeln!(std::io::stderr(), "{}: {}", r.level(), r.args());
+        }
+        if r.level() <= self.file_level {
+            if let Some(f) = &self.file {
+                let now = chrono::Local::now().format("%Y-%m-%d %H:%M:%S%.3f");
+                let _ = writeln!(
+                    f.lock().unwrap(),
+                    "{now} P{:05} {}: {}",
+                    std::process::id(),
+                    r.level(),
+                    r.args()
+                );
+            }
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// Write an error to the log file only (the console already shows it).
+pub fn error_to_file(msg: &str) {
+    if let Some(l) = LOGGER.get() {
+        if l.file_level >= log::LevelFilter::Error {
+            if let Some(f) = &l.file {
+                let now = chrono::Local::now().format("%Y-%m-%d %H:%M:%S%.3f");
+                let _ = writeln!(
+                    f.lock().unwrap(),
+                    "{now} P{:05} ERROR: {msg}",
+                    std::process::id()
+                );
+            }
+        }
+    }
+}
+
+static LOGGER: std::sync::OnceLock<Logger> = std::sync::OnceLock::new();
+
+/// Install the logger. A log file that cannot be opened is reported on the console once.
+pub fn init(
+    console: &str,
+    file_level: &str,
+    log_path: Option<&str>,
+    stanza: Option<&str>,
+    command: &str,
+) {
+    let file_level = level(file_level);
+    let mut file = None;
+    if file_level != log::LevelFilter::Off {
+        if let Some(dir) = log_path {
+            let name = format!("{}-{command}.log", stanza.unwrap_or("all"));
+            let p = std::path::Path::new(dir).join(name);
+            match std::fs::create_dir_all(dir).and_then(|_| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&p)
+            }) {
+                Ok(f) => file = Some(Mutex::new(f)),
+                Err(e) => eprintln!("WARN: cannot open log file {}: {e}", p.display()),
+            }
+        }
+    }
+    let console = level(console);
+    let max = console.max(if file.is_some() {
+        file_level
+    } else {
+        log::LevelFilter::Off
+    });
+    let logger = LOGGER.get_or_init(|| Logger {
+        console,
+        file_level,
+        file,
+    });
+    let _ = log::set_logger(logger);
+    log::set_max_level(max);
+}

@@ -1,0 +1,248 @@
+//! The `pgstrata` binary: resolve options, set up logging, run one command, map the
+//! outcome to an exit code.
+//!
+//! Exit codes: 0 success; 1 archive-get found no such WAL file (what restore_command must
+//! say for "not found"); 2 configuration or usage error; 3 any other failure; 4 damaged
+//! repository data.
+
+mod config;
+mod demo;
+mod logging;
+mod options;
+
+use pgstrata_engine::archive::PushOutcome;
+use pgstrata_engine::backup::BackupOptions;
+use pgstrata_engine::restore::{RecoveryType, RestoreOptions};
+use pgstrata_engine::{Error, Settings};
+use pgstrata_repo::codec::{CompressType, Compression};
+use pgstrata_repo::manifest::BackupType;
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let env: std::collections::HashMap<String, String> = std::env::vars().collect();
+    let inv = match config::resolve(&argv, &env) {
+        Ok(i) => i,
+        Err(msg) => {
+            eprintln!("ERROR: {msg}");
+            std::process::exit(2);
+        }
+    };
+    logging::init(
+        if inv.command == "demo" {
+            "info"
+        } else {
+            inv.get("log-level-console").unwrap_or("warn")
+        },
+        inv.get("log-level-file").unwrap_or("off"),
+        inv.get("log-path"),
+        inv.get("stanza"),
+        &inv.command,
+    );
+    let code = match run(&inv) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ERROR: {e}");
+            logging::error_to_file(&e.to_string());
+            e.exit_code()
+        }
+    };
+    std::process::exit(code);
+}
+
+fn settings(inv: &config::Invocation) -> Result<Settings, Error> {
+    let stanza = inv.require("stanza").map_err(Error::config)?.to_string();
+    let compress_type = CompressType::parse(inv.get("compress-type").unwrap_or("zst"))
+        .expect("validated by the option table");
+    let level = inv.int("compress-level").map(|l| l as i32);
+    let compression = Compression::new(compress_type, level)?;
+    Ok(Settings {
+        stanza,
+        repo_path: PathBuf::from(inv.get("repo-path").unwrap_or("/var/lib/pgstrata")),
+        pg_path: inv.get("pg-path").map(PathBuf::from),
+        pg_host: inv.get("pg-host").map(str::to_string),
+        pg_port: inv.int("pg-port").unwrap_or(5432) as u16,
+        pg_user: inv.get("pg-user").map(str::to_string),
+        pg_database: inv.get("pg-database").unwrap_or("postgres").to_string(),
+        compression,
+        process_max: inv.int("process-max").unwrap_or(1) as usize,
+        start_fast: inv.flag("start-fast"),
+        archive_timeout: Duration::from_secs(inv.int("archive-timeout").unwrap_or(60) as u64),
+        config_file: inv.config_file.clone(),
+        frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
+        pack_size: pgstrata_repo::pack::DEFAULT_PACK_SIZE,
+    })
+}
+
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers.clamp(2, 8))
+        .enable_all()
+        .build()
+        .expect("start async runtime")
+}
+
+/// The command restore_command runs: this binary with the options that locate the
+/// repository, so archive-get reads where backups were written.
+fn archive_get_command(s: &Settings) -> String {
+    let exe = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "pgstrata".into());
+    let mut parts = vec![shell_quote(&exe)];
+    if let Some(c) = &s.config_file {
+        parts.push(shell_quote(&format!("--config={}", c.display())));
+    }
+    parts.push(shell_quote(&format!("--stanza={}", s.stanza)));
+    parts.push(shell_quote(&format!(
+        "--repo-path={}",
+        s.repo_path.display()
+    )));
+    parts.join(" ")
+}
+
+fn shell_quote(s: &str) -> String {
+    if s.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_=/.,:@".contains(&b))
+    {
+        s.to_string()
+    } else {
+        format!(
+            "\"{}\"",
+            s.replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('$', "\\$")
+                .replace('`', "\\`")
+        )
+    }
+}
+
+fn run(inv: &config::Invocation) -> Result<i32, Error> {
+    match inv.command.as_str() {
+        "help" => {
+            match inv.args.first().map(String::as_str) {
+                None => print!("{}", options::general_help()),
+                Some("options") => print!("{}", options::reference_markdown()),
+                Some(c) if options::COMMANDS.iter().any(|(n, _)| *n == c) => {
+                    print!("{}", options::command_help(c))
+                }
+                Some(c) => return Err(Error::config(format!("unknown command '{c}'"))),
+            }
+            Ok(0)
+        }
+        "version" => {
+            println!(
+                "pgstrata {} (repository format {})",
+                env!("CARGO_PKG_VERSION"),
+                pgstrata_repo::FORMAT_VERSION
+            );
+            Ok(0)
+        }
+        "demo" => demo::run(inv.get("pg-bin").map(PathBuf::from)).map(|_| 0),
+        "stanza-create" => {
+            let s = settings(inv)?;
+            match runtime(2).block_on(pgstrata_engine::stanza::stanza_create(&s))? {
+                pgstrata_engine::stanza::CreateOutcome::Created => {
+                    println!("stanza '{}' created", s.stanza)
+                }
+                pgstrata_engine::stanza::CreateOutcome::AlreadyExists => {
+                    println!("stanza '{}' already exists for this cluster", s.stanza)
+                }
+            }
+            Ok(0)
+        }
+        "check" => {
+            let s = settings(inv)?;
+            runtime(2).block_on(pgstrata_engine::check::check(&s))?;
+            println!("check of stanza '{}' passed", s.stanza);
+            Ok(0)
+        }
+        "backup" => {
+            let s = settings(inv)?;
+            let backup_type = match inv.get("type").unwrap_or("full") {
+                "diff" => BackupType::Diff,
+                "incr" => BackupType::Incr,
+                _ => BackupType::Full,
+            };
+            let m = runtime(s.process_max).block_on(pgstrata_engine::backup::backup(
+                &s,
+                &BackupOptions { backup_type },
+            ))?;
+            println!("{}", m.label);
+            Ok(0)
+        }
+        "restore" => {
+            let s = settings(inv)?;
+            let mut tablespace_map = Vec::new();
+            for m in inv.list("tablespace-map") {
+                let (oid, dir) = m
+                    .split_once('=')
+                    .and_then(|(o, d)| o.parse::<u32>().ok().map(|o| (o, PathBuf::from(d))))
+                    .ok_or_else(|| {
+                        Error::config(format!("--tablespace-map='{m}': expected OID=DIR"))
+                    })?;
+                tablespace_map.push((oid, dir));
+            }
+            let opts = RestoreOptions {
+                set: inv.get("set").map(str::to_string),
+                delta: inv.flag("delta"),
+                force: inv.flag("force"),
+                tablespace_map,
+                recovery_type: RecoveryType::parse(inv.get("type").unwrap_or("default"))
+                    .expect("validated by the option table"),
+                target: inv.get("target").map(str::to_string),
+                target_action: inv.get("target-action").map(str::to_string),
+                target_timeline: inv.get("target-timeline").map(str::to_string),
+                target_exclusive: inv.flag("target-exclusive"),
+                archive_get_command: archive_get_command(&s),
+            };
+            let r =
+                runtime(s.process_max).block_on(pgstrata_engine::restore::restore(&s, &opts))?;
+            println!(
+                "restored backup {}: {} files written, {} unchanged, {} removed",
+                r.label, r.files_written, r.files_kept, r.removed
+            );
+            Ok(0)
+        }
+        "archive-push" => {
+            let s = settings(inv)?;
+            let [path] = inv.args.as_slice() else {
+                return Err(Error::config(
+                    "archive-push takes one argument: the WAL file path (%p)",
+                ));
+            };
+            match runtime(2).block_on(pgstrata_engine::archive::archive_push(
+                &s,
+                std::path::Path::new(path),
+            ))? {
+                PushOutcome::Stored { .. } | PushOutcome::AlreadyArchived => Ok(0),
+            }
+        }
+        "archive-get" => {
+            let s = settings(inv)?;
+            let [name, dest] = inv.args.as_slice() else {
+                return Err(Error::config("archive-get takes two arguments: the WAL file name (%f) and the destination (\"%p\")"));
+            };
+            let found = runtime(2).block_on(pgstrata_engine::archive::archive_get(
+                &s,
+                name,
+                std::path::Path::new(dest),
+            ))?;
+            Ok(if found { 0 } else { 1 })
+        }
+        "info" => {
+            let s = settings(inv)?;
+            let report = runtime(2).block_on(pgstrata_engine::info::info(&s, inv.get("set")))?;
+            if inv.get("output") == Some("json") {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).expect("serialize info")
+                );
+            } else {
+                print!("{}", pgstrata_engine::info::render_text(&report));
+            }
+            Ok(0)
+        }
+        other => Err(Error::config(format!("unknown command '{other}'"))),
+    }
+}

@@ -1,0 +1,259 @@
+//! The option table: every option pgstrata accepts, declared once. Parsing, validation,
+//! `pgstrata help` and docs/options.md all come from [`OPTIONS`].
+//!
+//! An option's value comes from, in order of precedence: `--name=value` on the command line,
+//! the environment variable `PGSTRATA_NAME` (upper case, '-' as '_'), the stanza's table of
+//! the config file, the config file's `[global]` table, and finally the default.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Str,
+    Path,
+    Int {
+        min: i64,
+        max: i64,
+    },
+    Bool,
+    Enum(&'static [&'static str]),
+    /// May be given several times; values accumulate.
+    List,
+}
+
+/// Where an option may be set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Command line, environment, `[global]` or a stanza table.
+    Config,
+    /// Command line and environment only (per-invocation choices).
+    CommandLine,
+}
+
+pub struct OptionDef {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub default: Option<&'static str>,
+    pub scope: Scope,
+    /// Commands that accept it; empty means all.
+    pub commands: &'static [&'static str],
+    pub help: &'static str,
+}
+
+pub const COMMANDS: &[(&str, &str)] = &[
+    ("stanza-create", "Record the cluster in the repository (once, before archiving and backups)"),
+    ("check", "Check configuration, connection and WAL archiving end to end"),
+    ("backup", "Back up the running cluster"),
+    ("restore", "Restore a backup into a data directory and write recovery settings"),
+    ("archive-push", "Store one WAL file: archive_command = 'pgstrata --stanza=NAME archive-push %p'"),
+    ("archive-get", "Fetch one WAL file: restore_command = 'pgstrata --stanza=NAME archive-get %f \"%p\"'"),
+    ("info", "Show the stanza's backups and WAL archive"),
+    ("demo", "Run the whole story on a throwaway cluster and a local repository"),
+    ("help", "Show commands, or a command's options ('help COMMAND'; 'help options' prints the reference)"),
+    ("version", "Print the version"),
+];
+
+const REPO_CMDS: &[&str] = &[
+    "stanza-create",
+    "check",
+    "backup",
+    "restore",
+    "archive-push",
+    "archive-get",
+    "info",
+];
+const PG_CMDS: &[&str] = &["stanza-create", "check", "backup"];
+const COMPRESS_CMDS: &[&str] = &["backup", "archive-push"];
+
+pub const OPTIONS: &[OptionDef] = &[
+    OptionDef { name: "config", kind: Kind::Path, default: Some("/etc/pgstrata/pgstrata.toml"), scope: Scope::CommandLine, commands: &[],
+        help: "Configuration file (TOML: a [global] table and one table per stanza). A missing default file is ignored; a missing file given explicitly is an error." },
+    OptionDef { name: "stanza", kind: Kind::Str, default: None, scope: Scope::CommandLine, commands: REPO_CMDS,
+        help: "Stanza name: the cluster being backed up. Letters, digits, '-' and '_'." },
+    OptionDef { name: "repo-path", kind: Kind::Path, default: Some("/var/lib/pgstrata"), scope: Scope::Config, commands: REPO_CMDS,
+        help: "Repository directory." },
+    OptionDef { name: "pg-path", kind: Kind::Path, default: None, scope: Scope::Config, commands: &["stanza-create", "check", "backup", "restore"],
+        help: "Data directory of the cluster (for restore: where to restore)." },
+    OptionDef { name: "pg-host", kind: Kind::Str, default: Some("/var/run/postgresql"), scope: Scope::Config, commands: PG_CMDS,
+        help: "Socket directory (starting with '/') or host name of the server, as libpq means it." },
+    OptionDef { name: "pg-port", kind: Kind::Int { min: 1, max: 65535 }, default: Some("5432"), scope: Scope::Config, commands: PG_CMDS,
+        help: "Server port." },
+    OptionDef { name: "pg-user", kind: Kind::Str, default: None, scope: Scope::Config, commands: PG_CMDS,
+        help: "Database user (default: PGUSER, else the operating system user). A password comes from PGPASSWORD." },
+    OptionDef { name: "pg-database", kind: Kind::Str, default: Some("postgres"), scope: Scope::Config, commands: PG_CMDS,
+        help: "Database to connect to." },
+    OptionDef { name: "compress-type", kind: Kind::Enum(&["none", "gz", "lz4", "zst", "bz2"]), default: Some("zst"), scope: Scope::Config, commands: COMPRESS_CMDS,
+        help: "Compression of backup data and archived WAL." },
+    OptionDef { name: "compress-level", kind: Kind::Int { min: -7, max: 22 }, default: None, scope: Scope::Config, commands: COMPRESS_CMDS,
+        help: "Compression level (default: gz 6, lz4 1, zst 3, bz2 9; allowed: gz 0-9, zst -7-22, bz2 1-9)." },
+    OptionDef { name: "process-max", kind: Kind::Int { min: 1, max: 256 }, default: Some("1"), scope: Scope::Config, commands: &["backup", "restore"],
+        help: "Worker threads reading, checksumming, compressing and writing in parallel." },
+    OptionDef { name: "start-fast", kind: Kind::Bool, default: Some("false"), scope: Scope::Config, commands: &["backup"],
+        help: "Ask for an immediate checkpoint instead of waiting for the next one." },
+    OptionDef { name: "archive-timeout", kind: Kind::Int { min: 1, max: 86400 }, default: Some("60"), scope: Scope::Config, commands: &["backup", "check"],
+        help: "Seconds to wait for WAL to reach the archive." },
+    OptionDef { name: "type", kind: Kind::Enum(&["full"]), default: Some("full"), scope: Scope::CommandLine, commands: &["backup"],
+        help: "Backup type." },
+    OptionDef { name: "type", kind: Kind::Enum(&["default", "immediate", "time", "lsn", "xid", "name", "standby", "none"]), default: Some("default"), scope: Scope::CommandLine, commands: &["restore"],
+        help: "Recovery type: replay all WAL (default), stop when consistent (immediate), stop at a target (time, lsn, xid, name), become a standby, or write no recovery settings (none)." },
+    OptionDef { name: "set", kind: Kind::Str, default: None, scope: Scope::CommandLine, commands: &["restore", "info"],
+        help: "Backup label (default: the latest; for --type=time, the newest backup that ended before the target)." },
+    OptionDef { name: "delta", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["restore"],
+        help: "Restore over an existing directory, rewriting only files whose content differs and removing files the backup lacks." },
+    OptionDef { name: "force", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["restore"],
+        help: "Restore over an existing directory, removing everything in it first." },
+    OptionDef { name: "tablespace-map", kind: Kind::List, default: None, scope: Scope::CommandLine, commands: &["restore"],
+        help: "Restore a tablespace elsewhere: OID=DIR (repeatable)." },
+    OptionDef { name: "target", kind: Kind::Str, default: None, scope: Scope::CommandLine, commands: &["restore"],
+        help: "Recovery target for --type=time (with time zone), lsn, xid or name." },
+    OptionDef { name: "target-action", kind: Kind::Enum(&["pause", "promote", "shutdown"]), default: None, scope: Scope::CommandLine, commands: &["restore"],
+        help: "What the server does at the target (PostgreSQL's default: pause)." },
+    OptionDef { name: "target-timeline", kind: Kind::Str, default: None, scope: Scope::CommandLine, commands: &["restore"],
+        help: "Timeline to recover along: current, latest or a number (PostgreSQL's default: latest)." },
+    OptionDef { name: "target-exclusive", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["restore"],
+        help: "Stop just before the target instead of just after it." },
+    OptionDef { name: "output", kind: Kind::Enum(&["text", "json"]), default: Some("text"), scope: Scope::CommandLine, commands: &["info"],
+        help: "Output format." },
+    OptionDef { name: "log-level-console", kind: Kind::Enum(&["off", "error", "warn", "info", "debug", "trace"]), default: Some("warn"), scope: Scope::Config, commands: &[],
+        help: "Messages shown on standard error." },
+    OptionDef { name: "log-level-file", kind: Kind::Enum(&["off", "error", "warn", "info", "debug", "trace"]), default: Some("off"), scope: Scope::Config, commands: &[],
+        help: "Messages written to the log file in log-path." },
+    OptionDef { name: "log-path", kind: Kind::Path, default: Some("/var/log/pgstrata"), scope: Scope::Config, commands: &[],
+        help: "Directory for log files, named STANZA-COMMAND.log." },
+    OptionDef { name: "pg-bin", kind: Kind::Path, default: None, scope: Scope::CommandLine, commands: &["demo"],
+        help: "Directory of the PostgreSQL server binaries for the demo (default: pg_config --bindir, else the newest /usr/lib/postgresql/*/bin)." },
+];
+
+impl OptionDef {
+    pub fn applies_to(&self, command: &str) -> bool {
+        self.commands.is_empty() || self.commands.contains(&command)
+    }
+
+    pub fn env_name(&self) -> String {
+        format!("PGSTRATA_{}", self.name.to_uppercase().replace('-', "_"))
+    }
+
+    pub fn allowed(&self) -> String {
+        match self.kind {
+            Kind::Str => "text".into(),
+            Kind::Path => "a path".into(),
+            Kind::Int { min, max } => format!("an integer from {min} to {max}"),
+            Kind::Bool => "true or false".into(),
+            Kind::Enum(vals) => vals.join(", "),
+            Kind::List => "text, repeatable".into(),
+        }
+    }
+
+    /// Check a value and return it normalized.
+    pub fn validate(&self, value: &str, source: &str) -> Result<String, String> {
+        let bad = |why: String| Err(format!("option '{}' (from {source}): {why}", self.name));
+        match self.kind {
+            Kind::Int { min, max } => match value.trim().parse::<i64>() {
+                Ok(v) if v >= min && v <= max => Ok(v.to_string()),
+                _ => bad(format!(
+                    "'{value}' is not allowed; expected {}",
+                    self.allowed()
+                )),
+            },
+            Kind::Bool => match value.trim() {
+                "true" | "y" | "yes" | "on" | "1" => Ok("true".into()),
+                "false" | "n" | "no" | "off" | "0" => Ok("false".into()),
+                _ => bad(format!("'{value}' is not allowed; expected true or false")),
+            },
+            Kind::Enum(vals) => {
+                if vals.contains(&value) {
+                    Ok(value.to_string())
+                } else {
+                    bad(format!(
+                        "'{value}' is not allowed; allowed: {}",
+                        vals.join(", ")
+                    ))
+                }
+            }
+            Kind::Str | Kind::Path | Kind::List => {
+                if value.is_empty() {
+                    bad("empty value".into())
+                } else {
+                    Ok(value.to_string())
+                }
+            }
+        }
+    }
+}
+
+/// Find the definition of `name` for `command`.
+pub fn find(name: &str, command: &str) -> Option<&'static OptionDef> {
+    OPTIONS
+        .iter()
+        .find(|o| o.name == name && o.applies_to(command))
+}
+
+pub fn known(name: &str) -> bool {
+    OPTIONS.iter().any(|o| o.name == name)
+}
+
+/// The option reference (docs/options.md), generated from the table.
+pub fn reference_markdown() -> String {
+    let mut out = String::from(
+        "# pgstrata option reference\n\n\
+         Generated by `pgstrata help options` from the option table in `crates/cli/src/options.rs`; \
+         do not edit by hand.\n\n\
+         Precedence: `--name=value` on the command line, then the environment variable \
+         `PGSTRATA_NAME`, then the stanza's table in the config file, then `[global]`, then the default. \
+         Options marked *command line* cannot be set in the config file.\n\n\
+         | option | allowed | default | where | commands | description |\n|---|---|---|---|---|---|\n",
+    );
+    for o in OPTIONS {
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} | {} | {} |\n",
+            o.name,
+            o.allowed(),
+            o.default
+                .map(|d| format!("`{d}`"))
+                .unwrap_or_else(|| "-".into()),
+            match o.scope {
+                Scope::Config => "config, env, command line",
+                Scope::CommandLine => "command line, env",
+            },
+            if o.commands.is_empty() {
+                "all".to_string()
+            } else {
+                o.commands.join(", ")
+            },
+            o.help
+        ));
+    }
+    out.push_str("\n## Commands\n\n");
+    for (c, h) in COMMANDS {
+        out.push_str(&format!("- `{c}`: {h}\n"));
+    }
+    out
+}
+
+pub fn command_help(command: &str) -> String {
+    let desc = COMMANDS
+        .iter()
+        .find(|(c, _)| *c == command)
+        .map(|(_, h)| *h)
+        .unwrap_or("");
+    let mut out = format!("pgstrata {command}: {desc}\n\nOptions:\n");
+    for o in OPTIONS.iter().filter(|o| o.applies_to(command)) {
+        out.push_str(&format!(
+            "  --{:<20} {} [{}{}]\n",
+            o.name,
+            o.help,
+            o.allowed(),
+            o.default
+                .map(|d| format!("; default {d}"))
+                .unwrap_or_default()
+        ));
+    }
+    out
+}
+
+pub fn general_help() -> String {
+    let mut out = String::from("pgstrata: PostgreSQL backup and restore\n\nUsage: pgstrata [--option=value ...] COMMAND [ARGS]\n\nCommands:\n");
+    for (c, h) in COMMANDS {
+        out.push_str(&format!("  {c:<15} {h}\n"));
+    }
+    out.push_str("\n'pgstrata help COMMAND' lists a command's options; 'pgstrata help options' prints the full reference.\n");
+    out
+}

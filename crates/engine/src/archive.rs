@@ -1,0 +1,182 @@
+//! `archive-push` and `archive-get`: PostgreSQL's archive_command and restore_command.
+//!
+//! archive-push is idempotent: pushing a file that is already archived with the same content
+//! succeeds (PostgreSQL retries after crashes and may push twice); a different file under an
+//! existing name fails and leaves the stored copy alone, because overwriting could destroy
+//! the WAL a backup needs. The write is create-only, so two pushers racing on one name
+//! cannot both win.
+
+use crate::{open_stanza, Error, ErrorKind, Result, Settings};
+use pgstrata_pg::lsn;
+use pgstrata_repo::{layout, wal, ErrorKind as RepoKind};
+use std::path::Path;
+
+/// What archive-push did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PushOutcome {
+    Stored { stored_bytes: usize },
+    AlreadyArchived,
+}
+
+/// Store one WAL file (segment, .partial, .backup or .history).
+pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> {
+    let name = wal_path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .ok_or_else(|| {
+            Error::config(format!(
+                "archive-push: '{}' is not a file name",
+                wal_path.display()
+            ))
+        })?;
+    if !valid_wal_name(&name) {
+        return Err(Error::config(format!(
+            "archive-push: '{name}' is not a WAL segment, .partial, .backup or .history file name"
+        )));
+    }
+    let (storage, stanza) = open_stanza(s).await?;
+    let raw = std::fs::read(wal_path)
+        .map_err(|e| Error::io(format!("archive-push: read {}", wal_path.display()), e))?;
+    let seg_size = stanza.cluster.wal_segment_size;
+    if lsn::is_segment_name(&name) || name.ends_with(".partial") {
+        check_segment(&raw, &name, seg_size, &stanza.cluster.system_identifier)?;
+    }
+    let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), &name);
+    let compression = s.compression;
+    let (obj, hash) = tokio::task::spawn_blocking(move || {
+        let h = wal::hash(&raw);
+        (wal::encode(&raw, compression), h)
+    })
+    .await
+    .expect("compress thread");
+    let stored_bytes = obj.len();
+    match storage.put_new(&key, obj.into()).await {
+        Ok(()) => {
+            log::info!("archived {name} ({stored_bytes} bytes stored)");
+            Ok(PushOutcome::Stored { stored_bytes })
+        }
+        Err(e) if e.kind == RepoKind::AlreadyExists => {
+            let existing = storage.get_range(&key, 0..wal::HEADER_LEN as u64).await?;
+            let header = wal::parse_header(&existing, &key)?;
+            if header.hash == hash {
+                log::info!("{name} is already in the archive with the same content");
+                Ok(PushOutcome::AlreadyArchived)
+            } else {
+                Err(Error::refused(format!(
+                    "{name} is already in the archive with different content; the stored copy was kept. \
+                     Two clusters may be archiving into stanza '{}'",
+                    s.stanza
+                )))
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn valid_wal_name(name: &str) -> bool {
+    if lsn::is_segment_name(name) {
+        return true;
+    }
+    if let Some(base) = name.strip_suffix(".partial") {
+        return lsn::is_segment_name(base);
+    }
+    if let Some(base) = name.strip_suffix(".history") {
+        return base.len() == 8 && base.bytes().all(|b| b.is_ascii_hexdigit());
+    }
+    if let Some(base) = name.strip_suffix(".backup") {
+        // 000000010000000000000002.00000028.backup
+        return base.len() == 33 && lsn::is_segment_name(&base[..24]) && &base[24..25] == ".";
+    }
+    false
+}
+
+/// A segment must have the segment size and come from the stanza's cluster: its first
+/// page's long header names the system identifier.
+fn check_segment(raw: &[u8], name: &str, seg_size: u64, sysid: &str) -> Result<()> {
+    if !name.ends_with(".partial") && raw.len() as u64 != seg_size {
+        return Err(Error::refused(format!(
+            "{name} is {} bytes but WAL segments of this cluster are {seg_size} bytes",
+            raw.len()
+        )));
+    }
+    if raw.len() >= 40 {
+        let info = u16::from_le_bytes([raw[2], raw[3]]);
+        if info & 0x0002 != 0 {
+            let seg_sysid = u64::from_le_bytes(raw[24..32].try_into().unwrap());
+            if seg_sysid.to_string() != sysid {
+                return Err(Error::refused(format!(
+                    "{name} was written by cluster {seg_sysid}, but this stanza belongs to cluster {sysid}: check --stanza"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Fetch one WAL file into `dest`. Returns false when the archive does not have it.
+pub async fn archive_get(s: &Settings, name: &str, dest: &Path) -> Result<bool> {
+    let (storage, stanza) = open_stanza(s).await?;
+    let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), name);
+    let obj = match storage.get(&key).await {
+        Ok(o) => o,
+        Err(e) if e.is_not_found() => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let raw = tokio::task::spawn_blocking(move || wal::decode(&obj, &key))
+        .await
+        .expect("decode thread")
+        .map_err(|e| Error::new(ErrorKind::Integrity, format!("archive-get {name}: {e}")))?;
+    let tmp = dest.with_file_name(format!(
+        ".{}.pgstrata.tmp",
+        dest.file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default()
+    ));
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&raw)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, dest)
+    };
+    write().map_err(|e| Error::io(format!("archive-get: write {}", dest.display()), e))?;
+    log::info!("restored {name} from the archive");
+    Ok(true)
+}
+
+/// Lowest and highest archived segment names, for info.
+pub async fn archive_range(
+    storage: &pgstrata_repo::Storage,
+    stanza: &str,
+    archive_id: &str,
+) -> Result<Option<(String, String)>> {
+    let root = layout::archive_root(stanza, archive_id);
+    let mut min: Option<String> = None;
+    let mut max: Option<String> = None;
+    for o in storage.list(&root).await? {
+        let name = o.key.rsplit('/').next().unwrap_or_default();
+        if lsn::is_segment_name(name) {
+            if min.as_deref().is_none_or(|m| name < m) {
+                min = Some(name.to_string());
+            }
+            if max.as_deref().is_none_or(|m| name > m) {
+                max = Some(name.to_string());
+            }
+        }
+    }
+    Ok(min.zip(max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn names() {
+        assert!(valid_wal_name("000000010000000000000002"));
+        assert!(valid_wal_name("000000010000000000000002.partial"));
+        assert!(valid_wal_name("00000002.history"));
+        assert!(valid_wal_name("000000010000000000000002.00000028.backup"));
+        assert!(!valid_wal_name("pg_control"));
+        assert!(!valid_wal_name("00000001000000000000000"));
+    }
+}

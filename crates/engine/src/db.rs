@@ -1,0 +1,186 @@
+//! The SQL side of a backup: connecting, identifying the server, starting and stopping
+//! backup mode. Both backup calls must run in the same session, which stays open for the
+//! whole copy; if pgstrata dies the server ends backup mode itself when the session drops.
+
+use crate::error::pg_err;
+use crate::{Error, ErrorKind, Result, Settings};
+use pgstrata_pg::lsn::Lsn;
+use tokio_postgres::{Client, NoTls};
+
+pub struct Db {
+    client: Client,
+    pub version_num: u32,
+    target: String,
+}
+
+/// What the server says about itself.
+#[derive(Debug, Clone)]
+pub struct ServerIdentity {
+    pub system_identifier: u64,
+    pub version_num: u32,
+    pub data_directory: String,
+    pub in_recovery: bool,
+    pub archive_mode: String,
+    pub archive_command: String,
+    pub wal_level: String,
+}
+
+fn default_user() -> String {
+    std::env::var("PGUSER")
+        .ok()
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::getuid())
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        })
+        .unwrap_or_else(|| "postgres".to_string())
+}
+
+impl Db {
+    pub async fn connect(s: &Settings) -> Result<Db> {
+        let mut cfg = tokio_postgres::Config::new();
+        let host = s
+            .pg_host
+            .clone()
+            .or_else(|| std::env::var("PGHOST").ok())
+            .unwrap_or_else(|| "/var/run/postgresql".to_string());
+        let user = s.pg_user.clone().unwrap_or_else(default_user);
+        cfg.host(&host)
+            .port(s.pg_port)
+            .user(&user)
+            .dbname(&s.pg_database)
+            .application_name("pgstrata")
+            .connect_timeout(std::time::Duration::from_secs(10));
+        if let Ok(pw) = std::env::var("PGPASSWORD") {
+            cfg.password(pw);
+        }
+        let target = format!("{host}:{} as {user}, database {}", s.pg_port, s.pg_database);
+        let (client, conn) = cfg
+            .connect(NoTls)
+            .await
+            .map_err(pg_err(format!("cannot connect to PostgreSQL at {target}")))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                log::debug!("PostgreSQL connection closed: {e}");
+            }
+        });
+        let row = client
+            .query_one("SELECT current_setting('server_version_num')::int", &[])
+            .await
+            .map_err(pg_err("query server version"))?;
+        let version_num = row.get::<_, i32>(0) as u32;
+        if !(140000..190000).contains(&version_num) {
+            return Err(Error::refused(format!(
+                "server at {target} is version {version_num}: pgstrata supports PostgreSQL 14 to 18"
+            )));
+        }
+        Ok(Db {
+            client,
+            version_num,
+            target,
+        })
+    }
+
+    pub fn major(&self) -> u32 {
+        self.version_num / 10000
+    }
+
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    pub async fn identity(&self) -> Result<ServerIdentity> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT system_identifier::text, current_setting('data_directory'), pg_is_in_recovery(), \
+                 current_setting('archive_mode'), current_setting('archive_command'), current_setting('wal_level') \
+                 FROM pg_control_system()",
+                &[],
+            )
+            .await
+            .map_err(pg_err("query server identity"))?;
+        let sysid: String = row.get(0);
+        Ok(ServerIdentity {
+            system_identifier: sysid.parse().unwrap_or(0),
+            version_num: self.version_num,
+            data_directory: row.get(1),
+            in_recovery: row.get(2),
+            archive_mode: row.get(3),
+            archive_command: row.get(4),
+            wal_level: row.get(5),
+        })
+    }
+
+    /// Enter backup mode; returns the start LSN and its timeline.
+    pub async fn backup_start(&self, label: &str, fast: bool) -> Result<(Lsn, u32)> {
+        let sql = if self.major() >= 15 {
+            "SELECT pg_backup_start($1, $2)::text"
+        } else {
+            "SELECT pg_start_backup($1, $2, false)::text"
+        };
+        let row = self
+            .client
+            .query_one(sql, &[&label, &fast])
+            .await
+            .map_err(pg_err("start backup"))?;
+        let lsn: Lsn = row.get::<_, String>(0).parse()?;
+        let tli = self.timeline_of(lsn).await?;
+        Ok((lsn, tli))
+    }
+
+    /// Leave backup mode without waiting for archiving (pgstrata waits on the repository
+    /// itself, with a timeout). Returns (stop LSN, backup_label text, tablespace_map text).
+    pub async fn backup_stop(&self) -> Result<(Lsn, String, Option<String>)> {
+        let sql = if self.major() >= 15 {
+            "SELECT lsn::text, labelfile, spcmapfile FROM pg_backup_stop(false)"
+        } else {
+            "SELECT lsn::text, labelfile, spcmapfile FROM pg_stop_backup(false, false)"
+        };
+        let row = self
+            .client
+            .query_one(sql, &[])
+            .await
+            .map_err(pg_err("stop backup"))?;
+        let lsn: Lsn = row.get::<_, String>(0).parse()?;
+        let map: Option<String> = row.get(2);
+        Ok((lsn, row.get(1), map.filter(|m| !m.is_empty())))
+    }
+
+    pub async fn timeline_of(&self, lsn: Lsn) -> Result<u32> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT pg_walfile_name($1::text::pg_lsn)",
+                &[&lsn.to_string()],
+            )
+            .await
+            .map_err(pg_err("find WAL file name"))?;
+        let name: String = row.get(0);
+        u32::from_str_radix(&name[..8], 16).map_err(|_| {
+            Error::new(
+                ErrorKind::Postgres,
+                format!("unexpected WAL file name {name}"),
+            )
+        })
+    }
+
+    /// Write a restore point and switch WAL; returns the name of the segment that must
+    /// reach the archive.
+    pub async fn switch_wal(&self) -> Result<String> {
+        self.client
+            .query_one(
+                "SELECT pg_create_restore_point('pgstrata check')::text",
+                &[],
+            )
+            .await
+            .map_err(pg_err("create restore point"))?;
+        let row = self
+            .client
+            .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
+            .await
+            .map_err(pg_err("switch WAL"))?;
+        Ok(row.get(0))
+    }
+}

@@ -1,0 +1,145 @@
+//! `info`: what a stanza holds.
+
+use crate::archive::archive_range;
+use crate::progress::human_bytes;
+use crate::{open_stanza, Result, Settings};
+use pgstrata_repo::manifest::{list_backups, Manifest};
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct BackupInfo {
+    pub label: String,
+    #[serde(rename = "type")]
+    pub backup_type: String,
+    pub prior: Option<String>,
+    pub start_time: String,
+    pub stop_time: String,
+    pub start_lsn: String,
+    pub stop_lsn: String,
+    pub timeline: u32,
+    pub wal_start: String,
+    pub wal_stop: String,
+    pub database_size: u64,
+    pub stored_size: u64,
+    pub files: u64,
+    pub page_errors: u64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bad_pages: Vec<BadPages>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BadPages {
+    pub path: String,
+    pub blocks: Vec<u32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StanzaReport {
+    pub stanza: String,
+    pub system_identifier: String,
+    pub pg_version: u32,
+    pub archive_min: Option<String>,
+    pub archive_max: Option<String>,
+    pub backups: Vec<BackupInfo>,
+}
+
+pub fn summarize(m: &Manifest) -> BackupInfo {
+    BackupInfo {
+        label: m.label.clone(),
+        backup_type: m.backup_type.name().to_string(),
+        prior: m.prior.clone(),
+        start_time: m.start.time.clone(),
+        stop_time: m.stop.time.clone(),
+        start_lsn: m.start.lsn.clone(),
+        stop_lsn: m.stop.lsn.clone(),
+        timeline: m.start.timeline,
+        wal_start: m.start.wal.clone(),
+        wal_stop: m.stop.wal.clone(),
+        database_size: m.stats.db_size,
+        stored_size: m.stats.stored_size,
+        files: m.stats.files,
+        page_errors: m.stats.page_errors,
+        bad_pages: m
+            .files()
+            .filter(|f| !f.bad_pages.is_empty())
+            .map(|f| BadPages {
+                path: f.path.clone(),
+                blocks: f.bad_pages.clone(),
+            })
+            .collect(),
+    }
+}
+
+pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
+    let (storage, stanza) = open_stanza(s).await?;
+    let mut backups = Vec::new();
+    for label in list_backups(&storage, &s.stanza).await? {
+        if set.is_some_and(|want| want != label) {
+            continue;
+        }
+        backups.push(summarize(
+            &Manifest::load(&storage, &s.stanza, &label).await?,
+        ));
+    }
+    if let Some(want) = set {
+        if backups.is_empty() {
+            return Err(crate::Error::config(format!(
+                "backup '{want}' does not exist in stanza '{}'",
+                s.stanza
+            )));
+        }
+    }
+    let range = archive_range(&storage, &s.stanza, &stanza.cluster.archive_id()).await?;
+    Ok(StanzaReport {
+        stanza: s.stanza.clone(),
+        system_identifier: stanza.cluster.system_identifier.clone(),
+        pg_version: stanza.cluster.major_version,
+        archive_min: range.as_ref().map(|r| r.0.clone()),
+        archive_max: range.map(|r| r.1),
+        backups,
+    })
+}
+
+pub fn render_text(r: &StanzaReport) -> String {
+    let mut out = format!(
+        "stanza: {}\n    PostgreSQL {}, system identifier {}\n",
+        r.stanza, r.pg_version, r.system_identifier
+    );
+    match (&r.archive_min, &r.archive_max) {
+        (Some(a), Some(b)) => out.push_str(&format!("    wal archive min/max: {a} / {b}\n")),
+        _ => out.push_str("    wal archive: empty\n"),
+    }
+    if r.backups.is_empty() {
+        out.push_str("    no backups\n");
+    }
+    for b in &r.backups {
+        out.push_str(&format!(
+            "\n    {} backup: {}\n        timestamp start/stop: {} / {}\n        lsn start/stop: {} / {} (timeline {})\n        wal start/stop: {} / {}\n        database size: {}, stored: {}, files: {}\n",
+            b.backup_type,
+            b.label,
+            b.start_time,
+            b.stop_time,
+            b.start_lsn,
+            b.stop_lsn,
+            b.timeline,
+            b.wal_start,
+            b.wal_stop,
+            human_bytes(b.database_size),
+            human_bytes(b.stored_size),
+            b.files
+        ));
+        if let Some(p) = &b.prior {
+            out.push_str(&format!("        prior: {p}\n"));
+        }
+        if b.page_errors > 0 {
+            out.push_str(&format!(
+                "        page checksum errors: {}\n",
+                b.page_errors
+            ));
+            for bp in &b.bad_pages {
+                out.push_str(&format!("            {} blocks {:?}\n", bp.path, bp.blocks));
+            }
+        }
+    }
+    out
+}

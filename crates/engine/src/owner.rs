@@ -1,0 +1,79 @@
+//! File ownership: names recorded at backup, applied at restore when running as root.
+
+use pgstrata_repo::manifest::Owner;
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+
+/// Caches uid/gid → name lookups while walking a data directory.
+#[derive(Default)]
+pub struct OwnerNames {
+    users: HashMap<u32, Option<String>>,
+    groups: HashMap<u32, Option<String>>,
+}
+
+impl OwnerNames {
+    pub fn owner_of(&mut self, md: &std::fs::Metadata) -> Owner {
+        let uid = md.uid();
+        let gid = md.gid();
+        let user = self
+            .users
+            .entry(uid)
+            .or_insert_with(|| {
+                nix::unistd::User::from_uid(uid.into())
+                    .ok()
+                    .flatten()
+                    .map(|u| u.name)
+            })
+            .clone();
+        let group = self
+            .groups
+            .entry(gid)
+            .or_insert_with(|| {
+                nix::unistd::Group::from_gid(gid.into())
+                    .ok()
+                    .flatten()
+                    .map(|g| g.name)
+            })
+            .clone();
+        Owner {
+            mode: md.mode() & 0o7777,
+            uid,
+            gid,
+            user,
+            group,
+        }
+    }
+}
+
+/// Resolves recorded owners to ids on this host (by name first, then by id).
+#[derive(Default)]
+pub struct OwnerResolver {
+    cache: HashMap<(Option<String>, Option<String>, u32, u32), (u32, u32)>,
+}
+
+impl OwnerResolver {
+    pub fn ids(&mut self, o: &Owner) -> (u32, u32) {
+        *self
+            .cache
+            .entry((o.user.clone(), o.group.clone(), o.uid, o.gid))
+            .or_insert_with(|| {
+                let uid = o
+                    .user
+                    .as_deref()
+                    .and_then(|n| nix::unistd::User::from_name(n).ok().flatten())
+                    .map(|u| u.uid.as_raw())
+                    .unwrap_or(o.uid);
+                let gid = o
+                    .group
+                    .as_deref()
+                    .and_then(|n| nix::unistd::Group::from_name(n).ok().flatten())
+                    .map(|g| g.gid.as_raw())
+                    .unwrap_or(o.gid);
+                (uid, gid)
+            })
+    }
+}
+
+pub fn running_as_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}

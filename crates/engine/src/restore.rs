@@ -1,0 +1,707 @@
+//! `restore`: rebuild a data directory from one backup's manifest, and write the recovery
+//! settings that bring it to a consistent state (or to a target) from the archive.
+//!
+//! Every backup is logically full, so restore reads one manifest and fetches what it points
+//! at. Each file's BLAKE3 is checked as it is written; a mismatch stops the restore naming
+//! the file. With `--delta`, files whose size and hash already match are left alone and
+//! files the backup does not have are removed, so the result equals a fresh restore.
+
+use crate::owner::{running_as_root, OwnerResolver};
+use crate::progress::{human_bytes, Progress};
+use crate::{open_stanza, Error, Result, Settings};
+use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest, Owner};
+use pgstrata_repo::pack::read_chunk;
+use pgstrata_repo::Storage;
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryType {
+    /// Replay all archived WAL.
+    Default,
+    /// Stop as soon as the backup is consistent.
+    Immediate,
+    Time,
+    Lsn,
+    Xid,
+    Name,
+    /// Start as a standby that keeps fetching WAL from the archive.
+    Standby,
+    /// Write no recovery settings at all.
+    None,
+}
+
+impl RecoveryType {
+    pub const NAMES: &'static [&'static str] = &[
+        "default",
+        "immediate",
+        "time",
+        "lsn",
+        "xid",
+        "name",
+        "standby",
+        "none",
+    ];
+
+    pub fn parse(s: &str) -> Option<RecoveryType> {
+        Some(match s {
+            "default" => RecoveryType::Default,
+            "immediate" => RecoveryType::Immediate,
+            "time" => RecoveryType::Time,
+            "lsn" => RecoveryType::Lsn,
+            "xid" => RecoveryType::Xid,
+            "name" => RecoveryType::Name,
+            "standby" => RecoveryType::Standby,
+            "none" => RecoveryType::None,
+            _ => return None,
+        })
+    }
+
+    fn needs_target(self) -> bool {
+        matches!(
+            self,
+            RecoveryType::Time | RecoveryType::Lsn | RecoveryType::Xid | RecoveryType::Name
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RestoreOptions {
+    pub set: Option<String>,
+    pub delta: bool,
+    pub force: bool,
+    pub tablespace_map: Vec<(u32, PathBuf)>,
+    pub recovery_type: RecoveryType,
+    pub target: Option<String>,
+    pub target_action: Option<String>,
+    pub target_timeline: Option<String>,
+    pub target_exclusive: bool,
+    /// The command line restore_command runs (pgstrata with the options that find the
+    /// repository), without the `archive-get %f "%p"` part.
+    pub archive_get_command: String,
+}
+
+#[derive(Debug, Default)]
+pub struct RestoreReport {
+    pub label: String,
+    pub files_written: u64,
+    pub files_kept: u64,
+    pub bytes_written: u64,
+    pub removed: u64,
+}
+
+/// Parse a recovery_target_time the way a user writes it for PostgreSQL.
+pub fn parse_target_time(s: &str) -> Option<chrono::DateTime<chrono::FixedOffset>> {
+    let s = s.trim();
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Some(t);
+    }
+    for fmt in [
+        "%Y-%m-%d %H:%M:%S%.f%#z",
+        "%Y-%m-%d %H:%M:%S%#z",
+        "%Y-%m-%dT%H:%M:%S%.f%#z",
+    ] {
+        if let Ok(t) = chrono::DateTime::parse_from_str(s, fmt) {
+            return Some(t);
+        }
+    }
+    None
+}
+
+async fn choose_backup(storage: &Storage, s: &Settings, o: &RestoreOptions) -> Result<Manifest> {
+    let labels = list_backups(storage, &s.stanza).await?;
+    if labels.is_empty() {
+        return Err(Error::refused(format!(
+            "stanza '{}' has no backups to restore",
+            s.stanza
+        )));
+    }
+    if let Some(set) = &o.set {
+        if !labels.contains(set) {
+            return Err(Error::config(format!(
+                "backup '{set}' does not exist in stanza '{}' (backups: {})",
+                s.stanza,
+                labels.join(", ")
+            )));
+        }
+        return Ok(Manifest::load(storage, &s.stanza, set).await?);
+    }
+    if o.recovery_type == RecoveryType::Time {
+        let target = o.target.as_deref().unwrap_or_default();
+        let t = parse_target_time(target).ok_or_else(|| {
+            Error::config(format!(
+                "--target='{target}' is not a time with a time zone, like '2026-11-23 10:15:00+00'"
+            ))
+        })?;
+        for label in labels.iter().rev() {
+            let m = Manifest::load(storage, &s.stanza, label).await?;
+            if m.stop.epoch < t.timestamp() {
+                log::info!("backup {label} is the newest that ended before {target}");
+                return Ok(m);
+            }
+        }
+        return Err(Error::refused(format!(
+            "no backup of stanza '{}' ended before {target}",
+            s.stanza
+        )));
+    }
+    Ok(Manifest::load(storage, &s.stanza, labels.last().unwrap()).await?)
+}
+
+fn dir_is_empty(p: &Path) -> Result<bool> {
+    match std::fs::read_dir(p) {
+        Ok(mut rd) => Ok(rd.next().is_none()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(Error::io(format!("read {}", p.display()), e)),
+    }
+}
+
+/// Refuse to touch the directory of a running server.
+fn refuse_if_running(pg_path: &Path) -> Result<()> {
+    let pidfile = pg_path.join("postmaster.pid");
+    let Ok(text) = std::fs::read_to_string(&pidfile) else {
+        return Ok(());
+    };
+    if let Some(pid) = text
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse::<i32>().ok())
+    {
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+        if alive {
+            return Err(Error::refused(format!(
+                "PostgreSQL is running on {} (postmaster.pid names process {pid}): stop it before restoring",
+                pg_path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn remove_path(p: &Path) -> std::io::Result<()> {
+    let md = std::fs::symlink_metadata(p)?;
+    if md.is_dir() {
+        std::fs::remove_dir_all(p)
+    } else {
+        std::fs::remove_file(p)
+    }
+}
+
+fn clear_dir(p: &Path) -> Result<u64> {
+    let mut n = 0;
+    let rd = match std::fs::read_dir(p) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(Error::io(format!("read {}", p.display()), e)),
+    };
+    for ent in rd {
+        let ent = ent.map_err(|e| Error::io(format!("read {}", p.display()), e))?;
+        remove_path(&ent.path())
+            .map_err(|e| Error::io(format!("remove {}", ent.path().display()), e))?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Map a manifest path to where it goes on this host.
+struct PathMapper {
+    pg_path: PathBuf,
+    /// Tablespace oid -> restore location.
+    tablespaces: HashMap<u32, PathBuf>,
+}
+
+impl PathMapper {
+    fn map(&self, rel: &str) -> PathBuf {
+        if rel.is_empty() {
+            return self.pg_path.clone();
+        }
+        if let Some(rest) = rel.strip_prefix("pg_tblspc/") {
+            let (oid, tail) = rest.split_once('/').unwrap_or((rest, ""));
+            if let (Ok(oid), false) = (oid.parse::<u32>(), tail.is_empty()) {
+                if let Some(loc) = self.tablespaces.get(&oid) {
+                    return loc.join(tail);
+                }
+            }
+        }
+        self.pg_path.join(rel)
+    }
+}
+
+pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> {
+    let started = Instant::now();
+    if o.recovery_type.needs_target() && o.target.is_none() {
+        return Err(Error::config(
+            format!("--type={:?} needs --target", o.recovery_type).to_lowercase(),
+        ));
+    }
+    if let Some(a) = &o.target_action {
+        if !["pause", "promote", "shutdown"].contains(&a.as_str()) {
+            return Err(Error::config(format!(
+                "--target-action='{a}' is not one of pause, promote, shutdown"
+            )));
+        }
+    }
+    let pg_path = s.pg_path()?.to_path_buf();
+    let (storage, _stanza) = open_stanza(s).await?;
+    let m = choose_backup(&storage, s, o).await?;
+
+    // Where each tablespace goes.
+    let mut tablespaces = HashMap::new();
+    for t in &m.tablespaces {
+        tablespaces.insert(t.oid, PathBuf::from(&t.location));
+    }
+    for (oid, dir) in &o.tablespace_map {
+        if !tablespaces.contains_key(oid) {
+            return Err(Error::config(format!(
+                "--tablespace-map: backup {} has no tablespace with OID {oid} (it has: {})",
+                m.label,
+                m.tablespaces
+                    .iter()
+                    .map(|t| t.oid.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        tablespaces.insert(*oid, dir.clone());
+    }
+
+    // Safety checks before anything is written.
+    refuse_if_running(&pg_path)?;
+    let overwrite = o.delta || o.force;
+    let mut targets = vec![pg_path.clone()];
+    targets.extend(tablespaces.values().cloned());
+    for dir in &targets {
+        if !overwrite && !dir_is_empty(dir)? {
+            return Err(Error::refused(format!(
+                "{} is not empty: restore into an empty directory, or use --delta (rewrite only what differs) or --force (replace everything)",
+                dir.display()
+            )));
+        }
+    }
+    log::info!(
+        "restoring backup {} ({} files, {}) into {}",
+        m.label,
+        m.stats.files,
+        human_bytes(m.stats.db_size),
+        pg_path.display()
+    );
+    let mut report = RestoreReport {
+        label: m.label.clone(),
+        ..Default::default()
+    };
+    let mapper = PathMapper {
+        pg_path: pg_path.clone(),
+        tablespaces,
+    };
+    if o.force && !o.delta {
+        for dir in &targets {
+            report.removed += clear_dir(dir)?;
+        }
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&pg_path)
+        .map_err(|e| Error::io(format!("create {}", pg_path.display()), e))?;
+    if o.delta {
+        report.removed += remove_extraneous(&m, &mapper)?;
+    }
+
+    // Directories and links first.
+    let chown = running_as_root();
+    let mut resolver = OwnerResolver::default();
+    for e in &m.entries {
+        match e {
+            Entry::Dir { path, .. } => {
+                let p = mapper.map(path);
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&p)
+                    .map_err(|e| Error::io(format!("create directory {}", p.display()), e))?;
+            }
+            Entry::Link {
+                path,
+                target,
+                owner,
+            } => {
+                let link = mapper.map(path);
+                let oid = path
+                    .strip_prefix("pg_tblspc/")
+                    .and_then(|o| o.parse::<u32>().ok());
+                let dest = oid
+                    .and_then(|o| mapper.tablespaces.get(&o).cloned())
+                    .unwrap_or_else(|| PathBuf::from(target));
+                if let Some(parent) = link.parent() {
+                    std::fs::create_dir_all(parent)
+                        .map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
+                }
+                if std::fs::read_link(&link).ok().as_deref() != Some(dest.as_path()) {
+                    if std::fs::symlink_metadata(&link).is_ok() {
+                        remove_path(&link)
+                            .map_err(|e| Error::io(format!("remove {}", link.display()), e))?;
+                    }
+                    std::os::unix::fs::symlink(&dest, &link).map_err(|e| {
+                        Error::io(format!("link {} -> {}", link.display(), dest.display()), e)
+                    })?;
+                }
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&dest)
+                    .map_err(|e| {
+                        Error::io(format!("create tablespace directory {}", dest.display()), e)
+                    })?;
+                if chown {
+                    let (u, g) = resolver.ids(owner);
+                    let _ = nix::unistd::fchownat(
+                        None,
+                        &link,
+                        Some(u.into()),
+                        Some(g.into()),
+                        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                    );
+                    set_owner(&dest, owner, &mut resolver)?;
+                }
+            }
+            Entry::File(_) => {}
+        }
+    }
+
+    // Files, in parallel.
+    let files: Vec<FileEntry> = m.files().cloned().collect();
+    let total_bytes = files.iter().map(|f| f.size).sum();
+    let progress = Progress::start("restore", total_bytes, files.len() as u64);
+    let shared = Arc::new(RestoreShared {
+        storage: storage.clone(),
+        runtime: tokio::runtime::Handle::current(),
+        stanza: s.stanza.clone(),
+        manifest_label: m.label.clone(),
+        codec: m.compression.kind,
+        delta: o.delta,
+        chown,
+        counters: progress.counters.clone(),
+        queue: Mutex::new(files.into_iter().rev().collect()),
+        paths: files_paths(&m, &mapper),
+    });
+    let workers = s.process_max.max(1);
+    let results = {
+        let shared = shared.clone();
+        tokio::task::spawn_blocking(move || {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    let shared = shared.clone();
+                    std::thread::spawn(move || restore_worker(&shared))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("restore worker panicked"))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .expect("restore threads")
+    };
+    progress.finish();
+    for r in results {
+        let (written, kept, bytes) = r?;
+        report.files_written += written;
+        report.files_kept += kept;
+        report.bytes_written += bytes;
+    }
+
+    // Directory modes and owners last (a 0500 directory would block writing into it).
+    for e in &m.entries {
+        if let Entry::Dir { path, owner } = e {
+            let p = mapper.map(path);
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(owner.mode))
+                .map_err(|e| Error::io(format!("chmod {}", p.display()), e))?;
+            if chown {
+                set_owner(&p, owner, &mut resolver)?;
+            }
+        }
+    }
+
+    let root_owner = m.entries.iter().find_map(|e| match e {
+        Entry::Dir { path, owner } if path.is_empty() => Some(owner.clone()),
+        _ => None,
+    });
+    write_recovery_files(&pg_path, &m, o, root_owner.as_ref(), &mut resolver)?;
+    log::info!(
+        "restore of {} complete: {} files written ({}), {} unchanged, {} removed, {:.1}s",
+        m.label,
+        report.files_written,
+        human_bytes(report.bytes_written),
+        report.files_kept,
+        report.removed,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(report)
+}
+
+fn files_paths(m: &Manifest, mapper: &PathMapper) -> HashMap<String, PathBuf> {
+    m.files()
+        .map(|f| (f.path.clone(), mapper.map(&f.path)))
+        .collect()
+}
+
+fn set_owner(p: &Path, owner: &Owner, resolver: &mut OwnerResolver) -> Result<()> {
+    let (u, g) = resolver.ids(owner);
+    nix::unistd::chown(p, Some(u.into()), Some(g.into()))
+        .map_err(|e| Error::io(format!("chown {}", p.display()), std::io::Error::from(e)))
+}
+
+/// Delete what the backup does not have (delta restore). Paths are compared in manifest
+/// terms, walking tablespaces through the mapped locations.
+fn remove_extraneous(m: &Manifest, mapper: &PathMapper) -> Result<u64> {
+    let wanted: HashSet<&str> = m.entries.iter().map(|e| e.path()).collect();
+    let mut removed = 0;
+    fn walk(
+        dir: &Path,
+        rel: &str,
+        wanted: &HashSet<&str>,
+        mapper: &PathMapper,
+        removed: &mut u64,
+    ) -> Result<()> {
+        let rd = match std::fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
+        };
+        for ent in rd {
+            let ent = ent.map_err(|e| Error::io(format!("read {}", dir.display()), e))?;
+            let name = ent.file_name().to_string_lossy().to_string();
+            let child = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let path = ent.path();
+            if !wanted.contains(child.as_str()) {
+                remove_path(&path)
+                    .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+                *removed += 1;
+                continue;
+            }
+            let md = std::fs::symlink_metadata(&path)
+                .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+            if md.file_type().is_symlink() {
+                // Tablespace links: walk their mapped location.
+                if let Some(oid) = child
+                    .strip_prefix("pg_tblspc/")
+                    .and_then(|o| o.parse::<u32>().ok())
+                {
+                    if let Some(loc) = mapper.tablespaces.get(&oid) {
+                        walk(loc, &child, wanted, mapper, removed)?;
+                    }
+                }
+            } else if md.is_dir() {
+                walk(&path, &child, wanted, mapper, removed)?;
+            }
+        }
+        Ok(())
+    }
+    walk(&mapper.pg_path, "", &wanted, mapper, &mut removed)?;
+    Ok(removed)
+}
+
+struct RestoreShared {
+    storage: Storage,
+    runtime: tokio::runtime::Handle,
+    stanza: String,
+    manifest_label: String,
+    codec: pgstrata_repo::codec::CompressType,
+    delta: bool,
+    chown: bool,
+    counters: Arc<crate::progress::Counters>,
+    queue: Mutex<Vec<FileEntry>>,
+    paths: HashMap<String, PathBuf>,
+}
+
+/// Returns (files written, files kept, bytes written).
+fn restore_worker(sh: &RestoreShared) -> Result<(u64, u64, u64)> {
+    let mut resolver = OwnerResolver::default();
+    let (mut written, mut kept, mut bytes) = (0, 0, 0);
+    loop {
+        let Some(f) = sh.queue.lock().unwrap().pop() else {
+            break;
+        };
+        let path = &sh.paths[&f.path];
+        if sh.delta && local_matches(path, &f)? {
+            kept += 1;
+        } else {
+            restore_file(sh, &f, path)?;
+            written += 1;
+            bytes += f.size;
+        }
+        let md_mode = std::fs::Permissions::from_mode(f.owner.mode);
+        std::fs::set_permissions(path, md_mode)
+            .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
+        let mtime = std::time::UNIX_EPOCH + std::time::Duration::from_secs(f.mtime.max(0) as u64);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .and_then(|fh| fh.set_modified(mtime))
+            .map_err(|e| Error::io(format!("set mtime of {}", path.display()), e))?;
+        if sh.chown {
+            set_owner(path, &f.owner, &mut resolver)?;
+        }
+        sh.counters.files.fetch_add(1, Ordering::Relaxed);
+        sh.counters.bytes.fetch_add(f.size, Ordering::Relaxed);
+    }
+    Ok((written, kept, bytes))
+}
+
+/// Delta restore: does the local file already hold exactly this content?
+fn local_matches(path: &Path, f: &FileEntry) -> Result<bool> {
+    let mut fh = match std::fs::File::open(path) {
+        Ok(fh) => fh,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::io(format!("open {}", path.display()), e)),
+    };
+    let md = fh
+        .metadata()
+        .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+    if !md.is_file() || md.len() != f.size {
+        return Ok(false);
+    }
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = fh
+            .read(&mut buf)
+            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().to_hex().as_str() == f.hash)
+}
+
+fn restore_file(sh: &RestoreShared, f: &FileEntry, path: &Path) -> Result<()> {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        std::fs::remove_dir_all(path)
+            .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+    }
+    let mut out = std::fs::File::create(path)
+        .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+    let mut hasher = blake3::Hasher::new();
+    for chunk in &f.chunks {
+        let data = sh
+            .runtime
+            .block_on(read_chunk(
+                &sh.storage,
+                &sh.stanza,
+                &sh.manifest_label,
+                sh.codec,
+                chunk,
+                &f.path,
+            ))
+            .map_err(|e| Error::integrity(format!("restore stopped: {e}")))?;
+        hasher.update(&data);
+        out.write_all(&data)
+            .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+    }
+    out.sync_all()
+        .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
+    if hasher.finalize().to_hex().as_str() != f.hash {
+        return Err(Error::integrity(format!(
+            "restore stopped: restored {} does not match the hash recorded at backup time: the repository is damaged",
+            f.path
+        )));
+    }
+    Ok(())
+}
+
+/// Quote a value for postgresql.conf.
+fn conf_quote(v: &str) -> String {
+    format!("'{}'", v.replace('\'', "''"))
+}
+
+const RECOVERY_KEYS: &[&str] = &[
+    "restore_command",
+    "recovery_target",
+    "recovery_target_time",
+    "recovery_target_lsn",
+    "recovery_target_xid",
+    "recovery_target_name",
+    "recovery_target_action",
+    "recovery_target_inclusive",
+    "recovery_target_timeline",
+];
+const MARK: &str = "# pgstrata restore:";
+
+fn write_recovery_files(
+    pg_path: &Path,
+    m: &Manifest,
+    o: &RestoreOptions,
+    owner: Option<&Owner>,
+    resolver: &mut OwnerResolver,
+) -> Result<()> {
+    let write = |name: &str, content: &str, resolver: &mut OwnerResolver| -> Result<()> {
+        let p = pg_path.join(name);
+        std::fs::write(&p, content).map_err(|e| Error::io(format!("write {}", p.display()), e))?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::io(format!("chmod {}", p.display()), e))?;
+        if let (Some(owner), true) = (owner, running_as_root()) {
+            set_owner(&p, owner, resolver)?;
+        }
+        Ok(())
+    };
+    write("backup_label", &m.backup_label, resolver)?;
+    for stale in ["tablespace_map", "recovery.signal", "standby.signal"] {
+        let _ = std::fs::remove_file(pg_path.join(stale));
+    }
+    if o.recovery_type == RecoveryType::None {
+        return Ok(());
+    }
+    let auto = pg_path.join("postgresql.auto.conf");
+    let existing = std::fs::read_to_string(&auto).unwrap_or_default();
+    let mut conf: Vec<String> = existing
+        .lines()
+        .filter(|l| {
+            let key = l.split('=').next().unwrap_or("").trim();
+            !l.starts_with(MARK) && !RECOVERY_KEYS.contains(&key)
+        })
+        .map(str::to_string)
+        .collect();
+    conf.push(format!("{MARK} recovery settings for backup {}", m.label));
+    conf.push(format!(
+        "restore_command = {}",
+        conf_quote(&format!("{} archive-get %f \"%p\"", o.archive_get_command))
+    ));
+    let target = o.target.clone().unwrap_or_default();
+    match o.recovery_type {
+        RecoveryType::Immediate => conf.push("recovery_target = 'immediate'".into()),
+        RecoveryType::Time => conf.push(format!("recovery_target_time = {}", conf_quote(&target))),
+        RecoveryType::Lsn => conf.push(format!("recovery_target_lsn = {}", conf_quote(&target))),
+        RecoveryType::Xid => conf.push(format!("recovery_target_xid = {}", conf_quote(&target))),
+        RecoveryType::Name => conf.push(format!("recovery_target_name = {}", conf_quote(&target))),
+        _ => {}
+    }
+    if o.recovery_type.needs_target() && o.target_exclusive {
+        conf.push("recovery_target_inclusive = false".into());
+    }
+    if let Some(a) = &o.target_action {
+        if o.recovery_type != RecoveryType::Standby {
+            conf.push(format!("recovery_target_action = {}", conf_quote(a)));
+        }
+    }
+    if let Some(t) = &o.target_timeline {
+        conf.push(format!("recovery_target_timeline = {}", conf_quote(t)));
+    }
+    write("postgresql.auto.conf", &(conf.join("\n") + "\n"), resolver)?;
+    let signal = if o.recovery_type == RecoveryType::Standby {
+        "standby.signal"
+    } else {
+        "recovery.signal"
+    };
+    write(signal, "", resolver)?;
+    Ok(())
+}

@@ -1,0 +1,46 @@
+//! The resolved configuration every command receives. The CLI builds it from its option
+//! table (flags, environment, config file); tests and the demo build it directly.
+
+use crate::{Error, Result};
+use pgstrata_repo::codec::Compression;
+use pgstrata_repo::Storage;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub stanza: String,
+    pub repo_path: PathBuf,
+    pub pg_path: Option<PathBuf>,
+    /// Socket directory (starting with '/') or host name, as libpq means it.
+    pub pg_host: Option<String>,
+    pub pg_port: u16,
+    pub pg_user: Option<String>,
+    pub pg_database: String,
+    pub compression: Compression,
+    pub process_max: usize,
+    pub start_fast: bool,
+    /// How long backup and check wait for WAL to reach the archive.
+    pub archive_timeout: Duration,
+    /// The config file in use, passed on to restore_command so archive-get sees the same.
+    pub config_file: Option<PathBuf>,
+    /// Raw bytes per stored frame.
+    pub frame_size: usize,
+    /// Size a pack object grows to before it is written.
+    pub pack_size: usize,
+}
+
+impl Settings {
+    pub fn storage(&self) -> Result<Storage> {
+        pgstrata_repo::layout::check_stanza_name(&self.stanza).map_err(Error::config)?;
+        Ok(Storage::local(&self.repo_path)?)
+    }
+
+    pub fn pg_path(&self) -> Result<&std::path::Path> {
+        self.pg_path.as_deref().ok_or_else(|| {
+            Error::config(
+                "pg-path is not set: give --pg-path or set pg-path in the stanza's config",
+            )
+        })
+    }
+}

@@ -1,0 +1,93 @@
+//! `stanza-create`: record which cluster a stanza belongs to.
+
+use crate::db::Db;
+use crate::{Error, Result, Settings};
+use pgstrata_pg::control::ControlData;
+use pgstrata_repo::stanza::{ClusterIdentity, StanzaInfo};
+use pgstrata_repo::{ErrorKind as RepoKind, Storage, FORMAT_VERSION};
+
+/// Read the cluster's identity from pg_control and confirm it over the connection.
+pub async fn cluster_identity(s: &Settings) -> Result<ClusterIdentity> {
+    let pg_path = s.pg_path()?;
+    let control = ControlData::read(pg_path)?;
+    let db = Db::connect(s).await?;
+    let id = db.identity().await?;
+    if id.system_identifier != control.system_identifier {
+        return Err(Error::refused(format!(
+            "pg-path {} holds cluster {} but the server at {} is cluster {}: pg-path and the connection settings point at different clusters",
+            pg_path.display(),
+            control.system_identifier,
+            db.target(),
+            id.system_identifier
+        )));
+    }
+    let major = control.major_version()?;
+    if major != db.major() {
+        return Err(Error::refused(format!(
+            "pg-path {} is PostgreSQL {major} but the server is {}",
+            pg_path.display(),
+            db.major()
+        )));
+    }
+    Ok(ClusterIdentity {
+        system_identifier: control.system_identifier.to_string(),
+        major_version: major,
+        catalog_version: control.catalog_version,
+        control_version: control.control_version,
+        wal_segment_size: control.wal_segment_size as u64,
+        block_size: control.block_size,
+    })
+}
+
+pub enum CreateOutcome {
+    Created,
+    AlreadyExists,
+}
+
+pub async fn stanza_create(s: &Settings) -> Result<CreateOutcome> {
+    pgstrata_repo::layout::check_stanza_name(&s.stanza).map_err(Error::config)?;
+    let cluster = cluster_identity(s).await?;
+    std::fs::create_dir_all(&s.repo_path).map_err(|e| {
+        Error::io(
+            format!("create repository directory {}", s.repo_path.display()),
+            e,
+        )
+    })?;
+    let storage = Storage::local(&s.repo_path)?;
+    let info = StanzaInfo {
+        format_version: FORMAT_VERSION,
+        stanza: s.stanza.clone(),
+        created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        cluster: cluster.clone(),
+    };
+    match StanzaInfo::create(&storage, &info).await {
+        Ok(()) => {
+            log::info!(
+                "stanza '{}' created for PostgreSQL {} cluster {}",
+                s.stanza,
+                cluster.major_version,
+                cluster.system_identifier
+            );
+            Ok(CreateOutcome::Created)
+        }
+        Err(e) if e.kind == RepoKind::AlreadyExists => {
+            let existing = StanzaInfo::load(&storage, &s.stanza).await?;
+            if existing.cluster == cluster {
+                log::info!("stanza '{}' already exists for this cluster", s.stanza);
+                Ok(CreateOutcome::AlreadyExists)
+            } else {
+                Err(Error::refused(format!(
+                    "stanza '{}' in repository {} belongs to another cluster (system {} PostgreSQL {}), not this one (system {} PostgreSQL {}); \
+                     use another stanza name or repository",
+                    s.stanza,
+                    storage.description(),
+                    existing.cluster.system_identifier,
+                    existing.cluster.major_version,
+                    cluster.system_identifier,
+                    cluster.major_version
+                )))
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
