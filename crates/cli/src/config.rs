@@ -39,10 +39,11 @@ impl Invocation {
     }
 }
 
+/// The command line taken apart: command, positional arguments, (option, value) pairs.
+type SplitArgs = (Option<String>, Vec<String>, Vec<(String, String)>);
+
 /// Split the command line into the command, positional arguments and raw options.
-fn split_args(
-    argv: &[String],
-) -> Result<(Option<String>, Vec<String>, Vec<(String, String)>), String> {
+fn split_args(argv: &[String]) -> Result<SplitArgs, String> {
     let mut command = None;
     let mut positional = Vec::new();
     let mut raw = Vec::new();

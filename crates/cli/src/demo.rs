@@ -150,6 +150,7 @@ pub fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         target_action: Some("promote".into()),
         target_timeline: None,
         target_exclusive: false,
+        archive_off: true,
         archive_get_command: format!(
             "{} --stanza=demo --repo-path={}",
             exe.display(),

@@ -194,6 +194,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 target_action: inv.get("target-action").map(str::to_string),
                 target_timeline: inv.get("target-timeline").map(str::to_string),
                 target_exclusive: inv.flag("target-exclusive"),
+                archive_off: inv.get("archive-mode") == Some("off"),
                 archive_get_command: archive_get_command(&s),
             };
             let r =

@@ -110,6 +110,8 @@ pub const OPTIONS: &[OptionDef] = &[
         help: "Timeline to recover along: current, latest or a number (PostgreSQL's default: latest)." },
     OptionDef { name: "target-exclusive", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["restore"],
         help: "Stop just before the target instead of just after it." },
+    OptionDef { name: "archive-mode", kind: Kind::Enum(&["preserve", "off"]), default: Some("preserve"), scope: Scope::CommandLine, commands: &["restore"],
+        help: "off: the restored cluster does not archive WAL (for copies that must not write into the source's archive); preserve: keep the backed-up setting." },
     OptionDef { name: "output", kind: Kind::Enum(&["text", "json"]), default: Some("text"), scope: Scope::CommandLine, commands: &["info"],
         help: "Output format." },
     OptionDef { name: "log-level-console", kind: Kind::Enum(&["off", "error", "warn", "info", "debug", "trace"]), default: Some("warn"), scope: Scope::Config, commands: &[],

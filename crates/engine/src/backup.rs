@@ -201,7 +201,7 @@ pub async fn backup(s: &Settings, opts: &BackupOptions) -> Result<Manifest> {
         counters: progress.counters.clone(),
     });
     // Largest files first keeps all workers busy until the end.
-    jobs.sort_by(|a, b| b.size.cmp(&a.size));
+    jobs.sort_by_key(|j| std::cmp::Reverse(j.size));
     let workers = s.process_max.max(1);
     let mut outcome = {
         let ctx = ctx.clone();

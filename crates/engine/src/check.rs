@@ -48,7 +48,7 @@ pub async fn check(s: &Settings) -> Result<()> {
         &storage,
         &s.stanza,
         &stanza.cluster.archive_id(),
-        &[segment.clone()],
+        std::slice::from_ref(&segment),
         s.archive_timeout,
     )
     .await?;

@@ -45,10 +45,13 @@ impl OwnerNames {
     }
 }
 
+/// A recorded owner as a lookup key: (user name, group name, uid, gid).
+type OwnerKey = (Option<String>, Option<String>, u32, u32);
+
 /// Resolves recorded owners to ids on this host (by name first, then by id).
 #[derive(Default)]
 pub struct OwnerResolver {
-    cache: HashMap<(Option<String>, Option<String>, u32, u32), (u32, u32)>,
+    cache: HashMap<OwnerKey, (u32, u32)>,
 }
 
 impl OwnerResolver {

@@ -81,6 +81,9 @@ pub struct RestoreOptions {
     pub target_action: Option<String>,
     pub target_timeline: Option<String>,
     pub target_exclusive: bool,
+    /// Write `archive_mode = off` so the restored cluster does not archive into the
+    /// repository of its source (test restores, copies for analysis).
+    pub archive_off: bool,
     /// The command line restore_command runs (pgstrata with the options that find the
     /// repository), without the `archive-get %f "%p"` part.
     pub archive_get_command: String,
@@ -695,6 +698,9 @@ fn write_recovery_files(
     }
     if let Some(t) = &o.target_timeline {
         conf.push(format!("recovery_target_timeline = {}", conf_quote(t)));
+    }
+    if o.archive_off {
+        conf.push("archive_mode = 'off'".into());
     }
     write("postgresql.auto.conf", &(conf.join("\n") + "\n"), resolver)?;
     let signal = if o.recovery_type == RecoveryType::Standby {

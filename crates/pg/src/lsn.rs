@@ -72,7 +72,7 @@ pub fn is_segment_name(name: &str) -> bool {
 /// unless it sits exactly on a segment boundary.
 pub fn segments_between(timeline: u32, start: Lsn, stop: Lsn, seg_size: u64) -> Vec<String> {
     let first = start.segment(seg_size);
-    let last = if stop.0 % seg_size == 0 && stop.0 > start.0 {
+    let last = if stop.0.is_multiple_of(seg_size) && stop.0 > start.0 {
         stop.0 / seg_size - 1
     } else {
         stop.segment(seg_size)

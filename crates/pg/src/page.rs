@@ -77,12 +77,10 @@ pub enum PageCheck {
 
 /// Verify one page the way PostgreSQL's buffer manager would on read.
 pub fn verify(page: &[u8], blkno: u32) -> PageCheck {
-    if is_new(page) {
-        if page.iter().all(|b| *b == 0) {
-            return PageCheck::Zero;
-        }
-        // A non-zero page with pd_upper == 0 is damaged: fall through to a checksum check,
-        // which will almost certainly fail and report it.
+    // A non-zero page with pd_upper == 0 is damaged: it falls through to the checksum
+    // check, which will almost certainly fail and report it.
+    if is_new(page) && page.iter().all(|b| *b == 0) {
+        return PageCheck::Zero;
     }
     let stored = stored_checksum(page);
     let computed = checksum(page, blkno);

@@ -88,7 +88,7 @@ impl Compression {
     pub fn new(kind: CompressType, level: Option<i32>) -> Result<Compression> {
         let level = level.unwrap_or(kind.default_level());
         let (lo, hi) = kind.level_range();
-        if kind != CompressType::Lz4 && (level < lo || level > hi) {
+        if level < lo || level > hi {
             return Err(Error::new(
                 ErrorKind::Invalid,
                 format!(

@@ -141,7 +141,7 @@ pub struct FileEntry {
 pub struct Stats {
     /// Bytes of all files backed up (the database size as restored).
     pub db_size: u64,
-    /// Bytes written to the repository by this backup (packs and manifest excluded).
+    /// Bytes of pack objects written by this backup (the manifest itself not counted).
     pub stored_size: u64,
     pub files: u64,
     pub packs: u64,

@@ -168,13 +168,15 @@ impl PgBin {
     }
 
     /// A specific major: PGSTRATA_PG<major>_BIN, else /usr/lib/postgresql/<major>/bin,
-    /// else .pg/<major>/bin under the workspace (where .ci/install-pg-npm puts it).
+    /// else /opt/pgstrata-pg/<major>/bin or .pg/<major>/bin under the workspace (where
+    /// .ci/install-pg-npm puts it).
     pub fn major(major: u32) -> Result<PgBin, String> {
         let mut candidates = Vec::new();
         if let Some(d) = std::env::var_os(format!("PGSTRATA_PG{major}_BIN")) {
             candidates.push(PathBuf::from(d));
         }
         candidates.push(PathBuf::from(format!("/usr/lib/postgresql/{major}/bin")));
+        candidates.push(PathBuf::from(format!("/opt/pgstrata-pg/{major}/bin")));
         candidates
             .push(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../.pg/{major}/bin")));
         for c in candidates {
@@ -196,16 +198,21 @@ impl PgBin {
     }
 
     /// Client programs (psql, pgbench, pg_checksums): this install's if it has them, else
-    /// the system's.
+    /// the system's. They run as the invoking user (they connect as `-U postgres` over the
+    /// socket), so killing one really stops it.
     pub fn client(&self, program: &str) -> Command {
-        if self.dir.join(program).exists() {
-            self.cmd(program)
+        let path = if self.dir.join(program).exists() {
+            self.dir.join(program)
         } else {
-            let sys = PgBin::default_install()
+            PgBin::default_install()
                 .map(|b| b.dir.join(program))
-                .unwrap_or_else(|_| PathBuf::from(program));
-            pg_command(sys)
+                .unwrap_or_else(|_| PathBuf::from(program))
+        };
+        let mut c = Command::new(path);
+        if let Some(l) = &self.lib_dir {
+            c.env("LD_LIBRARY_PATH", l);
         }
+        c
     }
 }
 

@@ -1,0 +1,168 @@
+//! Bad input gets a clear message, a non-zero exit, and leaves nothing behind; a damaged
+//! repository fails loudly; a killed backup leaves no half backup.
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+#[test]
+fn bad_input_is_refused_clearly_and_writes_nothing() {
+    let env = Env::new("bad");
+    env.cluster
+        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
+        .unwrap();
+    env.stanza_create();
+    let label = env.backup(&[]);
+    let before = tree(&env.repo);
+
+    // Unknown stanza.
+    let (code, err) = run_fail(env.cmd(&["--stanza=nope", "backup"]));
+    assert_eq!(code, 3);
+    assert!(err.contains("stanza 'nope' does not exist"), "{err}");
+
+    // Malformed config file, and an unknown option in it.
+    let cfg = env.scratch.join("bad.toml");
+    std::fs::write(
+        &cfg,
+        "[global]\nrepo-path = \"/x\"\nprocess-max = \"many\"\n",
+    )
+    .unwrap();
+    let (code, err) = run_fail(env.cmd(&[&format!("--config={}", cfg.display()), "backup"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("process-max") && err.contains("many"), "{err}");
+    std::fs::write(&cfg, "[global]\nrepo_path = \"/x\"\n").unwrap();
+    let (code, err) = run_fail(env.cmd(&[&format!("--config={}", cfg.display()), "info"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown option 'repo_path'"), "{err}");
+    std::fs::write(&cfg, "[global\n").unwrap();
+    let (_, err) = run_fail(env.cmd(&[&format!("--config={}", cfg.display()), "info"]));
+    assert!(err.contains("not valid TOML"), "{err}");
+
+    // Unreachable server.
+    let (code, err) = run_fail(env.cmd(&["--pg-port=1", "backup"]));
+    assert_eq!(code, 3);
+    assert!(err.contains("cannot connect to PostgreSQL"), "{err}");
+
+    // A repository stanza that belongs to another cluster.
+    let other = Env::new("bad-other");
+    let mut c = other.cmd(&["stanza-create"]);
+    c.env("PGSTRATA_REPO_PATH", &env.repo);
+    let (_, err) = run_fail(c);
+    assert!(err.contains("belongs to another cluster"), "{err}");
+    let mut c = other.cmd(&["backup"]);
+    c.env("PGSTRATA_REPO_PATH", &env.repo);
+    let (_, err) = run_fail(c);
+    assert!(err.contains("belongs to cluster"), "{err}");
+
+    assert_eq!(
+        tree(&env.repo),
+        before,
+        "failed commands wrote nothing to the repository"
+    );
+
+    // Restore into a non-empty directory without --delta/--force.
+    let target = env.scratch.join("occupied");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("precious"), b"keep me").unwrap();
+    let (_, err) =
+        run_fail(env.cmd_as_invoker(&[&format!("--pg-path={}", target.display()), "restore"]));
+    assert!(
+        err.contains("not empty") && err.contains("--delta"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(target.join("precious")).unwrap(), b"keep me");
+    assert_eq!(
+        std::fs::read_dir(&target).unwrap().count(),
+        1,
+        "nothing written"
+    );
+
+    // Restore over a running cluster's directory is refused even with --force.
+    let (_, err) = run_fail(env.cmd_as_invoker(&["--force", "restore"]));
+    assert!(err.contains("running"), "{err}");
+
+    // A flipped bit in a stored pack: restore stops and names the file.
+    let pack = before
+        .iter()
+        .filter(|(k, _)| k.contains(&format!("backup/{label}/pack/")))
+        .max_by_key(|(_, size)| **size)
+        .map(|(k, _)| env.repo.join(k))
+        .unwrap();
+    let mut bytes = std::fs::read(&pack).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    std::fs::write(&pack, &bytes).unwrap();
+    let target = env.scratch.join("from-damaged");
+    let (code, err) =
+        run_fail(env.cmd_as_invoker(&[&format!("--pg-path={}", target.display()), "restore"]));
+    assert_eq!(code, 4, "damage has its own exit code: {err}");
+    assert!(err.contains("checksum") && err.contains("damaged"), "{err}");
+    assert!(
+        err.contains("base/") || err.contains("global/") || err.contains("pg_"),
+        "names the file: {err}"
+    );
+}
+
+#[test]
+fn killed_backup_leaves_no_half_backup_and_the_next_one_succeeds() {
+    let env = Env::new("kill");
+    env.cluster
+        .pgbench(&["-i", "-s", "30", "-q", "postgres"])
+        .unwrap();
+    env.stanza_create();
+    let mut child = env
+        .cmd(&[
+            "--process-max=1",
+            "--start-fast",
+            "--compress-type=bz2",
+            "backup",
+        ])
+        .spawn()
+        .unwrap();
+    // Kill it once it has written some data.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let packs = tree(&env.repo)
+            .keys()
+            .filter(|k| k.contains("/pack/") && !k.ends_with('/'))
+            .count();
+        if packs > 0 || Instant::now() > deadline {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "backup finished before it could be killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // runuser forwards SIGKILL? No: kill the pgstrata process itself.
+    let pids = String::from_utf8(
+        std::process::Command::new("pgrep")
+            .args(["-f", "pgstrata --process-max=1 --start-fast"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    for pid in pids.split_whitespace() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid.parse().unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = child.kill();
+    child.wait().unwrap();
+
+    let info = env.info_json();
+    assert_eq!(
+        info["backups"].as_array().unwrap().len(),
+        0,
+        "no half backup is visible: {info}"
+    );
+    let expected = env.hashes();
+    let label = env.backup(&[]);
+    let info = env.info_json();
+    assert_eq!(info["backups"][0]["label"], label.as_str());
+    let c = env.restore_and_start("after-kill", &["--type=immediate"]);
+    assert_eq!(c.content_hashes().unwrap(), expected);
+}

@@ -1,0 +1,205 @@
+//! Shared fixture for the integration tests: a real cluster archiving into a real
+//! repository through the real `pgstrata` binary, run as the PostgreSQL OS user.
+#![allow(dead_code)]
+
+use pgstrata_testkit::{give_to_pg_user, pg_command, Cluster, PgBin, Scratch};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub const STANZA: &str = "test";
+
+/// The binary under test, copied where the postgres user can run it whatever the
+/// checkout's permissions.
+pub fn exe() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("pgstrata-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        give_to_pg_user(&dir);
+        let dest = dir.join("pgstrata");
+        std::fs::copy(env!("CARGO_BIN_EXE_pgstrata"), &dest).unwrap();
+        give_to_pg_user(&dest);
+        dest
+    })
+}
+
+pub struct Env {
+    pub cluster: Cluster,
+    pub repo: PathBuf,
+    pub scratch: Scratch,
+}
+
+impl Env {
+    pub fn new(name: &str) -> Env {
+        Env::with_bin(
+            name,
+            &PgBin::default_install().expect("PostgreSQL 15 server binaries (run .ci/setup)"),
+        )
+    }
+
+    pub fn with_bin(name: &str, bin: &PgBin) -> Env {
+        let scratch = Scratch::new(name);
+        let repo = scratch.join("repo");
+        std::fs::create_dir_all(&repo).unwrap();
+        give_to_pg_user(&repo);
+        let archive_command = format!(
+            "{} --stanza={STANZA} --repo-path={} --compress-type=lz4 archive-push %p",
+            exe().display(),
+            repo.display()
+        );
+        let cluster = Cluster::init(bin, &scratch.path, &archive_command).expect("initdb");
+        cluster.start().expect("start cluster");
+        Env {
+            cluster,
+            repo,
+            scratch,
+        }
+    }
+
+    /// pgstrata as the PostgreSQL OS user, with the connection and repository settings
+    /// given through the environment (each command takes the ones that apply to it).
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = pg_command(exe());
+        self.env(&mut c);
+        c.args(args);
+        c
+    }
+
+    /// pgstrata as the invoking user (root in CI): used to test ownership on restore.
+    pub fn cmd_as_invoker(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(exe());
+        self.env(&mut c);
+        c.args(args);
+        c
+    }
+
+    fn env(&self, c: &mut Command) {
+        c.env("PGSTRATA_STANZA", STANZA)
+            .env("PGSTRATA_REPO_PATH", &self.repo)
+            .env("PGSTRATA_PG_PATH", &self.cluster.data)
+            .env("PGSTRATA_PG_HOST", &self.cluster.socket_dir)
+            .env("PGSTRATA_PG_PORT", self.cluster.port.to_string())
+            .env("PGSTRATA_PG_USER", "postgres");
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        run_ok(self.cmd(args))
+    }
+
+    pub fn stanza_create(&self) {
+        self.ok(&["stanza-create"]);
+    }
+
+    pub fn backup(&self, extra: &[&str]) -> String {
+        let mut args = vec!["--start-fast", "--process-max=2", "backup"];
+        args.extend_from_slice(extra);
+        self.ok(&args).trim().to_string()
+    }
+
+    /// Restore into scratch/`name`, start it, wait until it accepts writes.
+    pub fn restore_and_start(&self, name: &str, extra: &[&str]) -> Cluster {
+        let target = self.scratch.join(name);
+        let pg_path = format!("--pg-path={}", target.display());
+        // A verification copy must not archive into the source's repository: its new
+        // timeline would change what later restores of the source replay.
+        let mut args = vec![pg_path.as_str(), "--process-max=2", "--archive-mode=off"];
+        args.extend_from_slice(extra);
+        if !extra.iter().any(|a| a.starts_with("--target-action")) {
+            args.push("--target-action=promote");
+        }
+        args.push("restore");
+        // Restore as the invoking user: as root this also proves ownership is restored.
+        run_ok(self.cmd_as_invoker(&args));
+        let c = Cluster::adopt(&self.cluster.bin, &target, &self.scratch.path);
+        c.start().expect("start restored cluster");
+        c.wait_for_promotion(Duration::from_secs(180))
+            .expect("restored cluster recovers");
+        c
+    }
+
+    pub fn hashes(&self) -> BTreeMap<String, String> {
+        self.cluster.content_hashes().expect("hash source")
+    }
+
+    pub fn sql(&self, sql: &str) -> String {
+        self.cluster.psql("postgres", sql).expect("sql")
+    }
+
+    /// Switch WAL and wait until the switched segment is archived (pgstrata check does both).
+    pub fn flush_wal(&self) {
+        self.ok(&["check"]);
+    }
+
+    pub fn info_json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.ok(&["--output=json", "info"])).expect("info json")
+    }
+}
+
+pub fn run_ok(mut c: Command) -> String {
+    let out = c.output().expect("run pgstrata");
+    assert!(
+        out.status.success(),
+        "{c:?} failed with {}:\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// Run expecting failure; returns (exit code, stderr).
+pub fn run_fail(mut c: Command) -> (i32, String) {
+    let out: Output = c.output().expect("run pgstrata");
+    assert!(
+        !out.status.success(),
+        "{c:?} should have failed but succeeded:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// Every file under `dir` with its size, for "nothing was written" checks.
+pub fn tree(dir: &Path) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    fn walk(base: &Path, d: &Path, out: &mut BTreeMap<String, u64>) {
+        if let Ok(rd) = std::fs::read_dir(d) {
+            for e in rd.flatten() {
+                let p = e.path();
+                let md = std::fs::symlink_metadata(&p).unwrap();
+                let rel = p.strip_prefix(base).unwrap().display().to_string();
+                if md.is_dir() {
+                    out.insert(rel + "/", 0);
+                    walk(base, &p, out);
+                } else {
+                    out.insert(rel, md.len());
+                }
+            }
+        }
+    }
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// pg_checksums --check on a stopped cluster.
+pub fn pg_checksums_ok(c: &Cluster) {
+    let out = c
+        .bin
+        .client("pg_checksums")
+        .arg("--check")
+        .arg("-D")
+        .arg(&c.data)
+        .output()
+        .expect("run pg_checksums");
+    assert!(
+        out.status.success(),
+        "pg_checksums --check failed on the restored cluster:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

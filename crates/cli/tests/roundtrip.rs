@@ -1,0 +1,240 @@
+//! Backups of live clusters restored and compared with the source: under load, at PITR
+//! targets, with a tablespace, with every codec, and on a second PostgreSQL major.
+
+mod common;
+use common::*;
+use std::os::unix::fs::MetadataExt;
+
+#[test]
+fn full_backup_under_load_restores_exactly() {
+    let env = Env::new("load");
+    env.cluster
+        .pgbench(&["-i", "-s", "10", "-q", "postgres"])
+        .unwrap();
+    env.stanza_create();
+    let mut load = env
+        .cluster
+        .pgbench_spawn(&["-n", "-c", "2", "-T", "600", "postgres"])
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let label = env.backup(&[]);
+    load.kill().unwrap();
+    load.wait().unwrap();
+    // The state to compare with: the source after the load, marked by a restore point.
+    let expected = env.hashes();
+    env.sql("SELECT pg_create_restore_point('after_load')");
+    env.flush_wal();
+
+    let info = env.info_json();
+    let b = &info["backups"][0];
+    assert_eq!(b["label"], label.as_str());
+    assert_eq!(
+        b["page_errors"], 0,
+        "a healthy cluster has no page checksum errors"
+    );
+    assert!(b["database_size"].as_u64().unwrap() > 100 << 20);
+
+    let restored = env.restore_and_start("restored", &["--type=name", "--target=after_load"]);
+    assert_eq!(
+        restored.content_hashes().unwrap(),
+        expected,
+        "restored data equals the source"
+    );
+    restored.stop().unwrap();
+    pg_checksums_ok(&restored);
+    if pgstrata_testkit::is_root() {
+        // Restored as root: files belong to the cluster's owner.
+        let owner = std::fs::metadata(env.cluster.data.join("PG_VERSION"))
+            .unwrap()
+            .uid();
+        for f in [
+            "PG_VERSION",
+            "global/pg_control",
+            "base",
+            "backup_label.old",
+        ] {
+            let p = restored.data.join(f);
+            if p.exists() {
+                assert_eq!(
+                    std::fs::metadata(&p).unwrap().uid(),
+                    owner,
+                    "{f} owned by the cluster's owner"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn point_in_time_restore_to_time_lsn_xid_and_name() {
+    let env = Env::new("pitr");
+    env.sql("CREATE TABLE t (id int primary key, v text)");
+    env.stanza_create();
+    env.backup(&[]);
+
+    env.sql("INSERT INTO t SELECT g, 'a' FROM generate_series(1, 1000) g");
+    let at_name = env.hashes();
+    env.sql("SELECT pg_create_restore_point('rp1')");
+
+    let xid = env
+        .cluster
+        .psql(
+            "postgres",
+            "INSERT INTO t SELECT g, 'b' FROM generate_series(1001, 2000) g; SELECT txid_current()",
+        )
+        .unwrap();
+    let at_xid = env.hashes();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let time = env.sql(
+        "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00'",
+    );
+    let at_time = at_xid.clone();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    env.sql("UPDATE t SET v = 'c' WHERE id <= 500");
+    let lsn = env.sql("SELECT pg_current_wal_lsn()");
+    let at_lsn = env.hashes();
+    env.sql("DELETE FROM t WHERE id > 1500");
+    env.flush_wal();
+
+    for (name, args, expected) in [
+        (
+            "name",
+            vec!["--type=name".to_string(), "--target=rp1".to_string()],
+            &at_name,
+        ),
+        (
+            "xid",
+            vec!["--type=xid".into(), format!("--target={}", xid.trim())],
+            &at_xid,
+        ),
+        (
+            "time",
+            vec!["--type=time".into(), format!("--target={time}")],
+            &at_time,
+        ),
+        (
+            "lsn",
+            vec!["--type=lsn".into(), format!("--target={lsn}")],
+            &at_lsn,
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let c = env.restore_and_start(&format!("pitr-{name}"), &args);
+        assert_eq!(
+            &c.content_hashes().unwrap(),
+            expected,
+            "restore to {name} target"
+        );
+        c.stop().unwrap();
+    }
+}
+
+#[test]
+fn tablespace_outside_the_data_directory_is_restored_and_remapped() {
+    let env = Env::new("tblspc");
+    let ts_dir = env.scratch.join("ts1");
+    std::fs::create_dir_all(&ts_dir).unwrap();
+    pgstrata_testkit::give_to_pg_user(&ts_dir);
+    env.sql(&format!(
+        "CREATE TABLESPACE ts1 LOCATION '{}'",
+        ts_dir.display()
+    ));
+    env.sql("CREATE TABLE in_ts TABLESPACE ts1 AS SELECT g AS id, md5(g::text) AS v FROM generate_series(1, 20000) g");
+    env.sql("CREATE TABLE in_base AS SELECT g AS id FROM generate_series(1, 100) g");
+    let oid = env.sql("SELECT oid FROM pg_tablespace WHERE spcname = 'ts1'");
+    env.stanza_create();
+    env.backup(&[]);
+    let expected = env.hashes();
+
+    // The original location is in use: restoring there without --delta/--force is refused.
+    let target = env.scratch.join("refused");
+    let (_, err) =
+        run_fail(env.cmd_as_invoker(&[&format!("--pg-path={}", target.display()), "restore"]));
+    assert!(err.contains("not empty") && err.contains("ts1"), "{err}");
+
+    let new_ts = env.scratch.join("ts1-moved");
+    let c = env.restore_and_start(
+        "remapped",
+        &[
+            "--type=immediate",
+            &format!("--tablespace-map={oid}={}", new_ts.display()),
+        ],
+    );
+    let link = std::fs::read_link(c.data.join(format!("pg_tblspc/{oid}"))).unwrap();
+    assert_eq!(link, new_ts, "tablespace link points at the new location");
+    assert!(
+        std::fs::read_dir(&new_ts).unwrap().count() > 0,
+        "tablespace files restored there"
+    );
+    assert_eq!(c.content_hashes().unwrap(), expected);
+    let loc = c
+        .psql("postgres", &format!("SELECT pg_tablespace_location({oid})"))
+        .unwrap();
+    assert_eq!(loc, new_ts.display().to_string());
+}
+
+#[test]
+fn every_codec_backs_up_and_restores() {
+    let env = Env::new("codecs");
+    env.cluster
+        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
+        .unwrap();
+    env.stanza_create();
+    let expected = env.hashes();
+    let mut labels = vec![];
+    for codec in ["none", "gz", "lz4", "zst", "bz2"] {
+        labels.push((codec, env.backup(&[&format!("--compress-type={codec}")])));
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+    }
+    let info = env.info_json();
+    let size_of = |label: &str| {
+        info["backups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["label"] == label)
+            .unwrap()["stored_size"]
+            .as_u64()
+            .unwrap()
+    };
+    let none_size = size_of(&labels[0].1);
+    for (codec, label) in &labels {
+        if *codec != "none" {
+            assert!(
+                size_of(label) < none_size / 2,
+                "{codec} compresses pgbench data"
+            );
+        }
+        let c = env.restore_and_start(
+            &format!("codec-{codec}"),
+            &["--type=immediate", &format!("--set={label}")],
+        );
+        assert_eq!(
+            c.content_hashes().unwrap(),
+            expected,
+            "{codec} restore equals the source"
+        );
+        c.stop().unwrap();
+    }
+}
+
+#[test]
+fn postgresql_17_round_trip() {
+    let bin = pgstrata_testkit::PgBin::major(17).expect("PostgreSQL 17 binaries (run .ci/setup)");
+    let env = Env::with_bin("pg17", &bin);
+    env.cluster
+        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
+        .unwrap();
+    env.stanza_create();
+    env.backup(&[]);
+    env.sql("DELETE FROM pgbench_accounts WHERE aid % 7 = 0");
+    env.sql("SELECT pg_create_restore_point('pg17')");
+    let expected = env.hashes();
+    env.flush_wal();
+    let c = env.restore_and_start("restored17", &["--type=name", "--target=pg17"]);
+    assert_eq!(
+        c.psql("postgres", "SHOW server_version_num").unwrap()[..2].to_string(),
+        "17"
+    );
+    assert_eq!(c.content_hashes().unwrap(), expected);
+}
