@@ -185,6 +185,9 @@ trap 'exit 130' INT TERM
 as_pg() { runuser -u postgres -- "$@"; }
 psql_src() { as_pg "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$SOCK" -p "$PORT" -U postgres "$@"; }
 now() { echo "$EPOCHREALTIME"; }
+# Flush dirty pages left by earlier steps (repositories, deleted restores) so that no timed
+# command pays for another one's writeback. Not part of any timing.
+settle() { sync; sleep 1; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 min2() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b + 0 < a + 0) print b; else print a }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 == 0) print "n/a"; else printf "%.2f", b / a }'; }
@@ -301,6 +304,7 @@ EOF
 
 time_pgstrata_backup() {   # repo codec level tag -> sets LAST_SEC, LAST_LABEL
     local repo="$1" codec="$2" level="$3" tag="$4" t0 t1
+    settle
     t0=$(now)
     run_logged "pgstrata-backup-$tag" "$PGS" --stanza=$STANZA --repo-path="$repo" --pg-path="$SRC" \
         --pg-host="$SOCK" --pg-port="$PORT" --pg-user=postgres --log-path="$LOGDIR" \
@@ -314,6 +318,7 @@ time_pgstrata_backup() {   # repo codec level tag -> sets LAST_SEC, LAST_LABEL
 
 time_pgbr_backup() {   # conf tag -> LAST_SEC
     local conf="$1" tag="$2" t0 t1
+    settle
     t0=$(now)
     run_logged "pgbackrest-backup-$tag" "$PGBACKREST" --config="$conf" --stanza=$STANZA --type=full backup \
         || die "pgbackrest backup failed ($tag)"
@@ -424,6 +429,7 @@ for codec in "${CODEC_LIST[@]}"; do
             if [[ $tool == pgstrata ]]; then
                 rdir="$d/restore-pgstrata"; new_restore_dir "$rdir"
                 log "[$tag] pgstrata restore --set=$PGS_LABEL --process-max=$PROCESS_MAX"
+                settle
                 t0=$(now)
                 run_logged "pgstrata-restore-$tag" "$PGS" --stanza=$STANZA --repo-path="$pgs_repo" --pg-path="$rdir" \
                     --log-path="$LOGDIR" --process-max="$PROCESS_MAX" --set="$PGS_LABEL" restore \
@@ -435,6 +441,7 @@ for codec in "${CODEC_LIST[@]}"; do
                 for v in "${PGBR_VARIANTS[@]}"; do
                     rdir="$d/restore-pgbackrest-b$v"; new_restore_dir "$rdir"
                     log "[$tag] pgbackrest restore (repo1-bundle=$v)"
+                    settle
                     t0=$(now)
                     run_logged "pgbackrest-restore-$tag-b$v" "$PGBACKREST" --config="$d/pgbackrest-b$v.conf" \
                         --stanza=$STANZA --pg1-path="$rdir" restore \
@@ -470,7 +477,7 @@ rm -f "$ARCHIVE_ENV"
     echo "- database size: $(mb "$DB_BYTES") MB (sum of pg_database_size); data directory without pg_wal: $(mb "$DATADIR_BYTES") MB"
     echo "- process-max $PROCESS_MAX for both tools; each codec at its default level (zst 3, lz4 1, gz 6); start-fast"
     echo "- $("$PGS" version 2>/dev/null | head -n 1); $("$PGBACKREST" version); PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}')"
-    echo "- times: wall clock of the command, best of $RUNS run(s), fresh repositories per run; warm page cache"
+    echo "- times: wall clock of the command, best of $RUNS run(s), fresh repositories per run; warm page cache; sync before each timed command"
     echo "- repo size: du -sb of the backup area (pgstrata: REPO/$STANZA/backup, pgBackRest: REPO/backup/$STANZA), archived WAL excluded"
     echo "- ratio = pgBackRest / pgstrata (> 1: pgstrata faster or smaller)"
     echo "- machine: $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GB", $2/1048576}' /proc/meminfo) RAM, shared with other work: expect noise"

@@ -12,6 +12,7 @@ mod options;
 
 use pgstrata_engine::archive::PushOutcome;
 use pgstrata_engine::backup::BackupOptions;
+use pgstrata_engine::expire::{ExpireOptions, RetentionType};
 use pgstrata_engine::restore::{RecoveryType, RestoreOptions};
 use pgstrata_engine::{Error, Settings};
 use pgstrata_repo::codec::{CompressType, Compression};
@@ -71,8 +72,31 @@ fn settings(inv: &config::Invocation) -> Result<Settings, Error> {
         archive_timeout: Duration::from_secs(inv.int("archive-timeout").unwrap_or(60) as u64),
         config_file: inv.config_file.clone(),
         frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
-        pack_size: pgstrata_repo::pack::DEFAULT_PACK_SIZE,
+        pack_size: inv
+            .int("bundle-size")
+            .map(|v| v as usize)
+            .unwrap_or(pgstrata_repo::pack::DEFAULT_PACK_SIZE),
+        bundle_limit: if inv.get("bundle") == Some("false") {
+            0
+        } else {
+            inv.int("bundle-limit").map(|v| v as u64).unwrap_or(2 << 20)
+        },
     })
+}
+
+fn expire_options(inv: &config::Invocation) -> Option<ExpireOptions> {
+    let o = ExpireOptions {
+        set: inv.get("set").map(str::to_string),
+        retention_full: inv.int("repo-retention-full").map(|v| v as u32),
+        retention_full_type: if inv.get("repo-retention-full-type") == Some("time") {
+            RetentionType::Time
+        } else {
+            RetentionType::Count
+        },
+        retention_diff: inv.int("repo-retention-diff").map(|v| v as u32),
+        retention_archive: inv.int("repo-retention-archive").map(|v| v as u32),
+    };
+    (o.set.is_some() || o.retention_full.is_some() || o.retention_diff.is_some()).then_some(o)
 }
 
 fn runtime(workers: usize) -> tokio::runtime::Runtime {
@@ -159,16 +183,22 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         }
         "backup" => {
             let s = settings(inv)?;
-            let backup_type = match inv.get("type").unwrap_or("full") {
+            let backup_type = match inv.get("type").unwrap_or("incr") {
                 "diff" => BackupType::Diff,
                 "incr" => BackupType::Incr,
                 _ => BackupType::Full,
             };
-            let m = runtime(s.process_max).block_on(pgstrata_engine::backup::backup(
-                &s,
-                &BackupOptions { backup_type },
-            ))?;
+            let rt = runtime(s.process_max);
+            let opts = BackupOptions {
+                backup_type,
+                delta: inv.flag("delta"),
+            };
+            let m = rt.block_on(pgstrata_engine::backup::backup(&s, &opts))?;
             println!("{}", m.label);
+            // Retention, as pgBackRest does after each backup when it is configured.
+            if let Some(e) = expire_options(inv) {
+                rt.block_on(pgstrata_engine::expire::expire(&s, &e))?;
+            }
             Ok(0)
         }
         "restore" => {
@@ -200,8 +230,8 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let r =
                 runtime(s.process_max).block_on(pgstrata_engine::restore::restore(&s, &opts))?;
             println!(
-                "restored backup {}: {} files written, {} unchanged, {} removed",
-                r.label, r.files_written, r.files_kept, r.removed
+                "restored backup {}: {} files written, {} patched, {} unchanged, {} removed; {} bytes fetched",
+                r.label, r.files_written, r.files_patched, r.files_kept, r.removed, r.bytes_fetched
             );
             Ok(0)
         }
@@ -230,6 +260,25 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 std::path::Path::new(dest),
             ))?;
             Ok(if found { 0 } else { 1 })
+        }
+        "expire" => {
+            let s = settings(inv)?;
+            let Some(o) = expire_options(inv) else {
+                return Err(Error::config(
+                    "nothing to expire by: set repo-retention-full (and optionally repo-retention-diff), or give --set=LABEL",
+                ));
+            };
+            let r = runtime(2).block_on(pgstrata_engine::expire::expire(&s, &o))?;
+            println!(
+                "expired {} backup(s){}; deleted {} pack(s) ({} bytes) and {} WAL file(s); {} bytes held in partly referenced packs",
+                r.expired.len(),
+                if r.expired.is_empty() { String::new() } else { format!(" ({})", r.expired.join(", ")) },
+                r.packs_deleted,
+                r.bytes_freed,
+                r.wal_deleted,
+                r.bytes_held
+            );
+            Ok(0)
         }
         "info" => {
             let s = settings(inv)?;

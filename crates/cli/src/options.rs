@@ -14,6 +14,11 @@ pub enum Kind {
         max: i64,
     },
     Bool,
+    /// A byte size: a number with an optional unit (KiB, MiB, GiB; KB, MB, GB; k, m, g).
+    Size {
+        min: u64,
+        max: u64,
+    },
     Enum(&'static [&'static str]),
     /// May be given several times; values accumulate.
     List,
@@ -45,6 +50,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("restore", "Restore a backup into a data directory and write recovery settings"),
     ("archive-push", "Store one WAL file: archive_command = 'pgstrata --stanza=NAME archive-push %p'"),
     ("archive-get", "Fetch one WAL file: restore_command = 'pgstrata --stanza=NAME archive-get %f \"%p\"'"),
+    ("expire", "Apply retention (repo-retention-*) or expire one backup (--set), and free storage no kept backup uses"),
     ("info", "Show the stanza's backups and WAL archive"),
     ("demo", "Run the whole story on a throwaway cluster and a local repository"),
     ("help", "Show commands, or a command's options ('help COMMAND'; 'help options' prints the reference)"),
@@ -59,7 +65,9 @@ const REPO_CMDS: &[&str] = &[
     "archive-push",
     "archive-get",
     "info",
+    "expire",
 ];
+const RETENTION_CMDS: &[&str] = &["backup", "expire"];
 const PG_CMDS: &[&str] = &["stanza-create", "check", "backup"];
 const COMPRESS_CMDS: &[&str] = &["backup", "archive-push"];
 
@@ -90,12 +98,28 @@ pub const OPTIONS: &[OptionDef] = &[
         help: "Ask for an immediate checkpoint instead of waiting for the next one." },
     OptionDef { name: "archive-timeout", kind: Kind::Int { min: 1, max: 86400 }, default: Some("60"), scope: Scope::Config, commands: &["backup", "check"],
         help: "Seconds to wait for WAL to reach the archive." },
-    OptionDef { name: "type", kind: Kind::Enum(&["full"]), default: Some("full"), scope: Scope::CommandLine, commands: &["backup"],
-        help: "Backup type." },
+    OptionDef { name: "type", kind: Kind::Enum(&["full", "diff", "incr"]), default: Some("incr"), scope: Scope::CommandLine, commands: &["backup"],
+        help: "Backup type: full; diff stores what changed since the newest full backup; incr what changed since the newest backup. Without a prior backup, diff and incr take a full one." },
+    OptionDef { name: "delta", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["backup"],
+        help: "Read and hash every block of every file instead of trusting unchanged size and mtime (turned on by itself after a timeline switch or a clock going backwards)." },
+    OptionDef { name: "bundle", kind: Kind::Bool, default: Some("true"), scope: Scope::Config, commands: &["backup"],
+        help: "Bundle files smaller than bundle-limit into shared pack objects (false: every file gets pack objects of its own)." },
+    OptionDef { name: "bundle-size", kind: Kind::Size { min: 1 << 20, max: 1 << 30 }, default: Some("16MiB"), scope: Scope::Config, commands: &["backup"],
+        help: "Size a pack object grows to before it is written." },
+    OptionDef { name: "bundle-limit", kind: Kind::Size { min: 0, max: 1 << 30 }, default: Some("2MiB"), scope: Scope::Config, commands: &["backup"],
+        help: "Files at least this large get pack objects of their own, so expire can free them whole when they change." },
+    OptionDef { name: "repo-retention-full", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, commands: RETENTION_CMDS,
+        help: "Full backups to keep (a count, or days with repo-retention-full-type=time). Backups older than the oldest kept full are expired. When set, backup runs expire after it succeeds." },
+    OptionDef { name: "repo-retention-full-type", kind: Kind::Enum(&["count", "time"]), default: Some("count"), scope: Scope::Config, commands: RETENTION_CMDS,
+        help: "How repo-retention-full counts: backups, or days (keeping the newest full older than the window too)." },
+    OptionDef { name: "repo-retention-diff", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, commands: RETENTION_CMDS,
+        help: "Differential backups to keep." },
+    OptionDef { name: "repo-retention-archive", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, commands: RETENTION_CMDS,
+        help: "Keep continuous WAL (point-in-time recovery) from the N newest kept backups on; older kept backups keep only the WAL that makes them consistent (default: all kept backups)." },
     OptionDef { name: "type", kind: Kind::Enum(&["default", "immediate", "time", "lsn", "xid", "name", "standby", "none"]), default: Some("default"), scope: Scope::CommandLine, commands: &["restore"],
         help: "Recovery type: replay all WAL (default), stop when consistent (immediate), stop at a target (time, lsn, xid, name), become a standby, or write no recovery settings (none)." },
-    OptionDef { name: "set", kind: Kind::Str, default: None, scope: Scope::CommandLine, commands: &["restore", "info"],
-        help: "Backup label (default: the latest; for --type=time, the newest backup that ended before the target)." },
+    OptionDef { name: "set", kind: Kind::Str, default: None, scope: Scope::CommandLine, commands: &["restore", "info", "expire"],
+        help: "Backup label. restore: default the latest (for --type=time, the newest backup that ended before the target); expire: expire just this backup." },
     OptionDef { name: "delta", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["restore"],
         help: "Restore over an existing directory, rewriting only files whose content differs and removing files the backup lacks." },
     OptionDef { name: "force", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["restore"],
@@ -139,6 +163,11 @@ impl OptionDef {
             Kind::Path => "a path".into(),
             Kind::Int { min, max } => format!("an integer from {min} to {max}"),
             Kind::Bool => "true or false".into(),
+            Kind::Size { min, max } => format!(
+                "a size from {} to {} (e.g. 16MiB)",
+                fmt_size(min),
+                fmt_size(max)
+            ),
             Kind::Enum(vals) => vals.join(", "),
             Kind::List => "text, repeatable".into(),
         }
@@ -160,6 +189,13 @@ impl OptionDef {
                 "false" | "n" | "no" | "off" | "0" => Ok("false".into()),
                 _ => bad(format!("'{value}' is not allowed; expected true or false")),
             },
+            Kind::Size { min, max } => match parse_size(value) {
+                Some(v) if v >= min && v <= max => Ok(v.to_string()),
+                _ => bad(format!(
+                    "'{value}' is not allowed; expected {}",
+                    self.allowed()
+                )),
+            },
             Kind::Enum(vals) => {
                 if vals.contains(&value) {
                     Ok(value.to_string())
@@ -178,6 +214,31 @@ impl OptionDef {
                 }
             }
         }
+    }
+}
+
+/// Parse a size like `16MiB`, `2MB`, `512k` or `1048576` into bytes.
+pub fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+fn fmt_size(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{}GiB", n >> 30),
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{}MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{}KiB", n >> 10),
+        n => n.to_string(),
     }
 }
 

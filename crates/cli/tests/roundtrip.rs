@@ -183,7 +183,10 @@ fn every_codec_backs_up_and_restores() {
     let expected = env.hashes();
     let mut labels = vec![];
     for codec in ["none", "gz", "lz4", "zst", "bz2"] {
-        labels.push((codec, env.backup(&[&format!("--compress-type={codec}")])));
+        labels.push((
+            codec,
+            env.backup(&["--type=full", &format!("--compress-type={codec}")]),
+        ));
         std::thread::sleep(std::time::Duration::from_millis(1000));
     }
     let info = env.info_json();

@@ -19,9 +19,14 @@ use pgstrata_pg::control::ControlData;
 use pgstrata_pg::layout;
 use pgstrata_pg::lsn::{self, Lsn};
 use pgstrata_pg::page::{self, PageCheck};
-use pgstrata_repo::manifest::{BackupType, Entry, FileEntry, Manifest, Stats, WalPoint};
-use pgstrata_repo::pack::PackWriter;
+use pgstrata_repo::manifest::block_hash;
+use pgstrata_repo::manifest::{
+    list_backups, BackupType, Entry, FileEntry, Manifest, Stats, WalPoint,
+};
+use pgstrata_repo::pack::{Chunk, PackWriter};
 use pgstrata_repo::{layout as repo_layout, Storage, FORMAT_VERSION};
+use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
@@ -31,6 +36,30 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub struct BackupOptions {
     pub backup_type: BackupType,
+    /// Hash every block of every file instead of trusting size and mtime.
+    pub delta: bool,
+}
+
+/// What an incremental compares against: the prior backup's files by path.
+struct Prior {
+    label: String,
+    start_epoch: i64,
+    files: HashMap<String, FileEntry>,
+}
+
+/// Block size for a file's block map. Small blocks find small changes; large files get
+/// larger blocks so their maps stay small (8 bytes per block in the manifest). A file keeps
+/// the block size of its prior backup so its blocks can be compared; it may differ between
+/// backups of the same file only when there is no prior map.
+pub fn block_size_for(size: u64, prior: Option<&FileEntry>) -> u32 {
+    if let Some(p) = prior.filter(|p| p.block_size > 0) {
+        return p.block_size;
+    }
+    match size {
+        0..=0x400_0000 => 8192,            // up to 64 MiB
+        0x400_0001..=0x1000_0000 => 16384, // up to 256 MiB
+        _ => 32768,
+    }
 }
 
 /// Everything a copy worker needs, shared read-only.
@@ -47,6 +76,10 @@ struct CopyContext {
     block_size: usize,
     relseg_size: u32,
     counters: Arc<crate::progress::Counters>,
+    prior: Option<Prior>,
+    delta: bool,
+    /// Files at least this large get pack objects of their own (not shared with others).
+    bundle_limit: u64,
 }
 
 struct Job {
@@ -64,6 +97,8 @@ struct CopyOutcome {
     stored: u64,
     packs: u64,
     pages_checked: u64,
+    files_unchanged: u64,
+    bytes_read: u64,
 }
 
 pub fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: BackupType) -> String {
@@ -76,14 +111,24 @@ pub fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: BackupType) -
 }
 
 pub async fn backup(s: &Settings, opts: &BackupOptions) -> Result<Manifest> {
-    if opts.backup_type != BackupType::Full {
-        return Err(Error::config(format!(
-            "backup type '{}' is not available in this version: only --type=full",
-            opts.backup_type.name()
-        )));
-    }
-    let started = Instant::now();
     let (storage, stanza) = open_stanza(s).await?;
+    crate::lock::with_lock(
+        &storage,
+        &s.stanza,
+        "backup",
+        backup_locked(s, opts, &storage, &stanza),
+    )
+    .await
+}
+
+async fn backup_locked(
+    s: &Settings,
+    opts: &BackupOptions,
+    storage: &Storage,
+    stanza: &pgstrata_repo::stanza::StanzaInfo,
+) -> Result<Manifest> {
+    let started = Instant::now();
+    let storage = storage.clone();
     let pg_path = s.pg_path()?.to_path_buf();
     let control = ControlData::read(&pg_path)?;
     let stanza_sysid = &stanza.cluster.system_identifier;
@@ -119,27 +164,84 @@ pub async fn backup(s: &Settings, opts: &BackupOptions) -> Result<Manifest> {
     same_directory(&pg_path, &id.data_directory)?;
     let major = control.major_version()?;
 
-    // A label is unique within the stanza; one second apart is enough.
+    // The prior backup an incremental (newest backup) or differential (newest full) is
+    // compared against. Without one, the backup is full.
+    let mut backup_type = opts.backup_type;
+    let mut prior_manifest = None;
+    if backup_type != BackupType::Full {
+        let labels = list_backups(&storage, &s.stanza).await?;
+        for l in labels.iter().rev() {
+            let m = Manifest::load(&storage, &s.stanza, l).await?;
+            if backup_type == BackupType::Incr || m.backup_type == BackupType::Full {
+                prior_manifest = Some(m);
+                break;
+            }
+        }
+        if prior_manifest.is_none() {
+            log::warn!(
+                "no prior backup exists: taking a full backup instead of {}",
+                backup_type.name()
+            );
+            backup_type = BackupType::Full;
+        }
+    }
+
+    // A label is unique within the stanza: at most one backup starts per second.
     let existing = storage
         .list_dirs(&repo_layout::backup_root(&s.stanza))
         .await?;
     let mut start_time = chrono::Utc::now();
-    let mut label = make_label(start_time, opts.backup_type);
-    while existing.contains(&label) {
+    let mut label = make_label(start_time, backup_type);
+    while existing.iter().any(|l| l.get(..15) == label.get(..15)) {
         tokio::time::sleep(Duration::from_millis(300)).await;
         start_time = chrono::Utc::now();
-        label = make_label(start_time, opts.backup_type);
+        label = make_label(start_time, backup_type);
     }
     log::info!(
-        "backup {label} of stanza '{}' starting ({} compression, process-max {})",
+        "{} backup {label} of stanza '{}' starting ({} compression, process-max {}{})",
+        backup_type.name(),
         s.stanza,
         s.compression.kind.name(),
-        s.process_max
+        s.process_max,
+        prior_manifest
+            .as_ref()
+            .map(|p| format!(", compared with {}", p.label))
+            .unwrap_or_default()
     );
 
     let (start_lsn, timeline) = db
         .backup_start(&format!("pgstrata {label}"), s.start_fast)
         .await?;
+
+    // Size and mtime are trusted only when nothing suggests they could lie.
+    let mut delta_reason = opts.delta.then(|| "--delta was given".to_string());
+    if let (Some(p), None) = (&prior_manifest, &delta_reason) {
+        if p.stop.timeline != timeline {
+            delta_reason = Some(format!(
+                "the timeline changed from {} to {timeline} since backup {}",
+                p.stop.timeline, p.label
+            ));
+        } else if start_time.timestamp() < p.start.epoch {
+            delta_reason = Some(format!(
+                "the clock is behind the start of backup {}: mtimes cannot be trusted",
+                p.label
+            ));
+        }
+    }
+    if let (Some(r), Some(_)) = (&delta_reason, &prior_manifest) {
+        log::info!("hashing every block of every file: {r}");
+    }
+    // Codecs of the backups whose frames this one may reference.
+    let mut pack_codecs = std::collections::BTreeMap::new();
+    if let Some(p) = &prior_manifest {
+        pack_codecs.extend(p.pack_codecs.clone());
+        pack_codecs.insert(p.label.clone(), p.compression.kind);
+    }
+    let prior = prior_manifest.as_ref().map(|p| Prior {
+        label: p.label.clone(),
+        start_epoch: p.start.epoch,
+        files: p.files().map(|f| (f.path.clone(), f.clone())).collect(),
+    });
     let seg_size = control.wal_segment_size as u64;
     let start_wal = lsn::segment_name(timeline, start_lsn.segment(seg_size), seg_size);
     log::info!("backup start LSN {start_lsn}, WAL {start_wal}");
@@ -199,6 +301,9 @@ pub async fn backup(s: &Settings, opts: &BackupOptions) -> Result<Manifest> {
         block_size: control.block_size as usize,
         relseg_size: control.relseg_size,
         counters: progress.counters.clone(),
+        prior,
+        delta: delta_reason.is_some(),
+        bundle_limit: s.bundle_limit,
     });
     // Largest files first keeps all workers busy until the end.
     jobs.sort_by_key(|j| std::cmp::Reverse(j.size));
@@ -220,6 +325,8 @@ pub async fn backup(s: &Settings, opts: &BackupOptions) -> Result<Manifest> {
     outcome.files.extend(last.files);
     outcome.stored += last.stored;
     outcome.packs += last.packs;
+    outcome.bytes_read += last.bytes_read;
+    outcome.files_unchanged += last.files_unchanged;
 
     let (stop_lsn, backup_label, tablespace_map) = db.backup_stop().await?;
     let stop_time = chrono::Utc::now();
@@ -244,8 +351,8 @@ pub async fn backup(s: &Settings, opts: &BackupOptions) -> Result<Manifest> {
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         label: label.clone(),
-        backup_type: opts.backup_type,
-        prior: None,
+        backup_type,
+        prior: prior_manifest.as_ref().map(|p| p.label.clone()),
         stanza: s.stanza.clone(),
         cluster: stanza.cluster.clone(),
         server_version_num: db.version_num,
@@ -274,19 +381,33 @@ pub async fn backup(s: &Settings, opts: &BackupOptions) -> Result<Manifest> {
             db_size,
             stored_size: outcome.stored,
             files: file_count,
+            files_unchanged: outcome.files_unchanged,
+            bytes_read: outcome.bytes_read,
             packs: outcome.packs,
             pages_checked: outcome.pages_checked,
             page_errors,
             duration_ms: started.elapsed().as_millis() as u64,
         },
+        delta_reason,
+        pack_codecs,
     };
+    // Keep only the codecs of backups actually referenced.
+    let mut manifest = manifest;
+    let referenced: std::collections::BTreeSet<String> = manifest
+        .files()
+        .flat_map(|f| f.chunks.iter().filter_map(|c| c.backup.clone()))
+        .collect();
+    manifest.pack_codecs.retain(|l, _| referenced.contains(l));
     manifest.publish(&storage).await?;
     if page_errors > 0 {
         log::warn!("backup {label} found {page_errors} page(s) failing their checksum; they are listed by 'info --set={label} --output=json' (bad_pages) and were backed up as they are");
     }
     log::info!(
-        "backup {label} complete: {} in {file_count} files, stored {} in {} packs, {:.1}s",
+        "{} backup {label} complete: {} in {file_count} files ({} unchanged, {} read), new data stored {} in {} packs, {:.1}s",
+        backup_type.name(),
         human_bytes(db_size),
+        outcome.files_unchanged,
+        human_bytes(outcome.bytes_read),
         human_bytes(outcome.stored),
         outcome.packs,
         started.elapsed().as_secs_f64()
@@ -369,7 +490,7 @@ fn copy_files(
                     let Some(job) = queue.lock().unwrap().pop() else {
                         break;
                     };
-                    match copy_file(&ctx, &job, &mut writer, &mut out.pages_checked) {
+                    match copy_file(&ctx, &job, &mut writer, &mut out) {
                         Ok(Some(f)) => out.files.push(f),
                         Ok(None) => {}
                         Err(e) => {
@@ -394,6 +515,8 @@ fn copy_files(
                 total.stored += o.stored;
                 total.packs += o.packs;
                 total.pages_checked += o.pages_checked;
+                total.files_unchanged += o.files_unchanged;
+                total.bytes_read += o.bytes_read;
             }
             Err(e) => {
                 first_err.get_or_insert(e);
@@ -420,19 +543,123 @@ fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// Copy one file. Returns `None` when the file vanished before it could be opened (a
-/// dropped relation: WAL replay removes it anyway).
+/// Where the prior backup stored each block of one file.
+struct PriorBlocks<'a> {
+    entry: &'a FileEntry,
+    /// File offset at which each extent starts.
+    starts: Vec<u64>,
+    prior_label: &'a str,
+    label: &'a str,
+}
+
+impl<'a> PriorBlocks<'a> {
+    fn new(entry: &'a FileEntry, prior_label: &'a str, label: &'a str) -> PriorBlocks<'a> {
+        let mut starts = Vec::with_capacity(entry.chunks.len());
+        let mut off = 0u64;
+        for c in &entry.chunks {
+            starts.push(off);
+            off += c.raw as u64;
+        }
+        PriorBlocks {
+            entry,
+            starts,
+            prior_label,
+            label,
+        }
+    }
+
+    /// The prior extent for `[offset, offset+len)`, if one extent holds all of it.
+    fn locate(&self, offset: u64, len: u32) -> Option<Chunk> {
+        let i = self
+            .starts
+            .partition_point(|s| *s <= offset)
+            .checked_sub(1)?;
+        let c = &self.entry.chunks[i];
+        let skip = offset - self.starts[i];
+        if skip + len as u64 > c.raw as u64 {
+            return None;
+        }
+        Some(
+            c.slice(skip as u32, len)
+                .rebased(self.prior_label, self.label),
+        )
+    }
+}
+
+/// Changed blocks of one file waiting to fill a frame.
+struct NewData {
+    buf: Vec<u8>,
+    /// (index into the extent list, offset in buf, length)
+    pending: Vec<(usize, u32, u32)>,
+}
+
+impl NewData {
+    fn flush(
+        &mut self,
+        ctx: &CopyContext,
+        writer: &mut PackWriter,
+        extents: &mut [Chunk],
+    ) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let stored = ctx.compression.compress(&self.buf);
+        let frame = writer.add(&stored, self.buf.len())?;
+        for (idx, at, len) in self.pending.drain(..) {
+            extents[idx] = frame.slice(at, len);
+        }
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// Copy one file. Unchanged files (same size and mtime as in the prior backup, and not
+/// modified within the second the prior backup started) are carried by reference without
+/// reading them. Other files are read block by block: blocks whose hash matches the prior
+/// backup's point at the prior's storage, zero blocks cost nothing, and only changed blocks
+/// are compressed and stored. Returns `None` when the file vanished before it could be
+/// opened (a dropped relation: WAL replay removes it anyway).
 fn copy_file(
     ctx: &CopyContext,
     job: &Job,
     writer: &mut PackWriter,
-    pages_checked: &mut u64,
+    out: &mut CopyOutcome,
 ) -> Result<Option<FileEntry>> {
+    let prior = ctx
+        .prior
+        .as_ref()
+        .and_then(|p| p.files.get(&job.rel).map(|e| (p, e)));
+    if let (Some((p, e)), false) = (prior, ctx.delta) {
+        // mtime has one-second granularity here: a file written in the same second the prior
+        // backup started may have changed after it was read without moving its mtime.
+        if e.size == job.size && e.mtime == job.mtime && job.mtime < p.start_epoch {
+            let mut entry = e.clone();
+            entry.owner = job.owner.clone();
+            entry.chunks = e
+                .chunks
+                .iter()
+                .map(|c| c.rebased(&p.label, &ctx.label))
+                .collect();
+            ctx.counters.bytes.fetch_add(job.size, Ordering::Relaxed);
+            ctx.counters.files.fetch_add(1, Ordering::Relaxed);
+            out.files_unchanged += 1;
+            return Ok(Some(entry));
+        }
+    }
     let mut f = match std::fs::File::open(&job.abs) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(format!("open {}", job.abs.display()), e)),
     };
+    let prior_entry = prior.map(|(_, e)| e);
+    let bs = block_size_for(job.size, prior_entry);
+    let prior_blocks = prior
+        .filter(|(_, e)| e.block_size == bs)
+        .map(|(p, e)| PriorBlocks::new(e, &p.label, &ctx.label));
+    let own_pack = job.size >= ctx.bundle_limit;
+    if own_pack {
+        writer.flush()?;
+    }
     let relation = layout::relation_file(&job.rel);
     let check_pages = ctx.data_checksums && relation.is_some();
     let first_block = relation
@@ -440,9 +667,16 @@ fn copy_file(
         .map(|r| r.segno as u64 * ctx.relseg_size as u64)
         .unwrap_or(0);
     let mut hasher = blake3::Hasher::new();
-    let mut chunks = Vec::new();
+    let mut extents: Vec<Chunk> = Vec::new();
+    let mut hashes = String::with_capacity((job.size / bs as u64 + 1) as usize * 16);
+    let mut new = NewData {
+        buf: Vec::with_capacity(ctx.frame_size),
+        pending: Vec::new(),
+    };
     let mut bad_pages = Vec::new();
-    let mut buf = vec![0u8; ctx.frame_size];
+    // A whole number of blocks per read, so blocks never straddle two reads.
+    let read_size = (ctx.frame_size / bs as usize).max(1) * bs as usize;
+    let mut buf = vec![0u8; read_size];
     let mut offset = 0u64;
     loop {
         let n = read_full(&mut f, &mut buf)
@@ -452,13 +686,13 @@ fn copy_file(
         }
         let data = &mut buf[..n];
         if check_pages {
-            let bs = ctx.block_size;
-            for (i, pg) in (0..n / bs).map(|i| (i, i * bs)) {
-                let blkno = first_block + (offset / bs as u64) + i as u64;
-                *pages_checked += 1;
+            let ps = ctx.block_size;
+            for (i, pg) in (0..n / ps).map(|i| (i, i * ps)) {
+                let blkno = first_block + (offset / ps as u64) + i as u64;
+                out.pages_checked += 1;
                 if let Some(bad) = check_page(
                     &f,
-                    &mut data[pg..pg + bs],
+                    &mut data[pg..pg + ps],
                     blkno,
                     offset + pg as u64,
                     ctx.start_lsn,
@@ -469,25 +703,42 @@ fn copy_file(
             }
         }
         hasher.update(data);
-        let chunk = if data.iter().all(|b| *b == 0) {
-            pgstrata_repo::pack::Chunk {
-                pack: None,
-                backup: None,
-                offset: 0,
-                stored: 0,
-                raw: n as u32,
-                check: String::new(),
+        for (i, block) in data.chunks(bs as usize).enumerate() {
+            let block_offset = offset + (i * bs as usize) as u64;
+            let index = (block_offset / bs as u64) as usize;
+            let h = block_hash(block);
+            let _ = write!(hashes, "{h:016x}");
+            let len = block.len() as u32;
+            if block.iter().all(|b| *b == 0) {
+                extents.push(Chunk::zeros(len));
+                continue;
             }
-        } else {
-            let stored = ctx.compression.compress(data);
-            writer.add(&stored, n)?
-        };
-        chunks.push(chunk);
+            let unchanged = prior_blocks
+                .as_ref()
+                .filter(|p| p.entry.block_hash(index) == Some(h))
+                .and_then(|p| p.locate(block_offset, len));
+            match unchanged {
+                Some(c) => extents.push(c),
+                None => {
+                    new.pending.push((extents.len(), new.buf.len() as u32, len));
+                    new.buf.extend_from_slice(block);
+                    extents.push(Chunk::zeros(len)); // placeholder until the frame is written
+                    if new.buf.len() >= ctx.frame_size {
+                        new.flush(ctx, writer, &mut extents)?;
+                    }
+                }
+            }
+        }
         offset += n as u64;
+        out.bytes_read += n as u64;
         ctx.counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
         if n < buf.len() {
             break;
         }
+    }
+    new.flush(ctx, writer, &mut extents)?;
+    if own_pack {
+        writer.flush()?;
     }
     ctx.counters.files.fetch_add(1, Ordering::Relaxed);
     // Count bytes of files that shrank while copying so progress ends at 100 %.
@@ -495,6 +746,15 @@ fn copy_file(
         ctx.counters
             .bytes
             .fetch_add(job.size - offset, Ordering::Relaxed);
+    }
+    let mut chunks: Vec<Chunk> = Vec::with_capacity(extents.len() / 4 + 1);
+    for e in extents {
+        if let Some(last) = chunks.last_mut() {
+            if last.try_merge(&e) {
+                continue;
+            }
+        }
+        chunks.push(e);
     }
     Ok(Some(FileEntry {
         path: job.rel.clone(),
@@ -504,6 +764,8 @@ fn copy_file(
         hash: hasher.finalize().to_hex().to_string(),
         chunks,
         bad_pages,
+        block_size: bs,
+        block_hashes: hashes,
     }))
 }
 

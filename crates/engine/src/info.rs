@@ -20,8 +20,15 @@ pub struct BackupInfo {
     pub wal_start: String,
     pub wal_stop: String,
     pub database_size: u64,
+    /// Bytes this backup stored (its new data); the rest it references from earlier backups.
     pub stored_size: u64,
     pub files: u64,
+    /// Files carried from the prior backup without being read.
+    pub files_unchanged: u64,
+    /// Bytes read from the data directory.
+    pub bytes_read: u64,
+    /// Why every block was hashed, if it was.
+    pub delta_reason: Option<String>,
     pub page_errors: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub bad_pages: Vec<BadPages>,
@@ -40,6 +47,10 @@ pub struct StanzaReport {
     pub pg_version: u32,
     pub archive_min: Option<String>,
     pub archive_max: Option<String>,
+    /// Bytes of all objects in the stanza (packs, manifests, WAL).
+    pub repo_size: u64,
+    /// Bytes in packs that kept backups reference only in part (freed when those go).
+    pub held_size: u64,
     pub backups: Vec<BackupInfo>,
 }
 
@@ -58,6 +69,9 @@ pub fn summarize(m: &Manifest) -> BackupInfo {
         database_size: m.stats.db_size,
         stored_size: m.stats.stored_size,
         files: m.stats.files,
+        files_unchanged: m.stats.files_unchanged,
+        bytes_read: m.stats.bytes_read,
+        delta_reason: m.delta_reason.clone(),
         page_errors: m.stats.page_errors,
         bad_pages: m
             .files()
@@ -73,14 +87,17 @@ pub fn summarize(m: &Manifest) -> BackupInfo {
 pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
     let (storage, stanza) = open_stanza(s).await?;
     let mut backups = Vec::new();
+    let mut manifests = Vec::new();
     for label in list_backups(&storage, &s.stanza).await? {
-        if set.is_some_and(|want| want != label) {
-            continue;
+        let m = Manifest::load(&storage, &s.stanza, &label).await?;
+        if set.is_none_or(|want| want == label) {
+            backups.push(summarize(&m));
         }
-        backups.push(summarize(
-            &Manifest::load(&storage, &s.stanza, &label).await?,
-        ));
+        manifests.push(m);
     }
+    let refs: Vec<&Manifest> = manifests.iter().collect();
+    let usage = crate::expire::collect_garbage(&storage, &s.stanza, &refs, false).await?;
+    let repo_size: u64 = storage.list(&s.stanza).await?.iter().map(|o| o.size).sum();
     if let Some(want) = set {
         if backups.is_empty() {
             return Err(crate::Error::config(format!(
@@ -96,6 +113,8 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
         pg_version: stanza.cluster.major_version,
         archive_min: range.as_ref().map(|r| r.0.clone()),
         archive_max: range.map(|r| r.1),
+        repo_size,
+        held_size: usage.held,
         backups,
     })
 }
@@ -109,12 +128,17 @@ pub fn render_text(r: &StanzaReport) -> String {
         (Some(a), Some(b)) => out.push_str(&format!("    wal archive min/max: {a} / {b}\n")),
         _ => out.push_str("    wal archive: empty\n"),
     }
+    out.push_str(&format!(
+        "    repository size: {}, held in partly referenced packs: {}\n",
+        human_bytes(r.repo_size),
+        human_bytes(r.held_size)
+    ));
     if r.backups.is_empty() {
         out.push_str("    no backups\n");
     }
     for b in &r.backups {
         out.push_str(&format!(
-            "\n    {} backup: {}\n        timestamp start/stop: {} / {}\n        lsn start/stop: {} / {} (timeline {})\n        wal start/stop: {} / {}\n        database size: {}, stored: {}, files: {}\n",
+            "\n    {} backup: {}\n        timestamp start/stop: {} / {}\n        lsn start/stop: {} / {} (timeline {})\n        wal start/stop: {} / {}\n        database size: {}, new data stored: {}, files: {}\n",
             b.backup_type,
             b.label,
             b.start_time,
@@ -129,7 +153,14 @@ pub fn render_text(r: &StanzaReport) -> String {
             b.files
         ));
         if let Some(p) = &b.prior {
-            out.push_str(&format!("        prior: {p}\n"));
+            out.push_str(&format!(
+                "        compared with: {p}; {} files unchanged, {} read\n",
+                b.files_unchanged,
+                human_bytes(b.bytes_read)
+            ));
+        }
+        if let Some(r) = &b.delta_reason {
+            out.push_str(&format!("        every block hashed: {r}\n"));
         }
         if b.page_errors > 0 {
             out.push_str(&format!(

@@ -9,8 +9,9 @@
 use crate::owner::{running_as_root, OwnerResolver};
 use crate::progress::{human_bytes, Progress};
 use crate::{open_stanza, Error, Result, Settings};
+use pgstrata_repo::manifest::block_hash;
 use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest, Owner};
-use pgstrata_repo::pack::read_chunk;
+use pgstrata_repo::pack::{Chunk, FrameReader};
 use pgstrata_repo::Storage;
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
@@ -92,10 +93,26 @@ pub struct RestoreOptions {
 #[derive(Debug, Default)]
 pub struct RestoreReport {
     pub label: String,
+    /// Files written whole.
     pub files_written: u64,
+    /// Files (delta) whose differing blocks were rewritten in place.
+    pub files_patched: u64,
+    /// Files (delta) already identical.
     pub files_kept: u64,
     pub bytes_written: u64,
+    /// Bytes read from the repository.
+    pub bytes_fetched: u64,
     pub removed: u64,
+}
+
+/// What one worker did.
+#[derive(Default)]
+struct WorkerTally {
+    written: u64,
+    patched: u64,
+    kept: u64,
+    bytes_written: u64,
+    bytes_fetched: u64,
 }
 
 /// Parse a recovery_target_time the way a user writes it for PostgreSQL.
@@ -383,9 +400,7 @@ pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> 
     let shared = Arc::new(RestoreShared {
         storage: storage.clone(),
         runtime: tokio::runtime::Handle::current(),
-        stanza: s.stanza.clone(),
-        manifest_label: m.label.clone(),
-        codec: m.compression.kind,
+        manifest: m.clone(),
         delta: o.delta,
         chown,
         counters: progress.counters.clone(),
@@ -412,10 +427,12 @@ pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> 
     };
     progress.finish();
     for r in results {
-        let (written, kept, bytes) = r?;
-        report.files_written += written;
-        report.files_kept += kept;
-        report.bytes_written += bytes;
+        let t = r?;
+        report.files_written += t.written;
+        report.files_patched += t.patched;
+        report.files_kept += t.kept;
+        report.bytes_written += t.bytes_written;
+        report.bytes_fetched += t.bytes_fetched;
     }
 
     // Directory modes and owners last (a 0500 directory would block writing into it).
@@ -436,12 +453,14 @@ pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> 
     });
     write_recovery_files(&pg_path, &m, o, root_owner.as_ref(), &mut resolver)?;
     log::info!(
-        "restore of {} complete: {} files written ({}), {} unchanged, {} removed, {:.1}s",
+        "restore of {} complete: {} files written, {} patched, {} unchanged, {} removed; {} written, {} fetched, {:.1}s",
         m.label,
         report.files_written,
-        human_bytes(report.bytes_written),
+        report.files_patched,
         report.files_kept,
         report.removed,
+        human_bytes(report.bytes_written),
+        human_bytes(report.bytes_fetched),
         started.elapsed().as_secs_f64()
     );
     Ok(report)
@@ -516,9 +535,7 @@ fn remove_extraneous(m: &Manifest, mapper: &PathMapper) -> Result<u64> {
 struct RestoreShared {
     storage: Storage,
     runtime: tokio::runtime::Handle,
-    stanza: String,
-    manifest_label: String,
-    codec: pgstrata_repo::codec::CompressType,
+    manifest: Manifest,
     delta: bool,
     chown: bool,
     counters: Arc<crate::progress::Counters>,
@@ -526,22 +543,36 @@ struct RestoreShared {
     paths: HashMap<String, PathBuf>,
 }
 
-/// Returns (files written, files kept, bytes written).
-fn restore_worker(sh: &RestoreShared) -> Result<(u64, u64, u64)> {
+fn restore_worker(sh: &RestoreShared) -> Result<WorkerTally> {
     let mut resolver = OwnerResolver::default();
-    let (mut written, mut kept, mut bytes) = (0, 0, 0);
+    let mut tally = WorkerTally::default();
+    let mut reader = FrameReader::new(&sh.storage, &sh.manifest);
     loop {
         let Some(f) = sh.queue.lock().unwrap().pop() else {
             break;
         };
         let path = &sh.paths[&f.path];
-        if sh.delta && local_matches(path, &f)? {
-            kept += 1;
+        let fetched_before = reader.fetched;
+        let patched = if sh.delta && f.block_size > 0 {
+            patch_file(sh, &mut reader, &f, path)?
+        } else if sh.delta && local_matches(path, &f)? {
+            Some(0)
         } else {
-            restore_file(sh, &f, path)?;
-            written += 1;
-            bytes += f.size;
+            None
+        };
+        match patched {
+            Some(0) => tally.kept += 1,
+            Some(bytes) => {
+                tally.patched += 1;
+                tally.bytes_written += bytes;
+            }
+            None => {
+                write_file(sh, &mut reader, &f, path)?;
+                tally.written += 1;
+                tally.bytes_written += f.size;
+            }
         }
+        tally.bytes_fetched += reader.fetched - fetched_before;
         let md_mode = std::fs::Permissions::from_mode(f.owner.mode);
         std::fs::set_permissions(path, md_mode)
             .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
@@ -557,10 +588,11 @@ fn restore_worker(sh: &RestoreShared) -> Result<(u64, u64, u64)> {
         sh.counters.files.fetch_add(1, Ordering::Relaxed);
         sh.counters.bytes.fetch_add(f.size, Ordering::Relaxed);
     }
-    Ok((written, kept, bytes))
+    Ok(tally)
 }
 
-/// Delta restore: does the local file already hold exactly this content?
+/// Delta restore of a file without a block map: does the local file already hold exactly
+/// this content?
 fn local_matches(path: &Path, f: &FileEntry) -> Result<bool> {
     let mut fh = match std::fs::File::open(path) {
         Ok(fh) => fh,
@@ -573,10 +605,14 @@ fn local_matches(path: &Path, f: &FileEntry) -> Result<bool> {
     if !md.is_file() || md.len() != f.size {
         return Ok(false);
     }
+    Ok(hash_reader(&mut fh, path)? == f.hash)
+}
+
+fn hash_reader(r: &mut impl Read, path: &Path) -> Result<String> {
     let mut hasher = blake3::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = fh
+        let n = r
             .read(&mut buf)
             .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
         if n == 0 {
@@ -584,42 +620,210 @@ fn local_matches(path: &Path, f: &FileEntry) -> Result<bool> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(hasher.finalize().to_hex().as_str() == f.hash)
+    Ok(hasher.finalize().to_hex().to_string())
 }
 
-fn restore_file(sh: &RestoreShared, f: &FileEntry, path: &Path) -> Result<()> {
-    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
-        std::fs::remove_dir_all(path)
-            .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
-    }
-    let mut out = std::fs::File::create(path)
-        .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
-    let mut hasher = blake3::Hasher::new();
-    for chunk in &f.chunks {
-        let data = sh
-            .runtime
-            .block_on(read_chunk(
-                &sh.storage,
-                &sh.stanza,
-                &sh.manifest_label,
-                sh.codec,
-                chunk,
-                &f.path,
-            ))
+/// Fetch the frames of `extents` in batches of bounded size and hand each extent's bytes
+/// (zeros for all-zero extents) to `sink` in order.
+fn for_each_extent(
+    sh: &RestoreShared,
+    reader: &mut FrameReader,
+    extents: &[(u64, Chunk)],
+    file: &str,
+    mut sink: impl FnMut(u64, &[u8]) -> Result<()>,
+) -> Result<()> {
+    const BATCH: u64 = 8 * 1024 * 1024;
+    let zeros = vec![0u8; 1 << 20];
+    let mut i = 0;
+    while i < extents.len() {
+        let mut j = i;
+        let mut stored = 0u64;
+        let mut batch: Vec<&Chunk> = Vec::new();
+        while j < extents.len() && (stored < BATCH || batch.is_empty()) {
+            if !extents[j].1.is_zero() {
+                stored += extents[j].1.stored as u64;
+                batch.push(&extents[j].1);
+            }
+            j += 1;
+        }
+        sh.runtime
+            .block_on(reader.load(&batch, file))
             .map_err(|e| Error::integrity(format!("restore stopped: {e}")))?;
-        hasher.update(&data);
-        out.write_all(&data)
-            .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+        for (offset, c) in &extents[i..j] {
+            if c.is_zero() {
+                let mut done = 0u64;
+                while done < c.raw as u64 {
+                    let n = (c.raw as u64 - done).min(zeros.len() as u64) as usize;
+                    sink(offset + done, &zeros[..n])?;
+                    done += n as u64;
+                }
+            } else {
+                sink(*offset, reader.bytes(c))?;
+            }
+        }
+        reader.clear();
+        i = j;
     }
-    out.sync_all()
-        .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
-    if hasher.finalize().to_hex().as_str() != f.hash {
+    Ok(())
+}
+
+fn verify_hash(f: &FileEntry, got: &str) -> Result<()> {
+    if got != f.hash {
         return Err(Error::integrity(format!(
             "restore stopped: restored {} does not match the hash recorded at backup time: the repository is damaged",
             f.path
         )));
     }
     Ok(())
+}
+
+/// Write a whole file from its extents.
+fn write_file(
+    sh: &RestoreShared,
+    reader: &mut FrameReader,
+    f: &FileEntry,
+    path: &Path,
+) -> Result<()> {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        std::fs::remove_dir_all(path)
+            .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+    }
+    let mut out = std::io::BufWriter::with_capacity(
+        1 << 20,
+        std::fs::File::create(path)
+            .map_err(|e| Error::io(format!("create {}", path.display()), e))?,
+    );
+    let mut hasher = blake3::Hasher::new();
+    let mut offset = 0u64;
+    let extents: Vec<(u64, Chunk)> = f
+        .chunks
+        .iter()
+        .map(|c| {
+            let at = offset;
+            offset += c.raw as u64;
+            (at, c.clone())
+        })
+        .collect();
+    for_each_extent(sh, reader, &extents, &f.path, |_, data| {
+        hasher.update(data);
+        out.write_all(data)
+            .map_err(|e| Error::io(format!("write {}", path.display()), e))
+    })?;
+    let out = out
+        .into_inner()
+        .map_err(|e| Error::io(format!("write {}", path.display()), e.into_error()))?;
+    out.sync_all()
+        .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
+    verify_hash(f, hasher.finalize().to_hex().as_str())
+}
+
+/// Delta restore of a file with a block map: hash the local blocks, fetch only the frames
+/// holding blocks that differ, write those blocks in place and truncate. Returns
+/// `Some(bytes written)` (0 when the file was already identical), or `None` when there is
+/// no local file to patch.
+fn patch_file(
+    sh: &RestoreShared,
+    reader: &mut FrameReader,
+    f: &FileEntry,
+    path: &Path,
+) -> Result<Option<u64>> {
+    use std::os::unix::fs::FileExt;
+    let mut fh = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
+        Ok(fh) => fh,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => return Ok(None),
+        Err(e) => return Err(Error::io(format!("open {}", path.display()), e)),
+    };
+    let local_len = fh
+        .metadata()
+        .map_err(|e| Error::io(format!("stat {}", path.display()), e))?
+        .len();
+    let bs = f.block_size as u64;
+    let mut differing: Vec<(u64, u64)> = Vec::new(); // (offset, len) runs
+    let mut buf = vec![0u8; (1 << 20) / bs as usize * bs as usize];
+    let mut offset = 0u64;
+    let mut hasher = blake3::Hasher::new();
+    while offset < f.size {
+        let want = (f.size - offset).min(buf.len() as u64) as usize;
+        let have = local_len.saturating_sub(offset).min(want as u64) as usize;
+        let n = read_full_at(&fh, &mut buf[..have], offset)
+            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        hasher.update(&buf[..n]);
+        for (i, block) in buf[..want].chunks(bs as usize).enumerate() {
+            let block_off = offset + i as u64 * bs;
+            let index = (block_off / bs) as usize;
+            let local_ok = block_off + block.len() as u64 <= offset + n as u64;
+            if !(local_ok && f.block_hash(index) == Some(block_hash(block))) {
+                match differing.last_mut() {
+                    Some((o, l)) if *o + *l == block_off => *l += block.len() as u64,
+                    _ => differing.push((block_off, block.len() as u64)),
+                }
+            }
+        }
+        offset += want as u64;
+    }
+    if differing.is_empty() && local_len == f.size && hasher.finalize().to_hex().as_str() == f.hash
+    {
+        return Ok(Some(0));
+    }
+    // The extents covering the differing runs, cut to them.
+    let mut starts = Vec::with_capacity(f.chunks.len());
+    let mut pos = 0u64;
+    for c in &f.chunks {
+        starts.push(pos);
+        pos += c.raw as u64;
+    }
+    let mut needed: Vec<(u64, Chunk)> = Vec::new();
+    for (off, len) in &differing {
+        let end = off + len;
+        let mut i = starts.partition_point(|s| *s <= *off) - 1;
+        let mut cur = *off;
+        while cur < end {
+            let c = &f.chunks[i];
+            let c_end = starts[i] + c.raw as u64;
+            let take_end = c_end.min(end);
+            needed.push((
+                cur,
+                c.slice((cur - starts[i]) as u32, (take_end - cur) as u32),
+            ));
+            cur = take_end;
+            i += 1;
+        }
+    }
+    let mut written = 0u64;
+    for_each_extent(sh, reader, &needed, &f.path, |at, data| {
+        written += data.len() as u64;
+        fh.write_all_at(data, at)
+            .map_err(|e| Error::io(format!("write {}", path.display()), e))
+    })?;
+    fh.set_len(f.size)
+        .map_err(|e| Error::io(format!("truncate {}", path.display()), e))?;
+    fh.sync_all()
+        .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
+    // Prove the patched file is the backed-up file.
+    use std::io::Seek;
+    fh.seek(std::io::SeekFrom::Start(0))
+        .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    verify_hash(f, &hash_reader(&mut fh, path)?)?;
+    Ok(Some(written.max(1)))
+}
+
+fn read_full_at(fh: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut n = 0;
+    while n < buf.len() {
+        match fh.read_at(&mut buf[n..], offset + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 /// Quote a value for postgresql.conf.

@@ -28,6 +28,9 @@ pub struct Settings {
     pub frame_size: usize,
     /// Size a pack object grows to before it is written.
     pub pack_size: usize,
+    /// Files at least this large get pack objects of their own; smaller files share packs
+    /// (bundling). 0 gives every file its own packs.
+    pub bundle_limit: u64,
 }
 
 impl Settings {

@@ -7,6 +7,7 @@
 //! <stanza>/archive/<archive-id>/<name>.history          timeline history files
 //! <stanza>/backup/<label>/pack/<worker>-<seq>           pack objects holding file data
 //! <stanza>/backup/<label>/backup.manifest               the manifest, written last
+//! <stanza>/lock/backup.lock                             held while a backup or expire runs
 //! ```
 
 pub fn stanza_info(stanza: &str) -> String {
@@ -29,6 +30,11 @@ pub fn archive_object(stanza: &str, archive_id: &str, wal_name: &str) -> String 
     } else {
         format!("{}/{}", archive_root(stanza, archive_id), wal_name)
     }
+}
+
+/// The lock object held by a backup or expire of the stanza.
+pub fn lock(stanza: &str) -> String {
+    format!("{stanza}/lock/backup.lock")
 }
 
 pub fn backup_root(stanza: &str) -> String {

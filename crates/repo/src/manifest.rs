@@ -59,6 +59,13 @@ pub struct Manifest {
     pub tablespaces: Vec<Tablespace>,
     pub entries: Vec<Entry>,
     pub stats: Stats,
+    /// Compression of the other backups whose packs this manifest's chunks reference
+    /// (chunks with `b` set), by label.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub pack_codecs: std::collections::BTreeMap<String, crate::codec::CompressType>,
+    /// Why every block was hashed instead of trusting size and mtime, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_reason: Option<String>,
 }
 
 /// A point of the backup: when and where in the WAL it started or stopped.
@@ -135,6 +142,31 @@ pub struct FileEntry {
     /// Blocks whose page checksum failed while backing up (real corruption, not torn reads).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bad_pages: Vec<u32>,
+    /// Size of the blocks `block_hashes` describes (the last block may be shorter).
+    #[serde(default)]
+    pub block_size: u32,
+    /// XXH3-64 of every block, 16 hex digits each (big-endian digits of the u64), in order.
+    /// The next backup compares blocks against these; delta restore compares local blocks.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub block_hashes: String,
+}
+
+impl FileEntry {
+    pub fn block_count(&self) -> usize {
+        self.block_hashes.len() / 16
+    }
+
+    /// Hash of block `i`, if recorded.
+    pub fn block_hash(&self, i: usize) -> Option<u64> {
+        self.block_hashes
+            .get(i * 16..i * 16 + 16)
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+    }
+}
+
+/// The block hash used in manifests.
+pub fn block_hash(data: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(data)
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -144,6 +176,12 @@ pub struct Stats {
     /// Bytes of pack objects written by this backup (the manifest itself not counted).
     pub stored_size: u64,
     pub files: u64,
+    /// Files carried from the prior backup by reference, without reading them.
+    #[serde(default)]
+    pub files_unchanged: u64,
+    /// Bytes read from the data directory.
+    #[serde(default)]
+    pub bytes_read: u64,
     pub packs: u64,
     pub pages_checked: u64,
     pub page_errors: u64,
@@ -217,6 +255,18 @@ impl Manifest {
                 self.encode().into(),
             )
             .await
+    }
+
+    /// Codec of the frames stored by backup `owner` (this one or one it references).
+    pub fn codec_of(&self, owner: &str) -> crate::codec::CompressType {
+        if owner == self.label {
+            self.compression.kind
+        } else {
+            self.pack_codecs
+                .get(owner)
+                .copied()
+                .unwrap_or(self.compression.kind)
+        }
     }
 
     pub fn files(&self) -> impl Iterator<Item = &FileEntry> {

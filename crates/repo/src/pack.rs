@@ -10,7 +10,7 @@
 //! The manifest records, for every frame, the pack, the offset and stored length, the raw
 //! length and an XXH3-64 of the stored bytes, so damage is caught before decoding.
 
-use crate::codec::{decompress, CompressType};
+use crate::codec::decompress;
 use crate::{layout, Error, Result, Storage};
 use serde::{Deserialize, Serialize};
 
@@ -19,24 +19,137 @@ pub const DEFAULT_FRAME_SIZE: usize = 1024 * 1024;
 /// Default size a pack grows to before it is written.
 pub const DEFAULT_PACK_SIZE: usize = 16 * 1024 * 1024;
 
-/// Where one frame of a file lives.
+/// One extent of a file: `raw` consecutive bytes of the file, found at byte `at` of a
+/// decoded frame. A full backup's extents are whole frames (`at` 0, frame length = `raw`);
+/// an incremental's extents may point into frames of earlier backups (`backup` set), and
+/// several extents may share one frame.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Chunk {
-    /// Pack name within the backup that stored it; `None` for an all-zero frame.
+    /// Pack name within the backup that stored it; `None` for all-zero bytes.
     #[serde(rename = "p", default, skip_serializing_if = "Option::is_none")]
     pub pack: Option<String>,
     /// Label of the backup holding the pack when it is not the manifest's own backup.
     #[serde(rename = "b", default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<String>,
+    /// Byte offset of the frame in the pack.
     #[serde(rename = "o", default)]
     pub offset: u64,
+    /// Stored (compressed) length of the frame.
     #[serde(rename = "s", default)]
     pub stored: u32,
+    /// Bytes of the file this extent covers.
     #[serde(rename = "r")]
     pub raw: u32,
-    /// XXH3-64 of the stored bytes, hex.
+    /// XXH3-64 of the stored frame bytes, hex.
     #[serde(rename = "h", default, skip_serializing_if = "String::is_empty")]
     pub check: String,
+    /// Offset of the extent within the decoded frame.
+    #[serde(rename = "a", default, skip_serializing_if = "is_zero")]
+    pub at: u32,
+    /// Decoded length of the frame, when it differs from `raw`.
+    #[serde(rename = "f", default, skip_serializing_if = "is_zero")]
+    pub frame: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// Identity of a stored frame: (backup label, pack, offset).
+pub type FrameKey = (String, String, u64);
+
+impl Chunk {
+    /// An extent of zeros, which costs no storage.
+    pub fn zeros(len: u32) -> Chunk {
+        Chunk {
+            pack: None,
+            backup: None,
+            offset: 0,
+            stored: 0,
+            raw: len,
+            check: String::new(),
+            at: 0,
+            frame: 0,
+        }
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.pack.is_none()
+    }
+
+    /// Decoded length of the frame this extent reads from.
+    pub fn frame_len(&self) -> u32 {
+        if self.frame == 0 {
+            self.raw
+        } else {
+            self.frame
+        }
+    }
+
+    /// The label of the backup whose pack holds the frame, given the label of the manifest
+    /// the chunk was read from.
+    pub fn owner<'a>(&'a self, manifest_label: &'a str) -> &'a str {
+        self.backup.as_deref().unwrap_or(manifest_label)
+    }
+
+    pub fn frame_key(&self, manifest_label: &str) -> Option<FrameKey> {
+        self.pack.as_ref().map(|p| {
+            (
+                self.owner(manifest_label).to_string(),
+                p.clone(),
+                self.offset,
+            )
+        })
+    }
+
+    /// The sub-extent `[skip, skip+len)` of this one.
+    pub fn slice(&self, skip: u32, len: u32) -> Chunk {
+        let mut c = self.clone();
+        if c.pack.is_some() {
+            c.frame = self.frame_len();
+            c.at = self.at + skip;
+        }
+        c.raw = len;
+        c
+    }
+
+    /// Extend this extent by `next` when `next` continues it in the same frame (or both are
+    /// zeros). Returns false when they cannot be merged.
+    pub fn try_merge(&mut self, next: &Chunk) -> bool {
+        if self.is_zero() && next.is_zero() {
+            self.raw += next.raw;
+            return true;
+        }
+        if self.pack.is_some()
+            && self.pack == next.pack
+            && self.backup == next.backup
+            && self.offset == next.offset
+            && self.at + self.raw == next.at
+        {
+            self.frame = self.frame_len();
+            self.raw += next.raw;
+            if self.at == 0 && self.raw == self.frame {
+                self.frame = 0;
+            }
+            return true;
+        }
+        false
+    }
+
+    /// The same extent as seen from a manifest labelled `new_label`, when it was read from
+    /// the manifest labelled `from_label`.
+    pub fn rebased(&self, from_label: &str, new_label: &str) -> Chunk {
+        let mut c = self.clone();
+        if c.pack.is_some() {
+            let owner = self.owner(from_label);
+            c.backup = if owner == new_label {
+                None
+            } else {
+                Some(owner.to_string())
+            };
+        }
+        c
+    }
 }
 
 /// Frame checksum used in chunks.
@@ -99,6 +212,8 @@ impl PackWriter {
             stored: stored.len() as u32,
             raw: raw_len as u32,
             check: frame_check(stored),
+            at: 0,
+            frame: 0,
         };
         self.buf.extend_from_slice(stored);
         Ok(chunk)
@@ -124,37 +239,107 @@ impl PackWriter {
     }
 }
 
-/// Fetch and decode one chunk of a file stored in backup `label` (the chunk's own backup
-/// label, if set, takes precedence).
-pub async fn read_chunk(
-    storage: &Storage,
-    stanza: &str,
-    label: &str,
-    codec: CompressType,
-    chunk: &Chunk,
-    file: &str,
-) -> Result<Vec<u8>> {
-    let Some(pack) = &chunk.pack else {
-        return Ok(vec![0u8; chunk.raw as usize]);
-    };
-    let key = layout::pack(stanza, chunk.backup.as_deref().unwrap_or(label), pack);
-    let stored = storage
-        .get_range(&key, chunk.offset..chunk.offset + chunk.stored as u64)
-        .await
-        .map_err(|e| Error {
-            context: format!("{file}: {}", e.context),
-            ..e
-        })?;
-    if frame_check(&stored) != chunk.check {
-        return Err(Error::corrupt(format!(
-            "{file}: stored frame at {key} offset {} fails its checksum: the repository is damaged",
-            chunk.offset
-        )));
+/// Reads frames for a restore: merges frames that lie next to each other in one pack into
+/// one ranged read, checks each frame's XXH3 before decoding, and keeps decoded frames
+/// until the caller moves on.
+pub struct FrameReader<'a> {
+    storage: &'a Storage,
+    stanza: &'a str,
+    label: &'a str,
+    manifest: &'a crate::manifest::Manifest,
+    frames: std::collections::HashMap<FrameKey, Vec<u8>>,
+    /// Bytes fetched from the repository so far.
+    pub fetched: u64,
+    pub requests: u64,
+}
+
+/// Merged reads never exceed this many stored bytes.
+pub const MAX_READ: u64 = 16 * 1024 * 1024;
+
+impl<'a> FrameReader<'a> {
+    /// A reader for the frames `manifest`'s chunks point at.
+    pub fn new(storage: &'a Storage, manifest: &'a crate::manifest::Manifest) -> FrameReader<'a> {
+        FrameReader {
+            storage,
+            stanza: &manifest.stanza,
+            label: &manifest.label,
+            manifest,
+            frames: Default::default(),
+            fetched: 0,
+            requests: 0,
+        }
     }
-    decompress(
-        codec,
-        &stored,
-        chunk.raw as usize,
-        &format!("{file} (frame at {key} offset {})", chunk.offset),
-    )
+
+    /// Drop decoded frames (call between batches to bound memory).
+    pub fn clear(&mut self) {
+        self.frames.clear();
+    }
+
+    /// Fetch and decode every frame `chunks` need that is not already loaded.
+    pub async fn load(&mut self, chunks: &[&Chunk], file: &str) -> Result<()> {
+        let mut wanted: Vec<(&Chunk, FrameKey)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for c in chunks {
+            if let Some(k) = c.frame_key(self.label) {
+                if !self.frames.contains_key(&k) && seen.insert(k.clone()) {
+                    wanted.push((c, k));
+                }
+            }
+        }
+        wanted.sort_by(|a, b| a.1.cmp(&b.1));
+        let mut i = 0;
+        while i < wanted.len() {
+            // One read covers a run of frames that follow each other in the same pack.
+            let mut j = i + 1;
+            let mut end = wanted[i].1 .2 + wanted[i].0.stored as u64;
+            while j < wanted.len()
+                && wanted[j].1 .0 == wanted[i].1 .0
+                && wanted[j].1 .1 == wanted[i].1 .1
+                && wanted[j].1 .2 == end
+                && end - wanted[i].1 .2 < MAX_READ
+            {
+                end += wanted[j].0.stored as u64;
+                j += 1;
+            }
+            let (owner, pack, start) = wanted[i].1.clone();
+            let key = layout::pack(self.stanza, &owner, &pack);
+            let bytes = self
+                .storage
+                .get_range(&key, start..end)
+                .await
+                .map_err(|e| Error {
+                    context: format!("{file}: {}", e.context),
+                    ..e
+                })?;
+            self.fetched += bytes.len() as u64;
+            self.requests += 1;
+            for (c, k) in &wanted[i..j] {
+                let lo = (k.2 - start) as usize;
+                let stored = &bytes[lo..lo + c.stored as usize];
+                if frame_check(stored) != c.check {
+                    return Err(Error::corrupt(format!(
+                        "{file}: stored frame at {key} offset {} fails its checksum: the repository is damaged",
+                        k.2
+                    )));
+                }
+                let raw = decompress(
+                    self.manifest.codec_of(&owner),
+                    stored,
+                    c.frame_len() as usize,
+                    &format!("{file} (frame at {key} offset {})", k.2),
+                )?;
+                self.frames.insert(k.clone(), raw);
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// The bytes of one stored (not all-zero) extent; its frame must have been loaded.
+    pub fn bytes(&self, c: &Chunk) -> &[u8] {
+        let k = c
+            .frame_key(self.label)
+            .expect("bytes() of an all-zero extent");
+        &self.frames[&k][c.at as usize..(c.at + c.raw) as usize]
+    }
 }

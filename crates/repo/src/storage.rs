@@ -19,6 +19,8 @@ use std::sync::Arc;
 pub struct ObjectInfo {
     pub key: String,
     pub size: u64,
+    /// Last modification, unix seconds.
+    pub modified: i64,
 }
 
 #[derive(Clone, Debug)]
@@ -146,6 +148,7 @@ impl Storage {
             .map_ok(|m| ObjectInfo {
                 key: m.location.to_string(),
                 size: m.size,
+                modified: m.last_modified.timestamp(),
             })
             .try_collect()
             .await

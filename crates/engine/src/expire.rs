@@ -1,0 +1,262 @@
+//! `expire`: retention, and freeing what no kept backup needs.
+//!
+//! Expiring a backup deletes its manifest, which makes it disappear at once. Storage is then
+//! freed by reference: a pack object is deleted only when no kept manifest points into it,
+//! so expire never breaks a kept backup, whatever it was compared against. Packs that kept
+//! backups reference only in part stay whole; the bytes in them that nothing references are
+//! reported as held (and by `info`).
+//!
+//! Retention (pgBackRest's names): `repo-retention-full` keeps that many full backups (or,
+//! with `repo-retention-full-type=time`, the full backups of that many days plus the newest
+//! one older, so every point in the window stays restorable); backups older than the oldest
+//! kept full go too. `repo-retention-diff` keeps that many differential backups. A backup
+//! compared against an expired one is expired with it, as its users expect from pgBackRest,
+//! although its data would still restore. `--set` expires exactly one backup.
+//!
+//! WAL: segments older than the oldest kept backup's start are deleted. With
+//! `repo-retention-archive=N`, continuous WAL (for point-in-time recovery) is kept from the
+//! N-th newest kept backup on; older kept backups keep just the WAL that makes them consistent.
+
+use crate::lock::with_lock;
+use crate::progress::human_bytes;
+use crate::{open_stanza, Error, Result, Settings};
+use pgstrata_pg::lsn;
+use pgstrata_repo::manifest::{list_backups, BackupType, Manifest};
+use pgstrata_repo::{layout, Storage};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetentionType {
+    Count,
+    Time,
+}
+
+#[derive(Debug, Clone)]
+pub struct ExpireOptions {
+    pub set: Option<String>,
+    pub retention_full: Option<u32>,
+    pub retention_full_type: RetentionType,
+    pub retention_diff: Option<u32>,
+    pub retention_archive: Option<u32>,
+}
+
+#[derive(Debug, Default)]
+pub struct ExpireReport {
+    pub expired: Vec<String>,
+    pub packs_deleted: u64,
+    pub bytes_freed: u64,
+    pub wal_deleted: u64,
+    /// Bytes in packs that kept backups reference only in part.
+    pub bytes_held: u64,
+}
+
+/// Unreferenced data of a backup that has no manifest is deleted only once it is this old:
+/// younger, it may belong to a backup still running on another host.
+const ORPHAN_GRACE_SECS: i64 = 3600;
+
+pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
+    let (storage, stanza) = open_stanza(s).await?;
+    let storage2 = storage.clone();
+    with_lock(&storage2, &s.stanza, "expire", async move {
+        let labels = list_backups(&storage, &s.stanza).await?;
+        let mut manifests = Vec::new();
+        for l in &labels {
+            manifests.push(Manifest::load(&storage, &s.stanza, l).await?);
+        }
+        let doomed = choose(&manifests, o)?;
+        let mut report = ExpireReport::default();
+        for m in manifests.iter().filter(|m| doomed.contains(&m.label)) {
+            storage.delete(&layout::manifest(&s.stanza, &m.label)).await?;
+            log::info!("expired backup {}", m.label);
+            report.expired.push(m.label.clone());
+        }
+        let kept: Vec<&Manifest> = manifests.iter().filter(|m| !doomed.contains(&m.label)).collect();
+        let usage = collect_garbage(&storage, &s.stanza, &kept, true).await?;
+        report.packs_deleted = usage.deleted;
+        report.bytes_freed = usage.freed;
+        report.bytes_held = usage.held;
+        report.wal_deleted = expire_wal(&storage, &s.stanza, &stanza.cluster, &kept, o.retention_archive).await?;
+        log::info!(
+            "expire: {} backup(s) expired, {} pack(s) deleted ({} freed), {} WAL file(s) deleted, {} held in partly referenced packs",
+            report.expired.len(),
+            report.packs_deleted,
+            human_bytes(report.bytes_freed),
+            report.wal_deleted,
+            human_bytes(report.bytes_held)
+        );
+        Ok(report)
+    })
+    .await
+}
+
+/// The labels to expire.
+fn choose(manifests: &[Manifest], o: &ExpireOptions) -> Result<BTreeSet<String>> {
+    let mut doomed = BTreeSet::new();
+    if let Some(set) = &o.set {
+        if !manifests.iter().any(|m| &m.label == set) {
+            return Err(Error::config(format!(
+                "backup '{set}' does not exist (backups: {})",
+                manifests
+                    .iter()
+                    .map(|m| m.label.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        doomed.insert(set.clone());
+        return Ok(doomed);
+    }
+    if o.retention_full.is_none() && o.retention_diff.is_none() {
+        return Err(Error::config(
+            "nothing to expire by: set repo-retention-full (and optionally repo-retention-diff), or give --set=LABEL",
+        ));
+    }
+    let fulls: Vec<&Manifest> = manifests
+        .iter()
+        .filter(|m| m.backup_type == BackupType::Full)
+        .collect();
+    if let Some(n) = o.retention_full {
+        let oldest_kept = match o.retention_full_type {
+            RetentionType::Count => fulls.len().checked_sub(n.max(1) as usize).map(|i| fulls[i]),
+            RetentionType::Time => {
+                let cutoff = chrono::Utc::now().timestamp() - n as i64 * 86400;
+                // The newest full that ended before the cutoff still serves the window's start.
+                let older: Vec<&&Manifest> =
+                    fulls.iter().filter(|m| m.stop.epoch < cutoff).collect();
+                older.last().map(|m| **m)
+            }
+        };
+        if let Some(keep_from) = oldest_kept {
+            for m in manifests.iter().filter(|m| m.label < keep_from.label) {
+                doomed.insert(m.label.clone());
+            }
+        }
+    }
+    if let Some(n) = o.retention_diff {
+        let diffs: Vec<&Manifest> = manifests
+            .iter()
+            .filter(|m| m.backup_type == BackupType::Diff && !doomed.contains(&m.label))
+            .collect();
+        for m in diffs
+            .iter()
+            .take(diffs.len().saturating_sub(n.max(1) as usize))
+        {
+            doomed.insert(m.label.clone());
+        }
+    }
+    // Backups compared against an expired backup follow it.
+    loop {
+        let more: Vec<String> = manifests
+            .iter()
+            .filter(|m| {
+                !doomed.contains(&m.label) && m.prior.as_ref().is_some_and(|p| doomed.contains(p))
+            })
+            .map(|m| m.label.clone())
+            .collect();
+        if more.is_empty() {
+            break;
+        }
+        doomed.extend(more);
+    }
+    Ok(doomed)
+}
+
+/// How the stanza's pack storage is used.
+#[derive(Debug, Default)]
+pub struct PackUsage {
+    pub deleted: u64,
+    pub freed: u64,
+    pub held: u64,
+    pub total: u64,
+}
+
+/// Delete (when `delete`) packs no kept manifest references; measure held space.
+pub async fn collect_garbage(
+    storage: &Storage,
+    stanza: &str,
+    kept: &[&Manifest],
+    delete: bool,
+) -> Result<PackUsage> {
+    // Referenced bytes per pack, counting each frame once.
+    let mut frames: HashSet<(String, String, u64)> = HashSet::new();
+    let mut referenced: HashMap<(String, String), u64> = HashMap::new();
+    for m in kept {
+        for f in m.files() {
+            for c in &f.chunks {
+                if let Some(k) = c.frame_key(&m.label) {
+                    if frames.insert(k.clone()) {
+                        *referenced.entry((k.0, k.1)).or_default() += c.stored as u64;
+                    }
+                }
+            }
+        }
+    }
+    let with_manifest: HashSet<&str> = kept.iter().map(|m| m.label.as_str()).collect();
+    let now = chrono::Utc::now().timestamp();
+    let mut usage = PackUsage::default();
+    let root = layout::backup_root(stanza);
+    for obj in storage.list(&root).await? {
+        let rest = &obj.key[root.len() + 1..];
+        let Some((label, pack)) = rest.split_once("/pack/") else {
+            continue;
+        };
+        usage.total += obj.size;
+        match referenced.get(&(label.to_string(), pack.to_string())) {
+            Some(used) => usage.held += obj.size.saturating_sub(*used),
+            None => {
+                let orphan_young =
+                    !with_manifest.contains(label) && now - obj.modified < ORPHAN_GRACE_SECS;
+                if delete && !orphan_young {
+                    storage.delete(&obj.key).await?;
+                    usage.deleted += 1;
+                    usage.freed += obj.size;
+                } else {
+                    usage.held += obj.size;
+                }
+            }
+        }
+    }
+    Ok(usage)
+}
+
+async fn expire_wal(
+    storage: &Storage,
+    stanza: &str,
+    cluster: &pgstrata_repo::stanza::ClusterIdentity,
+    kept: &[&Manifest],
+    retention_archive: Option<u32>,
+) -> Result<u64> {
+    if kept.is_empty() {
+        return Ok(0); // without backups, WAL is all there is: keep it
+    }
+    let seg = cluster.wal_segment_size;
+    let seg_of = |name: &str| lsn::parse_segment_name(name, seg).map(|(_, s)| s);
+    let continuous_from = {
+        let n = retention_archive
+            .map(|n| n.max(1) as usize)
+            .unwrap_or(kept.len())
+            .min(kept.len());
+        seg_of(&kept[kept.len() - n].start.wal).unwrap_or(0)
+    };
+    let ranges: Vec<(u64, u64)> = kept
+        .iter()
+        .filter_map(|m| Some((seg_of(&m.start.wal)?, seg_of(&m.stop.wal)?)))
+        .collect();
+    let mut deleted = 0;
+    for obj in storage
+        .list(&layout::archive_root(stanza, &cluster.archive_id()))
+        .await?
+    {
+        let name = obj.key.rsplit('/').next().unwrap_or_default();
+        if name.ends_with(".history") {
+            continue;
+        }
+        let Some(segno) = seg_of(name) else { continue };
+        if segno >= continuous_from || ranges.iter().any(|(a, b)| segno >= *a && segno <= *b) {
+            continue;
+        }
+        storage.delete(&obj.key).await?;
+        deleted += 1;
+    }
+    Ok(deleted)
+}
