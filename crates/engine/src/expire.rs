@@ -71,7 +71,7 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
             report.expired.push(m.label.clone());
         }
         let kept: Vec<&Manifest> = manifests.iter().filter(|m| !doomed.contains(&m.label)).collect();
-        let usage = collect_garbage(&storage, &s.stanza, &kept, true).await?;
+        let usage = collect_garbage(&storage, &s.stanza, &kept, Some(&doomed)).await?;
         report.packs_deleted = usage.deleted;
         report.bytes_freed = usage.freed;
         report.bytes_held = usage.held;
@@ -170,12 +170,14 @@ pub struct PackUsage {
     pub total: u64,
 }
 
-/// Delete (when `delete`) packs no kept manifest references; measure held space.
+/// Measure pack storage; with `expired` (labels whose manifests were just deleted), also
+/// delete the packs no kept manifest references. Packs of a label that never had a manifest
+/// (an interrupted backup, or one still running elsewhere) go only after a grace period.
 pub async fn collect_garbage(
     storage: &Storage,
     stanza: &str,
     kept: &[&Manifest],
-    delete: bool,
+    expired: Option<&BTreeSet<String>>,
 ) -> Result<PackUsage> {
     // Referenced bytes per pack, counting each frame once.
     let mut frames: HashSet<(String, String, u64)> = HashSet::new();
@@ -204,9 +206,10 @@ pub async fn collect_garbage(
         match referenced.get(&(label.to_string(), pack.to_string())) {
             Some(used) => usage.held += obj.size.saturating_sub(*used),
             None => {
-                let orphan_young =
-                    !with_manifest.contains(label) && now - obj.modified < ORPHAN_GRACE_SECS;
-                if delete && !orphan_young {
+                let young_orphan = !with_manifest.contains(label)
+                    && !expired.is_some_and(|e| e.contains(label))
+                    && now - obj.modified < ORPHAN_GRACE_SECS;
+                if expired.is_some() && !young_orphan {
                     storage.delete(&obj.key).await?;
                     usage.deleted += 1;
                     usage.freed += obj.size;

@@ -96,7 +96,7 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
         manifests.push(m);
     }
     let refs: Vec<&Manifest> = manifests.iter().collect();
-    let usage = crate::expire::collect_garbage(&storage, &s.stanza, &refs, false).await?;
+    let usage = crate::expire::collect_garbage(&storage, &s.stanza, &refs, None).await?;
     let repo_size: u64 = storage.list(&s.stanza).await?.iter().map(|o| o.size).sum();
     if let Some(want) = set {
         if backups.is_empty() {

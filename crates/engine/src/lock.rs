@@ -24,8 +24,21 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// Is `pid` a running pgstrata process? A killed process may linger as a zombie until its
+/// parent reaps it, and a pid may have been reused by another program: /proc tells both.
 fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            !matches!(state, Some('Z') | Some('X'))
+                && String::from_utf8_lossy(&cmdline).contains("pgstrata")
+        }
+        Err(_) if std::path::Path::new("/proc/self/stat").exists() => false,
+        Err(_) => nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok(),
+    }
 }
 
 /// Run `work` holding the stanza lock; the lock is released whatever the outcome.

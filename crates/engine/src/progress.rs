@@ -43,7 +43,8 @@ impl Progress {
                 let started = Instant::now();
                 let mut last_log = Instant::now();
                 while !d.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(if tty { 250 } else { 500 }));
+                    // Parked, not slept: finish() unparks so the command does not wait on us.
+                    std::thread::park_timeout(Duration::from_millis(if tty { 250 } else { 500 }));
                     let bytes = c.bytes.load(Ordering::Relaxed);
                     let files = c.files.load(Ordering::Relaxed);
                     let secs = started.elapsed().as_secs_f64().max(0.001);
@@ -88,6 +89,7 @@ impl Progress {
     fn stop(&mut self) {
         self.done.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }

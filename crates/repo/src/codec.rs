@@ -105,9 +105,17 @@ impl Compression {
         // below are unreachable in practice; expect() documents that.
         match self.kind {
             CompressType::None => raw.to_vec(),
-            CompressType::Zst => {
-                zstd::bulk::compress(raw, self.level).expect("zstd compress into memory")
-            }
+            // One compression context per thread and level: creating one per frame costs
+            // more than compressing a small frame.
+            CompressType::Zst => ZSTD_C.with(|c| {
+                let mut c = c.borrow_mut();
+                if c.as_ref().is_none_or(|(level, _)| *level != self.level) {
+                    let ctx = zstd::bulk::Compressor::new(self.level).expect("zstd context");
+                    *c = Some((self.level, ctx));
+                }
+                let (_, ctx) = c.as_mut().expect("set above");
+                ctx.compress(raw).expect("zstd compress into memory")
+            }),
             CompressType::Lz4 => {
                 let mut enc = lz4_flex::frame::FrameEncoder::new(Vec::with_capacity(raw.len() / 2));
                 enc.write_all(raw).expect("lz4 compress into memory");
@@ -133,6 +141,13 @@ impl Compression {
     }
 }
 
+thread_local! {
+    static ZSTD_C: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { std::cell::RefCell::new(None) };
+    static ZSTD_D: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Decode one stream of `kind`. `raw_len` is the expected decoded size; a stream that
 /// decodes to anything else is reported as corrupt.
 pub fn decompress(
@@ -141,22 +156,45 @@ pub fn decompress(
     raw_len: usize,
     context: &str,
 ) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(raw_len);
+    let mut out = Vec::new();
+    decompress_into(kind, stored, raw_len, context, &mut out)?;
+    Ok(out)
+}
+
+/// Like [`decompress`], into a buffer the caller reuses (restore decodes thousands of
+/// frames: fresh buffers each time cost page faults and allocator churn).
+pub fn decompress_into(
+    kind: CompressType,
+    stored: &[u8],
+    raw_len: usize,
+    context: &str,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    out.clear();
+    out.reserve(raw_len);
     let res = match kind {
         CompressType::None => {
             out.extend_from_slice(stored);
             Ok(())
         }
-        CompressType::Zst => zstd::stream::read::Decoder::new(stored)
-            .and_then(|mut d| d.read_to_end(&mut out).map(|_| ())),
+        CompressType::Zst => ZSTD_D.with(|d| {
+            let mut d = d.borrow_mut();
+            if d.is_none() {
+                *d = Some(zstd::bulk::Decompressor::new()?);
+            }
+            d.as_mut()
+                .unwrap()
+                .decompress_to_buffer(stored, out)
+                .map(|_| ())
+        }),
         CompressType::Lz4 => lz4_flex::frame::FrameDecoder::new(stored)
-            .read_to_end(&mut out)
+            .read_to_end(out)
             .map(|_| ()),
         CompressType::Gz => flate2::read::GzDecoder::new(stored)
-            .read_to_end(&mut out)
+            .read_to_end(out)
             .map(|_| ()),
         CompressType::Bz2 => bzip2::read::BzDecoder::new(stored)
-            .read_to_end(&mut out)
+            .read_to_end(out)
             .map(|_| ()),
     };
     res.map_err(|e| {
@@ -172,7 +210,7 @@ pub fn decompress(
             out.len()
         )));
     }
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]

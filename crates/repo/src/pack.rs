@@ -10,7 +10,7 @@
 //! The manifest records, for every frame, the pack, the offset and stored length, the raw
 //! length and an XXH3-64 of the stored bytes, so damage is caught before decoding.
 
-use crate::codec::decompress;
+use crate::codec::decompress_into;
 use crate::{layout, Error, Result, Storage};
 use serde::{Deserialize, Serialize};
 
@@ -248,6 +248,8 @@ pub struct FrameReader<'a> {
     label: &'a str,
     manifest: &'a crate::manifest::Manifest,
     frames: std::collections::HashMap<FrameKey, Vec<u8>>,
+    /// Decode buffers of cleared frames, reused.
+    pool: Vec<Vec<u8>>,
     /// Bytes fetched from the repository so far.
     pub fetched: u64,
     pub requests: u64,
@@ -265,6 +267,7 @@ impl<'a> FrameReader<'a> {
             label: &manifest.label,
             manifest,
             frames: Default::default(),
+            pool: Vec::new(),
             fetched: 0,
             requests: 0,
         }
@@ -272,7 +275,7 @@ impl<'a> FrameReader<'a> {
 
     /// Drop decoded frames (call between batches to bound memory).
     pub fn clear(&mut self) {
-        self.frames.clear();
+        self.pool.extend(self.frames.drain().map(|(_, v)| v));
     }
 
     /// Fetch and decode every frame `chunks` need that is not already loaded.
@@ -322,11 +325,13 @@ impl<'a> FrameReader<'a> {
                         k.2
                     )));
                 }
-                let raw = decompress(
+                let mut raw = self.pool.pop().unwrap_or_default();
+                decompress_into(
                     self.manifest.codec_of(&owner),
                     stored,
                     c.frame_len() as usize,
                     &format!("{file} (frame at {key} offset {})", k.2),
+                    &mut raw,
                 )?;
                 self.frames.insert(k.clone(), raw);
             }

@@ -203,3 +203,61 @@ pub fn pg_checksums_ok(c: &Cluster) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Every file under `dir` (following no links) with the BLAKE3 of its content; links with
+/// their targets. Two equal maps mean two identical directory trees.
+pub fn content_tree(dir: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    fn walk(base: &Path, d: &Path, out: &mut BTreeMap<String, String>) {
+        let mut entries: Vec<_> = std::fs::read_dir(d).unwrap().flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let p = e.path();
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(base).unwrap().display().to_string();
+            if md.file_type().is_symlink() {
+                out.insert(
+                    rel,
+                    format!("-> {}", std::fs::read_link(&p).unwrap().display()),
+                );
+            } else if md.is_dir() {
+                out.insert(rel.clone() + "/", String::new());
+                walk(base, &p, out);
+            } else {
+                let bytes = std::fs::read(&p).unwrap();
+                out.insert(rel, format!("{} {}", bytes.len(), blake3_hex(&bytes)));
+            }
+        }
+    }
+    walk(dir, dir, &mut out);
+    out
+}
+
+fn blake3_hex(b: &[u8]) -> String {
+    blake3::hash(b).to_hex().to_string()
+}
+
+/// Restore into scratch/`name` without starting it; returns the directory.
+pub fn restore_only(env: &Env, name: &str, extra: &[&str]) -> PathBuf {
+    let target = env.scratch.join(name);
+    let pg_path = format!("--pg-path={}", target.display());
+    let mut args = vec![
+        pg_path.as_str(),
+        "--process-max=2",
+        "--archive-mode=off",
+        "--type=immediate",
+        "--target-action=promote",
+    ];
+    args.extend_from_slice(extra);
+    args.push("restore");
+    run_ok(env.cmd_as_invoker(&args));
+    target
+}
+
+/// Count pack objects written by one backup.
+pub fn pack_count(env: &Env, label: &str) -> usize {
+    tree(&env.repo)
+        .keys()
+        .filter(|k| k.contains(&format!("backup/{label}/pack/")) && !k.ends_with('/'))
+        .count()
+}
