@@ -10,6 +10,8 @@ pub struct Invocation {
     pub command: String,
     pub args: Vec<String>,
     values: HashMap<&'static str, String>,
+    /// Options given as `--name=value`.
+    from_flags: Vec<String>,
     lists: HashMap<&'static str, Vec<String>>,
     /// The config file actually read, if any.
     pub config_file: Option<PathBuf>,
@@ -18,6 +20,9 @@ pub struct Invocation {
 impl Invocation {
     pub fn get(&self, name: &str) -> Option<&str> {
         self.values.get(name).map(String::as_str)
+    }
+    pub fn came_from_command_line(&self, name: &str) -> bool {
+        self.from_flags.iter().any(|n| n == name)
     }
     pub fn flag(&self, name: &str) -> bool {
         self.get(name) == Some("true")
@@ -143,6 +148,7 @@ pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocat
                 command: "help".into(),
                 args: vec![c],
                 values: HashMap::new(),
+                from_flags: Vec::new(),
                 lists: HashMap::new(),
                 config_file: None,
             })
@@ -257,10 +263,12 @@ pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocat
             }
         }
     }
+    let from_flags = raw.iter().map(|(n, _)| n.clone()).collect();
     Ok(Invocation {
         command,
         args,
         values,
+        from_flags,
         lists,
         config_file,
     })
@@ -304,7 +312,7 @@ mod tests {
         assert!(e.contains("compress-type") && e.contains("zst"), "{e}");
         let e = resolve(&argv("--stanza=x --process-max=0 backup"), &env).unwrap_err();
         assert!(e.contains("process-max"), "{e}");
-        let e = resolve(&argv("--stanza=x --delta backup"), &env).unwrap_err();
+        let e = resolve(&argv("--stanza=x --target=x backup"), &env).unwrap_err();
         assert!(e.contains("does not apply"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let cfg = dir.path().join("c.toml");

@@ -79,7 +79,11 @@ pub fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
 
     let mut s = Settings {
         stanza: "demo".into(),
-        repo_path: repo.clone(),
+        repo: pgstrata_repo::storage::RepoConfig {
+            path: repo.display().to_string(),
+            retries: 3,
+            ..Default::default()
+        },
         pg_path: Some(src.data.clone()),
         pg_host: Some(src.socket_dir.display().to_string()),
         pg_port: src.port,

@@ -17,6 +17,7 @@ use pgstrata_engine::restore::{RecoveryType, RestoreOptions};
 use pgstrata_engine::{Error, Settings};
 use pgstrata_repo::codec::{CompressType, Compression};
 use pgstrata_repo::manifest::BackupType;
+use pgstrata_repo::storage::{AzureConfig, GcsConfig, RepoConfig, RepoKind, S3Config};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -60,7 +61,7 @@ fn settings(inv: &config::Invocation) -> Result<Settings, Error> {
     let compression = Compression::new(compress_type, level)?;
     Ok(Settings {
         stanza,
-        repo_path: PathBuf::from(inv.get("repo-path").unwrap_or("/var/lib/pgstrata")),
+        repo: repo_config(inv),
         pg_path: inv.get("pg-path").map(PathBuf::from),
         pg_host: inv.get("pg-host").map(str::to_string),
         pg_port: inv.int("pg-port").unwrap_or(5432) as u16,
@@ -107,9 +108,52 @@ fn runtime(workers: usize) -> tokio::runtime::Runtime {
         .expect("start async runtime")
 }
 
+fn repo_config(inv: &config::Invocation) -> RepoConfig {
+    let get = |n: &str| inv.get(n).map(str::to_string);
+    RepoConfig {
+        kind: match inv.get("repo-type") {
+            Some("s3") => RepoKind::S3,
+            Some("gcs") => RepoKind::Gcs,
+            Some("azure") => RepoKind::Azure,
+            _ => RepoKind::Posix,
+        },
+        path: inv
+            .get("repo-path")
+            .unwrap_or("/var/lib/pgstrata")
+            .to_string(),
+        s3: S3Config {
+            bucket: get("repo-s3-bucket").unwrap_or_default(),
+            endpoint: get("repo-s3-endpoint"),
+            region: get("repo-s3-region"),
+            key: get("repo-s3-key"),
+            key_secret: get("repo-s3-key-secret"),
+            token: get("repo-s3-token"),
+            path_style: inv.get("repo-s3-uri-style") == Some("path"),
+            storage_class: get("repo-s3-storage-class"),
+            kms_key_id: get("repo-s3-kms-key-id"),
+        },
+        gcs: GcsConfig {
+            bucket: get("repo-gcs-bucket").unwrap_or_default(),
+            key_file: get("repo-gcs-key"),
+            endpoint: get("repo-gcs-endpoint"),
+        },
+        azure: AzureConfig {
+            account: get("repo-azure-account").unwrap_or_default(),
+            container: get("repo-azure-container").unwrap_or_default(),
+            key: get("repo-azure-key"),
+            endpoint: get("repo-azure-endpoint"),
+        },
+        ca_file: get("repo-s3-ca-file"),
+        verify_tls: inv.get("repo-storage-verify-tls") != Some("false"),
+        timeout: Duration::from_secs(inv.int("repo-storage-timeout").unwrap_or(120) as u64),
+        retries: inv.int("repo-storage-retries").unwrap_or(4) as u32,
+    }
+}
+
 /// The command restore_command runs: this binary with the options that locate the
-/// repository, so archive-get reads where backups were written.
-fn archive_get_command(s: &Settings) -> String {
+/// repository, so archive-get reads where backups were written. Secrets are left out: they
+/// must come from the config file or the server's environment.
+fn archive_get_command(inv: &config::Invocation, s: &Settings) -> String {
     let exe = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "pgstrata".into());
@@ -118,10 +162,24 @@ fn archive_get_command(s: &Settings) -> String {
         parts.push(shell_quote(&format!("--config={}", c.display())));
     }
     parts.push(shell_quote(&format!("--stanza={}", s.stanza)));
-    parts.push(shell_quote(&format!(
-        "--repo-path={}",
-        s.repo_path.display()
-    )));
+    for o in options::OPTIONS
+        .iter()
+        .filter(|o| o.name.starts_with("repo-") && o.applies_to("archive-get"))
+    {
+        let Some(v) = inv.get(o.name) else { continue };
+        if options::SECRET_OPTIONS.contains(&o.name) {
+            if inv.came_from_command_line(o.name) {
+                log::warn!(
+                    "{} was given on the command line: restore_command cannot carry it; put it in the config file or the server's environment",
+                    o.name
+                );
+            }
+            continue;
+        }
+        if o.default != Some(v) || o.name == "repo-path" {
+            parts.push(shell_quote(&format!("--{}={v}", o.name)));
+        }
+    }
     parts.join(" ")
 }
 
@@ -225,7 +283,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 target_timeline: inv.get("target-timeline").map(str::to_string),
                 target_exclusive: inv.flag("target-exclusive"),
                 archive_off: inv.get("archive-mode") == Some("off"),
-                archive_get_command: archive_get_command(&s),
+                archive_get_command: archive_get_command(inv, &s),
             };
             let r =
                 runtime(s.process_max).block_on(pgstrata_engine::restore::restore(&s, &opts))?;

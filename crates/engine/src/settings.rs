@@ -3,6 +3,7 @@
 
 use crate::{Error, Result};
 use pgstrata_repo::codec::Compression;
+use pgstrata_repo::storage::RepoConfig;
 use pgstrata_repo::Storage;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,7 +11,8 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub stanza: String,
-    pub repo_path: PathBuf,
+    /// Where the repository is: a local directory or an object store.
+    pub repo: RepoConfig,
     pub pg_path: Option<PathBuf>,
     /// Socket directory (starting with '/') or host name, as libpq means it.
     pub pg_host: Option<String>,
@@ -36,7 +38,7 @@ pub struct Settings {
 impl Settings {
     pub fn storage(&self) -> Result<Storage> {
         pgstrata_repo::layout::check_stanza_name(&self.stanza).map_err(Error::config)?;
-        Ok(Storage::local(&self.repo_path)?)
+        Ok(Storage::open(&self.repo)?)
     }
 
     pub fn pg_path(&self) -> Result<&std::path::Path> {

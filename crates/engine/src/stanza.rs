@@ -4,7 +4,8 @@ use crate::db::Db;
 use crate::{Error, Result, Settings};
 use pgstrata_pg::control::ControlData;
 use pgstrata_repo::stanza::{ClusterIdentity, StanzaInfo};
-use pgstrata_repo::{ErrorKind as RepoKind, Storage, FORMAT_VERSION};
+use pgstrata_repo::storage::RepoKind;
+use pgstrata_repo::{ErrorKind as RepoErrorKind, Storage, FORMAT_VERSION};
 
 /// Read the cluster's identity from pg_control and confirm it over the connection.
 pub async fn cluster_identity(s: &Settings) -> Result<ClusterIdentity> {
@@ -47,13 +48,11 @@ pub enum CreateOutcome {
 pub async fn stanza_create(s: &Settings) -> Result<CreateOutcome> {
     pgstrata_repo::layout::check_stanza_name(&s.stanza).map_err(Error::config)?;
     let cluster = cluster_identity(s).await?;
-    std::fs::create_dir_all(&s.repo_path).map_err(|e| {
-        Error::io(
-            format!("create repository directory {}", s.repo_path.display()),
-            e,
-        )
-    })?;
-    let storage = Storage::local(&s.repo_path)?;
+    if s.repo.kind == RepoKind::Posix {
+        std::fs::create_dir_all(&s.repo.path)
+            .map_err(|e| Error::io(format!("create repository directory {}", s.repo.path), e))?;
+    }
+    let storage = Storage::open(&s.repo)?;
     let info = StanzaInfo {
         format_version: FORMAT_VERSION,
         stanza: s.stanza.clone(),
@@ -70,7 +69,7 @@ pub async fn stanza_create(s: &Settings) -> Result<CreateOutcome> {
             );
             Ok(CreateOutcome::Created)
         }
-        Err(e) if e.kind == RepoKind::AlreadyExists => {
+        Err(e) if e.kind == RepoErrorKind::AlreadyExists => {
             let existing = StanzaInfo::load(&storage, &s.stanza).await?;
             if existing.cluster == cluster {
                 log::info!("stanza '{}' already exists for this cluster", s.stanza);

@@ -2,7 +2,8 @@
 //! stored in. `docs/repository-format.md` is the specification; this crate is its one
 //! implementation, and the two must agree.
 //!
-//! - [`storage`]: the one way to reach a repository (object_store underneath), write-once.
+//! - [`storage`]: the one way to reach a repository (object_store underneath), write-once,
+//!   with timeouts and retries; [`fault`] wraps any backend to inject failures in tests.
 //! - [`codec`]: compression types and levels.
 //! - [`layout`]: object names.
 //! - [`stanza`]: the record of which cluster a stanza belongs to.
@@ -12,6 +13,7 @@
 
 pub mod codec;
 pub mod error;
+pub mod fault;
 pub mod layout;
 pub mod manifest;
 pub mod pack;

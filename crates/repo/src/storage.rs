@@ -1,18 +1,29 @@
 //! The one way pgstrata reads and writes a repository.
 //!
-//! Everything goes through object_store, so the same code serves a local directory today and
-//! an object store tomorrow. Objects are written once (`put_new` refuses to replace an
-//! existing object) and never modified; nothing relies on rename or directory semantics.
-//! A local repository fsyncs each object (and its directory) before a write returns.
+//! Everything goes through object_store, so the same code serves a local directory, S3, GCS
+//! and Azure. Objects are written once (`put_new` refuses to replace an existing object,
+//! with a conditional create on object stores) and never modified; nothing relies on rename
+//! or directory semantics. A local repository fsyncs each object (and its directory) before
+//! a write returns.
+//!
+//! Every operation runs under a timeout and is retried with exponential backoff when it
+//! fails in a way that may be transient (server errors, timeouts, dropped connections,
+//! truncated reads); permanent failures (not found, access denied, bad request) stop at once
+//! with the object's name. object_store's HTTP client retries individual requests too; this
+//! layer covers whole operations and any backend, including fault-injecting test wrappers.
 
 use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{
+    Attribute, Attributes, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+};
+use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A listed object.
 #[derive(Debug, Clone)]
@@ -23,11 +34,73 @@ pub struct ObjectInfo {
     pub modified: i64,
 }
 
+/// Which backend, and how to reach it.
+#[derive(Debug, Clone, Default)]
+pub struct RepoConfig {
+    pub kind: RepoKind,
+    /// Local: the repository directory. Object stores: a prefix inside the bucket.
+    pub path: String,
+    pub s3: S3Config,
+    pub gcs: GcsConfig,
+    pub azure: AzureConfig,
+    /// PEM file of CA certificates to trust (object stores).
+    pub ca_file: Option<String>,
+    pub verify_tls: bool,
+    /// Time allowed for one storage operation before it counts as failed (and is retried).
+    pub timeout: Duration,
+    /// Retries of an operation that failed in a way that may be transient.
+    pub retries: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RepoKind {
+    #[default]
+    Posix,
+    S3,
+    Gcs,
+    Azure,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct S3Config {
+    pub bucket: String,
+    /// URL; `http://` is allowed (local servers).
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    pub key: Option<String>,
+    pub key_secret: Option<String>,
+    pub token: Option<String>,
+    /// Path-style requests (`endpoint/bucket/key`) instead of host-style.
+    pub path_style: bool,
+    pub storage_class: Option<String>,
+    /// Server-side encryption with this KMS key.
+    pub kms_key_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct GcsConfig {
+    pub bucket: String,
+    /// Service account JSON file; without it, application default credentials.
+    pub key_file: Option<String>,
+    pub endpoint: Option<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct AzureConfig {
+    pub account: String,
+    pub container: String,
+    pub key: Option<String>,
+    pub endpoint: Option<String>,
+}
+
 #[derive(Clone, Debug)]
 pub struct Storage {
     store: Arc<dyn ObjectStore>,
     /// Shown in messages so the user knows which repository is meant.
     description: String,
+    put_attributes: Attributes,
+    timeout: Duration,
+    retries: u32,
 }
 
 fn map_err(e: object_store::Error, what: String) -> Error {
@@ -35,38 +108,230 @@ fn map_err(e: object_store::Error, what: String) -> Error {
         object_store::Error::NotFound { .. } => {
             Error::new(ErrorKind::NotFound, format!("{what}: not found"))
         }
-        object_store::Error::AlreadyExists { .. } => {
+        object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. } => {
             Error::new(ErrorKind::AlreadyExists, format!("{what}: already exists"))
+        }
+        e @ (object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. }
+        | object_store::Error::NotSupported { .. }
+        | object_store::Error::NotImplemented { .. }
+        | object_store::Error::InvalidPath { .. }) => {
+            Error::with_source(ErrorKind::Invalid, what, e)
         }
         other => Error::with_source(ErrorKind::Storage, what, other),
     }
 }
 
 impl Storage {
-    /// A repository in a local directory, which must exist.
-    pub fn local(dir: &std::path::Path) -> Result<Storage> {
-        if !dir.is_dir() {
-            return Err(Error::new(
-                ErrorKind::NotFound,
-                format!("repository path {} does not exist or is not a directory (stanza-create makes it)", dir.display()),
-            ));
+    /// Open the repository `cfg` describes. A local repository directory must exist.
+    pub fn open(cfg: &RepoConfig) -> Result<Storage> {
+        let (store, description): (Arc<dyn ObjectStore>, String) = match cfg.kind {
+            RepoKind::Posix => {
+                let dir = std::path::Path::new(&cfg.path);
+                if !dir.is_dir() {
+                    return Err(Error::new(
+                        ErrorKind::NotFound,
+                        format!(
+                            "repository path {} does not exist or is not a directory (stanza-create makes it)",
+                            dir.display()
+                        ),
+                    ));
+                }
+                let store = LocalFileSystem::new_with_prefix(dir)
+                    .map_err(|e| map_err(e, format!("open repository {}", dir.display())))?
+                    .with_fsync(true)
+                    .with_automatic_cleanup(true);
+                (Arc::new(store), dir.display().to_string())
+            }
+            RepoKind::S3 => {
+                let c = &cfg.s3;
+                if c.bucket.is_empty() {
+                    return Err(Error::new(
+                        ErrorKind::Invalid,
+                        "repo-type=s3 needs repo-s3-bucket",
+                    ));
+                }
+                // Environment first (AWS_* variables, web identity, instance metadata when no
+                // key is given), then explicit settings.
+                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                    .with_bucket_name(&c.bucket)
+                    .with_virtual_hosted_style_request(!c.path_style)
+                    .with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch)
+                    .with_client_options(client_options(cfg, c.endpoint.as_deref())?)
+                    .with_retry(http_retry());
+                if let Some(e) = &c.endpoint {
+                    b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
+                }
+                if let Some(r) = &c.region {
+                    b = b.with_region(r);
+                }
+                if let Some(k) = &c.key {
+                    b = b.with_access_key_id(k);
+                }
+                if let Some(k) = &c.key_secret {
+                    b = b.with_secret_access_key(k);
+                }
+                if let Some(t) = &c.token {
+                    b = b.with_token(t);
+                }
+                if let Some(k) = &c.kms_key_id {
+                    b = b.with_sse_kms_encryption(k);
+                }
+                let store = b
+                    .build()
+                    .map_err(|e| map_err(e, "configure the S3 repository".into()))?;
+                (
+                    Arc::new(store),
+                    format!("s3://{}/{}", c.bucket, cfg.path.trim_matches('/')),
+                )
+            }
+            RepoKind::Gcs => {
+                let c = &cfg.gcs;
+                if c.bucket.is_empty() {
+                    return Err(Error::new(
+                        ErrorKind::Invalid,
+                        "repo-type=gcs needs repo-gcs-bucket",
+                    ));
+                }
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_bucket_name(&c.bucket)
+                    .with_client_options(client_options(cfg, c.endpoint.as_deref())?)
+                    .with_retry(http_retry());
+                if let Some(k) = &c.key_file {
+                    b = b.with_service_account_path(k);
+                }
+                if let Some(e) = &c.endpoint {
+                    b = b.with_url(e);
+                }
+                let store = b
+                    .build()
+                    .map_err(|e| map_err(e, "configure the GCS repository".into()))?;
+                (
+                    Arc::new(store),
+                    format!("gs://{}/{}", c.bucket, cfg.path.trim_matches('/')),
+                )
+            }
+            RepoKind::Azure => {
+                let c = &cfg.azure;
+                if c.account.is_empty() || c.container.is_empty() {
+                    return Err(Error::new(
+                        ErrorKind::Invalid,
+                        "repo-type=azure needs repo-azure-account and repo-azure-container",
+                    ));
+                }
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_account(&c.account)
+                    .with_container_name(&c.container)
+                    .with_client_options(client_options(cfg, c.endpoint.as_deref())?)
+                    .with_retry(http_retry());
+                if let Some(k) = &c.key {
+                    b = b.with_access_key(k);
+                }
+                if let Some(e) = &c.endpoint {
+                    b = b
+                        .with_endpoint(e.clone())
+                        .with_allow_http(e.starts_with("http://"));
+                }
+                let store = b
+                    .build()
+                    .map_err(|e| map_err(e, "configure the Azure repository".into()))?;
+                (
+                    Arc::new(store),
+                    format!(
+                        "azure://{}/{}/{}",
+                        c.account,
+                        c.container,
+                        cfg.path.trim_matches('/')
+                    ),
+                )
+            }
+        };
+        let store: Arc<dyn ObjectStore> = match cfg.kind {
+            RepoKind::Posix => store,
+            _ if cfg.path.trim_matches('/').is_empty() => store,
+            _ => Arc::new(object_store::prefix::PrefixStore::new(
+                store,
+                cfg.path.trim_matches('/').to_string(),
+            )),
+        };
+        let mut put_attributes = Attributes::new();
+        if let (RepoKind::S3, Some(class)) = (cfg.kind, &cfg.s3.storage_class) {
+            put_attributes.insert(Attribute::StorageClass, class.clone().into());
         }
-        let store = LocalFileSystem::new_with_prefix(dir)
-            .map_err(|e| map_err(e, format!("open repository {}", dir.display())))?
-            .with_fsync(true)
-            .with_automatic_cleanup(true);
         Ok(Storage {
-            store: Arc::new(store),
-            description: dir.display().to_string(),
+            store,
+            description,
+            put_attributes,
+            timeout: if cfg.timeout.is_zero() {
+                Duration::from_secs(120)
+            } else {
+                cfg.timeout
+            },
+            retries: cfg.retries,
         })
     }
 
-    /// Wrap any object_store backend (used by tests' fault-injecting wrappers and, later,
-    /// the cloud backends).
+    /// A repository in a local directory, which must exist.
+    pub fn local(dir: &std::path::Path) -> Result<Storage> {
+        Storage::open(&RepoConfig {
+            kind: RepoKind::Posix,
+            path: dir.display().to_string(),
+            retries: 3,
+            ..Default::default()
+        })
+    }
+
+    /// Wrap any object_store backend (tests' fault-injecting wrappers use this).
     pub fn from_store(store: Arc<dyn ObjectStore>, description: impl Into<String>) -> Storage {
         Storage {
             store,
             description: description.into(),
+            put_attributes: Attributes::new(),
+            timeout: Duration::from_secs(120),
+            retries: 3,
+        }
+    }
+
+    /// Change the per-operation timeout and retry count.
+    pub fn with_limits(mut self, timeout: Duration, retries: u32) -> Storage {
+        self.timeout = timeout;
+        self.retries = retries;
+        self
+    }
+
+    /// The underlying object store (for conformance tests).
+    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
+    }
+
+    /// Run `op` with the timeout, retrying transient failures with exponential backoff.
+    async fn retry<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let mut delay = Duration::from_millis(100);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let err = match tokio::time::timeout(self.timeout, op(attempt)).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if !e.retryable() => return Err(e),
+                Ok(Err(e)) => e,
+                Err(_) => Error::new(
+                    ErrorKind::Storage,
+                    format!("{what}: no answer within {}s", self.timeout.as_secs_f64()),
+                ),
+            };
+            if attempt > self.retries {
+                return Err(Error {
+                    context: format!("{} (gave up after {attempt} attempts)", err.context),
+                    ..err
+                });
+            }
+            log::warn!("{err}; retrying in {} ms", delay.as_millis());
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
         }
     }
 
@@ -81,58 +346,114 @@ impl Storage {
 
     /// Write a new object; fails with `AlreadyExists` if one is there.
     pub async fn put_new(&self, key: &str, data: Bytes) -> Result<()> {
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
-        self.store
-            .put_opts(&Self::path(key)?, PutPayload::from(data), opts)
-            .await
-            .map(|_| ())
-            .map_err(|e| map_err(e, format!("write {key}")))
+        let path = Self::path(key)?;
+        let what = format!("write {key}");
+        self.retry(&what, |attempt| {
+            let (path, data, what) = (path.clone(), data.clone(), what.clone());
+            async move {
+                let opts = PutOptions {
+                    mode: PutMode::Create,
+                    attributes: self.put_attributes.clone(),
+                    ..Default::default()
+                };
+                match self
+                    .store
+                    .put_opts(&path, PutPayload::from(data.clone()), opts)
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(e) => {
+                        let e = map_err(e, what.clone());
+                        // A retry after a write whose answer was lost finds its own object.
+                        if e.kind == ErrorKind::AlreadyExists && attempt > 1 {
+                            let existing = self
+                                .store
+                                .get(&path)
+                                .await
+                                .map_err(|e| map_err(e, what.clone()))?;
+                            if existing
+                                .bytes()
+                                .await
+                                .map_err(|e| map_err(e, what.clone()))?
+                                == data
+                            {
+                                return Ok(());
+                            }
+                        }
+                        Err(e)
+                    }
+                }
+            }
+        })
+        .await
     }
 
     pub async fn get(&self, key: &str) -> Result<Bytes> {
-        let r = self
-            .store
-            .get(&Self::path(key)?)
-            .await
-            .map_err(|e| map_err(e, format!("read {key}")))?;
-        r.bytes()
-            .await
-            .map_err(|e| map_err(e, format!("read {key}")))
+        let path = Self::path(key)?;
+        let what = format!("read {key}");
+        self.retry(&what, |_| {
+            let (path, what) = (path.clone(), what.clone());
+            async move {
+                let r = self
+                    .store
+                    .get(&path)
+                    .await
+                    .map_err(|e| map_err(e, what.clone()))?;
+                let expected = r.meta.size;
+                let b = r.bytes().await.map_err(|e| map_err(e, what.clone()))?;
+                if b.len() as u64 != expected {
+                    return Err(Error::new(
+                        ErrorKind::Storage,
+                        format!("{what}: short read ({} of {expected} bytes)", b.len()),
+                    ));
+                }
+                Ok(b)
+            }
+        })
+        .await
     }
 
     pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
-        let want = range.end - range.start;
-        let b = self
-            .store
-            .get_range(&Self::path(key)?, range.clone())
-            .await
-            .map_err(|e| {
-                map_err(
-                    e,
-                    format!("read {key} bytes {}..{}", range.start, range.end),
-                )
-            })?;
-        if b.len() as u64 != want {
-            return Err(Error::corrupt(format!(
-                "{key}: short read at {}..{} ({} of {want} bytes): object truncated",
-                range.start,
-                range.end,
-                b.len()
-            )));
-        }
-        Ok(b)
+        let path = Self::path(key)?;
+        let what = format!("read {key} bytes {}..{}", range.start, range.end);
+        self.retry(&what, |_| {
+            let (path, what, range) = (path.clone(), what.clone(), range.clone());
+            async move {
+                let want = range.end - range.start;
+                let b = self
+                    .store
+                    .get_range(&path, range)
+                    .await
+                    .map_err(|e| map_err(e, what.clone()))?;
+                if b.len() as u64 != want {
+                    // Transient (a dropped connection) or a truncated object: retried, and
+                    // reported with the object's name if it persists.
+                    return Err(Error::new(
+                        ErrorKind::Storage,
+                        format!("{what}: short read ({} of {want} bytes)", b.len()),
+                    ));
+                }
+                Ok(b)
+            }
+        })
+        .await
     }
 
     /// Size of an object, or `None` when it does not exist.
     pub async fn size(&self, key: &str) -> Result<Option<u64>> {
-        match self.store.head(&Self::path(key)?).await {
-            Ok(m) => Ok(Some(m.size)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(map_err(e, format!("look up {key}"))),
-        }
+        let path = Self::path(key)?;
+        let what = format!("look up {key}");
+        self.retry(&what, |_| {
+            let (path, what) = (path.clone(), what.clone());
+            async move {
+                match self.store.head(&path).await {
+                    Ok(m) => Ok(Some(m.size)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(map_err(e, what)),
+                }
+            }
+        })
+        .await
     }
 
     pub async fn exists(&self, key: &str) -> Result<bool> {
@@ -142,29 +463,43 @@ impl Storage {
     /// Every object under `prefix` (recursively), sorted by name.
     pub async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         let p = Self::path(prefix)?;
-        let mut out: Vec<ObjectInfo> = self
-            .store
-            .list(Some(&p))
-            .map_ok(|m| ObjectInfo {
-                key: m.location.to_string(),
-                size: m.size,
-                modified: m.last_modified.timestamp(),
-            })
-            .try_collect()
-            .await
-            .map_err(|e| map_err(e, format!("list {prefix}")))?;
-        out.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(out)
+        let what = format!("list {prefix}");
+        self.retry(&what, |_| {
+            let (p, what) = (p.clone(), what.clone());
+            async move {
+                let mut out: Vec<ObjectInfo> = self
+                    .store
+                    .list(Some(&p))
+                    .map_ok(|m| ObjectInfo {
+                        key: m.location.to_string(),
+                        size: m.size,
+                        modified: m.last_modified.timestamp(),
+                    })
+                    .try_collect()
+                    .await
+                    .map_err(|e| map_err(e, what))?;
+                out.sort_by(|a, b| a.key.cmp(&b.key));
+                Ok(out)
+            }
+        })
+        .await
     }
 
     /// Immediate child "directories" under `prefix`.
     pub async fn list_dirs(&self, prefix: &str) -> Result<Vec<String>> {
         let p = Self::path(prefix)?;
+        let what = format!("list {prefix}");
         let r = self
-            .store
-            .list_with_delimiter(Some(&p))
-            .await
-            .map_err(|e| map_err(e, format!("list {prefix}")))?;
+            .retry(&what, |_| {
+                let (p, what) = (p.clone(), what.clone());
+                async move {
+                    self.store
+                        .list_with_delimiter(Some(&p))
+                        .await
+                        .map_err(|e| map_err(e, what))
+                }
+            })
+            .await?;
         let mut out: Vec<String> = r
             .common_prefixes
             .into_iter()
@@ -175,9 +510,75 @@ impl Storage {
     }
 
     pub async fn delete(&self, key: &str) -> Result<()> {
-        match self.store.delete(&Self::path(key)?).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(map_err(e, format!("delete {key}"))),
+        self.delete_many(&[key.to_string()]).await
+    }
+
+    /// Delete objects, batched (S3 deletes up to 1000 per request); missing ones are fine.
+    pub async fn delete_many(&self, keys: &[String]) -> Result<()> {
+        for batch in keys.chunks(1000) {
+            let paths: Vec<ObjPath> = batch.iter().map(|k| Self::path(k)).collect::<Result<_>>()?;
+            let what = format!(
+                "delete {} object(s) starting with {}",
+                batch.len(),
+                batch[0]
+            );
+            self.retry(&what, |_| {
+                let (paths, what) = (paths.clone(), what.clone());
+                async move {
+                    let stream = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
+                    let results: Vec<_> = self.store.delete_stream(stream).collect().await;
+                    for r in results {
+                        match r {
+                            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                            Err(e) => return Err(map_err(e, what.clone())),
+                        }
+                    }
+                    Ok(())
+                }
+            })
+            .await?;
         }
+        Ok(())
+    }
+}
+
+/// HTTP client settings shared by the object-store backends.
+fn client_options(cfg: &RepoConfig, endpoint: Option<&str>) -> Result<object_store::ClientOptions> {
+    let mut o = object_store::ClientOptions::new()
+        .with_allow_invalid_certificates(!cfg.verify_tls)
+        .with_connect_timeout(Duration::from_secs(10))
+        .with_timeout(if cfg.timeout.is_zero() {
+            Duration::from_secs(120)
+        } else {
+            cfg.timeout
+        })
+        .with_pool_max_idle_per_host(64);
+    if endpoint.is_some_and(|e| e.starts_with("http://")) {
+        o = o.with_allow_http(true);
+    }
+    if let Some(ca) = &cfg.ca_file {
+        let pem = std::fs::read(ca)
+            .map_err(|e| Error::with_source(ErrorKind::Invalid, format!("CA file {ca}"), e))?;
+        let certs = object_store::Certificate::from_pem_bundle(&pem).map_err(|e| {
+            Error::with_source(
+                ErrorKind::Invalid,
+                format!("CA file {ca}: not PEM certificates"),
+                e,
+            )
+        })?;
+        for c in certs {
+            o = o.with_root_certificate(c);
+        }
+    }
+    Ok(o)
+}
+
+/// Request-level retries inside object_store's HTTP client; operation-level retries are
+/// `Storage::retry`'s.
+fn http_retry() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        max_retries: 3,
+        retry_timeout: Duration::from_secs(60),
+        ..Default::default()
     }
 }

@@ -439,3 +439,77 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// A real S3 server (moto's server mode, from `pip install 'moto[server]'`) on a loopback
+/// port, with one bucket. Stopped on drop.
+pub struct S3Server {
+    pub port: u16,
+    pub bucket: String,
+    child: std::process::Child,
+}
+
+impl S3Server {
+    pub fn start(bucket: &str) -> Result<S3Server, String> {
+        let port = free_port();
+        let exe = which("moto_server").ok_or(
+            "moto_server not found: pip install 'moto[server]' (.ci/setup does) or put it on PATH",
+        )?;
+        let child = Command::new(exe)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start moto_server: {e}"))?;
+        let mut server = S3Server {
+            port,
+            bucket: bucket.to_string(),
+            child,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if http_request(port, "PUT", &format!("/{bucket}")).is_ok_and(|status| status == 200) {
+                return Ok(server);
+            }
+            if Instant::now() > deadline {
+                let _ = server.child.kill();
+                return Err("moto_server did not come up within 30 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain(["/usr/local/bin".into(), "/root/.local/bin".into()])
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+/// A minimal HTTP/1.1 request (moto accepts unsigned bucket creation); returns the status.
+fn http_request(port: u16, method: &str, path: &str) -> std::io::Result<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf[..n]);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad HTTP answer: {text}")))
+}

@@ -29,6 +29,8 @@ pub fn exe() -> &'static Path {
 pub struct Env {
     pub cluster: Cluster,
     pub repo: PathBuf,
+    /// A config file holding the repository settings (object-store repositories).
+    pub config: Option<PathBuf>,
     pub scratch: Scratch,
 }
 
@@ -41,20 +43,44 @@ impl Env {
     }
 
     pub fn with_bin(name: &str, bin: &PgBin) -> Env {
+        Env::build(name, bin, None)
+    }
+
+    /// A cluster whose repository settings come from a config file with `[global]` body
+    /// `repo_toml` (used for object-store repositories).
+    pub fn with_config(name: &str, repo_toml: &str) -> Env {
+        Env::build(
+            name,
+            &PgBin::default_install().expect("PostgreSQL 15"),
+            Some(repo_toml),
+        )
+    }
+
+    fn build(name: &str, bin: &PgBin, repo_toml: Option<&str>) -> Env {
         let scratch = Scratch::new(name);
         let repo = scratch.join("repo");
         std::fs::create_dir_all(&repo).unwrap();
         give_to_pg_user(&repo);
+        let config = repo_toml.map(|body| {
+            let p = scratch.join("pgstrata.toml");
+            std::fs::write(&p, format!("[global]\n{body}\n")).unwrap();
+            give_to_pg_user(&p);
+            p
+        });
+        let location = match &config {
+            Some(c) => format!("--config={}", c.display()),
+            None => format!("--repo-path={}", repo.display()),
+        };
         let archive_command = format!(
-            "{} --stanza={STANZA} --repo-path={} --compress-type=lz4 archive-push %p",
-            exe().display(),
-            repo.display()
+            "{} --stanza={STANZA} {location} --compress-type=lz4 archive-push %p",
+            exe().display()
         );
         let cluster = Cluster::init(bin, &scratch.path, &archive_command).expect("initdb");
         cluster.start().expect("start cluster");
         Env {
             cluster,
             repo,
+            config,
             scratch,
         }
     }
@@ -77,8 +103,11 @@ impl Env {
     }
 
     fn env(&self, c: &mut Command) {
+        match &self.config {
+            Some(cfg) => c.env("PGSTRATA_CONFIG", cfg),
+            None => c.env("PGSTRATA_REPO_PATH", &self.repo),
+        };
         c.env("PGSTRATA_STANZA", STANZA)
-            .env("PGSTRATA_REPO_PATH", &self.repo)
             .env("PGSTRATA_PG_PATH", &self.cluster.data)
             .env("PGSTRATA_PG_HOST", &self.cluster.socket_dir)
             .env("PGSTRATA_PG_PORT", self.cluster.port.to_string())

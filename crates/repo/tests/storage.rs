@@ -1,0 +1,222 @@
+//! The storage layer on every backend pgstrata configures: object_store's conformance
+//! suite, pgstrata's own write-once contract, and recovery from injected faults.
+
+use bytes::Bytes;
+use object_store::integration;
+use pgstrata_repo::fault::{FaultPlan, FaultyStore};
+use pgstrata_repo::storage::{RepoConfig, RepoKind, S3Config};
+use pgstrata_repo::{ErrorKind, Storage};
+use pgstrata_testkit::S3Server;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn s3_config(server: &S3Server, prefix: &str) -> RepoConfig {
+    RepoConfig {
+        kind: RepoKind::S3,
+        path: prefix.to_string(),
+        s3: S3Config {
+            bucket: server.bucket.clone(),
+            endpoint: Some(server.endpoint()),
+            region: Some("us-east-1".into()),
+            key: Some("test".into()),
+            key_secret: Some("test".into()),
+            path_style: true,
+            ..Default::default()
+        },
+        verify_tls: true,
+        timeout: Duration::from_secs(30),
+        retries: 2,
+        ..Default::default()
+    }
+}
+
+/// pgstrata's contract, on any backend: create-only writes, ranged reads, listing, deletes.
+async fn write_once_contract(s: &Storage) {
+    s.put_new("st/a/one", Bytes::from_static(b"hello world"))
+        .await
+        .unwrap();
+    let e = s
+        .put_new("st/a/one", Bytes::from_static(b"other"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::AlreadyExists, "{e}");
+    assert_eq!(
+        &s.get("st/a/one").await.unwrap()[..],
+        b"hello world",
+        "first write kept"
+    );
+    assert_eq!(&s.get_range("st/a/one", 6..11).await.unwrap()[..], b"world");
+    assert!(
+        s.get_range("st/a/one", 6..40).await.is_err(),
+        "a read past the end fails"
+    );
+    assert_eq!(
+        s.get("st/a/missing").await.unwrap_err().kind,
+        ErrorKind::NotFound
+    );
+    assert_eq!(s.size("st/a/missing").await.unwrap(), None);
+    s.put_new("st/b/two", Bytes::from_static(b"2"))
+        .await
+        .unwrap();
+    let keys: Vec<String> = s
+        .list("st")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert_eq!(keys, vec!["st/a/one", "st/b/two"]);
+    assert_eq!(s.list_dirs("st").await.unwrap(), vec!["a", "b"]);
+    let many: Vec<String> = (0..1500).map(|i| format!("st/c/{i:05}")).collect();
+    for k in &many[..20] {
+        s.put_new(k, Bytes::from_static(b"x")).await.unwrap();
+    }
+    s.delete_many(&many).await.unwrap(); // missing objects are fine, batches of 1000
+    s.delete("st/a/one").await.unwrap();
+    let keys: Vec<String> = s
+        .list("st")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert_eq!(keys, vec!["st/b/two"]);
+}
+
+#[tokio::test]
+async fn local_backend_conformance() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::local(dir.path()).unwrap();
+    let store = s.object_store();
+    integration::put_get_delete_list(&*store).await;
+    integration::list_uses_directories_correctly(&*store).await;
+    integration::list_with_delimiter(&*store).await;
+    integration::get_nonexistent_object(&*store, None)
+        .await
+        .ok();
+    integration::put_opts(&*store, false).await;
+    let dir = tempfile::tempdir().unwrap();
+    write_once_contract(&Storage::local(dir.path()).unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn s3_backend_conformance_against_a_real_server() {
+    let server = tokio::task::spawn_blocking(|| S3Server::start("conformance"))
+        .await
+        .unwrap()
+        .expect("moto S3 server (run .ci/setup)");
+    let s = Storage::open(&s3_config(&server, "")).unwrap();
+    let store = s.object_store();
+    integration::put_get_delete_list(&*store).await;
+    integration::list_uses_directories_correctly(&*store).await;
+    integration::list_with_delimiter(&*store).await;
+    integration::put_opts(&*store, true).await;
+    // Through a prefix, as repo-path makes one.
+    let s = Storage::open(&s3_config(&server, "/some/prefix/")).unwrap();
+    write_once_contract(&s).await;
+}
+
+fn faulty(plan: FaultPlan) -> (tempfile::TempDir, Arc<FaultyStore>, Storage) {
+    let dir = tempfile::tempdir().unwrap();
+    let local = Storage::local(dir.path()).unwrap().object_store();
+    let f = Arc::new(FaultyStore::new(local, plan));
+    let s = Storage::from_store(f.clone(), "faulty").with_limits(Duration::from_millis(500), 3);
+    (dir, f, s)
+}
+
+#[tokio::test]
+async fn transient_failures_are_retried_and_permanent_ones_name_the_object() {
+    let (_d, f, s) = faulty(FaultPlan {
+        transient_puts: 2,
+        ..Default::default()
+    });
+    s.put_new("x/1", Bytes::from_static(b"abc"))
+        .await
+        .expect("retried past two 503s");
+
+    // A write whose answer was lost: the retry finds its own object and succeeds.
+    f.set_plan(FaultPlan {
+        lost_put_answers: 1,
+        ..Default::default()
+    });
+    s.put_new("x/2", Bytes::from_static(b"def"))
+        .await
+        .expect("lost answer is not a failure");
+    assert_eq!(&s.get("x/2").await.unwrap()[..], b"def");
+
+    // Reads: errors, truncation and a hang are all retried.
+    f.set_plan(FaultPlan {
+        transient_gets: 1,
+        truncated_gets: 1,
+        hung_gets: 1,
+        ..Default::default()
+    });
+    assert_eq!(&s.get_range("x/1", 0..3).await.unwrap()[..], b"abc");
+
+    // Too many failures: the error names the object and says it gave up.
+    f.set_plan(FaultPlan {
+        transient_gets: 10,
+        ..Default::default()
+    });
+    let e = s.get("x/1").await.unwrap_err();
+    assert!(
+        e.to_string().contains("x/1") && e.to_string().contains("gave up"),
+        "{e}"
+    );
+    assert!(e.retryable());
+
+    // A permanent failure is not retried.
+    f.set_plan(FaultPlan {
+        deny_puts_after: Some(0),
+        ..Default::default()
+    });
+    let before = *f.requests.lock().unwrap();
+    let e = s
+        .put_new("x/3", Bytes::from_static(b"no"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        *f.requests.lock().unwrap() - before,
+        1,
+        "no retry of access denied"
+    );
+    assert!(e.to_string().contains("x/3"), "{e}");
+    assert!(!e.retryable());
+    f.set_plan(FaultPlan::default());
+    assert!(!s.exists("x/3").await.unwrap(), "nothing half-written");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backup_cut_off_by_storage_failure_is_never_visible() {
+    use pgstrata_repo::manifest::list_backups;
+    use pgstrata_repo::pack::PackWriter;
+    let (_d, f, s) = faulty(FaultPlan {
+        deny_puts_after: Some(2),
+        ..Default::default()
+    });
+    let s2 = s.clone();
+    let written = tokio::task::spawn_blocking(move || {
+        let mut w = PackWriter::new(
+            s2,
+            tokio::runtime::Handle::current(),
+            "st",
+            "20260101-000000F",
+            0,
+            10,
+        );
+        let mut ok = 0;
+        for i in 0..5u8 {
+            if w.add(&[i; 100], 100).is_err() {
+                break;
+            }
+            ok += 1;
+        }
+        ok
+    })
+    .await
+    .unwrap();
+    assert!(written < 5, "storage failure stopped the writer");
+    // No manifest was written, so no backup exists, whatever packs got through.
+    f.set_plan(FaultPlan::default());
+    assert!(list_backups(&s, "st").await.unwrap().is_empty());
+}
