@@ -499,7 +499,7 @@ fn copy_files(
                         }
                     }
                 }
-                writer.flush()?;
+                writer.finish()?;
                 out.stored = writer.written;
                 out.packs = writer.packs_written;
                 Ok(out)

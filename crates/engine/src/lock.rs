@@ -75,7 +75,16 @@ pub async fn with_lock<T>(
                             h.pid,
                             h.since
                         );
-                        storage.delete(&key).await?;
+                        // Delete only what we judged stale: another process may have
+                        // replaced it meanwhile.
+                        match storage.get(&key).await {
+                            Ok(b) if serde_json::from_slice::<Holder>(&b).is_ok_and(|n| n.pid == h.pid && n.since == h.since) => {
+                                storage.delete(&key).await?
+                            }
+                            Ok(_) => continue,
+                            Err(e) if e.is_not_found() => continue,
+                            Err(e) => return Err(e.into()),
+                        }
                     }
                     Some(h) => {
                         return Err(Error::new(

@@ -404,7 +404,7 @@ pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> 
         delta: o.delta,
         chown,
         counters: progress.counters.clone(),
-        queue: Mutex::new(files.into_iter().rev().collect()),
+        queue: Mutex::new(plan_jobs(files, o.delta)),
         paths: files_paths(&m, &mapper),
     });
     let workers = s.process_max.max(1);
@@ -539,8 +539,59 @@ struct RestoreShared {
     delta: bool,
     chown: bool,
     counters: Arc<crate::progress::Counters>,
-    queue: Mutex<Vec<FileEntry>>,
+    queue: Mutex<Vec<RestoreJob>>,
     paths: HashMap<String, PathBuf>,
+}
+
+/// A unit of restore work: one file, or small files stored next to each other in one pack,
+/// fetched with one ranged read (over an object store, one request instead of hundreds).
+enum RestoreJob {
+    One(FileEntry),
+    Group(Vec<FileEntry>),
+}
+
+/// Small files are grouped by the pack their frames are in; larger files go alone, largest
+/// first so all workers stay busy to the end. The queue is popped from the back.
+fn plan_jobs(files: Vec<FileEntry>, delta: bool) -> Vec<RestoreJob> {
+    const SMALL: u64 = 1 << 20;
+    const GROUP_BYTES: u64 = 8 << 20;
+    const GROUP_FILES: usize = 512;
+    let mut alone = Vec::new();
+    let mut small: Vec<(String, String, u64, FileEntry)> = Vec::new();
+    for f in files {
+        let stored: Vec<_> = f.chunks.iter().filter(|c| !c.is_zero()).collect();
+        let one_pack = stored
+            .windows(2)
+            .all(|w| w[0].pack == w[1].pack && w[0].backup == w[1].backup);
+        match stored.first() {
+            Some(c) if !delta && f.size <= SMALL && one_pack => {
+                let owner = c.backup.clone().unwrap_or_default();
+                small.push((owner, c.pack.clone().unwrap_or_default(), c.offset, f));
+            }
+            _ => alone.push(f),
+        }
+    }
+    small.sort_by(|a, b| (&a.0, &a.1, a.2).cmp(&(&b.0, &b.1, b.2)));
+    let mut jobs: Vec<RestoreJob> = Vec::new();
+    let mut group: Vec<FileEntry> = Vec::new();
+    let mut key: Option<(String, String)> = None;
+    let mut bytes = 0u64;
+    for (owner, pack, _, f) in small {
+        let k = Some((owner, pack));
+        if !group.is_empty() && (k != key || bytes >= GROUP_BYTES || group.len() >= GROUP_FILES) {
+            jobs.push(RestoreJob::Group(std::mem::take(&mut group)));
+            bytes = 0;
+        }
+        key = k;
+        bytes += f.chunks.iter().map(|c| c.stored as u64).sum::<u64>();
+        group.push(f);
+    }
+    if !group.is_empty() {
+        jobs.push(RestoreJob::Group(group));
+    }
+    alone.sort_by_key(|f| f.size);
+    jobs.extend(alone.into_iter().map(RestoreJob::One));
+    jobs
 }
 
 fn restore_worker(sh: &RestoreShared) -> Result<WorkerTally> {
@@ -548,47 +599,74 @@ fn restore_worker(sh: &RestoreShared) -> Result<WorkerTally> {
     let mut tally = WorkerTally::default();
     let mut reader = FrameReader::new(&sh.storage, &sh.manifest);
     loop {
-        let Some(f) = sh.queue.lock().unwrap().pop() else {
+        let Some(job) = sh.queue.lock().unwrap().pop() else {
             break;
         };
-        let path = &sh.paths[&f.path];
         let fetched_before = reader.fetched;
-        let patched = if sh.delta && f.block_size > 0 {
-            patch_file(sh, &mut reader, &f, path)?
-        } else if sh.delta && local_matches(path, &f)? {
-            Some(0)
-        } else {
-            None
-        };
-        match patched {
-            Some(0) => tally.kept += 1,
-            Some(bytes) => {
-                tally.patched += 1;
-                tally.bytes_written += bytes;
-            }
-            None => {
-                write_file(sh, &mut reader, &f, path)?;
-                tally.written += 1;
-                tally.bytes_written += f.size;
+        match job {
+            RestoreJob::One(f) => restore_one(sh, &mut reader, &f, &mut tally, &mut resolver)?,
+            RestoreJob::Group(files) => {
+                let chunks: Vec<&Chunk> = files
+                    .iter()
+                    .flat_map(|f| f.chunks.iter())
+                    .filter(|c| !c.is_zero())
+                    .collect();
+                reader.pin();
+                sh.runtime
+                    .block_on(reader.load(&chunks, &files[0].path))
+                    .map_err(|e| Error::integrity(format!("restore stopped: {e}")))?;
+                for f in &files {
+                    restore_one(sh, &mut reader, f, &mut tally, &mut resolver)?;
+                }
+                reader.unpin();
             }
         }
         tally.bytes_fetched += reader.fetched - fetched_before;
-        let md_mode = std::fs::Permissions::from_mode(f.owner.mode);
-        std::fs::set_permissions(path, md_mode)
-            .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
-        let mtime = std::time::UNIX_EPOCH + std::time::Duration::from_secs(f.mtime.max(0) as u64);
-        std::fs::File::options()
-            .write(true)
-            .open(path)
-            .and_then(|fh| fh.set_modified(mtime))
-            .map_err(|e| Error::io(format!("set mtime of {}", path.display()), e))?;
-        if sh.chown {
-            set_owner(path, &f.owner, &mut resolver)?;
-        }
-        sh.counters.files.fetch_add(1, Ordering::Relaxed);
-        sh.counters.bytes.fetch_add(f.size, Ordering::Relaxed);
     }
     Ok(tally)
+}
+
+fn restore_one(
+    sh: &RestoreShared,
+    reader: &mut FrameReader,
+    f: &FileEntry,
+    tally: &mut WorkerTally,
+    resolver: &mut OwnerResolver,
+) -> Result<()> {
+    let path = &sh.paths[&f.path];
+    let patched = if sh.delta && f.block_size > 0 {
+        patch_file(sh, reader, f, path)?
+    } else if sh.delta && local_matches(path, f)? {
+        Some(0)
+    } else {
+        None
+    };
+    match patched {
+        Some(0) => tally.kept += 1,
+        Some(bytes) => {
+            tally.patched += 1;
+            tally.bytes_written += bytes;
+        }
+        None => {
+            write_file(sh, reader, f, path)?;
+            tally.written += 1;
+            tally.bytes_written += f.size;
+        }
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(f.owner.mode))
+        .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
+    let mtime = std::time::UNIX_EPOCH + std::time::Duration::from_secs(f.mtime.max(0) as u64);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .and_then(|fh| fh.set_modified(mtime))
+        .map_err(|e| Error::io(format!("set mtime of {}", path.display()), e))?;
+    if sh.chown {
+        set_owner(path, &f.owner, resolver)?;
+    }
+    sh.counters.files.fetch_add(1, Ordering::Relaxed);
+    sh.counters.bytes.fetch_add(f.size, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Delta restore of a file without a block map: does the local file already hold exactly
@@ -658,7 +736,12 @@ fn for_each_extent(
                     done += n as u64;
                 }
             } else {
-                sink(*offset, reader.bytes(c))?;
+                sink(
+                    *offset,
+                    reader
+                        .bytes(c)
+                        .map_err(|e| Error::integrity(format!("restore stopped: {file}: {e}")))?,
+                )?;
             }
         }
         reader.clear();

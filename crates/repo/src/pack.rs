@@ -117,6 +117,10 @@ impl Chunk {
     /// zeros). Returns false when they cannot be merged.
     pub fn try_merge(&mut self, next: &Chunk) -> bool {
         if self.is_zero() && next.is_zero() {
+            // Extents stay well below u32::MAX bytes (zero runs of 1 GiB at most).
+            if self.raw as u64 + next.raw as u64 > 1 << 30 {
+                return false;
+            }
             self.raw += next.raw;
             return true;
         }
@@ -168,6 +172,8 @@ pub struct PackWriter {
     seq: usize,
     pack_size: usize,
     buf: Vec<u8>,
+    /// Pack uploads still running: uploading overlaps with compressing the next pack.
+    in_flight: std::collections::VecDeque<tokio::task::JoinHandle<Result<()>>>,
     /// Bytes written to the repository so far.
     pub written: u64,
     pub packs_written: u64,
@@ -191,6 +197,7 @@ impl PackWriter {
             seq: 0,
             pack_size,
             buf: Vec::with_capacity(pack_size + DEFAULT_FRAME_SIZE),
+            in_flight: Default::default(),
             written: 0,
             packs_written: 0,
         }
@@ -219,8 +226,21 @@ impl PackWriter {
         Ok(chunk)
     }
 
-    /// Write the current pack, if it holds anything. Must be called before the manifest
-    /// that references its frames is written.
+    /// Uploads allowed to run behind the writer.
+    const MAX_IN_FLIGHT: usize = 2;
+
+    /// Wait for every upload; must return before the manifest that references the frames
+    /// is written.
+    pub fn finish(&mut self) -> Result<()> {
+        self.flush()?;
+        while let Some(h) = self.in_flight.pop_front() {
+            self.runtime.block_on(h).expect("pack upload task")?;
+        }
+        Ok(())
+    }
+
+    /// Start writing the current pack, if it holds anything; at most `MAX_IN_FLIGHT`
+    /// uploads run at once.
     pub fn flush(&mut self) -> Result<()> {
         if self.buf.is_empty() {
             return Ok(());
@@ -231,7 +251,15 @@ impl PackWriter {
             Vec::with_capacity(self.pack_size + DEFAULT_FRAME_SIZE),
         ));
         let len = data.len() as u64;
-        self.runtime.block_on(self.storage.put_new(&key, data))?;
+        let storage = self.storage.clone();
+        self.in_flight.push_back(
+            self.runtime
+                .spawn(async move { storage.put_new(&key, data).await }),
+        );
+        while self.in_flight.len() > Self::MAX_IN_FLIGHT {
+            let h = self.in_flight.pop_front().expect("non-empty");
+            self.runtime.block_on(h).expect("pack upload task")?;
+        }
         self.written += len;
         self.packs_written += 1;
         self.seq += 1;
@@ -250,6 +278,8 @@ pub struct FrameReader<'a> {
     frames: std::collections::HashMap<FrameKey, Vec<u8>>,
     /// Decode buffers of cleared frames, reused.
     pool: Vec<Vec<u8>>,
+    /// While pinned, `clear` keeps the frames (a group of small files loaded at once).
+    pinned: bool,
     /// Bytes fetched from the repository so far.
     pub fetched: u64,
     pub requests: u64,
@@ -268,6 +298,7 @@ impl<'a> FrameReader<'a> {
             manifest,
             frames: Default::default(),
             pool: Vec::new(),
+            pinned: false,
             fetched: 0,
             requests: 0,
         }
@@ -275,7 +306,19 @@ impl<'a> FrameReader<'a> {
 
     /// Drop decoded frames (call between batches to bound memory).
     pub fn clear(&mut self) {
-        self.pool.extend(self.frames.drain().map(|(_, v)| v));
+        if !self.pinned {
+            self.pool.extend(self.frames.drain().map(|(_, v)| v));
+        }
+    }
+
+    /// Keep loaded frames across `clear` calls until `unpin`.
+    pub fn pin(&mut self) {
+        self.pinned = true;
+    }
+
+    pub fn unpin(&mut self) {
+        self.pinned = false;
+        self.clear();
     }
 
     /// Fetch and decode every frame `chunks` need that is not already loaded.
@@ -340,11 +383,21 @@ impl<'a> FrameReader<'a> {
         Ok(())
     }
 
-    /// The bytes of one stored (not all-zero) extent; its frame must have been loaded.
-    pub fn bytes(&self, c: &Chunk) -> &[u8] {
+    /// The bytes of one stored (not all-zero) extent; its frame must have been loaded. An
+    /// extent reaching past its frame means a damaged manifest.
+    pub fn bytes(&self, c: &Chunk) -> Result<&[u8]> {
         let k = c
             .frame_key(self.label)
             .expect("bytes() of an all-zero extent");
-        &self.frames[&k][c.at as usize..(c.at + c.raw) as usize]
+        let frame = &self.frames[&k];
+        let (start, end) = (c.at as usize, c.at as usize + c.raw as usize);
+        frame.get(start..end).ok_or_else(|| {
+            Error::corrupt(format!(
+                "extent {start}..{end} lies outside its {}-byte frame at pack {} offset {}: the manifest is damaged",
+                frame.len(),
+                k.1,
+                k.2
+            ))
+        })
     }
 }

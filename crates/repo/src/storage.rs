@@ -201,7 +201,16 @@ impl Storage {
                     b = b.with_service_account_path(k);
                 }
                 if let Some(e) = &c.endpoint {
-                    b = b.with_url(e);
+                    b = b.with_base_url(e);
+                    // An http:// endpoint is an emulator, which takes unsigned requests.
+                    if e.starts_with("http://") && c.key_file.is_none() {
+                        let anonymous = object_store::gcp::GcpCredential {
+                            bearer: String::new(),
+                        };
+                        b = b.with_credentials(Arc::new(
+                            object_store::StaticCredentialProvider::new(anonymous),
+                        ));
+                    }
                 }
                 let store = b
                     .build()

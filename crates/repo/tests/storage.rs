@@ -1,12 +1,15 @@
-//! The storage layer on every backend pgstrata configures: object_store's conformance
-//! suite, pgstrata's own write-once contract, and recovery from injected faults.
+//! The storage layer on the backends pgstrata is tested against (local, S3 on a real S3
+//! server, Azure on Azurite): object_store's conformance suite, pgstrata's own write-once
+//! contract, and recovery from injected faults. GCS has no emulator here that speaks the
+//! XML API object_store uses (fake-gcs-server rejects its uploads), so it is configured but
+//! not exercised by these tests.
 
 use bytes::Bytes;
 use object_store::integration;
 use pgstrata_repo::fault::{FaultPlan, FaultyStore};
-use pgstrata_repo::storage::{RepoConfig, RepoKind, S3Config};
+use pgstrata_repo::storage::{AzureConfig, RepoConfig, RepoKind, S3Config};
 use pgstrata_repo::{ErrorKind, Storage};
-use pgstrata_testkit::S3Server;
+use pgstrata_testkit::{AzuriteServer, S3Server};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,6 +119,38 @@ async fn s3_backend_conformance_against_a_real_server() {
     write_once_contract(&s).await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn azure_backend_conformance_against_an_emulator() {
+    let server = tokio::task::spawn_blocking(|| AzuriteServer::start("pgstrata"))
+        .await
+        .unwrap()
+        .expect("Azurite (run .ci/setup)");
+    let cfg = RepoConfig {
+        kind: RepoKind::Azure,
+        path: "prefix".into(),
+        azure: AzureConfig {
+            account: pgstrata_testkit::AZURITE_ACCOUNT.into(),
+            container: server.container.clone(),
+            key: Some(pgstrata_testkit::AZURITE_KEY.into()),
+            endpoint: Some(format!(
+                "{}/{}",
+                server.endpoint(),
+                pgstrata_testkit::AZURITE_ACCOUNT
+            )),
+        },
+        verify_tls: true,
+        timeout: Duration::from_secs(30),
+        retries: 2,
+        ..Default::default()
+    };
+    let s = Storage::open(&cfg).unwrap();
+    // Azurite lists some non-ASCII names in another order than Azure, which the generic
+    // put_get_delete_list checks; the directory semantics and pgstrata's contract hold.
+    integration::list_uses_directories_correctly(&*s.object_store()).await;
+    integration::list_with_delimiter(&*s.object_store()).await;
+    write_once_contract(&s).await;
+}
+
 fn faulty(plan: FaultPlan) -> (tempfile::TempDir, Arc<FaultyStore>, Storage) {
     let dir = tempfile::tempdir().unwrap();
     let local = Storage::local(dir.path()).unwrap().object_store();
@@ -204,18 +239,19 @@ async fn a_backup_cut_off_by_storage_failure_is_never_visible() {
             0,
             10,
         );
-        let mut ok = 0;
+        let mut result = Ok(());
         for i in 0..5u8 {
-            if w.add(&[i; 100], 100).is_err() {
+            result = w.add(&[i; 100], 100).map(|_| ());
+            if result.is_err() {
                 break;
             }
-            ok += 1;
         }
-        ok
+        result.and_then(|_| w.finish())
     })
     .await
     .unwrap();
-    assert!(written < 5, "storage failure stopped the writer");
+    let e = written.expect_err("storage failure reaches the writer");
+    assert!(e.to_string().contains("pack/0-"), "names the pack: {e}");
     // No manifest was written, so no backup exists, whatever packs got through.
     f.set_plan(FaultPlan::default());
     assert!(list_backups(&s, "st").await.unwrap().is_empty());

@@ -513,3 +513,94 @@ fn http_request(port: u16, method: &str, path: &str) -> std::io::Result<u16> {
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("bad HTTP answer: {text}")))
 }
+
+/// Azurite's blob service (npm package `azurite`; `.ci/setup` installs it) on a loopback
+/// port, with one container, using Azurite's well-known development account.
+pub struct AzuriteServer {
+    pub port: u16,
+    pub container: String,
+    child: std::process::Child,
+    _data: Scratch,
+}
+
+/// Azurite's documented development account and key.
+pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
+pub const AZURITE_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+impl AzuriteServer {
+    pub fn start(container: &str) -> Result<AzuriteServer, String> {
+        let exe = tool("azurite-blob")?;
+        let port = free_port();
+        let data = Scratch::new("azurite-data");
+        let child = Command::new(exe)
+            .args([
+                "--blobHost",
+                "127.0.0.1",
+                "--skipApiVersionCheck",
+                "--loose",
+                "-s",
+            ])
+            .arg("--blobPort")
+            .arg(port.to_string())
+            .arg("--location")
+            .arg(&data.path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start azurite-blob: {e}"))?;
+        let server = AzuriteServer {
+            port,
+            container: container.to_string(),
+            child,
+            _data: data,
+        };
+        wait_for_port(port, "azurite")?;
+        // Creating a container needs a signed request: the Azure SDK for Python does it.
+        let cs = format!(
+            "DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};BlobEndpoint={}/{AZURITE_ACCOUNT};",
+            server.endpoint()
+        );
+        run_ok(Command::new("python3").arg("-c").arg(format!(
+            "from azure.storage.blob import BlobServiceClient; BlobServiceClient.from_connection_string('{cs}').create_container('{container}')"
+        )))
+        .map_err(|e| format!("create Azurite container (pip install azure-storage-blob): {e}"))?;
+        Ok(server)
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for AzuriteServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A test server program: on PATH, or where .ci/setup installs tools.
+fn tool(name: &str) -> Result<PathBuf, String> {
+    which(name)
+        .or_else(|| {
+            [format!(
+                "/opt/pgstrata-tools/azurite/node_modules/.bin/{name}"
+            )]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+        })
+        .ok_or_else(|| format!("{name} not found: run .ci/setup"))
+}
+
+fn wait_for_port(port: u16, what: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            return Err(format!("{what} did not listen on port {port} within 30 s"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
