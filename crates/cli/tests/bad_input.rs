@@ -3,7 +3,6 @@
 
 mod common;
 use common::*;
-use std::time::{Duration, Instant};
 
 #[test]
 fn bad_input_is_refused_clearly_and_writes_nothing() {
@@ -110,48 +109,16 @@ fn killed_backup_leaves_no_half_backup_and_the_next_one_succeeds() {
         .pgbench(&["-i", "-s", "30", "-q", "postgres"])
         .unwrap();
     env.stanza_create();
-    let mut child = env
-        .cmd(&[
+    kill_midway(
+        &env,
+        &[
             "--process-max=1",
             "--start-fast",
             "--compress-type=bz2",
             "backup",
-        ])
-        .spawn()
-        .unwrap();
-    // Kill it once it has written some data.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let packs = tree(&env.repo)
-            .keys()
-            .filter(|k| k.contains("/pack/") && !k.ends_with('/'))
-            .count();
-        if packs > 0 || Instant::now() > deadline {
-            break;
-        }
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "backup finished before it could be killed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // runuser forwards SIGKILL? No: kill the pgstrata process itself.
-    let pids = String::from_utf8(
-        std::process::Command::new("pgrep")
-            .args(["-f", "pgstrata --process-max=1 --start-fast"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    for pid in pids.split_whitespace() {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid.parse().unwrap()),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
-    let _ = child.kill();
-    child.wait().unwrap();
+        ],
+        "/pack/",
+    );
 
     let info = env.info_json();
     assert_eq!(

@@ -259,38 +259,17 @@ fn killed_incremental_leaves_the_repository_valid() {
     env.backup(&["--type=full"]);
     env.sql("UPDATE pgbench_accounts SET abalance = 1 WHERE aid % 3 = 0");
     env.sql("CHECKPOINT");
-    let mut child = env
-        .cmd(&[
+    kill_midway(
+        &env,
+        &[
             "--process-max=1",
             "--compress-type=bz2",
             "--type=incr",
             "--start-fast",
             "backup",
-        ])
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !tree(&env.repo).keys().any(|k| k.contains("I/pack/"))
-        && std::time::Instant::now() < deadline
-    {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "incremental finished before it could be killed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let pids = std::process::Command::new("pgrep")
-        .args(["-f", "pgstrata --process-max=1 --compress-type=bz2"])
-        .output()
-        .unwrap();
-    for pid in String::from_utf8(pids.stdout).unwrap().split_whitespace() {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid.parse().unwrap()),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
-    let _ = child.kill();
-    child.wait().unwrap();
+        ],
+        "I/pack/",
+    );
     assert_eq!(
         env.info_json()["backups"].as_array().unwrap().len(),
         1,

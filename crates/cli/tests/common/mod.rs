@@ -290,3 +290,36 @@ pub fn pack_count(env: &Env, label: &str) -> usize {
         .filter(|k| k.contains(&format!("backup/{label}/pack/")) && !k.ends_with('/'))
         .count()
 }
+
+/// Start `pgstrata ARGS` and SIGKILL it once it has written a pack object whose key contains
+/// `marker` (mid-backup). Panics if it finishes first.
+pub fn kill_midway(env: &Env, args: &[&str], marker: &str) {
+    let mut child = env.cmd(args).spawn().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !tree(&env.repo)
+        .keys()
+        .any(|k| k.contains(marker) && !k.ends_with('/'))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no pack written within 60 s"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "pgstrata finished before it could be killed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // As root the child is runuser: kill pgstrata itself, found by its command line.
+    let pattern = format!("pgstrata {}", args.join(" "));
+    let pids = Command::new("pgrep")
+        .args(["-f", &pattern])
+        .output()
+        .unwrap();
+    for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+        let pid = nix::unistd::Pid::from_raw(pid.parse().unwrap());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    }
+    let _ = child.kill();
+    child.wait().unwrap();
+}
