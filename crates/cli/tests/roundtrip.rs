@@ -221,23 +221,54 @@ fn every_codec_backs_up_and_restores() {
     }
 }
 
-#[test]
-fn postgresql_17_round_trip() {
-    let bin = pgstrata_testkit::PgBin::major(17).expect("PostgreSQL 17 binaries (run .ci/setup)");
-    let env = Env::with_bin("pg17", &bin);
+/// A backup, an incremental and a PITR restore on another major: PG14 uses the older
+/// pg_start_backup/pg_stop_backup calls, PG17 moved pg_control's version, PG18 its CRC.
+fn round_trip_on_major(major: u32) {
+    let bin = pgstrata_testkit::PgBin::major(major)
+        .unwrap_or_else(|e| panic!("PostgreSQL {major} binaries (run .ci/setup): {e}"));
+    let env = Env::with_bin(&format!("pg{major}"), &bin);
     env.cluster
         .pgbench(&["-i", "-s", "2", "-q", "postgres"])
         .unwrap();
     env.stanza_create();
-    env.backup(&[]);
+    env.backup(&["--type=full"]);
     env.sql("DELETE FROM pgbench_accounts WHERE aid % 7 = 0");
-    env.sql("SELECT pg_create_restore_point('pg17')");
+    env.sql("CHECKPOINT");
+    let incr = env.backup(&["--type=incr"]);
+    env.sql("INSERT INTO pgbench_history SELECT 1, 1, g, 1, now() FROM generate_series(1, 500) g");
+    env.sql(&format!("SELECT pg_create_restore_point('pg{major}')"));
     let expected = env.hashes();
     env.flush_wal();
-    let c = env.restore_and_start("restored17", &["--type=name", "--target=pg17"]);
+    let info = env.info_json();
+    assert_eq!(info["pg_version"], major);
     assert_eq!(
-        c.psql("postgres", "SHOW server_version_num").unwrap()[..2].to_string(),
-        "17"
+        info["backups"][1]["page_errors"], 0,
+        "checksums verified without false alarms"
     );
+    let c = env.restore_and_start(
+        &format!("restored{major}"),
+        &[
+            "--type=name",
+            &format!("--target=pg{major}"),
+            &format!("--set={incr}"),
+        ],
+    );
+    let version = c.psql("postgres", "SHOW server_version_num").unwrap();
+    assert_eq!(version[..2].to_string(), major.to_string());
     assert_eq!(c.content_hashes().unwrap(), expected);
+}
+
+#[test]
+fn postgresql_14_round_trip() {
+    round_trip_on_major(14);
+}
+
+#[test]
+fn postgresql_17_round_trip() {
+    round_trip_on_major(17);
+}
+
+#[test]
+fn postgresql_18_round_trip() {
+    round_trip_on_major(18);
 }
