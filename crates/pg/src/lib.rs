@@ -8,11 +8,13 @@
 //! - [`page`]: data page header fields and the page checksum algorithm.
 //! - [`lsn`]: log sequence numbers, timelines and WAL segment names.
 //! - [`layout`]: which files of a data directory a backup copies, and which are relation files.
+//! - [`wal`]: a WAL decoder that lists the blocks and files each segment changes.
 
 pub mod control;
 pub mod layout;
 pub mod lsn;
 pub mod page;
+pub mod wal;
 
 /// Errors from reading PostgreSQL's on-disk structures.
 #[derive(Debug, thiserror::Error)]
