@@ -6,7 +6,7 @@ and a local S3 server (moto). Python 3.8+, standard library only.
 
 Usage:
     delay_proxy.py --listen HOST:PORT --upstream HOST:PORT [--delay-ms 20]
-                   [--connect-delay-ms MS] [--tls-listen HOST:PORT --tls-cert PEM --tls-key PEM]
+                   [--connect-delay-ms 0] [--tls-listen HOST:PORT --tls-cert PEM --tls-key PEM]
                    [--stats FILE] [--pid-file FILE]
 
 Latency model (one round trip = --delay-ms, default 20 ms):
@@ -14,14 +14,19 @@ Latency model (one round trip = --delay-ms, default 20 ms):
   * A "turn" starts when the client sends data after the server has sent data on that
     connection (or the client's first data on a new connection). The first chunk of each
     turn is held for --delay-ms before it is forwarded; the rest of the turn follows
-    without further delay, in order. So every HTTP request/response exchange on a kept-alive
-    connection costs one extra round trip, whatever its size, and a request whose body is
-    sent after an interim answer (Expect: 100-continue) costs two, as on a real network.
-  * A new client connection waits --connect-delay-ms (default: --delay-ms) before the
-    upstream connection is opened: the TCP handshake's round trip. With --tls-listen the
-    proxy terminates TLS itself; the TLS handshake is not delayed further.
+    without further delay, in order. So every HTTP request/response exchange costs one
+    extra round trip, whatever its size, and a request whose body is sent after an interim
+    answer (Expect: 100-continue) costs two.
+  * A new connection costs nothing extra by default (--connect-delay-ms 0): moto closes the
+    connection after every response ("Connection: close"), so every request arrives on a new
+    connection, whereas a real S3 endpoint keeps connections alive. Charging the TCP (and
+    TLS) handshake would therefore charge a round trip per request that a real client
+    reuses away. Give --connect-delay-ms to model it anyway; it is spent before the upstream
+    connection is opened. With --tls-listen the proxy terminates TLS itself (the handshake
+    costs CPU, not delay).
   * Bandwidth is not limited and server-to-client data is never delayed. Requests on
     different connections are delayed independently (in parallel), as on a real network.
+  * When the server closes its side, the client connection is closed too.
 
 Statistics: on SIGUSR1 the proxy writes a JSON line {"seq", "connections", "turns",
 "bytes_up", "bytes_down"} to --stats FILE (atomically, via a temporary file); seq counts the
@@ -119,14 +124,18 @@ async def handle(client_reader, client_writer, args):
     conn = Conn()
     up = asyncio.ensure_future(pump_up(client_reader, up_writer, conn, args.delay))
     down = asyncio.ensure_future(pump_down(up_reader, client_writer, conn))
-    # Either side closing completely ends the connection once the other side is done too;
-    # an abortive close on one side tears down both.
-    done, pending = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
-    try:
-        await asyncio.wait_for(asyncio.gather(*pending), timeout=300)
-    except (asyncio.TimeoutError, Exception):
-        for p in pending:
-            p.cancel()
+    # When the server is done (it closed its side, as moto does after every response), the
+    # client connection is closed completely: a TLS client cannot be half-closed, and a client
+    # reading a response delimited by the end of the connection would wait forever. When the
+    # client is done first, the server's answer is still forwarded until the server closes.
+    done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+    if down in done:
+        up.cancel()
+    else:
+        try:
+            await asyncio.wait_for(down, timeout=300)
+        except (asyncio.TimeoutError, Exception):
+            down.cancel()
     close(up_writer)
     close(client_writer)
 
@@ -147,8 +156,8 @@ async def main():
     p.add_argument("--tls-key", help="PEM private key for --tls-listen")
     p.add_argument("--upstream", type=hostport, required=True, help="server HOST:PORT")
     p.add_argument("--delay-ms", type=float, default=20.0, help="delay per request/response turn (default 20)")
-    p.add_argument("--connect-delay-ms", type=float, default=None,
-                   help="delay before a new connection is forwarded (default: --delay-ms)")
+    p.add_argument("--connect-delay-ms", type=float, default=0.0,
+                   help="delay before a new connection is forwarded (default 0)")
     p.add_argument("--stats", help="file written on SIGUSR1 (JSON counters)")
     p.add_argument("--pid-file", help="write the process id here once listening")
     args = p.parse_args()
@@ -157,7 +166,7 @@ async def main():
     if args.tls_listen and not (args.tls_cert and args.tls_key):
         p.error("--tls-listen needs --tls-cert and --tls-key")
     args.delay = args.delay_ms / 1000.0
-    args.connect_delay = (args.delay_ms if args.connect_delay_ms is None else args.connect_delay_ms) / 1000.0
+    args.connect_delay = args.connect_delay_ms / 1000.0
 
     servers = []
     cb = lambda r, w: handle(r, w, args)  # noqa: E731

@@ -119,6 +119,39 @@ fn decode_workload(major: u32) {
     );
     // The big row went to a TOAST table: many blocks of some relation of this database.
     assert!(all.blocks.iter().any(|(k, v)| k.db == db && v.len() > 10));
+
+    // archive-push wrote a block-change map beside every segment, saying the same.
+    let maps: Vec<_> = tree(&env.repo)
+        .into_keys()
+        .filter(|k| k.ends_with(".map"))
+        .collect();
+    assert_eq!(
+        maps.len() as u64,
+        b - a + 1,
+        "one map per archived segment: {maps:?}"
+    );
+    let mut from_maps = std::collections::BTreeSet::new();
+    for k in &maps {
+        let m = pgstrata_repo::changemap::ChangeMap::decode(
+            &std::fs::read(env.repo.join(k)).unwrap(),
+            k,
+        )
+        .unwrap();
+        assert!(m.complete().is_ok(), "{k}: {:?}", m.complete());
+        for f in m.blocks.iter().filter(|f| f.rel == t_new && f.fork == 0) {
+            from_maps.extend(f.runs.iter().flat_map(|(s, n)| *s..s + n));
+        }
+    }
+    assert_eq!(
+        &from_maps,
+        &all.blocks[&main(t_new)],
+        "maps list the decoded blocks"
+    );
+    // A damaged map is detected, not trusted.
+    let mut bytes = std::fs::read(env.repo.join(&maps[0])).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x20;
+    assert!(pgstrata_repo::changemap::ChangeMap::decode(&bytes, "damaged").is_err());
 }
 
 #[test]

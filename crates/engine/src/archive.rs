@@ -8,6 +8,7 @@
 
 use crate::{open_stanza, Error, ErrorKind, Result, Settings};
 use pgstrata_pg::lsn;
+use pgstrata_repo::changemap::{ChangeMap, ForkBlocks};
 use pgstrata_repo::{layout, wal, ErrorKind as RepoKind};
 use std::path::Path;
 
@@ -43,33 +44,101 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
     }
     let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), &name);
     let compression = s.compression;
-    let (obj, hash) = tokio::task::spawn_blocking(move || {
-        let h = wal::hash(&raw);
-        (wal::encode(&raw, compression), h)
+    let major = stanza.cluster.major_version;
+    let decode = lsn::is_segment_name(&name) && raw.len() as u64 == seg_size;
+    let seg_name = name.clone();
+    // Decoding (for the block-change map) runs beside compression, so it adds little to
+    // archive_command's latency.
+    let (obj, hash, map) = tokio::task::spawn_blocking(move || {
+        std::thread::scope(|scope| {
+            let map = decode.then(|| scope.spawn(|| change_map(&seg_name, &raw, major)));
+            let h = wal::hash(&raw);
+            let obj = wal::encode(&raw, compression);
+            (obj, h, map.map(|t| t.join().expect("decode thread")))
+        })
     })
     .await
     .expect("compress thread");
     let stored_bytes = obj.len();
-    match storage.put_new(&key, obj.into()).await {
+    let outcome = match storage.put_new(&key, obj.into()).await {
         Ok(()) => {
             log::info!("archived {name} ({stored_bytes} bytes stored)");
-            Ok(PushOutcome::Stored { stored_bytes })
+            PushOutcome::Stored { stored_bytes }
         }
         Err(e) if e.kind == RepoKind::AlreadyExists => {
             let existing = storage.get_range(&key, 0..wal::HEADER_LEN as u64).await?;
             let header = wal::parse_header(&existing, &key)?;
             if header.hash == hash {
                 log::info!("{name} is already in the archive with the same content");
-                Ok(PushOutcome::AlreadyArchived)
+                PushOutcome::AlreadyArchived
             } else {
-                Err(Error::refused(format!(
+                return Err(Error::refused(format!(
                     "{name} is already in the archive with different content; the stored copy was kept. \
                      Two clusters may be archiving into stanza '{}'",
                     s.stanza
-                )))
+                )));
             }
         }
-        Err(e) => Err(e.into()),
+        Err(e) => return Err(e.into()),
+    };
+    // The map goes after its segment: a map never describes WAL that is not archived. A
+    // retry after a crash between the two writes finds the segment and writes the map.
+    if let Some(map) = map {
+        let map_key = layout::change_map(&s.stanza, &stanza.cluster.archive_id(), &name);
+        match storage.put_new(&map_key, map.encode().into()).await {
+            Ok(()) => {}
+            Err(e) if e.kind == RepoKind::AlreadyExists => {}
+            Err(e) => return Err(e.into()),
+        }
+        if let Err(why) = map.complete() {
+            log::warn!("{name}: its block-change map cannot be relied on ({why}); incrementals will hash the files instead");
+        }
+    }
+    Ok(outcome)
+}
+
+/// Decode a segment into its block-change map; a segment that cannot be decoded gets an
+/// unusable map with the reason.
+pub fn change_map(name: &str, raw: &[u8], major: u32) -> ChangeMap {
+    match pgstrata_pg::wal::decode_segment(raw, major, 8192) {
+        Ok(c) => ChangeMap {
+            segment: name.to_string(),
+            usable: true,
+            reason: None,
+            records: c.records,
+            switched: c.switched,
+            incomplete_tail: c.incomplete_tail,
+            unknown_rmgrs: c.unknown_rmgrs.into_iter().collect(),
+            blocks: c
+                .blocks
+                .into_iter()
+                .map(|(f, b)| ForkBlocks {
+                    spc: f.spc,
+                    db: f.db,
+                    rel: f.rel,
+                    fork: f.fork,
+                    runs: ChangeMap::runs(b),
+                })
+                .collect(),
+            created: c
+                .created
+                .into_iter()
+                .map(|f| (f.spc, f.db, f.rel, f.fork))
+                .collect(),
+            truncated: c
+                .truncated
+                .into_iter()
+                .map(|(f, n)| (f.spc, f.db, f.rel, f.fork, n))
+                .collect(),
+            dropped: c.dropped.into_iter().collect(),
+            databases: c.databases.into_iter().collect(),
+        },
+        Err(e) => ChangeMap {
+            segment: name.to_string(),
+            usable: false,
+            reason: Some(e.to_string()),
+            ..Default::default()
+        },
     }
 }
 

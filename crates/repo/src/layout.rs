@@ -4,6 +4,7 @@
 //! ```text
 //! <stanza>/stanza.json                                  which cluster the stanza belongs to
 //! <stanza>/archive/<archive-id>/<first 16 of name>/<walname>   archived WAL (and .partial/.backup)
+//! <stanza>/archive/<archive-id>/<first 16>/<segment>.map    its block-change map
 //! <stanza>/archive/<archive-id>/<name>.history          timeline history files
 //! <stanza>/backup/<label>/pack/<worker>-<seq>           pack objects holding file data
 //! <stanza>/backup/<label>/backup.manifest               the manifest, written last
@@ -35,6 +36,11 @@ pub fn archive_object(stanza: &str, archive_id: &str, wal_name: &str) -> String 
 /// The lock object held by a backup or expire of the stanza.
 pub fn lock(stanza: &str) -> String {
     format!("{stanza}/lock/backup.lock")
+}
+
+/// The block-change map of an archived segment, beside it.
+pub fn change_map(stanza: &str, archive_id: &str, segment: &str) -> String {
+    format!("{}.map", archive_object(stanza, archive_id, segment))
 }
 
 pub fn backup_root(stanza: &str) -> String {

@@ -9,8 +9,9 @@
 //! - [`stanza`]: the record of which cluster a stanza belongs to.
 //! - [`pack`]: frames of compressed data grouped into pack objects, and reading them back.
 //! - [`manifest`]: a backup's manifest, the object that makes a backup exist.
-//! - [`wal`]: archived WAL objects.
+//! - [`wal`]: archived WAL objects; [`changemap`]: the block-change map beside each segment.
 
+pub mod changemap;
 pub mod codec;
 pub mod error;
 pub mod fault;
