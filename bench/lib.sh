@@ -292,7 +292,7 @@ database_sizes() {   # -> DB_BYTES DATADIR_BYTES
 }
 
 tool_versions() {
-    echo "$("$PGS" version 2>/dev/null | head -n 1); $("$PGBACKREST" version); PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}')"
+    echo "$("$PGS" version 2>/dev/null | head -n 1) (binary sha256 $(sha256sum "$PGS" | cut -c1-12), built $(date -u -r "${PGSTRATA_BIN:-$PGS}" '+%Y-%m-%d %H:%M UTC' 2>/dev/null || echo '?')); $("$PGBACKREST" version); PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}')"
 }
 machine_line() {
     echo "$(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GB", $2/1048576}' /proc/meminfo) RAM, shared with other work: expect noise"

@@ -110,6 +110,7 @@ pub fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         &BackupOptions {
             backup_type: BackupType::Full,
             delta: false,
+            track: pgstrata_engine::track::Track::Auto,
         },
     ))?;
     println!(
@@ -136,6 +137,7 @@ pub fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         &BackupOptions {
             backup_type: BackupType::Incr,
             delta: false,
+            track: pgstrata_engine::track::Track::Auto,
         },
     ))?;
     println!(

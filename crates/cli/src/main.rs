@@ -14,6 +14,7 @@ use pgstrata_engine::archive::PushOutcome;
 use pgstrata_engine::backup::BackupOptions;
 use pgstrata_engine::expire::{ExpireOptions, RetentionType};
 use pgstrata_engine::restore::{RecoveryType, RestoreOptions};
+use pgstrata_engine::track::Track;
 use pgstrata_engine::{Error, Settings};
 use pgstrata_repo::codec::{CompressType, Compression};
 use pgstrata_repo::manifest::BackupType;
@@ -250,6 +251,11 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let opts = BackupOptions {
                 backup_type,
                 delta: inv.flag("delta"),
+                track: match inv.get("track") {
+                    Some("wal") => Track::Wal,
+                    Some("hash") => Track::Hash,
+                    _ => Track::Auto,
+                },
             };
             let m = rt.block_on(pgstrata_engine::backup::backup(&s, &opts))?;
             println!("{}", m.label);

@@ -101,44 +101,49 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
 /// unusable map with the reason.
 pub fn change_map(name: &str, raw: &[u8], major: u32) -> ChangeMap {
     match pgstrata_pg::wal::decode_segment(raw, major, 8192) {
-        Ok(c) => ChangeMap {
-            segment: name.to_string(),
-            usable: true,
-            reason: None,
-            records: c.records,
-            switched: c.switched,
-            incomplete_tail: c.incomplete_tail,
-            unknown_rmgrs: c.unknown_rmgrs.into_iter().collect(),
-            blocks: c
-                .blocks
-                .into_iter()
-                .map(|(f, b)| ForkBlocks {
-                    spc: f.spc,
-                    db: f.db,
-                    rel: f.rel,
-                    fork: f.fork,
-                    runs: ChangeMap::runs(b),
-                })
-                .collect(),
-            created: c
-                .created
-                .into_iter()
-                .map(|f| (f.spc, f.db, f.rel, f.fork))
-                .collect(),
-            truncated: c
-                .truncated
-                .into_iter()
-                .map(|(f, n)| (f.spc, f.db, f.rel, f.fork, n))
-                .collect(),
-            dropped: c.dropped.into_iter().collect(),
-            databases: c.databases.into_iter().collect(),
-        },
+        Ok(c) => change_map_of(name, c),
         Err(e) => ChangeMap {
             segment: name.to_string(),
             usable: false,
             reason: Some(e.to_string()),
             ..Default::default()
         },
+    }
+}
+
+/// The map form of decoded changes.
+pub fn change_map_of(name: &str, c: pgstrata_pg::wal::SegmentChanges) -> ChangeMap {
+    ChangeMap {
+        segment: name.to_string(),
+        usable: true,
+        reason: None,
+        records: c.records,
+        switched: c.switched,
+        incomplete_tail: c.incomplete_tail,
+        unknown_rmgrs: c.unknown_rmgrs.into_iter().collect(),
+        blocks: c
+            .blocks
+            .into_iter()
+            .map(|(f, b)| ForkBlocks {
+                spc: f.spc,
+                db: f.db,
+                rel: f.rel,
+                fork: f.fork,
+                runs: ChangeMap::runs(b),
+            })
+            .collect(),
+        created: c
+            .created
+            .into_iter()
+            .map(|f| (f.spc, f.db, f.rel, f.fork))
+            .collect(),
+        truncated: c
+            .truncated
+            .into_iter()
+            .map(|(f, n)| (f.spc, f.db, f.rel, f.fork, n))
+            .collect(),
+        dropped: c.dropped.into_iter().collect(),
+        databases: c.databases.into_iter().collect(),
     }
 }
 

@@ -13,6 +13,7 @@
 
 use crate::db::Db;
 use crate::progress::{human_bytes, Progress};
+use crate::track::{Track, WalChanges};
 use crate::walk::{self, ItemKind};
 use crate::{open_stanza, Error, ErrorKind, Result, Settings};
 use pgstrata_pg::control::ControlData;
@@ -38,6 +39,8 @@ pub struct BackupOptions {
     pub backup_type: BackupType,
     /// Hash every block of every file instead of trusting size and mtime.
     pub delta: bool,
+    /// How changed blocks are found in files whose size or mtime changed.
+    pub track: Track,
 }
 
 /// What an incremental compares against: the prior backup's files by path.
@@ -80,6 +83,8 @@ struct CopyContext {
     delta: bool,
     /// Files at least this large get pack objects of their own (not shared with others).
     bundle_limit: u64,
+    /// Blocks changed since the prior backup, learned from the WAL (None: hash files).
+    wal: Option<WalChanges>,
 }
 
 struct Job {
@@ -99,6 +104,8 @@ struct CopyOutcome {
     pages_checked: u64,
     files_unchanged: u64,
     bytes_read: u64,
+    /// Files whose changed blocks came from the WAL.
+    files_tracked: u64,
 }
 
 pub fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: BackupType) -> String {
@@ -237,6 +244,44 @@ async fn backup_locked(
         pack_codecs.extend(p.pack_codecs.clone());
         pack_codecs.insert(p.label.clone(), p.compression.kind);
     }
+    // Which blocks changed, from the WAL, when the maps cover the window.
+    let mut track_reason = None;
+    let mut wal = None;
+    if let (Some(p), None, false) = (&prior_manifest, &delta_reason, opts.track == Track::Hash) {
+        match crate::track::wal_changes(
+            &storage,
+            &s.stanza,
+            &stanza.cluster,
+            p,
+            start_lsn,
+            timeline,
+            &pg_path,
+        )
+        .await
+        {
+            Ok(w) => {
+                log::info!(
+                    "changed blocks come from the block-change maps of {} WAL segment(s)",
+                    w.segments
+                );
+                wal = Some(w);
+            }
+            Err(why) if opts.track == Track::Wal => {
+                return Err(Error::refused(format!(
+                    "--track=wal: the WAL cannot tell what changed: {why}"
+                )));
+            }
+            Err(why) => {
+                log::warn!("hashing changed files instead of using the WAL: {why}");
+                track_reason = Some(why);
+            }
+        }
+    }
+    let track = match (&prior_manifest, &wal) {
+        (None, _) => None,
+        (Some(_), Some(_)) => Some("wal".to_string()),
+        (Some(_), None) => Some("hash".to_string()),
+    };
     let prior = prior_manifest.as_ref().map(|p| Prior {
         label: p.label.clone(),
         start_epoch: p.start.epoch,
@@ -304,6 +349,7 @@ async fn backup_locked(
         prior,
         delta: delta_reason.is_some(),
         bundle_limit: s.bundle_limit,
+        wal,
     });
     // Largest files first keeps all workers busy until the end.
     jobs.sort_by_key(|j| std::cmp::Reverse(j.size));
@@ -383,6 +429,7 @@ async fn backup_locked(
             files: file_count,
             files_unchanged: outcome.files_unchanged,
             bytes_read: outcome.bytes_read,
+            files_tracked: outcome.files_tracked,
             packs: outcome.packs,
             pages_checked: outcome.pages_checked,
             page_errors,
@@ -390,6 +437,8 @@ async fn backup_locked(
         },
         delta_reason,
         pack_codecs,
+        track,
+        track_reason,
     };
     // Keep only the codecs of backups actually referenced.
     let mut manifest = manifest;
@@ -517,6 +566,7 @@ fn copy_files(
                 total.pages_checked += o.pages_checked;
                 total.files_unchanged += o.files_unchanged;
                 total.bytes_read += o.bytes_read;
+                total.files_tracked += o.files_tracked;
             }
             Err(e) => {
                 first_err.get_or_insert(e);
@@ -646,6 +696,11 @@ fn copy_file(
             return Ok(Some(entry));
         }
     }
+    if let (Some(w), Some((p, e))) = (&ctx.wal, prior) {
+        if let Some(pages) = w.pages_for(&job.rel, ctx.relseg_size, Some(e)) {
+            return copy_file_tracked(ctx, job, writer, out, p, e, &pages);
+        }
+    }
     let mut f = match std::fs::File::open(&job.abs) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -767,6 +822,161 @@ fn copy_file(
         block_size: bs,
         block_hashes: hashes,
     }))
+}
+
+/// Copy a relation file reading only the blocks the WAL says changed (`pages`, numbered
+/// within this file), plus any block around a change of size; every other block points
+/// where the prior backup stored it. The whole-file hash is left empty: without reading
+/// every block it cannot be computed, and restore checks each block's hash instead.
+fn copy_file_tracked(
+    ctx: &CopyContext,
+    job: &Job,
+    writer: &mut PackWriter,
+    out: &mut CopyOutcome,
+    prior: &Prior,
+    entry: &FileEntry,
+    pages: &[u32],
+) -> Result<Option<FileEntry>> {
+    let f = match std::fs::File::open(&job.abs) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(format!("open {}", job.abs.display()), e)),
+    };
+    let size = f
+        .metadata()
+        .map_err(|e| Error::io(format!("stat {}", job.abs.display()), e))?
+        .len();
+    let bs = entry.block_size as u64;
+    let page = ctx.block_size as u64;
+    let nblocks = size.div_ceil(bs);
+    let mut read: std::collections::BTreeSet<u64> =
+        pages.iter().map(|p| *p as u64 * page / bs).collect();
+    read.extend(entry.size.min(size) / bs..nblocks);
+    let prior_blocks = PriorBlocks::new(entry, &prior.label, &ctx.label);
+    let own_pack = size >= ctx.bundle_limit;
+    if own_pack {
+        writer.flush()?;
+    }
+    let relation = layout::relation_file(&job.rel);
+    let first_page = relation
+        .as_ref()
+        .map(|r| r.segno as u64 * ctx.relseg_size as u64)
+        .unwrap_or(0);
+    let mut extents: Vec<Chunk> = Vec::new();
+    let mut hashes = String::with_capacity(nblocks as usize * 16);
+    let mut new = NewData {
+        buf: Vec::with_capacity(ctx.frame_size),
+        pending: Vec::new(),
+    };
+    let mut bad_pages = Vec::new();
+    let mut buf = vec![0u8; bs as usize];
+    let mut end = size;
+    for i in 0..nblocks {
+        let off = i * bs;
+        if off >= end {
+            break;
+        }
+        let len = (end - off).min(bs) as u32;
+        if !read.contains(&i) {
+            let reuse = entry
+                .block_hash(i as usize)
+                .zip(prior_blocks.locate(off, len));
+            if let Some((h, c)) = reuse {
+                let _ = write!(hashes, "{h:016x}");
+                extents.push(c);
+                continue;
+            }
+        }
+        let data = &mut buf[..len as usize];
+        let n = read_full_at(&f, data, off)
+            .map_err(|e| Error::io(format!("read {}", job.abs.display()), e))?;
+        if n < len as usize {
+            end = off + n as u64; // the file shrank while we read it: WAL replay redoes it
+            if n == 0 {
+                break;
+            }
+        }
+        let data = &mut buf[..n];
+        out.bytes_read += n as u64;
+        if ctx.data_checksums {
+            for p in 0..(n / page as usize) {
+                let blkno = first_page + (off / page) + p as u64;
+                out.pages_checked += 1;
+                let at = p * page as usize;
+                if let Some(bad) = check_page(
+                    &f,
+                    &mut data[at..at + page as usize],
+                    blkno,
+                    off + at as u64,
+                    ctx.start_lsn,
+                ) {
+                    log::warn!("page checksum mismatch in {} block {blkno}: {bad}", job.rel);
+                    bad_pages.push(blkno as u32);
+                }
+            }
+        }
+        let h = block_hash(data);
+        let _ = write!(hashes, "{h:016x}");
+        if data.iter().all(|b| *b == 0) {
+            extents.push(Chunk::zeros(n as u32));
+            continue;
+        }
+        let unchanged = (entry.block_hash(i as usize) == Some(h))
+            .then(|| prior_blocks.locate(off, n as u32))
+            .flatten();
+        match unchanged {
+            Some(c) => extents.push(c),
+            None => {
+                new.pending
+                    .push((extents.len(), new.buf.len() as u32, n as u32));
+                new.buf.extend_from_slice(data);
+                extents.push(Chunk::zeros(n as u32));
+                if new.buf.len() >= ctx.frame_size {
+                    new.flush(ctx, writer, &mut extents)?;
+                }
+            }
+        }
+    }
+    new.flush(ctx, writer, &mut extents)?;
+    if own_pack {
+        writer.flush()?;
+    }
+    ctx.counters.bytes.fetch_add(job.size, Ordering::Relaxed);
+    ctx.counters.files.fetch_add(1, Ordering::Relaxed);
+    let mut chunks: Vec<Chunk> = Vec::with_capacity(extents.len() / 4 + 1);
+    for e in extents {
+        if let Some(last) = chunks.last_mut() {
+            if last.try_merge(&e) {
+                continue;
+            }
+        }
+        chunks.push(e);
+    }
+    out.files_tracked += 1;
+    Ok(Some(FileEntry {
+        path: job.rel.clone(),
+        size: end,
+        mtime: job.mtime,
+        owner: job.owner.clone(),
+        hash: String::new(),
+        chunks,
+        bad_pages,
+        block_size: bs as u32,
+        block_hashes: hashes,
+    }))
+}
+
+fn read_full_at(f: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read_at(&mut buf[n..], offset + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 /// Check one page; a page that fails is re-read once (it may have been torn by a

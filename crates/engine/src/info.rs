@@ -29,6 +29,11 @@ pub struct BackupInfo {
     pub bytes_read: u64,
     /// Why every block was hashed, if it was.
     pub delta_reason: Option<String>,
+    /// How changed blocks were found: "wal" or "hash".
+    pub track: Option<String>,
+    pub track_reason: Option<String>,
+    /// Files whose changed blocks came from the WAL.
+    pub files_tracked: u64,
     pub page_errors: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub bad_pages: Vec<BadPages>,
@@ -72,6 +77,9 @@ pub fn summarize(m: &Manifest) -> BackupInfo {
         files_unchanged: m.stats.files_unchanged,
         bytes_read: m.stats.bytes_read,
         delta_reason: m.delta_reason.clone(),
+        track: m.track.clone(),
+        track_reason: m.track_reason.clone(),
+        files_tracked: m.stats.files_tracked,
         page_errors: m.stats.page_errors,
         bad_pages: m
             .files()
@@ -157,6 +165,20 @@ pub fn render_text(r: &StanzaReport) -> String {
                 "        compared with: {p}; {} files unchanged, {} read\n",
                 b.files_unchanged,
                 human_bytes(b.bytes_read)
+            ));
+        }
+        if let Some(t) = &b.track {
+            out.push_str(&format!(
+                "        changed blocks found by: {t}{}{}\n",
+                if t == "wal" {
+                    format!(" ({} files read block by block)", b.files_tracked)
+                } else {
+                    String::new()
+                },
+                b.track_reason
+                    .as_ref()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
             ));
         }
         if let Some(r) = &b.delta_reason {

@@ -18,6 +18,7 @@ pub mod progress;
 pub mod restore;
 pub mod settings;
 pub mod stanza;
+pub mod track;
 pub mod walk;
 
 pub use error::{Error, ErrorKind, Result};

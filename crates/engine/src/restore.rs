@@ -683,22 +683,7 @@ fn local_matches(path: &Path, f: &FileEntry) -> Result<bool> {
     if !md.is_file() || md.len() != f.size {
         return Ok(false);
     }
-    Ok(hash_reader(&mut fh, path)? == f.hash)
-}
-
-fn hash_reader(r: &mut impl Read, path: &Path) -> Result<String> {
-    let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = r
-            .read(&mut buf)
-            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher.finalize().to_hex().to_string())
+    Ok(check_reader(f, &mut fh, path).is_ok())
 }
 
 /// Fetch the frames of `extents` in batches of bounded size and hand each extent's bytes
@@ -750,14 +735,86 @@ fn for_each_extent(
     Ok(())
 }
 
-fn verify_hash(f: &FileEntry, got: &str) -> Result<()> {
-    if got != f.hash {
-        return Err(Error::integrity(format!(
-            "restore stopped: restored {} does not match the hash recorded at backup time: the repository is damaged",
-            f.path
-        )));
+/// Checks restored bytes against the backup: the file's BLAKE3, or, for files copied by
+/// WAL tracking (which have none), each block's XXH3 from the block map.
+struct ContentCheck<'a> {
+    f: &'a FileEntry,
+    blake: blake3::Hasher,
+    pending: Vec<u8>,
+    block: usize,
+    bad_block: Option<usize>,
+}
+
+impl<'a> ContentCheck<'a> {
+    fn new(f: &'a FileEntry) -> ContentCheck<'a> {
+        ContentCheck {
+            f,
+            blake: blake3::Hasher::new(),
+            pending: Vec::new(),
+            block: 0,
+            bad_block: None,
+        }
     }
-    Ok(())
+
+    fn update(&mut self, mut data: &[u8]) {
+        if !self.f.hash.is_empty() {
+            self.blake.update(data);
+            return;
+        }
+        let bs = self.f.block_size.max(1) as usize;
+        while !data.is_empty() {
+            let take = (bs - self.pending.len()).min(data.len());
+            self.pending.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if self.pending.len() == bs {
+                self.check_block();
+            }
+        }
+    }
+
+    fn check_block(&mut self) {
+        if self.f.block_hash(self.block) != Some(block_hash(&self.pending))
+            && self.bad_block.is_none()
+        {
+            self.bad_block = Some(self.block);
+        }
+        self.block += 1;
+        self.pending.clear();
+    }
+
+    fn finish(mut self) -> Result<()> {
+        let ok = if self.f.hash.is_empty() {
+            if !self.pending.is_empty() {
+                self.check_block();
+            }
+            self.bad_block.is_none() && self.block == self.f.block_count()
+        } else {
+            self.blake.finalize().to_hex().as_str() == self.f.hash
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::integrity(format!(
+                "restore stopped: restored {} does not match the hashes recorded at backup time: the repository is damaged",
+                self.f.path
+            )))
+        }
+    }
+}
+
+fn check_reader(f: &FileEntry, r: &mut impl Read, path: &Path) -> Result<()> {
+    let mut check = ContentCheck::new(f);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = r
+            .read(&mut buf)
+            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        if n == 0 {
+            break;
+        }
+        check.update(&buf[..n]);
+    }
+    check.finish()
 }
 
 /// Write a whole file from its extents.
@@ -776,7 +833,7 @@ fn write_file(
         std::fs::File::create(path)
             .map_err(|e| Error::io(format!("create {}", path.display()), e))?,
     );
-    let mut hasher = blake3::Hasher::new();
+    let mut check = ContentCheck::new(f);
     let mut offset = 0u64;
     let extents: Vec<(u64, Chunk)> = f
         .chunks
@@ -788,7 +845,7 @@ fn write_file(
         })
         .collect();
     for_each_extent(sh, reader, &extents, &f.path, |_, data| {
-        hasher.update(data);
+        check.update(data);
         out.write_all(data)
             .map_err(|e| Error::io(format!("write {}", path.display()), e))
     })?;
@@ -797,7 +854,7 @@ fn write_file(
         .map_err(|e| Error::io(format!("write {}", path.display()), e.into_error()))?;
     out.sync_all()
         .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
-    verify_hash(f, hasher.finalize().to_hex().as_str())
+    check.finish()
 }
 
 /// Delta restore of a file with a block map: hash the local blocks, fetch only the frames
@@ -829,13 +886,13 @@ fn patch_file(
     let mut differing: Vec<(u64, u64)> = Vec::new(); // (offset, len) runs
     let mut buf = vec![0u8; (1 << 20) / bs as usize * bs as usize];
     let mut offset = 0u64;
-    let mut hasher = blake3::Hasher::new();
+    let mut check = ContentCheck::new(f);
     while offset < f.size {
         let want = (f.size - offset).min(buf.len() as u64) as usize;
         let have = local_len.saturating_sub(offset).min(want as u64) as usize;
         let n = read_full_at(&fh, &mut buf[..have], offset)
             .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        hasher.update(&buf[..n]);
+        check.update(&buf[..n]);
         for (i, block) in buf[..want].chunks(bs as usize).enumerate() {
             let block_off = offset + i as u64 * bs;
             let index = (block_off / bs) as usize;
@@ -849,8 +906,7 @@ fn patch_file(
         }
         offset += want as u64;
     }
-    if differing.is_empty() && local_len == f.size && hasher.finalize().to_hex().as_str() == f.hash
-    {
+    if differing.is_empty() && local_len == f.size && check.finish().is_ok() {
         return Ok(Some(0));
     }
     // The extents covering the differing runs, cut to them.
@@ -891,7 +947,7 @@ fn patch_file(
     use std::io::Seek;
     fh.seek(std::io::SeekFrom::Start(0))
         .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-    verify_hash(f, &hash_reader(&mut fh, path)?)?;
+    check_reader(f, &mut fh, path)?;
     Ok(Some(written.max(1)))
 }
 

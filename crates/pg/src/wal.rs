@@ -86,6 +86,20 @@ pub fn page_magic(major: u32) -> Option<u16> {
 
 /// Decode one segment of a server of `major`, whose pages are `page_size` bytes.
 pub fn decode_segment(seg: &[u8], major: u32, page_size: usize) -> Result<SegmentChanges> {
+    decode_segment_until(seg, major, page_size, None, u64::MAX)
+}
+
+/// Decode a segment that may still be being written (read from `pg_wal`): pages whose
+/// address is not `seg_start` plus their offset are left over from a recycled segment and
+/// end the decoding, and so does the first record starting at or after LSN `until`. Records
+/// before `until` are required to be complete and valid.
+pub fn decode_segment_until(
+    seg: &[u8],
+    major: u32,
+    page_size: usize,
+    seg_start: Option<u64>,
+    until: u64,
+) -> Result<SegmentChanges> {
     let magic = page_magic(major)
         .ok_or_else(|| invalid("WAL", format!("PostgreSQL {major} is not supported")))?;
     if seg.is_empty() || !seg.len().is_multiple_of(page_size) {
@@ -115,6 +129,12 @@ pub fn decode_segment(seg: &[u8], major: u32, page_size: usize) -> Result<Segmen
             }
             // Pages past the end of written WAL (a .partial segment, recycled bytes).
             break;
+        }
+        let page_addr = u64::from_le_bytes(page[8..16].try_into().unwrap());
+        if let Some(start) = seg_start {
+            if page_addr != start + (page_no * page_size) as u64 {
+                break; // a recycled page: written WAL ends before it
+            }
         }
         let info = u16_at(page, 2);
         let rem_len = u32_at(page, 16) as usize;
@@ -160,6 +180,9 @@ pub fn decode_segment(seg: &[u8], major: u32, page_size: usize) -> Result<Segmen
         // A record header may be split across pages, but its length (the first field) is
         // always on the page where the record starts.
         while pos + 4 <= page.len() {
+            if page_addr + pos as u64 >= until {
+                return Ok(out);
+            }
             let tot_len = u32_at(page, pos) as usize;
             if tot_len == 0 {
                 // End of written WAL in this segment.

@@ -63,6 +63,13 @@ pub struct Manifest {
     /// (chunks with `b` set), by label.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub pack_codecs: std::collections::BTreeMap<String, crate::codec::CompressType>,
+    /// How changed blocks were found (incremental and differential backups): "wal" (the
+    /// block-change maps) or "hash" (reading and hashing changed files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub track: Option<String>,
+    /// Why the maps were not used, when they were not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub track_reason: Option<String>,
     /// Why every block was hashed instead of trusting size and mtime, if it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta_reason: Option<String>,
@@ -136,7 +143,8 @@ pub struct FileEntry {
     pub mtime: i64,
     #[serde(flatten)]
     pub owner: Owner,
-    /// BLAKE3 of the content, hex.
+    /// BLAKE3 of the content, hex; empty when the file was copied by WAL tracking without
+    /// reading every block (then each block's hash in `block_hashes` is the check).
     pub hash: String,
     pub chunks: Vec<Chunk>,
     /// Blocks whose page checksum failed while backing up (real corruption, not torn reads).
@@ -182,6 +190,9 @@ pub struct Stats {
     /// Bytes read from the data directory.
     #[serde(default)]
     pub bytes_read: u64,
+    /// Files whose changed blocks came from the WAL (only those blocks were read).
+    #[serde(default)]
+    pub files_tracked: u64,
     pub packs: u64,
     pub pages_checked: u64,
     pub page_errors: u64,

@@ -1,0 +1,184 @@
+//! Learning which blocks changed from the WAL instead of reading the database.
+//!
+//! archive-push leaves a block-change map beside every segment. An incremental backup
+//! combines the maps of the segments from the prior backup's start up to its own start (the
+//! last, still being written, is decoded straight from `pg_wal` up to the start LSN) and then
+//! reads only the listed blocks of each changed relation file. Blocks changed after the
+//! start LSN need not be listed: replaying WAL from the start overwrites each of them with
+//! a full-page image before anything else touches it.
+//!
+//! Anything that could make the maps miss a change sends files back to block hashing:
+//! a missing, damaged or undecodable map, records of unknown resource managers, a timeline
+//! switch (the whole backup), and per file: FSM forks (not reliably WAL-logged), forks
+//! created or truncated in the window, dropped relation numbers, databases created by file
+//! copy or dropped, and files the prior backup has no block map for.
+
+use pgstrata_pg::layout::{self, Fork};
+use pgstrata_pg::lsn::{self, Lsn};
+use pgstrata_repo::changemap::ChangeMap;
+use pgstrata_repo::manifest::{FileEntry, Manifest};
+use pgstrata_repo::{layout as repo_layout, Storage};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// How a backup finds changed blocks (`--track`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Track {
+    /// Block-change maps when they cover the window, else hashing (with a warning).
+    Auto,
+    /// Block-change maps, or fail.
+    Wal,
+    /// Read and hash every changed file.
+    Hash,
+}
+
+type ForkKey = (u32, u32, u32, u8);
+
+/// Everything the WAL changed between two backups.
+#[derive(Debug, Default)]
+pub struct WalChanges {
+    blocks: HashMap<ForkKey, BTreeSet<u32>>,
+    /// Forks created or truncated, relations dropped, database directories copied/dropped:
+    /// their files are hashed.
+    wholesale: HashSet<ForkKey>,
+    dropped: HashSet<(u32, u32, u32)>,
+    databases: HashSet<(u32, u32)>,
+    pub segments: usize,
+}
+
+impl WalChanges {
+    fn add(&mut self, m: ChangeMap) {
+        for f in m.blocks {
+            let e = self.blocks.entry((f.spc, f.db, f.rel, f.fork)).or_default();
+            for (start, n) in f.runs {
+                e.extend(start..start + n);
+            }
+        }
+        self.wholesale.extend(m.created.iter().copied());
+        self.wholesale
+            .extend(m.truncated.iter().map(|t| (t.0, t.1, t.2, t.3)));
+        self.dropped.extend(m.dropped);
+        self.databases.extend(m.databases);
+        self.segments += 1;
+    }
+
+    /// The pages (numbered within this segment file) of relation file `rel_path` that
+    /// changed, or `None` when the file must be hashed instead.
+    pub fn pages_for(
+        &self,
+        rel_path: &str,
+        relseg_size: u32,
+        prior: Option<&FileEntry>,
+    ) -> Option<Vec<u32>> {
+        let prior = prior?;
+        if prior.block_size == 0 {
+            return None;
+        }
+        let rf = layout::relation_file(rel_path)?;
+        let fork = match rf.fork {
+            Fork::Main => 0,
+            Fork::Fsm => return None,
+            Fork::Vm => 2,
+            Fork::Init => 3,
+        };
+        let (spc, db) = location(rel_path)?;
+        let key = (spc, db, rf.relnumber, fork);
+        if self.wholesale.contains(&key)
+            || self.dropped.contains(&(spc, db, rf.relnumber))
+            || self.databases.contains(&(spc, db))
+        {
+            return None;
+        }
+        let first = rf.segno * relseg_size;
+        let last = first + relseg_size;
+        Some(
+            self.blocks
+                .get(&key)
+                .map(|set| set.range(first..last).map(|b| b - first).collect())
+                .unwrap_or_default(),
+        )
+    }
+}
+
+/// (tablespace oid, database oid) of a relation file's directory.
+fn location(rel_path: &str) -> Option<(u32, u32)> {
+    let parts: Vec<&str> = rel_path.split('/').collect();
+    match parts.as_slice() {
+        ["base", db, _] => Some((1663, db.parse().ok()?)),
+        ["global", _] => Some((1664, 0)),
+        ["pg_tblspc", spc, _, db, _] => Some((spc.parse().ok()?, db.parse().ok()?)),
+        _ => None,
+    }
+}
+
+/// Combine the maps covering `prior`'s start to `start_lsn` on `timeline`. Err gives the
+/// reason they cannot be used.
+#[allow(clippy::too_many_arguments)]
+pub async fn wal_changes(
+    storage: &Storage,
+    stanza: &str,
+    cluster: &pgstrata_repo::stanza::ClusterIdentity,
+    prior: &Manifest,
+    start_lsn: Lsn,
+    timeline: u32,
+    pg_path: &std::path::Path,
+) -> std::result::Result<WalChanges, String> {
+    if prior.start.timeline != timeline {
+        return Err(format!(
+            "the timeline changed from {} to {timeline} since backup {}",
+            prior.start.timeline, prior.label
+        ));
+    }
+    let seg_size = cluster.wal_segment_size;
+    let (_, first) = lsn::parse_segment_name(&prior.start.wal, seg_size)
+        .ok_or_else(|| format!("backup {} has an invalid start segment", prior.label))?;
+    let current = start_lsn.segment(seg_size);
+    let mut out = WalChanges::default();
+    for segno in first..=current {
+        let name = lsn::segment_name(timeline, segno, seg_size);
+        // The segment holding the start LSN is still being written, and the archiver may lag
+        // behind: segments without a map are decoded straight from pg_wal, where PostgreSQL
+        // keeps them until they are archived.
+        let until = if segno == current {
+            start_lsn.0
+        } else {
+            u64::MAX
+        };
+        let key = repo_layout::change_map(stanza, &cluster.archive_id(), &name);
+        let map = match storage.get(&key).await {
+            Ok(obj) if segno < current => {
+                ChangeMap::decode(&obj, &key).map_err(|e| e.to_string())?
+            }
+            Ok(_) | Err(_) if pg_path.join("pg_wal").join(&name).exists() => {
+                let path = pg_path.join("pg_wal").join(&name);
+                let bytes = std::fs::read(&path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let decoded = pgstrata_pg::wal::decode_segment_until(
+                    &bytes,
+                    cluster.major_version,
+                    8192,
+                    Some(segno * seg_size),
+                    until,
+                )
+                .map_err(|e| format!("cannot decode {name} from pg_wal: {e}"))?;
+                crate::archive::change_map_of(&name, decoded)
+            }
+            Ok(_) => {
+                return Err(format!(
+                    "segment {name} is neither archived with a map nor in pg_wal"
+                ))
+            }
+            Err(e) if e.is_not_found() => {
+                return Err(format!("segment {name} has no block-change map"))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "the block-change map of {name} cannot be read: {e}"
+                ))
+            }
+        };
+        map.complete()
+            .map_err(|why| format!("the block-change map of {name} cannot be relied on: {why}"))?;
+        out.add(map);
+    }
+    Ok(out)
+}
