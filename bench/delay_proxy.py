@@ -7,7 +7,7 @@ and a local S3 server (moto). Python 3.8+, standard library only.
 Usage:
     delay_proxy.py --listen HOST:PORT --upstream HOST:PORT [--delay-ms 20]
                    [--connect-delay-ms 0] [--tls-listen HOST:PORT --tls-cert PEM --tls-key PEM]
-                   [--stats FILE] [--pid-file FILE]
+                   [--stats FILE] [--log FILE] [--pid-file FILE]
 
 Latency model (one round trip = --delay-ms, default 20 ms):
   * Each client connection is piped to its own upstream connection.
@@ -30,7 +30,9 @@ Latency model (one round trip = --delay-ms, default 20 ms):
 
 Statistics: on SIGUSR1 the proxy writes a JSON line {"seq", "connections", "turns",
 "bytes_up", "bytes_down"} to --stats FILE (atomically, via a temporary file); seq counts the
-dumps, so a reader can wait for the dump it asked for. SIGTERM/SIGINT stop it.
+dumps, so a reader can wait for the dump it asked for. --log FILE appends one line per turn:
+"<unix time> <connection number> <turn number> <first line of the turn>" (for HTTP: the
+request line). SIGTERM/SIGINT stop it.
 """
 
 import argparse
@@ -40,8 +42,10 @@ import os
 import signal
 import ssl
 import sys
+import time
 
 STATS = {"seq": 0, "connections": 0, "turns": 0, "bytes_up": 0, "bytes_down": 0}
+LOG = None
 BUF = 256 * 1024
 
 
@@ -55,7 +59,8 @@ def hostport(text):
 class Conn:
     """State shared by the two directions of one proxied connection."""
 
-    def __init__(self):
+    def __init__(self, number):
+        self.number = number
         self.server_spoke = True  # so the client's first data starts a turn
 
 
@@ -69,6 +74,9 @@ async def pump_up(reader, writer, conn, delay):
             if conn.server_spoke:
                 conn.server_spoke = False
                 STATS["turns"] += 1
+                if LOG is not None:
+                    first = data.split(b"\r\n", 1)[0][:300].decode("latin-1", "replace")
+                    LOG.write(f"{time.time():.6f} {conn.number} {STATS['turns']} {first}\n")
                 if delay > 0:
                     await asyncio.sleep(delay)
             STATS["bytes_up"] += len(data)
@@ -106,6 +114,7 @@ def close(writer):
 
 async def handle(client_reader, client_writer, args):
     STATS["connections"] += 1
+    number = STATS["connections"]
     sock = client_writer.get_extra_info("socket")
     if sock is not None:
         try:
@@ -121,7 +130,7 @@ async def handle(client_reader, client_writer, args):
         print(f"delay_proxy: cannot connect to upstream {args.upstream}: {e}", file=sys.stderr)
         close(client_writer)
         return
-    conn = Conn()
+    conn = Conn(number)
     up = asyncio.ensure_future(pump_up(client_reader, up_writer, conn, args.delay))
     down = asyncio.ensure_future(pump_down(up_reader, client_writer, conn))
     # When the server is done (it closed its side, as moto does after every response), the
@@ -159,6 +168,7 @@ async def main():
     p.add_argument("--connect-delay-ms", type=float, default=0.0,
                    help="delay before a new connection is forwarded (default 0)")
     p.add_argument("--stats", help="file written on SIGUSR1 (JSON counters)")
+    p.add_argument("--log", help="append one line per request/response turn to this file")
     p.add_argument("--pid-file", help="write the process id here once listening")
     args = p.parse_args()
     if not args.listen and not args.tls_listen:
@@ -168,6 +178,9 @@ async def main():
     args.delay = args.delay_ms / 1000.0
     args.connect_delay = args.connect_delay_ms / 1000.0
 
+    global LOG
+    if args.log:
+        LOG = open(args.log, "a", buffering=1)
     servers = []
     cb = lambda r, w: handle(r, w, args)  # noqa: E731
     if args.listen:

@@ -6,7 +6,8 @@
 #   bench/s3_latency.sh [--scenarios restore,bundling] [--scale N] [--copies N] [--change-pct P]
 #                       [--tables N] [--rows N] [--delay-ms MS] [--connect-delay-ms MS]
 #                       [--s3-process-max LIST]
-#                       [--s3-nodelay] [--pgbackrest y|n] [--codec C] [--process-max N]
+#                       [--s3-nodelay] [--pgbackrest y|n] [--pgbr-bundle y|n] [--codec C]
+#                       [--process-max N]
 #                       [--port N] [--no-wait] [--workdir DIR] [--keep] [--no-build]
 #                       [--pgstrata BIN] [--out FILE]
 #
@@ -28,6 +29,8 @@
 #                      (self-signed CA, repo1-storage-verify-tls=n), with the same delay; the
 #                      script then also runs pgstrata through that TLS listener
 #                      (repo-s3-ca-file), so the two tools are compared on the same path
+#   --pgbr-bundle y|n  pgBackRest's repo1-bundle in the restore scenario (default y: the
+#                      setting one would use on an object store; pgstrata bundles by default)
 #   --codec C          compression type of every backup, at its default level (default zst)
 #   --process-max N    worker count of the local runs and of the main S3 runs (default 2)
 #   --port N           port of the throwaway source cluster (default 55442); moto listens on
@@ -83,6 +86,7 @@ CONNECT_DELAY_MS=0
 S3_PM_LIST=4
 S3_NODELAY=0
 PGBR=y
+PGBR_BUNDLE=y
 CODEC=zst
 WAIT=1
 
@@ -111,6 +115,8 @@ while [[ $# -gt 0 ]]; do
         --s3-nodelay) S3_NODELAY=1; shift ;;
         --pgbackrest) need_arg "$@"; PGBR="$2"; shift 2 ;;
         --pgbackrest=*) PGBR="${1#*=}"; shift ;;
+        --pgbr-bundle) need_arg "$@"; PGBR_BUNDLE="$2"; shift 2 ;;
+        --pgbr-bundle=*) PGBR_BUNDLE="${1#*=}"; shift ;;
         --codec) need_arg "$@"; CODEC="$2"; shift 2 ;;
         --codec=*) CODEC="${1#*=}"; shift ;;
         --no-wait) WAIT=0; shift ;;
@@ -133,6 +139,7 @@ is_uint "$ROWS_PER_TABLE" || die "--rows must be a non-negative integer, got '$R
 is_uint "$DELAY_MS" || die "--delay-ms must be a non-negative integer, got '$DELAY_MS'"
 is_uint "$CONNECT_DELAY_MS" || die "--connect-delay-ms must be a non-negative integer, got '$CONNECT_DELAY_MS'"
 [[ $PGBR == y || $PGBR == n ]] || die "--pgbackrest must be y or n, got '$PGBR'"
+[[ $PGBR_BUNDLE == y || $PGBR_BUNDLE == n ]] || die "--pgbr-bundle must be y or n, got '$PGBR_BUNDLE'"
 LEVEL=$(default_level "$CODEC") || die "unknown codec '$CODEC' (zst, lz4, gz, bz2, none)"
 check_common_options
 IFS=',' read -r -a S3_PMS <<< "$S3_PM_LIST"
@@ -207,7 +214,7 @@ done
 
 PROXY_STATS="$WORKDIR/proxy-stats.json"
 proxy_args=(--listen "127.0.0.1:$PROXY_PORT" --upstream "127.0.0.1:$MOTO_PORT" --delay-ms "$DELAY_MS"
-    --connect-delay-ms "$CONNECT_DELAY_MS" --stats "$PROXY_STATS")
+    --connect-delay-ms "$CONNECT_DELAY_MS" --stats "$PROXY_STATS" --log "$LOGDIR/proxy-requests.log")
 [[ $PGBR == y ]] && proxy_args+=(--tls-listen "127.0.0.1:$TLS_PORT" --tls-cert "$PKI/server.pem" --tls-key "$PKI/server.key")
 log "starting bench/delay_proxy.py: 127.0.0.1:$PROXY_PORT$([[ $PGBR == y ]] && echo " (and TLS 127.0.0.1:$TLS_PORT)") -> moto, ${DELAY_MS} ms per request turn, ${CONNECT_DELAY_MS} ms per new connection"
 "$PYTHON" "$SCRIPT_DIR/delay_proxy.py" "${proxy_args[@]}" >"$LOGDIR/proxy.log" 2>&1 &
@@ -358,6 +365,14 @@ stanza_create() {   # target conf tag
     fi
 }
 
+# Requests of turns FIRST..LAST in the proxy's log, by kind: "GET 12, PUT 3, LIST 2, ...".
+req_mix() {   # first last
+    awk -v a="$1" -v b="$2" '$3 >= a && $3 <= b {
+            m = $4; if (m == "GET" && $5 ~ /list-type=2/) m = "LIST"; else if (m == "POST" && $5 ~ /[?&]delete/) m = "DELETE-MULTI"
+            n[m]++ }
+        END { s = ""; for (k in n) s = s (s == "" ? "" : ", ") k " " n[k]; print s }' "$LOGDIR/proxy-requests.log"
+}
+
 # Counting concurrent load: how many timed commands started while cargo/rustc was running.
 TIMED=0; TIMED_CI=0; LOADS=()
 before_timed() {
@@ -372,14 +387,20 @@ before_timed() {
 after_timed() {
     local t1; t1=$(now)
     LAST_SEC=$(elapsed "$T0" "$t1")
-    LAST_REQ=""; LAST_CONN=""
+    LAST_REQ=""; LAST_CONN=""; LAST_MIX=""
     if [[ -n "$REQ0" ]]; then
         local r1 a b c d
         proxy_counters; r1="$PC"; read -r a b <<< "$REQ0"; read -r c d <<< "$r1"
         LAST_REQ=$((c - a)); LAST_CONN=$((d - b))
         # The direct (no-proxy) target and the pgBackRest archive pushes of other targets do not
         # go through the proxy; only proxied targets get a request count.
-        if [[ ${ENDPOINT[$1]} == *":$MOTO_PORT" ]]; then LAST_REQ=""; LAST_CONN=""; fi
+        if [[ ${ENDPOINT[$1]} == *":$MOTO_PORT" ]]; then
+            LAST_REQ=""; LAST_CONN=""
+        else
+            # turns a+1..c of proxy-requests.log belong to this command
+            echo "$2 $((a + 1)) $c" >> "$LOGDIR/proxy-requests.index"
+            LAST_MIX=$(req_mix $((a + 1)) "$c")
+        fi
     fi
     return 0
 }
@@ -395,7 +416,7 @@ time_backup() {   # target conf tag type [extra args] -> LAST_SEC LAST_LABEL LAS
         run_logged "backup-$tag-$type" "$PGBACKREST" --config="$conf" --stanza=$STANZA --type="$type" backup \
             || die "pgbackrest backup failed ($tag $type)"
     fi
-    after_timed "$t"
+    after_timed "$t" "backup-$tag-$type"
     if [[ ${TOOL[$t]} == pgstrata ]]; then
         LAST_LABEL=$(grep -v '^[[:space:]]*$' "$LOGDIR/backup-$tag-$type.out" | tail -n 1 | awk '{print $NF}')
     else
@@ -415,7 +436,7 @@ time_restore() {   # target conf dir logname [extra args] -> LAST_SEC LAST_REQ
         run_logged "restore-$name" "$PGBACKREST" --config="$conf" --stanza=$STANZA --pg1-path="$dir" "$@" restore \
             || die "pgbackrest restore failed ($name)"
     fi
-    after_timed "$t"
+    after_timed "$t" "restore-$name"
 }
 
 # ---------------------------------------------------------------------------- source cluster
@@ -463,10 +484,10 @@ archive_to() {   # target conf  (archive only to this target's repository)
 }
 
 declare -A RES      # RES[scenario-step,target] = seconds ; REQ[...] = requests ; OBJ[...] = objects
-declare -A REQ OBJ OBYTES
+declare -A REQ OBJ OBYTES MIX
 record() {   # key target
-    RES[$1,$2]="$LAST_SEC"; REQ[$1,$2]="$LAST_REQ"
-    log "[${TNAME[$2]}] $1: ${LAST_SEC}s$([[ -n "$LAST_REQ" ]] && echo ", $LAST_REQ requests, $LAST_CONN connections")"
+    RES[$1,$2]="$LAST_SEC"; REQ[$1,$2]="$LAST_REQ"; MIX[$1,$2]="$LAST_MIX"
+    log "[${TNAME[$2]}] $1: ${LAST_SEC}s$([[ -n "$LAST_REQ" ]] && echo ", $LAST_REQ requests ($LAST_MIX), $LAST_CONN connections")"
 }
 
 # ------------------------------------------------------------------------- restore scenario
@@ -481,7 +502,7 @@ if (( DO_RESTORE )); then
 
     declare -A RCONF RLABEL_FULL RLABEL_INCR RSAME RFETCH
     for t in "${TARGETS[@]}"; do
-        make_config "$t" "r-$t" n; RCONF[$t]="$CONFF"
+        make_config "$t" "r-$t" "$PGBR_BUNDLE"; RCONF[$t]="$CONFF"
         stanza_create "$t" "${RCONF[$t]}" "r-$t"
         archive_to "$t" "${RCONF[$t]}"
         wal_switch_and_wait
@@ -652,6 +673,17 @@ S3T=(); for t in "${TARGETS[@]}"; do [[ ${TOOL[$t]} == pgstrata && ${KIND[$t]} =
         echo "pgstrata delta restore, bytes fetched: $(for t in "${TARGETS[@]}"; do [[ ${TOOL[$t]} == pgstrata ]] && printf '%s %s; ' "${TNAME[$t]}" "${RFETCH[$t]}"; done)"
         echo "restore of the full before the delta restore (s, requests): $(for t in "${TARGETS[@]}"; do printf '%s %s%s; ' "${TNAME[$t]}" "${RES[r-restore-prep,$t]}" "$([[ -n "${REQ[r-restore-prep,$t]:-}" ]] && echo " (${REQ[r-restore-prep,$t]})")"; done)"
     fi
+    echo
+    echo "Requests per step through the proxy, by kind (LIST = ListObjectsV2; requests of the WAL archiving the backup waits for are included):"
+    echo
+    for t in "${TARGETS[@]}"; do
+        [[ ${KIND[$t]} == s3 && ${ENDPOINT[$t]} != *":$MOTO_PORT" ]] || continue
+        for st in "${STEPS[@]}" "r-restore-prep|restore scenario: restore of the full before the delta restore"; do
+            k="${st%%|*}"
+            [[ -n "${RES[$k,$t]:-}" ]] || continue
+            echo "- ${TNAME[$t]}, ${st#*|}: ${REQ[$k,$t]} requests (${MIX[$k,$t]})"
+        done
+    done
     if [[ $PGBR == y ]]; then
         echo
         echo "pgBackRest 2.45 on the same S3 server. It only speaks https to S3, so both tools go through the proxy's TLS listener here (same ${DELAY_MS} ms per turn); ratio = pgBackRest s / pgstrata s (> 1: pgstrata faster):"
@@ -665,7 +697,7 @@ S3T=(); for t in "${TARGETS[@]}"; do [[ ${TOOL[$t]} == pgstrata && ${KIND[$t]} =
                 "$(pct "${RES[$k,local]}" "${RES[$k,s3-tls]}")" "${REQ[$k,s3-tls]:-}" "$(x "${RES[$k,s3-tls]}" "${RES[$k,pgbr-s3]}")"
         done
         echo
-        echo "(pgBackRest 2.45's incremental backups are file-level, pgstrata's block-level; pgBackRest's bundling rows use repo1-bundle=y/n.)"
+        echo "(pgBackRest 2.45's incremental backups are file-level, pgstrata's block-level. Restore scenario: pgBackRest repo1-bundle=$PGBR_BUNDLE. Bundling scenario: repo1-bundle=y / n.)"
     fi
 } > "$WORKDIR/results.md"
 

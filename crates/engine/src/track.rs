@@ -9,7 +9,8 @@
 //!
 //! Anything that could make the maps miss a change sends files back to block hashing:
 //! a missing, damaged or undecodable map, records of unknown resource managers, a timeline
-//! switch (the whole backup), and per file: FSM forks (not reliably WAL-logged), forks
+//! switch (the whole backup), and per file: FSM and visibility-map forks (not reliably
+//! WAL-logged as block references), forks
 //! created or truncated in the window, dropped relation numbers, databases created by file
 //! copy or dropped, and files the prior backup has no block map for.
 
@@ -76,8 +77,10 @@ impl WalChanges {
         let rf = layout::relation_file(rel_path)?;
         let fork = match rf.fork {
             Fork::Main => 0,
-            Fork::Fsm => return None,
-            Fork::Vm => 2,
+            // FSM pages are not reliably WAL-logged, and visibility-map bits are cleared by
+            // heap records that do not reference the map page: both are read whole (they
+            // are tiny: one map page covers 256 MiB of heap).
+            Fork::Fsm | Fork::Vm => return None,
             Fork::Init => 3,
         };
         let (spc, db) = location(rel_path)?;
