@@ -229,3 +229,84 @@ fn a_gap_in_the_maps_falls_back_to_hashing() {
     let c = env.restore_and_start("gap", &["--type=immediate", &format!("--set={label}")]);
     assert_eq!(c.content_hashes().unwrap(), expected);
 }
+
+/// A standby promotion (timeline switch) between backups: the first incremental on the new
+/// timeline hashes every block and says why; the next one uses the WAL again; both restore
+/// exactly.
+#[test]
+fn a_timeline_switch_forces_hashing_then_tracking_resumes() {
+    let env = Env::new("promote");
+    env.cluster
+        .pgbench(&["-i", "-s", "3", "-q", "postgres"])
+        .unwrap();
+    env.stanza_create();
+    let full = env.backup(&["--type=full"]);
+    // A standby from the backup, fed from the archive; the old primary goes away.
+    let standby_dir = env.scratch.join("standby");
+    run_ok(env.cmd_as_invoker(&[
+        &format!("--pg-path={}", standby_dir.display()),
+        "--type=standby",
+        &format!("--set={full}"),
+        "restore",
+    ]));
+    env.cluster
+        .pgbench(&["-n", "-t", "200", "postgres"])
+        .unwrap();
+    env.flush_wal();
+    env.cluster.stop().unwrap();
+    let standby =
+        pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &standby_dir, &env.scratch.path);
+    standby.start().unwrap();
+    run_ok({
+        let mut c = standby.bin.cmd("pg_ctl");
+        c.arg("-D").arg(&standby.data).args(["-w", "promote"]);
+        c
+    });
+    standby
+        .wait_for_promotion(std::time::Duration::from_secs(120))
+        .unwrap();
+    let on = |mut c: std::process::Command| {
+        c.env("PGSTRATA_PG_PATH", &standby.data)
+            .env("PGSTRATA_PG_HOST", &standby.socket_dir)
+            .env("PGSTRATA_PG_PORT", standby.port.to_string());
+        c
+    };
+    standby.pgbench(&["-n", "-t", "200", "postgres"]).unwrap();
+    let first = run_ok(on(env.cmd(&["--type=incr", "--start-fast", "backup"])))
+        .trim()
+        .to_string();
+    standby
+        .psql(
+            "postgres",
+            "UPDATE pgbench_branches SET bbalance = bbalance + 1",
+        )
+        .unwrap();
+    standby.psql("postgres", "CHECKPOINT").unwrap();
+    let expected = standby.content_hashes().unwrap();
+    let second = run_ok(on(env.cmd(&[
+        "--type=incr",
+        "--start-fast",
+        "--track=wal",
+        "backup",
+    ])))
+    .trim()
+    .to_string();
+    let m1 = manifest(&env, &first);
+    assert_eq!(m1.start.timeline, 2);
+    assert!(
+        m1.delta_reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("timeline"),
+        "{:?}",
+        m1.delta_reason
+    );
+    let m2 = manifest(&env, &second);
+    assert_eq!(m2.track.as_deref(), Some("wal"), "{:?}", m2.track_reason);
+    standby.stop().unwrap();
+    let c = env.restore_and_start(
+        "after-promotion",
+        &["--type=immediate", &format!("--set={second}")],
+    );
+    assert_eq!(c.content_hashes().unwrap(), expected);
+}
