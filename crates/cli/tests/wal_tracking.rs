@@ -310,3 +310,49 @@ fn a_timeline_switch_forces_hashing_then_tracking_resumes() {
     );
     assert_eq!(c.content_hashes().unwrap(), expected);
 }
+
+/// PostgreSQL 17's own WAL summaries cross-check the maps: they list nothing the maps miss.
+#[test]
+fn postgresql_17_wal_summaries_agree_with_the_maps() {
+    let bin = pgstrata_testkit::PgBin::major(17).expect("PostgreSQL 17 (run .ci/setup)");
+    let env = Env::with_bin("summaries", &bin);
+    env.sql("ALTER SYSTEM SET summarize_wal = on");
+    env.sql("SELECT pg_reload_conf()");
+    env.cluster
+        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
+        .unwrap();
+    env.stanza_create();
+    let full = env.backup(&["--type=full"]);
+    let full_start = env.info_json()["backups"][0]["start_lsn"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    env.cluster
+        .pgbench(&["-n", "-t", "300", "postgres"])
+        .unwrap();
+    env.sql("CHECKPOINT");
+    // Wait for the summarizer to write a summary past the full backup's start.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while env.sql(&format!(
+        "SELECT count(*) FROM pg_available_wal_summaries() WHERE start_lsn >= '{full_start}'"
+    )) == "0"
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no WAL summary appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let incr = env.backup(&["--type=incr", "--track=wal"]);
+    let m = manifest(&env, &incr);
+    assert_eq!(m.prior.as_deref(), Some(full.as_str()));
+    assert_eq!(m.track.as_deref(), Some("wal"));
+    assert_eq!(
+        m.summary_check.as_deref(),
+        Some("WAL summaries agree with the block-change maps"),
+        "the server's summaries list nothing the maps missed"
+    );
+    let expected = env.hashes();
+    let c = env.restore_and_start("summaries", &["--type=immediate", &format!("--set={incr}")]);
+    assert_eq!(c.content_hashes().unwrap(), expected);
+}

@@ -246,6 +246,7 @@ async fn backup_locked(
     }
     // Which blocks changed, from the WAL, when the maps cover the window.
     let mut track_reason = None;
+    let mut summary_check = None;
     let mut wal = None;
     if let (Some(p), None, false) = (&prior_manifest, &delta_reason, opts.track == Track::Hash) {
         match crate::track::wal_changes(
@@ -259,11 +260,28 @@ async fn backup_locked(
         )
         .await
         {
-            Ok(w) => {
+            Ok(mut w) => {
                 log::info!(
                     "changed blocks come from the block-change maps of {} WAL segment(s)",
                     w.segments
                 );
+                // Summaries within the WAL the maps were built from (whole segments from the
+                // prior backup's start segment) must list nothing the maps do not.
+                let prior_start: Lsn = p.start.lsn.parse()?;
+                let seg = stanza.cluster.wal_segment_size;
+                let from = Lsn(prior_start.segment(seg) * seg);
+                if let Some((blocks, limited)) = db.wal_summaries(timeline, from, start_lsn).await?
+                {
+                    let extra = w.merge_summaries(blocks, limited);
+                    if extra > 0 {
+                        log::warn!("PostgreSQL's WAL summaries list {extra} block(s) or fork(s) the block-change maps do not; reading them too");
+                    }
+                    summary_check = Some(if extra == 0 {
+                        "WAL summaries agree with the block-change maps".to_string()
+                    } else {
+                        format!("WAL summaries listed {extra} block(s) or fork(s) the maps did not; they were read too")
+                    });
+                }
                 wal = Some(w);
             }
             Err(why) if opts.track == Track::Wal => {
@@ -439,6 +457,7 @@ async fn backup_locked(
         pack_codecs,
         track,
         track_reason,
+        summary_check,
     };
     // Keep only the codecs of backups actually referenced.
     let mut manifest = manifest;

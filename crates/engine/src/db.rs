@@ -166,6 +166,68 @@ impl Db {
         })
     }
 
+    /// PostgreSQL 17+ WAL summaries (summarize_wal = on) on `timeline` lying within
+    /// `[from, to)`: every (spc, db, rel, fork, block) they list, and forks whose length
+    /// they record as limited (truncated, created or dropped). `None` when the server has
+    /// no summaries to offer.
+    #[allow(clippy::type_complexity)]
+    pub async fn wal_summaries(
+        &self,
+        timeline: u32,
+        from: Lsn,
+        to: Lsn,
+    ) -> Result<Option<(Vec<(u32, u32, u32, u8, u32)>, Vec<(u32, u32, u32, u8)>)>> {
+        if self.major() < 17 {
+            return Ok(None);
+        }
+        let on: String = self
+            .client
+            .query_one("SELECT current_setting('summarize_wal')", &[])
+            .await
+            .map_err(pg_err("query summarize_wal"))?
+            .get(0);
+        if on != "on" {
+            return Ok(None);
+        }
+        let rows = self
+            .client
+            .query(
+                "SELECT s.start_lsn::text, s.end_lsn::text FROM pg_available_wal_summaries() s \
+                 WHERE s.tli = $1::int8 AND s.start_lsn >= $2::text::pg_lsn AND s.end_lsn <= $3::text::pg_lsn",
+                &[&(timeline as i64), &from.to_string(), &to.to_string()],
+            )
+            .await
+            .map_err(pg_err("list WAL summaries"))?;
+        let mut blocks = Vec::new();
+        let mut limited = Vec::new();
+        for r in rows {
+            let (start, end): (String, String) = (r.get(0), r.get(1));
+            let contents = self
+                .client
+                .query(
+                    "SELECT reltablespace::int8, reldatabase::int8, relfilenode::int8, relforknumber::int4, \
+                     relblocknumber::int8, is_limit_block FROM pg_wal_summary_contents($1::int8, $2::text::pg_lsn, $3::text::pg_lsn)",
+                    &[&(timeline as i64), &start, &end],
+                )
+                .await
+                .map_err(pg_err("read WAL summary"))?;
+            for c in contents {
+                let key = (
+                    c.get::<_, i64>(0) as u32,
+                    c.get::<_, i64>(1) as u32,
+                    c.get::<_, i64>(2) as u32,
+                    c.get::<_, i32>(3) as u8,
+                );
+                if c.get::<_, bool>(5) {
+                    limited.push(key);
+                } else {
+                    blocks.push((key.0, key.1, key.2, key.3, c.get::<_, i64>(4) as u32));
+                }
+            }
+        }
+        Ok(Some((blocks, limited)))
+    }
+
     /// Write a restore point and switch WAL; returns the name of the segment that must
     /// reach the archive.
     pub async fn switch_wal(&self) -> Result<String> {

@@ -32,6 +32,8 @@ pub struct BackupInfo {
     /// How changed blocks were found: "wal" or "hash".
     pub track: Option<String>,
     pub track_reason: Option<String>,
+    /// PostgreSQL 17+ WAL summaries cross-check, when the server had summaries.
+    pub summary_check: Option<String>,
     /// Files whose changed blocks came from the WAL.
     pub files_tracked: u64,
     pub page_errors: u64,
@@ -79,6 +81,7 @@ pub fn summarize(m: &Manifest) -> BackupInfo {
         delta_reason: m.delta_reason.clone(),
         track: m.track.clone(),
         track_reason: m.track_reason.clone(),
+        summary_check: m.summary_check.clone(),
         files_tracked: m.stats.files_tracked,
         page_errors: m.stats.page_errors,
         bad_pages: m
@@ -180,6 +183,9 @@ pub fn render_text(r: &StanzaReport) -> String {
                     .map(|r| format!(" ({r})"))
                     .unwrap_or_default()
             ));
+        }
+        if let Some(c) = &b.summary_check {
+            out.push_str(&format!("        cross-check: {c}\n"));
         }
         if let Some(r) = &b.delta_reason {
             out.push_str(&format!("        every block hashed: {r}\n"));

@@ -47,6 +47,33 @@ pub struct WalChanges {
 }
 
 impl WalChanges {
+    /// Cross-check with PostgreSQL 17+ WAL summaries: everything they list is read too.
+    /// Returns how many blocks they listed that the maps did not (0 when both agree).
+    pub fn merge_summaries(
+        &mut self,
+        blocks: Vec<(u32, u32, u32, u8, u32)>,
+        limited: Vec<ForkKey>,
+    ) -> usize {
+        let mut extra = 0;
+        // FSM and visibility-map forks are read whole whatever the maps say.
+        for (spc, db, rel, fork, blk) in blocks.into_iter().filter(|b| b.3 != 1 && b.3 != 2) {
+            if self
+                .blocks
+                .entry((spc, db, rel, fork))
+                .or_default()
+                .insert(blk)
+            {
+                extra += 1;
+            }
+        }
+        for key in limited {
+            if self.wholesale.insert(key) {
+                extra += 1;
+            }
+        }
+        extra
+    }
+
     fn add(&mut self, m: ChangeMap) {
         for f in m.blocks {
             let e = self.blocks.entry((f.spc, f.db, f.rel, f.fork)).or_default();

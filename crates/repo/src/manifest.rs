@@ -70,6 +70,10 @@ pub struct Manifest {
     /// Why the maps were not used, when they were not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub track_reason: Option<String>,
+    /// Outcome of cross-checking the maps with PostgreSQL 17+ WAL summaries, when the
+    /// server has them (summarize_wal = on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary_check: Option<String>,
     /// Why every block was hashed instead of trusting size and mtime, if it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta_reason: Option<String>,
