@@ -18,7 +18,7 @@ fn merge(into: &mut SegmentChanges, s: SegmentChanges) {
     into.incomplete_tail |= s.incomplete_tail;
 }
 
-fn decode_workload(major: u32) {
+fn decode_workload(major: u32, wal_compression: &str) {
     let bin = if major == 15 {
         PgBin::default_install()
     } else {
@@ -26,13 +26,11 @@ fn decode_workload(major: u32) {
     }
     .unwrap_or_else(|e| panic!("PostgreSQL {major} (run .ci/setup): {e}"));
     let env = Env::with_bin(&format!("wal{major}"), &bin);
-    if major >= 15 {
-        // Compressed full-page images must be skipped correctly.
-        // The npm builds of 17 and 18 have neither lz4 nor zstd; Debian's 15 has both.
-        let method = if major == 15 { "lz4" } else { "pglz" };
-        env.sql(&format!("ALTER SYSTEM SET wal_compression = '{method}'"));
-        env.sql("SELECT pg_reload_conf()");
-    }
+    // Compressed full-page images must be skipped correctly (the image flags moved in 15).
+    env.sql(&format!(
+        "ALTER SYSTEM SET wal_compression = '{wal_compression}'"
+    ));
+    env.sql("SELECT pg_reload_conf()");
     env.stanza_create();
     env.sql("CREATE TABLE t (id int, pad text)");
     env.sql("INSERT INTO t SELECT g, repeat('x', 500) FROM generate_series(1, 20000) g");
@@ -156,20 +154,26 @@ fn decode_workload(major: u32) {
 
 #[test]
 fn decodes_postgresql_14_wal() {
-    decode_workload(14);
+    decode_workload(14, "on"); // PG14 knows only on (pglz) and off
 }
 
 #[test]
-fn decodes_postgresql_15_wal() {
-    decode_workload(15);
+fn decodes_postgresql_15_wal_lz4() {
+    decode_workload(15, "lz4");
+}
+
+#[test]
+fn decodes_postgresql_15_wal_zstd() {
+    decode_workload(15, "zstd");
 }
 
 #[test]
 fn decodes_postgresql_17_wal() {
-    decode_workload(17);
+    // The npm builds of 17 and 18 have neither lz4 nor zstd; Debian's 15 has both.
+    decode_workload(17, "pglz");
 }
 
 #[test]
 fn decodes_postgresql_18_wal() {
-    decode_workload(18);
+    decode_workload(18, "pglz");
 }
