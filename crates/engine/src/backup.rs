@@ -51,7 +51,7 @@ struct Prior {
 }
 
 /// Block size for a file's block map. Small blocks find small changes; large files get
-/// larger blocks so their maps stay small (8 bytes per block in the manifest). A file keeps
+/// larger blocks so their maps stay small (16 hex digits per block in the manifest). A file keeps
 /// the block size of its prior backup so its blocks can be compared; it may differ between
 /// backups of the same file only when there is no prior map.
 pub fn block_size_for(size: u64, prior: Option<&FileEntry>) -> u32 {
@@ -221,7 +221,8 @@ async fn backup_locked(
         .await?;
 
     // Size and mtime are trusted only when nothing suggests they could lie.
-    let mut delta_reason = opts.delta.then(|| "--delta was given".to_string());
+    let mut delta_reason =
+        (opts.delta && prior_manifest.is_some()).then(|| "--delta was given".to_string());
     if let (Some(p), None) = (&prior_manifest, &delta_reason) {
         if p.stop.timeline != timeline {
             delta_reason = Some(format!(
