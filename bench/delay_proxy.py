@@ -32,7 +32,7 @@ Statistics: on SIGUSR1 the proxy writes a JSON line {"seq", "connections", "turn
 "bytes_up", "bytes_down"} to --stats FILE (atomically, via a temporary file); seq counts the
 dumps, so a reader can wait for the dump it asked for. --log FILE appends one line per turn:
 "<unix time> <connection number> <turn number> <first line of the turn>" (for HTTP: the
-request line). SIGTERM/SIGINT stop it.
+request line, then its Range and Content-Length headers as range=... content-length=...). SIGTERM/SIGINT stop it.
 """
 
 import argparse
@@ -75,8 +75,10 @@ async def pump_up(reader, writer, conn, delay):
                 conn.server_spoke = False
                 STATS["turns"] += 1
                 if LOG is not None:
-                    first = data.split(b"\r\n", 1)[0][:300].decode("latin-1", "replace")
-                    LOG.write(f"{time.time():.6f} {conn.number} {STATS['turns']} {first}\n")
+                    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1", "replace").split("\r\n")
+                    extra = "".join(f" {h.split(':', 1)[0].lower()}={h.split(':', 1)[1].strip()}" for h in head[1:]
+                                    if h.lower().startswith(("range:", "content-length:")))
+                    LOG.write(f"{time.time():.6f} {conn.number} {STATS['turns']} {head[0][:300]}{extra}\n")
                 if delay > 0:
                     await asyncio.sleep(delay)
             STATS["bytes_up"] += len(data)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # bench/incremental.sh: full backup, then an incremental backup after a 1 % change, per codec:
-# pgstrata (block-level incremental) vs pgBackRest 2.45 (file-level incremental), side by side.
+# pgstrata (block-level incremental) vs pgBackRest 2.45 (file-level incremental, and its beta
+# block incremental repo1-block=y), side by side.
 #
 # Usage:
 #   bench/incremental.sh [--scale N] [--copies N] [--change-pct P] [--codecs gz,lz4,zst]
-#                        [--runs N] [--pgbr-bundle n|y] [--track LIST] [--process-max N] [--verify]
+#                        [--runs N] [--pgbr file,block] [--pgbr-bundle n|y] [--track LIST]
+#                        [--process-max N] [--verify]
 #                        [--port N] [--workdir DIR] [--keep] [--no-build] [--pgstrata BIN] [--out FILE]
 #
 #   --scale N          pgbench scale factor (default 20; 1 scale = 100,000 rows, ~13 MB heap)
@@ -15,7 +17,12 @@
 #                      (zst 3, lz4 1, gz 6; also none, bz2) (default gz,lz4,zst)
 #   --runs N           repeat the full + change + incr cycle N times per codec, each in fresh
 #                      repositories, and keep the best (minimum) time of each column (default 1)
-#   --pgbr-bundle V    pgBackRest repo1-bundle: n (pgBackRest default) or y (default n)
+#   --pgbr LIST        pgBackRest variants, comma-separated, each in its own repository with its
+#                      own full backup (default file,block):
+#                        file   file-level incremental (repo1-bundle per --pgbr-bundle)
+#                        block  block incremental: repo1-bundle=y repo1-block=y beta=y (in 2.45
+#                               it needs beta=y; its help says "FOR BETA TESTING ONLY")
+#   --pgbr-bundle V    repo1-bundle of the "file" variant: n (pgBackRest default) or y (default n)
 #   --track LIST       pgstrata incremental modes, comma-separated, each in its own repository
 #                      with its own full backup (default auto,hash):
 #                        auto   pgstrata's default: the block-change maps archive-push writes
@@ -49,9 +56,9 @@
 #      directory is logged as a cross-check;
 #   5. prints markdown tables with pgBackRest/pgstrata ratios (> 1: pgstrata faster/smaller).
 #
-# pgBackRest 2.45 has no block-level incremental (repo1-block came in 2.46), so its incremental
-# is file-level: a changed 1 GB segment file is stored again whole. Compared here is what each
-# tool has: pgBackRest file-level incr vs pgstrata block-level incr.
+# pgBackRest's default incremental is file-level: a changed segment file (up to 1 GB) is stored
+# again whole. 2.45 also has block incremental (repo1-block, which needs repo1-bundle), marked
+# beta in its help; both are measured.
 #
 # Requirements: run as root; PostgreSQL 15 in /usr/lib/postgresql/15/bin (or PG_BIN=...);
 # pgbench; pgbackrest; jq; cargo (unless --no-build). Helpers: bench/lib.sh.
@@ -69,6 +76,7 @@ CHANGE_PCT=1
 CODECS="gz,lz4,zst"
 RUNS=1
 PGBR_BUNDLE=n
+PGBR_VARIANTS="file,block"
 TRACKS="auto,hash"
 VERIFY=0
 
@@ -88,6 +96,8 @@ while [[ $# -gt 0 ]]; do
         --runs=*) RUNS="${1#*=}"; shift ;;
         --pgbr-bundle) need_arg "$@"; PGBR_BUNDLE="$2"; shift 2 ;;
         --pgbr-bundle=*) PGBR_BUNDLE="${1#*=}"; shift ;;
+        --pgbr) need_arg "$@"; PGBR_VARIANTS="$2"; shift 2 ;;
+        --pgbr=*) PGBR_VARIANTS="${1#*=}"; shift ;;
         --track) need_arg "$@"; TRACKS="$2"; shift 2 ;;
         --track=*) TRACKS="${1#*=}"; shift ;;
         --verify) VERIFY=1; shift ;;
@@ -103,6 +113,11 @@ is_uint "$RUNS" && (( RUNS >= 1 )) || die "--runs must be >= 1, got '$RUNS'"
 [[ "$PGBR_BUNDLE" == n || "$PGBR_BUNDLE" == y ]] || die "--pgbr-bundle must be n or y, got '$PGBR_BUNDLE'"
 check_common_options
 parse_codecs "$CODECS"
+IFS=',' read -r -a PGBR_LIST <<< "$PGBR_VARIANTS"
+(( ${#PGBR_LIST[@]} > 0 )) || die "--pgbr is empty"
+for v in "${PGBR_LIST[@]}"; do
+    case "$v" in file|block) ;; *) die "unknown --pgbr variant '$v' (file, block)" ;; esac
+done
 IFS=',' read -r -a TRACK_LIST <<< "$TRACKS"
 (( ${#TRACK_LIST[@]} > 0 )) || die "--track is empty"
 for tr in "${TRACK_LIST[@]}"; do
@@ -143,19 +158,31 @@ apply_change() {
 }
 
 # ------------------------------------------------------------------------------ measurement
-# Tool ids: pgs-TRACK (one pgstrata repository per --track mode) and pgbackrest.
+# Tool ids: pgs-TRACK (one pgstrata repository per --track mode), pgbr-file and pgbr-block (one
+# pgBackRest repository per --pgbr variant).
 # FT/IT[id,codec] = best full/incr backup s; FS/IS = stored bytes (first run); IREAD = bytes the
 # incr read (pgstrata bytes_read; pgBackRest "database backup size", the bytes of the files it
-# copied); IFILES = pgstrata files unchanged/total; TRK = pgstrata's track used (and why not wal)
+# copied); IFILES = pgstrata files unchanged/total; TRK = pgstrata's track used, every run
 declare -A FT IT FS IS IDU FDU IREAD IFILES TRK LABEL
 PGS_IDS=()
 for tr in "${TRACK_LIST[@]}"; do PGS_IDS+=("pgs-$tr"); done
+PGBR_IDS=()
+for v in "${PGBR_LIST[@]}"; do PGBR_IDS+=("pgbr-$v"); done
 pgs_track_args() { [[ ${1#pgs-} == none ]] || echo "--track=${1#pgs-}"; }
+pgbr_bundle_of() { [[ $1 == pgbr-block ]] && echo y || echo "$PGBR_BUNDLE"; }
+pgbr_extra_of() { [[ $1 == pgbr-block ]] && printf "repo1-block=y\nbeta=y\n" || true; }
 id_name() {
     case "$1" in
-        pgbackrest) echo "pgBackRest" ;;
+        pgbr-file) echo "pgBackRest file-level (repo1-bundle=$PGBR_BUNDLE)" ;;
+        pgbr-block) echo "pgBackRest block (repo1-block=y, beta in 2.45)" ;;
         pgs-none) echo "pgstrata" ;;
         *) echo "pgstrata --track=${1#pgs-}" ;;
+    esac
+}
+id_short() {
+    case "$1" in
+        pgbr-file) echo "pgBackRest file" ;; pgbr-block) echo "pgBackRest block" ;;
+        pgs-none) echo "pgstrata" ;; *) echo "pgstrata ${1#pgs-}" ;;
     esac
 }
 
@@ -174,50 +201,47 @@ for codec in "${CODEC_LIST[@]}"; do
         tag="$codec-r$run"
         d="$RUNDIR/$tag"
         mkdir -p "$d"; chown postgres:postgres "$d"
-        conf="$d/pgbackrest.conf"
-        write_pgbr_conf "$conf" "$d/repo-pgbackrest" "$codec" "$level" "$PGBR_BUNDLE"
-        log "[$tag] stanza-create (pgstrata x ${#PGS_IDS[@]}, pgBackRest)"
-        pgs_repos=""
+        log "[$tag] stanza-create (pgstrata x ${#PGS_IDS[@]}, pgBackRest x ${#PGBR_IDS[@]})"
+        pgs_repos=""; pgbr_confs=""
         for id in "${PGS_IDS[@]}"; do
             pgs_stanza_create "$d/repo-$id" "$tag-$id"
             pgs_repos+="$d/repo-$id "
         done
-        pgbr_stanza_create "$conf" "$tag"
-        set_archive_targets "$codec" "$level" "$pgs_repos" "$conf"
+        for id in "${PGBR_IDS[@]}"; do
+            write_pgbr_conf "$d/$id.conf" "$d/repo-$id" "$codec" "$level" "$(pgbr_bundle_of "$id")" "$(pgbr_extra_of "$id")"
+            pgbr_stanza_create "$d/$id.conf" "$tag-$id"
+            pgbr_confs+="$d/$id.conf "
+        done
+        set_archive_targets "$codec" "$level" "$pgs_repos" "$pgbr_confs"
         if (( ! KEEP )); then
             for old in "$RUNDIR"/*; do [[ "$old" != "$d" ]] && rm -rf "$old"; done
         fi
 
-        order=(pgstrata pgbackrest)
-        if (( (ci + run) % 2 == 0 )); then order=(pgbackrest pgstrata); fi
+        order=("${PGS_IDS[@]}" "${PGBR_IDS[@]}")
+        if (( (ci + run) % 2 == 0 )); then order=("${PGBR_IDS[@]}" "${PGS_IDS[@]}"); fi
 
         # Settled state before the full: VACUUM ANALYZE (sets the visibility map everywhere),
-        # CHECKPOINT, WAL switched and archived, so neither tool's timing includes them.
+        # CHECKPOINT, WAL switched and archived, so no tool's timing includes them.
         psql_src -d postgres -c "VACUUM ANALYZE" || die "VACUUM ANALYZE failed"
         psql_src -d postgres -c "CHECKPOINT" || die "CHECKPOINT failed"
         wal_switch_and_wait
 
         for kind in full incr; do
-            for tool in "${order[@]}"; do
-                if [[ $tool == pgstrata ]]; then
-                    for id in "${PGS_IDS[@]}"; do
+            for id in "${order[@]}"; do
+                case "$id" in
+                    pgs-*)
                         extra=()
                         [[ $kind == incr ]] && read -r -a extra <<< "$(pgs_track_args "$id")"
                         log "[$tag] pgstrata backup --type=$kind ${extra[*]} (repository $id)"
-                        time_pgstrata_backup "$d/repo-$id" "$codec" "$level" "$tag-$id-$kind" --type="$kind" "${extra[@]}"
-                        LABEL[$id,$kind]="$LAST_LABEL"
-                        log "[$tag] $id $kind backup: ${LAST_SEC}s, label $LAST_LABEL"
-                        if [[ $kind == full ]]; then FT[$id,$codec]=$(min2 "${FT[$id,$codec]:-}" "$LAST_SEC")
-                        else IT[$id,$codec]=$(min2 "${IT[$id,$codec]:-}" "$LAST_SEC"); fi
-                    done
-                else
-                    log "[$tag] pgbackrest backup --type=$kind (repo1-bundle=$PGBR_BUNDLE)"
-                    time_pgbr_backup "$conf" "$tag-$kind" "$kind"
-                    LABEL[pgbackrest,$kind]="$LAST_LABEL"
-                    log "[$tag] pgbackrest $kind backup: ${LAST_SEC}s, label $LAST_LABEL"
-                    if [[ $kind == full ]]; then FT[pgbackrest,$codec]=$(min2 "${FT[pgbackrest,$codec]:-}" "$LAST_SEC")
-                    else IT[pgbackrest,$codec]=$(min2 "${IT[pgbackrest,$codec]:-}" "$LAST_SEC"); fi
-                fi
+                        time_pgstrata_backup "$d/repo-$id" "$codec" "$level" "$tag-$id-$kind" --type="$kind" "${extra[@]}" ;;
+                    pgbr-*)
+                        log "[$tag] pgbackrest backup --type=$kind ($(id_name "$id"))"
+                        time_pgbr_backup "$d/$id.conf" "$tag-$id-$kind" "$kind" ;;
+                esac
+                LABEL[$id,$kind]="$LAST_LABEL"
+                log "[$tag] $id $kind backup: ${LAST_SEC}s, label $LAST_LABEL"
+                if [[ $kind == full ]]; then FT[$id,$codec]=$(min2 "${FT[$id,$codec]:-}" "$LAST_SEC")
+                else IT[$id,$codec]=$(min2 "${IT[$id,$codec]:-}" "$LAST_SEC"); fi
             done
             if [[ $kind == full ]]; then
                 # The change between the two backups, then the same settling as before the full.
@@ -236,29 +260,34 @@ for codec in "${CODEC_LIST[@]}"; do
                 || die "pgstrata backup $li is not an incr: $(pgs_backup_field "$pj" "$li" type)"
             [[ $(pgs_backup_field "$pj" "$li" prior) == "$lf" ]] \
                 || die "pgstrata incr $li has prior '$(pgs_backup_field "$pj" "$li" prior)', expected $lf"
+            t=$(pgs_backup_field "$pj" "$li" track); why=$(pgs_backup_field "$pj" "$li" track_reason)
+            rd=$(pgs_backup_field "$pj" "$li" bytes_read)
+            # track used and bytes read, for every run (the times are the best of the runs)
+            TRK[$id,$codec]+="${TRK[$id,$codec]:+; }r$run: ${t:-n/a}${why:+ ($why)}, read $(mb "$rd") MB"
             if (( run == 1 )); then
                 FS[$id,$codec]=$(pgs_backup_field "$pj" "$lf" stored_size)
                 IS[$id,$codec]=$(pgs_backup_field "$pj" "$li" stored_size)
-                IREAD[$id,$codec]=$(pgs_backup_field "$pj" "$li" bytes_read)
+                IREAD[$id,$codec]="$rd"
                 IFILES[$id,$codec]="$(pgs_backup_field "$pj" "$li" files_unchanged)/$(pgs_backup_field "$pj" "$li" files)"
-                t=$(pgs_backup_field "$pj" "$li" track); why=$(pgs_backup_field "$pj" "$li" track_reason)
-                TRK[$id,$codec]="${t:-n/a}${why:+ ($why)}"
                 FDU[$id,$codec]=$(du -sb "$d/repo-$id/$STANZA/backup/$lf" | cut -f1)
                 IDU[$id,$codec]=$(du -sb "$d/repo-$id/$STANZA/backup/$li" | cut -f1)
-                log "[$tag] $id stored: full ${FS[$id,$codec]} (du ${FDU[$id,$codec]}), incr ${IS[$id,$codec]} (du ${IDU[$id,$codec]}), read ${IREAD[$id,$codec]}, unchanged/files ${IFILES[$id,$codec]}, track ${TRK[$id,$codec]}"
+                log "[$tag] $id stored: full ${FS[$id,$codec]} (du ${FDU[$id,$codec]}), incr ${IS[$id,$codec]} (du ${IDU[$id,$codec]}), unchanged/files ${IFILES[$id,$codec]}"
+            fi
+            log "[$tag] $id incr: track ${t:-n/a}${why:+ ($why)}, read $rd bytes"
+        done
+        for id in "${PGBR_IDS[@]}"; do
+            bj=$(pgbr_info_json "$d/$id.conf" "$tag-$id")
+            li="${LABEL[$id,incr]}"; lf="${LABEL[$id,full]}"
+            [[ $(pgbr_backup_field "$bj" "$li" .type) == incr ]] || die "pgBackRest backup $li is not an incr"
+            if (( run == 1 )); then
+                FS[$id,$codec]=$(pgbr_backup_field "$bj" "$lf" .info.repository.delta)
+                IS[$id,$codec]=$(pgbr_backup_field "$bj" "$li" .info.repository.delta)
+                IREAD[$id,$codec]=$(pgbr_backup_field "$bj" "$li" .info.delta)
+                FDU[$id,$codec]=$(du -sb "$d/repo-$id/backup/$STANZA/$lf" | cut -f1)
+                IDU[$id,$codec]=$(du -sb "$d/repo-$id/backup/$STANZA/$li" | cut -f1)
+                log "[$tag] $id stored: full ${FS[$id,$codec]} (du ${FDU[$id,$codec]}), incr ${IS[$id,$codec]} (du ${IDU[$id,$codec]}), database backup size ${IREAD[$id,$codec]}"
             fi
         done
-        bj=$(pgbr_info_json "$conf" "$tag")
-        [[ $(pgbr_backup_field "$bj" "${LABEL[pgbackrest,incr]}" .type) == incr ]] \
-            || die "pgBackRest backup ${LABEL[pgbackrest,incr]} is not an incr"
-        if (( run == 1 )); then
-            FS[pgbackrest,$codec]=$(pgbr_backup_field "$bj" "${LABEL[pgbackrest,full]}" .info.repository.delta)
-            IS[pgbackrest,$codec]=$(pgbr_backup_field "$bj" "${LABEL[pgbackrest,incr]}" .info.repository.delta)
-            IREAD[pgbackrest,$codec]=$(pgbr_backup_field "$bj" "${LABEL[pgbackrest,incr]}" .info.delta)
-            FDU[pgbackrest,$codec]=$(du -sb "$d/repo-pgbackrest/backup/$STANZA/${LABEL[pgbackrest,full]}" | cut -f1)
-            IDU[pgbackrest,$codec]=$(du -sb "$d/repo-pgbackrest/backup/$STANZA/${LABEL[pgbackrest,incr]}" | cut -f1)
-            log "[$tag] pgbackrest stored: full ${FS[pgbackrest,$codec]} (du ${FDU[pgbackrest,$codec]}), incr ${IS[pgbackrest,$codec]} (du ${IDU[pgbackrest,$codec]}), database backup size ${IREAD[pgbackrest,$codec]}"
-        fi
 
         if (( VERIFY )) && (( run == 1 )); then
             for id in "${PGS_IDS[@]}"; do
@@ -277,44 +306,60 @@ clear_archive_targets
 # ---------------------------------------------------------------------------------- results
 pct2() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2f %%", 100 * a / b }'; }
 {
-    echo "## Incremental backup after a $CHANGE_PCT % change: pgstrata (block-level) vs pgBackRest 2.45 (file-level)"
+    echo "## Incremental backup after a $CHANGE_PCT % change: pgstrata (block-level) vs pgBackRest 2.45"
     echo
     echo "- scenario: pgbench -i -s $SCALE + $COPIES copies test1..test$COPIES of pgbench_accounts; VACUUM ANALYZE + CHECKPOINT; full backup;"
     echo "  DELETE of $CHANGE_PCT % of each copy as one contiguous aid range ($CHUNK rows), VACUUM ANALYSE, CHECKPOINT; incremental backup"
     echo "- database size: $(mb "$DB_BYTES") MB (sum of pg_database_size); data directory without pg_wal: $(mb "$DATADIR_BYTES") MB"
-    echo "- process-max $PROCESS_MAX for both tools; each codec at its default level; start-fast; pgBackRest repo1-bundle=$PGBR_BUNDLE"
-    echo "- pgstrata incr modes: ${TRACK_LIST[*]} (--track; one pgstrata repository, with its own full, per mode; pgBackRest's numbers are shared)"
+    echo "- process-max $PROCESS_MAX for both tools; each codec at its default level; start-fast; one repository (own full) per column group"
     echo "- $(tool_versions)"
     echo "- times: wall clock of the command, best of $RUNS run(s), fresh repositories per run; warm page cache; sync before each timed command"
-    echo "- stored MB: what the backup itself wrote (pgstrata: info stored_size; pgBackRest: info backup[].info.repository.delta, \"backup size\")"
-    echo "- ratio = pgBackRest / pgstrata (> 1: pgstrata faster or smaller)"
+    echo "- MB: what the backup itself stored (pgstrata: info stored_size; pgBackRest: info backup[].info.repository.delta, \"backup size\")"
     echo "- machine: $(machine_line)"
     echo
-    echo "| codec | full s pgstrata | full s pgBackRest | ratio | full MB pgstrata | full MB pgBackRest | ratio | incr s pgstrata | incr s pgBackRest | ratio | incr MB pgstrata | incr MB pgBackRest | ratio |"
-    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    ALL_IDS=("${PGBR_IDS[@]}" "${PGS_IDS[@]}")
+    hdr="| codec |"; sep="|---|"
+    for id in "${ALL_IDS[@]}"; do
+        n=$(id_short "$id")
+        hdr+=" $n full s | $n full MB | $n incr s | $n incr MB |"; sep+="---:|---:|---:|---:|"
+    done
+    echo "$hdr"; echo "$sep"
     for codec in "${CODEC_LIST[@]}"; do
-        for id in "${PGS_IDS[@]}"; do
-            name="$codec"
-            (( ${#PGS_IDS[@]} > 1 )) && name="$codec ($(id_name "$id"))"
-            p="$id,$codec"; k="pgbackrest,$codec"
-            printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" \
-                "${FT[$p]}" "${FT[$k]}" "$(ratio "${FT[$p]}" "${FT[$k]}")" \
-                "$(mb "${FS[$p]}")" "$(mb "${FS[$k]}")" "$(ratio "${FS[$p]}" "${FS[$k]}")" \
-                "${IT[$p]}" "${IT[$k]}" "$(ratio "${IT[$p]}" "${IT[$k]}")" \
-                "$(mb2 "${IS[$p]}")" "$(mb2 "${IS[$k]}")" "$(ratio "${IS[$p]}" "${IS[$k]}")"
+        line="| $codec |"
+        for id in "${ALL_IDS[@]}"; do
+            p="$id,$codec"
+            line+=" ${FT[$p]} | $(mb "${FS[$p]}") | ${IT[$p]} | $(mb2 "${IS[$p]}") |"
+        done
+        echo "$line"
+    done
+    echo
+    echo "Columns: $(for id in "${ALL_IDS[@]}"; do printf '%s = %s; ' "$(id_short "$id")" "$(id_name "$id")"; done)"
+    echo
+    echo "Ratios pgBackRest / pgstrata (> 1: pgstrata faster or smaller):"
+    echo
+    echo "| codec | pgstrata | vs pgBackRest | full time | full size | incr time | incr size |"
+    echo "|---|---|---|---:|---:|---:|---:|"
+    for codec in "${CODEC_LIST[@]}"; do
+        for pid in "${PGS_IDS[@]}"; do
+            for bid in "${PGBR_IDS[@]}"; do
+                p="$pid,$codec"; k="$bid,$codec"
+                printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$codec" "$(id_short "$pid")" "$(id_short "$bid")" \
+                    "$(ratio "${FT[$p]}" "${FT[$k]}")" "$(ratio "${FS[$p]}" "${FS[$k]}")" \
+                    "$(ratio "${IT[$p]}" "${IT[$k]}")" "$(ratio "${IS[$p]}" "${IS[$k]}")"
+            done
         done
     done
     echo
-    echo "Incremental backup detail (first run of each codec):"
+    echo "Incremental backup detail (sizes from the first run of each codec; track used from every run):"
     echo
-    echo "| codec | tool | incr stored / full stored | incr read MB | files unchanged/total | track used | incr dir du MB |"
-    echo "|---|---|---:|---:|---:|---|---:|"
+    echo "| codec | tool | incr stored / full stored | incr read MB | files unchanged/total | incr dir du MB | track used (every run), bytes read |"
+    echo "|---|---|---:|---:|---:|---:|---|"
     for codec in "${CODEC_LIST[@]}"; do
-        for id in "${PGS_IDS[@]}" pgbackrest; do
+        for id in "${ALL_IDS[@]}"; do
             p="$id,$codec"
             printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$codec" "$(id_name "$id")" \
                 "$(pct2 "${IS[$p]}" "${FS[$p]}")" "$(mb "${IREAD[$p]}")" "${IFILES[$p]:-n/a}" \
-                "${TRK[$p]:-file-level}" "$(mb2 "${IDU[$p]}")"
+                "$(mb2 "${IDU[$p]}")" "${TRK[$p]:-n/a}"
         done
     done
     echo

@@ -246,16 +246,26 @@ set_archive_targets() {
 clear_archive_targets() { rm -f "$ARCHIVE_ENV"; }
 
 # Switch WAL and wait until the segment just completed has been archived (to both tools), so
-# that no archive push of earlier WAL runs during the next timed command.
+# that no archive push of earlier WAL runs during the next timed command. "Archived" is read from
+# pg_wal/archive_status: the segment's .done (or the segment already recycled) and no .ready file
+# left for it or anything before it. (pg_stat_archiver.last_archived_wal is the most recently
+# archived file, not the highest: a .backup file archived after the next segment would hide it.)
 wal_switch_and_wait() {
-    local seg i last
+    local seg i st="$SRC/pg_wal/archive_status" r pending
     seg=$(psql_src -d postgres -At -c "SELECT pg_walfile_name(pg_switch_wal())")
     for ((i = 0; i < 1200; i++)); do
-        last=$(psql_src -d postgres -At -c "SELECT coalesce(last_archived_wal, '') FROM pg_stat_archiver")
-        [[ -n "$last" && ! "${last:0:24}" < "${seg:0:24}" ]] && return 0
+        if [[ -f "$st/$seg.done" || ! -f "$SRC/pg_wal/$seg" ]]; then
+            pending=""
+            for r in "$st"/*.ready; do
+                [[ -e "$r" ]] || continue
+                r=${r##*/}
+                [[ "${r:0:24}" > "${seg:0:24}" ]] || { pending="$r"; break; }
+            done
+            [[ -z "$pending" ]] && return 0
+        fi
         sleep 0.1
     done
-    log "warning: WAL segment $seg not archived within 120 s (last archived: $last)"
+    log "warning: WAL segment $seg not archived within 120 s (archive_status: $(ls "$st" 2>&1 | tail -n 3 | tr '\n' ' '))"
 }
 
 # pgbench -i -s SCALE, then COPIES x CREATE TABLE <prefix>i AS TABLE pgbench_accounts.

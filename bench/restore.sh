@@ -4,7 +4,7 @@
 #
 # Usage:
 #   bench/restore.sh [--scale N] [--copies N] [--change-pct P] [--codec C] [--runs N]
-#                    [--pgbr-bundle n|y|both] [--process-max N] [--verify] [--port N]
+#                    [--pgbr-bundle n|y|both] [--pgbr-block y|n] [--process-max N] [--verify] [--port N]
 #                    [--workdir DIR] [--keep] [--no-build] [--pgstrata BIN] [--out FILE]
 #
 #   --scale N          pgbench scale factor (default 20; 1 scale = 100,000 rows, ~13 MB heap)
@@ -16,6 +16,9 @@
 #                      backups are taken once (default 1)
 #   --pgbr-bundle V    pgBackRest variants: n (repo1-bundle=n, its default), y, or both
 #                      (default both)
+#   --pgbr-block y|n   also a pgBackRest variant with block incremental (repo1-bundle=y
+#                      repo1-block=y beta=y: 2.45 has the option but refuses it without beta=y;
+#                      its help says "FOR BETA TESTING ONLY") (default y)
 #   --process-max N    worker count given to both tools, for backup and restore (default 2)
 #   --verify           start the cluster that pgstrata's delta restore produced (first run,
 #                      bundled repository; WAL replay through pgstrata archive-get) and compare
@@ -33,9 +36,10 @@
 #   2. pgbench -i -s SCALE, COPIES x CREATE TABLE testI AS SELECT * FROM pgbench_accounts,
 #      VACUUM ANALYZE, CHECKPOINT;
 #   3. one repository per variant: pgstrata (bundle=true, its default), pgstrata --bundle=false,
-#      pgBackRest repo1-bundle=n and/or y; a timed full backup in each; then DELETE of
+#      pgBackRest repo1-bundle=n and/or y, pgBackRest repo1-block=y; a timed full backup in each; then DELETE of
 #      CHANGE_PCT % of every copy (one contiguous aid range each), VACUUM ANALYSE, CHECKPOINT;
-#      a timed incremental backup in each (pgstrata: block-level; pgBackRest 2.45: file-level);
+#      a timed incremental backup in each (pgstrata: block-level; pgBackRest: file-level, or
+#      block-level with repo1-block=y);
 #   4. per variant (and run):
 #      (a) full restore: the incr restored into an empty directory (timed);
 #      (b) delta restore: the FULL backup restored into a directory (not timed), then the INCR
@@ -62,6 +66,7 @@ CHANGE_PCT=1
 CODEC=zst
 RUNS=1
 PGBR_BUNDLE=both
+PGBR_BLOCK=y
 VERIFY=0
 
 while [[ $# -gt 0 ]]; do
@@ -80,6 +85,8 @@ while [[ $# -gt 0 ]]; do
         --runs=*) RUNS="${1#*=}"; shift ;;
         --pgbr-bundle) need_arg "$@"; PGBR_BUNDLE="$2"; shift 2 ;;
         --pgbr-bundle=*) PGBR_BUNDLE="${1#*=}"; shift ;;
+        --pgbr-block) need_arg "$@"; PGBR_BLOCK="$2"; shift 2 ;;
+        --pgbr-block=*) PGBR_BLOCK="${1#*=}"; shift ;;
         --verify) VERIFY=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
@@ -95,8 +102,10 @@ check_common_options
 VARIANTS=(pgs-b1 pgs-b0)
 case "$PGBR_BUNDLE" in n) VARIANTS+=(pgbr-bn) ;; y) VARIANTS+=(pgbr-by) ;; both) VARIANTS+=(pgbr-bn pgbr-by) ;;
     *) die "--pgbr-bundle must be n, y or both, got '$PGBR_BUNDLE'" ;; esac
+case "$PGBR_BLOCK" in y) VARIANTS+=(pgbr-bk) ;; n) ;; *) die "--pgbr-block must be y or n, got '$PGBR_BLOCK'" ;; esac
 declare -A VNAME=([pgs-b1]="pgstrata (bundle=true)" [pgs-b0]="pgstrata (--bundle=false)"
-    [pgbr-bn]="pgBackRest (repo1-bundle=n)" [pgbr-by]="pgBackRest (repo1-bundle=y)")
+    [pgbr-bn]="pgBackRest (repo1-bundle=n)" [pgbr-by]="pgBackRest (repo1-bundle=y)"
+    [pgbr-bk]="pgBackRest (repo1-block=y, bundle=y)")
 has_variant() { local v; for v in "${VARIANTS[@]}"; do [[ $v == "$1" ]] && return 0; done; return 1; }
 
 bench_prereqs
@@ -127,7 +136,11 @@ for v in "${VARIANTS[@]}"; do
         pgbr-b*)
             REPO[$v]="$RUNDIR/repo-$v"
             CONF[$v]="$RUNDIR/$v.conf"
-            write_pgbr_conf "${CONF[$v]}" "${REPO[$v]}" "$CODEC" "$LEVEL" "${v#pgbr-b}"
+            if [[ $v == pgbr-bk ]]; then
+                write_pgbr_conf "${CONF[$v]}" "${REPO[$v]}" "$CODEC" "$LEVEL" y "$(printf "repo1-block=y\nbeta=y")"
+            else
+                write_pgbr_conf "${CONF[$v]}" "${REPO[$v]}" "$CODEC" "$LEVEL" "${v#pgbr-b}"
+            fi
             pgbr_stanza_create "${CONF[$v]}" "$v"
             pgbr_confs+="${CONF[$v]} " ;;
     esac
@@ -293,8 +306,9 @@ r1() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) pr
     echo "- backups timed once; restores: best of $RUNS run(s); warm page cache; sync before each timed command"
     echo "- full restore: the incr restored into an empty directory. delta restore: the full restored first (not timed), then the incr"
     echo "  restored over it with --delta. Both tools hash every local file/block; both fsync what they write"
-    echo "- delta fetched: pgstrata's \"N bytes fetched\"; pgBackRest: repo-size (compressed) of the files its detail log says it rewrote"
-    echo "- pgBackRest 2.45 incremental backups are file-level (no repo1-block before 2.46); pgstrata's are block-level"
+    echo "- delta fetched: pgstrata's \"N bytes fetched\" (measured); pgBackRest: repo-size (compressed) in the incr's manifest of the files its"
+    echo "  detail log says it rewrote (derived, not measured; with repo1-block=y that is the incr's own block data for those files)"
+    echo "- pgBackRest incrementals are file-level, except with repo1-block=y (block incremental, beta in 2.45); pgstrata's are block-level"
     echo "- machine: $(machine_line)"
     echo
     echo "| variant | full backup s | incr backup s | incr stored MB | full restore s | delta restore s | full / delta | delta fetched MB | delta = full restore |"
@@ -319,6 +333,7 @@ r1() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) pr
     pair pgs-b1 pgbr-bn "each tool's default: pgstrata bundle=true vs pgBackRest repo1-bundle=n"
     pair pgs-b1 pgbr-by "bundling on: pgstrata bundle=true vs pgBackRest repo1-bundle=y"
     pair pgs-b0 pgbr-bn "bundling off: pgstrata --bundle=false vs pgBackRest repo1-bundle=n"
+    pair pgs-b1 pgbr-bk "block incremental: pgstrata bundle=true vs pgBackRest repo1-block=y"
     echo
     echo "Delta restore detail (last run):"
     echo

@@ -15,7 +15,11 @@
 #   --scale N          restore scenario: pgbench scale (default 20)
 #   --copies N         restore scenario: copies test1..testN of pgbench_accounts (default 2)
 #   --change-pct P     restore scenario: % of each copy deleted (one contiguous range; default 1)
-#   --tables N         bundling scenario: small tables t1..tN (default 10000)
+#   --tables N         bundling scenario: small tables t1..tN (default 500; PGDATA then holds
+#                      about 2,300 files. Without bundling every file is one S3 request per
+#                      backup and per restore, so at 20 ms and process-max 2 each 1,000 files
+#                      cost about 17 s per S3 command: 10000 tables, about 31,000 files, would
+#                      take close to an hour for all targets)
 #   --rows N           bundling scenario: rows per small table (default 1)
 #   --delay-ms MS      latency the proxy adds per request/response turn (default 20)
 #   --connect-delay-ms MS  latency the proxy adds per new connection (default 0: moto closes
@@ -35,12 +39,13 @@
 #   --process-max N    worker count of the local runs and of the main S3 runs (default 2)
 #   --port N           port of the throwaway source cluster (default 55442); moto listens on
 #                      N+20, the proxy on N+21 (plain) and N+22 (TLS)
-#   --no-wait          do not wait for other benchmarks (bench/*.sh) to finish first
+#   --no-wait          do not wait for other benchmarks (any other bench/*.sh) to finish first
 #   --workdir DIR, --keep, --no-build, --pgstrata BIN, --out FILE: as in the other scripts
 #
 # What it does (seed 000's restore scenario and seed 003's bundling scenario, scaled down;
 # see bench/README.md, section s3_latency.sh):
-#   1. builds pgstrata; waits until no other bench/*.sh is running; starts moto_server (S3) and
+#   1. builds pgstrata; waits until no other bench/*.sh is running (and then counts the timed
+#      commands that overlapped CI or another benchmark anyway); starts moto_server (S3) and
 #      bench/delay_proxy.py in front of it; initdb --data-checksums and starts PostgreSQL 15.
 #      The archive_command pushes each segment to the repositories of the target being
 #      measured (switched per target through bin/archive.env, no reload);
@@ -79,7 +84,7 @@ SCENARIOS=restore,bundling
 SCALE=20
 COPIES=2
 CHANGE_PCT=1
-NTABLES=10000
+NTABLES=500
 ROWS_PER_TABLE=1
 DELAY_MS=20
 CONNECT_DELAY_MS=0
@@ -159,10 +164,28 @@ bench_binary
 # -------------------------------------------------------------------- wait for other benches
 CI_NOTE=""
 ci_running() { pgrep -f 'cargo (test|build|clippy|nextest)|bin/rustc |/rustc --crate-name' >/dev/null 2>&1; }
+# Other benchmark scripts (bench/*.sh other than this one) that are doing something: "pid
+# args" lines. A script whose only child is a `sleep` of 5 s or more is itself waiting for
+# others (as this one does) and does not count, so that two waiting scripts do not wait for
+# each other forever. The wait ends after two clear checks in a row, 20 s apart.
+other_benches() {
+    local pid args kids
+    while read -r pid args; do
+        [[ -n "$pid" ]] || continue
+        kids=$(ps -o args= --ppid "$pid" 2>/dev/null | grep -v -E '^sleep ([5-9]|[1-9][0-9]+)(\.[0-9]+)?$' || true)
+        [[ -n "$kids" ]] && echo "$pid $args"
+    done < <(pgrep -fa 'bench/[A-Za-z0-9_]+\.sh' | grep -v -e 's3_latency\.sh' -e 'pgrep' || true)
+    return 0
+}
 if (( WAIT )); then
-    waited=0
-    while pgrep -f 'bench/(incremental|restore|bundling|full_backup)\.sh' >/dev/null; do
-        (( waited == 0 )) && log "waiting for other benchmarks to finish: $(pgrep -fa 'bench/(incremental|restore|bundling|full_backup)\.sh' | cut -c1-120 | tr '\n' ';')"
+    waited=0; clear=0
+    while (( clear < 2 )); do
+        if [[ -z "$(other_benches)" ]]; then
+            clear=$((clear + 1)); (( clear < 2 && waited > 0 )) || break
+        else
+            clear=0
+            (( waited == 0 )) && log "waiting for other benchmarks to finish: $(other_benches | cut -c1-120 | tr '\n' ';')"
+        fi
         sleep 20; waited=$((waited + 20))
     done
     (( waited > 0 )) && log "waited ${waited}s for other benchmarks"
@@ -374,11 +397,12 @@ req_mix() {   # first last
 }
 
 # Counting concurrent load: how many timed commands started while cargo/rustc was running.
-TIMED=0; TIMED_CI=0; LOADS=()
+TIMED=0; TIMED_CI=0; TIMED_OTHER=0; OTHER_SEEN=""; LOADS=()
 before_timed() {
     settle
     TIMED=$((TIMED + 1))
     if ci_running; then TIMED_CI=$((TIMED_CI + 1)); fi
+    if [[ -n "$(other_benches)" ]]; then TIMED_OTHER=$((TIMED_OTHER + 1)); OTHER_SEEN+=" $(other_benches | awk '{print $3}' | sort -u | tr '\n' ' ')"; fi
     LOADS+=("$(cut -d' ' -f1 /proc/loadavg)")
     REQ0=""
     if [[ ${KIND[$1]} == s3 ]]; then proxy_counters; REQ0="$PC"; fi
@@ -481,6 +505,36 @@ archive_to() {   # target conf  (archive only to this target's repository)
     if [[ ${TOOL[$1]} == pgstrata ]]; then pgs="$2"; else pgbr="$2"; fi
     printf 'PGS_CONFS=%q\nPGBR_CONFS=%q\n' "$pgs" "$pgbr" > "$ARCHIVE_ENV.tmp"
     chown postgres:postgres "$ARCHIVE_ENV.tmp"; mv -f "$ARCHIVE_ENV.tmp" "$ARCHIVE_ENV"
+}
+
+# Like lib.sh's wal_switch_and_wait, but "archived" is read from archive_status: segment .done
+# and no .ready left. (pg_stat_archiver's last_archived_wal is the most recent one archived, not
+# the highest: when pgBackRest's backup completes segment N+1 while N's .backup file is still
+# queued, the archiver pushes N+1 before N.backup, and lib.sh's check then waits its full
+# 120 s for N+1, which is already archived.) Logs a diagnostic when archiving stalls.
+WAL_STALLS=0
+wal_switch_and_wait() {
+    local seg i last st="$SRC/pg_wal/archive_status"
+    seg=$(psql_src -d postgres -At -c "SELECT pg_walfile_name(pg_switch_wal())")
+    for ((i = 0; i < 1200; i++)); do
+        if ! compgen -G "$st/*.ready" >/dev/null; then
+            [[ -f "$st/$seg.done" || ! -f "$SRC/pg_wal/$seg" ]] && return 0
+            last=$(psql_src -d postgres -At -c "SELECT coalesce(last_archived_wal, '') FROM pg_stat_archiver")
+            [[ -n "$last" && ! "${last:0:24}" < "${seg:0:24}" ]] && return 0
+        fi
+        if (( i == 150 )); then
+            WAL_STALLS=$((WAL_STALLS + 1))
+            {
+                echo "== $(date +%T) waiting for $seg (archive.env: $(tr '\n' ' ' < "$ARCHIVE_ENV" 2>/dev/null))"
+                psql_src -d postgres -c "SELECT * FROM pg_stat_archiver" 2>&1
+                ls -l "$SRC/pg_wal/archive_status" 2>&1 | tail -n 5
+                ps -eo pid,ppid,etimes,args --forest | grep -A4 '[a]rchiver' | cut -c1-250
+            } >> "$LOGDIR/archive-stalls.txt"
+            log "warning: WAL segment $seg not archived after 15 s (diagnostic in $LOGDIR/archive-stalls.txt)"
+        fi
+        sleep 0.1
+    done
+    log "warning: WAL segment $seg not archived within 120 s (see $LOGDIR/archive-stalls.txt)"
 }
 
 declare -A RES      # RES[scenario-step,target] = seconds ; REQ[...] = requests ; OBJ[...] = objects
@@ -641,7 +695,7 @@ S3T=(); for t in "${TARGETS[@]}"; do [[ ${TOOL[$t]} == pgstrata && ${KIND[$t]} =
     echo "- each step timed once (wall clock of the command), targets one after the other on the same data; warm page cache; sync; sleep 1 before each timed command"
     echo "- S3 throughput as % of local = local seconds / S3 seconds (the same data is moved); target: >= 70 %"
     echo "- requests: HTTP request/response turns the command made through the proxy (counted by the proxy)"
-    echo "- machine: $(machine_line); $TIMED_CI of $TIMED timed commands started while cargo/rustc (CI) was running; 1-min load average at the timed commands: min $(printf '%s\n' "${LOADS[@]}" | sort -g | head -n1), max $(printf '%s\n' "${LOADS[@]}" | sort -g | tail -n1)"
+    echo "- machine: $(machine_line); $TIMED_CI of $TIMED timed commands started while cargo/rustc (CI) was running, $TIMED_OTHER while another benchmark was running$([[ -n "$OTHER_SEEN" ]] && echo " ($(tr ' ' '\n' <<< "$OTHER_SEEN" | sort -u | tr '\n' ' '| sed 's/^ *//;s/ *$//'))"); 1-min load average at the timed commands: min $(printf '%s\n' "${LOADS[@]}" | sort -g | head -n1), max $(printf '%s\n' "${LOADS[@]}" | sort -g | tail -n1)"
     echo
     hdr="| scenario | local s |"; sep="|---|---:|"
     for t in "${S3T[@]}"; do hdr+=" ${TNAME[$t]} s | ${TNAME[$t]} % of local | requests |"; sep+="---:|---:|---:|"; done
@@ -674,10 +728,10 @@ S3T=(); for t in "${TARGETS[@]}"; do [[ ${TOOL[$t]} == pgstrata && ${KIND[$t]} =
         echo "restore of the full before the delta restore (s, requests): $(for t in "${TARGETS[@]}"; do printf '%s %s%s; ' "${TNAME[$t]}" "${RES[r-restore-prep,$t]}" "$([[ -n "${REQ[r-restore-prep,$t]:-}" ]] && echo " (${REQ[r-restore-prep,$t]})")"; done)"
     fi
     echo
-    echo "Requests per step through the proxy, by kind (LIST = ListObjectsV2; requests of the WAL archiving the backup waits for are included):"
+    echo "Requests per step through the proxy, by kind (LIST = ListObjectsV2; the WAL archiving a backup waits for is included; every request of every target is in log/proxy-requests.log of the scratch directory, kept with --keep; log/proxy-requests.index maps commands to request numbers):"
     echo
-    for t in "${TARGETS[@]}"; do
-        [[ ${KIND[$t]} == s3 && ${ENDPOINT[$t]} != *":$MOTO_PORT" ]] || continue
+    for t in s3 pgbr-s3; do
+        [[ -n "${TOOL[$t]:-}" ]] || continue
         for st in "${STEPS[@]}" "r-restore-prep|restore scenario: restore of the full before the delta restore"; do
             k="${st%%|*}"
             [[ -n "${RES[$k,$t]:-}" ]] || continue
