@@ -218,7 +218,7 @@ clear_archive_targets
     echo "- scenario: pgbench -i -s $SCALE + $COPIES copies of pgbench_accounts (CREATE TABLE AS), data checksums on, autovacuum off"
     echo "- database size: $(mb "$DB_BYTES") MB (sum of pg_database_size); data directory without pg_wal: $(mb "$DATADIR_BYTES") MB"
     echo "- process-max $PROCESS_MAX for both tools; each codec at its default level (zst 3, lz4 1, gz 6); start-fast"
-    echo "- $("$PGS" version 2>/dev/null | head -n 1); $("$PGBACKREST" version); PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}')"
+    echo "- $(tool_versions)"
     echo "- times: wall clock of the command, best of $RUNS run(s), fresh repositories per run; warm page cache; sync before each timed command"
     echo "- repo size: du -sb of the backup area (pgstrata: REPO/$STANZA/backup, pgBackRest: REPO/backup/$STANZA), archived WAL excluded"
     echo "- ratio = pgBackRest / pgstrata (> 1: pgstrata faster or smaller)"
