@@ -18,8 +18,8 @@
 #   --tables N         bundling scenario: small tables t1..tN (default 500; PGDATA then holds
 #                      about 2,300 files. Without bundling every file is one S3 request per
 #                      backup and per restore, so at 20 ms and process-max 2 each 1,000 files
-#                      cost about 17 s per S3 command: 10000 tables, about 31,000 files, would
-#                      take close to an hour for all targets)
+#                      cost up to about 15 s per S3 command: 10000 tables, about 31,000 files,
+#                      would take close to an hour for all targets)
 #   --rows N           bundling scenario: rows per small table (default 1)
 #   --delay-ms MS      latency the proxy adds per request/response turn (default 20)
 #   --connect-delay-ms MS  latency the proxy adds per new connection (default 0: moto closes
@@ -30,7 +30,7 @@
 #                      of the S3 server itself from the cost of the latency
 #   --pgbackrest y|n   also run pgBackRest, local and on S3 (default y). pgBackRest 2.45 only
 #                      speaks https to S3, so its S3 runs go through the proxy's TLS listener
-#                      (self-signed CA, repo1-storage-verify-tls=n), with the same delay; the
+#                      (throwaway CA, repo1-storage-verify-tls=n), with the same delay; the
 #                      script then also runs pgstrata through that TLS listener
 #                      (repo-s3-ca-file), so the two tools are compared on the same path
 #   --pgbr-bundle y|n  pgBackRest's repo1-bundle in the restore scenario (default y: the
@@ -44,7 +44,7 @@
 #
 # What it does (seed 000's restore scenario and seed 003's bundling scenario, scaled down;
 # see bench/README.md, section s3_latency.sh):
-#   1. builds pgstrata; waits until no other bench/*.sh is running (and then counts the timed
+#   1. builds pgstrata; waits until no other bench/*.sh is doing work (and then counts the timed
 #      commands that overlapped CI or another benchmark anyway); starts moto_server (S3) and
 #      bench/delay_proxy.py in front of it; initdb --data-checksums and starts PostgreSQL 15.
 #      The archive_command pushes each segment to the repositories of the target being
