@@ -174,12 +174,25 @@ pub async fn wal_changes(
             u64::MAX
         };
         let key = repo_layout::change_map(stanza, &cluster.archive_id(), &name);
+        let path = pg_path.join("pg_wal").join(&name);
+        let in_pg_wal = path.exists();
         let map = match storage.get(&key).await {
-            Ok(obj) if segno < current => {
+            // The current segment's archived map covers WAL past the start LSN too: extra
+            // blocks, never missing ones, so it serves when pg_wal no longer has the file.
+            Ok(obj) if segno < current || !in_pg_wal => {
                 ChangeMap::decode(&obj, &key).map_err(|e| e.to_string())?
             }
-            Ok(_) | Err(_) if pg_path.join("pg_wal").join(&name).exists() => {
-                let path = pg_path.join("pg_wal").join(&name);
+            Err(e) if !in_pg_wal && e.is_not_found() => {
+                return Err(format!(
+                    "segment {name} has no block-change map and is no longer in pg_wal"
+                ))
+            }
+            Err(e) if !in_pg_wal => {
+                return Err(format!(
+                    "the block-change map of {name} cannot be read: {e}"
+                ))
+            }
+            _ => {
                 let bytes = std::fs::read(&path)
                     .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
                 let decoded = pgstrata_pg::wal::decode_segment_until(
@@ -191,19 +204,6 @@ pub async fn wal_changes(
                 )
                 .map_err(|e| format!("cannot decode {name} from pg_wal: {e}"))?;
                 crate::archive::change_map_of(&name, decoded)
-            }
-            Ok(_) => {
-                return Err(format!(
-                    "segment {name} is neither archived with a map nor in pg_wal"
-                ))
-            }
-            Err(e) if e.is_not_found() => {
-                return Err(format!("segment {name} has no block-change map"))
-            }
-            Err(e) => {
-                return Err(format!(
-                    "the block-change map of {name} cannot be read: {e}"
-                ))
             }
         };
         map.complete()
