@@ -159,7 +159,7 @@ pub const OPTIONS: &[OptionDef] = &[
     OptionDef { name: "repo-retention-diff", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, commands: RETENTION_CMDS,
         help: "Differential backups to keep." },
     OptionDef { name: "repo-retention-archive", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, commands: RETENTION_CMDS,
-        help: "Keep continuous WAL (point-in-time recovery) from the N newest kept backups on; older kept backups keep only the WAL that makes them consistent (default: all kept backups)." },
+        help: "Keep continuous WAL (point-in-time recovery) from the oldest start among the N newest kept backups on; older kept backups keep only the WAL that makes them consistent (default: all kept backups)." },
     OptionDef { name: "type", kind: Kind::Enum(&["default", "immediate", "time", "lsn", "xid", "name", "standby", "none"]), default: Some("default"), scope: Scope::CommandLine, commands: &["restore"],
         help: "Recovery type: replay all WAL (default), stop when consistent (immediate), stop at a target (time, lsn, xid, name), become a standby, or write no recovery settings (none)." },
     OptionDef { name: "set", kind: Kind::Str, default: None, scope: Scope::CommandLine, commands: &["restore", "info", "expire"],

@@ -15,13 +15,15 @@
 //!
 //! WAL: segments older than the oldest kept backup's start are deleted. With
 //! `repo-retention-archive=N`, continuous WAL (for point-in-time recovery) is kept from the
-//! N-th newest kept backup on; older kept backups keep just the WAL that makes them consistent.
+//! lowest start segment among the N newest kept backups (a newer backup may sit on a timeline
+//! that branched off lower); older kept backups keep just the WAL that makes them consistent.
+//! Timeline history files are never deleted.
 
 use crate::lock::with_lock;
 use crate::progress::human_bytes;
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_pg::lsn;
-use pgstrata_repo::manifest::{list_backups, BackupType, Manifest};
+use pgstrata_repo::manifest::{load_backups, BackupType, Manifest};
 use pgstrata_repo::{layout, Storage};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -58,11 +60,7 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
     let (storage, stanza) = open_stanza(s).await?;
     let storage2 = storage.clone();
     with_lock(&storage2, &s.stanza, "expire", async move {
-        let labels = list_backups(&storage, &s.stanza).await?;
-        let mut manifests = Vec::new();
-        for l in &labels {
-            manifests.push(Manifest::load(&storage, &s.stanza, l).await?);
-        }
+        let manifests = load_backups(&storage, &s.stanza).await?;
         let doomed = choose(&manifests, o)?;
         let mut report = ExpireReport::default();
         for m in manifests.iter().filter(|m| doomed.contains(&m.label)) {
@@ -229,37 +227,92 @@ async fn expire_wal(
     kept: &[&Manifest],
     retention_archive: Option<u32>,
 ) -> Result<u64> {
-    if kept.is_empty() {
-        return Ok(0); // without backups, WAL is all there is: keep it
-    }
     let seg = cluster.wal_segment_size;
     let seg_of = |name: &str| lsn::parse_segment_name(name, seg).map(|(_, s)| s);
-    let continuous_from = {
-        let n = retention_archive
-            .map(|n| n.max(1) as usize)
-            .unwrap_or(kept.len())
-            .min(kept.len());
-        seg_of(&kept[kept.len() - n].start.wal).unwrap_or(0)
-    };
-    let ranges: Vec<(u64, u64)> = kept
+    let kept_ranges: Vec<(u64, u64)> = kept
         .iter()
         .filter_map(|m| Some((seg_of(&m.start.wal)?, seg_of(&m.stop.wal)?)))
         .collect();
-    let mut deleted = 0;
-    for obj in storage
-        .list(&layout::archive_root(stanza, &cluster.archive_id()))
-        .await?
-    {
-        let name = obj.key.rsplit('/').next().unwrap_or_default();
-        if name.ends_with(".history") {
-            continue;
-        }
-        let Some(segno) = seg_of(name) else { continue };
-        if segno >= continuous_from || ranges.iter().any(|(a, b)| segno >= *a && segno <= *b) {
-            continue;
-        }
-        storage.delete(&obj.key).await?;
-        deleted += 1;
+    if kept_ranges.len() != kept.len() {
+        return Err(Error::integrity(
+            "a kept backup names an invalid WAL segment; no WAL was expired".to_string(),
+        ));
     }
-    Ok(deleted)
+    let objects = storage
+        .list(&layout::archive_root(stanza, &cluster.archive_id()))
+        .await?;
+    let doomed: Vec<String> = objects
+        .into_iter()
+        .filter(|obj| {
+            let name = obj.key.rsplit('/').next().unwrap_or_default();
+            seg_of(name).is_some_and(|segno| wal_expires(segno, &kept_ranges, retention_archive))
+        })
+        .map(|obj| obj.key)
+        .collect();
+    storage.delete_many(&doomed).await?;
+    Ok(doomed.len() as u64)
+}
+
+/// Whether archived WAL of segment number `segno` (a segment, its change map, a .partial or
+/// a .backup file, on any timeline) may be deleted, given the kept backups' (start, stop)
+/// segment numbers oldest first. Timeline history files are never passed here: they are
+/// always kept.
+///
+/// Continuous WAL is kept from the lowest start segment among the `retention_archive`
+/// newest backups (all of them by default), not from the oldest backup's: after a
+/// point-in-time restore a newer backup can sit on a timeline that branched off at a lower
+/// segment number, and its WAL must stay. Older backups keep the segments that make them
+/// consistent. Segment numbers are compared across timelines, which may keep segments of
+/// an abandoned timeline longer than needed, never less.
+fn wal_expires(segno: u64, kept: &[(u64, u64)], retention_archive: Option<u32>) -> bool {
+    if kept.is_empty() {
+        return false; // without backups, WAL is all there is: keep it
+    }
+    let n = retention_archive
+        .map(|n| n.max(1) as usize)
+        .unwrap_or(kept.len())
+        .min(kept.len());
+    let continuous_from = kept[kept.len() - n..]
+        .iter()
+        .map(|(start, _)| *start)
+        .min()
+        .unwrap_or(0);
+    segno < continuous_from && !kept.iter().any(|(a, b)| segno >= *a && segno <= *b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wal_expires;
+
+    #[test]
+    fn wal_before_the_oldest_backup_expires_and_consistency_wal_of_old_backups_stays() {
+        let kept = [(10, 11), (20, 22), (30, 30)];
+        assert!(wal_expires(9, &kept, None));
+        assert!(!wal_expires(10, &kept, None));
+        assert!(!wal_expires(15, &kept, None));
+        // Only the newest backup gets continuous WAL: the older ones keep their own.
+        assert!(!wal_expires(11, &kept, Some(1)));
+        assert!(wal_expires(12, &kept, Some(1)));
+        assert!(!wal_expires(21, &kept, Some(1)));
+        assert!(wal_expires(25, &kept, Some(1)));
+        assert!(!wal_expires(30, &kept, Some(1)));
+        assert!(!wal_expires(31, &kept, Some(1)));
+        assert!(
+            !wal_expires(0, &[], Some(1)),
+            "without backups nothing expires"
+        );
+    }
+
+    #[test]
+    fn a_newer_backup_on_a_timeline_that_branched_lower_keeps_its_wal() {
+        // Backups A (segment 5) and B (10) on timeline 1; a point-in-time restore of A to
+        // segment 6 starts timeline 2, whose backup C starts at segment 7. Keeping continuous
+        // WAL for the two newest (B and C) must keep C's WAL from segment 7 on.
+        let kept = [(5, 5), (10, 10), (7, 7)];
+        for segno in 7..12 {
+            assert!(!wal_expires(segno, &kept, Some(2)), "segment {segno}");
+        }
+        assert!(!wal_expires(5, &kept, Some(2)), "A stays consistent");
+        assert!(wal_expires(6, &kept, Some(2)));
+    }
 }

@@ -3,7 +3,7 @@
 use crate::archive::archive_range;
 use crate::progress::human_bytes;
 use crate::{open_stanza, Result, Settings};
-use pgstrata_repo::manifest::{list_backups, Manifest};
+use pgstrata_repo::manifest::{load_backups, Manifest};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -97,15 +97,12 @@ pub fn summarize(m: &Manifest) -> BackupInfo {
 
 pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
     let (storage, stanza) = open_stanza(s).await?;
-    let mut backups = Vec::new();
-    let mut manifests = Vec::new();
-    for label in list_backups(&storage, &s.stanza).await? {
-        let m = Manifest::load(&storage, &s.stanza, &label).await?;
-        if set.is_none_or(|want| want == label) {
-            backups.push(summarize(&m));
-        }
-        manifests.push(m);
-    }
+    let manifests = load_backups(&storage, &s.stanza).await?;
+    let backups: Vec<_> = manifests
+        .iter()
+        .filter(|m| set.is_none_or(|want| want == m.label))
+        .map(summarize)
+        .collect();
     let refs: Vec<&Manifest> = manifests.iter().collect();
     let usage = crate::expire::collect_garbage(&storage, &s.stanza, &refs, None).await?;
     let repo_size: u64 = storage.list(&s.stanza).await?.iter().map(|o| o.size).sum();

@@ -295,12 +295,34 @@ impl Manifest {
 /// Labels of all complete backups of a stanza (those with a manifest), oldest first.
 /// Labels sort by time by construction.
 pub async fn list_backups(storage: &Storage, stanza: &str) -> Result<Vec<String>> {
-    let mut labels = Vec::new();
-    for dir in storage.list_dirs(&layout::backup_root(stanza)).await? {
-        if storage.exists(&layout::manifest(stanza, &dir)).await? {
-            labels.push(dir);
-        }
-    }
+    use futures::{StreamExt, TryStreamExt};
+    // One existence check per backup directory, overlapped: on an object store each is a
+    // round trip, and info/expire/backup all start with this listing.
+    let dirs = storage.list_dirs(&layout::backup_root(stanza)).await?;
+    let checked: Vec<(String, bool)> = futures::stream::iter(dirs)
+        .map(|dir| async move {
+            let found = storage.exists(&layout::manifest(stanza, &dir)).await?;
+            Ok::<_, Error>((dir, found))
+        })
+        .buffered(16)
+        .try_collect()
+        .await?;
+    let mut labels: Vec<String> = checked
+        .into_iter()
+        .filter_map(|(dir, found)| found.then_some(dir))
+        .collect();
     labels.sort();
     Ok(labels)
+}
+
+/// Every complete backup's manifest, oldest first. Manifests are fetched several at a time:
+/// on an object store each is a round trip, and info and expire need all of them.
+pub async fn load_backups(storage: &Storage, stanza: &str) -> Result<Vec<Manifest>> {
+    use futures::{StreamExt, TryStreamExt};
+    let labels = list_backups(storage, stanza).await?;
+    futures::stream::iter(labels)
+        .map(|label| async move { Manifest::load(storage, stanza, &label).await })
+        .buffered(8)
+        .try_collect()
+        .await
 }
