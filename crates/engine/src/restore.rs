@@ -404,7 +404,7 @@ pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> 
         delta: o.delta,
         chown,
         counters: progress.counters.clone(),
-        queue: Mutex::new(plan_jobs(files, o.delta)),
+        queue: Mutex::new(plan_jobs(files)),
         paths: files_paths(&m, &mapper),
     });
     let workers = s.process_max.max(1);
@@ -550,21 +550,18 @@ enum RestoreJob {
     Group(Vec<FileEntry>),
 }
 
-/// Small files are grouped by the pack their frames are in; larger files go alone, largest
-/// first so all workers stay busy to the end. The queue is popped from the back.
-fn plan_jobs(files: Vec<FileEntry>, delta: bool) -> Vec<RestoreJob> {
+/// Small files are grouped by the pack their first frame is in (frames of one file may
+/// continue in the next pack, which the group's read covers too); larger files go alone,
+/// largest first so all workers stay busy to the end. The queue is popped from the back.
+fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
     const SMALL: u64 = 1 << 20;
     const GROUP_BYTES: u64 = 8 << 20;
     const GROUP_FILES: usize = 512;
     let mut alone = Vec::new();
     let mut small: Vec<(String, String, u64, FileEntry)> = Vec::new();
     for f in files {
-        let stored: Vec<_> = f.chunks.iter().filter(|c| !c.is_zero()).collect();
-        let one_pack = stored
-            .windows(2)
-            .all(|w| w[0].pack == w[1].pack && w[0].backup == w[1].backup);
-        match stored.first() {
-            Some(c) if !delta && f.size <= SMALL && one_pack => {
+        match f.chunks.iter().find(|c| !c.is_zero()) {
+            Some(c) if f.size <= SMALL => {
                 let owner = c.backup.clone().unwrap_or_default();
                 small.push((owner, c.pack.clone().unwrap_or_default(), c.offset, f));
             }
@@ -604,19 +601,31 @@ fn restore_worker(sh: &RestoreShared) -> Result<WorkerTally> {
         };
         let fetched_before = reader.fetched;
         match job {
-            RestoreJob::One(f) => restore_one(sh, &mut reader, &f, &mut tally, &mut resolver)?,
+            RestoreJob::One(f) => {
+                let action = decide(sh, &f)?;
+                restore_one(sh, &mut reader, &f, action, &mut tally, &mut resolver)?
+            }
             RestoreJob::Group(files) => {
+                // Decide every file first (a delta restore compares local blocks), then
+                // fetch what all of them need with one merged read.
+                let actions = files
+                    .iter()
+                    .map(|f| decide(sh, f))
+                    .collect::<Result<Vec<_>>>()?;
                 let chunks: Vec<&Chunk> = files
                     .iter()
-                    .flat_map(|f| f.chunks.iter())
+                    .zip(&actions)
+                    .flat_map(|(f, a)| a.needed(f))
                     .filter(|c| !c.is_zero())
                     .collect();
                 reader.pin();
-                sh.runtime
-                    .block_on(reader.load(&chunks, &files[0].path))
-                    .map_err(|e| Error::integrity(format!("restore stopped: {e}")))?;
-                for f in &files {
-                    restore_one(sh, &mut reader, f, &mut tally, &mut resolver)?;
+                if !chunks.is_empty() {
+                    sh.runtime
+                        .block_on(reader.load(&chunks, &files[0].path))
+                        .map_err(|e| Error::integrity(format!("restore stopped: {e}")))?;
+                }
+                for (f, action) in files.iter().zip(actions) {
+                    restore_one(sh, &mut reader, f, action, &mut tally, &mut resolver)?;
                 }
                 reader.unpin();
             }
@@ -626,28 +635,56 @@ fn restore_worker(sh: &RestoreShared) -> Result<WorkerTally> {
     Ok(tally)
 }
 
+/// What restoring one file takes, decided from the local file alone (nothing fetched yet).
+enum Action {
+    /// The local file already is the backed-up file.
+    Keep,
+    /// Write the whole file.
+    Write,
+    /// Write these extents (the blocks that differ) in place, then truncate to size.
+    Patch(Vec<(u64, Chunk)>),
+}
+
+impl Action {
+    /// The extents this action reads from the repository.
+    fn needed<'a>(&'a self, f: &'a FileEntry) -> Box<dyn Iterator<Item = &'a Chunk> + 'a> {
+        match self {
+            Action::Keep => Box::new(std::iter::empty()),
+            Action::Write => Box::new(f.chunks.iter()),
+            Action::Patch(extents) => Box::new(extents.iter().map(|(_, c)| c)),
+        }
+    }
+}
+
+fn decide(sh: &RestoreShared, f: &FileEntry) -> Result<Action> {
+    let path = &sh.paths[&f.path];
+    if !sh.delta {
+        Ok(Action::Write)
+    } else if f.block_size > 0 {
+        delta_plan(f, path)
+    } else if local_matches(path, f)? {
+        Ok(Action::Keep)
+    } else {
+        Ok(Action::Write)
+    }
+}
+
 fn restore_one(
     sh: &RestoreShared,
     reader: &mut FrameReader,
     f: &FileEntry,
+    action: Action,
     tally: &mut WorkerTally,
     resolver: &mut OwnerResolver,
 ) -> Result<()> {
     let path = &sh.paths[&f.path];
-    let patched = if sh.delta && f.block_size > 0 {
-        patch_file(sh, reader, f, path)?
-    } else if sh.delta && local_matches(path, f)? {
-        Some(0)
-    } else {
-        None
-    };
-    match patched {
-        Some(0) => tally.kept += 1,
-        Some(bytes) => {
+    match action {
+        Action::Keep => tally.kept += 1,
+        Action::Patch(extents) => {
             tally.patched += 1;
-            tally.bytes_written += bytes;
+            tally.bytes_written += patch_file(sh, reader, f, path, &extents)?;
         }
-        None => {
+        Action::Write => {
             write_file(sh, reader, f, path)?;
             tally.written += 1;
             tally.bytes_written += f.size;
@@ -857,25 +894,14 @@ fn write_file(
     check.finish()
 }
 
-/// Delta restore of a file with a block map: hash the local blocks, fetch only the frames
-/// holding blocks that differ, write those blocks in place and truncate. Returns
-/// `Some(bytes written)` (0 when the file was already identical), or `None` when there is
-/// no local file to patch.
-fn patch_file(
-    sh: &RestoreShared,
-    reader: &mut FrameReader,
-    f: &FileEntry,
-    path: &Path,
-) -> Result<Option<u64>> {
-    use std::os::unix::fs::FileExt;
-    let mut fh = match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-    {
-        Ok(fh) => fh,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => return Ok(None),
+/// Delta restore of a file with a block map: hash the local blocks and find the extents
+/// holding blocks that differ. A missing local file (or a directory in its place) is
+/// written whole.
+fn delta_plan(f: &FileEntry, path: &Path) -> Result<Action> {
+    let fh = match std::fs::File::open(path) {
+        Ok(fh) if fh.metadata().is_ok_and(|m| m.is_file()) => fh,
+        Ok(_) => return Ok(Action::Write),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Action::Write),
         Err(e) => return Err(Error::io(format!("open {}", path.display()), e)),
     };
     let local_len = fh
@@ -907,7 +933,7 @@ fn patch_file(
         offset += want as u64;
     }
     if differing.is_empty() && local_len == f.size && check.finish().is_ok() {
-        return Ok(Some(0));
+        return Ok(Action::Keep);
     }
     // The extents covering the differing runs, cut to them.
     let mut starts = Vec::with_capacity(f.chunks.len());
@@ -933,8 +959,26 @@ fn patch_file(
             i += 1;
         }
     }
+    Ok(Action::Patch(needed))
+}
+
+/// Write the differing extents in place, truncate, and prove the result is the backed-up
+/// file. Returns the bytes written (at least 1: the file was touched).
+fn patch_file(
+    sh: &RestoreShared,
+    reader: &mut FrameReader,
+    f: &FileEntry,
+    path: &Path,
+    needed: &[(u64, Chunk)],
+) -> Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut fh = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
     let mut written = 0u64;
-    for_each_extent(sh, reader, &needed, &f.path, |at, data| {
+    for_each_extent(sh, reader, needed, &f.path, |at, data| {
         written += data.len() as u64;
         fh.write_all_at(data, at)
             .map_err(|e| Error::io(format!("write {}", path.display()), e))
@@ -943,12 +987,11 @@ fn patch_file(
         .map_err(|e| Error::io(format!("truncate {}", path.display()), e))?;
     fh.sync_all()
         .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
-    // Prove the patched file is the backed-up file.
     use std::io::Seek;
     fh.seek(std::io::SeekFrom::Start(0))
         .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
     check_reader(f, &mut fh, path)?;
-    Ok(Some(written.max(1)))
+    Ok(written.max(1))
 }
 
 fn read_full_at(fh: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {

@@ -7,6 +7,9 @@
 //! start LSN need not be listed: replaying WAL from the start overwrites each of them with
 //! a full-page image before anything else touches it.
 //!
+//! A record whose block headers straddle a segment's end is read by decoding that segment
+//! together with the next one (from `pg_wal`, or fetched from the archive).
+//!
 //! Anything that could make the maps miss a change sends files back to block hashing:
 //! a missing, damaged or undecodable map, records of unknown resource managers, a timeline
 //! switch (the whole backup), and per file: FSM and visibility-map forks (not reliably
@@ -206,9 +209,64 @@ pub async fn wal_changes(
                 crate::archive::change_map_of(&name, decoded)
             }
         };
+        // A record whose block headers straddle the segment end is in neither segment's
+        // map on its own: decode this segment together with the next to read it whole.
+        let map = if map.usable && map.incomplete_tail && segno < current {
+            let next = lsn::segment_name(timeline, segno + 1, seg_size);
+            log::info!("{name}: its last record continues in {next}; decoding the two together");
+            let mut both =
+                segment_bytes(storage, stanza, &cluster.archive_id(), &name, pg_path).await?;
+            both.extend(
+                segment_bytes(storage, stanza, &cluster.archive_id(), &next, pg_path).await?,
+            );
+            let until = if segno + 1 == current {
+                start_lsn.0
+            } else {
+                u64::MAX
+            };
+            let decoded = pgstrata_pg::wal::decode_segment_until(
+                &both,
+                cluster.major_version,
+                8192,
+                Some(segno * seg_size),
+                until,
+            )
+            .map_err(|e| format!("cannot decode {name} with {next}: {e}"))?;
+            let mut joined = crate::archive::change_map_of(&name, decoded);
+            // A cut record at the end of `next` is judged by `next`'s own map.
+            joined.incomplete_tail = false;
+            joined
+        } else {
+            map
+        };
         map.complete()
             .map_err(|why| format!("the block-change map of {name} cannot be relied on: {why}"))?;
         out.add(map);
     }
     Ok(out)
+}
+
+/// The bytes of WAL segment `name`: from `pg_wal` while PostgreSQL still has it, else from
+/// the archive.
+async fn segment_bytes(
+    storage: &Storage,
+    stanza: &str,
+    archive_id: &str,
+    name: &str,
+    pg_path: &std::path::Path,
+) -> std::result::Result<Vec<u8>, String> {
+    let path = pg_path.join("pg_wal").join(name);
+    match std::fs::read(&path) {
+        Ok(bytes) => return Ok(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    }
+    let key = repo_layout::archive_object(stanza, archive_id, name);
+    let obj = storage.get(&key).await.map_err(|e| {
+        format!("segment {name} is neither in pg_wal nor readable from the archive: {e}")
+    })?;
+    tokio::task::spawn_blocking(move || pgstrata_repo::wal::decode(&obj, &key))
+        .await
+        .expect("decode thread")
+        .map_err(|e| e.to_string())
 }

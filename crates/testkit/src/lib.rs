@@ -229,21 +229,37 @@ impl Cluster {
     /// initdb (with data checksums) and write a configuration for archiving into pgstrata.
     /// `archive_command` is written as given.
     pub fn init(bin: &PgBin, dir: &Path, archive_command: &str) -> Result<Cluster, String> {
+        Cluster::init_with(bin, dir, archive_command, &[])
+    }
+
+    /// As [`Cluster::init`], with extra initdb arguments (e.g. `--wal-segsize=1`).
+    pub fn init_with(
+        bin: &PgBin,
+        dir: &Path,
+        archive_command: &str,
+        initdb_args: &[&str],
+    ) -> Result<Cluster, String> {
         let data = dir.join("pgdata");
         let socket_dir = dir.join("sock");
         std::fs::create_dir_all(&socket_dir).map_err(|e| e.to_string())?;
         give_to_pg_user(&socket_dir);
-        run_ok(bin.cmd("initdb").arg("-D").arg(&data).args([
-            "-k",
-            "-A",
-            "trust",
-            "-U",
-            "postgres",
-            "-E",
-            "UTF8",
-            "--locale=C",
-            "-N",
-        ]))?;
+        run_ok(
+            bin.cmd("initdb")
+                .arg("-D")
+                .arg(&data)
+                .args([
+                    "-k",
+                    "-A",
+                    "trust",
+                    "-U",
+                    "postgres",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                    "-N",
+                ])
+                .args(initdb_args),
+        )?;
         let port = free_port();
         let conf = format!(
             "\n# written by pgstrata-testkit\nport = {port}\nlisten_addresses = ''\nunix_socket_directories = '{}'\n\

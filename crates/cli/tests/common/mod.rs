@@ -43,7 +43,17 @@ impl Env {
     }
 
     pub fn with_bin(name: &str, bin: &PgBin) -> Env {
-        Env::build(name, bin, None)
+        Env::build(name, bin, None, &[])
+    }
+
+    /// A PostgreSQL 15 cluster made with extra initdb arguments.
+    pub fn with_initdb_args(name: &str, initdb_args: &[&str]) -> Env {
+        Env::build(
+            name,
+            &PgBin::default_install().expect("PostgreSQL 15"),
+            None,
+            initdb_args,
+        )
     }
 
     /// A cluster whose repository settings come from a config file with `[global]` body
@@ -53,10 +63,11 @@ impl Env {
             name,
             &PgBin::default_install().expect("PostgreSQL 15"),
             Some(repo_toml),
+            &[],
         )
     }
 
-    fn build(name: &str, bin: &PgBin, repo_toml: Option<&str>) -> Env {
+    fn build(name: &str, bin: &PgBin, repo_toml: Option<&str>, initdb_args: &[&str]) -> Env {
         let scratch = Scratch::new(name);
         let repo = scratch.join("repo");
         std::fs::create_dir_all(&repo).unwrap();
@@ -75,7 +86,8 @@ impl Env {
             "{} --stanza={STANZA} {location} --compress-type=lz4 archive-push %p",
             exe().display()
         );
-        let cluster = Cluster::init(bin, &scratch.path, &archive_command).expect("initdb");
+        let cluster =
+            Cluster::init_with(bin, &scratch.path, &archive_command, initdb_args).expect("initdb");
         cluster.start().expect("start cluster");
         Env {
             cluster,
