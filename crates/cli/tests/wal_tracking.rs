@@ -536,3 +536,59 @@ fn records_cut_at_a_segment_end_are_read_across_the_boundary() {
     let c = env.restore_and_start("tail", &["--type=immediate", &format!("--set={label}")]);
     assert_eq!(c.content_hashes().unwrap(), expected);
 }
+
+/// A restart with wal_level=minimal between backups: the parameter-change record in the WAL
+/// sends the next incremental back to hashing, with the reason, and it restores exactly.
+#[test]
+fn wal_written_at_wal_level_minimal_falls_back_to_hashing() {
+    let env = Env::new("walminimal");
+    env.sql("CREATE TABLE kept AS SELECT g AS id FROM generate_series(1, 10000) g");
+    env.stanza_create();
+    env.backup(&["--type=full"]);
+    let restart = || {
+        env.cluster.stop().unwrap();
+        env.cluster.start().unwrap();
+    };
+    for sql in [
+        "ALTER SYSTEM SET wal_level = minimal",
+        "ALTER SYSTEM SET archive_mode = off",
+        "ALTER SYSTEM SET max_wal_senders = 0",
+    ] {
+        env.sql(sql);
+    }
+    restart();
+    assert_eq!(env.sql("SHOW wal_level"), "minimal");
+    // A relation file created and filled in one transaction: at minimal it is synced at
+    // commit instead of WAL-logged.
+    env.sql(
+        "BEGIN; CREATE TABLE unlogged_at_minimal (id int, v text); \
+         INSERT INTO unlogged_at_minimal SELECT g, repeat('m', 200) FROM generate_series(1, 40000) g; COMMIT",
+    );
+    env.sql("UPDATE kept SET id = id + 1 WHERE id % 10 = 0");
+    for sql in [
+        "ALTER SYSTEM RESET wal_level",
+        "ALTER SYSTEM RESET archive_mode",
+        "ALTER SYSTEM RESET max_wal_senders",
+    ] {
+        env.sql(sql);
+    }
+    restart();
+    env.flush_wal();
+    let (code, err) = run_fail(env.cmd(&["--type=incr", "--track=wal", "--start-fast", "backup"]));
+    assert_eq!(code, 3);
+    assert!(err.contains("wal_level=minimal"), "{err}");
+    let label = env.backup(&["--type=incr"]);
+    let m = manifest(&env, &label);
+    assert_eq!(m.track.as_deref(), Some("hash"));
+    assert!(
+        m.track_reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("wal_level=minimal"),
+        "{:?}",
+        m.track_reason
+    );
+    let expected = env.hashes();
+    let c = env.restore_and_start("minimal", &["--type=immediate", &format!("--set={label}")]);
+    assert_eq!(c.content_hashes().unwrap(), expected);
+}

@@ -120,6 +120,7 @@ pub fn change_map_of(name: &str, c: pgstrata_pg::wal::SegmentChanges) -> ChangeM
         records: c.records,
         switched: c.switched,
         incomplete_tail: c.incomplete_tail,
+        wal_level_minimal: c.wal_level_minimal,
         unknown_rmgrs: c.unknown_rmgrs.into_iter().collect(),
         blocks: c
             .blocks

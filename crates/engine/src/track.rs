@@ -11,7 +11,8 @@
 //! together with the next one (from `pg_wal`, or fetched from the archive).
 //!
 //! Anything that could make the maps miss a change sends files back to block hashing:
-//! a missing, damaged or undecodable map, records of unknown resource managers, a timeline
+//! a missing, damaged or undecodable map, WAL written at wal_level=minimal (a
+//! parameter-change record), records of unknown resource managers, a timeline
 //! switch (the whole backup), and per file: FSM and visibility-map forks (not reliably
 //! WAL-logged as block references), forks
 //! created or truncated in the window, dropped relation numbers, databases created by file

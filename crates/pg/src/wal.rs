@@ -47,6 +47,9 @@ pub struct SegmentChanges {
     pub incomplete_tail: bool,
     /// The segment ended with an XLOG SWITCH record.
     pub switched: bool,
+    /// A parameter-change record set wal_level to minimal: until the next one, some
+    /// operations (writes to relation files created in the same transaction) skip WAL.
+    pub wal_level_minimal: bool,
     pub records: u64,
 }
 
@@ -57,6 +60,8 @@ const LONG_PHD: usize = 40;
 const RECORD_HEADER: usize = 24;
 
 const RM_XLOG: u8 = 0;
+/// `WalLevel`: minimal 0, replica 1, logical 2.
+const WAL_LEVEL_REPLICA: i32 = 1;
 const RM_XACT: u8 = 1;
 const RM_SMGR: u8 = 2;
 const RM_DBASE: u8 = 4;
@@ -329,6 +334,17 @@ fn parse_record(rec: &[u8], major: u32, out: &mut SegmentChanges) -> Result<()> 
     }
     match rmid {
         RM_XLOG if info & 0xF0 == 0x40 => out.switched = true,
+        RM_XLOG if info & 0xF0 == 0x60 => {
+            // xl_parameter_change: MaxConnections, max_worker_processes, max_wal_senders,
+            // max_prepared_xacts, max_locks_per_xact, wal_level (int32 each), then bools.
+            let m = main.ok_or_else(|| short("XLOG parameter-change main data"))?;
+            if m.len() < 24 {
+                return Err(short("XLOG parameter-change main data"));
+            }
+            if (u32_at(m, 20) as i32) < WAL_LEVEL_REPLICA {
+                out.wal_level_minimal = true;
+            }
+        }
         RM_SMGR => {
             let m = main.ok_or_else(|| short("SMGR main data"))?;
             match info & 0xF0 {

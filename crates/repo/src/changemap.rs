@@ -7,7 +7,7 @@
 //! ```text
 //! offset size
 //!  0      8   magic "PGSTRMAP"
-//!  8      1   map format version (1)
+//!  8      1   map format version (2; 1 is still read)
 //!  9      7   zero
 //! 16     32   BLAKE3 of the rest
 //! 48      …   zstd-compressed JSON of ChangeMap
@@ -19,6 +19,10 @@ use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 const MAGIC: &[u8; 8] = b"PGSTRMAP";
+/// Map format version written. 2 added `wal_level_minimal`; version-1 maps are still read.
+/// A reader that knows only version 1 refuses version-2 maps, so it hashes instead of
+/// trusting a map whose wal_level flag it cannot see.
+pub const VERSION: u8 = 2;
 
 /// Blocks of one relation fork, as runs `[first block, count]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +45,10 @@ pub struct ChangeMap {
     pub switched: bool,
     /// The last record's block headers run into the next segment and were not read.
     pub incomplete_tail: bool,
+    /// A parameter-change record in the segment set wal_level=minimal (format version 2;
+    /// false in version-1 maps, whose decoder did not look).
+    #[serde(default)]
+    pub wal_level_minimal: bool,
     /// Resource managers the decoder does not understand (custom ones): their records may
     /// change relations in ways the map does not show.
     pub unknown_rmgrs: Vec<u8>,
@@ -79,6 +87,11 @@ impl ChangeMap {
         if self.incomplete_tail {
             return Err("its last record's block references run into the next segment".into());
         }
+        if self.wal_level_minimal {
+            return Err(
+                "the server ran with wal_level=minimal, which does not WAL-log every change".into(),
+            );
+        }
         if !self.unknown_rmgrs.is_empty() {
             return Err(format!(
                 "it has records of unknown resource managers {:?}",
@@ -93,7 +106,7 @@ impl ChangeMap {
         let body = zstd::bulk::compress(&json, 3).expect("zstd into memory");
         let mut out = Vec::with_capacity(48 + body.len());
         out.extend_from_slice(MAGIC);
-        out.push(1);
+        out.push(VERSION);
         out.extend_from_slice(&[0u8; 7]);
         out.extend_from_slice(blake3::hash(&body).as_bytes());
         out.extend_from_slice(&body);
@@ -104,7 +117,7 @@ impl ChangeMap {
         if obj.len() < 48 || &obj[..8] != MAGIC {
             return Err(Error::corrupt(format!("{what}: not a pgstrata change map")));
         }
-        if obj[8] != 1 {
+        if !(1..=VERSION).contains(&obj[8]) {
             return Err(Error::new(
                 crate::ErrorKind::Format,
                 format!("{what}: change map version {} is not supported", obj[8]),
@@ -168,5 +181,32 @@ mod tests {
             ..m
         };
         assert_eq!(unusable.complete().unwrap_err(), "bad page");
+    }
+
+    #[test]
+    fn version_1_maps_are_read_and_minimal_wal_is_not_relied_on() {
+        let m = ChangeMap {
+            segment: "000000010000000000000003".into(),
+            usable: true,
+            ..Default::default()
+        };
+        let mut v1 = m.encode();
+        assert_eq!(v1[8], VERSION);
+        v1[8] = 1;
+        assert_eq!(ChangeMap::decode(&v1, "v1").unwrap(), m);
+        let mut future = m.encode();
+        future[8] = VERSION + 1;
+        assert!(ChangeMap::decode(&future, "future")
+            .unwrap_err()
+            .to_string()
+            .contains("not supported"));
+        let minimal = ChangeMap {
+            wal_level_minimal: true,
+            ..m
+        };
+        assert!(minimal
+            .complete()
+            .unwrap_err()
+            .contains("wal_level=minimal"));
     }
 }
