@@ -166,8 +166,22 @@ pub async fn wal_changes(
     let (_, first) = lsn::parse_segment_name(&prior.start.wal, seg_size)
         .ok_or_else(|| format!("backup {} has an invalid start segment", prior.label))?;
     let current = start_lsn.segment(seg_size);
+    // The maps of the window are fetched up to 16 ahead (on an object store each is a
+    // round trip) and used in segment order.
+    use futures::StreamExt;
+    let archive_id = cluster.archive_id();
+    let mut maps = futures::stream::iter(first..=current)
+        .map(|segno| {
+            let key = repo_layout::change_map(
+                stanza,
+                &archive_id,
+                &lsn::segment_name(timeline, segno, seg_size),
+            );
+            async move { (segno, storage.get(&key).await) }
+        })
+        .buffered(16);
     let mut out = WalChanges::default();
-    for segno in first..=current {
+    while let Some((segno, fetched)) = maps.next().await {
         let name = lsn::segment_name(timeline, segno, seg_size);
         // The segment holding the start LSN is still being written, and the archiver may lag
         // behind: segments without a map are decoded straight from pg_wal, where PostgreSQL
@@ -180,7 +194,7 @@ pub async fn wal_changes(
         let key = repo_layout::change_map(stanza, &cluster.archive_id(), &name);
         let path = pg_path.join("pg_wal").join(&name);
         let in_pg_wal = path.exists();
-        let map = match storage.get(&key).await {
+        let map = match fetched {
             // The current segment's archived map covers WAL past the start LSN too: extra
             // blocks, never missing ones, so it serves when pg_wal no longer has the file.
             Ok(obj) if segno < current || !in_pg_wal => {
