@@ -238,6 +238,20 @@ fn wal_tracking_misses_no_changed_block() {
     let m = manifest(&env, &label);
     assert_eq!(m.track.as_deref(), Some("wal"));
     assert!(m.stats.files_tracked > 0);
+    // VACUUM changed free space and visibility maps: read whole, and info says so.
+    assert!(
+        m.stats
+            .files_hashed
+            .get("free space or visibility map")
+            .is_some_and(|n| *n > 0),
+        "{:?}",
+        m.stats.files_hashed
+    );
+    let info = env.ok(&["info"]);
+    assert!(
+        info.contains("files hashed:") && info.contains("free space or visibility map"),
+        "{info}"
+    );
     let mut checked = 0;
     for f in m.files().filter(|f| f.hash.is_empty()) {
         let data = std::fs::read(env.cluster.data.join(&f.path)).unwrap();

@@ -106,6 +106,8 @@ struct CopyOutcome {
     bytes_read: u64,
     /// Files whose changed blocks came from the WAL.
     files_tracked: u64,
+    /// Changed files a WAL-tracked backup hashed instead, per reason.
+    files_hashed: std::collections::BTreeMap<String, u64>,
 }
 
 pub fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: BackupType) -> String {
@@ -392,6 +394,25 @@ async fn backup_locked(
     outcome.packs += last.packs;
     outcome.bytes_read += last.bytes_read;
     outcome.files_unchanged += last.files_unchanged;
+    for (reason, n) in last.files_hashed {
+        *outcome.files_hashed.entry(reason).or_default() += n;
+    }
+    if ctx.wal.is_some() {
+        let hashed: Vec<String> = outcome
+            .files_hashed
+            .iter()
+            .map(|(why, n)| format!("{n} ({why})"))
+            .collect();
+        log::info!(
+            "WAL tracking: {} changed file(s) read block by block; read and hashed instead: {}",
+            outcome.files_tracked,
+            if hashed.is_empty() {
+                "none".to_string()
+            } else {
+                hashed.join(", ")
+            }
+        );
+    }
 
     let (stop_lsn, backup_label, tablespace_map) = db.backup_stop().await?;
     let stop_time = chrono::Utc::now();
@@ -449,6 +470,7 @@ async fn backup_locked(
             files_unchanged: outcome.files_unchanged,
             bytes_read: outcome.bytes_read,
             files_tracked: outcome.files_tracked,
+            files_hashed: outcome.files_hashed,
             packs: outcome.packs,
             pages_checked: outcome.pages_checked,
             page_errors,
@@ -587,6 +609,9 @@ fn copy_files(
                 total.files_unchanged += o.files_unchanged;
                 total.bytes_read += o.bytes_read;
                 total.files_tracked += o.files_tracked;
+                for (reason, n) in o.files_hashed {
+                    *total.files_hashed.entry(reason).or_default() += n;
+                }
             }
             Err(e) => {
                 first_err.get_or_insert(e);
@@ -717,8 +742,14 @@ fn copy_file(
         }
     }
     if let (Some(w), Some((p, e))) = (&ctx.wal, prior) {
-        if let Some(pages) = w.pages_for(&job.rel, ctx.relseg_size, Some(e)) {
-            return copy_file_tracked(ctx, job, writer, out, p, e, &pages);
+        match w.pages_for(&job.rel, ctx.relseg_size, e) {
+            Ok(pages) => return copy_file_tracked(ctx, job, writer, out, p, e, &pages),
+            Err(why) => {
+                log::debug!("{}: read and hashed: {}", job.rel, why.as_str());
+                *out.files_hashed
+                    .entry(why.as_str().to_string())
+                    .or_default() += 1;
+            }
         }
     }
     let mut f = match std::fs::File::open(&job.abs) {

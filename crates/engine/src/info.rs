@@ -36,6 +36,9 @@ pub struct BackupInfo {
     pub summary_check: Option<String>,
     /// Files whose changed blocks came from the WAL.
     pub files_tracked: u64,
+    /// WAL-tracked backups: changed files hashed instead, per reason.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub files_hashed: std::collections::BTreeMap<String, u64>,
     pub page_errors: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub bad_pages: Vec<BadPages>,
@@ -83,6 +86,7 @@ pub fn summarize(m: &Manifest) -> BackupInfo {
         track_reason: m.track_reason.clone(),
         summary_check: m.summary_check.clone(),
         files_tracked: m.stats.files_tracked,
+        files_hashed: m.stats.files_hashed.clone(),
         page_errors: m.stats.page_errors,
         bad_pages: m
             .files()
@@ -171,7 +175,20 @@ pub fn render_text(r: &StanzaReport) -> String {
             out.push_str(&format!(
                 "        changed blocks found by: {t}{}{}\n",
                 if t == "wal" {
-                    format!(" ({} files read block by block)", b.files_tracked)
+                    let hashed: Vec<String> = b
+                        .files_hashed
+                        .iter()
+                        .map(|(why, n)| format!("{n} {why}"))
+                        .collect();
+                    format!(
+                        " ({} files read block by block{})",
+                        b.files_tracked,
+                        if hashed.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; files hashed: {}", hashed.join(", "))
+                        }
+                    )
                 } else {
                     String::new()
                 },

@@ -94,42 +94,68 @@ impl WalChanges {
     }
 
     /// The pages (numbered within this segment file) of relation file `rel_path` that
-    /// changed, or `None` when the file must be hashed instead.
+    /// changed, or why the file must be read and hashed instead.
     pub fn pages_for(
         &self,
         rel_path: &str,
         relseg_size: u32,
-        prior: Option<&FileEntry>,
-    ) -> Option<Vec<u32>> {
-        let prior = prior?;
+        prior: &FileEntry,
+    ) -> std::result::Result<Vec<u32>, HashReason> {
         if prior.block_size == 0 {
-            return None;
+            return Err(HashReason::NoPriorBlockMap);
         }
-        let rf = layout::relation_file(rel_path)?;
+        let rf = layout::relation_file(rel_path).ok_or(HashReason::NotRelation)?;
         let fork = match rf.fork {
             Fork::Main => 0,
             // FSM pages are not reliably WAL-logged, and visibility-map bits are cleared by
             // heap records that do not reference the map page: both are read whole (they
             // are tiny: one map page covers 256 MiB of heap).
-            Fork::Fsm | Fork::Vm => return None,
+            Fork::Fsm | Fork::Vm => return Err(HashReason::FsmOrVm),
             Fork::Init => 3,
         };
-        let (spc, db) = location(rel_path)?;
+        let (spc, db) = location(rel_path).ok_or(HashReason::NotRelation)?;
         let key = (spc, db, rf.relnumber, fork);
-        if self.wholesale.contains(&key)
-            || self.dropped.contains(&(spc, db, rf.relnumber))
-            || self.databases.contains(&(spc, db))
-        {
-            return None;
+        if self.wholesale.contains(&key) {
+            return Err(HashReason::CreatedOrTruncated);
+        }
+        if self.dropped.contains(&(spc, db, rf.relnumber)) {
+            return Err(HashReason::Dropped);
+        }
+        if self.databases.contains(&(spc, db)) {
+            return Err(HashReason::DatabaseCopied);
         }
         let first = rf.segno * relseg_size;
         let last = first + relseg_size;
-        Some(
-            self.blocks
-                .get(&key)
-                .map(|set| set.range(first..last).map(|b| b - first).collect())
-                .unwrap_or_default(),
-        )
+        Ok(self
+            .blocks
+            .get(&key)
+            .map(|set| set.range(first..last).map(|b| b - first).collect())
+            .unwrap_or_default())
+    }
+}
+
+/// Why a changed file of a WAL-tracked backup was read and hashed instead of read block by
+/// block (recorded per reason in the manifest's `stats.files_hashed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HashReason {
+    NotRelation,
+    FsmOrVm,
+    CreatedOrTruncated,
+    Dropped,
+    DatabaseCopied,
+    NoPriorBlockMap,
+}
+
+impl HashReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HashReason::NotRelation => "not a relation file",
+            HashReason::FsmOrVm => "free space or visibility map",
+            HashReason::CreatedOrTruncated => "created or truncated since the prior backup",
+            HashReason::Dropped => "relation number dropped and reused",
+            HashReason::DatabaseCopied => "database copied or dropped",
+            HashReason::NoPriorBlockMap => "no block map in the prior backup",
+        }
     }
 }
 

@@ -197,6 +197,9 @@ pub struct Stats {
     /// Files whose changed blocks came from the WAL (only those blocks were read).
     #[serde(default)]
     pub files_tracked: u64,
+    /// In a WAL-tracked backup, changed files read and hashed instead, per reason.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub files_hashed: std::collections::BTreeMap<String, u64>,
     pub packs: u64,
     pub pages_checked: u64,
     pub page_errors: u64,
