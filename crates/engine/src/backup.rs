@@ -218,6 +218,27 @@ async fn backup_locked(
             .unwrap_or_default()
     );
 
+    // --track=wal refuses before pg_backup_start (whose checkpoint can take minutes) when
+    // the maps already have a gap up to now.
+    if let (Some(p), Track::Wal, false) = (&prior_manifest, opts.track, opts.delta) {
+        let now = db.current_wal_lsn().await?;
+        let now_timeline = db.timeline_of(now).await?;
+        crate::track::wal_changes(
+            &storage,
+            &s.stanza,
+            &stanza.cluster,
+            p,
+            now,
+            now_timeline,
+            &pg_path,
+        )
+        .await
+        .map_err(|why| {
+            Error::refused(format!(
+                "--track=wal: the WAL cannot tell what changed: {why}"
+            ))
+        })?;
+    }
     let (start_lsn, timeline) = db
         .backup_start(&format!("pgstrata {label}"), s.start_fast)
         .await?;

@@ -148,6 +148,16 @@ impl Db {
         Ok((lsn, row.get(1), map.filter(|m| !m.is_empty())))
     }
 
+    /// Where WAL is being inserted now (a primary only).
+    pub async fn current_wal_lsn(&self) -> Result<Lsn> {
+        let row = self
+            .client
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await
+            .map_err(pg_err("read the current WAL position"))?;
+        Ok(row.get::<_, String>(0).parse()?)
+    }
+
     pub async fn timeline_of(&self, lsn: Lsn) -> Result<u32> {
         let row = self
             .client
