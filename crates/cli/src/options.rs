@@ -145,7 +145,7 @@ pub const OPTIONS: &[OptionDef] = &[
     OptionDef { name: "delta", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["backup"],
         help: "Read and hash every block of every file instead of trusting unchanged size and mtime (turned on by itself after a timeline switch or a clock going backwards)." },
     OptionDef { name: "track", kind: Kind::Enum(&["auto", "wal", "hash"]), default: Some("auto"), scope: Scope::CommandLine, commands: &["backup"],
-        help: "How an incremental finds changed blocks in changed files: wal reads only the blocks the block-change maps (written by archive-push) list; hash reads and hashes whole files; auto uses the maps when they cover the whole window and says why when they do not." },
+        help: "How an incremental finds changed blocks in changed files: wal reads only the blocks the block-change maps (written by archive-push) list, and fails (before the backup starts, when it can tell) if they have a gap; hash reads and hashes whole files; auto uses the maps when they cover the whole window and says why when they do not." },
     OptionDef { name: "bundle", kind: Kind::Bool, default: Some("true"), scope: Scope::Config, commands: &["backup"],
         help: "Bundle files smaller than bundle-limit into shared pack objects (false: every file gets pack objects of its own)." },
     OptionDef { name: "bundle-size", kind: Kind::Size { min: 1 << 20, max: 1 << 30 }, default: Some("16MiB"), scope: Scope::Config, commands: &["backup"],
