@@ -555,7 +555,10 @@ enum RestoreJob {
 /// largest first so all workers stay busy to the end. The queue is popped from the back.
 fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
     const SMALL: u64 = 1 << 20;
+    // A group's frames stay decoded in memory until its last file is written: bound both
+    // what one read fetches and what the worker holds.
     const GROUP_BYTES: u64 = 8 << 20;
+    const GROUP_RAW: u64 = 64 << 20;
     const GROUP_FILES: usize = 512;
     let mut alone = Vec::new();
     let mut small: Vec<(String, String, u64, FileEntry)> = Vec::new();
@@ -572,15 +575,21 @@ fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
     let mut jobs: Vec<RestoreJob> = Vec::new();
     let mut group: Vec<FileEntry> = Vec::new();
     let mut key: Option<(String, String)> = None;
-    let mut bytes = 0u64;
+    let (mut bytes, mut raw) = (0u64, 0u64);
     for (owner, pack, _, f) in small {
         let k = Some((owner, pack));
-        if !group.is_empty() && (k != key || bytes >= GROUP_BYTES || group.len() >= GROUP_FILES) {
+        if !group.is_empty()
+            && (k != key
+                || bytes >= GROUP_BYTES
+                || raw >= GROUP_RAW
+                || group.len() >= GROUP_FILES)
+        {
             jobs.push(RestoreJob::Group(std::mem::take(&mut group)));
-            bytes = 0;
+            (bytes, raw) = (0, 0);
         }
         key = k;
         bytes += f.chunks.iter().map(|c| c.stored as u64).sum::<u64>();
+        raw += f.size;
         group.push(f);
     }
     if !group.is_empty() {
