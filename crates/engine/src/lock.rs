@@ -3,7 +3,8 @@
 //! A lock is an object created with a create-only write, so two processes cannot both take
 //! it, on a local disk or an object store alike. It names its holder (host, pid, command,
 //! time). A lock whose holder process is gone (same host, pid not running) is stale: it is
-//! removed with a warning. archive-push and archive-get never lock: they only write
+//! removed with a warning, by one process at a time (a host-local file lock), so two
+//! processes can never both replace it. archive-push and archive-get never lock: they only write
 //! write-once WAL objects.
 
 use crate::{Error, ErrorKind, Result};
@@ -41,6 +42,35 @@ fn alive(pid: i32) -> bool {
     }
 }
 
+/// Serializes stale-lock takeovers among the processes of this host (an exclusive flock on
+/// a file in the temporary directory, held until dropped). Taken on a blocking thread so a
+/// waiting task never stalls the runtime.
+async fn takeover_guard() -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = std::env::temp_dir().join("pgstrata-lock-takeover");
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Readable by everyone, so the postgres user and root can share it: flock needs
+        // only an open file.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o666)
+            .open(&path)
+            .or_else(|_| std::fs::File::open(&path))
+            .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, errno)| {
+            Error::io(
+                format!("lock {}", path.display()),
+                std::io::Error::from(errno),
+            )
+        })
+    })
+    .await
+    .expect("lock thread")
+}
+
 /// Run `work` holding the stanza lock; the lock is released whatever the outcome.
 pub async fn with_lock<T>(
     storage: &Storage,
@@ -69,16 +99,19 @@ pub async fn with_lock<T>(
                 };
                 match holder {
                     Some(h) if h.host == me.host && !alive(h.pid) => {
-                        log::warn!(
-                            "removing a stale lock of stanza '{stanza}': {} (pid {}) since {} is no longer running",
-                            h.command,
-                            h.pid,
-                            h.since
-                        );
-                        // Delete only what we judged stale: another process may have
-                        // replaced it meanwhile.
+                        // Only processes on the holder's host judge its lock stale, so a
+                        // host-local file lock makes them take it over one at a time. Under
+                        // it, the lock is read again and deleted only if it is still the
+                        // stale one: another process may have replaced it meanwhile.
+                        let _guard = takeover_guard().await?;
                         match storage.get(&key).await {
                             Ok(b) if serde_json::from_slice::<Holder>(&b).is_ok_and(|n| n.pid == h.pid && n.since == h.since) => {
+                                log::warn!(
+                                    "removing a stale lock of stanza '{stanza}': {} (pid {}) since {} is no longer running",
+                                    h.command,
+                                    h.pid,
+                                    h.since
+                                );
                                 storage.delete(&key).await?
                             }
                             Ok(_) => continue,
@@ -111,4 +144,67 @@ pub async fn with_lock<T>(
         log::warn!("could not release the lock {key}: {e}");
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// Many would-be holders find the same stale lock at once: at no time do two of them
+    /// hold the stanza, and one of them gets it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_stale_lock_is_taken_over_by_one_process_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Storage::local(dir.path()).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = child.id() as i32;
+        child.wait().unwrap();
+        assert!(!alive(dead_pid));
+        for round in 0..20 {
+            let stale = Holder {
+                host: hostname(),
+                pid: dead_pid,
+                command: "backup".into(),
+                since: format!("2026-01-01T00:00:{round:02}Z"),
+            };
+            storage
+                .put_new(
+                    &layout::lock("st"),
+                    serde_json::to_vec(&stale).unwrap().into(),
+                )
+                .await
+                .unwrap();
+            let holding = Arc::new(AtomicUsize::new(0));
+            let most = Arc::new(AtomicUsize::new(0));
+            let mut tasks = Vec::new();
+            for _ in 0..6 {
+                let (storage, holding, most) = (storage.clone(), holding.clone(), most.clone());
+                tasks.push(tokio::spawn(async move {
+                    with_lock(&storage, "st", "test", async {
+                        let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        holding.fetch_sub(1, Ordering::SeqCst);
+                        Ok(())
+                    })
+                    .await
+                }));
+            }
+            let mut took = 0;
+            for t in tasks {
+                if t.await.unwrap().is_ok() {
+                    took += 1;
+                }
+            }
+            assert_eq!(
+                most.load(Ordering::SeqCst),
+                1,
+                "round {round}: two held the lock"
+            );
+            assert!(took >= 1, "round {round}: nobody took over the stale lock");
+            assert!(!storage.exists(&layout::lock("st")).await.unwrap());
+        }
+    }
 }

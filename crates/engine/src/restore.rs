@@ -579,10 +579,7 @@ fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
     for (owner, pack, _, f) in small {
         let k = Some((owner, pack));
         if !group.is_empty()
-            && (k != key
-                || bytes >= GROUP_BYTES
-                || raw >= GROUP_RAW
-                || group.len() >= GROUP_FILES)
+            && (k != key || bytes >= GROUP_BYTES || raw >= GROUP_RAW || group.len() >= GROUP_FILES)
         {
             jobs.push(RestoreJob::Group(std::mem::take(&mut group)));
             (bytes, raw) = (0, 0);
