@@ -219,25 +219,31 @@ async fn backup_locked(
     );
 
     // --track=wal refuses before pg_backup_start (whose checkpoint can take minutes) when
-    // the maps already have a gap up to now.
+    // the maps already have a gap. The check covers the WAL up to the start of the segment
+    // before the one being flushed, so every byte it decodes is final on disk.
     if let (Some(p), Track::Wal, false) = (&prior_manifest, opts.track, opts.delta) {
-        let now = db.current_wal_lsn().await?;
-        let now_timeline = db.timeline_of(now).await?;
-        crate::track::wal_changes(
-            &storage,
-            &s.stanza,
-            &stanza.cluster,
-            p,
-            now,
-            now_timeline,
-            &pg_path,
-        )
-        .await
-        .map_err(|why| {
-            Error::refused(format!(
-                "--track=wal: the WAL cannot tell what changed: {why}"
-            ))
-        })?;
+        let seg = stanza.cluster.wal_segment_size;
+        let flushed_seg = db.wal_flush_lsn().await?.segment(seg);
+        let prior_seg = p.start.lsn.parse::<Lsn>()?.segment(seg);
+        if flushed_seg > prior_seg + 1 {
+            let until = Lsn((flushed_seg - 1) * seg);
+            let timeline = db.timeline_of(until).await?;
+            crate::track::wal_changes(
+                &storage,
+                &s.stanza,
+                &stanza.cluster,
+                p,
+                until,
+                timeline,
+                &pg_path,
+            )
+            .await
+            .map_err(|why| {
+                Error::refused(format!(
+                    "--track=wal: the WAL cannot tell what changed: {why}"
+                ))
+            })?;
+        }
     }
     let (start_lsn, timeline) = db
         .backup_start(&format!("pgstrata {label}"), s.start_fast)

@@ -148,11 +148,12 @@ impl Db {
         Ok((lsn, row.get(1), map.filter(|m| !m.is_empty())))
     }
 
-    /// Where WAL is being inserted now (a primary only).
-    pub async fn current_wal_lsn(&self) -> Result<Lsn> {
+    /// How far WAL is flushed to disk now (a primary only): every byte before it is final
+    /// in pg_wal.
+    pub async fn wal_flush_lsn(&self) -> Result<Lsn> {
         let row = self
             .client
-            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .query_one("SELECT pg_current_wal_flush_lsn()::text", &[])
             .await
             .map_err(pg_err("read the current WAL position"))?;
         Ok(row.get::<_, String>(0).parse()?)

@@ -247,7 +247,13 @@ pub async fn wal_changes(
                     until,
                 )
                 .map_err(|e| format!("cannot decode {name} from pg_wal: {e}"))?;
-                crate::archive::change_map_of(&name, decoded)
+                let mut map = crate::archive::change_map_of(&name, decoded);
+                if segno == current {
+                    // Every record of the window ends before `until`, which lies in this
+                    // segment: a record cut at its end is past the window.
+                    map.incomplete_tail = false;
+                }
+                map
             }
         };
         // A record whose block headers straddle the segment end is in neither segment's
@@ -260,21 +266,16 @@ pub async fn wal_changes(
             both.extend(
                 segment_bytes(storage, stanza, &cluster.archive_id(), &next, pg_path).await?,
             );
-            let until = if segno + 1 == current {
-                start_lsn.0
-            } else {
-                u64::MAX
-            };
+            // Only records starting in this segment: the next one's are its own map's.
             let decoded = pgstrata_pg::wal::decode_segment_until(
                 &both,
                 cluster.major_version,
                 8192,
                 Some(segno * seg_size),
-                until,
+                (segno + 1) * seg_size,
             )
             .map_err(|e| format!("cannot decode {name} with {next}: {e}"))?;
             let mut joined = crate::archive::change_map_of(&name, decoded);
-            // A cut record at the end of `next` is judged by `next`'s own map.
             joined.incomplete_tail = false;
             joined
         } else {
