@@ -357,6 +357,27 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             }
             Ok(0)
         }
+        "verify" => {
+            let s = settings(inv)?;
+            let report = runtime(s.process_max.max(2))
+                .block_on(pgstrata_engine::verify::verify(&s, inv.get("set")))?;
+            if inv.get("output") == Some("json") {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).expect("serialize verify")
+                );
+            } else {
+                print!("{}", pgstrata_engine::verify::render_text(&report));
+            }
+            if report.ok {
+                Ok(0)
+            } else {
+                Err(Error::integrity(format!(
+                    "verify found problems in stanza '{}': see the report above",
+                    s.stanza
+                )))
+            }
+        }
         other => Err(Error::config(format!("unknown command '{other}'"))),
     }
 }

@@ -19,6 +19,7 @@ pub mod restore;
 pub mod settings;
 pub mod stanza;
 pub mod track;
+pub mod verify;
 pub mod walk;
 
 pub use error::{Error, ErrorKind, Result};

@@ -427,7 +427,12 @@ pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> 
     };
     progress.finish();
     for r in results {
-        let t = r?;
+        let t = r.map_err(|mut e| {
+            if e.kind == crate::ErrorKind::Integrity {
+                e.message = format!("restore stopped: {}", e.message);
+            }
+            e
+        })?;
         report.files_written += t.written;
         report.files_patched += t.patched;
         report.files_kept += t.kept;
@@ -628,7 +633,7 @@ fn restore_worker(sh: &RestoreShared) -> Result<WorkerTally> {
                 if !chunks.is_empty() {
                     sh.runtime
                         .block_on(reader.load(&chunks, &files[0].path))
-                        .map_err(|e| Error::integrity(format!("restore stopped: {e}")))?;
+                        .map_err(|e| Error::integrity(e.to_string()))?;
                 }
                 for (f, action) in files.iter().zip(actions) {
                     restore_one(sh, &mut reader, f, action, &mut tally, &mut resolver)?;
@@ -731,8 +736,8 @@ fn local_matches(path: &Path, f: &FileEntry) -> Result<bool> {
 
 /// Fetch the frames of `extents` in batches of bounded size and hand each extent's bytes
 /// (zeros for all-zero extents) to `sink` in order.
-fn for_each_extent(
-    sh: &RestoreShared,
+pub(crate) fn for_each_extent(
+    runtime: &tokio::runtime::Handle,
     reader: &mut FrameReader,
     extents: &[(u64, Chunk)],
     file: &str,
@@ -752,9 +757,9 @@ fn for_each_extent(
             }
             j += 1;
         }
-        sh.runtime
+        runtime
             .block_on(reader.load(&batch, file))
-            .map_err(|e| Error::integrity(format!("restore stopped: {e}")))?;
+            .map_err(|e| Error::integrity(e.to_string()))?;
         for (offset, c) in &extents[i..j] {
             if c.is_zero() {
                 let mut done = 0u64;
@@ -768,7 +773,7 @@ fn for_each_extent(
                     *offset,
                     reader
                         .bytes(c)
-                        .map_err(|e| Error::integrity(format!("restore stopped: {file}: {e}")))?,
+                        .map_err(|e| Error::integrity(format!("{file}: {e}")))?,
                 )?;
             }
         }
@@ -780,7 +785,7 @@ fn for_each_extent(
 
 /// Checks restored bytes against the backup: the file's BLAKE3, or, for files copied by
 /// WAL tracking (which have none), each block's XXH3 from the block map.
-struct ContentCheck<'a> {
+pub(crate) struct ContentCheck<'a> {
     f: &'a FileEntry,
     blake: blake3::Hasher,
     pending: Vec<u8>,
@@ -789,7 +794,7 @@ struct ContentCheck<'a> {
 }
 
 impl<'a> ContentCheck<'a> {
-    fn new(f: &'a FileEntry) -> ContentCheck<'a> {
+    pub(crate) fn new(f: &'a FileEntry) -> ContentCheck<'a> {
         ContentCheck {
             f,
             blake: blake3::Hasher::new(),
@@ -799,7 +804,7 @@ impl<'a> ContentCheck<'a> {
         }
     }
 
-    fn update(&mut self, mut data: &[u8]) {
+    pub(crate) fn update(&mut self, mut data: &[u8]) {
         if !self.f.hash.is_empty() {
             self.blake.update(data);
             return;
@@ -825,7 +830,7 @@ impl<'a> ContentCheck<'a> {
         self.pending.clear();
     }
 
-    fn finish(mut self) -> Result<()> {
+    pub(crate) fn finish(mut self) -> Result<()> {
         let ok = if self.f.hash.is_empty() {
             if !self.pending.is_empty() {
                 self.check_block();
@@ -838,7 +843,7 @@ impl<'a> ContentCheck<'a> {
             Ok(())
         } else {
             Err(Error::integrity(format!(
-                "restore stopped: restored {} does not match the hashes recorded at backup time: the repository is damaged",
+                "{} does not match the hashes recorded at backup time: the repository is damaged",
                 self.f.path
             )))
         }
@@ -887,7 +892,7 @@ fn write_file(
             (at, c.clone())
         })
         .collect();
-    for_each_extent(sh, reader, &extents, &f.path, |_, data| {
+    for_each_extent(&sh.runtime, reader, &extents, &f.path, |_, data| {
         check.update(data);
         out.write_all(data)
             .map_err(|e| Error::io(format!("write {}", path.display()), e))
@@ -984,7 +989,7 @@ fn patch_file(
         .open(path)
         .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
     let mut written = 0u64;
-    for_each_extent(sh, reader, needed, &f.path, |at, data| {
+    for_each_extent(&sh.runtime, reader, needed, &f.path, |at, data| {
         written += data.len() as u64;
         fh.write_all_at(data, at)
             .map_err(|e| Error::io(format!("write {}", path.display()), e))
