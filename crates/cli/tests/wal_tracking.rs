@@ -335,25 +335,32 @@ fn a_gap_in_the_maps_falls_back_to_hashing() {
         .find(|k| k.ends_with(&format!("{start_wal}.map")))
         .expect("the map of the backup's start segment");
     std::fs::remove_file(env.repo.join(&missing)).unwrap();
+    refused_then_hashed(
+        &env,
+        &format!("{start_wal} has no block-change map"),
+        "gap2",
+    );
+}
+
+/// With a gap in the maps, `--track=wal` refuses naming `why`; the default `--track=auto`
+/// hashes instead, records `why`, and restores exactly.
+fn refused_then_hashed(env: &Env, why: &str, restore_name: &str) {
     let (code, err) = run_fail(env.cmd(&["--type=incr", "--track=wal", "--start-fast", "backup"]));
     assert_eq!(code, 3);
-    assert!(
-        err.contains(&format!("{start_wal} has no block-change map")),
-        "{err}"
-    );
+    assert!(err.contains(why), "{err}");
     let label = env.backup(&["--type=incr"]);
-    let m = manifest(&env, &label);
+    let m = manifest(env, &label);
     assert_eq!(m.track.as_deref(), Some("hash"));
     assert!(
-        m.track_reason
-            .as_deref()
-            .unwrap_or_default()
-            .contains("no block-change map"),
+        m.track_reason.as_deref().unwrap_or_default().contains(why),
         "{:?}",
         m.track_reason
     );
     let expected = env.hashes();
-    let c = env.restore_and_start("gap2", &["--type=immediate", &format!("--set={label}")]);
+    let c = env.restore_and_start(
+        restore_name,
+        &["--type=immediate", &format!("--set={label}")],
+    );
     assert_eq!(c.content_hashes().unwrap(), expected);
 }
 
@@ -589,21 +596,5 @@ fn wal_written_at_wal_level_minimal_falls_back_to_hashing() {
     }
     restart();
     env.flush_wal();
-    let (code, err) = run_fail(env.cmd(&["--type=incr", "--track=wal", "--start-fast", "backup"]));
-    assert_eq!(code, 3);
-    assert!(err.contains("wal_level=minimal"), "{err}");
-    let label = env.backup(&["--type=incr"]);
-    let m = manifest(&env, &label);
-    assert_eq!(m.track.as_deref(), Some("hash"));
-    assert!(
-        m.track_reason
-            .as_deref()
-            .unwrap_or_default()
-            .contains("wal_level=minimal"),
-        "{:?}",
-        m.track_reason
-    );
-    let expected = env.hashes();
-    let c = env.restore_and_start("minimal", &["--type=immediate", &format!("--set={label}")]);
-    assert_eq!(c.content_hashes().unwrap(), expected);
+    refused_then_hashed(&env, "wal_level=minimal", "minimal");
 }

@@ -734,6 +734,19 @@ fn local_matches(path: &Path, f: &FileEntry) -> Result<bool> {
     Ok(check_reader(f, &mut fh, path).is_ok())
 }
 
+/// A file's extents with the file offset each one starts at.
+pub(crate) fn extents_of(f: &FileEntry) -> Vec<(u64, Chunk)> {
+    let mut offset = 0u64;
+    f.chunks
+        .iter()
+        .map(|c| {
+            let at = offset;
+            offset += c.raw as u64;
+            (at, c.clone())
+        })
+        .collect()
+}
+
 /// Fetch the frames of `extents` in batches of bounded size and hand each extent's bytes
 /// (zeros for all-zero extents) to `sink` in order.
 pub(crate) fn for_each_extent(
@@ -882,17 +895,7 @@ fn write_file(
             .map_err(|e| Error::io(format!("create {}", path.display()), e))?,
     );
     let mut check = ContentCheck::new(f);
-    let mut offset = 0u64;
-    let extents: Vec<(u64, Chunk)> = f
-        .chunks
-        .iter()
-        .map(|c| {
-            let at = offset;
-            offset += c.raw as u64;
-            (at, c.clone())
-        })
-        .collect();
-    for_each_extent(&sh.runtime, reader, &extents, &f.path, |_, data| {
+    for_each_extent(&sh.runtime, reader, &extents_of(f), &f.path, |_, data| {
         check.update(data);
         out.write_all(data)
             .map_err(|e| Error::io(format!("write {}", path.display()), e))

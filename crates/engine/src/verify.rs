@@ -17,13 +17,13 @@
 //! verify takes no lock and changes nothing; it reads the whole repository once per distinct
 //! file entry, so it costs about as much as restoring each distinct backup.
 
-use crate::restore::{for_each_extent, ContentCheck};
+use crate::restore::{extents_of, for_each_extent, ContentCheck};
 use crate::{open_stanza, Error, Result, Settings};
 use futures::StreamExt;
 use pgstrata_pg::lsn::{self, Lsn};
 use pgstrata_repo::changemap::ChangeMap;
 use pgstrata_repo::manifest::{load_backups, FileEntry, Manifest};
-use pgstrata_repo::pack::{Chunk, FrameReader};
+use pgstrata_repo::pack::FrameReader;
 use pgstrata_repo::{layout, wal, Storage};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -221,19 +221,11 @@ fn check_file(
     reader: &mut FrameReader,
     f: &FileEntry,
 ) -> Result<()> {
-    let mut offset = 0u64;
-    let extents: Vec<(u64, Chunk)> = f
-        .chunks
-        .iter()
-        .map(|c| {
-            let at = offset;
-            offset += c.raw as u64;
-            (at, c.clone())
-        })
-        .collect();
-    if offset != f.size {
+    let extents = extents_of(f);
+    let covered: u64 = f.chunks.iter().map(|c| c.raw as u64).sum();
+    if covered != f.size {
         return Err(Error::integrity(format!(
-            "{}: its extents cover {offset} bytes but the file has {}",
+            "{}: its extents cover {covered} bytes but the file has {}",
             f.path, f.size
         )));
     }
