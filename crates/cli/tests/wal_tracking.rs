@@ -58,15 +58,7 @@ fn promote_standby(env: &mut Env, label: &str, ts_oid: &str) {
         pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &standby_dir, &env.scratch.path);
     standby.log_file = env.scratch.join("standby.log");
     standby.start().unwrap();
-    // Promotion first replays every segment the archive holds.
-    run_ok({
-        let mut c = standby.bin.cmd("pg_ctl");
-        c.arg("-D").arg(&standby.data).args(["-w", "promote"]);
-        c
-    });
-    standby
-        .wait_for_promotion(std::time::Duration::from_secs(180))
-        .unwrap();
+    standby.promote().unwrap();
     env.cluster = standby;
     // (pg_control_checkpoint() lags until the end-of-recovery checkpoint completes.)
     assert_eq!(
@@ -391,14 +383,7 @@ fn a_timeline_switch_forces_hashing_then_tracking_resumes() {
     let standby =
         pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &standby_dir, &env.scratch.path);
     standby.start().unwrap();
-    run_ok({
-        let mut c = standby.bin.cmd("pg_ctl");
-        c.arg("-D").arg(&standby.data).args(["-w", "promote"]);
-        c
-    });
-    standby
-        .wait_for_promotion(std::time::Duration::from_secs(120))
-        .unwrap();
+    standby.promote().unwrap();
     let on = |mut c: std::process::Command| {
         c.env("PGSTRATA_PG_PATH", &standby.data)
             .env("PGSTRATA_PG_HOST", &standby.socket_dir)

@@ -361,6 +361,19 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
+    /// Promote a running standby (`pg_ctl promote`; it first replays every WAL segment the
+    /// archive holds) and wait until it accepts writes.
+    pub fn promote(&self) -> Result<(), String> {
+        run_ok(
+            self.bin
+                .cmd("pg_ctl")
+                .arg("-D")
+                .arg(&self.data)
+                .args(["-w", "promote"]),
+        )?;
+        self.wait_for_promotion(Duration::from_secs(180))
+    }
+
     /// Wait until the server accepts writes (recovery finished and promoted).
     pub fn wait_for_promotion(&self, timeout: Duration) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
