@@ -205,14 +205,21 @@ pub fn run_fail(mut c: Command) -> (i32, String) {
     )
 }
 
-/// Every file under `dir` with its size, for "nothing was written" checks.
+/// Every file under `dir` with its size, for "nothing was written" checks. A write in
+/// flight (the archiver pushing WAL meanwhile) is not an object yet: the local store's
+/// staging files (`NAME#N`), and files that vanish while being listed, are left out.
 pub fn tree(dir: &Path) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     fn walk(base: &Path, d: &Path, out: &mut BTreeMap<String, u64>) {
         if let Ok(rd) = std::fs::read_dir(d) {
             for e in rd.flatten() {
                 let p = e.path();
-                let md = std::fs::symlink_metadata(&p).unwrap();
+                if e.file_name().to_string_lossy().contains('#') {
+                    continue;
+                }
+                let Ok(md) = std::fs::symlink_metadata(&p) else {
+                    continue;
+                };
                 let rel = p.strip_prefix(base).unwrap().display().to_string();
                 if md.is_dir() {
                     out.insert(rel + "/", 0);
