@@ -90,7 +90,13 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
             Err(e) if e.kind == RepoKind::AlreadyExists => {}
             Err(e) => return Err(e.into()),
         }
-        if let Err(why) = map.complete() {
+        let only_cut_tail = map.usable
+            && map.incomplete_tail
+            && !map.wal_level_minimal
+            && map.unknown_rmgrs.is_empty();
+        if only_cut_tail {
+            log::info!("{name}: its last record's block references continue in the next segment; incrementals decode the two segments together");
+        } else if let Err(why) = map.complete() {
             log::warn!("{name}: its block-change map cannot be relied on ({why}); incrementals will hash the files instead");
         }
     }
