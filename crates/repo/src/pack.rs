@@ -285,8 +285,10 @@ pub struct FrameReader<'a> {
     pub requests: u64,
 }
 
-/// Merged reads never exceed this many stored bytes.
+/// Merged reads never exceed this many stored bytes (plus the last frame).
 pub const MAX_READ: u64 = 16 * 1024 * 1024;
+/// Frames of one pack at most this far apart are fetched with one read.
+pub const MERGE_GAP: u64 = 128 * 1024;
 
 impl<'a> FrameReader<'a> {
     /// A reader for the frames `manifest`'s chunks point at.
@@ -335,16 +337,19 @@ impl<'a> FrameReader<'a> {
         wanted.sort_by(|a, b| a.1.cmp(&b.1));
         let mut i = 0;
         while i < wanted.len() {
-            // One read covers a run of frames that follow each other in the same pack.
+            // One read covers a run of frames in the same pack, reading through gaps of up
+            // to MERGE_GAP bytes between them (frames an incremental replaced): on an object
+            // store a round trip costs more than the skipped bytes.
             let mut j = i + 1;
             let mut end = wanted[i].1 .2 + wanted[i].0.stored as u64;
             while j < wanted.len()
                 && wanted[j].1 .0 == wanted[i].1 .0
                 && wanted[j].1 .1 == wanted[i].1 .1
-                && wanted[j].1 .2 == end
+                && wanted[j].1 .2 >= end
+                && wanted[j].1 .2 - end <= MERGE_GAP
                 && end - wanted[i].1 .2 < MAX_READ
             {
-                end += wanted[j].0.stored as u64;
+                end = wanted[j].1 .2 + wanted[j].0.stored as u64;
                 j += 1;
             }
             let (owner, pack, start) = wanted[i].1.clone();
