@@ -8,6 +8,7 @@
 
 use crate::{open_stanza, Error, ErrorKind, Result, Settings};
 use pgstrata_pg::lsn;
+use pgstrata_pg::wal::SegmentChanges;
 use pgstrata_repo::changemap::{ChangeMap, ForkBlocks};
 use pgstrata_repo::{layout, wal, ErrorKind as RepoKind};
 use std::path::Path;
@@ -46,19 +47,46 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
     let compression = s.compression;
     let major = stanza.cluster.major_version;
     let decode = lsn::is_segment_name(&name) && raw.len() as u64 == seg_size;
-    let seg_name = name.clone();
+    let continues_previous = pgstrata_pg::wal::starts_with_continuation(&raw);
     // Decoding (for the block-change map) runs beside compression, so it adds little to
     // archive_command's latency.
-    let (obj, hash, map) = tokio::task::spawn_blocking(move || {
+    let (obj, hash, decoded) = tokio::task::spawn_blocking(move || {
         std::thread::scope(|scope| {
-            let map = decode.then(|| scope.spawn(|| change_map(&seg_name, &raw, major)));
+            let decoded =
+                decode.then(|| scope.spawn(|| pgstrata_pg::wal::decode_segment(&raw, major, 8192)));
             let h = wal::hash(&raw);
             let obj = wal::encode(&raw, compression);
-            (obj, h, map.map(|t| t.join().expect("decode thread")))
+            (obj, h, decoded.map(|t| t.join().expect("decode thread")))
         })
     })
     .await
     .expect("compress thread");
+    let map = match decoded {
+        None => None,
+        Some(Err(e)) => Some(ChangeMap {
+            segment: name.clone(),
+            usable: false,
+            reason: Some(e.to_string()),
+            ..Default::default()
+        }),
+        Some(Ok(mut changes)) => {
+            // The previous segment's last record may have been cut inside its block headers:
+            // read it whole now, while the previous segment is at hand, so that a backup
+            // needs neither segment.
+            let mut completes_previous = false;
+            if continues_previous {
+                if let Some((with, without)) =
+                    previous_cut_record(&storage, &s.stanza, &stanza.cluster, &name, wal_path).await
+                {
+                    changes.add_difference(&with, &without);
+                    completes_previous = true;
+                }
+            }
+            let mut m = change_map_of(&name, changes);
+            m.completes_previous = completes_previous;
+            Some(m)
+        }
+    };
     let stored_bytes = obj.len();
     let outcome = match storage.put_new(&key, obj.into()).await {
         Ok(()) => {
@@ -103,6 +131,53 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
     Ok(outcome)
 }
 
+/// When the segment before `name` has a map whose last record is cut inside its block
+/// headers: that segment decoded alone (`without`) and decoded on into `name` up to the
+/// boundary (`with`, which reads the cut record whole). `None` when there is nothing to
+/// complete or a piece is unavailable; a backup then decodes the two segments itself.
+async fn previous_cut_record(
+    storage: &pgstrata_repo::Storage,
+    stanza: &str,
+    cluster: &pgstrata_repo::stanza::ClusterIdentity,
+    name: &str,
+    wal_path: &Path,
+) -> Option<(SegmentChanges, SegmentChanges)> {
+    let seg = cluster.wal_segment_size;
+    let (tli, segno) = lsn::parse_segment_name(name, seg)?;
+    let prev = lsn::segment_name(tli, segno.checked_sub(1)?, seg);
+    let archive_id = cluster.archive_id();
+    let key = layout::change_map(stanza, &archive_id, &prev);
+    let prev_map = ChangeMap::decode(&storage.get(&key).await.ok()?, &key).ok()?;
+    if !(prev_map.usable && prev_map.incomplete_tail) {
+        return None;
+    }
+    let prev_bytes = match std::fs::read(wal_path.with_file_name(&prev)) {
+        Ok(b) if b.len() as u64 == seg => b,
+        _ => {
+            let k = layout::archive_object(stanza, &archive_id, &prev);
+            wal::decode(&storage.get(&k).await.ok()?, &k).ok()?
+        }
+    };
+    let next_bytes = std::fs::read(wal_path).ok()?;
+    let major = cluster.major_version;
+    tokio::task::spawn_blocking(move || {
+        let without = pgstrata_pg::wal::decode_segment(&prev_bytes, major, 8192).ok()?;
+        let mut both = prev_bytes;
+        both.extend_from_slice(&next_bytes);
+        let with = pgstrata_pg::wal::decode_segment_until(
+            &both,
+            major,
+            8192,
+            Some((segno - 1) * seg),
+            segno * seg,
+        )
+        .ok()?;
+        Some((with, without))
+    })
+    .await
+    .expect("decode thread")
+}
+
 /// Decode a segment into its block-change map; a segment that cannot be decoded gets an
 /// unusable map with the reason.
 pub fn change_map(name: &str, raw: &[u8], major: u32) -> ChangeMap {
@@ -127,6 +202,7 @@ pub fn change_map_of(name: &str, c: pgstrata_pg::wal::SegmentChanges) -> ChangeM
         switched: c.switched,
         incomplete_tail: c.incomplete_tail,
         wal_level_minimal: c.wal_level_minimal,
+        completes_previous: false,
         unknown_rmgrs: c.unknown_rmgrs.into_iter().collect(),
         blocks: c
             .blocks

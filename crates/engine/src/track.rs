@@ -258,7 +258,20 @@ pub async fn wal_changes(
         };
         // A record whose block headers straddle the segment end is in neither segment's
         // map on its own: decode this segment together with the next to read it whole.
-        let map = if map.usable && map.incomplete_tail && segno < current {
+        // archive-push of the next segment usually read the cut record whole already: its
+        // map says so, and the loop adds that map next (unless the next segment is the
+        // current one, which is decoded from pg_wal without the cut record).
+        let next_completes = map.usable
+            && map.incomplete_tail
+            && segno + 1 < current
+            && next_map_completes(storage, stanza, &archive_id, timeline, segno + 1, seg_size)
+                .await;
+        let map = if next_completes {
+            ChangeMap {
+                incomplete_tail: false,
+                ..map
+            }
+        } else if map.usable && map.incomplete_tail && segno < current {
             let next = lsn::segment_name(timeline, segno + 1, seg_size);
             log::info!("{name}: its last record continues in {next}; decoding the two together");
             let mut both =
@@ -286,6 +299,27 @@ pub async fn wal_changes(
         out.add(map);
     }
     Ok(out)
+}
+
+/// Whether the archived map of segment `segno` lists the record cut at the end of the
+/// segment before it.
+async fn next_map_completes(
+    storage: &Storage,
+    stanza: &str,
+    archive_id: &str,
+    timeline: u32,
+    segno: u64,
+    seg_size: u64,
+) -> bool {
+    let key = repo_layout::change_map(
+        stanza,
+        archive_id,
+        &lsn::segment_name(timeline, segno, seg_size),
+    );
+    match storage.get(&key).await {
+        Ok(obj) => ChangeMap::decode(&obj, &key).is_ok_and(|m| m.usable && m.completes_previous),
+        Err(_) => false,
+    }
 }
 
 /// The bytes of WAL segment `name`: from `pg_wal` while PostgreSQL still has it, else from

@@ -53,6 +53,47 @@ pub struct SegmentChanges {
     pub records: u64,
 }
 
+impl SegmentChanges {
+    /// Add what `with` lists and `without` does not: the changes of the records `with`
+    /// decoded beyond `without` (a record cut at a segment end, decoded whole).
+    pub fn add_difference(&mut self, with: &SegmentChanges, without: &SegmentChanges) {
+        for (fork, blocks) in &with.blocks {
+            let old = without.blocks.get(fork);
+            let new: Vec<u32> = blocks
+                .iter()
+                .filter(|b| old.is_none_or(|o| !o.contains(b)))
+                .copied()
+                .collect();
+            if !new.is_empty() {
+                self.blocks.entry(*fork).or_default().extend(new);
+            }
+        }
+        self.created
+            .extend(with.created.difference(&without.created).copied());
+        for (fork, len) in &with.truncated {
+            if without.truncated.get(fork) != Some(len) {
+                let e = self.truncated.entry(*fork).or_insert(*len);
+                *e = (*e).min(*len);
+            }
+        }
+        self.dropped
+            .extend(with.dropped.difference(&without.dropped).copied());
+        self.databases
+            .extend(with.databases.difference(&without.databases).copied());
+        self.unknown_rmgrs.extend(
+            with.unknown_rmgrs
+                .difference(&without.unknown_rmgrs)
+                .copied(),
+        );
+        self.wal_level_minimal |= with.wal_level_minimal && !without.wal_level_minimal;
+    }
+}
+
+/// Whether a segment (or page) starts with the continuation of a record begun before it.
+pub fn starts_with_continuation(seg: &[u8]) -> bool {
+    seg.len() >= SHORT_PHD && u16_at(seg, 2) & XLP_FIRST_IS_CONTRECORD != 0 && u32_at(seg, 16) > 0
+}
+
 const XLP_FIRST_IS_CONTRECORD: u16 = 0x0001;
 const XLP_LONG_HEADER: u16 = 0x0002;
 const SHORT_PHD: usize = 24;

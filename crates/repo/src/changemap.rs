@@ -7,7 +7,7 @@
 //! ```text
 //! offset size
 //!  0      8   magic "PGSTRMAP"
-//!  8      1   map format version (2; 1 is still read)
+//!  8      1   map format version (3; 1 and 2 are still read)
 //!  9      7   zero
 //! 16     32   BLAKE3 of the rest
 //! 48      …   zstd-compressed JSON of ChangeMap
@@ -19,10 +19,10 @@ use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 const MAGIC: &[u8; 8] = b"PGSTRMAP";
-/// Map format version written. 2 added `wal_level_minimal`; version-1 maps are still read.
-/// A reader that knows only version 1 refuses version-2 maps, so it hashes instead of
-/// trusting a map whose wal_level flag it cannot see.
-pub const VERSION: u8 = 2;
+/// Map format version written. 2 added `wal_level_minimal`, 3 `completes_previous`; older
+/// maps are still read. A reader that knows only an older version refuses newer maps, so it
+/// hashes instead of trusting a map whose flags it cannot see.
+pub const VERSION: u8 = 3;
 
 /// Blocks of one relation fork, as runs `[first block, count]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,6 +49,11 @@ pub struct ChangeMap {
     /// false in version-1 maps, whose decoder did not look).
     #[serde(default)]
     pub wal_level_minimal: bool,
+    /// The previous segment's map has an incomplete tail, and this map also lists the
+    /// changes of that cut record, decoded whole from both segments (format version 3;
+    /// false in older maps).
+    #[serde(default)]
+    pub completes_previous: bool,
     /// Resource managers the decoder does not understand (custom ones): their records may
     /// change relations in ways the map does not show.
     pub unknown_rmgrs: Vec<u8>,
