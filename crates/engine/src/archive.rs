@@ -131,10 +131,12 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
     Ok(outcome)
 }
 
-/// When the segment before `name` has a map whose last record is cut inside its block
-/// headers: that segment decoded alone (`without`) and decoded on into `name` up to the
-/// boundary (`with`, which reads the cut record whole). `None` when there is nothing to
-/// complete or a piece is unavailable; a backup then decodes the two segments itself.
+/// When the segment before `name` ends inside a record's block headers: that segment
+/// decoded alone (`without`) and decoded on into `name` up to the boundary (`with`, which
+/// reads the cut record whole). The previous segment is normally still in pg_wal next to
+/// `name`, which answers without a request to the repository; otherwise its map and
+/// archived copy are fetched. `None` when there is nothing to complete or a piece is
+/// unavailable; a backup then decodes the two segments itself.
 async fn previous_cut_record(
     storage: &pgstrata_repo::Storage,
     stanza: &str,
@@ -143,25 +145,36 @@ async fn previous_cut_record(
     wal_path: &Path,
 ) -> Option<(SegmentChanges, SegmentChanges)> {
     let seg = cluster.wal_segment_size;
+    let major = cluster.major_version;
     let (tli, segno) = lsn::parse_segment_name(name, seg)?;
     let prev = lsn::segment_name(tli, segno.checked_sub(1)?, seg);
     let archive_id = cluster.archive_id();
-    let key = layout::change_map(stanza, &archive_id, &prev);
-    let prev_map = ChangeMap::decode(&storage.get(&key).await.ok()?, &key).ok()?;
-    if !(prev_map.usable && prev_map.incomplete_tail) {
-        return None;
-    }
-    let prev_bytes = match std::fs::read(wal_path.with_file_name(&prev)) {
-        Ok(b) if b.len() as u64 == seg => b,
+    let decode_alone = |bytes: Vec<u8>| async move {
+        tokio::task::spawn_blocking(move || {
+            let alone = pgstrata_pg::wal::decode_segment(&bytes, major, 8192).ok();
+            (bytes, alone)
+        })
+        .await
+        .expect("decode thread")
+    };
+    let (prev_bytes, without) = match std::fs::read(wal_path.with_file_name(&prev)) {
+        Ok(b) if b.len() as u64 == seg => decode_alone(b).await,
         _ => {
+            let key = layout::change_map(stanza, &archive_id, &prev);
+            let prev_map = ChangeMap::decode(&storage.get(&key).await.ok()?, &key).ok()?;
+            if !(prev_map.usable && prev_map.incomplete_tail) {
+                return None;
+            }
             let k = layout::archive_object(stanza, &archive_id, &prev);
-            wal::decode(&storage.get(&k).await.ok()?, &k).ok()?
+            decode_alone(wal::decode(&storage.get(&k).await.ok()?, &k).ok()?).await
         }
     };
+    let without = without?;
+    if !without.incomplete_tail {
+        return None;
+    }
     let next_bytes = std::fs::read(wal_path).ok()?;
-    let major = cluster.major_version;
     tokio::task::spawn_blocking(move || {
-        let without = pgstrata_pg::wal::decode_segment(&prev_bytes, major, 8192).ok()?;
         let mut both = prev_bytes;
         both.extend_from_slice(&next_bytes);
         let with = pgstrata_pg::wal::decode_segment_until(
