@@ -149,16 +149,8 @@ async fn previous_cut_record(
     let (tli, segno) = lsn::parse_segment_name(name, seg)?;
     let prev = lsn::segment_name(tli, segno.checked_sub(1)?, seg);
     let archive_id = cluster.archive_id();
-    let decode_alone = |bytes: Vec<u8>| async move {
-        tokio::task::spawn_blocking(move || {
-            let alone = pgstrata_pg::wal::decode_segment(&bytes, major, 8192).ok();
-            (bytes, alone)
-        })
-        .await
-        .expect("decode thread")
-    };
-    let (prev_bytes, without) = match std::fs::read(wal_path.with_file_name(&prev)) {
-        Ok(b) if b.len() as u64 == seg => decode_alone(b).await,
+    let prev_bytes = match std::fs::read(wal_path.with_file_name(&prev)) {
+        Ok(b) if b.len() as u64 == seg => b,
         _ => {
             let key = layout::change_map(stanza, &archive_id, &prev);
             let prev_map = ChangeMap::decode(&storage.get(&key).await.ok()?, &key).ok()?;
@@ -166,22 +158,35 @@ async fn previous_cut_record(
                 return None;
             }
             let k = layout::archive_object(stanza, &archive_id, &prev);
-            decode_alone(wal::decode(&storage.get(&k).await.ok()?, &k).ok()?).await
+            wal::decode(&storage.get(&k).await.ok()?, &k).ok()?
         }
     };
-    let without = without?;
-    if !without.incomplete_tail {
-        return None;
-    }
     let next_bytes = std::fs::read(wal_path).ok()?;
     tokio::task::spawn_blocking(move || {
-        let mut both = prev_bytes;
+        // Only the previous segment's last pages matter: decoding from a page boundary skips
+        // the continuation there and reads the records starting after it, the cut one last.
+        // (A record longer than these pages is not seen; the backup then decodes instead.)
+        const TAIL: usize = 4 * 8192;
+        let from = prev_bytes.len().saturating_sub(TAIL);
+        let tail_start = (segno - 1) * seg + from as u64;
+        let without = pgstrata_pg::wal::decode_segment_until(
+            &prev_bytes[from..],
+            major,
+            8192,
+            Some(tail_start),
+            u64::MAX,
+        )
+        .ok()?;
+        if !without.incomplete_tail {
+            return None;
+        }
+        let mut both = prev_bytes[from..].to_vec();
         both.extend_from_slice(&next_bytes);
         let with = pgstrata_pg::wal::decode_segment_until(
             &both,
             major,
             8192,
-            Some((segno - 1) * seg),
+            Some(tail_start),
             segno * seg,
         )
         .ok()?;
