@@ -12,6 +12,9 @@ fn bad_input_is_refused_clearly_and_writes_nothing() {
         .unwrap();
     env.stanza_create();
     let label = env.backup(&[]);
+    // The archiver pushes the backup's .backup history file after the backup returns: let
+    // it finish (the segments after it are archived in name order) before the snapshot.
+    env.flush_wal();
     let before = tree(&env.repo);
 
     // Unknown stanza.
