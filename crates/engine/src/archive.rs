@@ -47,7 +47,9 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
     let compression = s.compression;
     let major = stanza.cluster.major_version;
     let decode = lsn::is_segment_name(&name) && raw.len() as u64 == seg_size;
-    let continues_previous = pgstrata_pg::wal::starts_with_continuation(&raw);
+    // The head of this segment, for completing a record cut at the previous one's end.
+    let head: Option<Vec<u8>> = pgstrata_pg::wal::starts_with_continuation(&raw)
+        .then(|| raw[..raw.len().min(CUT_RECORD_PAGES * 8192)].to_vec());
     // Decoding (for the block-change map) runs beside compression, so it adds little to
     // archive_command's latency.
     let (obj, hash, decoded) = tokio::task::spawn_blocking(move || {
@@ -74,9 +76,10 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
             // read it whole now, while the previous segment is at hand, so that a backup
             // needs neither segment.
             let mut completes_previous = false;
-            if continues_previous {
+            if let Some(head) = head {
                 if let Some((with, without)) =
-                    previous_cut_record(&storage, &s.stanza, &stanza.cluster, &name, wal_path).await
+                    previous_cut_record(&storage, &s.stanza, &stanza.cluster, &name, wal_path, head)
+                        .await
                 {
                     changes.add_difference(&with, &without);
                     completes_previous = true;
@@ -131,69 +134,73 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
     Ok(outcome)
 }
 
-/// When the segment before `name` ends inside a record's block headers: that segment
-/// decoded alone (`without`) and decoded on into `name` up to the boundary (`with`, which
-/// reads the cut record whole). The previous segment is normally still in pg_wal next to
-/// `name`, which answers without a request to the repository; otherwise its map and
-/// archived copy are fetched. `None` when there is nothing to complete or a piece is
-/// unavailable; a backup then decodes the two segments itself.
+/// Pages read at the end of the previous segment and at the start of the pushed one to
+/// complete a record cut at the boundary. A longer cut record is left to the backup.
+const CUT_RECORD_PAGES: usize = 4;
+
+/// When the segment before `name` ends inside a record's block headers: the previous
+/// segment's last pages decoded alone (`without`) and decoded on into `head` (the first
+/// pages of `name`) up to the boundary (`with`, which reads the cut record whole). The
+/// previous segment is normally still in pg_wal next to `name`: only its last pages are
+/// read, with no request to the repository. Otherwise its map and archived copy are
+/// fetched. `None` when there is nothing to complete or a piece is unavailable; a backup
+/// then decodes the two segments itself.
 async fn previous_cut_record(
     storage: &pgstrata_repo::Storage,
     stanza: &str,
     cluster: &pgstrata_repo::stanza::ClusterIdentity,
     name: &str,
     wal_path: &Path,
+    head: Vec<u8>,
 ) -> Option<(SegmentChanges, SegmentChanges)> {
     let seg = cluster.wal_segment_size;
     let major = cluster.major_version;
     let (tli, segno) = lsn::parse_segment_name(name, seg)?;
     let prev = lsn::segment_name(tli, segno.checked_sub(1)?, seg);
     let archive_id = cluster.archive_id();
-    let prev_bytes = match std::fs::read(wal_path.with_file_name(&prev)) {
-        Ok(b) if b.len() as u64 == seg => b,
-        _ => {
+    let tail_len = (CUT_RECORD_PAGES * 8192).min(seg as usize);
+    let tail = match read_tail(&wal_path.with_file_name(&prev), seg, tail_len) {
+        Some(t) => t,
+        None => {
             let key = layout::change_map(stanza, &archive_id, &prev);
             let prev_map = ChangeMap::decode(&storage.get(&key).await.ok()?, &key).ok()?;
             if !(prev_map.usable && prev_map.incomplete_tail) {
                 return None;
             }
             let k = layout::archive_object(stanza, &archive_id, &prev);
-            wal::decode(&storage.get(&k).await.ok()?, &k).ok()?
+            let whole = wal::decode(&storage.get(&k).await.ok()?, &k).ok()?;
+            whole[whole.len().checked_sub(tail_len)?..].to_vec()
         }
     };
-    let next_bytes = std::fs::read(wal_path).ok()?;
-    tokio::task::spawn_blocking(move || {
-        // Only the previous segment's last pages matter: decoding from a page boundary skips
-        // the continuation there and reads the records starting after it, the cut one last.
-        // (A record longer than these pages is not seen; the backup then decodes instead.)
-        const TAIL: usize = 4 * 8192;
-        let from = prev_bytes.len().saturating_sub(TAIL);
-        let tail_start = (segno - 1) * seg + from as u64;
-        let without = pgstrata_pg::wal::decode_segment_until(
-            &prev_bytes[from..],
-            major,
-            8192,
-            Some(tail_start),
-            u64::MAX,
-        )
-        .ok()?;
-        if !without.incomplete_tail {
-            return None;
-        }
-        let mut both = prev_bytes[from..].to_vec();
-        both.extend_from_slice(&next_bytes);
-        let with = pgstrata_pg::wal::decode_segment_until(
-            &both,
-            major,
-            8192,
-            Some(tail_start),
-            segno * seg,
-        )
-        .ok()?;
-        Some((with, without))
-    })
-    .await
-    .expect("decode thread")
+    // Decoding from a page boundary skips the continuation there and reads the records
+    // starting after it, the cut one last.
+    let tail_start = segno * seg - tail.len() as u64;
+    let without =
+        pgstrata_pg::wal::decode_segment_until(&tail, major, 8192, Some(tail_start), u64::MAX)
+            .ok()?;
+    if !without.incomplete_tail {
+        return None;
+    }
+    let mut both = tail;
+    both.extend_from_slice(&head);
+    let with =
+        pgstrata_pg::wal::decode_segment_until(&both, major, 8192, Some(tail_start), segno * seg)
+            .ok()?;
+    // Still cut: the record runs past `head`.
+    (!with.incomplete_tail).then_some((with, without))
+}
+
+/// The last `len` bytes of the full-size segment file at `path`, if it is there.
+fn read_tail(path: &Path, seg_size: u64, len: usize) -> Option<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    if f.metadata().ok()?.len() != seg_size {
+        return None;
+    }
+    f.seek(SeekFrom::Start(seg_size - len as u64)).ok()?;
+    let mut buf = vec![0u8; len];
+    f.read_exact(&mut buf).ok()?;
+    Some(buf)
 }
 
 /// Decode a segment into its block-change map; a segment that cannot be decoded gets an
