@@ -86,6 +86,22 @@ fn settings(inv: &config::Invocation) -> Result<Settings, Error> {
     })
 }
 
+/// A report on standard output: JSON with `--output=json`, else the command's text form.
+fn print_report<T: serde::Serialize>(
+    inv: &config::Invocation,
+    report: &T,
+    render_text: impl Fn(&T) -> String,
+) {
+    if inv.get("output") == Some("json") {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(report).expect("serialize report")
+        );
+    } else {
+        print!("{}", render_text(report));
+    }
+}
+
 fn expire_options(inv: &config::Invocation) -> Option<ExpireOptions> {
     let o = ExpireOptions {
         set: inv.get("set").map(str::to_string),
@@ -347,28 +363,14 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         "info" => {
             let s = settings(inv)?;
             let report = runtime(2).block_on(pgstrata_engine::info::info(&s, inv.get("set")))?;
-            if inv.get("output") == Some("json") {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).expect("serialize info")
-                );
-            } else {
-                print!("{}", pgstrata_engine::info::render_text(&report));
-            }
+            print_report(inv, &report, pgstrata_engine::info::render_text);
             Ok(0)
         }
         "verify" => {
             let s = settings(inv)?;
             let report = runtime(s.process_max.max(2))
                 .block_on(pgstrata_engine::verify::verify(&s, inv.get("set")))?;
-            if inv.get("output") == Some("json") {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).expect("serialize verify")
-                );
-            } else {
-                print!("{}", pgstrata_engine::verify::render_text(&report));
-            }
+            print_report(inv, &report, pgstrata_engine::verify::render_text);
             if report.ok {
                 Ok(0)
             } else {

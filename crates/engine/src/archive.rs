@@ -65,12 +65,7 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
     .expect("compress thread");
     let map = match decoded {
         None => None,
-        Some(Err(e)) => Some(ChangeMap {
-            segment: name.clone(),
-            usable: false,
-            reason: Some(e.to_string()),
-            ..Default::default()
-        }),
+        Some(Err(e)) => Some(unusable_map(&name, e.to_string())),
         Some(Ok(mut changes)) => {
             // The previous segment's last record may have been cut inside its block headers:
             // read it whole now, while the previous segment is at hand, so that a backup
@@ -121,11 +116,7 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
             Err(e) if e.kind == RepoKind::AlreadyExists => {}
             Err(e) => return Err(e.into()),
         }
-        let only_cut_tail = map.usable
-            && map.incomplete_tail
-            && !map.wal_level_minimal
-            && map.unknown_rmgrs.is_empty();
-        if only_cut_tail {
+        if map.only_tail_cut() {
             log::info!("{name}: its last record's block references continue in the next segment; incrementals decode the two segments together");
         } else if let Err(why) = map.complete() {
             log::warn!("{name}: its block-change map cannot be relied on ({why}); incrementals will hash the files instead");
@@ -203,17 +194,14 @@ fn read_tail(path: &Path, seg_size: u64, len: usize) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-/// Decode a segment into its block-change map; a segment that cannot be decoded gets an
-/// unusable map with the reason.
-pub fn change_map(name: &str, raw: &[u8], major: u32) -> ChangeMap {
-    match pgstrata_pg::wal::decode_segment(raw, major, 8192) {
-        Ok(c) => change_map_of(name, c),
-        Err(e) => ChangeMap {
-            segment: name.to_string(),
-            usable: false,
-            reason: Some(e.to_string()),
-            ..Default::default()
-        },
+/// The map of a segment that cannot be decoded: still written, so that a backup knows to
+/// hash instead of guessing.
+fn unusable_map(name: &str, reason: String) -> ChangeMap {
+    ChangeMap {
+        segment: name.to_string(),
+        usable: false,
+        reason: Some(reason),
+        ..Default::default()
     }
 }
 

@@ -110,6 +110,22 @@ struct CopyOutcome {
     files_hashed: std::collections::BTreeMap<String, u64>,
 }
 
+impl CopyOutcome {
+    /// Add another worker's (or pass's) outcome to this one.
+    fn absorb(&mut self, o: CopyOutcome) {
+        self.files.extend(o.files);
+        self.stored += o.stored;
+        self.packs += o.packs;
+        self.pages_checked += o.pages_checked;
+        self.files_unchanged += o.files_unchanged;
+        self.bytes_read += o.bytes_read;
+        self.files_tracked += o.files_tracked;
+        for (reason, n) in o.files_hashed {
+            *self.files_hashed.entry(reason).or_default() += n;
+        }
+    }
+}
+
 pub fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: BackupType) -> String {
     let suffix = match backup_type {
         BackupType::Full => "F",
@@ -416,28 +432,12 @@ async fn backup_locked(
             .expect("copy thread")?
     };
     progress.finish();
-    outcome.files.extend(last.files);
-    outcome.stored += last.stored;
-    outcome.packs += last.packs;
-    outcome.bytes_read += last.bytes_read;
-    outcome.files_unchanged += last.files_unchanged;
-    for (reason, n) in last.files_hashed {
-        *outcome.files_hashed.entry(reason).or_default() += n;
-    }
+    outcome.absorb(last);
     if ctx.wal.is_some() {
-        let hashed: Vec<String> = outcome
-            .files_hashed
-            .iter()
-            .map(|(why, n)| format!("{n} ({why})"))
-            .collect();
         log::info!(
             "WAL tracking: {} changed file(s) read block by block; read and hashed instead: {}",
             outcome.files_tracked,
-            if hashed.is_empty() {
-                "none".to_string()
-            } else {
-                hashed.join(", ")
-            }
+            crate::track::describe_hashed(&outcome.files_hashed)
         );
     }
 
@@ -628,18 +628,7 @@ fn copy_files(
     let mut first_err = None;
     for h in handles {
         match h.join().expect("copy worker panicked") {
-            Ok(o) => {
-                total.files.extend(o.files);
-                total.stored += o.stored;
-                total.packs += o.packs;
-                total.pages_checked += o.pages_checked;
-                total.files_unchanged += o.files_unchanged;
-                total.bytes_read += o.bytes_read;
-                total.files_tracked += o.files_tracked;
-                for (reason, n) in o.files_hashed {
-                    *total.files_hashed.entry(reason).or_default() += n;
-                }
-            }
+            Ok(o) => total.absorb(o),
             Err(e) => {
                 first_err.get_or_insert(e);
             }

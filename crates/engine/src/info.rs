@@ -175,18 +175,16 @@ pub fn render_text(r: &StanzaReport) -> String {
             out.push_str(&format!(
                 "        changed blocks found by: {t}{}{}\n",
                 if t == "wal" {
-                    let hashed: Vec<String> = b
-                        .files_hashed
-                        .iter()
-                        .map(|(why, n)| format!("{n} {why}"))
-                        .collect();
                     format!(
                         " ({} files read block by block{})",
                         b.files_tracked,
-                        if hashed.is_empty() {
+                        if b.files_hashed.is_empty() {
                             String::new()
                         } else {
-                            format!("; files hashed: {}", hashed.join(", "))
+                            format!(
+                                "; files hashed: {}",
+                                crate::track::describe_hashed(&b.files_hashed)
+                            )
                         }
                     )
                 } else {

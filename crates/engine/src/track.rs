@@ -146,6 +146,19 @@ pub enum HashReason {
     NoPriorBlockMap,
 }
 
+/// "24 free space or visibility map, 4 not a relation file", or "none": a manifest's
+/// `files_hashed` for the log and `info`.
+pub fn describe_hashed(files_hashed: &std::collections::BTreeMap<String, u64>) -> String {
+    if files_hashed.is_empty() {
+        return "none".to_string();
+    }
+    files_hashed
+        .iter()
+        .map(|(why, n)| format!("{n} {why}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl HashReason {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -196,19 +209,20 @@ pub async fn wal_changes(
     // round trip) and used in segment order.
     use futures::StreamExt;
     let archive_id = cluster.archive_id();
-    let mut maps = futures::stream::iter(first..=current)
+    let maps = futures::stream::iter(first..=current)
         .map(|segno| {
-            let key = repo_layout::change_map(
-                stanza,
-                &archive_id,
-                &lsn::segment_name(timeline, segno, seg_size),
-            );
-            async move { (segno, storage.get(&key).await) }
+            let name = lsn::segment_name(timeline, segno, seg_size);
+            let key = repo_layout::change_map(stanza, &archive_id, &name);
+            async move {
+                let fetched = storage.get(&key).await;
+                (segno, name, key, fetched)
+            }
         })
-        .buffered(16);
+        .buffered(16)
+        .peekable();
+    let mut maps = std::pin::pin!(maps);
     let mut out = WalChanges::default();
-    while let Some((segno, fetched)) = maps.next().await {
-        let name = lsn::segment_name(timeline, segno, seg_size);
+    while let Some((segno, name, key, fetched)) = maps.next().await {
         // The segment holding the start LSN is still being written, and the archiver may lag
         // behind: segments without a map are decoded straight from pg_wal, where PostgreSQL
         // keeps them until they are archived.
@@ -217,7 +231,6 @@ pub async fn wal_changes(
         } else {
             u64::MAX
         };
-        let key = repo_layout::change_map(stanza, &cluster.archive_id(), &name);
         let path = pg_path.join("pg_wal").join(&name);
         let in_pg_wal = path.exists();
         let map = match fetched {
@@ -261,24 +274,24 @@ pub async fn wal_changes(
         // archive-push of the next segment usually read the cut record whole already: its
         // map says so, and the loop adds that map next (unless the next segment is the
         // current one, which is decoded from pg_wal without the cut record).
-        let next_completes = map.usable
-            && map.incomplete_tail
-            && segno + 1 < current
-            && next_map_completes(storage, stanza, &archive_id, timeline, segno + 1, seg_size)
-                .await;
+        let cut = map.only_tail_cut();
+        let next_completes =
+            cut && segno + 1 < current
+                && match maps.as_mut().peek().await {
+                    Some((_, _, next_key, Ok(obj))) => ChangeMap::decode(obj, next_key)
+                        .is_ok_and(|m| m.usable && m.completes_previous),
+                    _ => false,
+                };
         let map = if next_completes {
             ChangeMap {
                 incomplete_tail: false,
                 ..map
             }
-        } else if map.usable && map.incomplete_tail && segno < current {
+        } else if cut && segno < current {
             let next = lsn::segment_name(timeline, segno + 1, seg_size);
             log::info!("{name}: its last record continues in {next}; decoding the two together");
-            let mut both =
-                segment_bytes(storage, stanza, &cluster.archive_id(), &name, pg_path).await?;
-            both.extend(
-                segment_bytes(storage, stanza, &cluster.archive_id(), &next, pg_path).await?,
-            );
+            let mut both = segment_bytes(storage, stanza, &archive_id, &name, pg_path).await?;
+            both.extend(segment_bytes(storage, stanza, &archive_id, &next, pg_path).await?);
             // Only records starting in this segment: the next one's are its own map's.
             let decoded = pgstrata_pg::wal::decode_segment_until(
                 &both,
@@ -299,27 +312,6 @@ pub async fn wal_changes(
         out.add(map);
     }
     Ok(out)
-}
-
-/// Whether the archived map of segment `segno` lists the record cut at the end of the
-/// segment before it.
-async fn next_map_completes(
-    storage: &Storage,
-    stanza: &str,
-    archive_id: &str,
-    timeline: u32,
-    segno: u64,
-    seg_size: u64,
-) -> bool {
-    let key = repo_layout::change_map(
-        stanza,
-        archive_id,
-        &lsn::segment_name(timeline, segno, seg_size),
-    );
-    match storage.get(&key).await {
-        Ok(obj) => ChangeMap::decode(&obj, &key).is_ok_and(|m| m.usable && m.completes_previous),
-        Err(_) => false,
-    }
 }
 
 /// The bytes of WAL segment `name`: from `pg_wal` while PostgreSQL still has it, else from

@@ -92,11 +92,7 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     }
     let archive_id = stanza.cluster.archive_id();
     let seg_size = stanza.cluster.wal_segment_size;
-    let wal = verify_archive(&storage, &s.stanza, &archive_id, &all, seg_size).await?;
-    let archived: BTreeSet<String> = list_segments(&storage, &s.stanza, &archive_id)
-        .await?
-        .into_iter()
-        .collect();
+    let (wal, archived) = verify_archive(&storage, &s.stanza, &archive_id, &all, seg_size).await?;
 
     let mut verdicts: HashMap<String, std::result::Result<(), String>> = HashMap::new();
     let mut backups = Vec::new();
@@ -126,13 +122,13 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
                 .errors
                 .push("the manifest's start or stop LSN is invalid".into()),
         }
+        let keyed: Vec<(&FileEntry, String)> = m.files().map(|f| (f, entry_key(m, f))).collect();
+        v.files = keyed.len() as u64;
         let mut todo = Vec::new();
         let mut queued = std::collections::HashSet::new();
-        for f in m.files() {
-            v.files += 1;
-            let key = entry_key(m, f);
-            if !verdicts.contains_key(&key) && queued.insert(key.clone()) {
-                todo.push((key, f.clone()));
+        for (f, key) in &keyed {
+            if !verdicts.contains_key(key) && queued.insert(key) {
+                todo.push((key.clone(), (*f).clone()));
             }
         }
         v.files_read = todo.len() as u64;
@@ -140,9 +136,8 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         for (key, result) in check_files(&storage, m, todo, s.process_max.max(1)).await {
             verdicts.insert(key, result);
         }
-        for f in m.files() {
-            let key = entry_key(m, f);
-            if let Some(Err(why)) = verdicts.get(&key) {
+        for (f, key) in &keyed {
+            if let Some(Err(why)) = verdicts.get(key) {
                 v.errors.push(if why.contains(&f.path) {
                     why.clone()
                 } else {
@@ -237,28 +232,15 @@ fn check_file(
     check.finish()
 }
 
-/// Full segment names in the archive (not .partial, .backup or .history).
-async fn list_segments(storage: &Storage, stanza: &str, archive_id: &str) -> Result<Vec<String>> {
-    Ok(storage
-        .list(&layout::archive_root(stanza, archive_id))
-        .await?
-        .into_iter()
-        .filter_map(|o| {
-            let name = o.key.rsplit('/').next().unwrap_or_default().to_string();
-            lsn::is_segment_name(&name).then_some(name)
-        })
-        .collect())
-}
-
 /// Check every archived WAL object and change map, and find holes after the oldest
-/// backup's start.
+/// backup's start. Also returns the names of the archived full segments.
 async fn verify_archive(
     storage: &Storage,
     stanza: &str,
     archive_id: &str,
     backups: &[Manifest],
     seg_size: u64,
-) -> Result<WalVerdict> {
+) -> Result<(WalVerdict, BTreeSet<String>)> {
     let objects = storage
         .list(&layout::archive_root(stanza, archive_id))
         .await?;
@@ -285,6 +267,7 @@ async fn verify_archive(
         .buffer_unordered(8);
     let results: Vec<(String, std::result::Result<(), String>)> = checks.collect().await;
     let mut segments: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+    let mut archived = BTreeSet::new();
     for (name, verdict) in results {
         if let Some(segment) = name.strip_suffix(".map") {
             out.maps += 1;
@@ -296,6 +279,7 @@ async fn verify_archive(
         }
         if lsn::is_segment_name(&name) {
             out.segments += 1;
+            archived.insert(name.clone());
             if let Some((tli, segno)) = lsn::parse_segment_name(&name, seg_size) {
                 segments.entry(tli).or_default().insert(segno);
             }
@@ -333,7 +317,7 @@ async fn verify_archive(
             }
         }
     }
-    Ok(out)
+    Ok((out, archived))
 }
 
 /// The report as text, for people.

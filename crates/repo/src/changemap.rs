@@ -81,6 +81,16 @@ impl ChangeMap {
         runs
     }
 
+    /// Whether the one thing keeping this map from being complete is its last record,
+    /// cut at the segment end: reading that record from the next segment completes it.
+    pub fn only_tail_cut(&self) -> bool {
+        // The checks of `complete` before its last one.
+        self.incomplete_tail
+            && self.usable
+            && !self.wal_level_minimal
+            && self.unknown_rmgrs.is_empty()
+    }
+
     /// Whether a backup may rely on this map alone.
     pub fn complete(&self) -> std::result::Result<(), String> {
         if !self.usable {
@@ -88,9 +98,6 @@ impl ChangeMap {
                 .reason
                 .clone()
                 .unwrap_or_else(|| "not decodable".into()));
-        }
-        if self.incomplete_tail {
-            return Err("its last record's block references run into the next segment".into());
         }
         if self.wal_level_minimal {
             return Err(
@@ -102,6 +109,10 @@ impl ChangeMap {
                 "it has records of unknown resource managers {:?}",
                 self.unknown_rmgrs
             ));
+        }
+        // Last: the other reasons cannot be mended by reading the next segment.
+        if self.incomplete_tail {
+            return Err("its last record's block references run into the next segment".into());
         }
         Ok(())
     }
