@@ -5,13 +5,13 @@
 //! directory, starts the restored cluster and compares every table with the source.
 //! Run as root, it first becomes the `postgres` user, since PostgreSQL will not run as root.
 
+use pgstrata_cluster::{Cluster, PgBin, Scratch};
 use pgstrata_engine::backup::BackupOptions;
 use pgstrata_engine::progress::human_bytes;
 use pgstrata_engine::restore::{RecoveryType, RestoreOptions};
 use pgstrata_engine::{Error, Settings};
 use pgstrata_repo::codec::{CompressType, Compression};
 use pgstrata_repo::manifest::BackupType;
-use pgstrata_testkit::{Cluster, PgBin, Scratch};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -25,10 +25,10 @@ fn fail(what: &str) -> impl FnOnce(String) -> Error + '_ {
 }
 
 fn become_postgres() -> Result<(), Error> {
-    if !pgstrata_testkit::is_root() {
+    if !pgstrata_cluster::is_root() {
         return Ok(());
     }
-    let user = nix::unistd::User::from_name(pgstrata_testkit::PG_OS_USER)
+    let user = nix::unistd::User::from_name(pgstrata_cluster::PG_OS_USER)
         .ok()
         .flatten()
         .ok_or_else(|| Error::refused("demo: running as root needs a 'postgres' user to run PostgreSQL (install postgresql-15)"))?;
@@ -58,8 +58,8 @@ pub fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
     std::fs::create_dir_all(&bin_dir).map_err(|e| Error::io("create demo bin dir", e))?;
     let exe = bin_dir.join("pgstrata");
     std::fs::copy(&exe_src, &exe).map_err(|e| Error::io("copy pgstrata binary", e))?;
-    pgstrata_testkit::give_to_pg_user(&bin_dir);
-    pgstrata_testkit::give_to_pg_user(&exe);
+    pgstrata_cluster::give_to_pg_user(&bin_dir);
+    pgstrata_cluster::give_to_pg_user(&exe);
     become_postgres()?;
 
     let repo = scratch.join("repo");

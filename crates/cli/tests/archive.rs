@@ -1,7 +1,6 @@
 //! archive-push and archive-get as PostgreSQL calls them.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 #[test]
 fn archive_push_is_idempotent_refuses_conflicts_and_get_reports_not_found() {

@@ -1,8 +1,7 @@
 //! Bad input gets a clear message, a non-zero exit, and leaves nothing behind; a damaged
 //! repository fails loudly; a killed backup leaves no half backup.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 #[test]
 fn bad_input_is_refused_clearly_and_writes_nothing() {

@@ -1,7 +1,6 @@
 //! Block-level incremental and differential backups, delta restore, bundling, expire.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 fn json_backup<'a>(info: &'a serde_json::Value, label: &str) -> &'a serde_json::Value {
     info["backups"]

@@ -1,8 +1,7 @@
 //! The whole cycle on an S3 repository served by a real S3 server over HTTP, and the
 //! stanza lock keeping two backups apart.
 
-mod common;
-use common::*;
+use crate::common::*;
 use pgstrata_testkit::S3Server;
 
 #[test]

@@ -1,8 +1,7 @@
 //! Backups of live clusters restored and compared with the source: under load, at PITR
 //! targets, with a tablespace, with every codec, and on a second PostgreSQL major.
 
-mod common;
-use common::*;
+use crate::common::*;
 use std::os::unix::fs::MetadataExt;
 
 #[test]

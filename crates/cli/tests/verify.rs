@@ -1,8 +1,7 @@
 //! verify: every backup read back and the WAL archive checked, without restoring; damage
 //! and missing WAL are named, with the integrity exit code.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 /// Run verify; returns (exit code, stdout, stderr).
 fn verify(env: &Env, args: &[&str]) -> (i32, String, String) {

@@ -1,8 +1,7 @@
 //! The WAL decoder on WAL written by real servers of PostgreSQL 14, 15, 17 and 18: every
 //! record's CRC checks out, and the blocks and files a workload changed are all reported.
 
-mod common;
-use common::*;
+use crate::common::*;
 use pgstrata_pg::wal::{decode_segment, RelFork, SegmentChanges};
 use pgstrata_testkit::PgBin;
 

@@ -1,8 +1,7 @@
 //! Incrementals that learn changed blocks from the WAL: a randomized workload restored
 //! exactly, every changed block listed by the maps, and gaps sending files back to hashing.
 
-mod common;
-use common::*;
+use crate::common::*;
 use pgstrata_repo::manifest::Manifest;
 use std::collections::BTreeMap;
 

@@ -8,12 +8,14 @@
 pub mod archive;
 pub mod backup;
 pub mod check;
+pub mod content;
 pub mod db;
 pub mod error;
 pub mod expire;
 pub mod info;
 pub mod lock;
 pub mod owner;
+pub mod pool;
 pub mod progress;
 pub mod restore;
 pub mod settings;

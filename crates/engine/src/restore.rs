@@ -6,6 +6,7 @@
 //! the file. With `--delta`, files whose size and hash already match are left alone and
 //! files the backup does not have are removed, so the result equals a fresh restore.
 
+use crate::content::{check_reader, extents_of, for_each_extent, read_full_at, ContentCheck};
 use crate::owner::{running_as_root, OwnerResolver};
 use crate::progress::{human_bytes, Progress};
 use crate::{open_stanza, Error, Result, Settings};
@@ -14,7 +15,7 @@ use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest, Owner};
 use pgstrata_repo::pack::{Chunk, FrameReader};
 use pgstrata_repo::Storage;
 use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -734,150 +735,6 @@ fn local_matches(path: &Path, f: &FileEntry) -> Result<bool> {
     Ok(check_reader(f, &mut fh, path).is_ok())
 }
 
-/// A file's extents with the file offset each one starts at.
-pub(crate) fn extents_of(f: &FileEntry) -> Vec<(u64, Chunk)> {
-    let mut offset = 0u64;
-    f.chunks
-        .iter()
-        .map(|c| {
-            let at = offset;
-            offset += c.raw as u64;
-            (at, c.clone())
-        })
-        .collect()
-}
-
-/// Fetch the frames of `extents` in batches of bounded size and hand each extent's bytes
-/// (zeros for all-zero extents) to `sink` in order.
-pub(crate) fn for_each_extent(
-    runtime: &tokio::runtime::Handle,
-    reader: &mut FrameReader,
-    extents: &[(u64, Chunk)],
-    file: &str,
-    mut sink: impl FnMut(u64, &[u8]) -> Result<()>,
-) -> Result<()> {
-    const BATCH: u64 = 8 * 1024 * 1024;
-    let zeros = vec![0u8; 1 << 20];
-    let mut i = 0;
-    while i < extents.len() {
-        let mut j = i;
-        let mut stored = 0u64;
-        let mut batch: Vec<&Chunk> = Vec::new();
-        while j < extents.len() && (stored < BATCH || batch.is_empty()) {
-            if !extents[j].1.is_zero() {
-                stored += extents[j].1.stored as u64;
-                batch.push(&extents[j].1);
-            }
-            j += 1;
-        }
-        runtime
-            .block_on(reader.load(&batch, file))
-            .map_err(|e| Error::integrity(e.to_string()))?;
-        for (offset, c) in &extents[i..j] {
-            if c.is_zero() {
-                let mut done = 0u64;
-                while done < c.raw as u64 {
-                    let n = (c.raw as u64 - done).min(zeros.len() as u64) as usize;
-                    sink(offset + done, &zeros[..n])?;
-                    done += n as u64;
-                }
-            } else {
-                sink(
-                    *offset,
-                    reader
-                        .bytes(c)
-                        .map_err(|e| Error::integrity(format!("{file}: {e}")))?,
-                )?;
-            }
-        }
-        reader.clear();
-        i = j;
-    }
-    Ok(())
-}
-
-/// Checks restored bytes against the backup: the file's BLAKE3, or, for files copied by
-/// WAL tracking (which have none), each block's XXH3 from the block map.
-pub(crate) struct ContentCheck<'a> {
-    f: &'a FileEntry,
-    blake: blake3::Hasher,
-    pending: Vec<u8>,
-    block: usize,
-    bad_block: Option<usize>,
-}
-
-impl<'a> ContentCheck<'a> {
-    pub(crate) fn new(f: &'a FileEntry) -> ContentCheck<'a> {
-        ContentCheck {
-            f,
-            blake: blake3::Hasher::new(),
-            pending: Vec::new(),
-            block: 0,
-            bad_block: None,
-        }
-    }
-
-    pub(crate) fn update(&mut self, mut data: &[u8]) {
-        if !self.f.hash.is_empty() {
-            self.blake.update(data);
-            return;
-        }
-        let bs = self.f.block_size.max(1) as usize;
-        while !data.is_empty() {
-            let take = (bs - self.pending.len()).min(data.len());
-            self.pending.extend_from_slice(&data[..take]);
-            data = &data[take..];
-            if self.pending.len() == bs {
-                self.check_block();
-            }
-        }
-    }
-
-    fn check_block(&mut self) {
-        if self.f.block_hash(self.block) != Some(block_hash(&self.pending))
-            && self.bad_block.is_none()
-        {
-            self.bad_block = Some(self.block);
-        }
-        self.block += 1;
-        self.pending.clear();
-    }
-
-    pub(crate) fn finish(mut self) -> Result<()> {
-        let ok = if self.f.hash.is_empty() {
-            if !self.pending.is_empty() {
-                self.check_block();
-            }
-            self.bad_block.is_none() && self.block == self.f.block_count()
-        } else {
-            self.blake.finalize().to_hex().as_str() == self.f.hash
-        };
-        if ok {
-            Ok(())
-        } else {
-            Err(Error::integrity(format!(
-                "{} does not match the hashes recorded at backup time: the repository is damaged",
-                self.f.path
-            )))
-        }
-    }
-}
-
-fn check_reader(f: &FileEntry, r: &mut impl Read, path: &Path) -> Result<()> {
-    let mut check = ContentCheck::new(f);
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = r
-            .read(&mut buf)
-            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        if n == 0 {
-            break;
-        }
-        check.update(&buf[..n]);
-    }
-    check.finish()
-}
-
 /// Write a whole file from its extents.
 fn write_file(
     sh: &RestoreShared,
@@ -1006,20 +863,6 @@ fn patch_file(
         .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
     check_reader(f, &mut fh, path)?;
     Ok(written.max(1))
-}
-
-fn read_full_at(fh: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-    use std::os::unix::fs::FileExt;
-    let mut n = 0;
-    while n < buf.len() {
-        match fh.read_at(&mut buf[n..], offset + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// Quote a value for postgresql.conf.

@@ -17,7 +17,7 @@
 //! verify takes no lock and changes nothing; it reads the whole repository once per distinct
 //! file entry, so it costs about as much as restoring each distinct backup.
 
-use crate::restore::{extents_of, for_each_extent, ContentCheck};
+use crate::content::{extents_of, for_each_extent, ContentCheck};
 use crate::{open_stanza, Error, Result, Settings};
 use futures::StreamExt;
 use pgstrata_pg::lsn::{self, Lsn};

@@ -1,0 +1,14 @@
+//! pgstrata's integration tests, in one binary (one link, one copy of the fixtures): each
+//! module drives the real `pgstrata` binary against real PostgreSQL clusters and real
+//! storage servers, in temporary directories.
+
+mod common;
+
+mod archive;
+mod bad_input;
+mod incremental;
+mod object_store;
+mod roundtrip;
+mod verify;
+mod wal_decoder;
+mod wal_tracking;
