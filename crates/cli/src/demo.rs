@@ -156,6 +156,7 @@ pub fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         set: Some(second.label.clone()),
         delta: false,
         force: false,
+        dry_run: false,
         tablespace_map: vec![],
         recovery_type: RecoveryType::Immediate,
         target: None,

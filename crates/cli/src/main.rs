@@ -297,6 +297,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 set: inv.get("set").map(str::to_string),
                 delta: inv.flag("delta"),
                 force: inv.flag("force"),
+                dry_run: inv.flag("dry-run"),
                 tablespace_map,
                 recovery_type: RecoveryType::parse(inv.get("type").unwrap_or("default"))
                     .expect("validated by the option table"),
@@ -307,6 +308,16 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 archive_off: inv.get("archive-mode") == Some("off"),
                 archive_get_command: archive_get_command(inv, &s),
             };
+            if opts.dry_run {
+                let (plan, settings) =
+                    runtime(2).block_on(pgstrata_engine::restore::plan(&s, &opts))?;
+                print!("restore plan: {plan}");
+                for line in settings {
+                    println!("  recovery: {line}");
+                }
+                println!("nothing was written (--dry-run)");
+                return Ok(0);
+            }
             let r =
                 runtime(s.process_max).block_on(pgstrata_engine::restore::restore(&s, &opts))?;
             println!(

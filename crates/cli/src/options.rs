@@ -170,6 +170,8 @@ pub const OPTIONS: &[OptionDef] = &[
         help: "Restore over an existing directory, rewriting only files whose content differs and removing files the backup lacks." },
     OptionDef { name: "force", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["restore"],
         help: "Restore over an existing directory, removing everything in it first." },
+    OptionDef { name: "dry-run", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["restore"],
+        help: "Print what restore would do (backup, targets, tablespaces, recovery settings) after checking the targets, and write nothing." },
     OptionDef { name: "tablespace-map", kind: Kind::List, default: None, scope: Scope::CommandLine, commands: &["restore"],
         help: "Restore a tablespace elsewhere: OID=DIR (repeatable)." },
     OptionDef { name: "target", kind: Kind::Str, default: None, scope: Scope::CommandLine, commands: &["restore"],

@@ -7,7 +7,9 @@ mod common;
 mod archive;
 mod bad_input;
 mod incremental;
+
 mod object_store;
+mod restore_safety;
 mod roundtrip;
 mod verify;
 mod wal_decoder;

@@ -314,14 +314,14 @@ pub fn pack_count(env: &Env, label: &str) -> usize {
 /// `marker` (mid-backup). Panics if it finishes first.
 pub fn kill_midway(env: &Env, args: &[&str], marker: &str) {
     let mut child = env.cmd(args).spawn().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
     while !tree(&env.repo)
         .keys()
         .any(|k| k.contains(marker) && !k.ends_with('/'))
     {
         assert!(
             std::time::Instant::now() < deadline,
-            "no pack written within 60 s"
+            "no pack written within 180 s"
         );
         assert!(
             child.try_wait().unwrap().is_none(),

@@ -1,0 +1,461 @@
+//! `restore`: rebuild a data directory from one backup's manifest, and write the recovery
+//! settings that bring it to a consistent state (or to a target) from the archive.
+//!
+//! Every backup is logically full, so restore reads one manifest and fetches what it points
+//! at. Each file's BLAKE3 is checked as it is written; a mismatch stops the restore naming
+//! the file. With `--delta`, files whose size and hash already match are left alone and
+//! files the backup does not have are removed, so the result equals a fresh restore.
+//!
+//! The command is a plan, then its execution:
+//!
+//! - [`plan`]: choose the backup, map tablespaces, check that the targets may be written,
+//!   order the jobs. Nothing is written; `--dry-run` prints the plan and stops.
+//! - [`tree`]: the targets as directory handles; every write is relative to one and never
+//!   follows a link, so neither the repository nor the target's owner can turn a root
+//!   restore against its host.
+//! - [`write`]: the workers (on [`crate::pool`]): keep, patch or write each file, checked
+//!   against the recorded hashes and fsynced.
+//! - [`recovery`]: `backup_label`, recovery settings and the signal file.
+//!
+//! Order makes an interrupted restore safe to rerun with `--delta`, and never startable by
+//! mistake: `global/pg_control` is removed first (delta) and written last, after every
+//! other file and directory is durable; `PG_VERSION` is written first, so a directory left
+//! by an interrupted restore is recognised as a data directory by `--delta`.
+
+mod plan;
+mod recovery;
+mod tree;
+mod write;
+
+pub use plan::{RestoreJob, RestorePlan, TablespaceTarget, WriteMode};
+
+use crate::owner::{running_as_root, OwnerResolver};
+use crate::progress::{human_bytes, Progress};
+use crate::{open_stanza, Error, Result, Settings};
+use pgstrata_repo::manifest::Entry;
+use pgstrata_repo::Storage;
+use std::collections::HashSet;
+use std::os::fd::AsFd;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tree::{list, remove_at, set_attributes, DirHandle, ParentCache, TargetTree};
+use write::{Shared, Worker};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryType {
+    /// Replay all archived WAL.
+    Default,
+    /// Stop as soon as the backup is consistent.
+    Immediate,
+    Time,
+    Lsn,
+    Xid,
+    Name,
+    /// Start as a standby that keeps fetching WAL from the archive.
+    Standby,
+    /// Write no recovery settings at all.
+    None,
+}
+
+impl RecoveryType {
+    pub const NAMES: &'static [&'static str] = &[
+        "default",
+        "immediate",
+        "time",
+        "lsn",
+        "xid",
+        "name",
+        "standby",
+        "none",
+    ];
+
+    pub fn parse(s: &str) -> Option<RecoveryType> {
+        Some(match s {
+            "default" => RecoveryType::Default,
+            "immediate" => RecoveryType::Immediate,
+            "time" => RecoveryType::Time,
+            "lsn" => RecoveryType::Lsn,
+            "xid" => RecoveryType::Xid,
+            "name" => RecoveryType::Name,
+            "standby" => RecoveryType::Standby,
+            "none" => RecoveryType::None,
+            _ => return None,
+        })
+    }
+
+    pub(crate) fn needs_target(self) -> bool {
+        matches!(
+            self,
+            RecoveryType::Time | RecoveryType::Lsn | RecoveryType::Xid | RecoveryType::Name
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RestoreOptions {
+    pub set: Option<String>,
+    pub delta: bool,
+    pub force: bool,
+    /// Print the plan and stop: nothing is written.
+    pub dry_run: bool,
+    pub tablespace_map: Vec<(u32, PathBuf)>,
+    pub recovery_type: RecoveryType,
+    pub target: Option<String>,
+    pub target_action: Option<String>,
+    pub target_timeline: Option<String>,
+    pub target_exclusive: bool,
+    /// Write `archive_mode = off` so the restored cluster does not archive into the
+    /// repository of its source (test restores, copies for analysis).
+    pub archive_off: bool,
+    /// The command line restore_command runs (pgstrata with the options that find the
+    /// repository), without the `archive-get %f "%p"` part.
+    pub archive_get_command: String,
+}
+
+#[derive(Debug, Default)]
+pub struct RestoreReport {
+    pub label: String,
+    /// Files written whole.
+    pub files_written: u64,
+    /// Files (delta) whose differing blocks were rewritten in place.
+    pub files_patched: u64,
+    /// Files (delta) already identical.
+    pub files_kept: u64,
+    pub bytes_written: u64,
+    /// Bytes read from the repository.
+    pub bytes_fetched: u64,
+    pub removed: u64,
+}
+
+/// Parse a recovery_target_time the way a user writes it for PostgreSQL.
+pub fn parse_target_time(s: &str) -> Option<chrono::DateTime<chrono::FixedOffset>> {
+    let s = s.trim();
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Some(t);
+    }
+    for fmt in [
+        "%Y-%m-%d %H:%M:%S%.f%#z",
+        "%Y-%m-%d %H:%M:%S%#z",
+        "%Y-%m-%dT%H:%M:%S%.f%#z",
+    ] {
+        if let Ok(t) = chrono::DateTime::parse_from_str(s, fmt) {
+            return Some(t);
+        }
+    }
+    None
+}
+
+/// Choose the backup and plan the restore; nothing is written. `restore --dry-run` prints
+/// this plan and the recovery settings.
+pub async fn plan(s: &Settings, o: &RestoreOptions) -> Result<(RestorePlan, Vec<String>)> {
+    if o.recovery_type.needs_target() && o.target.is_none() {
+        return Err(Error::config(
+            format!("--type={:?} needs --target", o.recovery_type).to_lowercase(),
+        ));
+    }
+    if let Some(a) = &o.target_action {
+        if !["pause", "promote", "shutdown"].contains(&a.as_str()) {
+            return Err(Error::config(format!(
+                "--target-action='{a}' is not one of pause, promote, shutdown"
+            )));
+        }
+    }
+    let pg_path = s.pg_path()?.to_path_buf();
+    let (storage, _stanza) = open_stanza(s).await?;
+    let m = plan::choose_backup(&storage, s, o).await?;
+    let plan = RestorePlan::new(m, &pg_path, o)?;
+    plan.check_targets()?;
+    let settings = match recovery::signal_file(o.recovery_type) {
+        Some(signal) => {
+            let mut lines = recovery::recovery_settings(&plan.manifest.label, o);
+            lines.push(format!("(and {signal})"));
+            lines
+        }
+        None => vec![],
+    };
+    Ok((plan, settings))
+}
+
+pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> {
+    let started = Instant::now();
+    let (plan, _) = plan(s, o).await?;
+    let storage = s.storage()?;
+    log::info!(
+        "restoring backup {} ({} files, {}) into {}",
+        plan.manifest.label,
+        plan.manifest.stats.files,
+        human_bytes(plan.manifest.stats.db_size),
+        plan.pg_path.display()
+    );
+    let runtime = tokio::runtime::Handle::current();
+    let (o, workers) = (o.clone(), s.process_max.max(1));
+    let report =
+        tokio::task::spawn_blocking(move || execute(&plan, &storage, runtime, &o, workers))
+            .await
+            .map_err(|e| Error::new(crate::ErrorKind::Io, format!("restore stopped: {e}")))??;
+    log::info!(
+        "restore of {} complete: {} files written, {} patched, {} unchanged, {} removed; {} written, {} fetched, {:.1}s",
+        report.label,
+        report.files_written,
+        report.files_patched,
+        report.files_kept,
+        report.removed,
+        human_bytes(report.bytes_written),
+        human_bytes(report.bytes_fetched),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(report)
+}
+
+/// Carry out a checked plan (blocking: runs the workers).
+fn execute(
+    plan: &RestorePlan,
+    storage: &Storage,
+    runtime: tokio::runtime::Handle,
+    o: &RestoreOptions,
+    workers: usize,
+) -> Result<RestoreReport> {
+    let m = &plan.manifest;
+    let mut report = RestoreReport {
+        label: m.label.clone(),
+        ..Default::default()
+    };
+    let tree = open_targets(plan)?;
+    report.removed += prepare_targets(plan, &tree)?;
+    let chown = running_as_root();
+    let mut resolver = OwnerResolver::default();
+    make_dirs_and_links(plan, &tree, chown, &mut resolver)?;
+
+    let progress = Progress::start(
+        "restore",
+        m.files().map(|f| f.size).sum(),
+        plan.file_count() as u64,
+    );
+    let counters = progress.counters.clone();
+    let sh = Shared {
+        storage,
+        runtime,
+        manifest: m,
+        tree: &tree,
+        delta: plan.mode == WriteMode::Delta,
+        chown,
+        counters: &counters,
+    };
+    let mut tallies = Vec::new();
+    // PG_VERSION first: from here on the directory is a data directory to --delta.
+    if let Some(f) = &plan.first {
+        let mut w = Worker::new(&sh);
+        write::run_job(&sh, &mut w, RestoreJob::One(f.clone()))?;
+        tree.root.sync()?;
+        tallies.push(w.finish());
+    }
+    let jobs = plan.jobs.iter().map(|j| match j {
+        RestoreJob::One(f) => RestoreJob::One(f.clone()),
+        RestoreJob::Group(g) => RestoreJob::Group(g.clone()),
+    });
+    let result = crate::pool::run(
+        workers,
+        jobs,
+        |_| Worker::new(&sh),
+        |w, job| write::run_job(&sh, w, job),
+        |w| Ok(w.finish()),
+    );
+    progress.finish();
+    tallies.extend(result.map_err(|mut e| {
+        if e.kind == crate::ErrorKind::Integrity {
+            e.message = format!("restore stopped: {}", e.message);
+        }
+        e
+    })?);
+
+    finish_dirs(plan, &tree, chown, &mut resolver)?;
+    let root_owner = m.entries.iter().find_map(|e| match e {
+        Entry::Dir { path, owner } if path.is_empty() => Some(owner.clone()),
+        _ => None,
+    });
+    recovery::write_recovery_files(&tree, m, o, root_owner.as_ref(), &mut resolver)?;
+    // pg_control last, under a temporary name renamed into place once durable.
+    if let Some(f) = &plan.control {
+        let mut w = Worker::new(&sh);
+        write::write_control(&sh, &mut w, f)?;
+        tallies.push(w.finish());
+    }
+    for t in tallies {
+        report.files_written += t.written;
+        report.files_patched += t.patched;
+        report.files_kept += t.kept;
+        report.bytes_written += t.bytes_written;
+        report.bytes_fetched += t.bytes_fetched;
+    }
+    Ok(report)
+}
+
+/// Create the data directory and tablespace locations if absent, and open them.
+fn open_targets(plan: &RestorePlan) -> Result<TargetTree> {
+    let mkdir = |p: &Path| {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(p)
+            .map_err(|e| Error::io(format!("create {}", p.display()), e))
+    };
+    mkdir(&plan.pg_path)?;
+    let mut tree = TargetTree::new(DirHandle::open(&plan.pg_path)?);
+    for t in &plan.tablespaces {
+        mkdir(&t.location)?;
+        tree.add_tablespace(t.oid, DirHandle::open(&t.location)?);
+    }
+    Ok(tree)
+}
+
+/// Make the targets unstartable, then empty them (`--force`) or remove what the backup
+/// lacks (`--delta`). Returns how many entries were removed.
+fn prepare_targets(plan: &RestorePlan, tree: &TargetTree) -> Result<u64> {
+    let mut cache = ParentCache::default();
+    if plan.mode == WriteMode::Fresh {
+        return Ok(0);
+    }
+    tree.remove(plan::PG_CONTROL, &mut cache)?;
+    if let Ok(global) = tree.root.child("global") {
+        global.sync()?;
+    }
+    let mut removed = 0;
+    if plan.mode == WriteMode::Force {
+        // PG_VERSION stays until it is rewritten (first): the directory must remain
+        // recognisable as a data directory however early this restore is interrupted.
+        let names =
+            list(tree.root.fd.as_fd()).map_err(|e| tree::io_err("read", &tree.root.path, e))?;
+        for name in names.into_iter().filter(|n| n != plan::PG_VERSION) {
+            remove_at(tree.root.fd.as_fd(), &name)
+                .map_err(|e| tree::io_err("remove", &tree.root.path.join(&name), e))?;
+            removed += 1;
+        }
+        for t in &plan.tablespaces {
+            let loc = tree.tablespace(t.oid).expect("opened");
+            for v in &t.version_dirs {
+                remove_at(loc.fd.as_fd(), v)
+                    .map_err(|e| tree::io_err("remove", &loc.path.join(v), e))?;
+            }
+        }
+    } else {
+        removed += remove_extraneous(plan, tree)?;
+    }
+    tree.root.sync()?;
+    Ok(removed)
+}
+
+/// Delete what the backup does not have (delta restore), walking through handles. In a
+/// tablespace location only this version's directory is walked: the rest belongs to
+/// other major versions (pg_upgrade) and is left alone.
+fn remove_extraneous(plan: &RestorePlan, tree: &TargetTree) -> Result<u64> {
+    let wanted: HashSet<&str> = plan.manifest.entries.iter().map(|e| e.path()).collect();
+    let mut removed = 0;
+    walk_extraneous(plan, tree, &tree.root, "", &wanted, &mut removed)?;
+    Ok(removed)
+}
+
+fn walk_extraneous(
+    plan: &RestorePlan,
+    tree: &TargetTree,
+    dir: &DirHandle,
+    rel: &str,
+    wanted: &HashSet<&str>,
+    removed: &mut u64,
+) -> Result<()> {
+    let names = list(dir.fd.as_fd()).map_err(|e| tree::io_err("read", &dir.path, e))?;
+    for name in names {
+        let child = if rel.is_empty() {
+            name.clone()
+        } else {
+            format!("{rel}/{name}")
+        };
+        if !wanted.contains(child.as_str()) {
+            remove_at(dir.fd.as_fd(), &name)
+                .map_err(|e| tree::io_err("remove", &dir.path.join(&name), e))?;
+            *removed += 1;
+            continue;
+        }
+        let tablespace = child
+            .strip_prefix("pg_tblspc/")
+            .and_then(|o| o.parse::<u32>().ok())
+            .and_then(|oid| plan.tablespaces.iter().find(|t| t.oid == oid));
+        if let (Some(t), Some(loc)) = (tablespace, tablespace.and_then(|t| tree.tablespace(t.oid)))
+        {
+            for v in &t.version_dirs {
+                if let Ok(sub) = loc.child(v) {
+                    walk_extraneous(plan, tree, &sub, &format!("{child}/{v}"), wanted, removed)?;
+                }
+            }
+        } else if let Ok(sub) = dir.child(&name) {
+            // A directory (a link or a file is replaced later, when its entry is restored).
+            walk_extraneous(plan, tree, &sub, &child, wanted, removed)?;
+        }
+    }
+    Ok(())
+}
+
+/// Directories (replacing links or files in their place) and tablespace links, parents
+/// first (manifest order).
+fn make_dirs_and_links(
+    plan: &RestorePlan,
+    tree: &TargetTree,
+    chown: bool,
+    resolver: &mut OwnerResolver,
+) -> Result<()> {
+    let mut cache = ParentCache::default();
+    for e in &plan.manifest.entries {
+        match e {
+            Entry::Dir { path, .. } => tree.ensure_dir(path, &mut cache)?,
+            Entry::Link { path, owner, .. } => {
+                let oid = path
+                    .strip_prefix("pg_tblspc/")
+                    .and_then(|o| o.parse::<u32>().ok());
+                let Some(t) = plan.tablespaces.iter().find(|t| Some(t.oid) == oid) else {
+                    return Err(Error::integrity(format!(
+                        "backup {}: link entry {path} has no tablespace record",
+                        plan.manifest.label
+                    )));
+                };
+                tree.ensure_link(path, &t.location, &mut cache)?;
+                if chown {
+                    let ids = resolver.ids(owner);
+                    tree.chown_link(path, ids, &mut cache)?;
+                    let loc = tree.tablespace(t.oid).expect("opened");
+                    set_attributes(loc.fd.as_fd(), 0o700, Some(ids), None, &loc.path)?;
+                }
+            }
+            Entry::File(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Directory modes and owners last (a 0500 directory would block writing into it), and
+/// every directory fsynced, deepest first, so the entries made in them are durable.
+fn finish_dirs(
+    plan: &RestorePlan,
+    tree: &TargetTree,
+    chown: bool,
+    resolver: &mut OwnerResolver,
+) -> Result<()> {
+    let mut cache = ParentCache::default();
+    for e in plan.manifest.entries.iter().rev() {
+        if let Entry::Dir { path, owner } = e {
+            let dir = tree.open_dir(path, &mut cache)?;
+            let ids = chown.then(|| resolver.ids(owner));
+            set_attributes(dir.fd.as_fd(), owner.mode, ids, None, &dir.path)?;
+            dir.sync()?;
+        }
+    }
+    for t in &plan.tablespaces {
+        tree.tablespace(t.oid).expect("opened").sync()?;
+    }
+    tree.root.sync()?;
+    for p in std::iter::once(&plan.pg_path).chain(plan.tablespaces.iter().map(|t| &t.location)) {
+        if let Some(parent) = p.parent() {
+            DirHandle::open(parent)?.sync()?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,472 @@
+//! The restore plan: which backup, where each part of it goes, whether the targets may be
+//! written, and the jobs the workers will run. Everything here is decided before anything
+//! is written, and the plan can be printed (`restore --dry-run`) and tested without a
+//! cluster.
+//!
+//! Targets must prove they are what restore is about to overwrite. A non-empty data
+//! directory is written only with `--delta` or `--force` and only when it holds a
+//! `PG_VERSION` (pgBackRest refuses the same). A tablespace location comes from the backup,
+//! that is from the *source* host: restoring a copy on the source's own host would patch or
+//! empty the running source's tablespaces. So a location that is not empty is written only
+//! when the operator mapped it (`--tablespace-map`) or when this data directory's own
+//! `pg_tblspc/<oid>` already points at it (an in-place restore of the cluster itself); and
+//! only this major version's `PG_<major>_<catver>` directory in it is ever pruned.
+
+use super::{RecoveryType, RestoreOptions};
+use crate::progress::human_bytes;
+use crate::{Error, Result, Settings};
+use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest};
+use pgstrata_repo::Storage;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// How the targets are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Into empty (or absent) directories.
+    Fresh,
+    /// Over an existing data directory: compare local files block by block, rewrite what
+    /// differs, remove what the backup lacks.
+    Delta,
+    /// Over an existing data directory: remove everything first.
+    Force,
+}
+
+/// Where one tablespace is restored, and why there.
+#[derive(Debug, Clone)]
+pub struct TablespaceTarget {
+    pub oid: u32,
+    pub location: PathBuf,
+    /// Given with `--tablespace-map` (otherwise the source's location).
+    pub mapped: bool,
+    /// This major version's directories in the location (`PG_<major>_<catver>`): the only
+    /// part of a location restore writes or prunes.
+    pub version_dirs: Vec<String>,
+}
+
+/// A unit of restore work: one file, or small files stored next to each other in one pack,
+/// fetched with one ranged read (over an object store, one request instead of hundreds).
+#[derive(Debug)]
+pub enum RestoreJob {
+    One(FileEntry),
+    Group(Vec<FileEntry>),
+}
+
+/// Everything restore will do, decided before it writes anything.
+#[derive(Debug)]
+pub struct RestorePlan {
+    pub manifest: Manifest,
+    pub pg_path: PathBuf,
+    pub mode: WriteMode,
+    pub tablespaces: Vec<TablespaceTarget>,
+    /// Written first, alone: a directory holding it is a data directory to `--delta`, so a
+    /// restore interrupted at any later point can be resumed with `--delta`.
+    pub first: Option<FileEntry>,
+    /// For the workers, in the order they take them.
+    pub jobs: Vec<RestoreJob>,
+    /// Written last, after everything else is durable: while it is missing the directory
+    /// cannot be started by mistake.
+    pub control: Option<FileEntry>,
+}
+
+pub(super) const PG_VERSION: &str = "PG_VERSION";
+pub(super) const PG_CONTROL: &str = "global/pg_control";
+
+impl RestorePlan {
+    /// Plan the restore of `manifest` into `pg_path` (the manifest is validated already).
+    pub fn new(manifest: Manifest, pg_path: &Path, o: &RestoreOptions) -> Result<RestorePlan> {
+        let mode = match (o.delta, o.force) {
+            (true, _) => WriteMode::Delta,
+            (false, true) => WriteMode::Force,
+            (false, false) => WriteMode::Fresh,
+        };
+        let tablespaces = tablespace_targets(&manifest, pg_path, &o.tablespace_map)?;
+        let mut files: Vec<FileEntry> = manifest.files().cloned().collect();
+        let take = |files: &mut Vec<FileEntry>, path: &str| {
+            let i = files.iter().position(|f| f.path == path)?;
+            Some(files.swap_remove(i))
+        };
+        let first = take(&mut files, PG_VERSION);
+        let control = take(&mut files, PG_CONTROL);
+        Ok(RestorePlan {
+            pg_path: pg_path.to_path_buf(),
+            mode,
+            tablespaces,
+            first,
+            jobs: plan_jobs(files),
+            control,
+            manifest,
+        })
+    }
+
+    /// Refuse targets restore must not write (see the module docs). Reads, never writes.
+    pub fn check_targets(&self) -> Result<()> {
+        refuse_if_running(&self.pg_path)?;
+        let overwrite = self.mode != WriteMode::Fresh;
+        if !dir_is_empty(&self.pg_path)? {
+            if !overwrite {
+                return Err(Error::refused(format!(
+                    "{} is not empty: restore into an empty directory, or use --delta (rewrite only what differs) or --force (replace everything)",
+                    self.pg_path.display()
+                )));
+            }
+            let version = self.pg_path.join(PG_VERSION);
+            if !std::fs::symlink_metadata(&version).is_ok_and(|m| m.is_file()) {
+                return Err(Error::refused(format!(
+                    "{} is not empty and has no PG_VERSION: it is not a PostgreSQL data directory, and --delta or --force would overwrite whatever it is; restore into an empty directory",
+                    self.pg_path.display()
+                )));
+            }
+        }
+        let mut unproven = Vec::new();
+        for t in &self.tablespaces {
+            if dir_is_empty(&t.location)? {
+                continue;
+            }
+            let link = self.pg_path.join("pg_tblspc").join(t.oid.to_string());
+            let ours = std::fs::read_link(&link).is_ok_and(|l| l == t.location);
+            if !t.mapped && !ours {
+                unproven.push(t);
+                continue;
+            }
+            for v in &t.version_dirs {
+                if !overwrite && !dir_is_empty(&t.location.join(v))? {
+                    return Err(Error::refused(format!(
+                        "tablespace {} location {} already holds {v}: use --delta or --force to overwrite it",
+                        t.oid,
+                        t.location.display()
+                    )));
+                }
+            }
+        }
+        if !unproven.is_empty() {
+            let list: Vec<String> = unproven
+                .iter()
+                .map(|t| format!("{} ({})", t.oid, t.location.display()))
+                .collect();
+            let map: Vec<String> = unproven
+                .iter()
+                .map(|t| format!("--tablespace-map={}=/NEW/DIR", t.oid))
+                .collect();
+            return Err(Error::refused(format!(
+                "tablespace location(s) not empty and not this data directory's own: {}. They are where the backup's source keeps its tablespaces; restoring there could overwrite a running cluster's data. Map each to a new directory ({}), or restore in place over the data directory whose pg_tblspc links point there",
+                list.join(", "),
+                map.join(" ")
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn file_count(&self) -> usize {
+        self.first.iter().count()
+            + self.control.iter().count()
+            + self
+                .jobs
+                .iter()
+                .map(|j| match j {
+                    RestoreJob::One(_) => 1,
+                    RestoreJob::Group(g) => g.len(),
+                })
+                .sum::<usize>()
+    }
+}
+
+impl fmt::Display for RestorePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = &self.manifest;
+        writeln!(
+            f,
+            "backup {} ({:?}, PostgreSQL {}, {} files, {}) into {}",
+            m.label,
+            m.backup_type,
+            m.server_version_num / 10000,
+            self.file_count(),
+            human_bytes(m.stats.db_size),
+            self.pg_path.display()
+        )?;
+        let mode = match self.mode {
+            WriteMode::Fresh => "fresh: the directories are empty",
+            WriteMode::Delta => {
+                "delta: compare local files block by block, rewrite what differs, remove what the backup lacks"
+            }
+            WriteMode::Force => "force: remove everything in the directories first",
+        };
+        writeln!(f, "  mode: {mode}")?;
+        for t in &self.tablespaces {
+            writeln!(
+                f,
+                "  tablespace {} -> {} ({}; writes only {})",
+                t.oid,
+                t.location.display(),
+                if t.mapped {
+                    "--tablespace-map"
+                } else {
+                    "the source's location"
+                },
+                t.version_dirs.join(", ")
+            )?;
+        }
+        let (groups, alone) = self.jobs.iter().fold((0, 0), |(g, a), j| match j {
+            RestoreJob::Group(_) => (g + 1, a),
+            RestoreJob::One(_) => (g, a + 1),
+        });
+        writeln!(
+            f,
+            "  jobs: {alone} files alone, {groups} groups of small files read together; PG_VERSION first, global/pg_control last"
+        )
+    }
+}
+
+/// Pick the backup: `--set`, else for `--type=time` the newest that ended before the
+/// target, else the newest.
+pub(super) async fn choose_backup(
+    storage: &Storage,
+    s: &Settings,
+    o: &RestoreOptions,
+) -> Result<Manifest> {
+    let labels = list_backups(storage, &s.stanza).await?;
+    if labels.is_empty() {
+        return Err(Error::refused(format!(
+            "stanza '{}' has no backups to restore",
+            s.stanza
+        )));
+    }
+    if let Some(set) = &o.set {
+        if !labels.contains(set) {
+            return Err(Error::config(format!(
+                "backup '{set}' does not exist in stanza '{}' (backups: {})",
+                s.stanza,
+                labels.join(", ")
+            )));
+        }
+        return Ok(Manifest::load(storage, &s.stanza, set).await?);
+    }
+    if o.recovery_type == RecoveryType::Time {
+        let target = o.target.as_deref().unwrap_or_default();
+        let t = super::parse_target_time(target).ok_or_else(|| {
+            Error::config(format!(
+                "--target='{target}' is not a time with a time zone, like '2026-11-23 10:15:00+00'"
+            ))
+        })?;
+        for label in labels.iter().rev() {
+            let m = Manifest::load(storage, &s.stanza, label).await?;
+            if m.stop.epoch < t.timestamp() {
+                log::info!("backup {label} is the newest that ended before {target}");
+                return Ok(m);
+            }
+        }
+        return Err(Error::refused(format!(
+            "no backup of stanza '{}' ended before {target}",
+            s.stanza
+        )));
+    }
+    Ok(Manifest::load(storage, &s.stanza, labels.last().unwrap()).await?)
+}
+
+/// Each tablespace's location: the operator's mapping, else the source's location.
+fn tablespace_targets(
+    m: &Manifest,
+    pg_path: &Path,
+    map: &[(u32, PathBuf)],
+) -> Result<Vec<TablespaceTarget>> {
+    for (oid, dir) in map {
+        if !m.tablespaces.iter().any(|t| t.oid == *oid) {
+            return Err(Error::config(format!(
+                "--tablespace-map: backup {} has no tablespace with OID {oid} (it has: {})",
+                m.label,
+                m.tablespaces
+                    .iter()
+                    .map(|t| t.oid.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        if !dir.is_absolute() {
+            return Err(Error::config(format!(
+                "--tablespace-map={oid}={}: the directory must be an absolute path",
+                dir.display()
+            )));
+        }
+    }
+    let mut targets: Vec<TablespaceTarget> = Vec::new();
+    for t in &m.tablespaces {
+        let mapped = map.iter().rev().find(|(oid, _)| *oid == t.oid);
+        let location = mapped
+            .map(|(_, d)| d.clone())
+            .unwrap_or_else(|| PathBuf::from(&t.location));
+        if location.starts_with(pg_path) || pg_path.starts_with(&location) {
+            return Err(Error::config(format!(
+                "tablespace {} would be restored into {}, which overlaps the data directory {}: map it elsewhere with --tablespace-map={}=/NEW/DIR",
+                t.oid,
+                location.display(),
+                pg_path.display(),
+                t.oid
+            )));
+        }
+        if let Some(other) = targets.iter().find(|o| o.location == location) {
+            return Err(Error::config(format!(
+                "tablespaces {} and {} would both be restored into {}",
+                other.oid,
+                t.oid,
+                location.display()
+            )));
+        }
+        let prefix = format!("pg_tblspc/{}/", t.oid);
+        let version_dirs = m
+            .entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Dir { path, .. } => path.strip_prefix(&prefix),
+                _ => None,
+            })
+            .filter(|rest| !rest.contains('/'))
+            .map(str::to_string)
+            .collect();
+        targets.push(TablespaceTarget {
+            oid: t.oid,
+            location,
+            mapped: mapped.is_some(),
+            version_dirs,
+        });
+    }
+    Ok(targets)
+}
+
+pub(super) fn dir_is_empty(p: &Path) -> Result<bool> {
+    match std::fs::read_dir(p) {
+        Ok(mut rd) => Ok(rd.next().is_none()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(Error::io(format!("read {}", p.display()), e)),
+    }
+}
+
+/// Refuse to touch the directory of a running server. A process that exists but belongs
+/// to someone else (EPERM) is running too.
+fn refuse_if_running(pg_path: &Path) -> Result<()> {
+    let pidfile = pg_path.join("postmaster.pid");
+    let Ok(text) = std::fs::read_to_string(&pidfile) else {
+        return Ok(());
+    };
+    if let Some(pid) = text
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse::<i32>().ok())
+        .filter(|p| *p > 0)
+    {
+        let alive = !matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+            Err(nix::errno::Errno::ESRCH)
+        );
+        if alive {
+            return Err(Error::refused(format!(
+                "PostgreSQL is running on {} (postmaster.pid names process {pid}): stop it before restoring",
+                pg_path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Small files are grouped by the pack their first frame is in (frames of one file may
+/// continue in the next pack, which the group's read covers too); larger files go alone,
+/// largest first so all workers stay busy to the end. Jobs are in the order to run them.
+pub(super) fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
+    const SMALL: u64 = 1 << 20;
+    // A group's frames stay decoded in memory until its last file is written: bound both
+    // what one read fetches and what the worker holds.
+    const GROUP_BYTES: u64 = 8 << 20;
+    const GROUP_RAW: u64 = 64 << 20;
+    const GROUP_FILES: usize = 512;
+    let mut alone = Vec::new();
+    let mut small: Vec<(String, String, u64, FileEntry)> = Vec::new();
+    for f in files {
+        match f.chunks.iter().find(|c| !c.is_zero()) {
+            Some(c) if f.size <= SMALL => {
+                let owner = c.backup.clone().unwrap_or_default();
+                small.push((owner, c.pack.clone().unwrap_or_default(), c.offset, f));
+            }
+            _ => alone.push(f),
+        }
+    }
+    small.sort_by(|a, b| (&a.0, &a.1, a.2).cmp(&(&b.0, &b.1, b.2)));
+    let mut groups: Vec<RestoreJob> = Vec::new();
+    let mut group: Vec<FileEntry> = Vec::new();
+    let mut key: Option<(String, String)> = None;
+    let (mut bytes, mut raw) = (0u64, 0u64);
+    for (owner, pack, _, f) in small {
+        let k = Some((owner, pack));
+        if !group.is_empty()
+            && (k != key || bytes >= GROUP_BYTES || raw >= GROUP_RAW || group.len() >= GROUP_FILES)
+        {
+            groups.push(RestoreJob::Group(std::mem::take(&mut group)));
+            (bytes, raw) = (0, 0);
+        }
+        key = k;
+        bytes += f.chunks.iter().map(|c| c.stored as u64).sum::<u64>();
+        raw += f.size;
+        group.push(f);
+    }
+    if !group.is_empty() {
+        groups.push(RestoreJob::Group(group));
+    }
+    alone.sort_by_key(|f| std::cmp::Reverse(f.size));
+    let mut jobs: Vec<RestoreJob> = alone.into_iter().map(RestoreJob::One).collect();
+    jobs.extend(groups.into_iter().rev());
+    jobs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgstrata_repo::pack::Chunk;
+
+    fn file(path: &str, size: u64, pack: &str, offset: u64) -> FileEntry {
+        let chunk: Chunk = serde_json::from_value(serde_json::json!({
+            "p": pack, "o": offset, "s": 100, "r": size,
+        }))
+        .unwrap();
+        serde_json::from_value(serde_json::json!({
+            "path": path, "size": size, "mtime": 0, "mode": 0o600, "uid": 0, "gid": 0,
+            "hash": "", "chunks": [chunk],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn large_files_go_first_largest_first_then_small_files_grouped_by_pack() {
+        let jobs = plan_jobs(vec![
+            file("a", 100, "p1", 0),
+            file("big", 5 << 20, "p2", 0),
+            file("b", 100, "p1", 100),
+            file("bigger", 9 << 20, "p3", 0),
+            file("c", 100, "p2", 900),
+        ]);
+        let shape: Vec<Vec<&str>> = jobs
+            .iter()
+            .map(|j| match j {
+                RestoreJob::One(f) => vec![f.path.as_str()],
+                RestoreJob::Group(g) => g.iter().map(|f| f.path.as_str()).collect(),
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![vec!["bigger"], vec!["big"], vec!["c"], vec!["a", "b"]]
+        );
+    }
+
+    #[test]
+    fn groups_are_bounded_in_files() {
+        let files = (0..1200)
+            .map(|i| file(&format!("f{i}"), 10, "p1", i * 10))
+            .collect();
+        let sizes: Vec<usize> = plan_jobs(files)
+            .iter()
+            .map(|j| match j {
+                RestoreJob::Group(g) => g.len(),
+                RestoreJob::One(_) => 1,
+            })
+            .collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 1200);
+        assert!(sizes.iter().all(|n| *n <= 512), "{sizes:?}");
+    }
+}

@@ -1,0 +1,193 @@
+//! The files that tell PostgreSQL how to recover a restored directory: `backup_label`,
+//! the recovery settings in `postgresql.auto.conf`, and `recovery.signal` or
+//! `standby.signal`.
+//!
+//! The settings are rendered by a pure function (tested without a cluster, printed by
+//! `--dry-run`), and every file is written durably: temporary name, fsync, rename, fsync of
+//! the directory. Settings of an earlier restore (marked with [`MARK`]) and any recovery
+//! keys the operator left are replaced, everything else in `postgresql.auto.conf` is kept.
+
+use super::tree::{set_attributes, ParentCache, TargetTree};
+use super::{RecoveryType, RestoreOptions};
+use crate::owner::OwnerResolver;
+use crate::Result;
+use pgstrata_repo::manifest::{Manifest, Owner};
+use std::os::fd::AsFd;
+
+const RECOVERY_KEYS: &[&str] = &[
+    "restore_command",
+    "recovery_target",
+    "recovery_target_time",
+    "recovery_target_lsn",
+    "recovery_target_xid",
+    "recovery_target_name",
+    "recovery_target_action",
+    "recovery_target_inclusive",
+    "recovery_target_timeline",
+];
+const MARK: &str = "# pgstrata restore:";
+
+/// Quote a value for postgresql.conf.
+fn conf_quote(v: &str) -> String {
+    format!("'{}'", v.replace('\'', "''"))
+}
+
+/// The recovery settings this restore adds (without the lines kept from the existing file).
+pub(super) fn recovery_settings(label: &str, o: &RestoreOptions) -> Vec<String> {
+    let mut conf = vec![format!("{MARK} recovery settings for backup {label}")];
+    conf.push(format!(
+        "restore_command = {}",
+        conf_quote(&format!("{} archive-get %f \"%p\"", o.archive_get_command))
+    ));
+    let target = o.target.clone().unwrap_or_default();
+    match o.recovery_type {
+        RecoveryType::Immediate => conf.push("recovery_target = 'immediate'".into()),
+        RecoveryType::Time => conf.push(format!("recovery_target_time = {}", conf_quote(&target))),
+        RecoveryType::Lsn => conf.push(format!("recovery_target_lsn = {}", conf_quote(&target))),
+        RecoveryType::Xid => conf.push(format!("recovery_target_xid = {}", conf_quote(&target))),
+        RecoveryType::Name => conf.push(format!("recovery_target_name = {}", conf_quote(&target))),
+        _ => {}
+    }
+    if o.recovery_type.needs_target() && o.target_exclusive {
+        conf.push("recovery_target_inclusive = false".into());
+    }
+    if let Some(a) = &o.target_action {
+        if o.recovery_type != RecoveryType::Standby {
+            conf.push(format!("recovery_target_action = {}", conf_quote(a)));
+        }
+    }
+    if let Some(t) = &o.target_timeline {
+        conf.push(format!("recovery_target_timeline = {}", conf_quote(t)));
+    }
+    if o.archive_off {
+        conf.push("archive_mode = 'off'".into());
+    }
+    conf
+}
+
+/// `postgresql.auto.conf` with this restore's settings: the existing lines minus earlier
+/// recovery settings, then the new ones.
+pub(super) fn auto_conf(existing: &str, label: &str, o: &RestoreOptions) -> String {
+    let mut conf: Vec<String> = existing
+        .lines()
+        .filter(|l| {
+            let key = l.split('=').next().unwrap_or("").trim();
+            !l.starts_with(MARK) && !RECOVERY_KEYS.contains(&key)
+        })
+        .map(str::to_string)
+        .collect();
+    conf.extend(recovery_settings(label, o));
+    conf.join("\n") + "\n"
+}
+
+/// The signal file recovery needs, if any.
+pub(super) fn signal_file(t: RecoveryType) -> Option<&'static str> {
+    match t {
+        RecoveryType::None => None,
+        RecoveryType::Standby => Some("standby.signal"),
+        _ => Some("recovery.signal"),
+    }
+}
+
+/// Write `backup_label`, the recovery settings and the signal file, durably, owned by the
+/// data directory's owner.
+pub(super) fn write_recovery_files(
+    tree: &TargetTree,
+    m: &Manifest,
+    o: &RestoreOptions,
+    owner: Option<&Owner>,
+    resolver: &mut OwnerResolver,
+) -> Result<()> {
+    let mut cache = ParentCache::default();
+    let ids = owner
+        .filter(|_| crate::owner::running_as_root())
+        .map(|o| resolver.ids(o));
+    let write = |name: &str, content: &str, cache: &mut ParentCache| {
+        let path = tree.display_path(name);
+        tree.write_durably(
+            name,
+            content.as_bytes(),
+            |f| set_attributes(f.as_fd(), 0o600, ids, None, &path),
+            cache,
+        )
+    };
+    write("backup_label", &m.backup_label, &mut cache)?;
+    for stale in ["tablespace_map", "recovery.signal", "standby.signal"] {
+        tree.remove(stale, &mut cache)?;
+    }
+    let Some(signal) = signal_file(o.recovery_type) else {
+        return tree.root.sync();
+    };
+    let existing = match tree.open_existing("postgresql.auto.conf", false, &mut cache)? {
+        Some(mut f) => {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut f, &mut s).map_err(|e| {
+                crate::Error::io(
+                    format!(
+                        "read {}",
+                        tree.display_path("postgresql.auto.conf").display()
+                    ),
+                    e,
+                )
+            })?;
+            s
+        }
+        None => String::new(),
+    };
+    write(
+        "postgresql.auto.conf",
+        &auto_conf(&existing, &m.label, o),
+        &mut cache,
+    )?;
+    write(signal, "", &mut cache)?;
+    tree.root.sync()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LABEL: &str = "20261123-101010F";
+
+    fn options(t: RecoveryType) -> RestoreOptions {
+        RestoreOptions {
+            set: None,
+            delta: false,
+            force: false,
+            dry_run: false,
+            tablespace_map: vec![],
+            recovery_type: t,
+            target: Some("it's 'quoted'".into()),
+            target_action: Some("promote".into()),
+            target_timeline: None,
+            target_exclusive: true,
+            archive_off: true,
+            archive_get_command: "/usr/bin/pgstrata --stanza=main".into(),
+        }
+    }
+
+    #[test]
+    fn earlier_recovery_settings_are_replaced_and_other_lines_kept() {
+        let existing = "work_mem = '64MB'\nrestore_command = 'old'\n# pgstrata restore: recovery settings for backup OLD\nrecovery_target_name = 'old'\n";
+        let conf = auto_conf(existing, LABEL, &options(RecoveryType::Name));
+        assert_eq!(
+            conf,
+            "work_mem = '64MB'\n\
+             # pgstrata restore: recovery settings for backup 20261123-101010F\n\
+             restore_command = '/usr/bin/pgstrata --stanza=main archive-get %f \"%p\"'\n\
+             recovery_target_name = 'it''s ''quoted'''\n\
+             recovery_target_inclusive = false\n\
+             recovery_target_action = 'promote'\n\
+             archive_mode = 'off'\n"
+        );
+    }
+
+    #[test]
+    fn standby_gets_no_target_action_and_its_own_signal() {
+        let s = recovery_settings(LABEL, &options(RecoveryType::Standby));
+        assert!(!s.iter().any(|l| l.starts_with("recovery_target_action")));
+        assert_eq!(signal_file(RecoveryType::Standby), Some("standby.signal"));
+        assert_eq!(signal_file(RecoveryType::Default), Some("recovery.signal"));
+        assert_eq!(signal_file(RecoveryType::None), None);
+    }
+}

@@ -1,0 +1,359 @@
+//! The workers' side of restore: decide per file what it takes (keep, patch, write whole),
+//! fetch the frames and write them through the [`TargetTree`], then set mode, owner and
+//! time on the open file.
+//!
+//! Each file's content is checked against the hashes recorded at backup time as it is
+//! written; a mismatch stops the restore naming the file. Every file is fsynced before it
+//! counts as restored.
+
+use super::plan::RestoreJob;
+use super::tree::{set_attributes, ParentCache, TargetTree};
+use crate::content::{check_reader, extents_of, for_each_extent, read_full_at, ContentCheck};
+use crate::owner::OwnerResolver;
+use crate::{Error, Result};
+use pgstrata_repo::manifest::{block_hash, FileEntry, Manifest};
+use pgstrata_repo::pack::{Chunk, FrameReader};
+use pgstrata_repo::Storage;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+/// What every worker shares.
+pub(super) struct Shared<'a> {
+    pub storage: &'a Storage,
+    pub runtime: tokio::runtime::Handle,
+    pub manifest: &'a Manifest,
+    pub tree: &'a TargetTree,
+    pub delta: bool,
+    /// Running as root: give files to their recorded owners.
+    pub chown: bool,
+    pub counters: &'a crate::progress::Counters,
+}
+
+/// What one worker did.
+#[derive(Default, Debug)]
+pub(super) struct Tally {
+    pub written: u64,
+    pub patched: u64,
+    pub kept: u64,
+    pub bytes_written: u64,
+    pub bytes_fetched: u64,
+}
+
+/// One worker's state.
+pub(super) struct Worker<'a> {
+    reader: FrameReader<'a>,
+    resolver: OwnerResolver,
+    cache: ParentCache,
+    pub tally: Tally,
+}
+
+impl<'a> Worker<'a> {
+    pub fn new(sh: &Shared<'a>) -> Worker<'a> {
+        Worker {
+            reader: FrameReader::new(sh.storage, sh.manifest),
+            resolver: OwnerResolver::default(),
+            cache: ParentCache::default(),
+            tally: Tally::default(),
+        }
+    }
+
+    pub fn finish(self) -> Tally {
+        let mut t = self.tally;
+        t.bytes_fetched = self.reader.fetched;
+        t
+    }
+}
+
+/// Run one job.
+pub(super) fn run_job(sh: &Shared, w: &mut Worker, job: RestoreJob) -> Result<()> {
+    match job {
+        RestoreJob::One(f) => {
+            let action = decide(sh, w, &f)?;
+            restore_one(sh, w, &f, action)
+        }
+        RestoreJob::Group(files) => {
+            // Decide every file first (a delta restore compares local blocks), then fetch
+            // what all of them need with one merged read.
+            let actions = files
+                .iter()
+                .map(|f| decide(sh, w, f))
+                .collect::<Result<Vec<_>>>()?;
+            let chunks: Vec<&Chunk> = files
+                .iter()
+                .zip(&actions)
+                .flat_map(|(f, a)| a.needed(f))
+                .filter(|c| !c.is_zero())
+                .collect();
+            w.reader.pin();
+            if !chunks.is_empty() {
+                sh.runtime
+                    .block_on(w.reader.load(&chunks, &files[0].path))
+                    .map_err(|e| Error::integrity(e.to_string()))?;
+            }
+            for (f, action) in files.iter().zip(actions) {
+                restore_one(sh, w, f, action)?;
+            }
+            w.reader.unpin();
+            Ok(())
+        }
+    }
+}
+
+/// What restoring one file takes, decided from the local file alone (nothing fetched yet).
+enum Action {
+    /// The local file already is the backed-up file.
+    Keep,
+    /// Write the whole file.
+    Write,
+    /// Write these extents (the blocks that differ) in place, then truncate to size.
+    Patch(Vec<(u64, Chunk)>),
+}
+
+impl Action {
+    /// The extents this action reads from the repository.
+    fn needed<'a>(&'a self, f: &'a FileEntry) -> Box<dyn Iterator<Item = &'a Chunk> + 'a> {
+        match self {
+            Action::Keep => Box::new(std::iter::empty()),
+            Action::Write => Box::new(f.chunks.iter()),
+            Action::Patch(extents) => Box::new(extents.iter().map(|(_, c)| c)),
+        }
+    }
+}
+
+fn decide(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Result<Action> {
+    if !sh.delta {
+        return Ok(Action::Write);
+    }
+    let Some(mut fh) = sh.tree.open_existing(&f.path, false, &mut w.cache)? else {
+        return Ok(Action::Write);
+    };
+    let path = sh.tree.display_path(&f.path);
+    if f.block_size > 0 {
+        delta_plan(f, &fh, &path)
+    } else {
+        let len = fh
+            .metadata()
+            .map_err(|e| Error::io(format!("stat {}", path.display()), e))?
+            .len();
+        if len == f.size && check_reader(f, &mut fh, &path).is_ok() {
+            Ok(Action::Keep)
+        } else {
+            Ok(Action::Write)
+        }
+    }
+}
+
+/// Restore one file as decided, then set its mode, time and owner on the descriptor.
+fn restore_one(sh: &Shared, w: &mut Worker, f: &FileEntry, action: Action) -> Result<()> {
+    let path = sh.tree.display_path(&f.path);
+    let fh = match action {
+        Action::Keep => {
+            w.tally.kept += 1;
+            sh.tree
+                .open_existing(&f.path, false, &mut w.cache)?
+                .ok_or_else(|| changed_under_us(&path))?
+        }
+        Action::Patch(extents) => {
+            w.tally.patched += 1;
+            let fh = sh
+                .tree
+                .open_existing(&f.path, true, &mut w.cache)?
+                .ok_or_else(|| changed_under_us(&path))?;
+            w.tally.bytes_written += patch_file(sh, &mut w.reader, f, &fh, &path, &extents)?;
+            fh
+        }
+        Action::Write => {
+            let fh = write_file(sh, w, f, &f.path, &path)?;
+            w.tally.written += 1;
+            w.tally.bytes_written += f.size;
+            fh
+        }
+    };
+    let owner = sh.chown.then(|| w.resolver.ids(&f.owner));
+    set_attributes(fh.as_fd(), f.owner.mode, owner, Some(f.mtime), &path)?;
+    sh.counters.files.fetch_add(1, Ordering::Relaxed);
+    sh.counters.bytes.fetch_add(f.size, Ordering::Relaxed);
+    Ok(())
+}
+
+fn changed_under_us(path: &Path) -> Error {
+    Error::refused(format!(
+        "{} changed while restore was writing it: is something else writing into the target?",
+        path.display()
+    ))
+}
+
+/// Write `pg_control` under a temporary name, then rename it into place once it is
+/// durable: until then the directory cannot be started.
+pub(super) fn write_control(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Result<()> {
+    let tmp = format!("{}.pgstrata-tmp", f.path);
+    let path = sh.tree.display_path(&f.path);
+    let fh = write_file(sh, w, f, &tmp, &path)?;
+    let owner = sh.chown.then(|| w.resolver.ids(&f.owner));
+    set_attributes(fh.as_fd(), f.owner.mode, owner, Some(f.mtime), &path)?;
+    drop(fh);
+    sh.tree.rename_into_place(&tmp, &f.path, &mut w.cache)?;
+    w.tally.written += 1;
+    w.tally.bytes_written += f.size;
+    sh.counters.files.fetch_add(1, Ordering::Relaxed);
+    sh.counters.bytes.fetch_add(f.size, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Write a whole file from its extents at `rel` (its path, or a temporary name beside it),
+/// checked and fsynced; returns it open.
+fn write_file(sh: &Shared, w: &mut Worker, f: &FileEntry, rel: &str, path: &Path) -> Result<File> {
+    let fh = sh.tree.create_file(rel, &mut w.cache)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, fh);
+    let mut check = ContentCheck::new(f);
+    for_each_extent(
+        &sh.runtime,
+        &mut w.reader,
+        &extents_of(f),
+        &f.path,
+        |_, data| {
+            check.update(data);
+            out.write_all(data)
+                .map_err(|e| Error::io(format!("write {}", path.display()), e))
+        },
+    )?;
+    let fh = out
+        .into_inner()
+        .map_err(|e| Error::io(format!("write {}", path.display()), e.into_error()))?;
+    fh.sync_all()
+        .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
+    check.finish()?;
+    Ok(fh)
+}
+
+/// Delta restore of a file with a block map: hash the local blocks and find the extents
+/// holding blocks that differ.
+fn delta_plan(f: &FileEntry, fh: &File, path: &Path) -> Result<Action> {
+    let local_len = fh
+        .metadata()
+        .map_err(|e| Error::io(format!("stat {}", path.display()), e))?
+        .len();
+    let bs = f.block_size as u64;
+    let mut differing: Vec<(u64, u64)> = Vec::new(); // (offset, len) runs
+    let mut buf = vec![0u8; (1 << 20) / bs as usize * bs as usize];
+    let mut offset = 0u64;
+    let mut check = ContentCheck::new(f);
+    while offset < f.size {
+        let want = (f.size - offset).min(buf.len() as u64) as usize;
+        let have = local_len.saturating_sub(offset).min(want as u64) as usize;
+        let n = read_full_at(fh, &mut buf[..have], offset)
+            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        check.update(&buf[..n]);
+        for (i, block) in buf[..want].chunks(bs as usize).enumerate() {
+            let block_off = offset + i as u64 * bs;
+            let index = (block_off / bs) as usize;
+            let local_ok = block_off + block.len() as u64 <= offset + n as u64;
+            if !(local_ok && f.block_hash(index) == Some(block_hash(block))) {
+                match differing.last_mut() {
+                    Some((o, l)) if *o + *l == block_off => *l += block.len() as u64,
+                    _ => differing.push((block_off, block.len() as u64)),
+                }
+            }
+        }
+        offset += want as u64;
+    }
+    if differing.is_empty() && local_len == f.size && check.finish().is_ok() {
+        return Ok(Action::Keep);
+    }
+    Ok(Action::Patch(extents_covering(f, &differing)))
+}
+
+/// The extents of `f` covering the byte runs `runs`, cut to them.
+fn extents_covering(f: &FileEntry, runs: &[(u64, u64)]) -> Vec<(u64, Chunk)> {
+    let mut starts = Vec::with_capacity(f.chunks.len());
+    let mut pos = 0u64;
+    for c in &f.chunks {
+        starts.push(pos);
+        pos += c.raw as u64;
+    }
+    let mut needed: Vec<(u64, Chunk)> = Vec::new();
+    for (off, len) in runs {
+        let end = off + len;
+        let mut i = starts.partition_point(|s| *s <= *off) - 1;
+        let mut cur = *off;
+        while cur < end {
+            let c = &f.chunks[i];
+            let c_end = starts[i] + c.raw as u64;
+            let take_end = c_end.min(end);
+            needed.push((
+                cur,
+                c.slice((cur - starts[i]) as u32, (take_end - cur) as u32),
+            ));
+            cur = take_end;
+            i += 1;
+        }
+    }
+    needed
+}
+
+/// Write the differing extents in place, truncate, and prove the result is the backed-up
+/// file. Returns the bytes written (at least 1: the file was touched).
+fn patch_file(
+    sh: &Shared,
+    reader: &mut FrameReader,
+    f: &FileEntry,
+    fh: &File,
+    path: &Path,
+    needed: &[(u64, Chunk)],
+) -> Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut written = 0u64;
+    for_each_extent(&sh.runtime, reader, needed, &f.path, |at, data| {
+        written += data.len() as u64;
+        fh.write_all_at(data, at)
+            .map_err(|e| Error::io(format!("write {}", path.display()), e))
+    })?;
+    fh.set_len(f.size)
+        .map_err(|e| Error::io(format!("truncate {}", path.display()), e))?;
+    fh.sync_all()
+        .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
+    let mut check = ContentCheck::new(f);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut offset = 0u64;
+    loop {
+        let n = read_full_at(fh, &mut buf, offset)
+            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        if n == 0 {
+            break;
+        }
+        check.update(&buf[..n]);
+        offset += n as u64;
+    }
+    check.finish()?;
+    Ok(written.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(raw: u32, offset: u64) -> Chunk {
+        serde_json::from_value(serde_json::json!({"p": "p", "o": offset, "s": 1, "r": raw}))
+            .unwrap()
+    }
+
+    #[test]
+    fn differing_runs_are_cut_out_of_the_extents_covering_them() {
+        let f: FileEntry = serde_json::from_value(serde_json::json!({
+            "path": "base/1/2", "size": 96, "mtime": 0, "mode": 0o600, "uid": 0, "gid": 0,
+            "hash": "", "chunks": [chunk(32, 0), chunk(32, 100), chunk(32, 200)],
+            "block_size": 8,
+        }))
+        .unwrap();
+        // One run inside the first extent, one across the second and third.
+        let needed = extents_covering(&f, &[(8, 8), (56, 16)]);
+        let got: Vec<(u64, u64, u32, u32)> = needed
+            .iter()
+            .map(|(at, c)| (*at, c.offset, c.at, c.raw))
+            .collect();
+        assert_eq!(got, vec![(8, 0, 8, 8), (56, 100, 24, 8), (64, 200, 0, 8)]);
+    }
+}
