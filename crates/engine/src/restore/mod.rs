@@ -224,8 +224,13 @@ fn execute(
     let tree = open_targets(plan)?;
     report.removed += prepare_targets(plan, &tree)?;
     let chown = running_as_root();
-    let mut resolver = OwnerResolver::default();
-    make_dirs_and_links(plan, &tree, chown, &mut resolver)?;
+    let mut layout = Layout {
+        plan,
+        tree: &tree,
+        owners: chown.then(OwnerResolver::default),
+        cache: ParentCache::default(),
+    };
+    layout.make_dirs_and_links()?;
 
     let progress = Progress::start(
         "restore",
@@ -269,12 +274,13 @@ fn execute(
         e
     })?);
 
-    finish_dirs(plan, &tree, chown, &mut resolver)?;
+    layout.finish_dirs()?;
     let root_owner = m.entries.iter().find_map(|e| match e {
         Entry::Dir { path, owner } if path.is_empty() => Some(owner.clone()),
         _ => None,
     });
-    recovery::write_recovery_files(&tree, m, o, root_owner.as_ref(), &mut resolver)?;
+    let root_ids = root_owner.and_then(|owner| layout.ids(&owner));
+    recovery::write_recovery_files(&tree, m, o, root_ids)?;
     // pg_control last, under a temporary name renamed into place once durable.
     if let Some(f) = &plan.control {
         let mut w = Worker::new(&sh);
@@ -395,67 +401,74 @@ fn walk_extraneous(
     Ok(())
 }
 
-/// Directories (replacing links or files in their place) and tablespace links, parents
-/// first (manifest order).
-fn make_dirs_and_links(
-    plan: &RestorePlan,
-    tree: &TargetTree,
-    chown: bool,
-    resolver: &mut OwnerResolver,
-) -> Result<()> {
-    let mut cache = ParentCache::default();
-    for e in &plan.manifest.entries {
-        match e {
-            Entry::Dir { path, .. } => tree.ensure_dir(path, &mut cache)?,
-            Entry::Link { path, owner, .. } => {
-                let oid = path
-                    .strip_prefix("pg_tblspc/")
-                    .and_then(|o| o.parse::<u32>().ok());
-                let Some(t) = plan.tablespaces.iter().find(|t| Some(t.oid) == oid) else {
-                    return Err(Error::integrity(format!(
-                        "backup {}: link entry {path} has no tablespace record",
-                        plan.manifest.label
-                    )));
-                };
-                tree.ensure_link(path, &t.location, &mut cache)?;
-                if chown {
-                    let ids = resolver.ids(owner);
-                    tree.chown_link(path, ids, &mut cache)?;
-                    let loc = tree.tablespace(t.oid).expect("opened");
-                    set_attributes(loc.fd.as_fd(), 0o700, Some(ids), None, &loc.path)?;
-                }
-            }
-            Entry::File(_) => {}
-        }
-    }
-    Ok(())
+/// The directory layer of a restore: directories and tablespace links before the files,
+/// their modes, owners and fsyncs after them.
+struct Layout<'a> {
+    plan: &'a RestorePlan,
+    tree: &'a TargetTree,
+    /// Running as root: restore recorded owners.
+    owners: Option<OwnerResolver>,
+    cache: ParentCache,
 }
 
-/// Directory modes and owners last (a 0500 directory would block writing into it), and
-/// every directory fsynced, deepest first, so the entries made in them are durable.
-fn finish_dirs(
-    plan: &RestorePlan,
-    tree: &TargetTree,
-    chown: bool,
-    resolver: &mut OwnerResolver,
-) -> Result<()> {
-    let mut cache = ParentCache::default();
-    for e in plan.manifest.entries.iter().rev() {
-        if let Entry::Dir { path, owner } = e {
-            let dir = tree.open_dir(path, &mut cache)?;
-            let ids = chown.then(|| resolver.ids(owner));
-            set_attributes(dir.fd.as_fd(), owner.mode, ids, None, &dir.path)?;
-            dir.sync()?;
+impl Layout<'_> {
+    fn ids(&mut self, owner: &pgstrata_repo::manifest::Owner) -> Option<(u32, u32)> {
+        self.owners.as_mut().map(|r| r.ids(owner))
+    }
+
+    /// Directories (replacing links or files in their place) and tablespace links, parents
+    /// first (manifest order).
+    fn make_dirs_and_links(&mut self) -> Result<()> {
+        let (plan, tree) = (self.plan, self.tree);
+        for e in &plan.manifest.entries {
+            match e {
+                Entry::Dir { path, .. } => tree.ensure_dir(path, &mut self.cache)?,
+                Entry::Link { path, owner, .. } => {
+                    let oid = path
+                        .strip_prefix("pg_tblspc/")
+                        .and_then(|o| o.parse::<u32>().ok());
+                    let Some(t) = plan.tablespaces.iter().find(|t| Some(t.oid) == oid) else {
+                        return Err(Error::integrity(format!(
+                            "backup {}: link entry {path} has no tablespace record",
+                            plan.manifest.label
+                        )));
+                    };
+                    tree.ensure_link(path, &t.location, &mut self.cache)?;
+                    if let Some(ids) = self.ids(owner) {
+                        tree.chown_link(path, ids, &mut self.cache)?;
+                        let loc = tree.tablespace(t.oid).expect("opened");
+                        set_attributes(loc.fd.as_fd(), 0o700, Some(ids), None, &loc.path)?;
+                    }
+                }
+                Entry::File(_) => {}
+            }
         }
+        Ok(())
     }
-    for t in &plan.tablespaces {
-        tree.tablespace(t.oid).expect("opened").sync()?;
-    }
-    tree.root.sync()?;
-    for p in std::iter::once(&plan.pg_path).chain(plan.tablespaces.iter().map(|t| &t.location)) {
-        if let Some(parent) = p.parent() {
-            DirHandle::open(parent)?.sync()?;
+
+    /// Directory modes and owners last (a 0500 directory would block writing into it), and
+    /// every directory fsynced, deepest first, so the entries made in them are durable.
+    fn finish_dirs(&mut self) -> Result<()> {
+        let (plan, tree) = (self.plan, self.tree);
+        for e in plan.manifest.entries.iter().rev() {
+            if let Entry::Dir { path, owner } = e {
+                let dir = tree.open_dir(path, &mut self.cache)?;
+                let ids = self.ids(owner);
+                set_attributes(dir.fd.as_fd(), owner.mode, ids, None, &dir.path)?;
+                dir.sync()?;
+            }
         }
+        for t in &plan.tablespaces {
+            tree.tablespace(t.oid).expect("opened").sync()?;
+        }
+        tree.root.sync()?;
+        let targets =
+            std::iter::once(&plan.pg_path).chain(plan.tablespaces.iter().map(|t| &t.location));
+        for p in targets {
+            if let Some(parent) = p.parent() {
+                DirHandle::open(parent)?.sync()?;
+            }
+        }
+        Ok(())
     }
-    Ok(())
 }

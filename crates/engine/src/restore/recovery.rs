@@ -9,9 +9,8 @@
 
 use super::tree::{set_attributes, ParentCache, TargetTree};
 use super::{RecoveryType, RestoreOptions};
-use crate::owner::OwnerResolver;
 use crate::Result;
-use pgstrata_repo::manifest::{Manifest, Owner};
+use pgstrata_repo::manifest::Manifest;
 use std::os::fd::AsFd;
 
 const RECOVERY_KEYS: &[&str] = &[
@@ -89,19 +88,15 @@ pub(super) fn signal_file(t: RecoveryType) -> Option<&'static str> {
     }
 }
 
-/// Write `backup_label`, the recovery settings and the signal file, durably, owned by the
-/// data directory's owner.
+/// Write `backup_label`, the recovery settings and the signal file, durably, owned by
+/// `ids` (the data directory's owner, when running as root).
 pub(super) fn write_recovery_files(
     tree: &TargetTree,
     m: &Manifest,
     o: &RestoreOptions,
-    owner: Option<&Owner>,
-    resolver: &mut OwnerResolver,
+    ids: Option<(u32, u32)>,
 ) -> Result<()> {
     let mut cache = ParentCache::default();
-    let ids = owner
-        .filter(|_| crate::owner::running_as_root())
-        .map(|o| resolver.ids(o));
     let write = |name: &str, content: &str, cache: &mut ParentCache| {
         let path = tree.display_path(name);
         tree.write_durably(

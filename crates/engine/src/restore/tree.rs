@@ -462,6 +462,20 @@ mod tests {
         (t, tree)
     }
 
+    /// `rel` holds something restore must not write through: it is not offered for reading
+    /// or patching, and creating the file replaces it.
+    fn assert_replaced(tree: &TargetTree, rel: &str, content: &[u8]) {
+        let mut cache = ParentCache::default();
+        assert!(tree
+            .open_existing(rel, false, &mut cache)
+            .unwrap()
+            .is_none());
+        tree.create_file(rel, &mut cache)
+            .unwrap()
+            .write_all(content)
+            .unwrap();
+    }
+
     #[test]
     fn a_link_where_a_file_goes_is_replaced_not_followed() {
         let (t, tree) = tree();
@@ -469,13 +483,7 @@ mod tests {
         std::fs::write(&victim, "precious").unwrap();
         std::fs::create_dir(t.path().join("pg/global")).unwrap();
         std::os::unix::fs::symlink(&victim, t.path().join("pg/global/pg_control")).unwrap();
-        let mut cache = ParentCache::default();
-        assert!(tree
-            .open_existing("global/pg_control", true, &mut cache)
-            .unwrap()
-            .is_none());
-        let mut f = tree.create_file("global/pg_control", &mut cache).unwrap();
-        f.write_all(b"restored").unwrap();
+        assert_replaced(&tree, "global/pg_control", b"restored");
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
         let md = std::fs::symlink_metadata(t.path().join("pg/global/pg_control")).unwrap();
         assert!(md.is_file());
@@ -491,15 +499,7 @@ mod tests {
         let victim = t.path().join("victim");
         std::fs::write(&victim, "precious").unwrap();
         std::fs::hard_link(&victim, t.path().join("pg/PG_VERSION")).unwrap();
-        let mut cache = ParentCache::default();
-        assert!(tree
-            .open_existing("PG_VERSION", false, &mut cache)
-            .unwrap()
-            .is_none());
-        tree.create_file("PG_VERSION", &mut cache)
-            .unwrap()
-            .write_all(b"17\n")
-            .unwrap();
+        assert_replaced(&tree, "PG_VERSION", b"17\n");
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
         assert_eq!(
             std::fs::read_to_string(t.path().join("pg/PG_VERSION")).unwrap(),
@@ -538,15 +538,7 @@ mod tests {
             0,
         )
         .unwrap();
-        let mut cache = ParentCache::default();
-        assert!(tree
-            .open_existing("postgresql.conf", false, &mut cache)
-            .unwrap()
-            .is_none());
-        tree.create_file("postgresql.conf", &mut cache)
-            .unwrap()
-            .write_all(b"x")
-            .unwrap();
+        assert_replaced(&tree, "postgresql.conf", b"x");
         assert!(std::fs::symlink_metadata(&fifo).unwrap().is_file());
     }
 
