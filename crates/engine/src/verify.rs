@@ -11,8 +11,9 @@
 //! WAL: every archived segment is fetched and its checksum checked, and every block-change
 //! map too. A backup is invalid when a segment it needs to become consistent (its start
 //! segment to its stop segment) is missing or damaged. Holes in the archive after the oldest
-//! backup's start are reported as gaps: point-in-time recovery cannot cross them. A damaged
-//! map is reported but does not make anything invalid: incrementals fall back to hashing.
+//! backup's start are gaps, and fail verify (exit 4) like damage: point-in-time recovery
+//! cannot cross them. A damaged map is reported but fails nothing: incrementals fall back
+//! to hashing.
 //!
 //! verify takes no lock and changes nothing; it reads the whole repository once per distinct
 //! file entry, so it costs about as much as restoring each distinct backup.
@@ -27,12 +28,11 @@ use pgstrata_repo::pack::FrameReader;
 use pgstrata_repo::{layout, wal, Storage};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Serialize)]
 pub struct VerifyReport {
     pub stanza: String,
-    /// No backup is invalid and no archived WAL object is damaged.
+    /// No backup is invalid, no archived WAL object is damaged and the archive has no gap.
     pub ok: bool,
     pub backups: Vec<BackupVerdict>,
     pub wal: WalVerdict,
@@ -133,7 +133,7 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         }
         v.files_read = todo.len() as u64;
         v.bytes_read = todo.iter().map(|(_, f)| f.size).sum();
-        for (key, result) in check_files(&storage, m, todo, s.process_max.max(1)).await {
+        for (key, result) in check_files(&storage, m, todo, s.process_max.max(1)).await? {
             verdicts.insert(key, result);
         }
         for (f, key) in &keyed {
@@ -158,7 +158,9 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         }
         backups.push(v);
     }
-    let ok = backups.iter().all(|b| b.ok) && wal.damaged.is_empty();
+    // A gap is a failure even when every backup is consistent: point-in-time recovery
+    // cannot cross it, and monitoring watches the exit code.
+    let ok = backups.iter().all(|b| b.ok) && wal.damaged.is_empty() && wal.gaps.is_empty();
     Ok(VerifyReport {
         stanza: s.stanza.clone(),
         ok,
@@ -167,48 +169,33 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     })
 }
 
-/// Read back `files` of backup `m` on `workers` threads; each file's verdict by key.
+/// Read back `files` of backup `m` on `workers` threads of the pool; each file's verdict by
+/// key. A damaged file is a verdict, not an error: the pool goes on with the others.
 async fn check_files(
     storage: &Storage,
     m: &Manifest,
     files: Vec<(String, FileEntry)>,
     workers: usize,
-) -> Vec<(String, std::result::Result<(), String>)> {
-    let queue = Arc::new(Mutex::new(files));
-    let results = Arc::new(Mutex::new(Vec::new()));
+) -> Result<Vec<(String, std::result::Result<(), String>)>> {
     let runtime = tokio::runtime::Handle::current();
-    let (storage, m) = (storage.clone(), Arc::new(m.clone()));
-    let threads: Vec<_> = (0..workers)
-        .map(|_| {
-            let (queue, results, runtime, storage, m) = (
-                queue.clone(),
-                results.clone(),
-                runtime.clone(),
-                storage.clone(),
-                m.clone(),
-            );
-            std::thread::spawn(move || {
-                let mut reader = FrameReader::new(&storage, &m);
-                loop {
-                    let Some((key, f)) = queue.lock().unwrap().pop() else {
-                        break;
-                    };
-                    let verdict = check_file(&runtime, &mut reader, &f).map_err(|e| e.to_string());
-                    reader.clear();
-                    results.lock().unwrap().push((key, verdict));
-                }
-            })
-        })
-        .collect();
-    tokio::task::spawn_blocking(move || {
-        for t in threads {
-            t.join().expect("verify worker panicked");
-        }
+    let (storage, m) = (storage.clone(), m.clone());
+    let per_worker = tokio::task::spawn_blocking(move || {
+        crate::pool::run(
+            workers,
+            files,
+            |_| (FrameReader::new(&storage, &m), Vec::new()),
+            |(reader, verdicts), (key, f)| {
+                let verdict = check_file(&runtime, reader, &f).map_err(|e| e.to_string());
+                reader.clear();
+                verdicts.push((key, verdict));
+                Ok(())
+            },
+            |(_, verdicts)| Ok(verdicts),
+        )
     })
     .await
-    .expect("verify threads");
-    let mut out = results.lock().unwrap();
-    std::mem::take(&mut *out)
+    .expect("verify threads")?;
+    Ok(per_worker.into_iter().flatten().collect())
 }
 
 fn check_file(

@@ -1,0 +1,161 @@
+//! After the copy and `pg_backup_stop`: build the manifest from what was copied and write
+//! it, which makes the backup visible.
+//!
+//! Just before writing it, the backup checks that its prior backup's manifest and every
+//! pack of another backup its files point into still exist. The stanza lock keeps expire
+//! away, but a lock can be lost (taken over as stale, removed by hand); a manifest that
+//! points at deleted packs would be a backup that cannot be restored, found out only when
+//! it is needed.
+
+use super::copy::CopyOutcome;
+use super::preflight::{Preflight, Started};
+use crate::{Error, Result, Settings};
+use futures::StreamExt;
+use pgstrata_pg::lsn::Lsn;
+use pgstrata_repo::manifest::{Entry, Manifest, Stats, WalPoint};
+use pgstrata_repo::stanza::StanzaInfo;
+use pgstrata_repo::{layout, Storage, FORMAT_VERSION};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What `pg_backup_stop` returned, and the WAL point it names.
+pub(super) struct Stopped {
+    pub point: WalPoint,
+    pub backup_label: String,
+    pub tablespace_map: Option<String>,
+}
+
+/// A WAL point at `time`.
+pub(super) fn wal_point(
+    time: chrono::DateTime<chrono::Utc>,
+    lsn: Lsn,
+    timeline: u32,
+    wal: String,
+) -> WalPoint {
+    WalPoint {
+        time: time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        epoch: time.timestamp(),
+        lsn: lsn.to_string(),
+        timeline,
+        wal,
+    }
+}
+
+/// Everything the manifest is built from.
+pub(super) struct Copied {
+    /// Directories and links, as the walk found them.
+    pub entries: Vec<Entry>,
+    pub tablespaces: Vec<pgstrata_repo::manifest::Tablespace>,
+    pub outcome: CopyOutcome,
+}
+
+pub(super) fn build_manifest(
+    s: &Settings,
+    stanza: &StanzaInfo,
+    pf: &Preflight,
+    started: Started,
+    copied: Copied,
+    stopped: Stopped,
+    started_at: std::time::Instant,
+) -> Manifest {
+    let outcome = copied.outcome;
+    let page_errors: u64 = outcome.files.iter().map(|f| f.bad_pages.len() as u64).sum();
+    let db_size: u64 = outcome.files.iter().map(|f| f.size).sum();
+    let file_count = outcome.files.len() as u64;
+    let mut entries = copied.entries;
+    entries.extend(outcome.files.into_iter().map(Entry::File));
+    entries.sort_by(|a, b| a.path().cmp(b.path()));
+    let prior = pf.prior.as_ref();
+    let mut manifest = Manifest {
+        format_version: FORMAT_VERSION,
+        label: pf.label.clone(),
+        backup_type: pf.backup_type,
+        prior: prior.map(|p| p.label.clone()),
+        stanza: s.stanza.clone(),
+        cluster: stanza.cluster.clone(),
+        server_version_num: pf.db.version_num,
+        start: wal_point(
+            pf.start_time,
+            started.start_lsn,
+            started.timeline,
+            started.start_wal,
+        ),
+        stop: stopped.point,
+        backup_label: stopped.backup_label,
+        tablespace_map: stopped.tablespace_map,
+        compression: s.compression,
+        frame_size: s.frame_size as u32,
+        data_checksums: pf.control.data_checksums,
+        tablespaces: copied.tablespaces,
+        entries,
+        stats: Stats {
+            db_size,
+            stored_size: outcome.stored,
+            files: file_count,
+            files_unchanged: outcome.files_unchanged,
+            bytes_read: outcome.bytes_read,
+            files_tracked: outcome.files_tracked,
+            files_hashed: outcome.files_hashed,
+            packs: outcome.packs,
+            pages_checked: outcome.pages_checked,
+            page_errors,
+            duration_ms: started_at.elapsed().as_millis() as u64,
+        },
+        delta_reason: started.delta_reason,
+        pack_codecs: BTreeMap::new(),
+        track: started.track,
+        track_reason: started.track_reason,
+        summary_check: started.summary_check,
+    };
+    // Codecs of the backups whose frames this one references, and only those.
+    let referenced: BTreeSet<String> = referenced_packs(&manifest)
+        .into_iter()
+        .map(|(owner, _)| owner)
+        .collect();
+    if let Some(p) = prior {
+        manifest.pack_codecs.extend(p.pack_codecs.clone());
+        manifest
+            .pack_codecs
+            .insert(p.label.clone(), p.compression.kind);
+    }
+    manifest.pack_codecs.retain(|l, _| referenced.contains(l));
+    manifest
+}
+
+/// (backup label, pack name) of every pack of another backup the manifest's files point
+/// into.
+fn referenced_packs(m: &Manifest) -> BTreeSet<(String, String)> {
+    m.files()
+        .flat_map(|f| f.chunks.iter())
+        .filter_map(|c| Some((c.backup.clone()?, c.pack.clone()?)))
+        .collect()
+}
+
+/// Write the manifest, once the prior backup and every pack of another backup it
+/// references are known to still exist.
+pub(super) async fn publish(storage: &Storage, m: &Manifest) -> Result<()> {
+    let refuse = |what: String| {
+        Error::refused(format!(
+            "backup {} not written: {what} was deleted while the backup ran (did an expire run without the stanza lock?); run the backup again",
+            m.label
+        ))
+    };
+    if let Some(prior) = &m.prior {
+        if !storage.exists(&layout::manifest(&m.stanza, prior)).await? {
+            return Err(refuse(format!("its prior backup {prior}")));
+        }
+    }
+    let packs = referenced_packs(m);
+    let mut checks = futures::stream::iter(packs)
+        .map(|(owner, pack)| async move {
+            let key = layout::pack(&m.stanza, &owner, &pack);
+            storage.exists(&key).await.map(|found| (found, key))
+        })
+        .buffer_unordered(16);
+    while let Some(checked) = checks.next().await {
+        let (found, key) = checked?;
+        if !found {
+            return Err(refuse(format!("pack {key}, which it references,")));
+        }
+    }
+    Ok(m.publish(storage).await?)
+}

@@ -1,0 +1,672 @@
+//! Copying the data directory's files: the plan (which entries and jobs the walk yields),
+//! the worker pool that runs the jobs, and the one block copier.
+//!
+//! A file is carried by reference when its size and mtime say it is unchanged; otherwise
+//! it goes through [`BlockCopier`], which checks page checksums, hashes each block, points
+//! blocks equal to the prior backup's at the prior's storage, stores nothing for zero
+//! blocks and compresses only changed blocks into frames. The whole-file path feeds it
+//! every block in order; the WAL-tracked path feeds it only the blocks the WAL says
+//! changed and tells it to carry the others from the prior backup unread.
+
+use crate::content::read_full_at;
+use crate::track::WalChanges;
+use crate::walk::{Item, ItemKind};
+use crate::{pool, Error, Result};
+use pgstrata_pg::layout;
+use pgstrata_pg::lsn::Lsn;
+use pgstrata_pg::page::{self, PageCheck};
+use pgstrata_repo::manifest::{block_hash, Entry, FileEntry, Owner};
+use pgstrata_repo::pack::{Chunk, PackWriter};
+use pgstrata_repo::Storage;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+/// What an incremental compares against: the prior backup's files by path.
+pub(super) struct Prior {
+    pub label: String,
+    pub start_epoch: i64,
+    pub files: HashMap<String, FileEntry>,
+}
+
+/// Block size for a file's block map. Small blocks find small changes; large files get
+/// larger blocks so their maps stay small (16 hex digits per block in the manifest). A file keeps
+/// the block size of its prior backup so its blocks can be compared; it may differ between
+/// backups of the same file only when there is no prior map.
+pub fn block_size_for(size: u64, prior: Option<&FileEntry>) -> u32 {
+    if let Some(p) = prior.filter(|p| p.block_size > 0) {
+        return p.block_size;
+    }
+    match size {
+        0..=0x400_0000 => 8192,            // up to 64 MiB
+        0x400_0001..=0x1000_0000 => 16384, // up to 256 MiB
+        _ => 32768,
+    }
+}
+
+/// Everything a copy worker needs, shared read-only.
+pub(super) struct CopyContext {
+    pub storage: Storage,
+    pub runtime: tokio::runtime::Handle,
+    pub stanza: String,
+    pub label: String,
+    pub compression: pgstrata_repo::codec::Compression,
+    pub frame_size: usize,
+    pub pack_size: usize,
+    pub start_lsn: Lsn,
+    pub data_checksums: bool,
+    /// PostgreSQL's page size.
+    pub page_size: usize,
+    pub relseg_size: u32,
+    pub counters: std::sync::Arc<crate::progress::Counters>,
+    pub prior: Option<Prior>,
+    /// Hash every block of every file instead of trusting size and mtime.
+    pub delta: bool,
+    /// Files at least this large get pack objects of their own (not shared with others).
+    pub bundle_limit: u64,
+    /// Blocks changed since the prior backup, learned from the WAL (None: hash files).
+    pub wal: Option<WalChanges>,
+}
+
+#[derive(Debug)]
+pub(super) struct Job {
+    pub rel: String,
+    pub abs: PathBuf,
+    pub owner: Owner,
+    pub mtime: i64,
+    pub size: u64,
+}
+
+/// What the walk of the data directory turns into: entries recorded as they are
+/// (directories, tablespace links), files to copy, and `global/pg_control`, copied last.
+#[derive(Debug)]
+pub(super) struct CopyPlan {
+    pub entries: Vec<Entry>,
+    /// Largest first, which keeps every worker busy until the end.
+    pub jobs: Vec<Job>,
+    pub control: Job,
+}
+
+impl CopyPlan {
+    pub fn new(items: Vec<Item>, pg_path: &Path) -> Result<CopyPlan> {
+        let mut jobs = Vec::new();
+        let mut entries = Vec::new();
+        let mut control = None;
+        for item in items {
+            match item.kind {
+                ItemKind::Dir => entries.push(Entry::Dir {
+                    path: item.rel,
+                    owner: item.owner,
+                }),
+                ItemKind::Link { target } => entries.push(Entry::Link {
+                    path: item.rel,
+                    target,
+                    owner: item.owner,
+                }),
+                ItemKind::File { size, mtime } => {
+                    let job = Job {
+                        rel: item.rel,
+                        abs: item.abs,
+                        owner: item.owner,
+                        mtime,
+                        size,
+                    };
+                    if job.rel == "global/pg_control" {
+                        control = Some(job);
+                    } else {
+                        jobs.push(job);
+                    }
+                }
+            }
+        }
+        let control = control.ok_or_else(|| {
+            Error::refused(format!("{} has no global/pg_control", pg_path.display()))
+        })?;
+        jobs.sort_by_key(|j| std::cmp::Reverse(j.size));
+        Ok(CopyPlan {
+            entries,
+            jobs,
+            control,
+        })
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.jobs.iter().map(|j| j.size).sum::<u64>() + self.control.size
+    }
+}
+
+/// Result of copying files on a set of workers.
+#[derive(Default)]
+pub(super) struct CopyOutcome {
+    pub files: Vec<FileEntry>,
+    pub stored: u64,
+    pub packs: u64,
+    pub pages_checked: u64,
+    pub files_unchanged: u64,
+    pub bytes_read: u64,
+    /// Files whose changed blocks came from the WAL.
+    pub files_tracked: u64,
+    /// Changed files a WAL-tracked backup hashed instead, per reason.
+    pub files_hashed: BTreeMap<String, u64>,
+}
+
+impl CopyOutcome {
+    /// Add another worker's (or pass's) outcome to this one.
+    pub fn absorb(&mut self, o: CopyOutcome) {
+        self.files.extend(o.files);
+        self.stored += o.stored;
+        self.packs += o.packs;
+        self.pages_checked += o.pages_checked;
+        self.files_unchanged += o.files_unchanged;
+        self.bytes_read += o.bytes_read;
+        self.files_tracked += o.files_tracked;
+        for (reason, n) in o.files_hashed {
+            *self.files_hashed.entry(reason).or_default() += n;
+        }
+    }
+}
+
+/// Copy `jobs` on `workers` threads of the pool; worker ids start at `first_worker` so pack
+/// names of separate calls within one backup never collide. Blocks: call it from a
+/// blocking context.
+pub(super) fn copy_files(
+    ctx: &CopyContext,
+    jobs: Vec<Job>,
+    workers: usize,
+    first_worker: usize,
+) -> Result<CopyOutcome> {
+    let per_worker = pool::run(
+        workers,
+        jobs,
+        |i| {
+            let writer = PackWriter::new(
+                ctx.storage.clone(),
+                ctx.runtime.clone(),
+                &ctx.stanza,
+                &ctx.label,
+                first_worker + i,
+                ctx.pack_size,
+            );
+            (writer, CopyOutcome::default())
+        },
+        |(writer, out), job| {
+            if let Some(f) = copy_file(ctx, &job, writer, out)? {
+                out.files.push(f);
+            }
+            Ok(())
+        },
+        |(mut writer, mut out)| {
+            writer.finish()?;
+            out.stored = writer.written;
+            out.packs = writer.packs_written;
+            Ok(out)
+        },
+    )?;
+    let mut total = CopyOutcome::default();
+    for o in per_worker {
+        total.absorb(o);
+    }
+    Ok(total)
+}
+
+/// Copy one file. Unchanged files (same size and mtime as in the prior backup, and not
+/// modified within the second the prior backup started) are carried by reference without
+/// reading them; files the WAL tracks are read only where it says they changed; others are
+/// read whole. Returns `None` when the file vanished before it could be opened (a dropped
+/// relation: WAL replay removes it anyway).
+fn copy_file(
+    ctx: &CopyContext,
+    job: &Job,
+    writer: &mut PackWriter,
+    out: &mut CopyOutcome,
+) -> Result<Option<FileEntry>> {
+    let prior = ctx
+        .prior
+        .as_ref()
+        .and_then(|p| p.files.get(&job.rel).map(|e| (p, e)));
+    if let Some((p, e)) = prior {
+        // mtime has one-second granularity here: a file written in the same second the
+        // prior backup started may have changed after it was read without moving its mtime.
+        if !ctx.delta && e.size == job.size && e.mtime == job.mtime && job.mtime < p.start_epoch {
+            return Ok(Some(carry_unchanged(ctx, job, p, e, out)));
+        }
+        if let Some(w) = &ctx.wal {
+            match w.pages_for(&job.rel, ctx.relseg_size, e) {
+                Ok(pages) => return copy_tracked(ctx, job, writer, out, p, e, &pages),
+                Err(why) => {
+                    log::debug!("{}: read and hashed: {}", job.rel, why.as_str());
+                    *out.files_hashed
+                        .entry(why.as_str().to_string())
+                        .or_default() += 1;
+                }
+            }
+        }
+    }
+    copy_whole(ctx, job, writer, out, prior)
+}
+
+/// The prior backup's entry, pointing at the prior's storage.
+fn carry_unchanged(
+    ctx: &CopyContext,
+    job: &Job,
+    prior: &Prior,
+    entry: &FileEntry,
+    out: &mut CopyOutcome,
+) -> FileEntry {
+    let mut carried = entry.clone();
+    carried.owner = job.owner.clone();
+    carried.chunks = entry
+        .chunks
+        .iter()
+        .map(|c| c.rebased(&prior.label, &ctx.label))
+        .collect();
+    ctx.counters.bytes.fetch_add(job.size, Ordering::Relaxed);
+    ctx.counters.files.fetch_add(1, Ordering::Relaxed);
+    out.files_unchanged += 1;
+    carried
+}
+
+/// Open a job's file; `None` when it vanished.
+fn open_job(job: &Job) -> Result<Option<File>> {
+    match File::open(&job.abs) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(format!("open {}", job.abs.display()), e)),
+    }
+}
+
+/// Read a file block by block, front to back, hashing the whole of it.
+fn copy_whole(
+    ctx: &CopyContext,
+    job: &Job,
+    writer: &mut PackWriter,
+    out: &mut CopyOutcome,
+    prior: Option<(&Prior, &FileEntry)>,
+) -> Result<Option<FileEntry>> {
+    let Some(f) = open_job(job)? else {
+        return Ok(None);
+    };
+    let bs = block_size_for(job.size, prior.map(|(_, e)| e));
+    let prior_blocks = prior
+        .filter(|(_, e)| e.block_size == bs)
+        .map(|(p, e)| PriorBlocks::new(e, &p.label, &ctx.label));
+    let mut copier = BlockCopier::new(ctx, job, &f, bs, prior_blocks, job.size, true, writer)?;
+    // A whole number of blocks per read, so blocks never straddle two reads.
+    let read_size = (ctx.frame_size / bs as usize).max(1) * bs as usize;
+    let mut buf = vec![0u8; read_size];
+    let mut offset = 0u64;
+    loop {
+        let n = read_full_at(&f, &mut buf, offset)
+            .map_err(|e| Error::io(format!("read {}", job.abs.display()), e))?;
+        if n == 0 {
+            break;
+        }
+        copier.add(writer, out, &mut buf[..n], offset)?;
+        offset += n as u64;
+        if n < buf.len() {
+            break;
+        }
+    }
+    copier.finish(writer).map(Some)
+}
+
+/// Copy a relation file reading only the blocks the WAL says changed (`pages`, numbered
+/// within this file), plus any block around a change of size; every other block points
+/// where the prior backup stored it. The whole-file hash is left empty: without reading
+/// every block it cannot be computed, and restore checks each block's hash instead.
+fn copy_tracked(
+    ctx: &CopyContext,
+    job: &Job,
+    writer: &mut PackWriter,
+    out: &mut CopyOutcome,
+    prior: &Prior,
+    entry: &FileEntry,
+    pages: &[u32],
+) -> Result<Option<FileEntry>> {
+    let Some(f) = open_job(job)? else {
+        return Ok(None);
+    };
+    let size = f
+        .metadata()
+        .map_err(|e| Error::io(format!("stat {}", job.abs.display()), e))?
+        .len();
+    let bs = entry.block_size as u64;
+    let page = ctx.page_size as u64;
+    let nblocks = size.div_ceil(bs);
+    let mut read: BTreeSet<u64> = pages.iter().map(|p| *p as u64 * page / bs).collect();
+    read.extend(entry.size.min(size) / bs..nblocks);
+    let prior_blocks = PriorBlocks::new(entry, &prior.label, &ctx.label);
+    let mut copier = BlockCopier::new(
+        ctx,
+        job,
+        &f,
+        bs as u32,
+        Some(prior_blocks),
+        size,
+        false,
+        writer,
+    )?;
+    let mut buf = vec![0u8; bs as usize];
+    let mut end = size;
+    for i in 0..nblocks {
+        let off = i * bs;
+        if off >= end {
+            break;
+        }
+        let len = (end - off).min(bs) as u32;
+        if !read.contains(&i) && copier.carry_prior(off, len) {
+            continue;
+        }
+        let n = read_full_at(&f, &mut buf[..len as usize], off)
+            .map_err(|e| Error::io(format!("read {}", job.abs.display()), e))?;
+        if n < len as usize {
+            end = off + n as u64; // the file shrank while we read it: WAL replay redoes it
+            if n == 0 {
+                break;
+            }
+        }
+        copier.add(writer, out, &mut buf[..n], off)?;
+    }
+    out.files_tracked += 1;
+    copier.finish(writer).map(Some)
+}
+
+/// One file being copied: the one place where blocks are checked, hashed, compared with the
+/// prior backup and stored.
+struct BlockCopier<'a> {
+    ctx: &'a CopyContext,
+    job: &'a Job,
+    file: &'a File,
+    block_size: u32,
+    prior: Option<PriorBlocks<'a>>,
+    /// Page number (within its relation) of the file's first page, when pages are checked.
+    first_page: Option<u64>,
+    /// The whole file's BLAKE3, when every byte passes through here.
+    whole: Option<blake3::Hasher>,
+    own_pack: bool,
+    extents: Vec<Chunk>,
+    hashes: String,
+    new: NewData,
+    bad_pages: Vec<u32>,
+    /// Bytes of the file covered so far, and those counted in the progress.
+    end: u64,
+    counted: u64,
+}
+
+impl<'a> BlockCopier<'a> {
+    /// Start copying `job`'s file (`size` bytes expected). Files at least `bundle-limit`
+    /// large get packs of their own.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        ctx: &'a CopyContext,
+        job: &'a Job,
+        file: &'a File,
+        block_size: u32,
+        prior: Option<PriorBlocks<'a>>,
+        size: u64,
+        whole_hash: bool,
+        writer: &mut PackWriter,
+    ) -> Result<BlockCopier<'a>> {
+        let own_pack = size >= ctx.bundle_limit;
+        if own_pack {
+            writer.flush()?;
+        }
+        let first_page = layout::relation_file(&job.rel)
+            .filter(|_| ctx.data_checksums)
+            .map(|r| r.segno as u64 * ctx.relseg_size as u64);
+        Ok(BlockCopier {
+            ctx,
+            job,
+            file,
+            block_size,
+            prior,
+            first_page,
+            whole: whole_hash.then(blake3::Hasher::new),
+            own_pack,
+            extents: Vec::new(),
+            hashes: String::with_capacity((size / block_size as u64 + 1) as usize * 16),
+            new: NewData {
+                buf: Vec::with_capacity(ctx.frame_size),
+                pending: Vec::new(),
+            },
+            bad_pages: Vec::new(),
+            end: 0,
+            counted: 0,
+        })
+    }
+
+    /// Carry the block of `len` bytes at `offset` from the prior backup without reading it.
+    /// False when the prior backup has no hash or no single extent for it.
+    fn carry_prior(&mut self, offset: u64, len: u32) -> bool {
+        let index = (offset / self.block_size as u64) as usize;
+        let Some(p) = &self.prior else {
+            return false;
+        };
+        let Some((h, c)) = p.entry.block_hash(index).zip(p.locate(offset, len)) else {
+            return false;
+        };
+        let _ = write!(self.hashes, "{h:016x}");
+        self.extents.push(c);
+        self.end = offset + len as u64;
+        true
+    }
+
+    /// Blocks read from the file at `offset`: a whole number of blocks, or the file's last.
+    fn add(
+        &mut self,
+        writer: &mut PackWriter,
+        out: &mut CopyOutcome,
+        data: &mut [u8],
+        offset: u64,
+    ) -> Result<()> {
+        if let Some(first_page) = self.first_page {
+            self.check_pages(out, data, offset, first_page);
+        }
+        if let Some(h) = &mut self.whole {
+            h.update(data);
+        }
+        let bs = self.block_size as usize;
+        for (i, block) in data.chunks(bs).enumerate() {
+            let block_offset = offset + (i * bs) as u64;
+            let index = (block_offset / bs as u64) as usize;
+            let h = block_hash(block);
+            let _ = write!(self.hashes, "{h:016x}");
+            let len = block.len() as u32;
+            if block.iter().all(|b| *b == 0) {
+                self.extents.push(Chunk::zeros(len));
+                continue;
+            }
+            let unchanged = self
+                .prior
+                .as_ref()
+                .filter(|p| p.entry.block_hash(index) == Some(h))
+                .and_then(|p| p.locate(block_offset, len));
+            match unchanged {
+                Some(c) => self.extents.push(c),
+                None => {
+                    let at = self.new.buf.len() as u32;
+                    self.new.pending.push((self.extents.len(), at, len));
+                    self.new.buf.extend_from_slice(block);
+                    self.extents.push(Chunk::zeros(len)); // placeholder until the frame is written
+                    if self.new.buf.len() >= self.ctx.frame_size {
+                        self.new.flush(self.ctx, writer, &mut self.extents)?;
+                    }
+                }
+            }
+        }
+        let n = data.len() as u64;
+        out.bytes_read += n;
+        self.ctx.counters.bytes.fetch_add(n, Ordering::Relaxed);
+        self.counted += n;
+        self.end = offset + n;
+        Ok(())
+    }
+
+    fn check_pages(&mut self, out: &mut CopyOutcome, data: &mut [u8], offset: u64, first: u64) {
+        let ps = self.ctx.page_size;
+        for at in (0..data.len() / ps).map(|i| i * ps) {
+            let blkno = first + (offset + at as u64) / ps as u64;
+            out.pages_checked += 1;
+            let page = &mut data[at..at + ps];
+            if let Some(bad) = check_page(
+                self.file,
+                page,
+                blkno,
+                offset + at as u64,
+                self.ctx.start_lsn,
+            ) {
+                log::warn!(
+                    "page checksum mismatch in {} block {blkno}: {bad}",
+                    self.job.rel
+                );
+                self.bad_pages.push(blkno as u32);
+            }
+        }
+    }
+
+    /// Store what is pending and describe the file as copied.
+    fn finish(mut self, writer: &mut PackWriter) -> Result<FileEntry> {
+        self.new.flush(self.ctx, writer, &mut self.extents)?;
+        if self.own_pack {
+            writer.flush()?;
+        }
+        let counters = &self.ctx.counters;
+        counters.files.fetch_add(1, Ordering::Relaxed);
+        // Bytes not read (carried from the prior backup, or a file that shrank while being
+        // copied) count too, so progress ends at 100 %.
+        let uncounted = self.job.size.saturating_sub(self.counted);
+        counters.bytes.fetch_add(uncounted, Ordering::Relaxed);
+        let mut chunks: Vec<Chunk> = Vec::with_capacity(self.extents.len() / 4 + 1);
+        for e in self.extents {
+            if let Some(last) = chunks.last_mut() {
+                if last.try_merge(&e) {
+                    continue;
+                }
+            }
+            chunks.push(e);
+        }
+        Ok(FileEntry {
+            path: self.job.rel.clone(),
+            size: self.end,
+            mtime: self.job.mtime,
+            owner: self.job.owner.clone(),
+            hash: self
+                .whole
+                .map(|h| h.finalize().to_hex().to_string())
+                .unwrap_or_default(),
+            chunks,
+            bad_pages: self.bad_pages,
+            block_size: self.block_size,
+            block_hashes: self.hashes,
+        })
+    }
+}
+
+/// Where the prior backup stored each block of one file.
+struct PriorBlocks<'a> {
+    entry: &'a FileEntry,
+    /// File offset at which each extent starts.
+    starts: Vec<u64>,
+    prior_label: &'a str,
+    label: &'a str,
+}
+
+impl<'a> PriorBlocks<'a> {
+    fn new(entry: &'a FileEntry, prior_label: &'a str, label: &'a str) -> PriorBlocks<'a> {
+        let mut starts = Vec::with_capacity(entry.chunks.len());
+        let mut off = 0u64;
+        for c in &entry.chunks {
+            starts.push(off);
+            off += c.raw as u64;
+        }
+        PriorBlocks {
+            entry,
+            starts,
+            prior_label,
+            label,
+        }
+    }
+
+    /// The prior extent for `[offset, offset+len)`, if one extent holds all of it, as seen
+    /// from the new backup.
+    fn locate(&self, offset: u64, len: u32) -> Option<Chunk> {
+        let i = self
+            .starts
+            .partition_point(|s| *s <= offset)
+            .checked_sub(1)?;
+        let c = &self.entry.chunks[i];
+        let skip = offset - self.starts[i];
+        if skip + len as u64 > c.raw as u64 {
+            return None;
+        }
+        Some(
+            c.slice(skip as u32, len)
+                .rebased(self.prior_label, self.label),
+        )
+    }
+}
+
+/// Changed blocks of one file waiting to fill a frame.
+struct NewData {
+    buf: Vec<u8>,
+    /// (index into the extent list, offset in buf, length)
+    pending: Vec<(usize, u32, u32)>,
+}
+
+impl NewData {
+    fn flush(
+        &mut self,
+        ctx: &CopyContext,
+        writer: &mut PackWriter,
+        extents: &mut [Chunk],
+    ) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let stored = ctx.compression.compress(&self.buf);
+        let frame = writer.add(&stored, self.buf.len())?;
+        for (idx, at, len) in self.pending.drain(..) {
+            extents[idx] = frame.slice(at, len);
+        }
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+/// Check one page; a page that fails is re-read once (it may have been torn by a
+/// concurrent write). Pages changed after the backup started are replayed from WAL, so
+/// their checksum does not matter. Returns a description of real corruption.
+fn check_page(
+    f: &File,
+    page_buf: &mut [u8],
+    blkno: u64,
+    file_offset: u64,
+    start_lsn: Lsn,
+) -> Option<String> {
+    let blkno32 = blkno as u32;
+    match page::verify(page_buf, blkno32) {
+        PageCheck::Valid | PageCheck::Zero => return None,
+        PageCheck::Mismatch { .. } if page::page_lsn(page_buf) >= start_lsn.0 => return None,
+        PageCheck::Mismatch { .. } => {}
+    }
+    let mut again = vec![0u8; page_buf.len()];
+    if f.read_exact_at(&mut again, file_offset).is_ok() {
+        let ok = match page::verify(&again, blkno32) {
+            PageCheck::Valid | PageCheck::Zero => true,
+            PageCheck::Mismatch { .. } => page::page_lsn(&again) >= start_lsn.0,
+        };
+        if ok {
+            page_buf.copy_from_slice(&again);
+            return None;
+        }
+    }
+    match page::verify(page_buf, blkno32) {
+        PageCheck::Mismatch { stored, computed } => Some(format!(
+            "stored checksum {stored:#06x}, computed {computed:#06x}"
+        )),
+        _ => None,
+    }
+}

@@ -1,0 +1,231 @@
+//! `backup`: an online backup of a running cluster.
+//!
+//! Order of work, and why:
+//! 1. Check the server is the stanza's cluster, then `pg_backup_start`.
+//! 2. Walk the data directory and copy every file but `global/pg_control` on
+//!    `process-max` worker threads, each cutting files into frames, checking page checksums,
+//!    hashing, compressing, and appending frames to its own pack objects.
+//! 3. Copy `global/pg_control` last, then `pg_backup_stop`.
+//! 4. Wait until every WAL segment from the start to the stop LSN is in the archive: without
+//!    them the backup cannot be made consistent.
+//! 5. Only then write the manifest. A backup killed at any earlier point leaves packs that no
+//!    manifest references, which `info` ignores and a later backup does not need.
+
+mod assemble;
+mod copy;
+mod preflight;
+
+pub use copy::block_size_for;
+
+use crate::progress::{human_bytes, Progress};
+use crate::track::{Track, WalChanges};
+use crate::walk;
+use crate::{open_stanza, Error, ErrorKind, Result, Settings};
+use assemble::{Copied, Stopped};
+use copy::{CopyContext, CopyOutcome, CopyPlan, Prior};
+use pgstrata_pg::lsn;
+use pgstrata_repo::manifest::{BackupType, Manifest};
+use pgstrata_repo::stanza::StanzaInfo;
+use pgstrata_repo::{layout as repo_layout, Storage};
+use preflight::{Preflight, Started};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct BackupOptions {
+    pub backup_type: BackupType,
+    /// Hash every block of every file instead of trusting size and mtime.
+    pub delta: bool,
+    /// How changed blocks are found in files whose size or mtime changed.
+    pub track: Track,
+}
+
+pub fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: BackupType) -> String {
+    let suffix = match backup_type {
+        BackupType::Full => "F",
+        BackupType::Diff => "D",
+        BackupType::Incr => "I",
+    };
+    format!("{}{suffix}", now.format("%Y%m%d-%H%M%S"))
+}
+
+pub async fn backup(s: &Settings, opts: &BackupOptions) -> Result<Manifest> {
+    let (storage, stanza) = open_stanza(s).await?;
+    crate::lock::with_lock(
+        &storage,
+        &s.stanza,
+        "backup",
+        backup_locked(s, opts, &storage, &stanza),
+    )
+    .await
+}
+
+async fn backup_locked(
+    s: &Settings,
+    opts: &BackupOptions,
+    storage: &Storage,
+    stanza: &StanzaInfo,
+) -> Result<Manifest> {
+    let started_at = Instant::now();
+    let pf = preflight::preflight(s, opts, storage, stanza).await?;
+    let mut started = preflight::start(s, opts, storage, stanza, &pf).await?;
+    log::info!(
+        "backup start LSN {}, WAL {}",
+        started.start_lsn,
+        started.start_wal
+    );
+    let wal = started.wal.take();
+    let wal_tracked = wal.is_some();
+    let copied = copy_data_directory(s, storage, &pf, &started, wal).await?;
+    if wal_tracked {
+        log::info!(
+            "WAL tracking: {} changed file(s) read block by block; read and hashed instead: {}",
+            copied.outcome.files_tracked,
+            crate::track::describe_hashed(&copied.outcome.files_hashed)
+        );
+    }
+    let stopped = stop(s, storage, stanza, &pf, &started).await?;
+    let manifest = assemble::build_manifest(s, stanza, &pf, started, copied, stopped, started_at);
+    assemble::publish(storage, &manifest).await?;
+    let (st, label) = (&manifest.stats, &manifest.label);
+    if st.page_errors > 0 {
+        log::warn!("backup {label} found {} page(s) failing their checksum; they are listed by 'info --set={label} --output=json' (bad_pages) and were backed up as they are", st.page_errors);
+    }
+    log::info!(
+        "{} backup {label} complete: {} in {} files ({} unchanged, {} read), new data stored {} in {} packs, {:.1}s",
+        manifest.backup_type.name(),
+        human_bytes(st.db_size),
+        st.files,
+        st.files_unchanged,
+        human_bytes(st.bytes_read),
+        human_bytes(st.stored_size),
+        st.packs,
+        started_at.elapsed().as_secs_f64()
+    );
+    Ok(manifest)
+}
+
+/// Walk the data directory and copy its files, `global/pg_control` last (it must not be
+/// older than any file copied before it). `wal`: the blocks the WAL says changed.
+async fn copy_data_directory(
+    s: &Settings,
+    storage: &Storage,
+    pf: &Preflight,
+    started: &Started,
+    wal: Option<WalChanges>,
+) -> Result<Copied> {
+    let tree = {
+        let p = pf.pg_path.clone();
+        let (major, catver) = (pf.control.major_version()?, pf.control.catalog_version);
+        tokio::task::spawn_blocking(move || walk::walk(&p, major, catver))
+            .await
+            .expect("walk thread")?
+    };
+    let plan = CopyPlan::new(tree.items, &pf.pg_path)?;
+    let progress = Progress::start("backup", plan.total_bytes(), plan.jobs.len() as u64 + 1);
+    let prior = pf.prior.as_ref().map(|p| Prior {
+        label: p.label.clone(),
+        start_epoch: p.start.epoch,
+        files: p.files().map(|f| (f.path.clone(), f.clone())).collect(),
+    });
+    let ctx = CopyContext {
+        storage: storage.clone(),
+        runtime: tokio::runtime::Handle::current(),
+        stanza: s.stanza.clone(),
+        label: pf.label.clone(),
+        compression: s.compression,
+        frame_size: s.frame_size,
+        pack_size: s.pack_size,
+        start_lsn: started.start_lsn,
+        data_checksums: pf.control.data_checksums,
+        page_size: pf.control.block_size as usize,
+        relseg_size: pf.control.relseg_size,
+        counters: progress.counters.clone(),
+        prior,
+        delta: started.delta_reason.is_some(),
+        bundle_limit: s.bundle_limit,
+        wal,
+    };
+    let workers = s.process_max.max(1);
+    let (jobs, control) = (plan.jobs, plan.control);
+    let outcome = tokio::task::spawn_blocking(move || -> Result<CopyOutcome> {
+        let mut outcome = copy::copy_files(&ctx, jobs, workers, 0)?;
+        outcome.absorb(copy::copy_files(&ctx, vec![control], 1, workers)?);
+        Ok(outcome)
+    })
+    .await
+    .expect("copy threads")?;
+    progress.finish();
+    Ok(Copied {
+        entries: plan.entries,
+        tablespaces: tree.tablespaces,
+        outcome,
+    })
+}
+
+/// `pg_backup_stop`, then wait until the WAL from the start to the stop is archived:
+/// without it the backup cannot be made consistent.
+async fn stop(
+    s: &Settings,
+    storage: &Storage,
+    stanza: &StanzaInfo,
+    pf: &Preflight,
+    started: &Started,
+) -> Result<Stopped> {
+    let (stop_lsn, backup_label, tablespace_map) = pf.db.backup_stop().await?;
+    let stop_time = chrono::Utc::now();
+    let stop_timeline = pf
+        .db
+        .timeline_of(stop_lsn)
+        .await
+        .unwrap_or(started.timeline);
+    let seg_size = pf.control.wal_segment_size as u64;
+    let stop_wal = lsn::segment_name(stop_timeline, stop_lsn.segment(seg_size), seg_size);
+    log::info!(
+        "backup stop LSN {stop_lsn}, WAL {stop_wal}; waiting for WAL {}..{stop_wal} to be archived",
+        started.start_wal
+    );
+    let needed = lsn::segments_between(started.timeline, started.start_lsn, stop_lsn, seg_size);
+    wait_for_wal(
+        storage,
+        &s.stanza,
+        &stanza.cluster.archive_id(),
+        &needed,
+        s.archive_timeout,
+    )
+    .await?;
+    Ok(Stopped {
+        point: assemble::wal_point(stop_time, stop_lsn, stop_timeline, stop_wal),
+        backup_label,
+        tablespace_map,
+    })
+}
+
+/// Poll the archive until every segment is there.
+pub async fn wait_for_wal(
+    storage: &Storage,
+    stanza: &str,
+    archive_id: &str,
+    segments: &[String],
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    for seg in segments {
+        let key = repo_layout::archive_object(stanza, archive_id, seg);
+        loop {
+            if storage.exists(&key).await? {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "WAL segment {seg} did not reach the archive within {}s: check that archive_command runs 'pgstrata archive-push --stanza={stanza} %p' and look in the PostgreSQL log for archiver errors",
+                        timeout.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
