@@ -5,6 +5,7 @@
 mod common;
 
 mod archive;
+mod backup;
 mod bad_input;
 mod incremental;
 

@@ -61,6 +61,41 @@ fn verify_passes_a_sound_repository_and_names_damage_and_missing_wal() {
     assert!(r["wal"]["damaged"].as_array().unwrap().is_empty());
     assert!(r["wal"]["gaps"].as_array().unwrap().is_empty());
 
+    // A hole in the archive after both backups: they stay valid, but point-in-time
+    // recovery cannot cross it, so verify fails (exit 4) and names it.
+    for n in 0..2 {
+        env.sql(&format!("CREATE TABLE after_{n} AS SELECT 1 AS x"));
+        env.flush_wal();
+    }
+    let is_segment = |k: &str| {
+        let name = k.rsplit('/').next().unwrap();
+        name.len() == 24 && name.bytes().all(|b| b.is_ascii_hexdigit())
+    };
+    let segments: Vec<String> = tree(&env.repo)
+        .into_keys()
+        .filter(|k| is_segment(k))
+        .collect();
+    let hole = &segments[segments.len() - 2];
+    let hole_name = hole.rsplit('/').next().unwrap();
+    let kept = std::fs::read(env.repo.join(hole)).unwrap();
+    std::fs::remove_file(env.repo.join(hole)).unwrap();
+    let (code, out, err) = verify(&env, &["--output=json"]);
+    assert_eq!(code, 4, "{out}\n{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["backups"][0]["ok"], true, "{r}");
+    assert_eq!(r["backups"][1]["ok"], true, "{r}");
+    assert_eq!(
+        r["wal"]["gaps"][0],
+        serde_json::json!([hole_name, hole_name])
+    );
+    let (_, text, _) = verify(&env, &[]);
+    assert!(
+        text.contains(&format!("gap: {hole_name} .. {hole_name}")),
+        "{text}"
+    );
+    std::fs::write(env.repo.join(hole), kept).unwrap();
+
     // A flipped bit in the full's largest pack: the full is invalid, the damaged file is
     // named, and the exit code is the integrity one. Nothing in the repository changes.
     let before = tree(&env.repo);

@@ -1,20 +1,12 @@
 //! `check`: is the stanza ready to take backups? Each problem is reported in plain words;
 //! the command fails on the first one that makes backups impossible.
 
-use crate::db::Db;
+use crate::stanza::LocalCluster;
 use crate::{open_stanza, Error, Result, Settings};
 
 pub async fn check(s: &Settings) -> Result<()> {
     let (storage, stanza) = open_stanza(s).await?;
-    let identity = crate::stanza::cluster_identity(s).await?;
-    if identity.system_identifier != stanza.cluster.system_identifier {
-        return Err(Error::refused(format!(
-            "stanza '{}' belongs to cluster {}, but the configured server is cluster {}",
-            s.stanza, stanza.cluster.system_identifier, identity.system_identifier
-        )));
-    }
-    let db = Db::connect(s).await?;
-    let id = db.identity().await?;
+    let LocalCluster { db, id, .. } = LocalCluster::connect(s, Some(&stanza)).await?;
     if id.wal_level == "minimal" {
         return Err(Error::refused(
             "wal_level is minimal: set wal_level = replica (or logical) for backups and archiving",

@@ -1,38 +1,74 @@
 //! `stanza-create`: record which cluster a stanza belongs to.
 
-use crate::db::Db;
+use crate::db::{Db, ServerIdentity};
 use crate::{Error, Result, Settings};
 use pgstrata_pg::control::ControlData;
 use pgstrata_repo::stanza::{ClusterIdentity, StanzaInfo};
 use pgstrata_repo::storage::RepoKind;
 use pgstrata_repo::{ErrorKind as RepoErrorKind, Storage, FORMAT_VERSION};
+use std::path::PathBuf;
+
+/// The cluster at `pg-path` and the server the connection settings reach, proven to be one
+/// and the same.
+pub(crate) struct LocalCluster {
+    pub pg_path: PathBuf,
+    pub control: ControlData,
+    pub db: Db,
+    pub id: ServerIdentity,
+}
+
+impl LocalCluster {
+    /// Read pg_control, and with `stanza` check it is the stanza's cluster before
+    /// connecting; then connect and check the server is that cluster, of that major.
+    pub(crate) async fn connect(s: &Settings, stanza: Option<&StanzaInfo>) -> Result<LocalCluster> {
+        let pg_path = s.pg_path()?.to_path_buf();
+        let control = ControlData::read(&pg_path)?;
+        if let Some(stanza) = stanza {
+            let sysid = &stanza.cluster.system_identifier;
+            if control.system_identifier.to_string() != *sysid {
+                return Err(Error::refused(format!(
+                    "pg-path {} holds cluster {} but stanza '{}' belongs to cluster {sysid}",
+                    pg_path.display(),
+                    control.system_identifier,
+                    s.stanza
+                )));
+            }
+        }
+        let db = Db::connect(s).await?;
+        let id = db.identity().await?;
+        if id.system_identifier != control.system_identifier {
+            return Err(Error::refused(format!(
+                "pg-path {} holds cluster {} but the server at {} is cluster {}: pg-path and the connection settings point at different clusters",
+                pg_path.display(),
+                control.system_identifier,
+                db.target(),
+                id.system_identifier
+            )));
+        }
+        let major = control.major_version()?;
+        if major != db.major() {
+            return Err(Error::refused(format!(
+                "pg-path {} is PostgreSQL {major} but the server is {}",
+                pg_path.display(),
+                db.major()
+            )));
+        }
+        Ok(LocalCluster {
+            pg_path,
+            control,
+            db,
+            id,
+        })
+    }
+}
 
 /// Read the cluster's identity from pg_control and confirm it over the connection.
 pub async fn cluster_identity(s: &Settings) -> Result<ClusterIdentity> {
-    let pg_path = s.pg_path()?;
-    let control = ControlData::read(pg_path)?;
-    let db = Db::connect(s).await?;
-    let id = db.identity().await?;
-    if id.system_identifier != control.system_identifier {
-        return Err(Error::refused(format!(
-            "pg-path {} holds cluster {} but the server at {} is cluster {}: pg-path and the connection settings point at different clusters",
-            pg_path.display(),
-            control.system_identifier,
-            db.target(),
-            id.system_identifier
-        )));
-    }
-    let major = control.major_version()?;
-    if major != db.major() {
-        return Err(Error::refused(format!(
-            "pg-path {} is PostgreSQL {major} but the server is {}",
-            pg_path.display(),
-            db.major()
-        )));
-    }
+    let local = LocalCluster::connect(s, None).await?;
+    let control = &local.control;
     Ok(ClusterIdentity {
         system_identifier: control.system_identifier.to_string(),
-        major_version: major,
+        major_version: local.db.major(),
         catalog_version: control.catalog_version,
         control_version: control.control_version,
         wal_segment_size: control.wal_segment_size as u64,

@@ -2,8 +2,16 @@
 //!
 //! Tablespaces are followed through their `pg_tblspc/<oid>` links, and only this server
 //! version's `PG_<major>_<catversion>` directory inside each is copied (a tablespace
-//! location may hold other versions' directories after pg_upgrade). Other symbolic links are
-//! followed and copied as what they point to.
+//! location may hold other versions' directories after pg_upgrade). An in-place tablespace
+//! (`allow_in_place_tablespaces`, `CREATE TABLESPACE ... LOCATION ''`) is a directory in
+//! `pg_tblspc` instead of a link: it is copied as a directory of the data directory, with no
+//! location of its own (PostgreSQL leaves it out of `tablespace_map` too).
+//!
+//! Other symbolic links are followed and copied as what they point to (restore writes real
+//! files and directories; `pg_wal` pointing elsewhere is recorded as the empty directory it
+//! always is). A link that leads back to a directory containing it, or that cannot be
+//! resolved because it is circular, would make the walk endless: it is refused, naming the
+//! link. A link to nothing is left out with a warning, as a file deleted during the walk is.
 
 use crate::owner::OwnerNames;
 use crate::{Error, Result};
@@ -50,9 +58,10 @@ pub fn walk(pg_path: &Path, major: u32, catalog_version: u32) -> Result<Walk> {
         kind: ItemKind::Dir,
         owner: names.owner_of(&md),
     });
-    walk_dir(pg_path, "", &mut w, &mut names)?;
+    let root = dir_id(&md);
+    walk_dir(pg_path, "", &mut w, &mut names, &mut vec![root])?;
 
-    // Tablespaces: pg_tblspc/<oid> links.
+    // Tablespaces: pg_tblspc/<oid> links, or in-place directories.
     let tblspc = pg_path.join("pg_tblspc");
     let version_dir = tablespace_version_dir(major, catalog_version);
     if let Ok(rd) = std::fs::read_dir(&tblspc) {
@@ -62,25 +71,32 @@ pub fn walk(pg_path: &Path, major: u32, catalog_version: u32) -> Result<Walk> {
             let Ok(oid) = name.parse::<u32>() else {
                 continue;
             };
-            let link = ent.path();
-            let target = std::fs::read_link(&link)
-                .map_err(|e| Error::io(format!("read link {}", link.display()), e))?;
-            let lmd = std::fs::symlink_metadata(&link)
-                .map_err(|e| Error::io(format!("stat {}", link.display()), e))?;
-            w.tablespaces.push(Tablespace {
-                oid,
-                location: target.display().to_string(),
-            });
+            let path = ent.path();
+            let lmd = std::fs::symlink_metadata(&path)
+                .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
             let rel = format!("pg_tblspc/{oid}");
+            let kind = if lmd.file_type().is_symlink() {
+                let target = std::fs::read_link(&path)
+                    .map_err(|e| Error::io(format!("read link {}", path.display()), e))?;
+                let target = target.display().to_string();
+                w.tablespaces.push(Tablespace {
+                    oid,
+                    location: target.clone(),
+                });
+                ItemKind::Link { target }
+            } else if lmd.is_dir() {
+                ItemKind::Dir
+            } else {
+                log::warn!("{}: neither a tablespace link nor an in-place tablespace directory: not backed up", path.display());
+                continue;
+            };
             w.items.push(Item {
                 rel: rel.clone(),
-                abs: link.clone(),
-                kind: ItemKind::Link {
-                    target: target.display().to_string(),
-                },
+                abs: path.clone(),
+                kind,
                 owner: names.owner_of(&lmd),
             });
-            let vdir = link.join(&version_dir);
+            let vdir = path.join(&version_dir);
             let vmd = match std::fs::metadata(&vdir) {
                 Ok(m) => m,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -93,7 +109,8 @@ pub fn walk(pg_path: &Path, major: u32, catalog_version: u32) -> Result<Walk> {
                 kind: ItemKind::Dir,
                 owner: names.owner_of(&vmd),
             });
-            walk_dir(&vdir, &vrel, &mut w, &mut names)?;
+            let mut ancestors = vec![root, dir_id(&vmd)];
+            walk_dir(&vdir, &vrel, &mut w, &mut names, &mut ancestors)?;
         }
     }
     w.tablespaces.sort_by_key(|t| t.oid);
@@ -108,7 +125,43 @@ fn join_rel(parent: &str, name: &str) -> String {
     }
 }
 
-fn walk_dir(dir: &Path, rel: &str, w: &mut Walk, names: &mut OwnerNames) -> Result<()> {
+/// (device, inode) of a directory: what "the same directory" means when links lead to it.
+fn dir_id(md: &std::fs::Metadata) -> (u64, u64) {
+    (md.dev(), md.ino())
+}
+
+/// What a directory entry is, following links. `None`: it vanished, or is a link to
+/// nothing (warned about).
+fn stat_following(abs: &Path) -> Result<Option<std::fs::Metadata>> {
+    match std::fs::metadata(abs) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Ok(target) = std::fs::read_link(abs) {
+                log::warn!(
+                    "{}: symbolic link to {}, which does not exist: not backed up",
+                    abs.display(),
+                    target.display()
+                );
+            }
+            Ok(None)
+        }
+        Err(e) if e.raw_os_error() == Some(nix::libc::ELOOP) => Err(Error::refused(format!(
+            "{}: circular symbolic link (it leads to itself): remove or fix it before backing up",
+            abs.display()
+        ))),
+        Err(e) => Err(Error::io(format!("stat {}", abs.display()), e)),
+    }
+}
+
+/// Walk `dir` (`rel` in the manifest). `ancestors` holds the directories from the walk's
+/// root down to `dir`: a link back to one of them is a loop.
+fn walk_dir(
+    dir: &Path,
+    rel: &str,
+    w: &mut Walk,
+    names: &mut OwnerNames,
+    ancestors: &mut Vec<(u64, u64)>,
+) -> Result<()> {
     let mut entries = Vec::new();
     match std::fs::read_dir(dir) {
         Ok(rd) => {
@@ -148,10 +201,8 @@ fn walk_dir(dir: &Path, rel: &str, w: &mut Walk, names: &mut OwnerNames) -> Resu
         }
         let abs = ent.path();
         // Follow links (other than tablespaces): copy what they point to.
-        let md = match std::fs::metadata(&abs) {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(Error::io(format!("stat {}", abs.display()), e)),
+        let Some(md) = stat_following(&abs)? else {
+            continue;
         };
         let is_dir = md.is_dir();
         match layout::classify(&child_rel, is_dir) {
@@ -180,13 +231,22 @@ fn walk_dir(dir: &Path, rel: &str, w: &mut Walk, names: &mut OwnerNames) -> Resu
             Disposition::Copy => {}
         }
         if is_dir {
+            if ancestors.contains(&dir_id(&md)) {
+                return Err(Error::refused(format!(
+                    "{}: symbolic link loop (it leads back to {}, a directory that contains it): remove or fix it before backing up",
+                    abs.display(),
+                    std::fs::canonicalize(&abs).unwrap_or_default().display()
+                )));
+            }
             w.items.push(Item {
                 rel: child_rel.clone(),
                 abs: abs.clone(),
                 kind: ItemKind::Dir,
                 owner: names.owner_of(&md),
             });
-            walk_dir(&abs, &child_rel, w, names)?;
+            ancestors.push(dir_id(&md));
+            walk_dir(&abs, &child_rel, w, names, ancestors)?;
+            ancestors.pop();
         } else if md.is_file() {
             if let Some(r) = layout::relation_file(&child_rel) {
                 if layout::unlogged_skip(&r, |n| unlogged.contains(&n)) {
@@ -220,4 +280,117 @@ fn is_temp_relation(name: &str) -> bool {
     !backend.is_empty()
         && backend.bytes().all(|b| b.is_ascii_digit())
         && relfile.bytes().next().is_some_and(|b| b.is_ascii_digit())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A minimal data directory: pg_control, one relation, an empty pg_tblspc.
+    fn data_dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for dir in ["global", "base/1", "pg_tblspc"] {
+            std::fs::create_dir_all(d.path().join(dir)).unwrap();
+        }
+        std::fs::write(d.path().join("global/pg_control"), [0u8; 8192]).unwrap();
+        std::fs::write(d.path().join("base/1/1259"), [1u8; 8192]).unwrap();
+        d
+    }
+
+    fn rels(w: &Walk) -> Vec<&str> {
+        w.items.iter().map(|i| i.rel.as_str()).collect()
+    }
+
+    #[test]
+    fn a_link_back_to_a_containing_directory_is_refused_naming_it() {
+        let d = data_dir();
+        symlink("..", d.path().join("base/1/up")).unwrap();
+        let e = walk(d.path(), 15, 202209061).unwrap_err();
+        assert!(e.message.contains("symbolic link loop"), "{}", e.message);
+        assert!(e.message.contains("base/1/up"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_circular_link_is_refused_naming_it() {
+        let d = data_dir();
+        symlink("b", d.path().join("base/a")).unwrap();
+        symlink("a", d.path().join("base/b")).unwrap();
+        let e = walk(d.path(), 15, 202209061).unwrap_err();
+        assert!(
+            e.message.contains("circular symbolic link"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("base/a") || e.message.contains("base/b"));
+    }
+
+    #[test]
+    fn links_to_files_and_directories_are_copied_as_what_they_point_to() {
+        let d = data_dir();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("extra.conf"), "x = 1\n").unwrap();
+        symlink(
+            outside.path().join("extra.conf"),
+            d.path().join("extra.conf"),
+        )
+        .unwrap();
+        symlink(outside.path(), d.path().join("conf.d")).unwrap();
+        // Two links to one directory are no loop.
+        symlink(outside.path(), d.path().join("base/1/again")).unwrap();
+        symlink("/nonexistent/pgstrata", d.path().join("gone")).unwrap();
+        let w = walk(d.path(), 15, 202209061).unwrap();
+        let kind = |rel: &str| {
+            w.items
+                .iter()
+                .find(|i| i.rel == rel)
+                .map(|i| i.kind.clone())
+        };
+        assert!(matches!(
+            kind("extra.conf"),
+            Some(ItemKind::File { size: 6, .. })
+        ));
+        assert!(matches!(kind("conf.d"), Some(ItemKind::Dir)));
+        assert!(matches!(
+            kind("conf.d/extra.conf"),
+            Some(ItemKind::File { .. })
+        ));
+        assert!(matches!(
+            kind("base/1/again/extra.conf"),
+            Some(ItemKind::File { .. })
+        ));
+        assert!(kind("gone").is_none(), "a link to nothing is left out");
+    }
+
+    #[test]
+    fn in_place_and_linked_tablespaces_are_both_walked() {
+        let d = data_dir();
+        let vdir = tablespace_version_dir(15, 202209061);
+        let inplace = d.path().join("pg_tblspc/16400").join(&vdir).join("5");
+        std::fs::create_dir_all(&inplace).unwrap();
+        std::fs::write(inplace.join("16401"), [2u8; 8192]).unwrap();
+        let location = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(location.path().join(&vdir).join("5")).unwrap();
+        std::fs::write(location.path().join(&vdir).join("5/16501"), [3u8; 8192]).unwrap();
+        symlink(location.path(), d.path().join("pg_tblspc/16500")).unwrap();
+        let w = walk(d.path(), 15, 202209061).unwrap();
+        let names = rels(&w);
+        for want in [
+            "pg_tblspc/16400".to_string(),
+            format!("pg_tblspc/16400/{vdir}/5/16401"),
+            "pg_tblspc/16500".to_string(),
+            format!("pg_tblspc/16500/{vdir}/5/16501"),
+        ] {
+            assert!(names.contains(&want.as_str()), "{want} in {names:?}");
+        }
+        let item = |rel: &str| w.items.iter().find(|i| i.rel == rel).unwrap();
+        assert!(matches!(item("pg_tblspc/16400").kind, ItemKind::Dir));
+        assert!(matches!(
+            item("pg_tblspc/16500").kind,
+            ItemKind::Link { .. }
+        ));
+        // Only the linked one has a location elsewhere.
+        assert_eq!(w.tablespaces.len(), 1);
+        assert_eq!(w.tablespaces[0].oid, 16500);
+    }
 }

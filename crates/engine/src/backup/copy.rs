@@ -670,3 +670,138 @@ fn check_page(
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner() -> Owner {
+        Owner {
+            mode: 0o600,
+            uid: 1,
+            gid: 1,
+            user: None,
+            group: None,
+        }
+    }
+
+    fn frame(pack: &str, backup: Option<&str>, offset: u64, raw: u32) -> Chunk {
+        Chunk {
+            pack: Some(pack.into()),
+            backup: backup.map(str::to_string),
+            offset,
+            stored: 100,
+            raw,
+            check: "00".into(),
+            at: 0,
+            frame: 0,
+        }
+    }
+
+    fn file(chunks: Vec<Chunk>) -> FileEntry {
+        let size = chunks.iter().map(|c| c.raw as u64).sum();
+        FileEntry {
+            path: "base/1/1259".into(),
+            size,
+            mtime: 0,
+            owner: owner(),
+            hash: String::new(),
+            chunks,
+            bad_pages: Vec::new(),
+            block_size: 8192,
+            block_hashes: String::new(),
+        }
+    }
+
+    #[test]
+    fn prior_blocks_are_found_inside_extents_and_seen_from_the_new_backup() {
+        // The prior backup "P" stored 16 KiB in one of its own frames, then 8 KiB of zeros,
+        // then 8 KiB that P itself carried from an older backup "O".
+        let entry = file(vec![
+            frame("0-0", None, 0, 16384),
+            Chunk::zeros(8192),
+            frame("1-0", Some("O"), 4096, 8192),
+        ]);
+        let prior = PriorBlocks::new(&entry, "P", "N");
+        let second = prior.locate(8192, 8192).unwrap();
+        assert_eq!(second.pack.as_deref(), Some("0-0"));
+        assert_eq!(
+            second.backup.as_deref(),
+            Some("P"),
+            "P's own frame, seen from N"
+        );
+        assert_eq!(
+            (second.at, second.raw, second.frame_len()),
+            (8192, 8192, 16384)
+        );
+        let first = prior.locate(0, 8192).unwrap();
+        assert_eq!((first.at, first.raw), (0, 8192));
+        assert!(prior.locate(16384, 8192).unwrap().is_zero());
+        let older = prior.locate(24576, 8192).unwrap();
+        assert_eq!(
+            older.backup.as_deref(),
+            Some("O"),
+            "still the older backup's"
+        );
+        assert_eq!(older.offset, 4096);
+        // A last block shorter than the block size is inside the extent too.
+        assert_eq!(prior.locate(24576, 100).unwrap().raw, 100);
+        // Straddling two extents, or past the end: not one extent, so read it.
+        assert!(prior.locate(12288, 8192).is_none());
+        assert!(prior.locate(32768, 8192).is_none());
+        // A frame of the backup being taken needs no label.
+        let own = PriorBlocks::new(&entry, "P", "O");
+        assert_eq!(own.locate(24576, 8192).unwrap().backup, None);
+    }
+
+    fn item(rel: &str, kind: ItemKind) -> Item {
+        Item {
+            rel: rel.into(),
+            abs: PathBuf::from("/pg").join(rel),
+            kind,
+            owner: owner(),
+        }
+    }
+
+    fn regular(size: u64) -> ItemKind {
+        ItemKind::File { size, mtime: 1 }
+    }
+
+    #[test]
+    fn the_plan_copies_largest_files_first_and_pg_control_apart() {
+        let items = vec![
+            item("", ItemKind::Dir),
+            item("base/1/small", regular(10)),
+            item("global/pg_control", regular(8192)),
+            item("base/1/large", regular(1 << 30)),
+            item(
+                "pg_tblspc/16400",
+                ItemKind::Link {
+                    target: "/ts".into(),
+                },
+            ),
+            item("base/1/medium", regular(1 << 20)),
+        ];
+        let plan = CopyPlan::new(items, Path::new("/pg")).unwrap();
+        let jobs: Vec<&str> = plan.jobs.iter().map(|j| j.rel.as_str()).collect();
+        assert_eq!(jobs, ["base/1/large", "base/1/medium", "base/1/small"]);
+        assert_eq!(plan.control.rel, "global/pg_control");
+        let entries: Vec<&str> = plan.entries.iter().map(|e| e.path()).collect();
+        assert_eq!(entries, ["", "pg_tblspc/16400"]);
+        assert_eq!(plan.total_bytes(), (1 << 30) + (1 << 20) + 10 + 8192);
+
+        let no_control = vec![item("base/1/small", regular(10))];
+        let e = CopyPlan::new(no_control, Path::new("/pg")).unwrap_err();
+        assert_eq!(e.message, "/pg has no global/pg_control");
+    }
+
+    #[test]
+    fn block_size_follows_the_prior_backup_else_the_file_size() {
+        assert_eq!(block_size_for(1 << 20, None), 8192);
+        assert_eq!(block_size_for(100 << 20, None), 16384);
+        assert_eq!(block_size_for(1 << 30, None), 32768);
+        let mut prior = file(vec![Chunk::zeros(8192)]);
+        prior.block_size = 16384;
+        assert_eq!(block_size_for(1 << 20, Some(&prior)), 16384);
+    }
+}

@@ -8,6 +8,7 @@
 
 use super::{make_label, BackupOptions};
 use crate::db::Db;
+use crate::stanza::LocalCluster;
 use crate::track::{Track, WalChanges};
 use crate::{Error, Result, Settings};
 use pgstrata_pg::control::ControlData;
@@ -83,28 +84,12 @@ pub(super) async fn preflight(
 
 /// `pg-path`, the server and the stanza must be one cluster, a primary that archives.
 async fn check_server(s: &Settings, stanza: &StanzaInfo) -> Result<(PathBuf, ControlData, Db)> {
-    let pg_path = s.pg_path()?.to_path_buf();
-    let control = ControlData::read(&pg_path)?;
-    let stanza_sysid = &stanza.cluster.system_identifier;
-    if control.system_identifier.to_string() != *stanza_sysid {
-        return Err(Error::refused(format!(
-            "pg-path {} holds cluster {} but stanza '{}' belongs to cluster {stanza_sysid}",
-            pg_path.display(),
-            control.system_identifier,
-            s.stanza
-        )));
-    }
-    let db = Db::connect(s).await?;
-    let id = db.identity().await?;
-    if id.system_identifier != control.system_identifier {
-        return Err(Error::refused(format!(
-            "the server at {} is cluster {} but pg-path {} holds cluster {}",
-            db.target(),
-            id.system_identifier,
-            pg_path.display(),
-            control.system_identifier
-        )));
-    }
+    let LocalCluster {
+        pg_path,
+        control,
+        db,
+        id,
+    } = LocalCluster::connect(s, Some(stanza)).await?;
     if id.in_recovery {
         return Err(Error::refused(
             "the server is a standby: backups are taken from the primary",
