@@ -221,54 +221,19 @@ pub async fn wal_changes(
         .buffered(16)
         .peekable();
     let mut maps = std::pin::pin!(maps);
+    let window = Window {
+        storage,
+        stanza,
+        archive_id: &archive_id,
+        cluster,
+        pg_path,
+        timeline,
+        current,
+        start_lsn,
+    };
     let mut out = WalChanges::default();
     while let Some((segno, name, key, fetched)) = maps.next().await {
-        // The segment holding the start LSN is still being written, and the archiver may lag
-        // behind: segments without a map are decoded straight from pg_wal, where PostgreSQL
-        // keeps them until they are archived.
-        let until = if segno == current {
-            start_lsn.0
-        } else {
-            u64::MAX
-        };
-        let path = pg_path.join("pg_wal").join(&name);
-        let in_pg_wal = path.exists();
-        let map = match fetched {
-            // The current segment's archived map covers WAL past the start LSN too: extra
-            // blocks, never missing ones, so it serves when pg_wal no longer has the file.
-            Ok(obj) if segno < current || !in_pg_wal => {
-                ChangeMap::decode(&obj, &key).map_err(|e| e.to_string())?
-            }
-            Err(e) if !in_pg_wal && e.is_not_found() => {
-                return Err(format!(
-                    "segment {name} has no block-change map and is no longer in pg_wal"
-                ))
-            }
-            Err(e) if !in_pg_wal => {
-                return Err(format!(
-                    "the block-change map of {name} cannot be read: {e}"
-                ))
-            }
-            _ => {
-                let bytes = std::fs::read(&path)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                let decoded = pgstrata_pg::wal::decode_segment_until(
-                    &bytes,
-                    cluster.major_version,
-                    8192,
-                    Some(segno * seg_size),
-                    until,
-                )
-                .map_err(|e| format!("cannot decode {name} from pg_wal: {e}"))?;
-                let mut map = crate::archive::change_map_of(&name, decoded);
-                if segno == current {
-                    // Every record of the window ends before `until`, which lies in this
-                    // segment: a record cut at its end is past the window.
-                    map.incomplete_tail = false;
-                }
-                map
-            }
-        };
+        let map = window.map_of(segno, &name, &key, fetched)?;
         // A record whose block headers straddle the segment end is in neither segment's
         // map on its own: decode this segment together with the next to read it whole.
         // archive-push of the next segment usually read the cut record whole already: its
@@ -288,22 +253,7 @@ pub async fn wal_changes(
                 ..map
             }
         } else if cut && segno < current {
-            let next = lsn::segment_name(timeline, segno + 1, seg_size);
-            log::info!("{name}: its last record continues in {next}; decoding the two together");
-            let mut both = segment_bytes(storage, stanza, &archive_id, &name, pg_path).await?;
-            both.extend(segment_bytes(storage, stanza, &archive_id, &next, pg_path).await?);
-            // Only records starting in this segment: the next one's are its own map's.
-            let decoded = pgstrata_pg::wal::decode_segment_until(
-                &both,
-                cluster.major_version,
-                8192,
-                Some(segno * seg_size),
-                (segno + 1) * seg_size,
-            )
-            .map_err(|e| format!("cannot decode {name} with {next}: {e}"))?;
-            let mut joined = crate::archive::change_map_of(&name, decoded);
-            joined.incomplete_tail = false;
-            joined
+            window.decode_with_next(segno, &name).await?
         } else {
             map
         };
@@ -312,6 +262,103 @@ pub async fn wal_changes(
         out.add(map);
     }
     Ok(out)
+}
+
+/// The WAL between the prior backup's start segment and `start_lsn` (in segment
+/// `current`), and where to find it.
+struct Window<'a> {
+    storage: &'a Storage,
+    stanza: &'a str,
+    archive_id: &'a str,
+    cluster: &'a pgstrata_repo::stanza::ClusterIdentity,
+    pg_path: &'a std::path::Path,
+    timeline: u32,
+    current: u64,
+    start_lsn: Lsn,
+}
+
+impl Window<'_> {
+    /// The map of segment `segno` (`name`, its map object `key`, as `fetched`). The segment
+    /// holding the start LSN is still being written, and the archiver may lag behind:
+    /// segments without a map are decoded straight from pg_wal, where PostgreSQL keeps them
+    /// until they are archived.
+    fn map_of(
+        &self,
+        segno: u64,
+        name: &str,
+        key: &str,
+        fetched: pgstrata_repo::Result<bytes::Bytes>,
+    ) -> std::result::Result<ChangeMap, String> {
+        let seg_size = self.cluster.wal_segment_size;
+        let current = self.current;
+        let until = if segno == current {
+            self.start_lsn.0
+        } else {
+            u64::MAX
+        };
+        let path = self.pg_path.join("pg_wal").join(name);
+        let in_pg_wal = path.exists();
+        match fetched {
+            // The current segment's archived map covers WAL past the start LSN too: extra
+            // blocks, never missing ones, so it serves when pg_wal no longer has the file.
+            Ok(obj) if segno < current || !in_pg_wal => {
+                ChangeMap::decode(&obj, key).map_err(|e| e.to_string())
+            }
+            Err(e) if !in_pg_wal && e.is_not_found() => Err(format!(
+                "segment {name} has no block-change map and is no longer in pg_wal"
+            )),
+            Err(e) if !in_pg_wal => Err(format!(
+                "the block-change map of {name} cannot be read: {e}"
+            )),
+            _ => {
+                let bytes = std::fs::read(&path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let decoded = pgstrata_pg::wal::decode_segment_until(
+                    &bytes,
+                    self.cluster.major_version,
+                    8192,
+                    Some(segno * seg_size),
+                    until,
+                )
+                .map_err(|e| format!("cannot decode {name} from pg_wal: {e}"))?;
+                let mut map = crate::archive::change_map_of(name, decoded);
+                if segno == current {
+                    // Every record of the window ends before `until`, which lies in this
+                    // segment: a record cut at its end is past the window.
+                    map.incomplete_tail = false;
+                }
+                Ok(map)
+            }
+        }
+    }
+
+    /// The map of segment `segno` (`name`) decoded together with the next segment, so that
+    /// the record cut at its end is read whole.
+    async fn decode_with_next(
+        &self,
+        segno: u64,
+        name: &str,
+    ) -> std::result::Result<ChangeMap, String> {
+        let seg_size = self.cluster.wal_segment_size;
+        let next = lsn::segment_name(self.timeline, segno + 1, seg_size);
+        log::info!("{name}: its last record continues in {next}; decoding the two together");
+        let (storage, stanza, archive_id, pg_path) =
+            (self.storage, self.stanza, self.archive_id, self.pg_path);
+        let mut both = segment_bytes(storage, stanza, archive_id, name, pg_path).await?;
+        both.extend(segment_bytes(storage, stanza, archive_id, &next, pg_path).await?);
+        // Only records starting in this segment: the next one's are its own map's.
+        let decoded = pgstrata_pg::wal::decode_segment_until(
+            &both,
+            self.cluster.major_version,
+            8192,
+            Some(segno * seg_size),
+            (segno + 1) * seg_size,
+        )
+        .map_err(|e| format!("cannot decode {name} with {next}: {e}"))?;
+        let mut joined = crate::archive::change_map_of(name, decoded);
+        joined.incomplete_tail = false;
+        Ok(joined)
+    }
 }
 
 /// The bytes of WAL segment `name`: from `pg_wal` while PostgreSQL still has it, else from

@@ -153,6 +153,27 @@ fn stat_following(abs: &Path) -> Result<Option<std::fs::Metadata>> {
     }
 }
 
+/// The entries of `dir`; `None` when it was dropped while being read (DROP DATABASE: WAL
+/// replay redoes it).
+fn read_entries(dir: &Path) -> Result<Option<Vec<std::fs::DirEntry>>> {
+    let failed = |e| Error::io(format!("read directory {}", dir.display()), e);
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if gone(&e) => return Ok(None),
+        Err(e) => return Err(failed(e)),
+    };
+    let mut entries = Vec::new();
+    for ent in rd {
+        match ent {
+            Ok(e) => entries.push(e),
+            Err(e) if gone(&e) => return Ok(None),
+            Err(e) => return Err(failed(e)),
+        }
+    }
+    Ok(Some(entries))
+}
+
 /// Walk `dir` (`rel` in the manifest). `ancestors` holds the directories from the walk's
 /// root down to `dir`: a link back to one of them is a loop.
 fn walk_dir(
@@ -162,23 +183,9 @@ fn walk_dir(
     names: &mut OwnerNames,
     ancestors: &mut Vec<(u64, u64)>,
 ) -> Result<()> {
-    let mut entries = Vec::new();
-    match std::fs::read_dir(dir) {
-        Ok(rd) => {
-            for ent in rd {
-                match ent {
-                    Ok(e) => entries.push(e),
-                    // A directory dropped while we read it (DROP DATABASE): WAL replay redoes it.
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                    Err(e) => {
-                        return Err(Error::io(format!("read directory {}", dir.display()), e))
-                    }
-                }
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(format!("read directory {}", dir.display()), e)),
-    }
+    let Some(entries) = read_entries(dir)? else {
+        return Ok(());
+    };
     let names_here: Vec<String> = entries
         .iter()
         .map(|e| e.file_name().to_string_lossy().to_string())
