@@ -394,30 +394,26 @@ impl Cluster {
         }
     }
 
+    /// pgbench against this cluster with `args`.
+    fn pgbench_command(&self, args: &[&str]) -> Command {
+        let mut c = self.bin.client("pgbench");
+        c.arg("-h")
+            .arg(&self.socket_dir)
+            .arg("-p")
+            .arg(self.port.to_string())
+            .args(["-U", "postgres"])
+            .args(args);
+        c
+    }
+
     pub fn pgbench(&self, args: &[&str]) -> Result<String, String> {
-        let out = run_ok(
-            self.bin
-                .client("pgbench")
-                .arg("-h")
-                .arg(&self.socket_dir)
-                .arg("-p")
-                .arg(self.port.to_string())
-                .args(["-U", "postgres"])
-                .args(args),
-        )?;
+        let out = run_ok(&mut self.pgbench_command(args))?;
         Ok(String::from_utf8_lossy(&out.stdout).to_string())
     }
 
     /// A background pgbench run (for load during a backup).
     pub fn pgbench_spawn(&self, args: &[&str]) -> std::io::Result<std::process::Child> {
-        self.bin
-            .client("pgbench")
-            .arg("-h")
-            .arg(&self.socket_dir)
-            .arg("-p")
-            .arg(self.port.to_string())
-            .args(["-U", "postgres"])
-            .args(args)
+        self.pgbench_command(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
