@@ -291,7 +291,7 @@ pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocat
                 values: options::OPTIONS
                     .iter()
                     .filter(|o| options::unique(o.name).is_some())
-                    .filter_map(|o| Some((o.name, o.default?.to_string())))
+                    .filter_map(|o| Some((o.name, o.default_value()?)))
                     .collect(),
                 lists: HashMap::new(),
                 config_file: None,
@@ -415,16 +415,16 @@ pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocat
                 sources.insert(def.name, source);
             }
             None => {
-                if let Some(d) = def.default {
-                    values.insert(def.name, d.to_string());
+                if let Some(d) = def.default_value() {
+                    values.insert(def.name, d);
                 }
             }
         }
     }
     // Options of other commands read as their defaults, so that settings are complete.
     for def in options::OPTIONS.iter().filter(|o| !o.applies_to(&command)) {
-        if let (Some(d), Some(_)) = (def.default, options::unique(def.name)) {
-            values.insert(def.name, d.to_string());
+        if let (Some(d), Some(_)) = (def.default_value(), options::unique(def.name)) {
+            values.insert(def.name, d);
         }
     }
     if let (Some(level), Some(codec)) = (values.get("compress-level"), values.get("compress-type")) {
@@ -496,6 +496,69 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("not valid TOML"), "{e}");
+    }
+
+    #[test]
+    fn secrets_come_only_from_the_config_file_or_the_environment() {
+        let mut env = HashMap::new();
+        for name in ["repo-s3-key-secret", "repo-s3-key", "repo-azure-key", "repo-gcs-key"] {
+            let e = resolve(&argv(&format!("--stanza=x --{name}=hunter2 info")), &env)
+                .unwrap_err();
+            let var = format!("PGSTRATA_{}", name.to_uppercase().replace('-', "_"));
+            assert!(
+                e.contains("config file") && e.contains(&var) && !e.contains("hunter2"),
+                "{e}"
+            );
+        }
+        env.insert("PGSTRATA_REPO_S3_KEY_SECRET".into(), "from-env".into());
+        let inv = resolve(&argv("--stanza=x info"), &env).unwrap();
+        assert_eq!(inv.get("repo-s3-key-secret"), Some("from-env"));
+
+        // In a file others can read: a warning naming the file, the secret and the fix.
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(&cfg, "[main]\nrepo-s3-key-secret = \"hunter2\"\n").unwrap();
+        let args = argv(&format!("--config={} --stanza=main info", cfg.display()));
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let inv = resolve(&args, &HashMap::new()).unwrap();
+        assert_eq!(inv.get("repo-s3-key-secret"), Some("hunter2"));
+        let [w] = inv.warnings.as_slice() else {
+            panic!("one warning: {:?}", inv.warnings)
+        };
+        assert!(
+            w.contains("repo-s3-key-secret") && w.contains("chmod 600") && w.contains("0644"),
+            "{w}"
+        );
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(resolve(&args, &HashMap::new()).unwrap().warnings.is_empty());
+        // No secrets, no warning.
+        std::fs::write(&cfg, "[main]\nrepo-path = \"/r\"\n").unwrap();
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(resolve(&args, &HashMap::new()).unwrap().warnings.is_empty());
+    }
+
+    #[test]
+    fn compress_level_is_checked_against_the_codec() {
+        let env = HashMap::new();
+        let ok = |a: &str| resolve(&argv(a), &env);
+        assert!(ok("--stanza=x --compress-type=zst --compress-level=19 backup").is_ok());
+        assert!(ok("--stanza=x --compress-type=zst --compress-level=-5 backup").is_ok());
+        let e = ok("--stanza=x --compress-type=gz --compress-level=19 backup").unwrap_err();
+        assert!(
+            e.contains("compress-level") && e.contains("gz") && e.contains("0 to 9"),
+            "{e}"
+        );
+        // Default codec (zst) with a level it has; and one no codec has.
+        assert!(ok("--stanza=x --compress-level=22 backup").is_ok());
+        let e = ok("--stanza=x --compress-level=40 backup").unwrap_err();
+        assert!(e.contains("bz2 1 to 9"), "{e}");
+    }
+
+    #[test]
+    fn every_default_is_an_allowed_value() {
+        for o in crate::options::OPTIONS {
+            o.default_value(); // panics naming the option otherwise
+        }
     }
 
     #[test]

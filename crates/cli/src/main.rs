@@ -8,6 +8,7 @@
 
 mod config;
 mod demo;
+mod generate;
 mod logging;
 mod options;
 
@@ -148,6 +149,41 @@ fn expire_options(inv: &config::Invocation) -> Option<ExpireOptions> {
     (o.set.is_some() || o.retention_full.is_some() || o.retention_diff.is_some()).then_some(o)
 }
 
+fn backup_options(inv: &config::Invocation) -> BackupOptions {
+    BackupOptions {
+        backup_type: inv.choice("type"),
+        delta: inv.flag("delta"),
+        track: inv.choice("track"),
+    }
+}
+
+fn restore_options(inv: &config::Invocation, s: &Settings) -> Result<RestoreOptions, Error> {
+    let mut tablespace_map = Vec::new();
+    for m in inv.list("tablespace-map") {
+        let (oid, dir) = m
+            .split_once('=')
+            .and_then(|(o, d)| o.parse::<u32>().ok().map(|o| (o, PathBuf::from(d))))
+            .ok_or_else(|| {
+                Error::config(format!("--tablespace-map='{m}': expected OID=DIR"))
+            })?;
+        tablespace_map.push((oid, dir));
+    }
+    Ok(RestoreOptions {
+        set: inv.get("set").map(str::to_string),
+        delta: inv.flag("delta"),
+        force: inv.flag("force"),
+        dry_run: inv.flag("dry-run"),
+        tablespace_map,
+        recovery_type: inv.choice("type"),
+        target: inv.get("target").map(str::to_string),
+        target_action: inv.choice_opt("target-action"),
+        target_timeline: inv.get("target-timeline").map(str::to_string),
+        target_exclusive: inv.flag("target-exclusive"),
+        archive_off: inv.text("archive-mode") == "off",
+        archive_get_command: archive_get_command(inv, s),
+    })
+}
+
 fn runtime(workers: usize) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers.clamp(2, 8))
@@ -218,9 +254,12 @@ fn archive_get_command(inv: &config::Invocation, s: &Settings) -> String {
     parts.join(" ")
 }
 
+/// Quote one word for `sh -c` (restore_command runs through the shell): plain words stay
+/// as they are; anything else goes in double quotes with `\`, `"`, `$` and `` ` `` escaped.
 fn shell_quote(s: &str) -> String {
-    if s.bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"-_=/.,:@".contains(&b))
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_=/.,:@".contains(&b))
     {
         s.to_string()
     } else {
@@ -240,10 +279,19 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             match inv.args.first().map(String::as_str) {
                 None => print!("{}", options::general_help()),
                 Some("options") => print!("{}", options::reference_markdown()),
+                Some("man") => print!("{}", generate::man_page()),
                 Some(c) if options::COMMANDS.iter().any(|(n, _)| *n == c) => {
                     print!("{}", options::command_help(c))
                 }
                 Some(c) => return Err(Error::config(format!("unknown command '{c}'"))),
+            }
+            Ok(0)
+        }
+        "completions" => {
+            match inv.args.first().map(String::as_str) {
+                Some("bash") => print!("{}", generate::bash()),
+                Some("zsh") => print!("{}", generate::zsh()),
+                _ => return Err(Error::config("completions takes one argument: bash or zsh")),
             }
             Ok(0)
         }
@@ -277,11 +325,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         "backup" => {
             let s = settings(inv)?;
             let rt = runtime(s.process_max);
-            let opts = BackupOptions {
-                backup_type: inv.choice("type"),
-                delta: inv.flag("delta"),
-                track: inv.choice("track"),
-            };
+            let opts = backup_options(inv);
             let m = rt.block_on(pgstrata_engine::backup::backup(&s, &opts))?;
             println!("{}", m.label);
             // Retention, as pgBackRest does after each backup when it is configured.
@@ -292,30 +336,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         }
         "restore" => {
             let s = settings(inv)?;
-            let mut tablespace_map = Vec::new();
-            for m in inv.list("tablespace-map") {
-                let (oid, dir) = m
-                    .split_once('=')
-                    .and_then(|(o, d)| o.parse::<u32>().ok().map(|o| (o, PathBuf::from(d))))
-                    .ok_or_else(|| {
-                        Error::config(format!("--tablespace-map='{m}': expected OID=DIR"))
-                    })?;
-                tablespace_map.push((oid, dir));
-            }
-            let opts = RestoreOptions {
-                set: inv.get("set").map(str::to_string),
-                delta: inv.flag("delta"),
-                force: inv.flag("force"),
-                dry_run: inv.flag("dry-run"),
-                tablespace_map,
-                recovery_type: inv.choice("type"),
-                target: inv.get("target").map(str::to_string),
-                target_action: inv.choice_opt("target-action"),
-                target_timeline: inv.get("target-timeline").map(str::to_string),
-                target_exclusive: inv.flag("target-exclusive"),
-                archive_off: inv.text("archive-mode") == "off",
-                archive_get_command: archive_get_command(inv, &s),
-            };
+            let opts = restore_options(inv, &s)?;
             if opts.dry_run {
                 let (plan, settings) =
                     runtime(2).block_on(pgstrata_engine::restore::plan(&s, &opts))?;
@@ -400,5 +421,125 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             }
         }
         other => Err(Error::config(format!("unknown command '{other}'"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgstrata_engine::restore::{RecoveryType, TargetAction};
+    use pgstrata_engine::track::Track;
+    use pgstrata_repo::manifest::BackupType;
+    use std::collections::HashMap;
+
+    fn resolve(args: &str, env: &[(&str, &str)]) -> config::Invocation {
+        let argv: Vec<String> = args.split_whitespace().map(str::to_string).collect();
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        config::resolve(&argv, &env).unwrap()
+    }
+
+    #[test]
+    fn shell_quote_survives_a_real_shell() {
+        for s in [
+            "plain-/path_1.2,x:y@z=w",
+            "with space",
+            "it's",
+            "$HOME and ${HOME}",
+            "`id` $(id)",
+            "back\\slash\\",
+            "quote\"d",
+            "semi;colon | pipe & amp > redirect",
+            "new\nline",
+            "*?[glob]",
+            "",
+        ] {
+            let quoted = shell_quote(s);
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                // Exactly one argument, whatever it holds.
+                .arg(format!("f() {{ [ $# -eq 1 ] || exit 9; printf %s \"$1\"; }}; f {quoted}"))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{s:?} quoted as {quoted} is not one word");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                s,
+                "{s:?} quoted as {quoted}"
+            );
+        }
+        assert_eq!(shell_quote("/usr/bin/pgstrata"), "/usr/bin/pgstrata");
+    }
+
+    #[test]
+    fn archive_get_fails_above_125_unless_standby() {
+        for code in [2, 3, 4] {
+            assert!(archive_get_exit_code(code, false) > 125);
+            assert!((1..=125).contains(&archive_get_exit_code(code, true)));
+        }
+        for standby in [false, true] {
+            assert_eq!(archive_get_exit_code(0, standby), 0);
+            assert_eq!(archive_get_exit_code(1, standby), 1);
+        }
+    }
+
+    /// Every typed read of every command matches the table (kind, default, engine names).
+    #[test]
+    fn every_command_reads_its_options_typed() {
+        for (command, _) in options::COMMANDS {
+            let takes_stanza = options::find("stanza", command).is_some();
+            let stanza = if takes_stanza { "--stanza=main" } else { "" };
+            let inv = resolve(&format!("{stanza} {command}"), &[]);
+            if takes_stanza {
+                let s = settings(&inv).unwrap();
+                assert_eq!(s.repo.retries, 4);
+                assert_eq!(s.pack_size, pgstrata_repo::pack::DEFAULT_PACK_SIZE);
+            }
+            match *command {
+                "backup" => {
+                    let o = backup_options(&inv);
+                    assert_eq!((o.backup_type, o.track), (BackupType::Incr, Track::Auto));
+                    assert!(expire_options(&inv).is_none());
+                }
+                "expire" => assert!(expire_options(&inv).is_none()),
+                "restore" => {
+                    let s = settings(&inv).unwrap();
+                    let o = restore_options(&inv, &s).unwrap();
+                    assert_eq!(o.recovery_type, RecoveryType::Default);
+                    assert_eq!(o.target_action, None);
+                }
+                _ => {}
+            }
+        }
+        let inv = resolve("--stanza=main --type=diff --track=wal backup", &[]);
+        let o = backup_options(&inv);
+        assert_eq!((o.backup_type, o.track), (BackupType::Diff, Track::Wal));
+        let inv = resolve(
+            "--stanza=main --type=time --target=now --target-action=shutdown restore",
+            &[],
+        );
+        let o = restore_options(&inv, &settings(&inv).unwrap()).unwrap();
+        assert_eq!(o.recovery_type, RecoveryType::Time);
+        assert_eq!(o.target_action, Some(TargetAction::Shutdown));
+    }
+
+    #[test]
+    fn secrets_never_show() {
+        let inv = resolve(
+            "--stanza=main --repo-type=s3 info",
+            &[
+                ("PGSTRATA_REPO_S3_KEY_SECRET", "hunter2"),
+                ("PGSTRATA_REPO_AZURE_KEY", "azure-hunter2"),
+            ],
+        );
+        let s = settings(&inv).unwrap();
+        assert_eq!(s.repo.s3.key_secret.as_deref(), Some("hunter2"));
+        for shown in [format!("{s:?}"), format!("{inv:?}"), inv.describe()] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("redacted"), "{shown}");
+        }
+        assert!(!archive_get_command(&inv, &s).contains("hunter2"));
     }
 }

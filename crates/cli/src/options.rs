@@ -68,7 +68,8 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("info", "Show the stanza's backups and WAL archive"),
     ("verify", "Read back every backup (or --set) and the WAL archive and check them against their recorded hashes, without restoring"),
     ("demo", "Run the whole story on a throwaway cluster and a local repository"),
-    ("help", "Show commands, or a command's options ('help COMMAND'; 'help options' prints the reference)"),
+    ("help", "Show commands, or a command's options ('help COMMAND'; 'help options' prints the reference, 'help man' the man page)"),
+    ("completions", "Print a shell completion script: 'completions bash' or 'completions zsh'"),
     ("version", "Print the version"),
 ];
 
@@ -256,6 +257,15 @@ impl OptionDef {
         }
     }
 
+    /// The default, normalized as a given value would be (`16MiB` as bytes).
+    pub fn default_value(&self) -> Option<String> {
+        let d = self.default?;
+        Some(
+            self.validate(d, "the option table")
+                .unwrap_or_else(|e| panic!("bad default: {e}")),
+        )
+    }
+
     /// Check a value and return it normalized.
     pub fn validate(&self, value: &str, source: &str) -> Result<String, String> {
         let bad = |why: String| Err(format!("option '{}' (from {source}): {why}", self.name));
@@ -438,6 +448,6 @@ pub fn general_help() -> String {
     for (c, h) in COMMANDS {
         out.push_str(&format!("  {c:<15} {h}\n"));
     }
-    out.push_str("\n'pgstrata help COMMAND' lists a command's options; 'pgstrata help options' prints the full reference.\n");
+    out.push_str("\n'pgstrata help COMMAND' lists a command's options; 'pgstrata help options' prints the full reference; 'pgstrata help man' the man page.\n");
     out
 }
