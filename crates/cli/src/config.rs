@@ -427,7 +427,8 @@ pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocat
             values.insert(def.name, d);
         }
     }
-    if let (Some(level), Some(codec)) = (values.get("compress-level"), values.get("compress-type")) {
+    if let (Some(level), Some(codec)) = (values.get("compress-level"), values.get("compress-type"))
+    {
         options::check_compress_level(level, codec, &sources["compress-level"])?;
     }
     Ok(Invocation {
@@ -501,9 +502,13 @@ mod tests {
     #[test]
     fn secrets_come_only_from_the_config_file_or_the_environment() {
         let mut env = HashMap::new();
-        for name in ["repo-s3-key-secret", "repo-s3-key", "repo-azure-key", "repo-gcs-key"] {
-            let e = resolve(&argv(&format!("--stanza=x --{name}=hunter2 info")), &env)
-                .unwrap_err();
+        for name in [
+            "repo-s3-key-secret",
+            "repo-s3-key",
+            "repo-azure-key",
+            "repo-gcs-key",
+        ] {
+            let e = resolve(&argv(&format!("--stanza=x --{name}=hunter2 info")), &env).unwrap_err();
             let var = format!("PGSTRATA_{}", name.to_uppercase().replace('-', "_"));
             assert!(
                 e.contains("config file") && e.contains(&var) && !e.contains("hunter2"),

@@ -73,7 +73,10 @@ pub fn man_page() -> String {
             out.push_str(&format!(" Default: {}.", roff_escape(d)));
         }
         if !o.commands.is_empty() {
-            out.push_str(&format!(" Commands: {}.", roff_escape(&o.commands.join(", "))));
+            out.push_str(&format!(
+                " Commands: {}.",
+                roff_escape(&o.commands.join(", "))
+            ));
         }
         match (o.secret, o.scope) {
             (true, _) => out.push_str(" Secret: config file or environment only."),
@@ -122,10 +125,17 @@ pub fn bash() -> String {
         let key = if crate::options::unique(o.name).is_some() {
             format!("*\" --{}\"", o.name)
         } else {
-            format!("{}\" --{}\"", o.commands.join("\" --{n}\"|").replace("{n}", o.name), o.name)
+            format!(
+                "{}\" --{}\"",
+                o.commands.join("\" --{n}\"|").replace("{n}", o.name),
+                o.name
+            )
         };
         let action = match o.kind {
-            Kind::Enum(vals) => format!("COMPREPLY=($(compgen -W \"{}\" -- \"$cur\"))", vals.join(" ")),
+            Kind::Enum(vals) => format!(
+                "COMPREPLY=($(compgen -W \"{}\" -- \"$cur\"))",
+                vals.join(" ")
+            ),
             Kind::Bool => "COMPREPLY=($(compgen -W \"true false\" -- \"$cur\"))".into(),
             Kind::Path => "COMPREPLY=($(compgen -f -- \"$cur\"))".into(),
             _ => continue,
@@ -295,7 +305,11 @@ mod tests {
                 .args(["--norc", "-c", &script])
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .filter(|l| !l.is_empty())
@@ -305,14 +319,17 @@ mod tests {
         assert_eq!(complete("resto"), ["restore"]);
         assert_eq!(complete("backup --tra"), ["--track="]);
         assert_eq!(complete("backup --track=w"), ["wal"]);
-        assert_eq!(complete("--stanza=main restore --type="), crate::options::OPTIONS
-            .iter()
-            .find(|o| o.name == "type" && o.applies_to("restore"))
-            .map(|o| match o.kind {
-                Kind::Enum(v) => v.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-                _ => unreachable!(),
-            })
-            .unwrap());
+        assert_eq!(
+            complete("--stanza=main restore --type="),
+            crate::options::OPTIONS
+                .iter()
+                .find(|o| o.name == "type" && o.applies_to("restore"))
+                .map(|o| match o.kind {
+                    Kind::Enum(v) => v.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                    _ => unreachable!(),
+                })
+                .unwrap()
+        );
         assert_eq!(complete("backup --type="), ["full", "diff", "incr"]);
         assert!(complete("info --").contains(&"--output=".to_string()));
         assert!(!complete("info --").contains(&"--track=".to_string()));

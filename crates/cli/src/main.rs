@@ -163,9 +163,7 @@ fn restore_options(inv: &config::Invocation, s: &Settings) -> Result<RestoreOpti
         let (oid, dir) = m
             .split_once('=')
             .and_then(|(o, d)| o.parse::<u32>().ok().map(|o| (o, PathBuf::from(d))))
-            .ok_or_else(|| {
-                Error::config(format!("--tablespace-map='{m}': expected OID=DIR"))
-            })?;
+            .ok_or_else(|| Error::config(format!("--tablespace-map='{m}': expected OID=DIR")))?;
         tablespace_map.push((oid, dir));
     }
     Ok(RestoreOptions {
@@ -460,10 +458,15 @@ mod tests {
             let out = std::process::Command::new("sh")
                 .arg("-c")
                 // Exactly one argument, whatever it holds.
-                .arg(format!("f() {{ [ $# -eq 1 ] || exit 9; printf %s \"$1\"; }}; f {quoted}"))
+                .arg(format!(
+                    "f() {{ [ $# -eq 1 ] || exit 9; printf %s \"$1\"; }}; f {quoted}"
+                ))
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "{s:?} quoted as {quoted} is not one word");
+            assert!(
+                out.status.success(),
+                "{s:?} quoted as {quoted} is not one word"
+            );
             assert_eq!(
                 String::from_utf8_lossy(&out.stdout),
                 s,

@@ -245,11 +245,9 @@ impl OptionDef {
                     .filter(|c| **c != CompressType::None)
                     .map(|c| match c.level_range() {
                         (lo, hi) if lo == hi => format!("{} {lo}", c.name()),
-                        (lo, hi) => format!(
-                            "{} {lo} to {hi} (default {})",
-                            c.name(),
-                            c.default_level()
-                        ),
+                        (lo, hi) => {
+                            format!("{} {lo} to {hi} (default {})", c.name(), c.default_level())
+                        }
                     })
                     .collect();
                 format!("an integer: {}", per_codec.join("; "))
@@ -273,7 +271,11 @@ impl OptionDef {
             // The range depends on compress-type: checked again once both are known
             // (`check_compress_level`).
             Kind::CompressLevel => match value.trim().parse::<i32>() {
-                Ok(v) if CompressType::ALL.iter().any(|c| in_range(v, c.level_range())) => {
+                Ok(v)
+                    if CompressType::ALL
+                        .iter()
+                        .any(|c| in_range(v, c.level_range())) =>
+                {
                     Ok(v.to_string())
                 }
                 _ => bad(format!(

@@ -88,7 +88,12 @@ impl NoStanza for Env {
 }
 
 /// archive-get run from `cwd` (the data directory, as PostgreSQL runs restore_command).
-fn archive_get_in(env: &Env, cwd: &std::path::Path, name: &str, extra_env: &[(&str, &str)]) -> (i32, String) {
+fn archive_get_in(
+    env: &Env,
+    cwd: &std::path::Path,
+    name: &str,
+    extra_env: &[(&str, &str)],
+) -> (i32, String) {
     let dest = cwd.join("RECOVERYXLOG");
     let mut c = env.cmd(&["archive-get", name, dest.to_str().unwrap()]);
     c.current_dir(cwd);
@@ -160,8 +165,14 @@ fn archive_get_failures_stop_recovery_and_standbys_retry() {
     let (code, err) = archive_get_in(&env, &primary, &damaged, &[("PGSTRATA_REPO_TYPE", "ftp")]);
     assert_eq!(code, 130, "{err}");
     // "Not in the archive" stays 1 in both modes.
-    assert_eq!(archive_get_in(&env, &primary, "0000000100000000000000FE", &[]).0, 1);
-    assert_eq!(archive_get_in(&env, &standby, "0000000100000000000000FE", &[]).0, 1);
+    assert_eq!(
+        archive_get_in(&env, &primary, "0000000100000000000000FE", &[]).0,
+        1
+    );
+    assert_eq!(
+        archive_get_in(&env, &standby, "0000000100000000000000FE", &[]).0,
+        1
+    );
 
     // A real recovery that needs the damaged segment stops, and does not promote.
     let target = env.scratch.join("stops");
@@ -183,7 +194,10 @@ fn archive_get_failures_stop_recovery_and_standbys_retry() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     let log = std::fs::read_to_string(&restored.log_file).unwrap();
-    assert!(log.contains(&damaged) && log.contains("could not restore file"), "{log}");
+    assert!(
+        log.contains(&damaged) && log.contains("could not restore file"),
+        "{log}"
+    );
     assert!(
         !log.contains("archive recovery complete") && !log.contains("selected new timeline"),
         "the server promoted past a damaged segment:\n{log}"

@@ -79,12 +79,10 @@ pub(crate) fn connector(mode: SslMode, root_cert: Option<&Path>) -> Result<MakeR
         }),
         SslMode::VerifyCa | SslMode::VerifyFull => {
             let roots = load_roots(mode, root_cert)?;
-            let webpki = WebPkiServerVerifier::builder_with_provider(
-                Arc::new(roots),
-                provider.clone(),
-            )
-            .build()
-            .map_err(|e| Error::config(format!("pg-sslrootcert: {e}")))?;
+            let webpki =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                    .build()
+                    .map_err(|e| Error::config(format!("pg-sslrootcert: {e}")))?;
             if mode == SslMode::VerifyCa {
                 Arc::new(AnyName(webpki))
             } else {
@@ -240,19 +238,21 @@ pub(crate) struct MakeRustls(Arc<rustls::ClientConfig>);
 impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> MakeTlsConnect<S> for MakeRustls {
     type Stream = RustlsStream<S>;
     type TlsConnect = RustlsConnect;
-    type Error = rustls::pki_types::InvalidDnsNameError;
+    type Error = io::Error;
 
-    fn make_tls_connect(&mut self, host: &str) -> std::result::Result<RustlsConnect, Self::Error> {
+    /// Called for Unix sockets too (with no host name), where TLS is never started: a name
+    /// that is no DNS name or address fails only if a handshake is attempted.
+    fn make_tls_connect(&mut self, host: &str) -> io::Result<RustlsConnect> {
         Ok(RustlsConnect {
             config: self.0.clone(),
-            server_name: ServerName::try_from(host.to_string())?,
+            server_name: ServerName::try_from(host.to_string()).ok(),
         })
     }
 }
 
 pub(crate) struct RustlsConnect {
     config: Arc<rustls::ClientConfig>,
-    server_name: ServerName<'static>,
+    server_name: Option<ServerName<'static>>,
 }
 
 type ConnectFuture<S> = Pin<Box<dyn Future<Output = io::Result<RustlsStream<S>>> + Send>>;
@@ -264,8 +264,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> TlsConnect<S> for Rustl
 
     fn connect(self, stream: S) -> ConnectFuture<S> {
         Box::pin(async move {
+            let name = self.server_name.ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "pg-host is not a valid TLS server name",
+                )
+            })?;
             tokio_rustls::TlsConnector::from(self.config)
-                .connect(self.server_name, stream)
+                .connect(name, stream)
                 .await
                 .map(RustlsStream)
         })

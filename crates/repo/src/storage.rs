@@ -66,9 +66,14 @@ impl RepoKind {
     pub const NAMES: &'static [&'static str] = &["posix", "s3", "gcs", "azure"];
 
     pub fn parse(s: &str) -> Option<RepoKind> {
-        [RepoKind::Posix, RepoKind::S3, RepoKind::Gcs, RepoKind::Azure]
-            .into_iter()
-            .find(|k| RepoKind::NAMES[*k as usize] == s)
+        [
+            RepoKind::Posix,
+            RepoKind::S3,
+            RepoKind::Gcs,
+            RepoKind::Azure,
+        ]
+        .into_iter()
+        .find(|k| RepoKind::NAMES[*k as usize] == s)
     }
 }
 
@@ -104,7 +109,10 @@ impl std::fmt::Debug for S3Config {
             .field("endpoint", &self.endpoint)
             .field("region", &self.region)
             .field("key", &format_args!("{}", redacted(&self.key)))
-            .field("key_secret", &format_args!("{}", redacted(&self.key_secret)))
+            .field(
+                "key_secret",
+                &format_args!("{}", redacted(&self.key_secret)),
+            )
             .field("token", &format_args!("{}", redacted(&self.token)))
             .field("path_style", &self.path_style)
             .field("storage_class", &self.storage_class)
