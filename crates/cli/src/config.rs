@@ -1,39 +1,152 @@
 //! Resolving option values from the command line, the environment and the config file,
-//! against the option table.
+//! against the option table, and reading them back typed.
+//!
+//! Every value in an [`Invocation`] was validated against its option's [`Kind`], and every
+//! option with a default in the table has a value; so the typed getters cannot fail on
+//! input, only on a programming error (asking for an option the command does not take, or
+//! as the wrong type), which the unit tests exercise for every command.
 
-use crate::options::{self, Kind, Scope};
+use crate::options::{self, Kind, OptionDef, Scope};
 use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
-#[derive(Debug)]
 pub struct Invocation {
     pub command: String,
     pub args: Vec<String>,
     values: HashMap<&'static str, String>,
-    /// Options given as `--name=value`.
-    from_flags: Vec<String>,
     lists: HashMap<&'static str, Vec<String>>,
     /// The config file actually read, if any.
     pub config_file: Option<PathBuf>,
+    /// Problems worth a warning once logging is set up (a config file others can read).
+    pub warnings: Vec<String>,
 }
 
+/// An option whose values are the names of an engine type (the table lists `T::NAMES`).
+pub trait Choice: Sized {
+    const NAMES: &'static [&'static str];
+    fn parse(name: &str) -> Option<Self>;
+}
+
+macro_rules! choice {
+    ($($t:ty),*) => {$(
+        impl Choice for $t {
+            const NAMES: &'static [&'static str] = <$t>::NAMES;
+            fn parse(name: &str) -> Option<Self> {
+                <$t>::parse(name)
+            }
+        }
+    )*};
+}
+choice!(
+    pgstrata_repo::storage::RepoKind,
+    pgstrata_repo::codec::CompressType,
+    pgstrata_repo::manifest::BackupType,
+    pgstrata_engine::track::Track,
+    pgstrata_engine::expire::RetentionType,
+    pgstrata_engine::restore::RecoveryType,
+    pgstrata_engine::restore::TargetAction,
+    pgstrata_engine::pg_tls::SslMode
+);
+
 impl Invocation {
+    /// The definition of `name` for this command, else its only definition (an option of
+    /// other commands reads as its default). Anything else is a programming error.
+    fn def(&self, name: &str) -> &'static OptionDef {
+        options::find(name, &self.command)
+            .or_else(|| options::unique(name))
+            .unwrap_or_else(|| panic!("option '{name}' is not defined for '{}'", self.command))
+    }
+
+    /// The value of an option that has a default in the table.
+    fn with_default(&self, name: &str) -> &str {
+        self.get(name)
+            .unwrap_or_else(|| panic!("option '{name}' has no default in the option table"))
+    }
+
+    /// A text or path option's value, if set.
     pub fn get(&self, name: &str) -> Option<&str> {
+        self.def(name);
         self.values.get(name).map(String::as_str)
     }
-    pub fn came_from_command_line(&self, name: &str) -> bool {
-        self.from_flags.iter().any(|n| n == name)
+
+    /// A text option that has a default.
+    pub fn text(&self, name: &str) -> &str {
+        self.with_default(name)
     }
+
     pub fn flag(&self, name: &str) -> bool {
-        self.get(name) == Some("true")
+        assert_eq!(self.def(name).kind, Kind::Bool, "{name} is not a boolean");
+        self.with_default(name) == "true"
     }
-    pub fn int(&self, name: &str) -> Option<i64> {
-        self.get(name).and_then(|v| v.parse().ok())
+
+    /// An integer (or size) option, if set.
+    pub fn int_opt<T: TryFrom<i64>>(&self, name: &str) -> Option<T> {
+        assert!(
+            matches!(
+                self.def(name).kind,
+                Kind::Int { .. } | Kind::Size { .. } | Kind::CompressLevel
+            ),
+            "{name} is not a number"
+        );
+        let v: i64 = self.get(name)?.parse().expect("validated integer");
+        Some(T::try_from(v).unwrap_or_else(|_| panic!("{name}={v} does not fit its type")))
     }
+
+    /// An integer (or size) option that has a default.
+    pub fn int<T: TryFrom<i64>>(&self, name: &str) -> T {
+        self.with_default(name);
+        self.int_opt(name).expect("has a default")
+    }
+
+    /// An option whose values are the names of engine type `T`, if set.
+    pub fn choice_opt<T: Choice>(&self, name: &str) -> Option<T> {
+        assert!(
+            self.def(name).kind == Kind::Enum(T::NAMES),
+            "{name} does not list the names of {}",
+            std::any::type_name::<T>()
+        );
+        let v = self.get(name)?;
+        Some(T::parse(v).unwrap_or_else(|| panic!("{name}='{v}' passed validation")))
+    }
+
+    /// An option whose values are the names of engine type `T`, with a default.
+    pub fn choice<T: Choice>(&self, name: &str) -> T {
+        self.with_default(name);
+        self.choice_opt(name).expect("has a default")
+    }
+
     pub fn list(&self, name: &str) -> &[String] {
+        self.def(name);
         self.lists.get(name).map(Vec::as_slice).unwrap_or(&[])
     }
-    /// Options given explicitly (not defaults), to pass on to restore_command.
+
+    /// The options in effect as `--name=value`, secrets redacted: for the log.
+    pub fn describe(&self) -> String {
+        let mut names: Vec<&&str> = self.values.keys().collect();
+        names.sort();
+        let mut out: Vec<String> = names
+            .into_iter()
+            .map(|n| {
+                let shown = if self.def(n).secret {
+                    "<redacted>"
+                } else {
+                    self.values[*n].as_str()
+                };
+                format!("--{n}={shown}")
+            })
+            .collect();
+        for (n, vals) in &self.lists {
+            out.extend(vals.iter().map(|v| format!("--{n}={v}")));
+        }
+        out.join(" ")
+    }
+
+    /// The stanza, for commands that take one and for naming log files.
+    pub fn stanza(&self) -> Option<&str> {
+        self.values.get("stanza").map(String::as_str)
+    }
+
     pub fn require(&self, name: &str) -> Result<&str, String> {
         self.get(name).ok_or_else(|| {
             format!(
@@ -91,6 +204,17 @@ fn split_args(argv: &[String]) -> Result<SplitArgs, String> {
     Ok((command, positional, raw))
 }
 
+impl std::fmt::Debug for Invocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Invocation")
+            .field("command", &self.command)
+            .field("args", &self.args)
+            .field("options", &self.describe())
+            .field("config_file", &self.config_file)
+            .finish()
+    }
+}
+
 fn toml_value_string(v: &toml::Value) -> Option<String> {
     match v {
         toml::Value::String(s) => Some(s.clone()),
@@ -101,9 +225,11 @@ fn toml_value_string(v: &toml::Value) -> Option<String> {
 }
 
 /// Parse and check a config file: every key must be a known option settable in the file.
-fn load_config(path: &PathBuf) -> Result<toml::Table, String> {
+/// Also returns a warning when the file holds secrets that others may read.
+fn load_config(path: &PathBuf) -> Result<(toml::Table, Option<String>), String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("config file {}: {e}", path.display()))?;
+    let mut secrets: Vec<&str> = Vec::new();
     let table: toml::Table = text
         .parse()
         .map_err(|e| format!("config file {} is not valid TOML: {e}", path.display()))?;
@@ -134,9 +260,24 @@ fn load_config(path: &PathBuf) -> Result<toml::Table, String> {
                 ));
             };
             def.validate(&s, &format!("[{section}] in {}", path.display()))?;
+            if def.secret && !secrets.contains(&def.name) {
+                secrets.push(def.name);
+            }
         }
     }
-    Ok(table)
+    let mode = std::fs::metadata(path)
+        .map(|m| m.permissions().mode())
+        .unwrap_or(0);
+    let warning = (!secrets.is_empty() && mode & 0o044 != 0).then(|| {
+        format!(
+            "config file {} holds secrets ({}) but group or others can read it (mode {:04o}): chmod 600 {}",
+            path.display(),
+            secrets.join(", "),
+            mode & 0o7777,
+            path.display()
+        )
+    });
+    Ok((table, warning))
 }
 
 pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocation, String> {
@@ -147,10 +288,14 @@ pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocat
             return Ok(Invocation {
                 command: "help".into(),
                 args: vec![c],
-                values: HashMap::new(),
-                from_flags: Vec::new(),
+                values: options::OPTIONS
+                    .iter()
+                    .filter(|o| options::unique(o.name).is_some())
+                    .filter_map(|o| Some((o.name, o.default_value()?)))
+                    .collect(),
                 lists: HashMap::new(),
                 config_file: None,
+                warnings: Vec::new(),
             })
         }
         (None, _) => "help".to_string(),
@@ -161,9 +306,17 @@ pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocat
     }
     let raw: Vec<(String, String)> = raw.into_iter().filter(|(n, _)| n != "help").collect();
     for (name, _) in &raw {
-        if options::find(name, &command).is_none() {
+        let Some(def) = options::find(name, &command) else {
             return Err(format!(
                 "option '--{name}' does not apply to command '{command}'"
+            ));
+        };
+        if def.secret {
+            return Err(format!(
+                "option '--{name}' is a secret and is not taken from the command line, where \
+                 other users can read it: set {name} in the config file (readable by its owner \
+                 only) or in the environment variable {}",
+                def.env_name()
             ));
         }
     }
@@ -186,8 +339,11 @@ pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocat
             false,
         ),
     };
+    let mut warnings = Vec::new();
     let table = if config_path.exists() {
-        Some(load_config(&config_path)?)
+        let (table, warning) = load_config(&config_path)?;
+        warnings.extend(warning);
+        Some(table)
     } else if required {
         return Err(format!(
             "config file {} does not exist",
@@ -211,6 +367,7 @@ pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocat
     }
 
     let mut values = HashMap::new();
+    let mut sources = HashMap::new();
     let mut lists: HashMap<&'static str, Vec<String>> = HashMap::new();
     for def in options::OPTIONS.iter().filter(|o| o.applies_to(&command)) {
         if def.kind == Kind::List {
@@ -255,22 +412,32 @@ pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocat
         match found {
             Some((v, source)) => {
                 values.insert(def.name, def.validate(&v, &source)?);
+                sources.insert(def.name, source);
             }
             None => {
-                if let Some(d) = def.default {
-                    values.insert(def.name, d.to_string());
+                if let Some(d) = def.default_value() {
+                    values.insert(def.name, d);
                 }
             }
         }
     }
-    let from_flags = raw.iter().map(|(n, _)| n.clone()).collect();
+    // Options of other commands read as their defaults, so that settings are complete.
+    for def in options::OPTIONS.iter().filter(|o| !o.applies_to(&command)) {
+        if let (Some(d), Some(_)) = (def.default_value(), options::unique(def.name)) {
+            values.insert(def.name, d);
+        }
+    }
+    if let (Some(level), Some(codec)) = (values.get("compress-level"), values.get("compress-type"))
+    {
+        options::check_compress_level(level, codec, &sources["compress-level"])?;
+    }
     Ok(Invocation {
         command,
         args,
         values,
-        from_flags,
         lists,
         config_file,
+        warnings,
     })
 }
 
@@ -330,6 +497,73 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("not valid TOML"), "{e}");
+    }
+
+    #[test]
+    fn secrets_come_only_from_the_config_file_or_the_environment() {
+        let mut env = HashMap::new();
+        for name in [
+            "repo-s3-key-secret",
+            "repo-s3-key",
+            "repo-azure-key",
+            "repo-gcs-key",
+        ] {
+            let e = resolve(&argv(&format!("--stanza=x --{name}=hunter2 info")), &env).unwrap_err();
+            let var = format!("PGSTRATA_{}", name.to_uppercase().replace('-', "_"));
+            assert!(
+                e.contains("config file") && e.contains(&var) && !e.contains("hunter2"),
+                "{e}"
+            );
+        }
+        env.insert("PGSTRATA_REPO_S3_KEY_SECRET".into(), "from-env".into());
+        let inv = resolve(&argv("--stanza=x info"), &env).unwrap();
+        assert_eq!(inv.get("repo-s3-key-secret"), Some("from-env"));
+
+        // In a file others can read: a warning naming the file, the secret and the fix.
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(&cfg, "[main]\nrepo-s3-key-secret = \"hunter2\"\n").unwrap();
+        let args = argv(&format!("--config={} --stanza=main info", cfg.display()));
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let inv = resolve(&args, &HashMap::new()).unwrap();
+        assert_eq!(inv.get("repo-s3-key-secret"), Some("hunter2"));
+        let [w] = inv.warnings.as_slice() else {
+            panic!("one warning: {:?}", inv.warnings)
+        };
+        assert!(
+            w.contains("repo-s3-key-secret") && w.contains("chmod 600") && w.contains("0644"),
+            "{w}"
+        );
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(resolve(&args, &HashMap::new()).unwrap().warnings.is_empty());
+        // No secrets, no warning.
+        std::fs::write(&cfg, "[main]\nrepo-path = \"/r\"\n").unwrap();
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(resolve(&args, &HashMap::new()).unwrap().warnings.is_empty());
+    }
+
+    #[test]
+    fn compress_level_is_checked_against_the_codec() {
+        let env = HashMap::new();
+        let ok = |a: &str| resolve(&argv(a), &env);
+        assert!(ok("--stanza=x --compress-type=zst --compress-level=19 backup").is_ok());
+        assert!(ok("--stanza=x --compress-type=zst --compress-level=-5 backup").is_ok());
+        let e = ok("--stanza=x --compress-type=gz --compress-level=19 backup").unwrap_err();
+        assert!(
+            e.contains("compress-level") && e.contains("gz") && e.contains("0 to 9"),
+            "{e}"
+        );
+        // Default codec (zst) with a level it has; and one no codec has.
+        assert!(ok("--stanza=x --compress-level=22 backup").is_ok());
+        let e = ok("--stanza=x --compress-level=40 backup").unwrap_err();
+        assert!(e.contains("bz2 1 to 9"), "{e}");
+    }
+
+    #[test]
+    fn every_default_is_an_allowed_value() {
+        for o in crate::options::OPTIONS {
+            o.default_value(); // panics naming the option otherwise
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use pgstrata_cluster::{Cluster, PgBin, Scratch};
 use pgstrata_engine::backup::BackupOptions;
 use pgstrata_engine::progress::human_bytes;
-use pgstrata_engine::restore::{RecoveryType, RestoreOptions};
+use pgstrata_engine::restore::{RecoveryType, RestoreOptions, TargetAction};
 use pgstrata_engine::{Error, Settings};
 use pgstrata_repo::codec::{CompressType, Compression};
 use pgstrata_repo::manifest::BackupType;
@@ -89,6 +89,8 @@ pub fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         pg_port: src.port,
         pg_user: Some("postgres".into()),
         pg_database: "postgres".into(),
+        pg_sslmode: Default::default(),
+        pg_sslrootcert: None,
         compression: Compression::new(CompressType::Zst, None)?,
         process_max: 2,
         start_fast: true,
@@ -160,7 +162,7 @@ pub fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         tablespace_map: vec![],
         recovery_type: RecoveryType::Immediate,
         target: None,
-        target_action: Some("promote".into()),
+        target_action: Some(TargetAction::Promote),
         target_timeline: None,
         target_exclusive: false,
         archive_off: true,

@@ -3,47 +3,72 @@
 //!
 //! Exit codes: 0 success; 1 archive-get found no such WAL file (what restore_command must
 //! say for "not found"); 2 configuration or usage error; 3 any other failure; 4 damaged
-//! repository data.
+//! repository data. archive-get outside standby mode adds 128 to 2, 3 and 4 (see
+//! [`archive_get_exit_code`]).
 
 mod config;
 mod demo;
+mod generate;
 mod logging;
 mod options;
 
 use pgstrata_engine::archive::PushOutcome;
 use pgstrata_engine::backup::BackupOptions;
-use pgstrata_engine::expire::{ExpireOptions, RetentionType};
-use pgstrata_engine::restore::{RecoveryType, RestoreOptions};
-use pgstrata_engine::track::Track;
+use pgstrata_engine::expire::ExpireOptions;
+use pgstrata_engine::restore::RestoreOptions;
 use pgstrata_engine::{Error, Settings};
-use pgstrata_repo::codec::{CompressType, Compression};
-use pgstrata_repo::manifest::BackupType;
-use pgstrata_repo::storage::{AzureConfig, GcsConfig, RepoConfig, RepoKind, S3Config};
+use pgstrata_repo::codec::Compression;
+use pgstrata_repo::storage::{AzureConfig, GcsConfig, RepoConfig, S3Config};
 use std::path::PathBuf;
 use std::time::Duration;
 
 fn main() {
+    // Whatever umask the caller had (022 from a shell, 077 under the postmaster), files are
+    // created 0640 and directories 0750: the repository holds the whole database, password
+    // hashes included, and must never be world-readable; the same modes whoever writes.
+    // Restore sets the modes recorded in the backup explicitly.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o027));
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let env: std::collections::HashMap<String, String> = std::env::vars().collect();
+    // Only archive-get's "not found" may exit 1..125 quietly: decided before anything can fail.
+    let is_archive_get = argv.iter().any(|a| a == "archive-get");
+    let exit = |code: i32| -> ! {
+        std::process::exit(if is_archive_get {
+            archive_get_exit_code(code, std::path::Path::new("standby.signal").exists())
+        } else {
+            code
+        })
+    };
     let inv = match config::resolve(&argv, &env) {
         Ok(i) => i,
         Err(msg) => {
             eprintln!("ERROR: {msg}");
-            std::process::exit(2);
+            exit(2);
         }
     };
     logging::init(
         if inv.command == "demo" {
             "info"
         } else {
-            inv.get("log-level-console").unwrap_or("warn")
+            inv.text("log-level-console")
         },
-        inv.get("log-level-file").unwrap_or("off"),
+        inv.text("log-level-file"),
         inv.get("log-path"),
-        inv.get("stanza"),
+        inv.stanza(),
         &inv.command,
     );
-    let code = match run(&inv) {
+    for w in &inv.warnings {
+        log::warn!("{w}");
+    }
+    log::debug!("{} {}", inv.command, inv.describe());
+    // A panic must not exit 101: restore_command would read that as "not in the archive".
+    let outcome = std::panic::catch_unwind(|| run(&inv)).unwrap_or_else(|_| {
+        Err(Error::new(
+            pgstrata_engine::ErrorKind::Io,
+            format!("{} stopped on an internal error (a bug)", inv.command),
+        ))
+    });
+    let code = match outcome {
         Ok(code) => code,
         Err(e) => {
             eprintln!("ERROR: {e}");
@@ -51,37 +76,48 @@ fn main() {
             e.exit_code()
         }
     };
-    std::process::exit(code);
+    exit(code);
+}
+
+/// archive-get's exit code as restore_command must give it. PostgreSQL reads any code up to
+/// 125 as "this file is not in the archive": recovery ends there and the server promotes,
+/// dropping the WAL it could not fetch. So a failure (damaged WAL, unreachable repository,
+/// bad configuration) exits 128 + its usual code, which stops the server instead. A standby
+/// (`standby.signal` in the working directory, which PostgreSQL sets to the data directory)
+/// keeps the usual code: it retries later rather than shutting down, and never promotes by
+/// itself. 0 (fetched) and 1 (not in the archive) are kept either way.
+fn archive_get_exit_code(code: i32, standby: bool) -> i32 {
+    match code {
+        0 | 1 => code,
+        _ if standby => code,
+        _ => 128 + code,
+    }
 }
 
 fn settings(inv: &config::Invocation) -> Result<Settings, Error> {
     let stanza = inv.require("stanza").map_err(Error::config)?.to_string();
-    let compress_type = CompressType::parse(inv.get("compress-type").unwrap_or("zst"))
-        .expect("validated by the option table");
-    let level = inv.int("compress-level").map(|l| l as i32);
-    let compression = Compression::new(compress_type, level)?;
+    let compression = Compression::new(inv.choice("compress-type"), inv.int_opt("compress-level"))?;
     Ok(Settings {
         stanza,
         repo: repo_config(inv),
         pg_path: inv.get("pg-path").map(PathBuf::from),
-        pg_host: inv.get("pg-host").map(str::to_string),
-        pg_port: inv.int("pg-port").unwrap_or(5432) as u16,
+        pg_host: Some(inv.text("pg-host").to_string()),
+        pg_port: inv.int("pg-port"),
         pg_user: inv.get("pg-user").map(str::to_string),
-        pg_database: inv.get("pg-database").unwrap_or("postgres").to_string(),
+        pg_database: inv.text("pg-database").to_string(),
+        pg_sslmode: inv.choice("pg-sslmode"),
+        pg_sslrootcert: inv.get("pg-sslrootcert").map(PathBuf::from),
         compression,
-        process_max: inv.int("process-max").unwrap_or(1) as usize,
+        process_max: inv.int("process-max"),
         start_fast: inv.flag("start-fast"),
-        archive_timeout: Duration::from_secs(inv.int("archive-timeout").unwrap_or(60) as u64),
+        archive_timeout: Duration::from_secs(inv.int("archive-timeout")),
         config_file: inv.config_file.clone(),
         frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
-        pack_size: inv
-            .int("bundle-size")
-            .map(|v| v as usize)
-            .unwrap_or(pgstrata_repo::pack::DEFAULT_PACK_SIZE),
-        bundle_limit: if inv.get("bundle") == Some("false") {
-            0
+        pack_size: inv.int("bundle-size"),
+        bundle_limit: if inv.flag("bundle") {
+            inv.int("bundle-limit")
         } else {
-            inv.int("bundle-limit").map(|v| v as u64).unwrap_or(2 << 20)
+            0
         },
     })
 }
@@ -92,7 +128,7 @@ fn print_report<T: serde::Serialize>(
     report: &T,
     render_text: impl Fn(&T) -> String,
 ) {
-    if inv.get("output") == Some("json") {
+    if inv.text("output") == "json" {
         println!(
             "{}",
             serde_json::to_string_pretty(report).expect("serialize report")
@@ -105,16 +141,45 @@ fn print_report<T: serde::Serialize>(
 fn expire_options(inv: &config::Invocation) -> Option<ExpireOptions> {
     let o = ExpireOptions {
         set: inv.get("set").map(str::to_string),
-        retention_full: inv.int("repo-retention-full").map(|v| v as u32),
-        retention_full_type: if inv.get("repo-retention-full-type") == Some("time") {
-            RetentionType::Time
-        } else {
-            RetentionType::Count
-        },
-        retention_diff: inv.int("repo-retention-diff").map(|v| v as u32),
-        retention_archive: inv.int("repo-retention-archive").map(|v| v as u32),
+        retention_full: inv.int_opt("repo-retention-full"),
+        retention_full_type: inv.choice("repo-retention-full-type"),
+        retention_diff: inv.int_opt("repo-retention-diff"),
+        retention_archive: inv.int_opt("repo-retention-archive"),
     };
     (o.set.is_some() || o.retention_full.is_some() || o.retention_diff.is_some()).then_some(o)
+}
+
+fn backup_options(inv: &config::Invocation) -> BackupOptions {
+    BackupOptions {
+        backup_type: inv.choice("type"),
+        delta: inv.flag("delta"),
+        track: inv.choice("track"),
+    }
+}
+
+fn restore_options(inv: &config::Invocation, s: &Settings) -> Result<RestoreOptions, Error> {
+    let mut tablespace_map = Vec::new();
+    for m in inv.list("tablespace-map") {
+        let (oid, dir) = m
+            .split_once('=')
+            .and_then(|(o, d)| o.parse::<u32>().ok().map(|o| (o, PathBuf::from(d))))
+            .ok_or_else(|| Error::config(format!("--tablespace-map='{m}': expected OID=DIR")))?;
+        tablespace_map.push((oid, dir));
+    }
+    Ok(RestoreOptions {
+        set: inv.get("set").map(str::to_string),
+        delta: inv.flag("delta"),
+        force: inv.flag("force"),
+        dry_run: inv.flag("dry-run"),
+        tablespace_map,
+        recovery_type: inv.choice("type"),
+        target: inv.get("target").map(str::to_string),
+        target_action: inv.choice_opt("target-action"),
+        target_timeline: inv.get("target-timeline").map(str::to_string),
+        target_exclusive: inv.flag("target-exclusive"),
+        archive_off: inv.text("archive-mode") == "off",
+        archive_get_command: archive_get_command(inv, s),
+    })
 }
 
 fn runtime(workers: usize) -> tokio::runtime::Runtime {
@@ -128,16 +193,8 @@ fn runtime(workers: usize) -> tokio::runtime::Runtime {
 fn repo_config(inv: &config::Invocation) -> RepoConfig {
     let get = |n: &str| inv.get(n).map(str::to_string);
     RepoConfig {
-        kind: match inv.get("repo-type") {
-            Some("s3") => RepoKind::S3,
-            Some("gcs") => RepoKind::Gcs,
-            Some("azure") => RepoKind::Azure,
-            _ => RepoKind::Posix,
-        },
-        path: inv
-            .get("repo-path")
-            .unwrap_or("/var/lib/pgstrata")
-            .to_string(),
+        kind: inv.choice("repo-type"),
+        path: inv.text("repo-path").to_string(),
         s3: S3Config {
             bucket: get("repo-s3-bucket").unwrap_or_default(),
             endpoint: get("repo-s3-endpoint"),
@@ -145,7 +202,7 @@ fn repo_config(inv: &config::Invocation) -> RepoConfig {
             key: get("repo-s3-key"),
             key_secret: get("repo-s3-key-secret"),
             token: get("repo-s3-token"),
-            path_style: inv.get("repo-s3-uri-style") == Some("path"),
+            path_style: inv.text("repo-s3-uri-style") == "path",
             storage_class: get("repo-s3-storage-class"),
             kms_key_id: get("repo-s3-kms-key-id"),
         },
@@ -161,9 +218,9 @@ fn repo_config(inv: &config::Invocation) -> RepoConfig {
             endpoint: get("repo-azure-endpoint"),
         },
         ca_file: get("repo-s3-ca-file"),
-        verify_tls: inv.get("repo-storage-verify-tls") != Some("false"),
-        timeout: Duration::from_secs(inv.int("repo-storage-timeout").unwrap_or(120) as u64),
-        retries: inv.int("repo-storage-retries").unwrap_or(4) as u32,
+        verify_tls: inv.flag("repo-storage-verify-tls"),
+        timeout: Duration::from_secs(inv.int("repo-storage-timeout")),
+        retries: inv.int("repo-storage-retries"),
     }
 }
 
@@ -183,16 +240,11 @@ fn archive_get_command(inv: &config::Invocation, s: &Settings) -> String {
         .iter()
         .filter(|o| o.name.starts_with("repo-") && o.applies_to("archive-get"))
     {
-        let Some(v) = inv.get(o.name) else { continue };
-        if options::SECRET_OPTIONS.contains(&o.name) {
-            if inv.came_from_command_line(o.name) {
-                log::warn!(
-                    "{} was given on the command line: restore_command cannot carry it; put it in the config file or the server's environment",
-                    o.name
-                );
-            }
+        // Secrets come from the config file or the server's environment, never from here.
+        if o.secret {
             continue;
         }
+        let Some(v) = inv.get(o.name) else { continue };
         if o.default != Some(v) || o.name == "repo-path" {
             parts.push(shell_quote(&format!("--{}={v}", o.name)));
         }
@@ -200,9 +252,12 @@ fn archive_get_command(inv: &config::Invocation, s: &Settings) -> String {
     parts.join(" ")
 }
 
+/// Quote one word for `sh -c` (restore_command runs through the shell): plain words stay
+/// as they are; anything else goes in double quotes with `\`, `"`, `$` and `` ` `` escaped.
 fn shell_quote(s: &str) -> String {
-    if s.bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"-_=/.,:@".contains(&b))
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_=/.,:@".contains(&b))
     {
         s.to_string()
     } else {
@@ -222,10 +277,19 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             match inv.args.first().map(String::as_str) {
                 None => print!("{}", options::general_help()),
                 Some("options") => print!("{}", options::reference_markdown()),
+                Some("man") => print!("{}", generate::man_page()),
                 Some(c) if options::COMMANDS.iter().any(|(n, _)| *n == c) => {
                     print!("{}", options::command_help(c))
                 }
                 Some(c) => return Err(Error::config(format!("unknown command '{c}'"))),
+            }
+            Ok(0)
+        }
+        "completions" => {
+            match inv.args.first().map(String::as_str) {
+                Some("bash") => print!("{}", generate::bash()),
+                Some("zsh") => print!("{}", generate::zsh()),
+                _ => return Err(Error::config("completions takes one argument: bash or zsh")),
             }
             Ok(0)
         }
@@ -258,21 +322,8 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         }
         "backup" => {
             let s = settings(inv)?;
-            let backup_type = match inv.get("type").unwrap_or("incr") {
-                "diff" => BackupType::Diff,
-                "incr" => BackupType::Incr,
-                _ => BackupType::Full,
-            };
             let rt = runtime(s.process_max);
-            let opts = BackupOptions {
-                backup_type,
-                delta: inv.flag("delta"),
-                track: match inv.get("track") {
-                    Some("wal") => Track::Wal,
-                    Some("hash") => Track::Hash,
-                    _ => Track::Auto,
-                },
-            };
+            let opts = backup_options(inv);
             let m = rt.block_on(pgstrata_engine::backup::backup(&s, &opts))?;
             println!("{}", m.label);
             // Retention, as pgBackRest does after each backup when it is configured.
@@ -283,31 +334,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         }
         "restore" => {
             let s = settings(inv)?;
-            let mut tablespace_map = Vec::new();
-            for m in inv.list("tablespace-map") {
-                let (oid, dir) = m
-                    .split_once('=')
-                    .and_then(|(o, d)| o.parse::<u32>().ok().map(|o| (o, PathBuf::from(d))))
-                    .ok_or_else(|| {
-                        Error::config(format!("--tablespace-map='{m}': expected OID=DIR"))
-                    })?;
-                tablespace_map.push((oid, dir));
-            }
-            let opts = RestoreOptions {
-                set: inv.get("set").map(str::to_string),
-                delta: inv.flag("delta"),
-                force: inv.flag("force"),
-                dry_run: inv.flag("dry-run"),
-                tablespace_map,
-                recovery_type: RecoveryType::parse(inv.get("type").unwrap_or("default"))
-                    .expect("validated by the option table"),
-                target: inv.get("target").map(str::to_string),
-                target_action: inv.get("target-action").map(str::to_string),
-                target_timeline: inv.get("target-timeline").map(str::to_string),
-                target_exclusive: inv.flag("target-exclusive"),
-                archive_off: inv.get("archive-mode") == Some("off"),
-                archive_get_command: archive_get_command(inv, &s),
-            };
+            let opts = restore_options(inv, &s)?;
             if opts.dry_run {
                 let (plan, settings) =
                     runtime(2).block_on(pgstrata_engine::restore::plan(&s, &opts))?;
@@ -392,5 +419,130 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             }
         }
         other => Err(Error::config(format!("unknown command '{other}'"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgstrata_engine::restore::{RecoveryType, TargetAction};
+    use pgstrata_engine::track::Track;
+    use pgstrata_repo::manifest::BackupType;
+    use std::collections::HashMap;
+
+    fn resolve(args: &str, env: &[(&str, &str)]) -> config::Invocation {
+        let argv: Vec<String> = args.split_whitespace().map(str::to_string).collect();
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        config::resolve(&argv, &env).unwrap()
+    }
+
+    #[test]
+    fn shell_quote_survives_a_real_shell() {
+        for s in [
+            "plain-/path_1.2,x:y@z=w",
+            "with space",
+            "it's",
+            "$HOME and ${HOME}",
+            "`id` $(id)",
+            "back\\slash\\",
+            "quote\"d",
+            "semi;colon | pipe & amp > redirect",
+            "new\nline",
+            "*?[glob]",
+            "",
+        ] {
+            let quoted = shell_quote(s);
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                // Exactly one argument, whatever it holds.
+                .arg(format!(
+                    "f() {{ [ $# -eq 1 ] || exit 9; printf %s \"$1\"; }}; f {quoted}"
+                ))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{s:?} quoted as {quoted} is not one word"
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                s,
+                "{s:?} quoted as {quoted}"
+            );
+        }
+        assert_eq!(shell_quote("/usr/bin/pgstrata"), "/usr/bin/pgstrata");
+    }
+
+    #[test]
+    fn archive_get_fails_above_125_unless_standby() {
+        for code in [2, 3, 4] {
+            assert!(archive_get_exit_code(code, false) > 125);
+            assert!((1..=125).contains(&archive_get_exit_code(code, true)));
+        }
+        for standby in [false, true] {
+            assert_eq!(archive_get_exit_code(0, standby), 0);
+            assert_eq!(archive_get_exit_code(1, standby), 1);
+        }
+    }
+
+    /// Every typed read of every command matches the table (kind, default, engine names).
+    #[test]
+    fn every_command_reads_its_options_typed() {
+        for (command, _) in options::COMMANDS {
+            let takes_stanza = options::find("stanza", command).is_some();
+            let stanza = if takes_stanza { "--stanza=main" } else { "" };
+            let inv = resolve(&format!("{stanza} {command}"), &[]);
+            if takes_stanza {
+                let s = settings(&inv).unwrap();
+                assert_eq!(s.repo.retries, 4);
+                assert_eq!(s.pack_size, pgstrata_repo::pack::DEFAULT_PACK_SIZE);
+            }
+            match *command {
+                "backup" => {
+                    let o = backup_options(&inv);
+                    assert_eq!((o.backup_type, o.track), (BackupType::Incr, Track::Auto));
+                    assert!(expire_options(&inv).is_none());
+                }
+                "expire" => assert!(expire_options(&inv).is_none()),
+                "restore" => {
+                    let s = settings(&inv).unwrap();
+                    let o = restore_options(&inv, &s).unwrap();
+                    assert_eq!(o.recovery_type, RecoveryType::Default);
+                    assert_eq!(o.target_action, None);
+                }
+                _ => {}
+            }
+        }
+        let inv = resolve("--stanza=main --type=diff --track=wal backup", &[]);
+        let o = backup_options(&inv);
+        assert_eq!((o.backup_type, o.track), (BackupType::Diff, Track::Wal));
+        let inv = resolve(
+            "--stanza=main --type=time --target=now --target-action=shutdown restore",
+            &[],
+        );
+        let o = restore_options(&inv, &settings(&inv).unwrap()).unwrap();
+        assert_eq!(o.recovery_type, RecoveryType::Time);
+        assert_eq!(o.target_action, Some(TargetAction::Shutdown));
+    }
+
+    #[test]
+    fn secrets_never_show() {
+        let inv = resolve(
+            "--stanza=main --repo-type=s3 info",
+            &[
+                ("PGSTRATA_REPO_S3_KEY_SECRET", "hunter2"),
+                ("PGSTRATA_REPO_AZURE_KEY", "azure-hunter2"),
+            ],
+        );
+        let s = settings(&inv).unwrap();
+        assert_eq!(s.repo.s3.key_secret.as_deref(), Some("hunter2"));
+        for shown in [format!("{s:?}"), format!("{inv:?}"), inv.describe()] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("redacted"), "{shown}");
+        }
+        assert!(!archive_get_command(&inv, &s).contains("hunter2"));
     }
 }

@@ -5,8 +5,18 @@
 //! the environment variable `PGSTRATA_NAME` (upper case, '-' as '_'), the stanza's table of
 //! the config file, the config file's `[global]` table, and finally the default.
 
+use pgstrata_engine::expire::RetentionType;
+use pgstrata_engine::pg_tls::SslMode;
+use pgstrata_engine::restore::{RecoveryType, TargetAction};
+use pgstrata_engine::track::Track;
+use pgstrata_repo::codec::CompressType;
+use pgstrata_repo::manifest::BackupType;
+use pgstrata_repo::storage::RepoKind;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// A compression level: an integer in the range of the codec chosen by compress-type.
+    CompressLevel,
     Str,
     Path,
     Int {
@@ -39,6 +49,10 @@ pub struct OptionDef {
     pub default: Option<&'static str>,
     pub scope: Scope,
     /// Commands that accept it; empty means all.
+    /// A credential: refused on the command line (other users see it in `ps`, and it would
+    /// end up in archive_command or restore_command); taken from the config file or the
+    /// environment, never written into restore_command, never shown.
+    pub secret: bool,
     pub commands: &'static [&'static str],
     pub help: &'static str,
 }
@@ -54,9 +68,12 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("info", "Show the stanza's backups and WAL archive"),
     ("verify", "Read back every backup (or --set) and the WAL archive and check them against their recorded hashes, without restoring"),
     ("demo", "Run the whole story on a throwaway cluster and a local repository"),
-    ("help", "Show commands, or a command's options ('help COMMAND'; 'help options' prints the reference)"),
+    ("help", "Show commands, or a command's options ('help COMMAND'; 'help options' prints the reference, 'help man' the man page)"),
+    ("completions", "Print a shell completion script: 'completions bash' or 'completions zsh'"),
     ("version", "Print the version"),
 ];
+
+const LOG_LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
 
 const REPO_CMDS: &[&str] = &[
     "stanza-create",
@@ -74,125 +91,129 @@ const PG_CMDS: &[&str] = &["stanza-create", "check", "backup"];
 const COMPRESS_CMDS: &[&str] = &["backup", "archive-push"];
 
 pub const OPTIONS: &[OptionDef] = &[
-    OptionDef { name: "config", kind: Kind::Path, default: Some("/etc/pgstrata/pgstrata.toml"), scope: Scope::CommandLine, commands: &[],
+    OptionDef { name: "config", kind: Kind::Path, default: Some("/etc/pgstrata/pgstrata.toml"), scope: Scope::CommandLine, secret: false, commands: &[],
         help: "Configuration file (TOML: a [global] table and one table per stanza). A missing default file is ignored; a missing file given explicitly is an error." },
-    OptionDef { name: "stanza", kind: Kind::Str, default: None, scope: Scope::CommandLine, commands: REPO_CMDS,
+    OptionDef { name: "stanza", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, commands: REPO_CMDS,
         help: "Stanza name: the cluster being backed up. Letters, digits, '-' and '_'." },
-    OptionDef { name: "repo-path", kind: Kind::Path, default: Some("/var/lib/pgstrata"), scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-path", kind: Kind::Path, default: Some("/var/lib/pgstrata"), scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Repository directory (posix), or the prefix inside the bucket (object stores)." },
-    OptionDef { name: "repo-type", kind: Kind::Enum(&["posix", "s3", "gcs", "azure"]), default: Some("posix"), scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-type", kind: Kind::Enum(RepoKind::NAMES), default: Some("posix"), scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Where the repository is: a local directory (posix), or an S3, GCS or Azure object store. With an object store, repo-path is a prefix inside the bucket." },
-    OptionDef { name: "repo-s3-bucket", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-s3-bucket", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "S3 bucket." },
-    OptionDef { name: "repo-s3-endpoint", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-s3-endpoint", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "S3 endpoint URL (default: AWS for the region; http:// is allowed for local servers). Also AWS_ENDPOINT." },
-    OptionDef { name: "repo-s3-region", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-s3-region", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "S3 region (also AWS_REGION / AWS_DEFAULT_REGION)." },
-    OptionDef { name: "repo-s3-key", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-s3-key", kind: Kind::Str, default: None, scope: Scope::Config, secret: true, commands: REPO_CMDS,
         help: "S3 access key id. Without it: AWS_ACCESS_KEY_ID, web identity (AWS_WEB_IDENTITY_TOKEN_FILE), then instance metadata." },
-    OptionDef { name: "repo-s3-key-secret", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-s3-key-secret", kind: Kind::Str, default: None, scope: Scope::Config, secret: true, commands: REPO_CMDS,
         help: "S3 secret access key (also AWS_SECRET_ACCESS_KEY)." },
-    OptionDef { name: "repo-s3-token", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-s3-token", kind: Kind::Str, default: None, scope: Scope::Config, secret: true, commands: REPO_CMDS,
         help: "S3 session token (also AWS_SESSION_TOKEN)." },
-    OptionDef { name: "repo-s3-uri-style", kind: Kind::Enum(&["host", "path"]), default: Some("host"), scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-s3-uri-style", kind: Kind::Enum(&["host", "path"]), default: Some("host"), scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "host: bucket.endpoint/key; path: endpoint/bucket/key (most local S3 servers)." },
-    OptionDef { name: "repo-s3-storage-class", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-s3-storage-class", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Storage class of objects written (e.g. STANDARD_IA)." },
-    OptionDef { name: "repo-s3-kms-key-id", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-s3-kms-key-id", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Server-side encryption of objects written with this KMS key (aws:kms)." },
-    OptionDef { name: "repo-s3-ca-file", kind: Kind::Path, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-s3-ca-file", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "PEM file of CA certificates to trust for the object store (GCS and Azure too)." },
-    OptionDef { name: "repo-gcs-bucket", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-gcs-bucket", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "GCS bucket." },
-    OptionDef { name: "repo-gcs-key", kind: Kind::Path, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-gcs-key", kind: Kind::Path, default: None, scope: Scope::Config, secret: true, commands: REPO_CMDS,
         help: "GCS service account JSON file (default: GOOGLE_APPLICATION_CREDENTIALS / application default credentials)." },
-    OptionDef { name: "repo-gcs-endpoint", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-gcs-endpoint", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "GCS endpoint URL (for emulators)." },
-    OptionDef { name: "repo-azure-account", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-azure-account", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Azure storage account." },
-    OptionDef { name: "repo-azure-container", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-azure-container", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Azure blob container." },
-    OptionDef { name: "repo-azure-key", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-azure-key", kind: Kind::Str, default: None, scope: Scope::Config, secret: true, commands: REPO_CMDS,
         help: "Azure shared key (also AZURE_STORAGE_ACCESS_KEY)." },
-    OptionDef { name: "repo-azure-endpoint", kind: Kind::Str, default: None, scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-azure-endpoint", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Azure endpoint URL (for emulators)." },
-    OptionDef { name: "repo-storage-verify-tls", kind: Kind::Bool, default: Some("true"), scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-storage-verify-tls", kind: Kind::Bool, default: Some("true"), scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Verify the object store's TLS certificate." },
-    OptionDef { name: "repo-storage-timeout", kind: Kind::Int { min: 1, max: 3600 }, default: Some("120"), scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-storage-timeout", kind: Kind::Int { min: 1, max: 3600 }, default: Some("120"), scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Seconds one storage operation may take before it is retried." },
-    OptionDef { name: "repo-storage-retries", kind: Kind::Int { min: 0, max: 100 }, default: Some("4"), scope: Scope::Config, commands: REPO_CMDS,
+    OptionDef { name: "repo-storage-retries", kind: Kind::Int { min: 0, max: 100 }, default: Some("4"), scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Retries of a storage operation that failed in a way that may be transient (5xx, timeouts, dropped connections)." },
-    OptionDef { name: "pg-path", kind: Kind::Path, default: None, scope: Scope::Config, commands: &["stanza-create", "check", "backup", "restore"],
+    OptionDef { name: "pg-path", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, commands: &["stanza-create", "check", "backup", "restore"],
         help: "Data directory of the cluster (for restore: where to restore)." },
-    OptionDef { name: "pg-host", kind: Kind::Str, default: Some("/var/run/postgresql"), scope: Scope::Config, commands: PG_CMDS,
+    OptionDef { name: "pg-host", kind: Kind::Str, default: Some("/var/run/postgresql"), scope: Scope::Config, secret: false, commands: PG_CMDS,
         help: "Socket directory (starting with '/') or host name of the server, as libpq means it." },
-    OptionDef { name: "pg-port", kind: Kind::Int { min: 1, max: 65535 }, default: Some("5432"), scope: Scope::Config, commands: PG_CMDS,
+    OptionDef { name: "pg-port", kind: Kind::Int { min: 1, max: 65535 }, default: Some("5432"), scope: Scope::Config, secret: false, commands: PG_CMDS,
         help: "Server port." },
-    OptionDef { name: "pg-user", kind: Kind::Str, default: None, scope: Scope::Config, commands: PG_CMDS,
+    OptionDef { name: "pg-user", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: PG_CMDS,
         help: "Database user (default: PGUSER, else the operating system user). A password comes from PGPASSWORD." },
-    OptionDef { name: "pg-database", kind: Kind::Str, default: Some("postgres"), scope: Scope::Config, commands: PG_CMDS,
+    OptionDef { name: "pg-sslmode", kind: Kind::Enum(SslMode::NAMES), default: Some("prefer"), scope: Scope::Config, secret: false, commands: PG_CMDS,
+        help: "TLS on TCP connections, as libpq's sslmode: prefer and require encrypt without checking the server's certificate; verify-ca checks it chains to pg-sslrootcert; verify-full also checks it names pg-host. Unix sockets never use TLS." },
+    OptionDef { name: "pg-sslrootcert", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, commands: PG_CMDS,
+        help: "PEM file of the CA certificates verify-ca and verify-full trust (default: ~/.postgresql/root.crt)." },
+    OptionDef { name: "pg-database", kind: Kind::Str, default: Some("postgres"), scope: Scope::Config, secret: false, commands: PG_CMDS,
         help: "Database to connect to." },
-    OptionDef { name: "compress-type", kind: Kind::Enum(&["none", "gz", "lz4", "zst", "bz2"]), default: Some("zst"), scope: Scope::Config, commands: COMPRESS_CMDS,
+    OptionDef { name: "compress-type", kind: Kind::Enum(CompressType::NAMES), default: Some("zst"), scope: Scope::Config, secret: false, commands: COMPRESS_CMDS,
         help: "Compression of backup data and archived WAL." },
-    OptionDef { name: "compress-level", kind: Kind::Int { min: -7, max: 22 }, default: None, scope: Scope::Config, commands: COMPRESS_CMDS,
-        help: "Compression level (default: gz 6, lz4 1, zst 3, bz2 9; allowed: gz 0-9, zst -7-22, bz2 1-9)." },
-    OptionDef { name: "process-max", kind: Kind::Int { min: 1, max: 256 }, default: Some("1"), scope: Scope::Config, commands: &["backup", "restore", "verify"],
+    OptionDef { name: "compress-level", kind: Kind::CompressLevel, default: None, scope: Scope::Config, secret: false, commands: COMPRESS_CMDS,
+        help: "Compression level of compress-type (default: the codec's own)." },
+    OptionDef { name: "process-max", kind: Kind::Int { min: 1, max: 256 }, default: Some("1"), scope: Scope::Config, secret: false, commands: &["backup", "restore", "verify"],
         help: "Worker threads reading, checksumming, compressing and writing in parallel." },
-    OptionDef { name: "start-fast", kind: Kind::Bool, default: Some("false"), scope: Scope::Config, commands: &["backup"],
+    OptionDef { name: "start-fast", kind: Kind::Bool, default: Some("false"), scope: Scope::Config, secret: false, commands: &["backup"],
         help: "Ask for an immediate checkpoint instead of waiting for the next one." },
-    OptionDef { name: "archive-timeout", kind: Kind::Int { min: 1, max: 86400 }, default: Some("60"), scope: Scope::Config, commands: &["backup", "check"],
+    OptionDef { name: "archive-timeout", kind: Kind::Int { min: 1, max: 86400 }, default: Some("60"), scope: Scope::Config, secret: false, commands: &["backup", "check"],
         help: "Seconds to wait for WAL to reach the archive." },
-    OptionDef { name: "type", kind: Kind::Enum(&["full", "diff", "incr"]), default: Some("incr"), scope: Scope::CommandLine, commands: &["backup"],
+    OptionDef { name: "type", kind: Kind::Enum(BackupType::NAMES), default: Some("incr"), scope: Scope::CommandLine, secret: false, commands: &["backup"],
         help: "Backup type: full; diff stores what changed since the newest full backup; incr what changed since the newest backup. Without a prior backup, diff and incr take a full one." },
-    OptionDef { name: "delta", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["backup"],
+    OptionDef { name: "delta", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, commands: &["backup"],
         help: "Read and hash every block of every file instead of trusting unchanged size and mtime (turned on by itself after a timeline switch or a clock going backwards)." },
-    OptionDef { name: "track", kind: Kind::Enum(&["auto", "wal", "hash"]), default: Some("auto"), scope: Scope::CommandLine, commands: &["backup"],
+    OptionDef { name: "track", kind: Kind::Enum(Track::NAMES), default: Some("auto"), scope: Scope::CommandLine, secret: false, commands: &["backup"],
         help: "How an incremental finds changed blocks in changed files: wal reads only the blocks the block-change maps (written by archive-push) list, and fails (before the backup starts, when it can tell) if they have a gap; hash reads and hashes whole files; auto uses the maps when they cover the whole window and says why when they do not." },
-    OptionDef { name: "bundle", kind: Kind::Bool, default: Some("true"), scope: Scope::Config, commands: &["backup"],
+    OptionDef { name: "bundle", kind: Kind::Bool, default: Some("true"), scope: Scope::Config, secret: false, commands: &["backup"],
         help: "Bundle files smaller than bundle-limit into shared pack objects (false: every file gets pack objects of its own)." },
-    OptionDef { name: "bundle-size", kind: Kind::Size { min: 1 << 20, max: 1 << 30 }, default: Some("16MiB"), scope: Scope::Config, commands: &["backup"],
+    OptionDef { name: "bundle-size", kind: Kind::Size { min: 1 << 20, max: 1 << 30 }, default: Some("16MiB"), scope: Scope::Config, secret: false, commands: &["backup"],
         help: "Size a pack object grows to before it is written." },
-    OptionDef { name: "bundle-limit", kind: Kind::Size { min: 0, max: 1 << 30 }, default: Some("2MiB"), scope: Scope::Config, commands: &["backup"],
+    OptionDef { name: "bundle-limit", kind: Kind::Size { min: 0, max: 1 << 30 }, default: Some("2MiB"), scope: Scope::Config, secret: false, commands: &["backup"],
         help: "Files at least this large get pack objects of their own, so expire can free them whole when they change." },
-    OptionDef { name: "repo-retention-full", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, commands: RETENTION_CMDS,
+    OptionDef { name: "repo-retention-full", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, secret: false, commands: RETENTION_CMDS,
         help: "Full backups to keep (a count, or days with repo-retention-full-type=time). Backups older than the oldest kept full are expired. When set, backup runs expire after it succeeds." },
-    OptionDef { name: "repo-retention-full-type", kind: Kind::Enum(&["count", "time"]), default: Some("count"), scope: Scope::Config, commands: RETENTION_CMDS,
+    OptionDef { name: "repo-retention-full-type", kind: Kind::Enum(RetentionType::NAMES), default: Some("count"), scope: Scope::Config, secret: false, commands: RETENTION_CMDS,
         help: "How repo-retention-full counts: backups, or days (keeping the newest full older than the window too)." },
-    OptionDef { name: "repo-retention-diff", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, commands: RETENTION_CMDS,
+    OptionDef { name: "repo-retention-diff", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, secret: false, commands: RETENTION_CMDS,
         help: "Differential backups to keep." },
-    OptionDef { name: "repo-retention-archive", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, commands: RETENTION_CMDS,
+    OptionDef { name: "repo-retention-archive", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, secret: false, commands: RETENTION_CMDS,
         help: "Keep continuous WAL (point-in-time recovery) from the oldest start among the N newest kept backups on; older kept backups keep only the WAL that makes them consistent (default: all kept backups)." },
-    OptionDef { name: "type", kind: Kind::Enum(&["default", "immediate", "time", "lsn", "xid", "name", "standby", "none"]), default: Some("default"), scope: Scope::CommandLine, commands: &["restore"],
+    OptionDef { name: "type", kind: Kind::Enum(RecoveryType::NAMES), default: Some("default"), scope: Scope::CommandLine, secret: false, commands: &["restore"],
         help: "Recovery type: replay all WAL (default), stop when consistent (immediate), stop at a target (time, lsn, xid, name), become a standby, or write no recovery settings (none)." },
-    OptionDef { name: "set", kind: Kind::Str, default: None, scope: Scope::CommandLine, commands: &["restore", "info", "expire", "verify"],
+    OptionDef { name: "set", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, commands: &["restore", "info", "expire", "verify"],
         help: "Backup label. restore: default the latest (for --type=time, the newest backup that ended before the target); expire: expire just this backup; info, verify: just this backup." },
-    OptionDef { name: "delta", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["restore"],
+    OptionDef { name: "delta", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, commands: &["restore"],
         help: "Restore over an existing directory, rewriting only files whose content differs and removing files the backup lacks." },
-    OptionDef { name: "force", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["restore"],
+    OptionDef { name: "force", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, commands: &["restore"],
         help: "Restore over an existing directory, removing everything in it first." },
-    OptionDef { name: "dry-run", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["restore"],
+    OptionDef { name: "dry-run", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, commands: &["restore"],
         help: "Print what restore would do (backup, targets, tablespaces, recovery settings) after checking the targets, and write nothing." },
-    OptionDef { name: "tablespace-map", kind: Kind::List, default: None, scope: Scope::CommandLine, commands: &["restore"],
+    OptionDef { name: "tablespace-map", kind: Kind::List, default: None, scope: Scope::CommandLine, secret: false, commands: &["restore"],
         help: "Restore a tablespace elsewhere: OID=DIR (repeatable)." },
-    OptionDef { name: "target", kind: Kind::Str, default: None, scope: Scope::CommandLine, commands: &["restore"],
+    OptionDef { name: "target", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, commands: &["restore"],
         help: "Recovery target for --type=time (with time zone), lsn, xid or name." },
-    OptionDef { name: "target-action", kind: Kind::Enum(&["pause", "promote", "shutdown"]), default: None, scope: Scope::CommandLine, commands: &["restore"],
+    OptionDef { name: "target-action", kind: Kind::Enum(TargetAction::NAMES), default: None, scope: Scope::CommandLine, secret: false, commands: &["restore"],
         help: "What the server does at the target (PostgreSQL's default: pause)." },
-    OptionDef { name: "target-timeline", kind: Kind::Str, default: None, scope: Scope::CommandLine, commands: &["restore"],
+    OptionDef { name: "target-timeline", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, commands: &["restore"],
         help: "Timeline to recover along: current, latest or a number (PostgreSQL's default: latest)." },
-    OptionDef { name: "target-exclusive", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, commands: &["restore"],
+    OptionDef { name: "target-exclusive", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, commands: &["restore"],
         help: "Stop just before the target instead of just after it." },
-    OptionDef { name: "archive-mode", kind: Kind::Enum(&["preserve", "off"]), default: Some("preserve"), scope: Scope::CommandLine, commands: &["restore"],
+    OptionDef { name: "archive-mode", kind: Kind::Enum(&["preserve", "off"]), default: Some("preserve"), scope: Scope::CommandLine, secret: false, commands: &["restore"],
         help: "off: the restored cluster does not archive WAL (for copies that must not write into the source's archive); preserve: keep the backed-up setting." },
-    OptionDef { name: "output", kind: Kind::Enum(&["text", "json"]), default: Some("text"), scope: Scope::CommandLine, commands: &["info", "verify"],
+    OptionDef { name: "output", kind: Kind::Enum(&["text", "json"]), default: Some("text"), scope: Scope::CommandLine, secret: false, commands: &["info", "verify"],
         help: "Output format." },
-    OptionDef { name: "log-level-console", kind: Kind::Enum(&["off", "error", "warn", "info", "debug", "trace"]), default: Some("warn"), scope: Scope::Config, commands: &[],
+    OptionDef { name: "log-level-console", kind: Kind::Enum(LOG_LEVELS), default: Some("warn"), scope: Scope::Config, secret: false, commands: &[],
         help: "Messages shown on standard error." },
-    OptionDef { name: "log-level-file", kind: Kind::Enum(&["off", "error", "warn", "info", "debug", "trace"]), default: Some("off"), scope: Scope::Config, commands: &[],
+    OptionDef { name: "log-level-file", kind: Kind::Enum(LOG_LEVELS), default: Some("off"), scope: Scope::Config, secret: false, commands: &[],
         help: "Messages written to the log file in log-path." },
-    OptionDef { name: "log-path", kind: Kind::Path, default: Some("/var/log/pgstrata"), scope: Scope::Config, commands: &[],
+    OptionDef { name: "log-path", kind: Kind::Path, default: Some("/var/log/pgstrata"), scope: Scope::Config, secret: false, commands: &[],
         help: "Directory for log files, named STANZA-COMMAND.log." },
-    OptionDef { name: "pg-bin", kind: Kind::Path, default: None, scope: Scope::CommandLine, commands: &["demo"],
+    OptionDef { name: "pg-bin", kind: Kind::Path, default: None, scope: Scope::CommandLine, secret: false, commands: &["demo"],
         help: "Directory of the PostgreSQL server binaries for the demo (default: pg_config --bindir, else the newest /usr/lib/postgresql/*/bin)." },
 ];
 
@@ -218,13 +239,50 @@ impl OptionDef {
             ),
             Kind::Enum(vals) => vals.join(", "),
             Kind::List => "text, repeatable".into(),
+            Kind::CompressLevel => {
+                let per_codec: Vec<String> = CompressType::ALL
+                    .iter()
+                    .filter(|c| **c != CompressType::None)
+                    .map(|c| match c.level_range() {
+                        (lo, hi) if lo == hi => format!("{} {lo}", c.name()),
+                        (lo, hi) => {
+                            format!("{} {lo} to {hi} (default {})", c.name(), c.default_level())
+                        }
+                    })
+                    .collect();
+                format!("an integer: {}", per_codec.join("; "))
+            }
         }
+    }
+
+    /// The default, normalized as a given value would be (`16MiB` as bytes).
+    pub fn default_value(&self) -> Option<String> {
+        let d = self.default?;
+        Some(
+            self.validate(d, "the option table")
+                .unwrap_or_else(|e| panic!("bad default: {e}")),
+        )
     }
 
     /// Check a value and return it normalized.
     pub fn validate(&self, value: &str, source: &str) -> Result<String, String> {
         let bad = |why: String| Err(format!("option '{}' (from {source}): {why}", self.name));
         match self.kind {
+            // The range depends on compress-type: checked again once both are known
+            // (`check_compress_level`).
+            Kind::CompressLevel => match value.trim().parse::<i32>() {
+                Ok(v)
+                    if CompressType::ALL
+                        .iter()
+                        .any(|c| in_range(v, c.level_range())) =>
+                {
+                    Ok(v.to_string())
+                }
+                _ => bad(format!(
+                    "'{value}' is not allowed; expected {}",
+                    self.allowed()
+                )),
+            },
             Kind::Int { min, max } => match value.trim().parse::<i64>() {
                 Ok(v) if v >= min && v <= max => Ok(v.to_string()),
                 _ => bad(format!(
@@ -265,6 +323,26 @@ impl OptionDef {
     }
 }
 
+fn in_range(v: i32, (lo, hi): (i32, i32)) -> bool {
+    lo <= v && v <= hi
+}
+
+/// A compression level must be one the chosen codec accepts.
+pub fn check_compress_level(level: &str, compress_type: &str, source: &str) -> Result<(), String> {
+    let (Ok(level), Some(codec)) = (level.parse::<i32>(), CompressType::parse(compress_type))
+    else {
+        return Ok(()); // each was validated on its own
+    };
+    let (lo, hi) = codec.level_range();
+    if in_range(level, (lo, hi)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "option 'compress-level' (from {source}): {level} is not allowed with compress-type={compress_type}; expected {lo} to {hi}"
+        ))
+    }
+}
+
 /// Parse a size like `16MiB`, `2MB`, `512k` or `1048576` into bytes.
 pub fn parse_size(v: &str) -> Option<u64> {
     let v = v.trim();
@@ -290,20 +368,18 @@ fn fmt_size(n: u64) -> String {
     }
 }
 
-/// Options whose values must not be written into restore_command (postgresql.auto.conf):
-/// they must come from the config file or the server's environment.
-pub const SECRET_OPTIONS: &[&str] = &[
-    "repo-s3-key",
-    "repo-s3-key-secret",
-    "repo-s3-token",
-    "repo-azure-key",
-];
-
 /// Find the definition of `name` for `command`.
 pub fn find(name: &str, command: &str) -> Option<&'static OptionDef> {
     OPTIONS
         .iter()
         .find(|o| o.name == name && o.applies_to(command))
+}
+
+/// The definition of `name` when only one command family defines it (not `type`, `delta`).
+pub fn unique(name: &str) -> Option<&'static OptionDef> {
+    let mut defs = OPTIONS.iter().filter(|o| o.name == name);
+    let first = defs.next()?;
+    defs.next().is_none().then_some(first)
 }
 
 pub fn known(name: &str) -> bool {
@@ -374,6 +450,6 @@ pub fn general_help() -> String {
     for (c, h) in COMMANDS {
         out.push_str(&format!("  {c:<15} {h}\n"));
     }
-    out.push_str("\n'pgstrata help COMMAND' lists a command's options; 'pgstrata help options' prints the full reference.\n");
+    out.push_str("\n'pgstrata help COMMAND' lists a command's options; 'pgstrata help options' prints the full reference; 'pgstrata help man' the man page.\n");
     out
 }

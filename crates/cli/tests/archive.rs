@@ -86,3 +86,120 @@ impl NoStanza for Env {
         self.sql("SELECT pg_switch_wal()");
     }
 }
+
+/// archive-get run from `cwd` (the data directory, as PostgreSQL runs restore_command).
+fn archive_get_in(
+    env: &Env,
+    cwd: &std::path::Path,
+    name: &str,
+    extra_env: &[(&str, &str)],
+) -> (i32, String) {
+    let dest = cwd.join("RECOVERYXLOG");
+    let mut c = env.cmd(&["archive-get", name, dest.to_str().unwrap()]);
+    c.current_dir(cwd);
+    for (k, v) in extra_env {
+        c.env(k, v);
+    }
+    run_fail(c)
+}
+
+/// A working directory the PostgreSQL user may enter; `standby` puts standby.signal in it.
+fn cwd(env: &Env, name: &str, standby: bool) -> std::path::PathBuf {
+    let dir = env.scratch.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    if standby {
+        std::fs::write(dir.join("standby.signal"), b"").unwrap();
+    }
+    pgstrata_testkit::give_to_pg_user(&dir);
+    dir
+}
+
+/// Any archive-get failure other than "not in the archive" must stop a recovering server
+/// (exit above 125) instead of ending recovery early; a standby gets a code it retries on.
+/// Proven on a real recovery: a damaged segment after the backup stops the server, which
+/// does not promote.
+#[test]
+fn archive_get_failures_stop_recovery_and_standbys_retry() {
+    let env = Env::new("archive-get-fail");
+    env.stanza_create();
+    env.backup(&["--type=full"]);
+    let before = env.info_json()["archive_max"].as_str().unwrap().to_string();
+    env.sql("CREATE TABLE after_backup AS SELECT generate_series(1, 1000) AS i");
+    env.flush_wal();
+    let damaged = env.info_json()["archive_max"].as_str().unwrap().to_string();
+    assert!(damaged > before, "a segment archived after the backup");
+    let object = tree(&env.repo)
+        .into_keys()
+        .find(|k| k.ends_with(&format!("/{damaged}")))
+        .map(|k| env.repo.join(k))
+        .expect("the archived segment's object");
+    let mut bytes = std::fs::read(&object).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    std::fs::write(&object, &bytes).unwrap();
+
+    let primary = cwd(&env, "cwd-primary", false);
+    let standby = cwd(&env, "cwd-standby", true);
+    // Damaged WAL: 128 + 4 outside standby mode, 4 in it.
+    let (code, err) = archive_get_in(&env, &primary, &damaged, &[]);
+    assert_eq!(code, 132, "{err}");
+    assert!(err.contains(&damaged), "{err}");
+    assert_eq!(archive_get_in(&env, &standby, &damaged, &[]).0, 4);
+    // An unreachable repository: 128 + 3, and 3 for a standby.
+    let unreachable = format!("http://127.0.0.1:{}", pgstrata_testkit::free_port());
+    let s3 = [
+        ("PGSTRATA_REPO_TYPE", "s3"),
+        ("PGSTRATA_REPO_S3_BUCKET", "nowhere"),
+        ("PGSTRATA_REPO_S3_REGION", "us-east-1"),
+        ("PGSTRATA_REPO_S3_ENDPOINT", unreachable.as_str()),
+        ("PGSTRATA_REPO_S3_URI_STYLE", "path"),
+        ("PGSTRATA_REPO_S3_KEY", "test"),
+        ("PGSTRATA_REPO_S3_KEY_SECRET", "test"),
+        ("PGSTRATA_REPO_STORAGE_RETRIES", "0"),
+        ("PGSTRATA_REPO_STORAGE_TIMEOUT", "2"),
+    ];
+    let (code, err) = archive_get_in(&env, &primary, &damaged, &s3);
+    assert_eq!(code, 131, "{err}");
+    assert_eq!(archive_get_in(&env, &standby, &damaged, &s3).0, 3);
+    // Bad configuration stops recovery too.
+    let (code, err) = archive_get_in(&env, &primary, &damaged, &[("PGSTRATA_REPO_TYPE", "ftp")]);
+    assert_eq!(code, 130, "{err}");
+    // "Not in the archive" stays 1 in both modes.
+    assert_eq!(
+        archive_get_in(&env, &primary, "0000000100000000000000FE", &[]).0,
+        1
+    );
+    assert_eq!(
+        archive_get_in(&env, &standby, "0000000100000000000000FE", &[]).0,
+        1
+    );
+
+    // A real recovery that needs the damaged segment stops, and does not promote.
+    let target = env.scratch.join("stops");
+    run_ok(env.cmd_as_invoker(&[
+        &format!("--pg-path={}", target.display()),
+        "--archive-mode=off",
+        "--target-action=promote",
+        "restore",
+    ]));
+    let restored = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &target, &env.scratch.path);
+    let _ = restored.start(); // may return once it accepts read-only connections
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while restored.is_running() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server kept running on a damaged segment:\n{}",
+            restored.log_tail()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let log = std::fs::read_to_string(&restored.log_file).unwrap();
+    assert!(
+        log.contains(&damaged) && log.contains("could not restore file"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("archive recovery complete") && !log.contains("selected new timeline"),
+        "the server promoted past a damaged segment:\n{log}"
+    );
+}

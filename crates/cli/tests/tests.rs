@@ -10,6 +10,7 @@ mod bad_input;
 mod incremental;
 
 mod object_store;
+mod options;
 mod restore_safety;
 mod roundtrip;
 mod verify;

@@ -1,11 +1,12 @@
 //! The SQL side of a backup: connecting, identifying the server, starting and stopping
 //! backup mode. Both backup calls must run in the same session, which stays open for the
 //! whole copy; if pgstrata dies the server ends backup mode itself when the session drops.
+//! TCP connections use TLS as `pg-sslmode` says (see [`crate::pg_tls`]).
 
 use crate::error::pg_err;
 use crate::{Error, ErrorKind, Result, Settings};
 use pgstrata_pg::lsn::Lsn;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 pub struct Db {
     client: Client,
@@ -55,9 +56,15 @@ impl Db {
         if let Ok(pw) = std::env::var("PGPASSWORD") {
             cfg.password(pw);
         }
-        let target = format!("{host}:{} as {user}, database {}", s.pg_port, s.pg_database);
+        let unix_socket = host.starts_with('/');
+        cfg.ssl_mode(s.pg_sslmode.wire(unix_socket));
+        let mut target = format!("{host}:{} as {user}, database {}", s.pg_port, s.pg_database);
+        if !unix_socket {
+            target.push_str(&format!(", pg-sslmode={}", s.pg_sslmode.name()));
+        }
+        let tls = crate::pg_tls::connector(s.pg_sslmode, s.pg_sslrootcert.as_deref())?;
         let (client, conn) = cfg
-            .connect(NoTls)
+            .connect(tls)
             .await
             .map_err(pg_err(format!("cannot connect to PostgreSQL at {target}")))?;
         tokio::spawn(async move {

@@ -33,6 +33,17 @@ pub enum RetentionType {
     Time,
 }
 
+impl RetentionType {
+    /// Names as configured (`repo-retention-full-type`), in declaration order.
+    pub const NAMES: &'static [&'static str] = &["count", "time"];
+
+    pub fn parse(s: &str) -> Option<RetentionType> {
+        [RetentionType::Count, RetentionType::Time]
+            .into_iter()
+            .find(|t| RetentionType::NAMES[*t as usize] == s)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ExpireOptions {
     pub set: Option<String>,

@@ -15,6 +15,7 @@ pub mod expire;
 pub mod info;
 pub mod lock;
 pub mod owner;
+pub mod pg_tls;
 pub mod pool;
 pub mod progress;
 pub mod restore;

@@ -60,6 +60,9 @@ async fn takeover_guard() -> Result<nix::fcntl::Flock<std::fs::File>> {
             .open(&path)
             .or_else(|_| std::fs::File::open(&path))
             .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        // The umask (0027) took the mode's "others" bits: give them back. Fails harmlessly
+        // on a file another user created.
+        let _ = file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
         nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, errno)| {
             Error::io(
                 format!("lock {}", path.display()),

@@ -19,6 +19,10 @@ pub struct Settings {
     pub pg_port: u16,
     pub pg_user: Option<String>,
     pub pg_database: String,
+    /// TLS on TCP connections to PostgreSQL, with libpq's meanings.
+    pub pg_sslmode: crate::pg_tls::SslMode,
+    /// CA certificates (PEM) that verify-ca and verify-full trust.
+    pub pg_sslrootcert: Option<PathBuf>,
     pub compression: Compression,
     pub process_max: usize,
     pub start_fast: bool,

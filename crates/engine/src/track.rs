@@ -36,6 +36,17 @@ pub enum Track {
     Hash,
 }
 
+impl Track {
+    /// Names as given to `--track`, in declaration order.
+    pub const NAMES: &'static [&'static str] = &["auto", "wal", "hash"];
+
+    pub fn parse(s: &str) -> Option<Track> {
+        [Track::Auto, Track::Wal, Track::Hash]
+            .into_iter()
+            .find(|t| Track::NAMES[*t as usize] == s)
+    }
+}
+
 type ForkKey = (u32, u32, u32, u8);
 
 /// Everything the WAL changed between two backups.

@@ -24,14 +24,11 @@ impl CompressType {
         CompressType::Bz2,
     ];
 
+    /// Names as configured (`compress-type`), in the order of [`CompressType::ALL`].
+    pub const NAMES: &'static [&'static str] = &["none", "gz", "lz4", "zst", "bz2"];
+
     pub fn name(self) -> &'static str {
-        match self {
-            CompressType::None => "none",
-            CompressType::Gz => "gz",
-            CompressType::Lz4 => "lz4",
-            CompressType::Zst => "zst",
-            CompressType::Bz2 => "bz2",
-        }
+        CompressType::NAMES[self as usize]
     }
 
     pub fn parse(s: &str) -> Option<CompressType> {

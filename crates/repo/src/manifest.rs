@@ -24,12 +24,17 @@ pub enum BackupType {
 }
 
 impl BackupType {
+    /// Names as given to `--type`, in declaration order.
+    pub const NAMES: &'static [&'static str] = &["full", "diff", "incr"];
+
     pub fn name(self) -> &'static str {
-        match self {
-            BackupType::Full => "full",
-            BackupType::Diff => "diff",
-            BackupType::Incr => "incr",
-        }
+        BackupType::NAMES[self as usize]
+    }
+
+    pub fn parse(s: &str) -> Option<BackupType> {
+        [BackupType::Full, BackupType::Diff, BackupType::Incr]
+            .into_iter()
+            .find(|t| t.name() == s)
     }
 }
 

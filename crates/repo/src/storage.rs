@@ -61,7 +61,32 @@ pub enum RepoKind {
     Azure,
 }
 
-#[derive(Debug, Clone, Default)]
+impl RepoKind {
+    /// Names as configured (`repo-type`), in declaration order.
+    pub const NAMES: &'static [&'static str] = &["posix", "s3", "gcs", "azure"];
+
+    pub fn parse(s: &str) -> Option<RepoKind> {
+        [
+            RepoKind::Posix,
+            RepoKind::S3,
+            RepoKind::Gcs,
+            RepoKind::Azure,
+        ]
+        .into_iter()
+        .find(|k| RepoKind::NAMES[*k as usize] == s)
+    }
+}
+
+/// How a credential shows in `Debug` output: whether it is set, never its value.
+fn redacted(v: &Option<String>) -> &'static str {
+    if v.is_some() {
+        "Some(<redacted>)"
+    } else {
+        "None"
+    }
+}
+
+#[derive(Clone, Default)]
 pub struct S3Config {
     pub bucket: String,
     /// URL; `http://` is allowed (local servers).
@@ -77,6 +102,25 @@ pub struct S3Config {
     pub kms_key_id: Option<String>,
 }
 
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Config")
+            .field("bucket", &self.bucket)
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("key", &format_args!("{}", redacted(&self.key)))
+            .field(
+                "key_secret",
+                &format_args!("{}", redacted(&self.key_secret)),
+            )
+            .field("token", &format_args!("{}", redacted(&self.token)))
+            .field("path_style", &self.path_style)
+            .field("storage_class", &self.storage_class)
+            .field("kms_key_id", &self.kms_key_id)
+            .finish()
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct GcsConfig {
     pub bucket: String,
@@ -85,12 +129,23 @@ pub struct GcsConfig {
     pub endpoint: Option<String>,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct AzureConfig {
     pub account: String,
     pub container: String,
     pub key: Option<String>,
     pub endpoint: Option<String>,
+}
+
+impl std::fmt::Debug for AzureConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AzureConfig")
+            .field("account", &self.account)
+            .field("container", &self.container)
+            .field("key", &format_args!("{}", redacted(&self.key)))
+            .field("endpoint", &self.endpoint)
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -76,6 +76,9 @@ impl Env {
             let p = scratch.join("pgstrata.toml");
             std::fs::write(&p, format!("[global]\n{body}\n")).unwrap();
             give_to_pg_user(&p);
+            // It holds keys: readable by its owner only, as the README asks.
+            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .unwrap();
             p
         });
         let location = match &config {

@@ -92,6 +92,33 @@ impl RecoveryType {
     }
 }
 
+/// What the server does when it reaches the recovery target (`recovery_target_action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetAction {
+    Pause,
+    Promote,
+    Shutdown,
+}
+
+impl TargetAction {
+    /// Names as given to `--target-action` (PostgreSQL's values), in declaration order.
+    pub const NAMES: &'static [&'static str] = &["pause", "promote", "shutdown"];
+
+    pub fn name(self) -> &'static str {
+        TargetAction::NAMES[self as usize]
+    }
+
+    pub fn parse(s: &str) -> Option<TargetAction> {
+        [
+            TargetAction::Pause,
+            TargetAction::Promote,
+            TargetAction::Shutdown,
+        ]
+        .into_iter()
+        .find(|a| a.name() == s)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RestoreOptions {
     pub set: Option<String>,
@@ -102,7 +129,7 @@ pub struct RestoreOptions {
     pub tablespace_map: Vec<(u32, PathBuf)>,
     pub recovery_type: RecoveryType,
     pub target: Option<String>,
-    pub target_action: Option<String>,
+    pub target_action: Option<TargetAction>,
     pub target_timeline: Option<String>,
     pub target_exclusive: bool,
     /// Write `archive_mode = off` so the restored cluster does not archive into the
@@ -153,13 +180,6 @@ pub async fn plan(s: &Settings, o: &RestoreOptions) -> Result<(RestorePlan, Vec<
         return Err(Error::config(
             format!("--type={:?} needs --target", o.recovery_type).to_lowercase(),
         ));
-    }
-    if let Some(a) = &o.target_action {
-        if !["pause", "promote", "shutdown"].contains(&a.as_str()) {
-            return Err(Error::config(format!(
-                "--target-action='{a}' is not one of pause, promote, shutdown"
-            )));
-        }
     }
     let pg_path = s.pg_path()?.to_path_buf();
     let (storage, _stanza) = open_stanza(s).await?;

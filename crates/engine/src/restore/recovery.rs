@@ -50,9 +50,9 @@ pub(super) fn recovery_settings(label: &str, o: &RestoreOptions) -> Vec<String> 
     if o.recovery_type.needs_target() && o.target_exclusive {
         conf.push("recovery_target_inclusive = false".into());
     }
-    if let Some(a) = &o.target_action {
+    if let Some(a) = o.target_action {
         if o.recovery_type != RecoveryType::Standby {
-            conf.push(format!("recovery_target_action = {}", conf_quote(a)));
+            conf.push(format!("recovery_target_action = {}", conf_quote(a.name())));
         }
     }
     if let Some(t) = &o.target_timeline {
@@ -140,6 +140,7 @@ pub(super) fn write_recovery_files(
 
 #[cfg(test)]
 mod tests {
+    use super::super::TargetAction;
     use super::*;
 
     const LABEL: &str = "20261123-101010F";
@@ -153,7 +154,7 @@ mod tests {
             tablespace_map: vec![],
             recovery_type: t,
             target: Some("it's 'quoted'".into()),
-            target_action: Some("promote".into()),
+            target_action: Some(TargetAction::Promote),
             target_timeline: None,
             target_exclusive: true,
             archive_off: true,
