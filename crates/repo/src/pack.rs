@@ -16,6 +16,9 @@ use serde::{Deserialize, Serialize};
 
 /// Default raw bytes per frame: 128 pages of 8 KiB.
 pub const DEFAULT_FRAME_SIZE: usize = 1024 * 1024;
+/// Largest decoded or stored frame a reader accepts (a writer's frames are about
+/// `DEFAULT_FRAME_SIZE`): lengths from a manifest size allocations.
+pub const MAX_FRAME_LEN: u32 = 64 * 1024 * 1024;
 /// Default size a pack grows to before it is written.
 pub const DEFAULT_PACK_SIZE: usize = 16 * 1024 * 1024;
 

@@ -13,6 +13,11 @@ use crate::stanza::ClusterIdentity;
 use crate::{layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
 use serde::{Deserialize, Serialize};
 
+#[cfg(test)]
+mod tests;
+mod validate;
+pub use validate::{is_backup_label, BLOCK_SIZES, MAX_ENTRIES, PERMISSION_BITS};
+
 const MAGIC: &[u8; 8] = b"PGSTRMAN";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -228,14 +233,8 @@ impl Manifest {
                 "{what}: manifest fails its checksum: the repository is damaged"
             )));
         }
-        let json = zstd::stream::decode_all(&obj[40..]).map_err(|e| {
-            Error::with_source(
-                ErrorKind::Corrupt,
-                format!("{what}: cannot decode manifest"),
-                e,
-            )
-        })?;
-        let m: Manifest = serde_json::from_slice(&json).map_err(|e| {
+        let json = crate::codec::zstd_bounded(&obj[40..], MAX_MANIFEST_RATIO, what)?;
+        let mut m: Manifest = serde_json::from_slice(&json).map_err(|e| {
             Error::with_source(ErrorKind::Corrupt, format!("{what}: invalid manifest"), e)
         })?;
         if m.format_version > FORMAT_VERSION {
@@ -247,6 +246,7 @@ impl Manifest {
                 ),
             ));
         }
+        validate::validate(&mut m, what)?;
         Ok(m)
     }
 
@@ -294,6 +294,10 @@ impl Manifest {
         })
     }
 }
+
+/// How much larger than its compressed body a manifest's JSON may be. Real manifests
+/// compress about 3 to 40 times (hex digests, varied paths).
+const MAX_MANIFEST_RATIO: u64 = 256;
 
 /// Labels of all complete backups of a stanza (those with a manifest), oldest first.
 /// Labels sort by time by construction.
