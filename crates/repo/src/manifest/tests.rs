@@ -243,7 +243,10 @@ fn modes_are_masked_and_setuid_is_refused() {
     let mut m = sample();
     file_mut(&mut m, "base/5/PG_VERSION").owner.mode = 0o4755;
     let err = decode_err(&m);
-    assert!(err.contains("\"base/5/PG_VERSION\"") && err.contains("setuid"), "{err}");
+    assert!(
+        err.contains("\"base/5/PG_VERSION\"") && err.contains("setuid"),
+        "{err}"
+    );
     let mut m = sample();
     file_mut(&mut m, "base/5/PG_VERSION").owner.mode = 0o100600;
     assert!(decode_err(&m).contains("beyond 7777"));

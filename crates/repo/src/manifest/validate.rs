@@ -57,7 +57,9 @@ pub(super) fn validate(m: &mut Manifest, what: &str) -> Result<()> {
         previous = Some(path);
     }
     if m.entries.is_empty() {
-        return Err(fail("no entries (the data directory itself is missing)".into()));
+        return Err(fail(
+            "no entries (the data directory itself is missing)".into(),
+        ));
     }
     for t in &m.tablespaces {
         if kinds.get(format!("pg_tblspc/{}", t.oid).as_str()) != Some(&Kind::Link) {
@@ -117,8 +119,7 @@ fn check_header(m: &Manifest) -> Check {
         }
     }
     let c = &m.cluster;
-    if !c.wal_segment_size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&c.wal_segment_size)
-    {
+    if !c.wal_segment_size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&c.wal_segment_size) {
         return Err(format!(
             "wal_segment_size {} is not a power of two from 1 MiB to 1 GiB",
             c.wal_segment_size
@@ -294,7 +295,9 @@ fn check_owner(o: &Owner, is_file: bool) -> Check {
     }
     for name in [&o.user, &o.group].into_iter().flatten() {
         if name.is_empty() || name.len() > MAX_OWNER_NAME_LEN || name.contains('\0') {
-            return Err(format!("owner name {name:?} is empty, too long or holds a NUL"));
+            return Err(format!(
+                "owner name {name:?} is empty, too long or holds a NUL"
+            ));
         }
     }
     Ok(())
