@@ -8,7 +8,7 @@ mod archive;
 mod backup;
 mod bad_input;
 mod incremental;
-
+mod manifest;
 mod object_store;
 mod options;
 mod restore_safety;

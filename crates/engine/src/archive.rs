@@ -58,15 +58,19 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
                 decode.then(|| scope.spawn(|| pgstrata_pg::wal::decode_segment(&raw, major, 8192)));
             let h = wal::hash(&raw);
             let obj = wal::encode(&raw, compression);
-            (obj, h, decoded.map(|t| t.join().expect("decode thread")))
+            // A decoder panic (a bug) must not fail the push: archiving would stall and
+            // pg_wal fill up. It becomes an unusable map, and backups hash instead.
+            let decoded = decoded.map(|t| t.join().map_err(|p| panic_reason(&*p)));
+            (obj, h, decoded)
         })
     })
     .await
     .expect("compress thread");
     let map = match decoded {
         None => None,
-        Some(Err(e)) => Some(unusable_map(&name, e.to_string())),
-        Some(Ok(mut changes)) => {
+        Some(Err(why)) => Some(unusable_map(&name, why)),
+        Some(Ok(Err(e))) => Some(unusable_map(&name, e.to_string())),
+        Some(Ok(Ok(mut changes))) => {
             // The previous segment's last record may have been cut inside its block headers:
             // read it whole now, while the previous segment is at hand, so that a backup
             // needs neither segment.
@@ -166,19 +170,36 @@ async fn previous_cut_record(
     // Decoding from a page boundary skips the continuation there and reads the records
     // starting after it, the cut one last.
     let tail_start = segno * seg - tail.len() as u64;
-    let without =
+    let without = decode_caught(|| {
         pgstrata_pg::wal::decode_segment_until(&tail, major, 8192, Some(tail_start), u64::MAX)
-            .ok()?;
+    })?;
     if !without.incomplete_tail {
         return None;
     }
     let mut both = tail;
     both.extend_from_slice(&head);
-    let with =
+    let with = decode_caught(|| {
         pgstrata_pg::wal::decode_segment_until(&both, major, 8192, Some(tail_start), segno * seg)
-            .ok()?;
+    })?;
     // Still cut: the record runs past `head`.
     (!with.incomplete_tail).then_some((with, without))
+}
+
+/// A decoding, with a failure or a panic of the decoder taken as "no result".
+fn decode_caught<T>(decode: impl FnOnce() -> pgstrata_pg::Result<T>) -> Option<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode))
+        .ok()?
+        .ok()
+}
+
+/// What a caught panic says, for an unusable map's reason.
+fn panic_reason(payload: &(dyn std::any::Any + Send)) -> String {
+    let msg = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into());
+    format!("the WAL decoder failed (a bug; please report it): {msg}")
 }
 
 /// The last `len` bytes of the full-size segment file at `path`, if it is there.
@@ -340,6 +361,25 @@ pub async fn archive_range(
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn a_decoder_panic_becomes_an_unusable_map() {
+        let caught = std::thread::scope(|scope| {
+            scope
+                .spawn(|| -> pgstrata_pg::Result<()> { panic!("index out of bounds") })
+                .join()
+                .map_err(|p| panic_reason(&*p))
+        });
+        let why = caught.unwrap_err();
+        let map = unusable_map("000000010000000000000002", why);
+        assert!(!map.usable);
+        let reason = map.complete().unwrap_err();
+        assert!(
+            reason.contains("WAL decoder failed") && reason.contains("index out of bounds"),
+            "{reason}"
+        );
+        assert!(decode_caught(|| -> pgstrata_pg::Result<()> { panic!("x") }).is_none());
+    }
+
     #[test]
     fn names() {
         assert!(valid_wal_name("000000010000000000000002"));

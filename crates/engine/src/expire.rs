@@ -23,7 +23,7 @@ use crate::lock::with_lock;
 use crate::progress::human_bytes;
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_pg::lsn;
-use pgstrata_repo::manifest::{load_backups, BackupType, Manifest};
+use pgstrata_repo::manifest::{scan_backups, BackupType, Manifest};
 use pgstrata_repo::{layout, Storage};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -71,13 +71,23 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
     let (storage, stanza) = open_stanza(s).await?;
     let storage2 = storage.clone();
     with_lock(&storage2, &s.stanza, "expire", async move {
-        let manifests = load_backups(&storage, &s.stanza).await?;
-        let doomed = choose(&manifests, o)?;
+        let scan = scan_backups(&storage, &s.stanza).await?;
+        let manifests = scan.manifests;
+        let damaged: Vec<&str> = scan.damaged.iter().map(|d| d.label.as_str()).collect();
+        let doomed = choose(&manifests, &damaged, o)?;
+        for d in scan.damaged.iter().filter(|d| !doomed.contains(&d.label)) {
+            log::warn!(
+                "backup {} is damaged and is kept with its packs ({}); expire it with --set={}",
+                d.label, d.error, d.label
+            );
+        }
         let mut report = ExpireReport::default();
-        for m in manifests.iter().filter(|m| doomed.contains(&m.label)) {
-            storage.delete(&layout::manifest(&s.stanza, &m.label)).await?;
-            log::info!("expired backup {}", m.label);
-            report.expired.push(m.label.clone());
+        for label in &doomed {
+            // The manifest first: the backup no longer exists. Then its copy.
+            storage.delete(&layout::manifest(&s.stanza, label)).await?;
+            storage.delete(&layout::manifest_copy(&s.stanza, label)).await?;
+            log::info!("expired backup {label}");
+            report.expired.push(label.clone());
         }
         let kept: Vec<&Manifest> = manifests.iter().filter(|m| !doomed.contains(&m.label)).collect();
         let usage = collect_garbage(&storage, &s.stanza, &kept, Some(&doomed)).await?;
@@ -99,17 +109,17 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
 }
 
 /// The labels to expire.
-fn choose(manifests: &[Manifest], o: &ExpireOptions) -> Result<BTreeSet<String>> {
+/// The labels to expire. A damaged backup (`damaged`) goes only when `--set` names it.
+fn choose(manifests: &[Manifest], damaged: &[&str], o: &ExpireOptions) -> Result<BTreeSet<String>> {
     let mut doomed = BTreeSet::new();
     if let Some(set) = &o.set {
-        if !manifests.iter().any(|m| &m.label == set) {
+        if !manifests.iter().any(|m| &m.label == set) && !damaged.contains(&set.as_str()) {
+            let mut all: Vec<&str> = manifests.iter().map(|m| m.label.as_str()).collect();
+            all.extend(damaged);
+            all.sort();
             return Err(Error::config(format!(
                 "backup '{set}' does not exist (backups: {})",
-                manifests
-                    .iter()
-                    .map(|m| m.label.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                all.join(", ")
             )));
         }
         doomed.insert(set.clone());
@@ -206,8 +216,25 @@ pub async fn collect_garbage(
     let now = chrono::Utc::now().timestamp();
     let mut usage = PackUsage::default();
     let root = layout::backup_root(stanza);
-    for obj in storage.list(&root).await? {
+    let objects = storage.list(&root).await?;
+    // Labels whose manifest exists, readable or not: a damaged backup keeps its packs.
+    let manifest_objects: HashSet<&str> = objects
+        .iter()
+        .filter_map(|o| o.key[root.len() + 1..].strip_suffix("/backup.manifest"))
+        .collect();
+    for obj in &objects {
         let rest = &obj.key[root.len() + 1..];
+        if let Some(label) = rest.strip_suffix("/backup.manifest.copy") {
+            // A copy without its manifest: a backup stopped between the two writes, or
+            // an expire between the two deletes.
+            let stray = !manifest_objects.contains(label)
+                && (expired.is_some_and(|e| e.contains(label))
+                    || now - obj.modified >= ORPHAN_GRACE_SECS);
+            if expired.is_some() && stray {
+                storage.delete(&obj.key).await?;
+            }
+            continue;
+        }
         let Some((label, pack)) = rest.split_once("/pack/") else {
             continue;
         };
@@ -218,7 +245,8 @@ pub async fn collect_garbage(
                 let young_orphan = !with_manifest.contains(label)
                     && !expired.is_some_and(|e| e.contains(label))
                     && now - obj.modified < ORPHAN_GRACE_SECS;
-                if expired.is_some() && !young_orphan {
+                let damaged = manifest_objects.contains(label) && !with_manifest.contains(label);
+                if expired.is_some() && !young_orphan && !damaged {
                     storage.delete(&obj.key).await?;
                     usage.deleted += 1;
                     usage.freed += obj.size;

@@ -3,7 +3,7 @@
 use crate::archive::archive_range;
 use crate::progress::human_bytes;
 use crate::{open_stanza, Result, Settings};
-use pgstrata_repo::manifest::{load_backups, Manifest};
+use pgstrata_repo::manifest::{scan_backups, Manifest};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -62,6 +62,15 @@ pub struct StanzaReport {
     /// Bytes in packs that kept backups reference only in part (freed when those go).
     pub held_size: u64,
     pub backups: Vec<BackupInfo>,
+    /// Backups whose manifest and its copy are both damaged: they cannot be restored.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub damaged: Vec<DamagedBackup>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DamagedBackup {
+    pub label: String,
+    pub error: String,
 }
 
 pub fn summarize(m: &Manifest) -> BackupInfo {
@@ -101,7 +110,17 @@ pub fn summarize(m: &Manifest) -> BackupInfo {
 
 pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
     let (storage, stanza) = open_stanza(s).await?;
-    let manifests = load_backups(&storage, &s.stanza).await?;
+    let scan = scan_backups(&storage, &s.stanza).await?;
+    let manifests = scan.manifests;
+    let damaged: Vec<DamagedBackup> = scan
+        .damaged
+        .iter()
+        .filter(|d| set.is_none_or(|want| want == d.label))
+        .map(|d| DamagedBackup {
+            label: d.label.clone(),
+            error: d.error.to_string(),
+        })
+        .collect();
     let backups: Vec<_> = manifests
         .iter()
         .filter(|m| set.is_none_or(|want| want == m.label))
@@ -111,7 +130,7 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
     let usage = crate::expire::collect_garbage(&storage, &s.stanza, &refs, None).await?;
     let repo_size: u64 = storage.list(&s.stanza).await?.iter().map(|o| o.size).sum();
     if let Some(want) = set {
-        if backups.is_empty() {
+        if backups.is_empty() && damaged.is_empty() {
             return Err(crate::Error::config(format!(
                 "backup '{want}' does not exist in stanza '{}'",
                 s.stanza
@@ -128,6 +147,7 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
         repo_size,
         held_size: usage.held,
         backups,
+        damaged,
     })
 }
 
@@ -145,8 +165,14 @@ pub fn render_text(r: &StanzaReport) -> String {
         human_bytes(r.repo_size),
         human_bytes(r.held_size)
     ));
-    if r.backups.is_empty() {
+    if r.backups.is_empty() && r.damaged.is_empty() {
         out.push_str("    no backups\n");
+    }
+    for d in &r.damaged {
+        out.push_str(&format!(
+            "\n    damaged backup: {} (cannot be restored)\n        {}\n",
+            d.label, d.error
+        ));
     }
     for b in &r.backups {
         out.push_str(&format!(

@@ -23,7 +23,7 @@ use crate::{open_stanza, Error, Result, Settings};
 use futures::StreamExt;
 use pgstrata_pg::lsn::{self, Lsn};
 use pgstrata_repo::changemap::ChangeMap;
-use pgstrata_repo::manifest::{load_backups, FileEntry, Manifest};
+use pgstrata_repo::manifest::{scan_backups, FileEntry, Manifest};
 use pgstrata_repo::pack::FrameReader;
 use pgstrata_repo::{layout, wal, Storage};
 use serde::Serialize;
@@ -81,9 +81,10 @@ fn entry_key(m: &Manifest, f: &FileEntry) -> String {
 
 pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     let (storage, stanza) = open_stanza(s).await?;
-    let all = load_backups(&storage, &s.stanza).await?;
+    let scan = scan_backups(&storage, &s.stanza).await?;
+    let all = scan.manifests;
     if let Some(want) = set {
-        if !all.iter().any(|m| m.label == want) {
+        if !all.iter().any(|m| m.label == want) && !scan.damaged.iter().any(|d| d.label == want) {
             return Err(Error::config(format!(
                 "backup '{want}' does not exist in stanza '{}'",
                 s.stanza
@@ -158,6 +159,24 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         }
         backups.push(v);
     }
+    // A backup whose manifest and its copy are damaged cannot be restored; the others are
+    // still checked.
+    for d in scan
+        .damaged
+        .iter()
+        .filter(|d| set.is_none_or(|w| w == d.label))
+    {
+        log::error!("backup {}: {}", d.label, d.error);
+        backups.push(BackupVerdict {
+            label: d.label.clone(),
+            ok: false,
+            files: 0,
+            files_read: 0,
+            bytes_read: 0,
+            errors: vec![d.error.to_string()],
+        });
+    }
+    backups.sort_by(|a, b| a.label.cmp(&b.label));
     // A gap is a failure even when every backup is consistent: point-in-time recovery
     // cannot cross it, and monitoring watches the exit code.
     let ok = backups.iter().all(|b| b.ok) && wal.damaged.is_empty() && wal.gaps.is_empty();

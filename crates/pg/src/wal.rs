@@ -148,6 +148,12 @@ pub fn decode_segment_until(
 ) -> Result<SegmentChanges> {
     let magic = page_magic(major)
         .ok_or_else(|| invalid("WAL", format!("PostgreSQL {major} is not supported")))?;
+    if page_size < 64 || !page_size.is_multiple_of(8) {
+        return Err(invalid(
+            "WAL",
+            format!("page size {page_size} is not a multiple of 8 of at least 64 bytes"),
+        ));
+    }
     if seg.is_empty() || !seg.len().is_multiple_of(page_size) {
         return Err(invalid(
             "WAL segment",
@@ -438,7 +444,8 @@ fn parse_record(rec: &[u8], major: u32, out: &mut SegmentChanges) -> Result<()> 
                 // Blocks are WAL-logged one by one; nothing to add.
             } else if op == drop && m.len() >= 8 {
                 let db = u32_at(m, 0);
-                let n = u32_at(m, 4) as usize;
+                // The count is bounded by the bytes present, not trusted.
+                let n = (u32_at(m, 4) as usize).min((m.len() - 8) / 4);
                 for i in 0..n {
                     if let Some(spc) = m.get(8 + 4 * i..12 + 4 * i) {
                         out.databases
@@ -455,21 +462,24 @@ fn parse_record(rec: &[u8], major: u32, out: &mut SegmentChanges) -> Result<()> 
 /// Relations dropped by a commit or abort record (xl_xact_commit / xl_xact_abort with
 /// XLOG_XACT_HAS_INFO): xact_time, xinfo, then optional dbinfo, subxacts, relfilelocators.
 fn parse_xact_dropped(m: &[u8], out: &mut SegmentChanges) -> Result<()> {
+    // Every read is checked: the counts come from the record and may lie.
+    let count_at = |p: usize, what: &str| {
+        m.get(p..p + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize)
+            .ok_or_else(|| short(what))
+    };
     let mut p = 8; // xact_time
-    if m.len() < p + 4 {
-        return Err(short("XACT xinfo"));
-    }
-    let xinfo = u32_at(m, p);
+    let xinfo = count_at(p, "XACT xinfo")?;
     p += 4;
     if xinfo & 0x1 != 0 {
         p += 8; // dbId, tsId
     }
     if xinfo & 0x2 != 0 {
-        let n = u32_at(m, p) as usize;
+        let n = count_at(p, "XACT subtransactions")?;
         p += 4 + 4 * n;
     }
     if xinfo & 0x4 != 0 {
-        let n = u32_at(m, p) as usize;
+        let n = count_at(p, "XACT dropped relations")?;
         p += 4;
         for i in 0..n {
             let o = p + 12 * i;

@@ -144,13 +144,8 @@ impl ChangeMap {
                 "{what}: change map fails its checksum"
             )));
         }
-        let json = zstd::stream::decode_all(&obj[48..]).map_err(|e| {
-            Error::with_source(
-                crate::ErrorKind::Corrupt,
-                format!("{what}: cannot decode"),
-                e,
-            )
-        })?;
+        // Real maps compress about 5 to 20 times.
+        let json = crate::codec::zstd_bounded(&obj[48..], 256, what)?;
         serde_json::from_slice(&json).map_err(|e| {
             Error::with_source(
                 crate::ErrorKind::Corrupt,

@@ -184,13 +184,18 @@ pub fn decompress_into(
                 .decompress_to_buffer(stored, out)
                 .map(|_| ())
         }),
+        // One byte more than expected is enough to know the stream is wrong: a stream
+        // that inflates further is never read to its end.
         CompressType::Lz4 => lz4_flex::frame::FrameDecoder::new(stored)
+            .take(raw_len as u64 + 1)
             .read_to_end(out)
             .map(|_| ()),
         CompressType::Gz => flate2::read::GzDecoder::new(stored)
+            .take(raw_len as u64 + 1)
             .read_to_end(out)
             .map(|_| ()),
         CompressType::Bz2 => bzip2::read::BzDecoder::new(stored)
+            .take(raw_len as u64 + 1)
             .read_to_end(out)
             .map(|_| ()),
     };
@@ -203,11 +208,30 @@ pub fn decompress_into(
     })?;
     if out.len() != raw_len {
         return Err(Error::corrupt(format!(
-            "{context}: decoded {} bytes, expected {raw_len}",
-            out.len()
+            "{context}: decoded {}{} bytes, expected {raw_len}",
+            out.len(),
+            if out.len() > raw_len { " or more" } else { "" }
         )));
     }
     Ok(())
+}
+
+/// Decode one zstd stream of JSON metadata (a manifest, a change map) holding at most
+/// `ratio` times its compressed size plus 64 MiB: a crafted stream must not exhaust memory.
+pub fn zstd_bounded(body: &[u8], ratio: u64, context: &str) -> Result<Vec<u8>> {
+    let limit = (body.len() as u64).saturating_mul(ratio) + (64 << 20);
+    let mut out = Vec::new();
+    zstd::stream::read::Decoder::new(body)
+        .and_then(|d| d.take(limit + 1).read_to_end(&mut out))
+        .map_err(|e| {
+            Error::with_source(ErrorKind::Corrupt, format!("{context}: cannot decode"), e)
+        })?;
+    if out.len() as u64 > limit {
+        return Err(Error::corrupt(format!(
+            "{context}: inflates beyond {limit} bytes: it is damaged or was altered"
+        )));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! <stanza>/archive/<archive-id>/<first 16>/<segment>.map    its block-change map
 //! <stanza>/archive/<archive-id>/<name>.history          timeline history files
 //! <stanza>/backup/<label>/pack/<worker>-<seq>           pack objects holding file data
+//! <stanza>/backup/<label>/backup.manifest.copy          its copy, written just before it
 //! <stanza>/backup/<label>/backup.manifest               the manifest, written last
 //! <stanza>/lock/backup.lock                             held while a backup or expire runs
 //! ```
@@ -53,6 +54,11 @@ pub fn backup_dir(stanza: &str, label: &str) -> String {
 
 pub fn manifest(stanza: &str, label: &str) -> String {
     format!("{}/backup.manifest", backup_dir(stanza, label))
+}
+
+/// The manifest's second copy, written just before it and read when it is damaged.
+pub fn manifest_copy(stanza: &str, label: &str) -> String {
+    format!("{}/backup.manifest.copy", backup_dir(stanza, label))
 }
 
 pub fn pack(stanza: &str, label: &str, name: &str) -> String {

@@ -18,6 +18,8 @@ pub mod fault;
 pub mod layout;
 pub mod manifest;
 pub mod pack;
+#[cfg(test)]
+mod props;
 pub mod stanza;
 pub mod storage;
 pub mod wal;

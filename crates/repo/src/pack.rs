@@ -16,6 +16,9 @@ use serde::{Deserialize, Serialize};
 
 /// Default raw bytes per frame: 128 pages of 8 KiB.
 pub const DEFAULT_FRAME_SIZE: usize = 1024 * 1024;
+/// Largest decoded or stored frame a reader accepts (a writer's frames are about
+/// `DEFAULT_FRAME_SIZE`): lengths from a manifest size allocations.
+pub const MAX_FRAME_LEN: u32 = 64 * 1024 * 1024;
 /// Default size a pack grows to before it is written.
 pub const DEFAULT_PACK_SIZE: usize = 16 * 1024 * 1024;
 
@@ -285,6 +288,57 @@ pub struct FrameReader<'a> {
     pub requests: u64,
 }
 
+/// A frame a reader still has to fetch: the extent that needs it, and its identity.
+struct WantedFrame<'c> {
+    chunk: &'c Chunk,
+    key: FrameKey,
+}
+
+impl WantedFrame<'_> {
+    fn owner(&self) -> &str {
+        &self.key.0
+    }
+    fn pack(&self) -> &str {
+        &self.key.1
+    }
+    fn offset(&self) -> u64 {
+        self.key.2
+    }
+    /// Where its stored bytes end in the pack.
+    fn end(&self) -> u64 {
+        self.offset() + self.chunk.stored as u64
+    }
+}
+
+/// Cut frames sorted by (owner, pack, offset) into runs that one ranged read each fetches:
+/// frames of one pack at most `MERGE_GAP` apart (the gaps are read and dropped: frames an
+/// incremental replaced; on an object store a round trip costs more than the skipped
+/// bytes), while the read is shorter than `MAX_READ`.
+fn merged_reads<'w, 'c>(wanted: &'w [WantedFrame<'c>]) -> Vec<&'w [WantedFrame<'c>]> {
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < wanted.len() {
+        let first = &wanted[i];
+        let mut end = first.end();
+        let mut j = i + 1;
+        while let Some(next) = wanted.get(j) {
+            let joins = next.owner() == first.owner()
+                && next.pack() == first.pack()
+                && next.offset() >= end
+                && next.offset() - end <= MERGE_GAP
+                && end - first.offset() < MAX_READ;
+            if !joins {
+                break;
+            }
+            end = next.end();
+            j += 1;
+        }
+        runs.push(&wanted[i..j]);
+        i = j;
+    }
+    runs
+}
+
 /// Merged reads never exceed this many stored bytes (plus the last frame).
 pub const MAX_READ: u64 = 16 * 1024 * 1024;
 /// Frames of one pack at most this far apart are fetched with one read.
@@ -325,35 +379,21 @@ impl<'a> FrameReader<'a> {
 
     /// Fetch and decode every frame `chunks` need that is not already loaded.
     pub async fn load(&mut self, chunks: &[&Chunk], file: &str) -> Result<()> {
-        let mut wanted: Vec<(&Chunk, FrameKey)> = Vec::new();
         let mut seen = std::collections::HashSet::new();
-        for c in chunks {
-            if let Some(k) = c.frame_key(self.label) {
-                if !self.frames.contains_key(&k) && seen.insert(k.clone()) {
-                    wanted.push((c, k));
-                }
-            }
-        }
-        wanted.sort_by(|a, b| a.1.cmp(&b.1));
-        let mut i = 0;
-        while i < wanted.len() {
-            // One read covers a run of frames in the same pack, reading through gaps of up
-            // to MERGE_GAP bytes between them (frames an incremental replaced): on an object
-            // store a round trip costs more than the skipped bytes.
-            let mut j = i + 1;
-            let mut end = wanted[i].1 .2 + wanted[i].0.stored as u64;
-            while j < wanted.len()
-                && wanted[j].1 .0 == wanted[i].1 .0
-                && wanted[j].1 .1 == wanted[i].1 .1
-                && wanted[j].1 .2 >= end
-                && wanted[j].1 .2 - end <= MERGE_GAP
-                && end - wanted[i].1 .2 < MAX_READ
-            {
-                end = wanted[j].1 .2 + wanted[j].0.stored as u64;
-                j += 1;
-            }
-            let (owner, pack, start) = wanted[i].1.clone();
-            let key = layout::pack(self.stanza, &owner, &pack);
+        let mut wanted: Vec<WantedFrame> = chunks
+            .iter()
+            .filter_map(|c| {
+                let key = c.frame_key(self.label)?;
+                (!self.frames.contains_key(&key) && seen.insert(key.clone()))
+                    .then_some(WantedFrame { chunk: c, key })
+            })
+            .collect();
+        wanted.sort_by(|a, b| a.key.cmp(&b.key));
+        for run in merged_reads(&wanted) {
+            let first = &run[0];
+            let (owner, pack, start) = (first.owner(), first.pack(), first.offset());
+            let end = run.last().map_or(start, WantedFrame::end);
+            let key = layout::pack(self.stanza, owner, pack);
             let bytes = self
                 .storage
                 .get_range(&key, start..end)
@@ -364,26 +404,25 @@ impl<'a> FrameReader<'a> {
                 })?;
             self.fetched += bytes.len() as u64;
             self.requests += 1;
-            for (c, k) in &wanted[i..j] {
-                let lo = (k.2 - start) as usize;
-                let stored = &bytes[lo..lo + c.stored as usize];
-                if frame_check(stored) != c.check {
+            for w in run {
+                let lo = (w.offset() - start) as usize;
+                let stored = &bytes[lo..lo + w.chunk.stored as usize];
+                if frame_check(stored) != w.chunk.check {
                     return Err(Error::corrupt(format!(
                         "{file}: stored frame at {key} offset {} fails its checksum: the repository is damaged",
-                        k.2
+                        w.offset()
                     )));
                 }
                 let mut raw = self.pool.pop().unwrap_or_default();
                 decompress_into(
-                    self.manifest.codec_of(&owner),
+                    self.manifest.codec_of(owner),
                     stored,
-                    c.frame_len() as usize,
-                    &format!("{file} (frame at {key} offset {})", k.2),
+                    w.chunk.frame_len() as usize,
+                    &format!("{file} (frame at {key} offset {})", w.offset()),
                     &mut raw,
                 )?;
-                self.frames.insert(k.clone(), raw);
+                self.frames.insert(w.key.clone(), raw);
             }
-            i = j;
         }
         Ok(())
     }
@@ -404,5 +443,91 @@ impl<'a> FrameReader<'a> {
                 k.2
             ))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(owner: &str, pack: &str, offset: u64, stored: u32) -> Chunk {
+        Chunk {
+            pack: Some(pack.into()),
+            backup: Some(owner.into()),
+            offset,
+            stored,
+            raw: 8192,
+            check: String::new(),
+            at: 0,
+            frame: 0,
+        }
+    }
+
+    /// Runs as (owner, pack, first offset, end) of each merged read.
+    fn runs(chunks: &[Chunk]) -> Vec<(String, String, u64, u64)> {
+        let mut wanted: Vec<WantedFrame> = chunks
+            .iter()
+            .map(|c| WantedFrame {
+                chunk: c,
+                key: c.frame_key("self").unwrap(),
+            })
+            .collect();
+        wanted.sort_by(|a, b| a.key.cmp(&b.key));
+        merged_reads(&wanted)
+            .iter()
+            .map(|r| {
+                let f = &r[0];
+                (
+                    f.owner().into(),
+                    f.pack().into(),
+                    f.offset(),
+                    r.last().unwrap().end(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn neighbouring_frames_of_one_pack_are_read_together() {
+        let gap = MERGE_GAP;
+        let got = runs(&[
+            frame("A", "0-0", 1000, 100),
+            frame("A", "0-0", 0, 1000),
+            // Across a gap of exactly MERGE_GAP: joins.
+            frame("A", "0-0", 1100 + gap, 10),
+            // One byte further: a new read.
+            frame("A", "0-0", 1110 + 2 * gap + 1, 10),
+            // Another pack, another owner: new reads.
+            frame("A", "0-1", 0, 10),
+            frame("B", "0-0", 10, 10),
+        ]);
+        assert_eq!(
+            got,
+            vec![
+                ("A".into(), "0-0".into(), 0, 1110 + gap),
+                (
+                    "A".into(),
+                    "0-0".into(),
+                    1110 + 2 * gap + 1,
+                    1120 + 2 * gap + 1
+                ),
+                ("A".into(), "0-1".into(), 0, 10),
+                ("B".into(), "0-0".into(), 10, 20),
+            ]
+        );
+    }
+
+    #[test]
+    fn merged_reads_stop_growing_at_max_read() {
+        let big = (MAX_READ / 2) as u32;
+        let chunks: Vec<Chunk> = (0..5)
+            .map(|i| frame("A", "0-0", i * big as u64, big))
+            .collect();
+        let got = runs(&chunks);
+        // A frame joins while the read is shorter than MAX_READ: two half-MAX_READ frames
+        // make a full read, and the next frame starts a new one.
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(got[0].3 - got[0].2, 2 * big as u64);
+        assert!(got.iter().all(|r| r.3 - r.2 <= MAX_READ + big as u64));
     }
 }

@@ -18,6 +18,8 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"PGSTRWAL";
 pub const HEADER_LEN: usize = 56;
+/// The largest WAL file: PostgreSQL's largest segment size, 1 GiB.
+pub const MAX_RAW_LEN: u64 = 1 << 30;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WalHeader {
@@ -57,9 +59,16 @@ pub fn parse_header(obj: &[u8], what: &str) -> Result<WalHeader> {
     }
     let codec = CompressType::from_id(obj[9])
         .ok_or_else(|| Error::corrupt(format!("{what}: unknown codec id {}", obj[9])))?;
+    let raw_len = u64::from_le_bytes(obj[16..24].try_into().unwrap());
+    // The length sizes the decode buffer: no WAL file is larger than the largest segment.
+    if raw_len > MAX_RAW_LEN {
+        return Err(Error::corrupt(format!(
+            "{what}: header claims {raw_len} bytes, more than any WAL file ({MAX_RAW_LEN})"
+        )));
+    }
     Ok(WalHeader {
         codec,
-        raw_len: u64::from_le_bytes(obj[16..24].try_into().unwrap()),
+        raw_len,
         hash: obj[24..56].try_into().unwrap(),
     })
 }

@@ -13,6 +13,11 @@ use crate::stanza::ClusterIdentity;
 use crate::{layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
 use serde::{Deserialize, Serialize};
 
+#[cfg(test)]
+pub(crate) mod tests;
+mod validate;
+pub use validate::{is_backup_label, BLOCK_SIZES, MAX_ENTRIES, PERMISSION_BITS};
+
 const MAGIC: &[u8; 8] = b"PGSTRMAN";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -233,14 +238,8 @@ impl Manifest {
                 "{what}: manifest fails its checksum: the repository is damaged"
             )));
         }
-        let json = zstd::stream::decode_all(&obj[40..]).map_err(|e| {
-            Error::with_source(
-                ErrorKind::Corrupt,
-                format!("{what}: cannot decode manifest"),
-                e,
-            )
-        })?;
-        let m: Manifest = serde_json::from_slice(&json).map_err(|e| {
+        let json = crate::codec::zstd_bounded(&obj[40..], MAX_MANIFEST_RATIO, what)?;
+        let mut m: Manifest = serde_json::from_slice(&json).map_err(|e| {
             Error::with_source(ErrorKind::Corrupt, format!("{what}: invalid manifest"), e)
         })?;
         if m.format_version > FORMAT_VERSION {
@@ -252,31 +251,71 @@ impl Manifest {
                 ),
             ));
         }
+        validate::validate(&mut m, what)?;
         Ok(m)
     }
 
+    /// Load backup `label`'s manifest; when it is damaged, its copy (with a warning). The
+    /// error of a backup whose manifest and copy are both damaged has kind `Corrupt`.
     pub async fn load(storage: &Storage, stanza: &str, label: &str) -> Result<Manifest> {
         let key = layout::manifest(stanza, label);
-        let obj = storage.get(&key).await.map_err(|e| {
-            if e.is_not_found() {
-                Error::new(
+        let damage = match storage.get(&key).await {
+            Ok(obj) => match Manifest::decode_at(&obj, &key, stanza, label) {
+                Err(e) if e.kind == ErrorKind::Corrupt => e,
+                other => return other,
+            },
+            Err(e) if e.is_not_found() => {
+                return Err(Error::new(
                     ErrorKind::NotFound,
                     format!("backup '{label}' does not exist in stanza '{stanza}'"),
-                )
-            } else {
-                e
+                ))
             }
-        })?;
-        Manifest::decode(&obj, &key)
+            Err(e) => return Err(e),
+        };
+        let copy_key = layout::manifest_copy(stanza, label);
+        let copy = match storage.get(&copy_key).await {
+            Ok(obj) => Manifest::decode_at(&obj, &copy_key, stanza, label),
+            // Backups written before copies existed have none.
+            Err(e) if e.is_not_found() => return Err(damage),
+            Err(e) => return Err(e),
+        };
+        match copy {
+            Ok(m) => {
+                log::warn!("{damage}; reading its copy {copy_key}, which is intact");
+                Ok(m)
+            }
+            Err(e) if e.kind == ErrorKind::Corrupt => Err(Error::corrupt(format!(
+                "backup '{label}' is damaged: {damage}; and its copy: {e}"
+            ))),
+            Err(e) => Err(e),
+        }
     }
 
-    /// Write the manifest, making the backup visible.
+    /// Decode the manifest stored at `key`, which must be backup `label` of `stanza`.
+    fn decode_at(obj: &[u8], key: &str, stanza: &str, label: &str) -> Result<Manifest> {
+        let m = Manifest::decode(obj, key)?;
+        if m.label != label || m.stanza != stanza {
+            return Err(Error::corrupt(format!(
+                "{key}: holds the manifest of backup '{}' of stanza '{}': the manifest is damaged or was altered",
+                m.label, m.stanza
+            )));
+        }
+        Ok(m)
+    }
+
+    /// Write the manifest, making the backup visible: first its copy, then the manifest
+    /// itself, both create-only. A crash between the two leaves a copy without a manifest,
+    /// which is not a backup (expire removes it).
     pub async fn publish(&self, storage: &Storage) -> Result<()> {
+        let bytes = bytes::Bytes::from(self.encode());
         storage
             .put_new(
-                &layout::manifest(&self.stanza, &self.label),
-                self.encode().into(),
+                &layout::manifest_copy(&self.stanza, &self.label),
+                bytes.clone(),
             )
+            .await?;
+        storage
+            .put_new(&layout::manifest(&self.stanza, &self.label), bytes)
             .await
     }
 
@@ -299,6 +338,10 @@ impl Manifest {
         })
     }
 }
+
+/// How much larger than its compressed body a manifest's JSON may be. Real manifests
+/// compress about 3 to 40 times (hex digests, varied paths).
+const MAX_MANIFEST_RATIO: u64 = 256;
 
 /// Labels of all complete backups of a stanza (those with a manifest), oldest first.
 /// Labels sort by time by construction.
@@ -324,13 +367,55 @@ pub async fn list_backups(storage: &Storage, stanza: &str) -> Result<Vec<String>
 }
 
 /// Every complete backup's manifest, oldest first. Manifests are fetched several at a time:
-/// on an object store each is a round trip, and info and expire need all of them.
+/// on an object store each is a round trip, and info and expire need all of them. Fails if
+/// any backup is damaged; [`scan_backups`] goes on with the others.
 pub async fn load_backups(storage: &Storage, stanza: &str) -> Result<Vec<Manifest>> {
+    let scan = scan_backups(storage, stanza).await?;
+    match scan.damaged.into_iter().next() {
+        Some(d) => Err(d.error),
+        None => Ok(scan.manifests),
+    }
+}
+
+/// The backups of a stanza: those whose manifest (or its copy) reads, and those whose
+/// manifest and copy are both damaged.
+#[derive(Debug, Default)]
+pub struct Backups {
+    /// Oldest first.
+    pub manifests: Vec<Manifest>,
+    /// Oldest first.
+    pub damaged: Vec<Damaged>,
+}
+
+/// A backup whose manifest exists but cannot be read.
+#[derive(Debug)]
+pub struct Damaged {
+    pub label: String,
+    pub error: Error,
+}
+
+/// Every backup of a stanza, damaged ones apart. Any other failure (storage, a manifest of
+/// a newer format) fails the scan.
+pub async fn scan_backups(storage: &Storage, stanza: &str) -> Result<Backups> {
     use futures::{StreamExt, TryStreamExt};
     let labels = list_backups(storage, stanza).await?;
-    futures::stream::iter(labels)
-        .map(|label| async move { Manifest::load(storage, stanza, &label).await })
+    let loaded: Vec<(String, Result<Manifest>)> = futures::stream::iter(labels)
+        .map(|label| async move {
+            let m = Manifest::load(storage, stanza, &label).await;
+            match m {
+                Err(e) if e.kind != ErrorKind::Corrupt => Err(e),
+                m => Ok((label, m)),
+            }
+        })
         .buffered(8)
         .try_collect()
-        .await
+        .await?;
+    let mut out = Backups::default();
+    for (label, m) in loaded {
+        match m {
+            Ok(m) => out.manifests.push(m),
+            Err(error) => out.damaged.push(Damaged { label, error }),
+        }
+    }
+    Ok(out)
 }

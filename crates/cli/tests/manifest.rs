@@ -1,0 +1,326 @@
+//! The manifest as a repository writer could forge it: entries that would make restore
+//! write outside its target, links where PostgreSQL has none, setuid modes, extents that do
+//! not add up. Each is written with a valid checksum (the checksum has no key) and must be
+//! refused as damaged (exit 4), naming the entry, before restore writes anything.
+//!
+//! Also the format's promise to the future: a frozen repository written by format 1
+//! (`crates/repo/tests/fixtures/format-1`) must restore with every later version.
+
+use crate::common::*;
+use pgstrata_repo::manifest::{Entry, FileEntry, Manifest, Tablespace};
+use pgstrata_testkit::{give_to_pg_user, Cluster, PgBin, Scratch};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn file_mut<'a>(m: &'a mut Manifest, path: &str) -> &'a mut FileEntry {
+    m.entries
+        .iter_mut()
+        .find_map(|e| match e {
+            Entry::File(f) if f.path == path => Some(f),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no file {path} in the manifest"))
+}
+
+/// A copy of the file entry `PG_VERSION` at `path`.
+fn file_at(m: &Manifest, path: &str) -> Entry {
+    let mut f = m
+        .files()
+        .find(|f| f.path == "PG_VERSION")
+        .expect("PG_VERSION")
+        .clone();
+    f.path = path.to_string();
+    Entry::File(f)
+}
+
+fn link_at(m: &Manifest, path: &str, target: &Path) -> Entry {
+    let Entry::Dir { owner, .. } = &m.entries[0] else {
+        panic!("the root entry is a directory")
+    };
+    Entry::Link {
+        path: path.to_string(),
+        target: target.display().to_string(),
+        owner: owner.clone(),
+    }
+}
+
+#[test]
+fn forged_manifests_are_refused_before_restore_writes_anything() {
+    let env = Env::new("forged");
+    env.stanza_create();
+    let label = env.backup(&["--type=full"]);
+    let key = env
+        .repo
+        .join(format!("{STANZA}/backup/{label}/backup.manifest"));
+    let genuine = Manifest::decode(&std::fs::read(&key).unwrap(), "genuine").unwrap();
+
+    // What restore must never reach: a directory beside the targets.
+    let canary = env.scratch.join("canary");
+    std::fs::create_dir_all(&canary).unwrap();
+    std::fs::write(canary.join("keep"), b"untouched").unwrap();
+    let canary_before = content_tree(&canary);
+
+    type Forge = Box<dyn Fn(&mut Manifest)>;
+    let escape = "../canary/pwned".to_string();
+    let absolute = canary.join("pwned").display().to_string();
+    let canary_dir = canary.clone();
+    let canary_dir2 = canary.clone();
+    let cases: Vec<(&str, String, Forge)> = vec![
+        (
+            "a '..' path",
+            escape.clone(),
+            Box::new(move |m| m.entries.push(file_at(m, &escape))),
+        ),
+        (
+            "an absolute path",
+            absolute.clone(),
+            Box::new(move |m| m.entries.push(file_at(m, &absolute))),
+        ),
+        (
+            "a link at base/1",
+            "base/1".into(),
+            // template1's directory becomes a link: its files would be written through it.
+            Box::new(move |m| {
+                let at = m.entries.iter().position(|e| e.path() == "base/1").unwrap();
+                m.entries[at] = link_at(m, "base/1", &canary_dir);
+                m.entries.push(file_at(m, "base/1/pwned"));
+            }),
+        ),
+        (
+            "a file under a link, outside the tablespace's version directory",
+            "pg_tblspc/99999/pwned".into(),
+            Box::new(move |m| {
+                m.tablespaces.push(Tablespace {
+                    oid: 99999,
+                    location: canary_dir2.display().to_string(),
+                });
+                m.entries.push(link_at(m, "pg_tblspc/99999", &canary_dir2));
+                m.entries.push(file_at(m, "pg_tblspc/99999/pwned"));
+            }),
+        ),
+        (
+            "a setuid mode",
+            "PG_VERSION".into(),
+            Box::new(|m| file_mut(m, "PG_VERSION").owner.mode = 0o4755),
+        ),
+        (
+            "extents short of the size",
+            "PG_VERSION".into(),
+            Box::new(|m| file_mut(m, "PG_VERSION").size += 1),
+        ),
+        (
+            "a huge block_size",
+            "global/pg_control".into(),
+            Box::new(|m| file_mut(m, "global/pg_control").block_size = 1 << 31),
+        ),
+    ];
+    for (i, (what, entry, forge)) in cases.into_iter().enumerate() {
+        let mut m = genuine.clone();
+        forge(&mut m);
+        m.entries.sort_by(|a, b| a.path().cmp(b.path()));
+        // Both copies forged: with one intact, restore would read that one.
+        std::fs::write(&key, m.encode()).unwrap();
+        std::fs::write(key.with_extension("manifest.copy"), m.encode()).unwrap();
+        let target = env.scratch.join(&format!("forged-{i}"));
+        let (code, err) = run_fail(env.cmd_as_invoker(&[
+            &format!("--pg-path={}", target.display()),
+            "--archive-mode=off",
+            "restore",
+        ]));
+        assert_eq!(code, 4, "{what}: damaged-data exit code: {err}");
+        assert!(
+            err.contains(&format!("entry {entry:?}")),
+            "{what}: names the entry {entry:?}: {err}"
+        );
+        assert!(!target.exists(), "{what}: nothing written to the target");
+        assert_eq!(
+            content_tree(&canary),
+            canary_before,
+            "{what}: nothing written outside the target"
+        );
+    }
+}
+
+/// Flip one bit in the middle of a repository file.
+fn damage(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_damaged_manifest_is_read_from_its_copy_and_a_damaged_backup_stops_nothing_else() {
+    let env = Env::new("manifest-copy");
+    env.stanza_create();
+    let first = env.backup(&["--type=full"]);
+    env.sql("CREATE TABLE t AS SELECT generate_series(1, 1000) AS x");
+    let second = env.backup(&["--type=incr"]);
+    env.flush_wal();
+    let dir = env.repo.join(format!("{STANZA}/backup/{second}"));
+    let (manifest, copy) = (
+        dir.join("backup.manifest"),
+        dir.join("backup.manifest.copy"),
+    );
+    assert_eq!(
+        std::fs::read(&manifest).unwrap(),
+        std::fs::read(&copy).unwrap()
+    );
+
+    // The manifest damaged: restore reads the copy, and says so.
+    damage(&manifest);
+    let target = env.scratch.join("from-copy");
+    let out = env
+        .cmd_as_invoker(&[
+            &format!("--pg-path={}", target.display()),
+            &format!("--set={second}"),
+            "--archive-mode=off",
+            "restore",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "restore from the copy: {err}");
+    assert!(
+        err.contains("backup.manifest.copy") && err.contains("checksum"),
+        "warns: {err}"
+    );
+    assert!(target.join("PG_VERSION").exists());
+
+    // The copy damaged too: info and verify report the backup as damaged and go on with
+    // the other one; verify fails.
+    damage(&copy);
+    let info = env.info_json();
+    assert_eq!(info["backups"].as_array().unwrap().len(), 1, "{info}");
+    assert_eq!(info["backups"][0]["label"], first.as_str());
+    assert_eq!(info["damaged"][0]["label"], second.as_str(), "{info}");
+    let text = env.ok(&["info"]);
+    assert!(
+        text.contains(&format!("damaged backup: {second}")),
+        "{text}"
+    );
+    let out = env.cmd(&["--output=json", "verify"]).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "verify fails on a damaged backup"
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let backups = r["backups"].as_array().unwrap();
+    assert_eq!(backups.len(), 2, "{r}");
+    assert_eq!(
+        (backups[0]["label"].as_str(), backups[0]["ok"].as_bool()),
+        (Some(first.as_str()), Some(true)),
+        "the intact backup is still verified: {r}"
+    );
+    assert_eq!(backups[1]["ok"], false);
+    assert!(
+        backups[1]["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("damaged"),
+        "{r}"
+    );
+
+    // expire --set removes the damaged backup, manifest and copy.
+    env.ok(&[&format!("--set={second}"), "expire"]);
+    assert!(!manifest.exists() && !copy.exists());
+    let info = env.info_json();
+    assert!(info.get("damaged").is_none(), "{info}");
+    assert_eq!(info["backups"].as_array().unwrap().len(), 1);
+}
+
+/// A repository written by format-1 pgstrata, frozen: every later version must read it.
+fn format_1_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../repo/tests/fixtures/format-1")
+}
+
+/// Copy `from` to `to` (files and directories), owned by the PostgreSQL OS user.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    give_to_pg_user(to);
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else if !e.file_name().to_string_lossy().contains('#') {
+            std::fs::copy(e.path(), &dest).unwrap();
+            give_to_pg_user(&dest);
+        }
+    }
+}
+
+/// The rows the fixture's table holds in its incremental backup: count, and a digest.
+const FIXTURE_ROWS: &str =
+    "SELECT count(*) || ' ' || md5(string_agg(id || v, ',' ORDER BY id)) FROM fixture";
+
+/// What `FIXTURE_ROWS` returned on the fixture's source when it was made.
+const FIXTURE_EXPECTED: &str = "1100 73862a618ac0ef86d7690c61bc0eb272";
+
+/// Makes the frozen format-1 fixture (PostgreSQL 15, 1 MiB WAL segments, a full and an
+/// incremental backup with zstd, WAL with lz4). Run deliberately, once per format:
+/// `cargo test -p pgstrata --test integration -- --ignored make_format_1_fixture`.
+#[test]
+#[ignore]
+fn make_format_1_fixture() {
+    let env = Env::with_initdb_args("fixture", &["--wal-segsize=1"]);
+    env.stanza_create();
+    env.sql(
+        "CREATE TABLE fixture AS SELECT g AS id, md5(g::text) AS v FROM generate_series(1, 1000) g",
+    );
+    env.backup(&["--type=full", "--compress-type=zst"]);
+    env.sql("UPDATE fixture SET v = 'changed' WHERE id <= 10");
+    env.sql("INSERT INTO fixture SELECT g, 'new' FROM generate_series(1001, 1100) g");
+    env.backup(&["--type=incr", "--compress-type=zst"]);
+    env.flush_wal();
+    println!("{}", env.sql(FIXTURE_ROWS).trim());
+    let dest = format_1_fixture();
+    let _ = std::fs::remove_dir_all(&dest);
+    copy_tree(&env.repo, &dest);
+    let _ = std::fs::remove_dir_all(dest.join(STANZA).join("lock"));
+}
+
+#[test]
+fn the_frozen_format_1_repository_still_restores() {
+    let scratch = Scratch::new("format-1");
+    let repo = scratch.join("repo");
+    copy_tree(&format_1_fixture(), &repo);
+    let pgstrata = |args: &[&str]| {
+        let mut c = std::process::Command::new(exe());
+        c.env("PGSTRATA_REPO_PATH", &repo)
+            .env("PGSTRATA_STANZA", STANZA)
+            .args(args);
+        c
+    };
+    let info: serde_json::Value =
+        serde_json::from_str(&run_ok(pgstrata(&["--output=json", "info"]))).unwrap();
+    let labels: Vec<&str> = info["backups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels.len(), 2, "{info}");
+    assert!(
+        labels[0].ends_with('F') && labels[1].ends_with('I'),
+        "{info}"
+    );
+    run_ok(pgstrata(&["verify"]));
+
+    let target = scratch.join("restored");
+    run_ok(pgstrata(&[
+        &format!("--pg-path={}", target.display()),
+        "--archive-mode=off",
+        "--type=immediate",
+        "--target-action=promote",
+        "restore",
+    ]));
+    let bin = PgBin::default_install().expect("PostgreSQL 15");
+    let cluster = Cluster::adopt(&bin, &target, &scratch.path);
+    cluster.start().expect("start the restored fixture");
+    cluster
+        .wait_for_promotion(Duration::from_secs(120))
+        .expect("the restored fixture recovers");
+    let rows = cluster.psql("postgres", FIXTURE_ROWS).unwrap();
+    assert_eq!(rows.trim(), FIXTURE_EXPECTED, "the incremental's content");
+}

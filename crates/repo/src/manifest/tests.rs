@@ -1,0 +1,323 @@
+use super::*;
+use crate::codec::CompressType;
+
+fn owner(mode: u32) -> Owner {
+    Owner {
+        mode,
+        uid: 999,
+        gid: 999,
+        user: Some("postgres".into()),
+        group: Some("postgres".into()),
+    }
+}
+
+fn dir(path: &str) -> Entry {
+    Entry::Dir {
+        path: path.into(),
+        owner: owner(0o700),
+    }
+}
+
+fn stored(pack: &str, raw: u32) -> Chunk {
+    Chunk {
+        pack: Some(pack.into()),
+        backup: None,
+        offset: 0,
+        stored: 100,
+        raw,
+        check: "2d06800538d394c2".into(),
+        at: 0,
+        frame: 0,
+    }
+}
+
+fn file(path: &str, size: u64, chunks: Vec<Chunk>) -> Entry {
+    let blocks = size.div_ceil(8192) as usize;
+    Entry::File(FileEntry {
+        path: path.into(),
+        size,
+        mtime: 1_740_906_000,
+        owner: owner(0o600),
+        hash: "ab".repeat(32),
+        chunks,
+        bad_pages: vec![],
+        block_size: 8192,
+        block_hashes: "0123456789abcdef".repeat(blocks),
+    })
+}
+
+/// A small manifest as a backup writes it: root, a database file, a tablespace.
+pub(crate) fn sample() -> Manifest {
+    let point = |lsn: &str, wal: &str| WalPoint {
+        time: "2025-03-02T09:15:00Z".into(),
+        epoch: 1_740_906_900,
+        lsn: lsn.into(),
+        timeline: 1,
+        wal: wal.into(),
+    };
+    Manifest {
+        format_version: FORMAT_VERSION,
+        label: "20250302-091500I".into(),
+        backup_type: BackupType::Incr,
+        prior: Some("20250301-091500F".into()),
+        stanza: "main".into(),
+        cluster: ClusterIdentity {
+            system_identifier: "7412345678901234567".into(),
+            major_version: 17,
+            catalog_version: 202406281,
+            control_version: 1700,
+            wal_segment_size: 16 << 20,
+            block_size: 8192,
+        },
+        server_version_num: 170002,
+        start: point("0/5000028", "000000010000000000000005"),
+        stop: point("0/5000120", "000000010000000000000005"),
+        backup_label: "START WAL LOCATION: 0/5000028\n".into(),
+        tablespace_map: Some("16400 /srv/ts1\n".into()),
+        compression: Compression {
+            kind: CompressType::Zst,
+            level: 3,
+        },
+        frame_size: 1 << 20,
+        data_checksums: true,
+        tablespaces: vec![Tablespace {
+            oid: 16400,
+            location: "/srv/ts1".into(),
+        }],
+        entries: vec![
+            dir(""),
+            dir("base"),
+            dir("base/5"),
+            file(
+                "base/5/16384",
+                3 * 8192 + 100,
+                vec![
+                    Chunk {
+                        backup: Some("20250301-091500F".into()),
+                        frame: 16384,
+                        ..stored("0-0", 8192)
+                    },
+                    Chunk::zeros(8192),
+                    Chunk {
+                        offset: 100,
+                        ..stored("0-0", 8292)
+                    },
+                ],
+            ),
+            file("base/5/PG_VERSION", 3, vec![stored("1-0", 3)]),
+            dir("global"),
+            file("global/pg_control", 8192, vec![stored("2-0", 8192)]),
+            dir("pg_tblspc"),
+            Entry::Link {
+                path: "pg_tblspc/16400".into(),
+                target: "/srv/ts1".into(),
+                owner: owner(0o777),
+            },
+            dir("pg_tblspc/16400/PG_17_202406281"),
+            dir("pg_tblspc/16400/PG_17_202406281/5"),
+            file("pg_tblspc/16400/PG_17_202406281/5/16500", 0, vec![]),
+        ],
+        stats: Stats::default(),
+        pack_codecs: [("20250301-091500F".to_string(), CompressType::Lz4)].into(),
+        track: None,
+        track_reason: None,
+        summary_check: None,
+        delta_reason: None,
+    }
+}
+
+fn decode_err(m: &Manifest) -> String {
+    match Manifest::decode(&m.encode(), "m") {
+        Ok(_) => panic!("a bad manifest was accepted: {:?}", m.entries),
+        Err(e) => {
+            assert_eq!(e.kind, ErrorKind::Corrupt, "{e}");
+            e.to_string()
+        }
+    }
+}
+
+fn file_mut<'a>(m: &'a mut Manifest, path: &str) -> &'a mut FileEntry {
+    m.entries
+        .iter_mut()
+        .find_map(|e| match e {
+            Entry::File(f) if f.path == path => Some(f),
+            _ => None,
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_valid_manifest_round_trips() {
+    let m = sample();
+    let back = Manifest::decode(&m.encode(), "m").unwrap();
+    assert_eq!(
+        serde_json::to_value(&back).unwrap(),
+        serde_json::to_value(&m).unwrap()
+    );
+}
+
+#[test]
+fn damage_and_future_versions_are_refused() {
+    let enc = sample().encode();
+    let mut bad = enc.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    assert!(Manifest::decode(&bad, "m")
+        .unwrap_err()
+        .to_string()
+        .contains("checksum"));
+    assert!(Manifest::decode(&enc[..39], "m").is_err());
+    let mut future = sample();
+    future.format_version = FORMAT_VERSION + 1;
+    let e = Manifest::decode(&future.encode(), "m").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Format);
+}
+
+/// Each forged entry is refused, naming the entry.
+#[test]
+fn forged_paths_and_links_are_refused() {
+    type Forge = fn(&mut Manifest);
+    let cases: [(&str, &str, Forge); 9] = [
+        ("base/../../etc/passwd", "'..'", |m| {
+            m.entries.push(file("base/../../etc/passwd", 0, vec![]))
+        }),
+        ("/etc/passwd", "absolute", |m| {
+            m.entries.insert(1, file("/etc/passwd", 0, vec![]))
+        }),
+        ("base//5", "empty component", |m| {
+            m.entries.insert(2, dir("base//5"))
+        }),
+        ("base/./x", "'.'", |m| m.entries.insert(3, dir("base/./x"))),
+        ("base/1", "tablespace link", |m| {
+            m.entries.insert(
+                2,
+                Entry::Link {
+                    path: "base/1".into(),
+                    target: "/etc".into(),
+                    owner: owner(0o777),
+                },
+            )
+        }),
+        ("pg_tblspc/16400/passwd", "under the link", |m| {
+            m.entries.push(file("pg_tblspc/16400/passwd", 0, vec![]))
+        }),
+        ("base/5/16384/x", "under the file", |m| {
+            m.entries.insert(4, file("base/5/16384/x", 0, vec![]))
+        }),
+        ("zzz/x", "not in the manifest", |m| {
+            m.entries.push(file("zzz/x", 0, vec![]))
+        }),
+        ("base", "listed twice", |m| m.entries.insert(2, dir("base"))),
+    ];
+    for (path, why, forge) in cases {
+        let mut m = sample();
+        forge(&mut m);
+        let err = decode_err(&m);
+        assert!(
+            err.contains(&format!("entry {path:?}")) && err.contains(why),
+            "{path}: {err}"
+        );
+    }
+}
+
+#[test]
+fn links_must_be_tablespaces_with_absolute_targets() {
+    let mut m = sample();
+    m.tablespaces[0].location = "srv/ts1".into();
+    assert!(decode_err(&m).contains("not an absolute path"));
+    let mut m = sample();
+    if let Entry::Link { target, .. } = &mut m.entries[8] {
+        *target = "/etc".into();
+    }
+    assert!(decode_err(&m).contains("differs from tablespace location"));
+    let mut m = sample();
+    m.tablespaces.push(Tablespace {
+        oid: 16500,
+        location: "/etc".into(),
+    });
+    assert!(decode_err(&m).contains("no link entry pg_tblspc/16500"));
+}
+
+#[test]
+fn modes_are_masked_and_setuid_is_refused() {
+    let mut m = sample();
+    file_mut(&mut m, "base/5/PG_VERSION").owner.mode = 0o4755;
+    let err = decode_err(&m);
+    assert!(
+        err.contains("\"base/5/PG_VERSION\"") && err.contains("setuid"),
+        "{err}"
+    );
+    let mut m = sample();
+    file_mut(&mut m, "base/5/PG_VERSION").owner.mode = 0o100600;
+    assert!(decode_err(&m).contains("beyond 7777"));
+    // A setgid or sticky directory is read, and restored with permission bits only.
+    let mut m = sample();
+    if let Entry::Dir { owner, .. } = &mut m.entries[1] {
+        owner.mode = 0o3750;
+    }
+    let back = Manifest::decode(&m.encode(), "m").unwrap();
+    let Entry::Dir { owner, .. } = &back.entries[1] else {
+        panic!()
+    };
+    assert_eq!(owner.mode, 0o750);
+}
+
+#[test]
+fn extents_and_block_maps_must_add_up() {
+    type Forge = fn(&mut FileEntry);
+    let cases: [(&str, Forge); 10] = [
+        ("not its size", |f| f.size += 1),
+        ("more than its size", |f| f.chunks.push(Chunk::zeros(1))),
+        ("block_size 1073741824", |f| f.block_size = 1 << 30),
+        ("without a block_size", |f| f.block_size = 0),
+        ("16 lowercase hex digits for each of", |f| {
+            f.block_hashes.push_str("00")
+        }),
+        ("covers no bytes", |f| f.chunks.push(Chunk::zeros(0))),
+        ("outside its", |f| f.chunks[0].at = 10_000),
+        ("overflows", |f| f.chunks[2].offset = u64::MAX - 10),
+        ("frame length", |f| f.chunks[0].frame = u32::MAX),
+        ("pack name", |f| f.chunks[2].pack = Some("../0-0".into())),
+    ];
+    for (why, forge) in cases {
+        let mut m = sample();
+        forge(file_mut(&mut m, "base/5/16384"));
+        let err = decode_err(&m);
+        assert!(
+            err.contains("entry \"base/5/16384\"") && err.contains(why),
+            "{why}: {err}"
+        );
+    }
+}
+
+#[test]
+fn header_fields_are_bounded() {
+    let mut m = sample();
+    m.cluster.wal_segment_size = 0;
+    assert!(decode_err(&m).contains("wal_segment_size"));
+    let mut m = sample();
+    m.label = "../x".into();
+    assert!(decode_err(&m).contains("not a backup label"));
+    let mut m = sample();
+    m.frame_size = 0;
+    assert!(decode_err(&m).contains("frame_size"));
+    let mut m = sample();
+    m.entries.clear();
+    assert!(decode_err(&m).contains("no entries"));
+}
+
+#[test]
+fn a_compression_bomb_is_refused_before_it_inflates() {
+    // 512 MiB of spaces compresses to a few KiB; the reader stops at its bound.
+    let mut enc = zstd::stream::Encoder::new(Vec::new(), 1).unwrap();
+    let zeros = vec![b' '; 1 << 20];
+    for _ in 0..512 {
+        std::io::Write::write_all(&mut enc, &zeros).unwrap();
+    }
+    let body = enc.finish().unwrap();
+    let mut obj = MAGIC.to_vec();
+    obj.extend_from_slice(blake3::hash(&body).as_bytes());
+    obj.extend_from_slice(&body);
+    let err = Manifest::decode(&obj, "m").unwrap_err().to_string();
+    assert!(err.contains("inflates beyond"), "{err}");
+}

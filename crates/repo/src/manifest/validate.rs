@@ -1,0 +1,432 @@
+//! Validation of every decoded manifest, before anything acts on it.
+//!
+//! The manifest's BLAKE3 has no key: anyone who can write into the repository can write a
+//! manifest with a valid checksum. Restore runs as root or as the cluster's owner and turns
+//! each entry into a path, a link, a mode and an allocation, so a manifest is checked whole
+//! as soon as it is decoded: paths that stay inside the data directory (or a tablespace,
+//! through the tablespace mapping), links only where PostgreSQL has them, modes without
+//! setuid, extents that add up, and every length bounded. A manifest that fails is refused
+//! as damaged (exit 4) with the entry named; nothing has been written by then.
+
+use super::{Entry, FileEntry, Manifest, Owner};
+use crate::pack::{Chunk, MAX_FRAME_LEN};
+use crate::{Error, Result};
+use std::collections::HashMap;
+
+/// Block sizes of a file's block map a writer may choose (`block_size_for` in the engine);
+/// 0 means no block map.
+pub const BLOCK_SIZES: [u32; 3] = [8192, 16384, 32768];
+/// Most entries one manifest may hold.
+pub const MAX_ENTRIES: usize = 100_000_000;
+/// Longest path (bytes), as Linux's PATH_MAX; each component at most `MAX_NAME_LEN`.
+pub const MAX_PATH_LEN: usize = 4096;
+pub const MAX_NAME_LEN: usize = 255;
+/// Longest free text (backup_label, tablespace_map, reasons).
+pub const MAX_TEXT_LEN: usize = 1 << 20;
+/// Longest user or group name.
+pub const MAX_OWNER_NAME_LEN: usize = 256;
+/// The mode bits restore applies: permissions only, never setuid, setgid or sticky.
+pub const PERMISSION_BITS: u32 = 0o777;
+
+/// Check `m` (decoded from `what`) and mask its modes to permission bits.
+pub(super) fn validate(m: &mut Manifest, what: &str) -> Result<()> {
+    let fail = |msg: String| {
+        Error::corrupt(format!(
+            "{what}: {msg}: the manifest is damaged or was altered"
+        ))
+    };
+    check_header(m).map_err(fail)?;
+    if m.entries.len() > MAX_ENTRIES {
+        return Err(fail(format!(
+            "{} entries (at most {MAX_ENTRIES})",
+            m.entries.len()
+        )));
+    }
+    check_tablespaces(m).map_err(fail)?;
+    let version_dir = format!(
+        "PG_{}_{}",
+        m.cluster.major_version, m.cluster.catalog_version
+    );
+    let mut kinds: HashMap<&str, Kind> = HashMap::with_capacity(m.entries.len());
+    let mut previous: Option<&str> = None;
+    for (i, e) in m.entries.iter().enumerate() {
+        let path = e.path();
+        check_entry(m, e, i, previous, &kinds, &version_dir)
+            .map_err(|r| fail(format!("entry {path:?}: {r}")))?;
+        kinds.insert(path, Kind::of(e));
+        previous = Some(path);
+    }
+    if m.entries.is_empty() {
+        return Err(fail(
+            "no entries (the data directory itself is missing)".into(),
+        ));
+    }
+    for t in &m.tablespaces {
+        if kinds.get(format!("pg_tblspc/{}", t.oid).as_str()) != Some(&Kind::Link) {
+            return Err(fail(format!(
+                "tablespace {} has no link entry pg_tblspc/{}",
+                t.oid, t.oid
+            )));
+        }
+    }
+    for e in &mut m.entries {
+        let owner = match e {
+            Entry::Dir { owner, .. } | Entry::Link { owner, .. } => owner,
+            Entry::File(f) => &mut f.owner,
+        };
+        owner.mode &= PERMISSION_BITS;
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Dir,
+    Link,
+    File,
+}
+
+impl Kind {
+    fn of(e: &Entry) -> Kind {
+        match e {
+            Entry::Dir { .. } => Kind::Dir,
+            Entry::Link { .. } => Kind::Link,
+            Entry::File(_) => Kind::File,
+        }
+    }
+}
+
+type Check = std::result::Result<(), String>;
+
+fn check_header(m: &Manifest) -> Check {
+    if m.format_version == 0 {
+        return Err("format_version 0".into());
+    }
+    if !is_backup_label(&m.label) {
+        return Err(format!("label {:?} is not a backup label", m.label));
+    }
+    if let Some(p) = &m.prior {
+        if !is_backup_label(p) || p == &m.label {
+            return Err(format!("prior {p:?} is not another backup's label"));
+        }
+    }
+    crate::layout::check_stanza_name(&m.stanza)?;
+    for label in m.pack_codecs.keys() {
+        if !is_backup_label(label) || label == &m.label {
+            return Err(format!(
+                "pack_codecs names {label:?}, not another backup's label"
+            ));
+        }
+    }
+    let c = &m.cluster;
+    if !c.wal_segment_size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&c.wal_segment_size) {
+        return Err(format!(
+            "wal_segment_size {} is not a power of two from 1 MiB to 1 GiB",
+            c.wal_segment_size
+        ));
+    }
+    if !c.block_size.is_power_of_two() || !(1024..=32768).contains(&c.block_size) {
+        return Err(format!(
+            "cluster block_size {} is not a power of two from 1 KiB to 32 KiB",
+            c.block_size
+        ));
+    }
+    if m.frame_size == 0 || m.frame_size > MAX_FRAME_LEN {
+        return Err(format!(
+            "frame_size {} is not within 1..={MAX_FRAME_LEN}",
+            m.frame_size
+        ));
+    }
+    for (name, p) in [("start", &m.start), ("stop", &m.stop)] {
+        if !is_lsn(&p.lsn) {
+            return Err(format!("{name}.lsn {:?} is not an LSN", p.lsn));
+        }
+        if p.wal.len() != 24 || !p.wal.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("{name}.wal {:?} is not a segment name", p.wal));
+        }
+        if p.time.len() > 64 {
+            return Err(format!("{name}.time is {} bytes long", p.time.len()));
+        }
+    }
+    let texts = [
+        ("backup_label", Some(&m.backup_label)),
+        ("tablespace_map", m.tablespace_map.as_ref()),
+        ("track", m.track.as_ref()),
+        ("track_reason", m.track_reason.as_ref()),
+        ("summary_check", m.summary_check.as_ref()),
+        ("delta_reason", m.delta_reason.as_ref()),
+    ];
+    for (name, text) in texts {
+        if let Some(t) = text {
+            if t.len() > MAX_TEXT_LEN || t.contains('\0') {
+                return Err(format!(
+                    "{name} is {} bytes long or holds a NUL byte (at most {MAX_TEXT_LEN})",
+                    t.len()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_tablespaces(m: &Manifest) -> Check {
+    let mut seen = std::collections::HashSet::new();
+    for t in &m.tablespaces {
+        if !seen.insert(t.oid) {
+            return Err(format!("tablespace {} is listed twice", t.oid));
+        }
+        check_absolute(&t.location)
+            .map_err(|r| format!("tablespace {} location {:?}: {r}", t.oid, t.location))?;
+    }
+    Ok(())
+}
+
+/// An absolute path a link may point at.
+fn check_absolute(target: &str) -> Check {
+    if !target.starts_with('/') {
+        return Err("not an absolute path".into());
+    }
+    if target.len() > MAX_PATH_LEN || target.contains('\0') {
+        return Err(format!(
+            "longer than {MAX_PATH_LEN} bytes or holds a NUL byte"
+        ));
+    }
+    Ok(())
+}
+
+fn check_entry(
+    m: &Manifest,
+    e: &Entry,
+    index: usize,
+    previous: Option<&str>,
+    kinds: &HashMap<&str, Kind>,
+    version_dir: &str,
+) -> Check {
+    let path = e.path();
+    if index == 0 {
+        if !(path.is_empty() && matches!(e, Entry::Dir { .. })) {
+            return Err("the first entry must be the data directory itself (dir \"\")".into());
+        }
+    } else {
+        check_path(path)?;
+        if previous.is_some_and(|p| p >= path) {
+            return Err("entries are not sorted by path, or the path is listed twice".into());
+        }
+        // Sorted order puts every parent before its children.
+        let parent = path.rsplit_once('/').map_or("", |(p, _)| p);
+        match kinds.get(parent) {
+            Some(Kind::Dir) => {}
+            // Only a tablespace link has children, and only this version's directory,
+            // which restore maps to the tablespace location.
+            Some(Kind::Link) if path.ends_with(&format!("/{version_dir}")) => {
+                if !matches!(e, Entry::Dir { .. }) {
+                    return Err(format!("{version_dir} in a tablespace must be a directory"));
+                }
+            }
+            Some(Kind::Link) => {
+                return Err(format!(
+                    "lies under the link {parent:?}: only {parent}/{version_dir} may"
+                ))
+            }
+            Some(Kind::File) => return Err(format!("lies under the file {parent:?}")),
+            None => return Err(format!("its directory {parent:?} is not in the manifest")),
+        }
+    }
+    match e {
+        Entry::Dir { owner, .. } => check_owner(owner, false),
+        Entry::Link { target, owner, .. } => {
+            let oid = path
+                .strip_prefix("pg_tblspc/")
+                .and_then(|o| o.parse::<u32>().ok().filter(|n| n.to_string() == o))
+                .ok_or("a link may only be a tablespace link pg_tblspc/<oid>")?;
+            let t = m
+                .tablespaces
+                .iter()
+                .find(|t| t.oid == oid)
+                .ok_or(format!("no tablespace with OID {oid} is listed"))?;
+            check_absolute(target).map_err(|r| format!("link target {target:?}: {r}"))?;
+            if *target != t.location {
+                return Err(format!(
+                    "link target {target:?} differs from tablespace location {:?}",
+                    t.location
+                ));
+            }
+            check_owner(owner, false)
+        }
+        Entry::File(f) => {
+            check_owner(&f.owner, true)?;
+            check_file(m, f)
+        }
+    }
+}
+
+/// Relative, `/`-separated, no empty, `.` or `..` component, no NUL, bounded.
+fn check_path(path: &str) -> Check {
+    if path.len() > MAX_PATH_LEN {
+        return Err(format!("path longer than {MAX_PATH_LEN} bytes"));
+    }
+    if path.contains('\0') {
+        return Err("path holds a NUL byte".into());
+    }
+    if path.starts_with('/') {
+        return Err("path is absolute".into());
+    }
+    for c in path.split('/') {
+        match c {
+            "" => return Err("path has an empty component".into()),
+            "." | ".." => return Err(format!("path has a '{c}' component")),
+            _ if c.len() > MAX_NAME_LEN => {
+                return Err(format!("path component longer than {MAX_NAME_LEN} bytes"))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn check_owner(o: &Owner, is_file: bool) -> Check {
+    if o.mode & !0o7777 != 0 {
+        return Err(format!("mode {:o} has bits beyond 7777", o.mode));
+    }
+    // A data directory never holds setuid programs; a setgid directory can be inherited
+    // from its parent, and restore applies permission bits only anyway.
+    if o.mode & 0o4000 != 0 || (is_file && o.mode & 0o2000 != 0) {
+        return Err(format!("mode {:o} has setuid or setgid", o.mode));
+    }
+    for name in [&o.user, &o.group].into_iter().flatten() {
+        if name.is_empty() || name.len() > MAX_OWNER_NAME_LEN || name.contains('\0') {
+            return Err(format!(
+                "owner name {name:?} is empty, too long or holds a NUL"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_file(m: &Manifest, f: &FileEntry) -> Check {
+    if !(f.hash.is_empty() || is_lower_hex(&f.hash, 64)) {
+        return Err("hash is neither empty nor 64 lowercase hex digits".into());
+    }
+    if f.block_size == 0 {
+        if !f.block_hashes.is_empty() {
+            return Err("block_hashes without a block_size".into());
+        }
+    } else {
+        if !BLOCK_SIZES.contains(&f.block_size) {
+            return Err(format!(
+                "block_size {} is not one of {BLOCK_SIZES:?}",
+                f.block_size
+            ));
+        }
+        let blocks = f.size.div_ceil(f.block_size as u64);
+        if f.block_hashes.len() as u64 != blocks * 16 || !is_lower_hex(&f.block_hashes, 0) {
+            return Err(format!(
+                "block_hashes holds {} characters, not 16 lowercase hex digits for each of {blocks} blocks",
+                f.block_hashes.len()
+            ));
+        }
+    }
+    let pages = f.size.div_ceil(m.cluster.block_size as u64);
+    if f.bad_pages.len() as u64 > pages {
+        return Err(format!(
+            "{} bad pages in a file of {pages} pages",
+            f.bad_pages.len()
+        ));
+    }
+    let mut covered: u64 = 0;
+    for (i, c) in f.chunks.iter().enumerate() {
+        check_chunk(m, c).map_err(|r| format!("extent {i}: {r}"))?;
+        covered += c.raw as u64;
+        if covered > f.size {
+            return Err(format!("extents cover more than its size {}", f.size));
+        }
+    }
+    if covered != f.size {
+        return Err(format!(
+            "extents cover {covered} bytes, not its size {}",
+            f.size
+        ));
+    }
+    Ok(())
+}
+
+fn check_chunk(m: &Manifest, c: &Chunk) -> Check {
+    if c.raw == 0 {
+        return Err("covers no bytes".into());
+    }
+    let Some(pack) = &c.pack else {
+        let stray = c.backup.is_some()
+            || !c.check.is_empty()
+            || c.offset != 0
+            || c.stored != 0
+            || c.at != 0
+            || c.frame != 0;
+        return match stray {
+            true => Err("a zero extent with frame fields".into()),
+            false if c.raw > 1 << 30 => Err(format!("a zero extent of {} bytes", c.raw)),
+            false => Ok(()),
+        };
+    };
+    if !is_pack_name(pack) {
+        return Err(format!("pack name {pack:?} is not <worker>-<seq>"));
+    }
+    if let Some(b) = &c.backup {
+        if !is_backup_label(b) || *b == m.label {
+            return Err(format!("b {b:?} is not another backup's label"));
+        }
+    }
+    if !is_lower_hex(&c.check, 16) {
+        return Err("h is not 16 lowercase hex digits".into());
+    }
+    if c.stored == 0 || c.stored > MAX_FRAME_LEN || c.frame_len() > MAX_FRAME_LEN {
+        return Err(format!(
+            "stored length {} or frame length {} is not within 1..={MAX_FRAME_LEN}",
+            c.stored,
+            c.frame_len()
+        ));
+    }
+    if c.offset.checked_add(c.stored as u64).is_none() {
+        return Err(format!("offset {} overflows", c.offset));
+    }
+    if c.at as u64 + c.raw as u64 > c.frame_len() as u64 {
+        return Err(format!(
+            "bytes {}..{} lie outside its {}-byte frame",
+            c.at,
+            c.at as u64 + c.raw as u64,
+            c.frame_len()
+        ));
+    }
+    Ok(())
+}
+
+/// `YYYYMMDD-HHMMSS` then `F`, `D` or `I`.
+pub fn is_backup_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 16
+        && b[..8].iter().all(u8::is_ascii_digit)
+        && b[8] == b'-'
+        && b[9..15].iter().all(u8::is_ascii_digit)
+        && matches!(b[15], b'F' | b'D' | b'I')
+}
+
+/// `<worker>-<seq>`, two decimal integers.
+fn is_pack_name(s: &str) -> bool {
+    s.split_once('-').is_some_and(|(w, q)| {
+        [w, q]
+            .iter()
+            .all(|n| (1..=10).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
+/// Lowercase hex digits, `len` of them (any number when `len` is 0).
+fn is_lower_hex(s: &str, len: usize) -> bool {
+    (len == 0 || s.len() == len) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn is_lsn(s: &str) -> bool {
+    s.split_once('/').is_some_and(|(hi, lo)| {
+        [hi, lo]
+            .iter()
+            .all(|p| (1..=8).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_hexdigit()))
+    })
+}
