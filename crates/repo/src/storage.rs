@@ -316,16 +316,16 @@ impl Storage {
     /// Run `op` with the timeout, retrying transient failures with exponential backoff.
     async fn retry<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
     where
-        F: FnMut(u32) -> Fut,
+        F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
         let mut delay = Duration::from_millis(100);
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let err = match tokio::time::timeout(self.timeout, op(attempt)).await {
+            let err = match tokio::time::timeout(self.timeout, op()).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if !e.retryable() => return Err(e),
+                Ok(Err(e)) if !e.is_retryable() => return Err(e),
                 Ok(Err(e)) => e,
                 Err(_) => Error::new(
                     ErrorKind::Storage,
@@ -334,7 +334,10 @@ impl Storage {
             };
             if attempt > self.retries {
                 return Err(Error {
-                    context: format!("{} (gave up after {attempt} attempts)", err.context),
+                    context: format!(
+                        "{} (storage of repository {} failed; gave up after {attempt} attempts)",
+                        err.context, self.description
+                    ),
                     ..err
                 });
             }
@@ -353,11 +356,18 @@ impl Storage {
             .map_err(|e| Error::with_source(ErrorKind::Invalid, format!("object name '{key}'"), e))
     }
 
-    /// Write a new object; fails with `AlreadyExists` if one is there.
+    /// Write a new object; fails with `AlreadyExists` if another one is there.
+    ///
+    /// A write can succeed on the server and lose its answer; whoever sends it again (this
+    /// loop, or object_store's HTTP client within one attempt) then finds the object it
+    /// wrote and is refused. So every refusal is checked against what this writer sent: an
+    /// object with the same bytes is ours and the write succeeded. Callers whose objects
+    /// could be written identically by someone else make them unique (the lock holds a
+    /// random token).
     pub async fn put_new(&self, key: &str, data: Bytes) -> Result<()> {
         let path = Self::path(key)?;
         let what = format!("write {key}");
-        self.retry(&what, |attempt| {
+        self.retry(&what, || {
             let (path, data, what) = (path.clone(), data.clone(), what.clone());
             async move {
                 let opts = PutOptions {
@@ -365,32 +375,34 @@ impl Storage {
                     attributes: self.put_attributes.clone(),
                     ..Default::default()
                 };
-                match self
+                let refused = match self
                     .store
                     .put_opts(&path, PutPayload::from(data.clone()), opts)
                     .await
                 {
-                    Ok(_) => Ok(()),
-                    Err(e) => {
-                        let e = map_err(e, what.clone());
-                        // A retry after a write whose answer was lost finds its own object.
-                        if e.kind == ErrorKind::AlreadyExists && attempt > 1 {
-                            let existing = self
-                                .store
-                                .get(&path)
-                                .await
-                                .map_err(|e| map_err(e, what.clone()))?;
-                            if existing
-                                .bytes()
-                                .await
-                                .map_err(|e| map_err(e, what.clone()))?
-                                == data
-                            {
-                                return Ok(());
-                            }
+                    Ok(_) => return Ok(()),
+                    Err(e) => map_err(e, what.clone()),
+                };
+                if refused.kind != ErrorKind::AlreadyExists {
+                    return Err(refused);
+                }
+                match self.store.get(&path).await {
+                    Ok(existing) => {
+                        let existing = existing
+                            .bytes()
+                            .await
+                            .map_err(|e| map_err(e, format!("{what}: read back")))?;
+                        if existing == data {
+                            log::info!(
+                                "{key} was written by this process (its first answer was lost)"
+                            );
+                            return Ok(());
                         }
-                        Err(e)
+                        Err(refused)
                     }
+                    // Gone again meanwhile (a lock released): still someone else's.
+                    Err(object_store::Error::NotFound { .. }) => Err(refused),
+                    Err(e) => Err(map_err(e, format!("{what}: read back"))),
                 }
             }
         })
@@ -400,7 +412,7 @@ impl Storage {
     pub async fn get(&self, key: &str) -> Result<Bytes> {
         let path = Self::path(key)?;
         let what = format!("read {key}");
-        self.retry(&what, |_| {
+        self.retry(&what, || {
             let (path, what) = (path.clone(), what.clone());
             async move {
                 let r = self
@@ -425,7 +437,7 @@ impl Storage {
     pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
         let path = Self::path(key)?;
         let what = format!("read {key} bytes {}..{}", range.start, range.end);
-        self.retry(&what, |_| {
+        self.retry(&what, || {
             let (path, what, range) = (path.clone(), what.clone(), range.clone());
             async move {
                 let want = range.end - range.start;
@@ -452,7 +464,7 @@ impl Storage {
     pub async fn size(&self, key: &str) -> Result<Option<u64>> {
         let path = Self::path(key)?;
         let what = format!("look up {key}");
-        self.retry(&what, |_| {
+        self.retry(&what, || {
             let (path, what) = (path.clone(), what.clone());
             async move {
                 match self.store.head(&path).await {
@@ -473,7 +485,7 @@ impl Storage {
     pub async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         let p = Self::path(prefix)?;
         let what = format!("list {prefix}");
-        self.retry(&what, |_| {
+        self.retry(&what, || {
             let (p, what) = (p.clone(), what.clone());
             async move {
                 let mut out: Vec<ObjectInfo> = self
@@ -499,7 +511,7 @@ impl Storage {
         let p = Self::path(prefix)?;
         let what = format!("list {prefix}");
         let r = self
-            .retry(&what, |_| {
+            .retry(&what, || {
                 let (p, what) = (p.clone(), what.clone());
                 async move {
                     self.store
@@ -531,7 +543,7 @@ impl Storage {
                 batch.len(),
                 batch[0]
             );
-            self.retry(&what, |_| {
+            self.retry(&what, || {
                 let (paths, what) = (paths.clone(), what.clone());
                 async move {
                     let stream = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
