@@ -72,6 +72,7 @@ fn settings(inv: &config::Invocation) -> Result<Settings, Error> {
         process_max: inv.int("process-max").unwrap_or(1) as usize,
         start_fast: inv.flag("start-fast"),
         archive_timeout: Duration::from_secs(inv.int("archive-timeout").unwrap_or(60) as u64),
+        lock_path: PathBuf::from(inv.get("lock-path").unwrap_or("/tmp/pgstrata")),
         config_file: inv.config_file.clone(),
         frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
         pack_size: inv

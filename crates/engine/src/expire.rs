@@ -59,7 +59,7 @@ const ORPHAN_GRACE_SECS: i64 = 3600;
 pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
     let (storage, stanza) = open_stanza(s).await?;
     let storage2 = storage.clone();
-    with_lock(&storage2, &s.stanza, "expire", async move {
+    with_lock(&storage2, &s.stanza, &s.lock_path, "expire", async move {
         let manifests = load_backups(&storage, &s.stanza).await?;
         let doomed = choose(&manifests, o)?;
         let mut report = ExpireReport::default();
