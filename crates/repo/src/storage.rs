@@ -101,6 +101,8 @@ pub struct Storage {
     put_attributes: Attributes,
     timeout: Duration,
     retries: u32,
+    /// The directory of a local repository (where staging files can be left behind).
+    local_root: Option<std::path::PathBuf>,
 }
 
 fn map_err(e: object_store::Error, what: String) -> Error {
@@ -270,6 +272,7 @@ impl Storage {
         Ok(Storage {
             store,
             description,
+            local_root: (cfg.kind == RepoKind::Posix).then(|| cfg.path.clone().into()),
             put_attributes,
             timeout: if cfg.timeout.is_zero() {
                 Duration::from_secs(120)
@@ -298,6 +301,7 @@ impl Storage {
             put_attributes: Attributes::new(),
             timeout: Duration::from_secs(120),
             retries: 3,
+            local_root: None,
         }
     }
 
@@ -561,6 +565,62 @@ impl Storage {
         }
         Ok(())
     }
+}
+
+impl Storage {
+    /// Remove the staging files under `prefix` not modified for `older_than`, and return
+    /// their names. A local repository writes each object to a staging file `<key>#<n>`
+    /// and renames it into place; a writer killed in between leaves the staging file, which
+    /// listings skip and nothing else would ever remove. Younger ones may belong to a
+    /// write in progress. Object stores have none (a put is atomic there).
+    pub fn remove_stale_staging(&self, prefix: &str, older_than: Duration) -> Result<Vec<String>> {
+        let Some(root) = &self.local_root else {
+            return Ok(Vec::new());
+        };
+        let mut removed = Vec::new();
+        let mut dirs = vec![root.join(prefix)];
+        while let Some(dir) = dirs.pop() {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(local_err(e, "list", &dir)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| local_err(e, "list", &dir))?;
+                let path = entry.path();
+                let md = match std::fs::symlink_metadata(&path) {
+                    Ok(md) => md,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(local_err(e, "stat", &path)),
+                };
+                if md.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let name = entry.file_name();
+                let is_staging = name
+                    .to_str()
+                    .and_then(|n| n.rsplit_once('#'))
+                    .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+                let age = md.modified().ok().and_then(|m| m.elapsed().ok());
+                if md.is_file() && is_staging && age.is_some_and(|a| a >= older_than) {
+                    match std::fs::remove_file(&path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(local_err(e, "remove", &path)),
+                    }
+                    let key = path.strip_prefix(root).unwrap_or(&path);
+                    removed.push(key.display().to_string());
+                }
+            }
+        }
+        removed.sort();
+        Ok(removed)
+    }
+}
+
+fn local_err(e: std::io::Error, what: &str, path: &std::path::Path) -> Error {
+    Error::with_source(ErrorKind::Storage, format!("{what} {}", path.display()), e)
 }
 
 /// HTTP client settings shared by the object-store backends.
