@@ -103,6 +103,8 @@ pub struct Storage {
     retries: u32,
     /// The directory of a local repository (where staging files can be left behind).
     local_root: Option<std::path::PathBuf>,
+    /// S3-compatible stores may ignore create-only conditions (see `check_create_only`).
+    s3_compatible: bool,
 }
 
 fn map_err(e: object_store::Error, what: String) -> Error {
@@ -273,6 +275,7 @@ impl Storage {
             store,
             description,
             local_root: (cfg.kind == RepoKind::Posix).then(|| cfg.path.clone().into()),
+            s3_compatible: cfg.kind == RepoKind::S3,
             put_attributes,
             timeout: if cfg.timeout.is_zero() {
                 Duration::from_secs(120)
@@ -302,6 +305,7 @@ impl Storage {
             timeout: Duration::from_secs(120),
             retries: 3,
             local_root: None,
+            s3_compatible: false,
         }
     }
 
@@ -568,6 +572,46 @@ impl Storage {
 }
 
 impl Storage {
+    /// Refuse an S3-compatible store that does not enforce create-only writes
+    /// (`If-None-Match: *`): on it, two backups could both take the stanza lock and a
+    /// write could replace an object. Writes a probe object twice with different bytes;
+    /// the second must be refused. The probe object is removed either way. Local, GCS and
+    /// Azure repositories always enforce it and are not probed.
+    pub async fn check_create_only(&self, stanza: &str) -> Result<()> {
+        if !self.s3_compatible {
+            return Ok(());
+        }
+        let unique = format!(
+            "{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        );
+        let key = crate::layout::create_only_probe(stanza, &unique);
+        let first = self.put_new(&key, Bytes::from_static(b"first")).await;
+        let second = match first {
+            Ok(()) => Some(self.put_new(&key, Bytes::from_static(b"second")).await),
+            Err(_) => None,
+        };
+        let cleanup = self.delete(&key).await;
+        first?;
+        match second.expect("probed twice") {
+            Err(e) if e.kind == ErrorKind::AlreadyExists => cleanup,
+            Err(e) => Err(e),
+            Ok(()) => Err(Error::new(
+                ErrorKind::Invalid,
+                format!(
+                    "repository {} does not enforce create-only writes: a second conditional PUT \
+                     (If-None-Match: *) of {key} replaced the object instead of failing. pgstrata needs \
+                     them (its lock and write-once objects rely on them): use a store that supports \
+                     conditional writes (AWS S3, MinIO, Ceph RGW of a recent release...)",
+                    self.description
+                ),
+            )),
+        }
+    }
+
     /// Remove the staging files under `prefix` not modified for `older_than`, and return
     /// their names. A local repository writes each object to a staging file `<key>#<n>`
     /// and renames it into place; a writer killed in between leaves the staging file, which

@@ -319,3 +319,33 @@ async fn a_backup_cut_off_by_storage_failure_is_never_visible() {
     f.set_plan(FaultPlan::default());
     assert!(list_backups(&s, "st").await.unwrap().is_empty());
 }
+
+/// stanza-create and check refuse an S3-compatible store that ignores create-only
+/// conditions (here: a proxy that strips `If-None-Match`), and leave no probe object.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_that_ignores_create_only_writes_is_refused() {
+    let server = tokio::task::spawn_blocking(|| S3Server::start("probe"))
+        .await
+        .unwrap()
+        .expect("moto S3 server (run .ci/setup)");
+    let proxy = FaultProxy::start(server.port);
+    let mut cfg = s3_config(&server, "p");
+    cfg.s3.endpoint = Some(proxy.endpoint());
+    let s = Storage::open(&cfg).unwrap();
+    s.check_create_only("st")
+        .await
+        .expect("moto enforces create-only");
+    proxy.strip_header(Some("If-None-Match"));
+    let e = s.check_create_only("st").await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Invalid);
+    assert!(
+        e.to_string()
+            .contains("does not enforce create-only writes"),
+        "{e}"
+    );
+    proxy.strip_header(None);
+    assert!(
+        s.list("st").await.unwrap().is_empty(),
+        "probe objects removed"
+    );
+}

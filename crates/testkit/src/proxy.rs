@@ -1,7 +1,7 @@
 //! A loopback HTTP proxy in front of a test storage server, to break the network in the
 //! ways a real one breaks: it can lose the answer to one chosen request after the server
-//! has acted on it (the case create-only writes must survive), and refuse requests as a
-//! server that is down does.
+//! has acted on it (the case create-only writes must survive), refuse requests as a server
+//! that is down does, and strip a request header (a store that ignores conditional writes).
 //!
 //! It speaks just enough HTTP/1.1 for object_store's requests: one request per upstream
 //! connection (sent with `Connection: close`, so the answer ends where the stream does),
@@ -22,6 +22,8 @@ struct Rules {
     /// Close connections of requests whose request line contains this text, unanswered
     /// and not forwarded (an empty text refuses everything: a server that is down).
     refuse: Option<String>,
+    /// Remove this request header (lower case) before forwarding.
+    strip_header: Option<String>,
     /// Answers lost so far.
     dropped: Vec<String>,
     /// Requests refused so far.
@@ -85,6 +87,12 @@ impl FaultProxy {
         self.rules.lock().unwrap().refuse = needle.map(str::to_string);
     }
 
+    /// Forward requests without header `name` (e.g. `if-none-match`: the server then
+    /// ignores create-only conditions, as some S3-compatible stores do); `None` stops.
+    pub fn strip_header(&self, name: Option<&str>) {
+        self.rules.lock().unwrap().strip_header = name.map(str::to_ascii_lowercase);
+    }
+
     /// How many requests were refused so far.
     pub fn refused(&self) -> u64 {
         self.rules.lock().unwrap().refused
@@ -108,7 +116,7 @@ fn serve(mut client: TcpStream, upstream_port: u16, rules: &Mutex<Rules>) -> std
     let line = String::from_utf8_lossy(&head[..head.iter().position(|b| *b == b'\r').unwrap_or(0)])
         .to_string();
     let method = line.split(' ').next().unwrap_or_default().to_string();
-    let (refuse, drop_answer) = {
+    let (refuse, drop_answer, strip) = {
         let mut r = rules.lock().unwrap();
         let refuse = r.refuse.as_ref().is_some_and(|n| line.contains(n.as_str()));
         if refuse {
@@ -121,12 +129,16 @@ fn serve(mut client: TcpStream, upstream_port: u16, rules: &Mutex<Rules>) -> std
         if drop_answer {
             r.drop_answer = None;
         }
-        (refuse, drop_answer)
+        (refuse, drop_answer, r.strip_header.clone())
     };
     if refuse {
         return client.shutdown(Shutdown::Both);
     }
     let mut upstream = TcpStream::connect(("127.0.0.1", upstream_port))?;
+    let head = match strip {
+        Some(name) => without_header(&head, &name),
+        None => head,
+    };
     upstream.write_all(&with_connection_close(&head))?;
     upstream.write_all(&body)?;
     let mut answer = Vec::new();
@@ -191,6 +203,17 @@ fn with_connection_close(head: &[u8]) -> Vec<u8> {
     let at = lines.len().saturating_sub(2).max(1);
     lines.insert(at, "Connection: close");
     lines.join("\r\n").into_bytes()
+}
+
+/// A message head without header `name` (lower case).
+fn without_header(head: &[u8], name: &str) -> Vec<u8> {
+    let text = String::from_utf8_lossy(head);
+    let prefix = format!("{name}:");
+    text.split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with(&prefix))
+        .collect::<Vec<_>>()
+        .join("\r\n")
+        .into_bytes()
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
