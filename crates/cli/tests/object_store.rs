@@ -178,13 +178,12 @@ fn lost_answers_storage_outages_and_damage_on_s3() {
     env.ok(&["check"]);
     assert_eq!(failed(), failed_before, "archive-push succeeded at once");
     assert_eq!(proxy.dropped().len(), 1, "the segment's answer was lost");
-    let mut dropped = 1;
     let mut labels = Vec::new();
-    for (what, needle, kind) in [
+    for (dropped, (what, needle, kind)) in (1..).zip([
         ("lock", "/lock/backup.lock", "--type=full"),
         ("pack", "/pack/", "--type=full"),
         ("manifest", "/backup.manifest", "--type=incr"),
-    ] {
+    ]) {
         env.sql(
             "INSERT INTO pgbench_history SELECT 1, 1, 1, 1, now() FROM generate_series(1, 1000)",
         );
@@ -196,7 +195,6 @@ fn lost_answers_storage_outages_and_damage_on_s3() {
             "{what}: {:?}",
             proxy.dropped()
         );
-        dropped += 1;
         assert!(
             !rt.block_on(storage.exists(&lock_key)).unwrap(),
             "{what}: no lock left behind"

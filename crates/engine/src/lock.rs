@@ -130,9 +130,9 @@ fn pid_running(pid: i32, started: Option<u64>) -> bool {
     if pid <= 0 {
         return false;
     }
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
-        Err(Errno::ESRCH) => return false,
-        Ok(()) | Err(_) => {}
+    // Ok, EPERM (another user's process) and anything else: it exists.
+    if let Err(Errno::ESRCH) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        return false;
     }
     if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // A killed process lingers as a zombie until its parent reaps it.
