@@ -111,6 +111,7 @@ fn settings(inv: &config::Invocation) -> Result<Settings, Error> {
         process_max: inv.int("process-max"),
         start_fast: inv.flag("start-fast"),
         archive_timeout: Duration::from_secs(inv.int("archive-timeout")),
+        lock_path: inv.text("lock-path").into(),
         config_file: inv.config_file.clone(),
         frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
         pack_size: inv.int("bundle-size"),

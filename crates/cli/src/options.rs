@@ -213,6 +213,8 @@ pub const OPTIONS: &[OptionDef] = &[
         help: "Messages written to the log file in log-path." },
     OptionDef { name: "log-path", kind: Kind::Path, default: Some("/var/log/pgstrata"), scope: Scope::Config, secret: false, commands: &[],
         help: "Directory for log files, named STANZA-COMMAND.log." },
+    OptionDef { name: "lock-path", kind: Kind::Path, default: Some("/tmp/pgstrata"), scope: Scope::Config, secret: false, commands: &["backup", "expire"],
+        help: "Directory of the host-local lock that lets one process at a time remove a stale stanza lock; created mode 0700, and refused when another user owns it or others can write to it (give each OS user running pgstrata its own)." },
     OptionDef { name: "pg-bin", kind: Kind::Path, default: None, scope: Scope::CommandLine, secret: false, commands: &["demo"],
         help: "Directory of the PostgreSQL server binaries for the demo (default: pg_config --bindir, else the newest /usr/lib/postgresql/*/bin)." },
 ];

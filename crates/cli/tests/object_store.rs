@@ -1,22 +1,49 @@
-//! The whole cycle on an S3 repository served by a real S3 server over HTTP, and the
-//! stanza lock keeping two backups apart.
+//! The whole cycle on an S3 repository served by a real S3 server over HTTP, the stanza
+//! lock keeping two backups apart, and the network failing under it: answers lost after
+//! the server acted, storage refusing during a restore, a damaged pack.
 
 use crate::common::*;
-use pgstrata_testkit::S3Server;
+use pgstrata_repo::storage::{RepoConfig, RepoKind, S3Config};
+use pgstrata_repo::Storage;
+use pgstrata_testkit::{FaultProxy, S3Server};
+
+const S3_PREFIX: &str = "/backups/cluster1";
+
+/// Repository settings (config file body) for `bucket` reached at `endpoint`.
+fn s3_toml(bucket: &str, endpoint: &str) -> String {
+    format!(
+        "repo-type = \"s3\"\nrepo-path = \"{S3_PREFIX}\"\nrepo-s3-bucket = \"{bucket}\"\n\
+         repo-s3-endpoint = \"{endpoint}\"\nrepo-s3-region = \"us-east-1\"\nrepo-s3-uri-style = \"path\"\n\
+         repo-s3-key = \"test\"\nrepo-s3-key-secret = \"test\"\n"
+    )
+}
+
+/// The same repository, reached directly by the test (not through a proxy).
+fn s3_storage(server: &S3Server) -> Storage {
+    Storage::open(&RepoConfig {
+        kind: RepoKind::S3,
+        path: S3_PREFIX.into(),
+        s3: S3Config {
+            bucket: server.bucket.clone(),
+            endpoint: Some(server.endpoint()),
+            region: Some("us-east-1".into()),
+            key: Some("test".into()),
+            key_secret: Some("test".into()),
+            path_style: true,
+            ..Default::default()
+        },
+        verify_tls: true,
+        timeout: std::time::Duration::from_secs(30),
+        retries: 2,
+        ..Default::default()
+    })
+    .unwrap()
+}
 
 #[test]
 fn full_cycle_on_an_s3_repository() {
     let server = S3Server::start("pgstrata-test").expect("moto S3 server (run .ci/setup)");
-    let env = Env::with_config(
-        "s3",
-        &format!(
-            "repo-type = \"s3\"\nrepo-path = \"/backups/cluster1\"\nrepo-s3-bucket = \"{}\"\n\
-             repo-s3-endpoint = \"{}\"\nrepo-s3-region = \"us-east-1\"\nrepo-s3-uri-style = \"path\"\n\
-             repo-s3-key = \"test\"\nrepo-s3-key-secret = \"test\"\n",
-            server.bucket,
-            server.endpoint()
-        ),
-    );
+    let env = Env::with_config("s3", &s3_toml(&server.bucket, &server.endpoint()));
     env.cluster
         .pgbench(&["-i", "-s", "5", "-q", "postgres"])
         .unwrap();
@@ -120,4 +147,97 @@ fn two_backups_of_one_stanza_cannot_run_at_once() {
     assert_eq!(env.info_json()["backups"].as_array().unwrap().len(), 1);
     // The lock is gone once the winner finished.
     env.backup(&["--type=incr"]);
+}
+
+/// The connection drops after S3 stored a create-only write but before its answer arrived
+/// (object_store's client then sends it again and is refused): on the stanza lock, a pack,
+/// a manifest and a WAL segment, the command succeeds, leaves no lock behind, and info
+/// lists what was written. Then storage refuses pack reads during a restore (exit 3, named
+/// as a storage failure, not as damage) and a pack with a flipped byte is damage (exit 4).
+#[test]
+fn lost_answers_storage_outages_and_damage_on_s3() {
+    let server = S3Server::start("pgstrata-faults").expect("moto S3 server (run .ci/setup)");
+    let proxy = FaultProxy::start(server.port);
+    let env = Env::with_config("s3-faults", &s3_toml(&server.bucket, &proxy.endpoint()));
+    env.cluster
+        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
+        .unwrap();
+    env.stanza_create();
+    let storage = s3_storage(&server);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let lock_key = format!("{STANZA}/lock/backup.lock");
+
+    // WAL: `check` switches away from the current segment and waits for it in the archive.
+    // (Pushes before stanza-create failed: count from here.)
+    let failed = || env.sql("SELECT failed_count FROM pg_stat_archiver");
+    env.ok(&["check"]);
+    let failed_before = failed();
+    env.sql("CREATE TABLE wal_written AS SELECT 1 AS x"); // so the switch has a segment to end
+    let segment = env.sql("SELECT pg_walfile_name(pg_current_wal_lsn())");
+    proxy.drop_answer_to("PUT", &format!("/{} HTTP", segment.trim()));
+    env.ok(&["check"]);
+    assert_eq!(failed(), failed_before, "archive-push succeeded at once");
+    assert_eq!(proxy.dropped().len(), 1, "the segment's answer was lost");
+    let mut labels = Vec::new();
+    for (dropped, (what, needle, kind)) in (1..).zip([
+        ("lock", "/lock/backup.lock", "--type=full"),
+        ("pack", "/pack/", "--type=full"),
+        ("manifest", "/backup.manifest", "--type=incr"),
+    ]) {
+        env.sql(
+            "INSERT INTO pgbench_history SELECT 1, 1, 1, 1, now() FROM generate_series(1, 1000)",
+        );
+        proxy.drop_answer_to("PUT", needle);
+        labels.push(env.backup(&[kind]));
+        assert_eq!(
+            proxy.dropped().len(),
+            dropped + 1,
+            "{what}: {:?}",
+            proxy.dropped()
+        );
+        assert!(
+            !rt.block_on(storage.exists(&lock_key)).unwrap(),
+            "{what}: no lock left behind"
+        );
+    }
+    let listed: Vec<String> = env.info_json()["backups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["label"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(listed, labels, "info lists each backup once");
+
+    // Storage refuses every pack read after the manifest was read: a storage failure.
+    proxy.refuse(Some("/pack/"));
+    let outage = env.scratch.join("outage");
+    let (code, err) = run_fail(env.cmd_as_invoker(&[
+        &format!("--pg-path={}", outage.display()),
+        &format!("--set={}", labels[0]),
+        "restore",
+    ]));
+    assert!(proxy.refused() > 0);
+    proxy.refuse(None);
+    assert_eq!(code, 3, "a storage outage is no damage: {err}");
+    assert!(err.contains("storage") && err.contains("/pack/"), "{err}");
+
+    // One flipped byte in a pack: damage.
+    let pack = rt
+        .block_on(storage.list(&format!("{STANZA}/backup/{}/pack", labels[0])))
+        .unwrap()
+        .remove(0)
+        .key;
+    let mut bytes = rt.block_on(storage.get(&pack)).unwrap().to_vec();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x20;
+    rt.block_on(storage.delete(&pack)).unwrap();
+    rt.block_on(storage.put_new(&pack, bytes.into())).unwrap();
+    let damaged = env.scratch.join("damaged");
+    let (code, err) = run_fail(env.cmd_as_invoker(&[
+        &format!("--pg-path={}", damaged.display()),
+        &format!("--set={}", labels[0]),
+        "restore",
+    ]));
+    assert_eq!(code, 4, "a damaged pack is damage: {err}");
+    assert!(err.contains("damaged"), "{err}");
 }

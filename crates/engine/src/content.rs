@@ -44,9 +44,7 @@ pub(crate) fn for_each_extent(
             }
             j += 1;
         }
-        runtime
-            .block_on(reader.load(&batch, file))
-            .map_err(|e| Error::integrity(e.to_string()))?;
+        runtime.block_on(reader.load(&batch, file))?;
         for (offset, c) in &extents[i..j] {
             if c.is_zero() {
                 let mut done = 0u64;
@@ -58,9 +56,7 @@ pub(crate) fn for_each_extent(
             } else {
                 sink(
                     *offset,
-                    reader
-                        .bytes(c)
-                        .map_err(|e| Error::integrity(format!("{file}: {e}")))?,
+                    reader.bytes(c).map_err(|e| Error::from(e).context(file))?,
                 )?;
             }
         }

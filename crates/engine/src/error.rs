@@ -1,5 +1,11 @@
 //! Errors of the engine. Every error says what was being done and to what; the kind decides
 //! the exit code and whether retrying could help.
+//!
+//! One style across the crates (rustic_core's rules): one error type per crate, a kind to
+//! branch on, context on every failure, and the source kept. An error from the repository
+//! keeps its repository kind (`ErrorKind::Repo`) and its source chain: a storage outage
+//! stays a storage failure (exit 3) and damaged data stays damage (exit 4), whichever layer
+//! passes them on.
 
 use std::fmt;
 
@@ -7,7 +13,8 @@ use std::fmt;
 pub enum ErrorKind {
     /// Configuration or command-line problem: fix the settings.
     Config,
-    /// The repository refused or failed (see the repo error kind in the message).
+    /// The repository refused or failed, with the repository's own kind: `Corrupt` is
+    /// damage (exit 4), `Invalid` a configuration problem (exit 2).
     Repo(pgstrata_repo::ErrorKind),
     /// The PostgreSQL server could not be reached or refused a query.
     Postgres,
@@ -56,19 +63,36 @@ impl Error {
         Error::new(ErrorKind::Integrity, message)
     }
 
-    /// True when retrying the command may succeed without anything being changed.
-    pub fn retryable(&self) -> bool {
+    /// The same error, its message prefixed with what it happened to (`what: message`).
+    pub fn context(mut self, what: impl std::fmt::Display) -> Error {
+        self.message = format!("{what}: {}", self.message);
+        self
+    }
+
+    /// True when retrying the command may succeed without anything being changed: the
+    /// repository's transient failures (decided in one place,
+    /// `pgstrata_repo::ErrorKind::is_retryable`) and timeouts.
+    pub fn is_retryable(&self) -> bool {
+        match self.kind {
+            ErrorKind::Repo(k) => k.is_retryable(),
+            ErrorKind::Timeout => true,
+            _ => false,
+        }
+    }
+
+    /// Stored data is damaged or does not match what was recorded.
+    pub fn is_damage(&self) -> bool {
         matches!(
             self.kind,
-            ErrorKind::Repo(pgstrata_repo::ErrorKind::Storage) | ErrorKind::Timeout
+            ErrorKind::Integrity | ErrorKind::Repo(pgstrata_repo::ErrorKind::Corrupt)
         )
     }
 
     /// Process exit code for this error (documented in the README).
     pub fn exit_code(&self) -> i32 {
         match self.kind {
-            ErrorKind::Config => 2,
-            ErrorKind::Integrity | ErrorKind::Repo(pgstrata_repo::ErrorKind::Corrupt) => 4,
+            ErrorKind::Config | ErrorKind::Repo(pgstrata_repo::ErrorKind::Invalid) => 2,
+            _ if self.is_damage() => 4,
             _ => 3,
         }
     }
@@ -84,29 +108,32 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
+/// The repository's kind, context and source carry over unchanged.
 impl From<pgstrata_repo::Error> for Error {
     fn from(e: pgstrata_repo::Error) -> Error {
-        let kind = match e.kind {
-            pgstrata_repo::ErrorKind::Corrupt => ErrorKind::Integrity,
-            pgstrata_repo::ErrorKind::Invalid => ErrorKind::Config,
-            k => ErrorKind::Repo(k),
-        };
         Error {
-            kind,
-            message: e.to_string(),
-            source: None,
+            kind: ErrorKind::Repo(e.kind),
+            message: e.context,
+            source: e.source,
         }
     }
 }
 
 impl From<pgstrata_pg::Error> for Error {
     fn from(e: pgstrata_pg::Error) -> Error {
-        Error {
-            kind: ErrorKind::Io,
-            message: e.to_string(),
-            source: None,
+        match e {
+            pgstrata_pg::Error::Io { path, source } => Error::io(path, source),
+            invalid @ pgstrata_pg::Error::Invalid { .. } => {
+                Error::new(ErrorKind::Io, invalid.to_string())
+            }
         }
     }
 }

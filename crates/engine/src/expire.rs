@@ -61,6 +61,8 @@ pub struct ExpireReport {
     pub wal_deleted: u64,
     /// Bytes in packs that kept backups reference only in part.
     pub bytes_held: u64,
+    /// Staging files of interrupted writes removed (local repositories).
+    pub staging_removed: u64,
 }
 
 /// Unreferenced data of a backup that has no manifest is deleted only once it is this old:
@@ -70,7 +72,7 @@ const ORPHAN_GRACE_SECS: i64 = 3600;
 pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
     let (storage, stanza) = open_stanza(s).await?;
     let storage2 = storage.clone();
-    with_lock(&storage2, &s.stanza, "expire", async move {
+    with_lock(&storage2, &s.stanza, &s.lock_path, "expire", async move {
         let scan = scan_backups(&storage, &s.stanza).await?;
         let manifests = scan.manifests;
         let damaged: Vec<&str> = scan.damaged.iter().map(|d| d.label.as_str()).collect();
@@ -95,6 +97,7 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
         report.bytes_freed = usage.freed;
         report.bytes_held = usage.held;
         report.wal_deleted = expire_wal(&storage, &s.stanza, &stanza.cluster, &kept, o.retention_archive).await?;
+        report.staging_removed = remove_staging(&storage, &s.stanza)?;
         log::info!(
             "expire: {} backup(s) expired, {} pack(s) deleted ({} freed), {} WAL file(s) deleted, {} held in partly referenced packs",
             report.expired.len(),
@@ -259,6 +262,17 @@ pub async fn collect_garbage(
     Ok(usage)
 }
 
+/// Remove staging files that writers killed mid-write left (local repositories), once they
+/// are as old as orphaned packs must be: younger, a write may still be running elsewhere.
+fn remove_staging(storage: &Storage, stanza: &str) -> Result<u64> {
+    let grace = std::time::Duration::from_secs(ORPHAN_GRACE_SECS as u64);
+    let removed = storage.remove_stale_staging(stanza, grace)?;
+    for key in &removed {
+        log::info!("removed {key}: the staging file of a write that was interrupted");
+    }
+    Ok(removed.len() as u64)
+}
+
 async fn expire_wal(
     storage: &Storage,
     stanza: &str,
@@ -321,7 +335,82 @@ fn wal_expires(segno: u64, kept: &[(u64, u64)], retention_archive: Option<u32>) 
 
 #[cfg(test)]
 mod tests {
-    use super::wal_expires;
+    use super::*;
+
+    /// A writer killed between writing a local object's staging file and renaming it
+    /// leaves `<key>#<n>`; expire removes such files once they are an hour old, and only
+    /// them.
+    #[tokio::test]
+    async fn expire_removes_staging_files_older_than_an_hour() {
+        use pgstrata_repo::stanza::{ClusterIdentity, StanzaInfo};
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Storage::local(dir.path()).unwrap();
+        let info = StanzaInfo {
+            format_version: pgstrata_repo::FORMAT_VERSION,
+            stanza: "st".into(),
+            created: "2026-01-01T00:00:00Z".into(),
+            cluster: ClusterIdentity {
+                system_identifier: "1".into(),
+                major_version: 15,
+                catalog_version: 1,
+                control_version: 1,
+                wal_segment_size: 16 << 20,
+                block_size: 8192,
+            },
+        };
+        StanzaInfo::create(&storage, &info).await.unwrap();
+        let pack = dir.path().join("st/backup/20260101-000000F/pack");
+        std::fs::create_dir_all(&pack).unwrap();
+        let plant = |name: &str, age_secs: u64| {
+            let f = std::fs::File::create(dir.path().join("st").join(name)).unwrap();
+            f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(age_secs))
+                .unwrap();
+        };
+        let pack_dir = "backup/20260101-000000F/pack";
+        plant(&format!("{pack_dir}/0-0#1"), 2 * 3600); // left by a killed writer
+        plant(&format!("{pack_dir}/0-1#7"), 60); // may be a write in progress
+        plant("not#staging", 2 * 3600); // not a staging name: left alone
+        let s = Settings {
+            stanza: "st".into(),
+            repo: pgstrata_repo::storage::RepoConfig {
+                path: dir.path().display().to_string(),
+                retries: 1,
+                ..Default::default()
+            },
+            pg_path: None,
+            pg_host: None,
+            pg_port: 5432,
+            pg_user: None,
+            pg_database: "postgres".into(),
+            pg_sslmode: Default::default(),
+            pg_sslrootcert: None,
+            compression: pgstrata_repo::codec::Compression::new(
+                pgstrata_repo::codec::CompressType::None,
+                None,
+            )
+            .unwrap(),
+            process_max: 1,
+            start_fast: false,
+            archive_timeout: std::time::Duration::from_secs(1),
+            lock_path: dir.path().join("locks"),
+            config_file: None,
+            frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
+            pack_size: pgstrata_repo::pack::DEFAULT_PACK_SIZE,
+            bundle_limit: 0,
+        };
+        let o = ExpireOptions {
+            set: None,
+            retention_full: Some(1),
+            retention_full_type: RetentionType::Count,
+            retention_diff: None,
+            retention_archive: None,
+        };
+        let report = expire(&s, &o).await.unwrap();
+        assert_eq!(report.staging_removed, 1);
+        assert!(!pack.join("0-0#1").exists(), "the old staging file is gone");
+        assert!(pack.join("0-1#7").exists(), "a young one stays");
+        assert!(dir.path().join("st/not#staging").exists());
+    }
 
     #[test]
     fn wal_before_the_oldest_backup_expires_and_consistency_wal_of_old_backups_stays() {

@@ -89,6 +89,7 @@ pub async fn stanza_create(s: &Settings) -> Result<CreateOutcome> {
             .map_err(|e| Error::io(format!("create repository directory {}", s.repo.path), e))?;
     }
     let storage = Storage::open(&s.repo)?;
+    storage.check_create_only(&s.stanza).await?;
     let info = StanzaInfo {
         format_version: FORMAT_VERSION,
         stanza: s.stanza.clone(),

@@ -1,8 +1,10 @@
 //! Errors of the repository layer.
 //!
 //! Every error carries a kind (what a caller may branch on), a context string naming the
-//! object or operation, and its source. `retryable()` tells transient storage failures from
-//! permanent ones.
+//! object or operation, and its source (kept, so `source()` walks down to the backend's own
+//! error). Whether a failure is worth retrying is decided here, once
+//! ([`ErrorKind::is_retryable`]); the storage layer's retry loop and the engine's
+//! `Error::is_retryable` both ask it.
 
 use std::fmt;
 
@@ -20,6 +22,15 @@ pub enum ErrorKind {
     Storage,
     /// Invalid argument from the caller (bad option value and such).
     Invalid,
+}
+
+impl ErrorKind {
+    /// True when repeating the same operation may succeed: only storage failures (server
+    /// errors, timeouts, dropped connections, short reads) are transient. A missing or
+    /// existing object, damaged data and a refused request stay what they are.
+    pub fn is_retryable(self) -> bool {
+        self == ErrorKind::Storage
+    }
 }
 
 #[derive(Debug)]
@@ -56,9 +67,9 @@ impl Error {
         Error::new(ErrorKind::Corrupt, context)
     }
 
-    /// True when retrying the same operation may succeed.
-    pub fn retryable(&self) -> bool {
-        self.kind == ErrorKind::Storage
+    /// True when retrying the same operation may succeed (see [`ErrorKind::is_retryable`]).
+    pub fn is_retryable(&self) -> bool {
+        self.kind.is_retryable()
     }
 
     pub fn is_not_found(&self) -> bool {

@@ -10,6 +10,7 @@
 //! <stanza>/backup/<label>/backup.manifest.copy          its copy, written just before it
 //! <stanza>/backup/<label>/backup.manifest               the manifest, written last
 //! <stanza>/lock/backup.lock                             held while a backup or expire runs
+//! <stanza>/probe/create-only-<unique>                   stanza-create's and check's test object (removed)
 //! ```
 
 pub fn stanza_info(stanza: &str) -> String {
@@ -37,6 +38,12 @@ pub fn archive_object(stanza: &str, archive_id: &str, wal_name: &str) -> String 
 /// The lock object held by a backup or expire of the stanza.
 pub fn lock(stanza: &str) -> String {
     format!("{stanza}/lock/backup.lock")
+}
+
+/// The short-lived object stanza-create and check write twice to see that the store
+/// refuses the second create.
+pub fn create_only_probe(stanza: &str, unique: &str) -> String {
+    format!("{stanza}/probe/create-only-{unique}")
 }
 
 /// The block-change map of an archived segment, beside it.

@@ -3,7 +3,8 @@
 //! implementation, and the two must agree.
 //!
 //! - [`storage`]: the one way to reach a repository (object_store underneath), write-once,
-//!   with timeouts and retries; [`fault`] wraps any backend to inject failures in tests.
+//!   with timeouts and retries; `fault` (feature `fault-injection`, tests only) wraps any
+//!   backend to inject failures.
 //! - [`codec`]: compression types and levels.
 //! - [`layout`]: object names.
 //! - [`stanza`]: the record of which cluster a stanza belongs to.
@@ -14,6 +15,7 @@
 pub mod changemap;
 pub mod codec;
 pub mod error;
+#[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod layout;
 pub mod manifest;

@@ -156,6 +156,10 @@ pub struct Storage {
     put_attributes: Attributes,
     timeout: Duration,
     retries: u32,
+    /// The directory of a local repository (where staging files can be left behind).
+    local_root: Option<std::path::PathBuf>,
+    /// S3-compatible stores may ignore create-only conditions (see `check_create_only`).
+    s3_compatible: bool,
 }
 
 fn map_err(e: object_store::Error, what: String) -> Error {
@@ -325,6 +329,8 @@ impl Storage {
         Ok(Storage {
             store,
             description,
+            local_root: (cfg.kind == RepoKind::Posix).then(|| cfg.path.clone().into()),
+            s3_compatible: cfg.kind == RepoKind::S3,
             put_attributes,
             timeout: if cfg.timeout.is_zero() {
                 Duration::from_secs(120)
@@ -353,6 +359,8 @@ impl Storage {
             put_attributes: Attributes::new(),
             timeout: Duration::from_secs(120),
             retries: 3,
+            local_root: None,
+            s3_compatible: false,
         }
     }
 
@@ -371,16 +379,16 @@ impl Storage {
     /// Run `op` with the timeout, retrying transient failures with exponential backoff.
     async fn retry<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
     where
-        F: FnMut(u32) -> Fut,
+        F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
         let mut delay = Duration::from_millis(100);
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let err = match tokio::time::timeout(self.timeout, op(attempt)).await {
+            let err = match tokio::time::timeout(self.timeout, op()).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if !e.retryable() => return Err(e),
+                Ok(Err(e)) if !e.is_retryable() => return Err(e),
                 Ok(Err(e)) => e,
                 Err(_) => Error::new(
                     ErrorKind::Storage,
@@ -389,7 +397,10 @@ impl Storage {
             };
             if attempt > self.retries {
                 return Err(Error {
-                    context: format!("{} (gave up after {attempt} attempts)", err.context),
+                    context: format!(
+                        "{} (storage of repository {} failed; gave up after {attempt} attempts)",
+                        err.context, self.description
+                    ),
                     ..err
                 });
             }
@@ -408,11 +419,18 @@ impl Storage {
             .map_err(|e| Error::with_source(ErrorKind::Invalid, format!("object name '{key}'"), e))
     }
 
-    /// Write a new object; fails with `AlreadyExists` if one is there.
+    /// Write a new object; fails with `AlreadyExists` if another one is there.
+    ///
+    /// A write can succeed on the server and lose its answer; whoever sends it again (this
+    /// loop, or object_store's HTTP client within one attempt) then finds the object it
+    /// wrote and is refused. So every refusal is checked against what this writer sent: an
+    /// object with the same bytes is ours and the write succeeded. Callers whose objects
+    /// could be written identically by someone else make them unique (the lock holds a
+    /// random token).
     pub async fn put_new(&self, key: &str, data: Bytes) -> Result<()> {
         let path = Self::path(key)?;
         let what = format!("write {key}");
-        self.retry(&what, |attempt| {
+        self.retry(&what, || {
             let (path, data, what) = (path.clone(), data.clone(), what.clone());
             async move {
                 let opts = PutOptions {
@@ -420,32 +438,34 @@ impl Storage {
                     attributes: self.put_attributes.clone(),
                     ..Default::default()
                 };
-                match self
+                let refused = match self
                     .store
                     .put_opts(&path, PutPayload::from(data.clone()), opts)
                     .await
                 {
-                    Ok(_) => Ok(()),
-                    Err(e) => {
-                        let e = map_err(e, what.clone());
-                        // A retry after a write whose answer was lost finds its own object.
-                        if e.kind == ErrorKind::AlreadyExists && attempt > 1 {
-                            let existing = self
-                                .store
-                                .get(&path)
-                                .await
-                                .map_err(|e| map_err(e, what.clone()))?;
-                            if existing
-                                .bytes()
-                                .await
-                                .map_err(|e| map_err(e, what.clone()))?
-                                == data
-                            {
-                                return Ok(());
-                            }
+                    Ok(_) => return Ok(()),
+                    Err(e) => map_err(e, what.clone()),
+                };
+                if refused.kind != ErrorKind::AlreadyExists {
+                    return Err(refused);
+                }
+                match self.store.get(&path).await {
+                    Ok(existing) => {
+                        let existing = existing
+                            .bytes()
+                            .await
+                            .map_err(|e| map_err(e, format!("{what}: read back")))?;
+                        if existing == data {
+                            log::info!(
+                                "{key} was written by this process (its first answer was lost)"
+                            );
+                            return Ok(());
                         }
-                        Err(e)
+                        Err(refused)
                     }
+                    // Gone again meanwhile (a lock released): still someone else's.
+                    Err(object_store::Error::NotFound { .. }) => Err(refused),
+                    Err(e) => Err(map_err(e, format!("{what}: read back"))),
                 }
             }
         })
@@ -455,7 +475,7 @@ impl Storage {
     pub async fn get(&self, key: &str) -> Result<Bytes> {
         let path = Self::path(key)?;
         let what = format!("read {key}");
-        self.retry(&what, |_| {
+        self.retry(&what, || {
             let (path, what) = (path.clone(), what.clone());
             async move {
                 let r = self
@@ -480,7 +500,7 @@ impl Storage {
     pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
         let path = Self::path(key)?;
         let what = format!("read {key} bytes {}..{}", range.start, range.end);
-        self.retry(&what, |_| {
+        self.retry(&what, || {
             let (path, what, range) = (path.clone(), what.clone(), range.clone());
             async move {
                 let want = range.end - range.start;
@@ -507,7 +527,7 @@ impl Storage {
     pub async fn size(&self, key: &str) -> Result<Option<u64>> {
         let path = Self::path(key)?;
         let what = format!("look up {key}");
-        self.retry(&what, |_| {
+        self.retry(&what, || {
             let (path, what) = (path.clone(), what.clone());
             async move {
                 match self.store.head(&path).await {
@@ -528,7 +548,7 @@ impl Storage {
     pub async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         let p = Self::path(prefix)?;
         let what = format!("list {prefix}");
-        self.retry(&what, |_| {
+        self.retry(&what, || {
             let (p, what) = (p.clone(), what.clone());
             async move {
                 let mut out: Vec<ObjectInfo> = self
@@ -554,7 +574,7 @@ impl Storage {
         let p = Self::path(prefix)?;
         let what = format!("list {prefix}");
         let r = self
-            .retry(&what, |_| {
+            .retry(&what, || {
                 let (p, what) = (p.clone(), what.clone());
                 async move {
                     self.store
@@ -586,7 +606,7 @@ impl Storage {
                 batch.len(),
                 batch[0]
             );
-            self.retry(&what, |_| {
+            self.retry(&what, || {
                 let (paths, what) = (paths.clone(), what.clone());
                 async move {
                     let stream = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
@@ -604,6 +624,102 @@ impl Storage {
         }
         Ok(())
     }
+}
+
+impl Storage {
+    /// Refuse an S3-compatible store that does not enforce create-only writes
+    /// (`If-None-Match: *`): on it, two backups could both take the stanza lock and a
+    /// write could replace an object. Writes a probe object twice with different bytes;
+    /// the second must be refused. The probe object is removed either way. Local, GCS and
+    /// Azure repositories always enforce it and are not probed.
+    pub async fn check_create_only(&self, stanza: &str) -> Result<()> {
+        if !self.s3_compatible {
+            return Ok(());
+        }
+        let unique = format!(
+            "{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        );
+        let key = crate::layout::create_only_probe(stanza, &unique);
+        let first = self.put_new(&key, Bytes::from_static(b"first")).await;
+        let second = match first {
+            Ok(()) => Some(self.put_new(&key, Bytes::from_static(b"second")).await),
+            Err(_) => None,
+        };
+        let cleanup = self.delete(&key).await;
+        first?;
+        match second.expect("probed twice") {
+            Err(e) if e.kind == ErrorKind::AlreadyExists => cleanup,
+            Err(e) => Err(e),
+            Ok(()) => Err(Error::new(
+                ErrorKind::Invalid,
+                format!(
+                    "repository {} does not enforce create-only writes: a second conditional PUT \
+                     (If-None-Match: *) of {key} replaced the object instead of failing. pgstrata needs \
+                     them (its lock and write-once objects rely on them): use a store that supports \
+                     conditional writes (AWS S3, MinIO, Ceph RGW of a recent release...)",
+                    self.description
+                ),
+            )),
+        }
+    }
+
+    /// Remove the staging files under `prefix` not modified for `older_than`, and return
+    /// their names. A local repository writes each object to a staging file `<key>#<n>`
+    /// and renames it into place; a writer killed in between leaves the staging file, which
+    /// listings skip and nothing else would ever remove. Younger ones may belong to a
+    /// write in progress. Object stores have none (a put is atomic there).
+    pub fn remove_stale_staging(&self, prefix: &str, older_than: Duration) -> Result<Vec<String>> {
+        let Some(root) = &self.local_root else {
+            return Ok(Vec::new());
+        };
+        let mut removed = Vec::new();
+        let mut dirs = vec![root.join(prefix)];
+        while let Some(dir) = dirs.pop() {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(local_err(e, "list", &dir)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| local_err(e, "list", &dir))?;
+                let path = entry.path();
+                let md = match std::fs::symlink_metadata(&path) {
+                    Ok(md) => md,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(local_err(e, "stat", &path)),
+                };
+                if md.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let name = entry.file_name();
+                let is_staging = name
+                    .to_str()
+                    .and_then(|n| n.rsplit_once('#'))
+                    .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+                let age = md.modified().ok().and_then(|m| m.elapsed().ok());
+                if md.is_file() && is_staging && age.is_some_and(|a| a >= older_than) {
+                    match std::fs::remove_file(&path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(local_err(e, "remove", &path)),
+                    }
+                    let key = path.strip_prefix(root).unwrap_or(&path);
+                    removed.push(key.display().to_string());
+                }
+            }
+        }
+        removed.sort();
+        Ok(removed)
+    }
+}
+
+fn local_err(e: std::io::Error, what: &str, path: &std::path::Path) -> Error {
+    Error::with_source(ErrorKind::Storage, format!("{what} {}", path.display()), e)
 }
 
 /// HTTP client settings shared by the object-store backends.

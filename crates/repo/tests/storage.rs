@@ -1,6 +1,7 @@
 //! The storage layer on the backends pgstrata is tested against (local, S3 on a real S3
-//! server, Azure on Azurite): object_store's conformance suite, pgstrata's own write-once
-//! contract, and recovery from injected faults. GCS has no emulator here that speaks the
+//! server, Azure on Azurite): object_store's conformance suite (what pgstrata uses of it:
+//! never conditional updates, only create-only writes), pgstrata's own write-once contract
+//! including racing creators, and recovery from injected faults and lost answers. GCS has no emulator here that speaks the
 //! XML API object_store uses (fake-gcs-server rejects its uploads), so it is configured but
 //! not exercised by these tests.
 
@@ -9,7 +10,7 @@ use object_store::integration;
 use pgstrata_repo::fault::{FaultPlan, FaultyStore};
 use pgstrata_repo::storage::{AzureConfig, RepoConfig, RepoKind, S3Config};
 use pgstrata_repo::{ErrorKind, Storage};
-use pgstrata_testkit::{AzuriteServer, S3Server};
+use pgstrata_testkit::{AzuriteServer, FaultProxy, S3Server};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -113,10 +114,72 @@ async fn s3_backend_conformance_against_a_real_server() {
     integration::put_get_delete_list(&*store).await;
     integration::list_uses_directories_correctly(&*store).await;
     integration::list_with_delimiter(&*store).await;
-    integration::put_opts(&*store, true).await;
     // Through a prefix, as repo-path makes one.
     let s = Storage::open(&s3_config(&server, "/some/prefix/")).unwrap();
     write_once_contract(&s).await;
+    create_only_has_one_winner(&s).await;
+}
+
+/// What the stanza lock and every write-once object rely on: of many writers creating one
+/// object at once, exactly one succeeds and its bytes are what is stored.
+async fn create_only_has_one_winner(s: &Storage) {
+    const RACERS: usize = 12;
+    for round in 0..8 {
+        let key = format!("race/{round}");
+        let attempts = (0..RACERS).map(|i| {
+            let (s, key) = (s.clone(), key.clone());
+            tokio::spawn(async move {
+                let body = Bytes::from(format!("writer {i}"));
+                (s.put_new(&key, body.clone()).await, body)
+            })
+        });
+        let mut winners = Vec::new();
+        for a in futures::future::join_all(attempts).await {
+            match a.unwrap() {
+                (Ok(()), body) => winners.push(body),
+                (Err(e), _) => assert_eq!(e.kind, ErrorKind::AlreadyExists, "{e}"),
+            }
+        }
+        assert_eq!(
+            winners.len(),
+            1,
+            "round {round}: {} writers created {key}",
+            winners.len()
+        );
+        assert_eq!(s.get(&key).await.unwrap(), winners[0], "round {round}");
+    }
+}
+
+#[tokio::test]
+async fn local_create_only_has_one_winner() {
+    let dir = tempfile::tempdir().unwrap();
+    create_only_has_one_winner(&Storage::local(dir.path()).unwrap()).await;
+}
+
+/// S3 stores a create-only write but its answer is lost: object_store's HTTP client sends
+/// the request again and is refused (412). The object is this writer's, so the write
+/// succeeded; another writer's different bytes are still refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_answer_to_a_create_only_write_is_no_failure() {
+    let server = tokio::task::spawn_blocking(|| S3Server::start("lost-answers"))
+        .await
+        .unwrap()
+        .expect("moto S3 server (run .ci/setup)");
+    let proxy = FaultProxy::start(server.port);
+    let mut cfg = s3_config(&server, "p");
+    cfg.s3.endpoint = Some(proxy.endpoint());
+    let s = Storage::open(&cfg).unwrap();
+    proxy.drop_answer_to("PUT", "/p/st/lost-answer");
+    s.put_new("st/lost-answer", Bytes::from_static(b"mine"))
+        .await
+        .expect("the write whose answer was lost succeeded");
+    assert_eq!(proxy.dropped().len(), 1, "the answer was dropped");
+    assert_eq!(&s.get("st/lost-answer").await.unwrap()[..], b"mine");
+    let e = s
+        .put_new("st/lost-answer", Bytes::from_static(b"theirs"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::AlreadyExists, "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -198,7 +261,7 @@ async fn transient_failures_are_retried_and_permanent_ones_name_the_object() {
         e.to_string().contains("x/1") && e.to_string().contains("gave up"),
         "{e}"
     );
-    assert!(e.retryable());
+    assert!(e.is_retryable());
 
     // A permanent failure is not retried.
     f.set_plan(FaultPlan {
@@ -216,7 +279,7 @@ async fn transient_failures_are_retried_and_permanent_ones_name_the_object() {
         "no retry of access denied"
     );
     assert!(e.to_string().contains("x/3"), "{e}");
-    assert!(!e.retryable());
+    assert!(!e.is_retryable());
     f.set_plan(FaultPlan::default());
     assert!(!s.exists("x/3").await.unwrap(), "nothing half-written");
 }
@@ -255,4 +318,34 @@ async fn a_backup_cut_off_by_storage_failure_is_never_visible() {
     // No manifest was written, so no backup exists, whatever packs got through.
     f.set_plan(FaultPlan::default());
     assert!(list_backups(&s, "st").await.unwrap().is_empty());
+}
+
+/// stanza-create and check refuse an S3-compatible store that ignores create-only
+/// conditions (here: a proxy that strips `If-None-Match`), and leave no probe object.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_that_ignores_create_only_writes_is_refused() {
+    let server = tokio::task::spawn_blocking(|| S3Server::start("probe"))
+        .await
+        .unwrap()
+        .expect("moto S3 server (run .ci/setup)");
+    let proxy = FaultProxy::start(server.port);
+    let mut cfg = s3_config(&server, "p");
+    cfg.s3.endpoint = Some(proxy.endpoint());
+    let s = Storage::open(&cfg).unwrap();
+    s.check_create_only("st")
+        .await
+        .expect("moto enforces create-only");
+    proxy.strip_header(Some("If-None-Match"));
+    let e = s.check_create_only("st").await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Invalid);
+    assert!(
+        e.to_string()
+            .contains("does not enforce create-only writes"),
+        "{e}"
+    );
+    proxy.strip_header(None);
+    assert!(
+        s.list("st").await.unwrap().is_empty(),
+        "probe objects removed"
+    );
 }

@@ -1,8 +1,12 @@
 //! Test fixtures: everything of `pgstrata-cluster` (throwaway PostgreSQL clusters), plus
 //! real storage servers on loopback ports for the object-store tests: moto (S3) and
-//! Azurite (Azure blob). Used by the tests and benchmarks only, never by the binary.
+//! Azurite (Azure blob), and [`FaultProxy`] to put in front of them. Used by the tests and
+//! benchmarks only, never by the binary.
+
+mod proxy;
 
 pub use pgstrata_cluster::*;
+pub use proxy::FaultProxy;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -53,6 +53,7 @@ pub async fn backup(s: &Settings, opts: &BackupOptions) -> Result<Manifest> {
     crate::lock::with_lock(
         &storage,
         &s.stanza,
+        &s.lock_path,
         "backup",
         backup_locked(s, opts, &storage, &stanza),
     )

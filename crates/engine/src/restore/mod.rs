@@ -288,7 +288,7 @@ fn execute(
     );
     progress.finish();
     tallies.extend(result.map_err(|mut e| {
-        if e.kind == crate::ErrorKind::Integrity {
+        if e.is_damage() {
             e.message = format!("restore stopped: {}", e.message);
         }
         e

@@ -90,8 +90,7 @@ pub(super) fn run_job(sh: &Shared, w: &mut Worker, job: RestoreJob) -> Result<()
             w.reader.pin();
             if !chunks.is_empty() {
                 sh.runtime
-                    .block_on(w.reader.load(&chunks, &files[0].path))
-                    .map_err(|e| Error::integrity(e.to_string()))?;
+                    .block_on(w.reader.load(&chunks, &files[0].path))?;
             }
             for (f, action) in files.iter().zip(actions) {
                 restore_one(sh, w, f, action)?;
