@@ -11,7 +11,14 @@ pub struct Args {
 }
 
 /// Options that take no value.
-const FLAGS: &[&str] = &["verify", "keep", "no-build", "no-restore", "s3-nodelay", "help"];
+const FLAGS: &[&str] = &[
+    "verify",
+    "keep",
+    "no-build",
+    "no-restore",
+    "s3-nodelay",
+    "help",
+];
 
 impl Args {
     pub fn parse(raw: impl IntoIterator<Item = String>) -> Result<Args, String> {
@@ -68,7 +75,12 @@ impl Args {
     }
 
     /// A comma-separated list, each item checked against `allowed` (when not empty).
-    pub fn list(&mut self, name: &str, default: &str, allowed: &[&str]) -> Result<Vec<String>, String> {
+    pub fn list(
+        &mut self,
+        name: &str,
+        default: &str,
+        allowed: &[&str],
+    ) -> Result<Vec<String>, String> {
         let v = self.string(name, default);
         let items: Vec<String> = v
             .split(',')

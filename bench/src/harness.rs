@@ -131,7 +131,9 @@ impl Bench {
             settle();
         }
         let t0 = Instant::now();
-        let child = cmd.spawn().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
         let (status, ru) = wait4(child.id() as i32)?;
         let seconds = t0.elapsed().as_secs_f64();
         let m = Measured {
@@ -217,7 +219,8 @@ impl Bench {
         let status = data.join("pg_wal/archive_status");
         let deadline = Instant::now() + Duration::from_secs(300);
         loop {
-            let done = status.join(format!("{seg}.done")).exists() || !data.join("pg_wal").join(&seg).exists();
+            let done = status.join(format!("{seg}.done")).exists()
+                || !data.join("pg_wal").join(&seg).exists();
             let pending = std::fs::read_dir(&status)
                 .map_err(|e| e.to_string())?
                 .filter_map(|e| e.ok())
@@ -227,7 +230,10 @@ impl Bench {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(format!("WAL segment {seg} not archived within 300 s (see {})", self.log_dir.display()));
+                return Err(format!(
+                    "WAL segment {seg} not archived within 300 s (see {})",
+                    self.log_dir.display()
+                ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -235,12 +241,20 @@ impl Bench {
 
     /// `pgbench -i -s SCALE` plus COPIES tables `<prefix>i` created from pgbench_accounts.
     /// Returns the large tables.
-    pub fn load_pgbench(&self, scale: u64, copies: u64, prefix: &str) -> Result<Vec<String>, String> {
+    pub fn load_pgbench(
+        &self,
+        scale: u64,
+        copies: u64,
+        prefix: &str,
+    ) -> Result<Vec<String>, String> {
         eprintln!("[bench] pgbench -i -s {scale}, {copies} copies");
-        self.cluster().pgbench(&["-i", "-s", &scale.to_string(), "-q", "postgres"])?;
+        self.cluster()
+            .pgbench(&["-i", "-s", &scale.to_string(), "-q", "postgres"])?;
         let mut tables = vec!["pgbench_accounts".to_string()];
         for i in 1..=copies {
-            self.sql(&format!("CREATE TABLE {prefix}{i} AS SELECT * FROM pgbench_accounts"))?;
+            self.sql(&format!(
+                "CREATE TABLE {prefix}{i} AS SELECT * FROM pgbench_accounts"
+            ))?;
             tables.push(format!("{prefix}{i}"));
         }
         Ok(tables)
@@ -261,7 +275,9 @@ impl Bench {
         }
         let sql = tables
             .lines()
-            .map(|t| format!("SELECT '{t}', count(*), sum(abs(hashtext(x::text)::bigint)) FROM {t} x"))
+            .map(|t| {
+                format!("SELECT '{t}', count(*), sum(abs(hashtext(x::text)::bigint)) FROM {t} x")
+            })
             .collect::<Vec<_>>()
             .join(" UNION ALL ");
         cluster.psql("postgres", &format!("SELECT * FROM ({sql}) s ORDER BY 1"))
@@ -274,7 +290,10 @@ impl Bench {
     /// Start a restored data directory (WAL replayed through the restore command the tool
     /// wrote), wait for promotion and compare its tables with `expected`.
     pub fn verify_restore(&self, data: &Path, expected: &str, tag: &str) -> Result<(), String> {
-        eprintln!("[bench] verify: starting the cluster restored in {}", data.display());
+        eprintln!(
+            "[bench] verify: starting the cluster restored in {}",
+            data.display()
+        );
         append(&data.join("postgresql.conf"), "\narchive_mode = off\n")?;
         let _ = std::fs::remove_file(data.join("postmaster.pid"));
         let dir = self.dir(&format!("verify-{tag}"))?;
@@ -300,7 +319,9 @@ impl Bench {
 
 /// Bytes of the regular files under `path` whose path passes `keep`.
 pub fn dir_size(path: &Path, keep: &mut dyn FnMut(&Path) -> bool) -> u64 {
-    let Ok(rd) = std::fs::read_dir(path) else { return 0 };
+    let Ok(rd) = std::fs::read_dir(path) else {
+        return 0;
+    };
     rd.filter_map(|e| e.ok())
         .map(|e| {
             let p = e.path();
@@ -315,7 +336,9 @@ pub fn dir_size(path: &Path, keep: &mut dyn FnMut(&Path) -> bool) -> u64 {
 
 /// Regular files under `path`.
 pub fn file_count(path: &Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(path) else { return 0 };
+    let Ok(rd) = std::fs::read_dir(path) else {
+        return 0;
+    };
     rd.filter_map(|e| e.ok())
         .map(|e| match e.file_type() {
             Ok(t) if t.is_dir() => file_count(&e.path()),
@@ -334,7 +357,9 @@ pub fn settle() {
 fn as_pg_user(cmd: &mut Command) {
     if pgstrata_testkit::is_root() {
         if let Ok(Some(u)) = nix::unistd::User::from_name(PG_OS_USER) {
-            cmd.uid(u.uid.as_raw()).gid(u.gid.as_raw()).env("HOME", &u.dir);
+            cmd.uid(u.uid.as_raw())
+                .gid(u.gid.as_raw())
+                .env("HOME", &u.dir);
         }
     }
 }

@@ -27,12 +27,23 @@ pub fn measure(results: &mut Results, dir: &Path, sample: Option<&Path>) -> Resu
         f.sync_all().map_err(|e| e.to_string())?;
     }
     let bytes = (FILE_MB * FRAME) as u64;
-    record(results, "disk", "write + fsync", t.elapsed().as_secs_f64(), bytes)?;
+    record(
+        results,
+        "disk",
+        "write + fsync",
+        t.elapsed().as_secs_f64(),
+        bytes,
+    )?;
     for (step, uncached) in [("read, uncached", true), ("read, page cache", false)] {
         let mut f = std::fs::File::open(&file).map_err(|e| e.to_string())?;
         if uncached {
-            nix::fcntl::posix_fadvise(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED)
-                .map_err(|e| e.to_string())?;
+            nix::fcntl::posix_fadvise(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+                0,
+                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+            )
+            .map_err(|e| e.to_string())?;
         }
         let mut b = vec![0u8; FRAME];
         let t = Instant::now();
@@ -42,7 +53,9 @@ pub fn measure(results: &mut Results, dir: &Path, sample: Option<&Path>) -> Resu
     let _ = std::fs::remove_file(&file);
 
     let data = sample_data(sample);
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as u64;
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as u64;
     for codec in ["zst", "lz4", "gz"] {
         let kind = pgstrata_repo::codec::CompressType::parse(codec).expect("known codec");
         let c = pgstrata_repo::codec::Compression::new(kind, None).map_err(|e| e.to_string())?;
@@ -52,11 +65,15 @@ pub fn measure(results: &mut Results, dir: &Path, sample: Option<&Path>) -> Resu
         let t = Instant::now();
         let mut out = Vec::new();
         for (raw, f) in data.chunks(FRAME).zip(&frames) {
-            pgstrata_repo::codec::decompress_into(kind, f, raw.len(), "limits", &mut out).map_err(|e| e.to_string())?;
+            pgstrata_repo::codec::decompress_into(kind, f, raw.len(), "limits", &mut out)
+                .map_err(|e| e.to_string())?;
         }
         let dec = t.elapsed().as_secs_f64();
         let stored: usize = frames.iter().map(Vec::len).sum();
-        let note = format!("1 core; × {cores} cores; ratio {:.1}:1", data.len() as f64 / stored as f64);
+        let note = format!(
+            "1 core; × {cores} cores; ratio {:.1}:1",
+            data.len() as f64 / stored as f64
+        );
         for (step, s) in [("compress", enc), ("decompress", dec)] {
             results.record(Row {
                 case: codec.into(),
@@ -74,7 +91,13 @@ pub fn measure(results: &mut Results, dir: &Path, sample: Option<&Path>) -> Resu
     Ok(())
 }
 
-fn record(results: &mut Results, case: &str, step: &str, seconds: f64, bytes: u64) -> Result<(), String> {
+fn record(
+    results: &mut Results,
+    case: &str,
+    step: &str,
+    seconds: f64,
+    bytes: u64,
+) -> Result<(), String> {
     results.record(Row {
         case: case.into(),
         step: step.into(),
@@ -98,7 +121,9 @@ fn sample_data(sample: Option<&Path>) -> Vec<u8> {
         data.clear();
         let mut i = 0u64;
         while data.len() < SAMPLE_MB * FRAME {
-            data.extend_from_slice(format!("{i}\t{}\t{}\t{:84}\n", i % 20, (i * 7919) % 100000, "").as_bytes());
+            data.extend_from_slice(
+                format!("{i}\t{}\t{}\t{:84}\n", i % 20, (i * 7919) % 100000, "").as_bytes(),
+            );
             i += 1;
         }
     }
@@ -107,7 +132,9 @@ fn sample_data(sample: Option<&Path>) -> Vec<u8> {
 
 /// MB/s table of the latest limits measurement.
 pub fn render(rows: &[Record]) -> String {
-    let Some(first) = rows.first() else { return String::new() };
+    let Some(first) = rows.first() else {
+        return String::new();
+    };
     let mut out = format!(
         "{} — {} ({})\n\n| what | step | MB/s | × cores | note |\n|---|---|---:|---:|---|\n",
         first.get("run_id"),
@@ -115,11 +142,23 @@ pub fn render(rows: &[Record]) -> String {
         first.get("machine")
     );
     for r in rows {
-        let (s, b): (f64, f64) = (r.get("seconds").parse().unwrap_or(0.0), r.get("bytes").parse().unwrap_or(0.0));
+        let (s, b): (f64, f64) = (
+            r.get("seconds").parse().unwrap_or(0.0),
+            r.get("bytes").parse().unwrap_or(0.0),
+        );
         let rate = if s > 0.0 { b / 1048576.0 / s } else { 0.0 };
         let cores: f64 = r.get("count").parse().unwrap_or(0.0);
-        let all = if cores > 0.0 { format!("{:.0}", rate * cores) } else { String::new() };
-        out += &format!("| {} | {} | {rate:.0} | {all} | {} |\n", r.get("case"), r.get("step"), r.get("note"));
+        let all = if cores > 0.0 {
+            format!("{:.0}", rate * cores)
+        } else {
+            String::new()
+        };
+        out += &format!(
+            "| {} | {} | {rate:.0} | {all} | {} |\n",
+            r.get("case"),
+            r.get("step"),
+            r.get("note")
+        );
     }
     out
 }

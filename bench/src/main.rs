@@ -69,11 +69,14 @@ impl Common {
         let pgbackrest = if given.iter().any(|g| g == "none") {
             Vec::new()
         } else if given.is_empty() {
-            ["/usr/bin/pgbackrest", "/opt/pgbackrest-2.59.1/bin/pgbackrest"]
-                .iter()
-                .map(PathBuf::from)
-                .filter(|p| p.is_file())
-                .collect()
+            [
+                "/usr/bin/pgbackrest",
+                "/opt/pgbackrest-2.59.1/bin/pgbackrest",
+            ]
+            .iter()
+            .map(PathBuf::from)
+            .filter(|p| p.is_file())
+            .collect()
         } else {
             given.into_iter().map(PathBuf::from).collect()
         };
@@ -93,7 +96,10 @@ fn build_pgstrata(build: bool) -> Result<PathBuf, String> {
     let root = workspace_root();
     let target = root.join("target/bench");
     if build {
-        eprintln!("[bench] cargo build --release -p pgstrata (CARGO_TARGET_DIR={})", target.display());
+        eprintln!(
+            "[bench] cargo build --release -p pgstrata (CARGO_TARGET_DIR={})",
+            target.display()
+        );
         pgstrata_testkit::run_ok(
             std::process::Command::new("cargo")
                 .current_dir(&root)
@@ -105,7 +111,10 @@ fn build_pgstrata(build: bool) -> Result<PathBuf, String> {
     }
     let bin = target.join("release/pgstrata");
     if !bin.is_file() {
-        return Err(format!("{} not found: build it or pass --pgstrata BIN", bin.display()));
+        return Err(format!(
+            "{} not found: build it or pass --pgstrata BIN",
+            bin.display()
+        ));
     }
     Ok(bin)
 }
@@ -120,18 +129,32 @@ fn main() {
 
 fn run(raw: Vec<String>) -> Result<(), String> {
     let mut a = Args::parse(raw)?;
-    let cmd = if a.positional.is_empty() { "help".to_string() } else { a.positional.remove(0) };
+    let cmd = if a.positional.is_empty() {
+        "help".to_string()
+    } else {
+        a.positional.remove(0)
+    };
     match cmd.as_str() {
         "help" => {
             println!("{USAGE}");
             Ok(())
         }
         "report" => {
-            let readme = PathBuf::from(a.string("readme", &workspace_root().join("bench/README.md").to_string_lossy()));
-            let runs = PathBuf::from(a.string("runs-dir", &workspace_root().join("bench/runs").to_string_lossy()));
+            let readme = PathBuf::from(a.string(
+                "readme",
+                &workspace_root().join("bench/README.md").to_string_lossy(),
+            ));
+            let runs = PathBuf::from(a.string(
+                "runs-dir",
+                &workspace_root().join("bench/runs").to_string_lossy(),
+            ));
             a.finish()?;
             let done = results::rewrite_readme(&readme, &runs)?;
-            eprintln!("[bench] report: {} updated: {}", readme.display(), done.join(", "));
+            eprintln!(
+                "[bench] report: {} updated: {}",
+                readme.display(),
+                done.join(", ")
+            );
             Ok(())
         }
         "limits" => {

@@ -13,8 +13,23 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const COLUMNS: &[&str] = &[
-    "run_id", "commit", "machine", "scenario", "params", "case", "step", "tool", "tool_version", "run",
-    "seconds", "max_rss_mb", "user_s", "sys_s", "bytes", "count", "note",
+    "run_id",
+    "commit",
+    "machine",
+    "scenario",
+    "params",
+    "case",
+    "step",
+    "tool",
+    "tool_version",
+    "run",
+    "seconds",
+    "max_rss_mb",
+    "user_s",
+    "sys_s",
+    "bytes",
+    "count",
+    "note",
 ];
 
 #[derive(Clone, Default, Debug)]
@@ -33,7 +48,13 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn timed(case: &str, step: &str, tool: &str, run: u64, m: &crate::harness::Measured) -> Row {
+    pub fn timed(
+        case: &str,
+        step: &str,
+        tool: &str,
+        run: u64,
+        m: &crate::harness::Measured,
+    ) -> Row {
         Row {
             case: case.into(),
             step: step.into(),
@@ -47,14 +68,35 @@ impl Row {
         }
     }
     pub fn bytes(case: &str, step: &str, tool: &str, run: u64, bytes: Option<u64>) -> Row {
-        Row { case: case.into(), step: step.into(), tool: tool.into(), run, bytes, ..Row::default() }
+        Row {
+            case: case.into(),
+            step: step.into(),
+            tool: tool.into(),
+            run,
+            bytes,
+            ..Row::default()
+        }
     }
     pub fn count(case: &str, step: &str, tool: &str, run: u64, count: u64) -> Row {
-        Row { case: case.into(), step: step.into(), tool: tool.into(), run, count: Some(count), ..Row::default() }
+        Row {
+            case: case.into(),
+            step: step.into(),
+            tool: tool.into(),
+            run,
+            count: Some(count),
+            ..Row::default()
+        }
     }
     /// A step whose result is a word ("yes", a track mode).
     pub fn text(case: &str, step: &str, tool: &str, note: &str) -> Row {
-        Row { case: case.into(), step: step.into(), tool: tool.into(), run: 1, note: note.into(), ..Row::default() }
+        Row {
+            case: case.into(),
+            step: step.into(),
+            tool: tool.into(),
+            run: 1,
+            note: note.into(),
+            ..Row::default()
+        }
     }
     pub fn note(mut self, note: impl Into<String>) -> Row {
         self.note = note.into();
@@ -93,14 +135,23 @@ pub struct Results {
 }
 
 impl Results {
-    pub fn create(out_dir: &Path, scenario: &str, params: &str, tools: &[&Tool], pg: &pgstrata_testkit::PgBin) -> Result<Results, String> {
-        std::fs::create_dir_all(out_dir).map_err(|e| format!("create {}: {e}", out_dir.display()))?;
+    pub fn create(
+        out_dir: &Path,
+        scenario: &str,
+        params: &str,
+        tools: &[&Tool],
+        pg: &pgstrata_testkit::PgBin,
+    ) -> Result<Results, String> {
+        std::fs::create_dir_all(out_dir)
+            .map_err(|e| format!("create {}: {e}", out_dir.display()))?;
         let file = out_dir.join(format!("{scenario}.csv"));
         if !file.exists() {
             std::fs::write(&file, COLUMNS.join(",") + "\n").map_err(|e| e.to_string())?;
         }
-        let mut versions: BTreeMap<String, String> =
-            tools.iter().map(|t| (t.label.clone(), t.version.clone())).collect();
+        let mut versions: BTreeMap<String, String> = tools
+            .iter()
+            .map(|t| (t.label.clone(), t.version.clone()))
+            .collect();
         versions.insert("PostgreSQL".into(), format!("{}", pg.major));
         Ok(Results {
             file,
@@ -116,15 +167,36 @@ impl Results {
 
     pub fn record(&mut self, row: Row) -> Result<(), String> {
         let f = |x: Option<f64>, p: usize| x.map(|v| format!("{v:.p$}")).unwrap_or_default();
-        let version = self.versions.get(&base_tool(&row.tool)).cloned().unwrap_or_default();
+        let version = self
+            .versions
+            .get(&base_tool(&row.tool))
+            .cloned()
+            .unwrap_or_default();
         let values = [
-            self.run_id.clone(), self.commit.clone(), self.machine.clone(), self.scenario.clone(),
-            self.params.clone(), row.case, row.step, row.tool, version, row.run.to_string(),
-            f(row.seconds, 3), f(row.max_rss_mb, 1), f(row.user_s, 2), f(row.sys_s, 2),
+            self.run_id.clone(),
+            self.commit.clone(),
+            self.machine.clone(),
+            self.scenario.clone(),
+            self.params.clone(),
+            row.case,
+            row.step,
+            row.tool,
+            version,
+            row.run.to_string(),
+            f(row.seconds, 3),
+            f(row.max_rss_mb, 1),
+            f(row.user_s, 2),
+            f(row.sys_s, 2),
             row.bytes.map(|b| b.to_string()).unwrap_or_default(),
-            row.count.map(|b| b.to_string()).unwrap_or_default(), row.note,
+            row.count.map(|b| b.to_string()).unwrap_or_default(),
+            row.note,
         ];
-        let line = values.iter().map(|v| csv_quote(v)).collect::<Vec<_>>().join(",") + "\n";
+        let line = values
+            .iter()
+            .map(|v| csv_quote(v))
+            .collect::<Vec<_>>()
+            .join(",")
+            + "\n";
         std::fs::OpenOptions::new()
             .append(true)
             .open(&self.file)
@@ -139,7 +211,13 @@ impl Results {
 
 /// The tool a column is about, for its version: "pgBackRest 2.45 (bundle=y)" -> "pgBackRest 2.45".
 fn base_tool(col: &str) -> String {
-    col.split(" (").next().unwrap_or(col).split(" --").next().unwrap_or(col).to_string()
+    col.split(" (")
+        .next()
+        .unwrap_or(col)
+        .split(" --")
+        .next()
+        .unwrap_or(col)
+        .to_string()
 }
 
 fn csv_quote(v: &str) -> String {
@@ -153,7 +231,8 @@ fn csv_quote(v: &str) -> String {
 /// Parse a CSV written by [`Results::record`] (quoted fields, doubled quotes, no newlines
 /// inside fields except quoted ones).
 pub fn read_csv(path: &Path) -> Result<Vec<Record>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("read {}: {e}", path.display()))?;
     let mut rows = Vec::new();
     let mut fields = Vec::new();
     let mut cur = String::new();
@@ -176,9 +255,13 @@ pub fn read_csv(path: &Path) -> Result<Vec<Record>, String> {
         }
     }
     let mut it = rows.into_iter();
-    let header = it.next().ok_or_else(|| format!("{}: empty", path.display()))?;
+    let header = it
+        .next()
+        .ok_or_else(|| format!("{}: empty", path.display()))?;
     Ok(it
-        .map(|r| Record { fields: header.iter().cloned().zip(r).collect() })
+        .map(|r| Record {
+            fields: header.iter().cloned().zip(r).collect(),
+        })
         .collect())
 }
 
@@ -201,10 +284,16 @@ pub fn commit() -> String {
 
 /// "2 CPUs, 23 GiB RAM, disk vda (virtio, SSD) 252G": what the numbers were measured on.
 pub fn machine(dir: &Path) -> String {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal:")).map(str::to_string))
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .map(str::to_string)
+        })
         .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         .unwrap_or(0);
     let sh = |c: &str| {
@@ -216,7 +305,10 @@ pub fn machine(dir: &Path) -> String {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default()
     };
-    let dev = sh(&format!("df --output=source '{}' | tail -n 1", dir.display()));
+    let dev = sh(&format!(
+        "df --output=source '{}' | tail -n 1",
+        dir.display()
+    ));
     let disk = sh(&format!(
         "lsblk -dno NAME,ROTA,SIZE,MODEL $(lsblk -no PKNAME '{dev}' 2>/dev/null | head -n1 | sed 's|^|/dev/|' | grep -v '^/dev/$' || echo '{dev}') 2>/dev/null | head -n1"
     ));
@@ -224,12 +316,19 @@ pub fn machine(dir: &Path) -> String {
     let disk = match (d.next(), d.next(), d.next()) {
         (Some(n), Some(rota), Some(size)) => format!(
             "disk {n} {size} {}{}",
-            if rota == "1" { "rotational" } else { "non-rotational" },
+            if rota == "1" {
+                "rotational"
+            } else {
+                "non-rotational"
+            },
             d.next().map(|m| format!(" {m}")).unwrap_or_default()
         ),
         _ => format!("disk {dev}"),
     };
-    format!("{cpus} CPUs, {:.0} GiB RAM, {disk}", mem_kb as f64 / 1048576.0)
+    format!(
+        "{cpus} CPUs, {:.0} GiB RAM, {disk}",
+        mem_kb as f64 / 1048576.0
+    )
 }
 
 // ------------------------------------------------------------------------------- tables
@@ -237,14 +336,19 @@ pub fn machine(dir: &Path) -> String {
 /// Markdown for the rows of one invocation: what was run, a table of best times (or sizes,
 /// counts) with ratios to the first tool, and a table of peak RSS.
 pub fn render(records: &[Record]) -> String {
-    let Some(first) = records.first() else { return String::new() };
+    let Some(first) = records.first() else {
+        return String::new();
+    };
     let mut tools: Vec<String> = Vec::new();
     let mut keys: Vec<(String, String)> = Vec::new();
     let mut versions: BTreeMap<String, String> = BTreeMap::new();
     let mut context = Vec::new();
     for r in records {
         if r.get("tool") == "source" {
-            let v = r.num("bytes").map(|b| format!("{:.1} MB", b / 1048576.0)).unwrap_or_else(|| r.get("count").to_string());
+            let v = r
+                .num("bytes")
+                .map(|b| format!("{:.1} MB", b / 1048576.0))
+                .unwrap_or_else(|| r.get("count").to_string());
             context.push(format!("- source: {} {v}\n", r.get("step")));
             continue;
         }
@@ -262,7 +366,13 @@ pub fn render(records: &[Record]) -> String {
     if tools.is_empty() {
         return context.concat();
     }
-    let runs = records.iter().filter_map(|r| r.get("run").parse::<u64>().ok()).max().unwrap_or(1);
+    // pgstrata first: the reference of the ratios.
+    tools.sort_by_key(|t| !t.starts_with("pgstrata"));
+    let runs = records
+        .iter()
+        .filter_map(|r| r.get("run").parse::<u64>().ok())
+        .max()
+        .unwrap_or(1);
     let mut out = format!(
         "{} `{}` — {} (commit {}; {})\n\n- tools: {}\n- times: wall clock of the command, best of {runs} run(s), sync + 1 s pause before each; \
          ratio (×) = that tool / {} (> 1: {} is faster or smaller); peak RSS: largest single process (wait4)\n\n",
@@ -287,7 +397,10 @@ pub fn render(records: &[Record]) -> String {
             .min_by(|a, b| a.num("seconds").partial_cmp(&b.num("seconds")).unwrap());
         if let Some(b) = best {
             let s = b.num("seconds").unwrap();
-            let req = b.num("count").map(|c| format!(", {c:.0} req")).unwrap_or_default();
+            let req = b
+                .num("count")
+                .map(|c| format!(", {c:.0} req"))
+                .unwrap_or_default();
             return Some((s, format!("{s:.2} s{req}"), b.num("max_rss_mb")));
         }
         let r = rs.first()?;
@@ -299,25 +412,42 @@ pub fn render(records: &[Record]) -> String {
         }
         (!r.get("note").is_empty()).then(|| (f64::NAN, r.get("note").to_string(), None))
     };
-    out += &format!("| case | step | {} |\n|---|---|{}\n", tools.join(" | "), "---:|".repeat(tools.len()));
+    out += &format!(
+        "| case | step | {} |\n|---|---|{}\n",
+        tools.join(" | "),
+        "---:|".repeat(tools.len())
+    );
     let mut rss = String::new();
     for (case, step) in &keys {
         let cells: Vec<_> = tools.iter().map(|t| cell(case, step, t)).collect();
-        let reference = cells[0].as_ref().map(|c| c.0).filter(|v| v.is_finite() && *v > 0.0);
+        let reference = cells[0]
+            .as_ref()
+            .map(|c| c.0)
+            .filter(|v| v.is_finite() && *v > 0.0);
         let text: Vec<String> = cells
             .iter()
             .enumerate()
             .map(|(i, c)| match (c, reference) {
                 (None, _) => String::new(),
-                (Some((v, t, _)), Some(r)) if i > 0 && v.is_finite() => format!("{t} ({:.2}×)", v / r),
+                (Some((v, t, _)), Some(r)) if i > 0 && v.is_finite() => {
+                    format!("{t} ({:.2}×)", v / r)
+                }
                 (Some((_, t, _)), _) => t.clone(),
             })
             .collect();
         out += &format!("| {case} | {step} | {} |\n", text.join(" | "));
-        if cells.iter().any(|c| c.as_ref().is_some_and(|c| c.2.is_some())) {
+        if cells
+            .iter()
+            .any(|c| c.as_ref().is_some_and(|c| c.2.is_some()))
+        {
             let r: Vec<String> = cells
                 .iter()
-                .map(|c| c.as_ref().and_then(|c| c.2).map(|m| format!("{m:.0}")).unwrap_or_default())
+                .map(|c| {
+                    c.as_ref()
+                        .and_then(|c| c.2)
+                        .map(|m| format!("{m:.0}"))
+                        .unwrap_or_default()
+                })
                 .collect();
             rss += &format!("| {case} | {step} | {} |\n", r.join(" | "));
         }
@@ -331,8 +461,22 @@ pub fn render(records: &[Record]) -> String {
     }
     let notes: Vec<String> = records
         .iter()
-        .filter(|r| !r.get("note").is_empty() && (r.num("seconds").is_some() || r.num("bytes").is_some() || r.num("count").is_some()))
-        .map(|r| format!("- {} / {} / {} (run {}): {}", r.get("case"), r.get("step"), r.get("tool"), r.get("run"), r.get("note")))
+        .filter(|r| {
+            !r.get("note").is_empty()
+                && (r.num("seconds").is_some()
+                    || r.num("bytes").is_some()
+                    || r.num("count").is_some())
+        })
+        .map(|r| {
+            format!(
+                "- {} / {} / {} (run {}): {}",
+                r.get("case"),
+                r.get("step"),
+                r.get("tool"),
+                r.get("run"),
+                r.get("note")
+            )
+        })
         .collect();
     if !notes.is_empty() {
         out += &format!("\nNotes:\n\n{}\n", notes.join("\n"));
@@ -358,12 +502,19 @@ pub fn latest(runs_dir: &Path) -> Result<BTreeMap<String, Vec<Record>>, String> 
         files.sort();
         for f in files {
             for r in read_csv(&f)? {
-                by_scenario.entry(r.get("scenario").to_string()).or_default().push(r);
+                by_scenario
+                    .entry(r.get("scenario").to_string())
+                    .or_default()
+                    .push(r);
             }
         }
     }
     for rows in by_scenario.values_mut() {
-        let last = rows.iter().map(|r| r.get("run_id").to_string()).max().unwrap_or_default();
+        let last = rows
+            .iter()
+            .map(|r| r.get("run_id").to_string())
+            .max()
+            .unwrap_or_default();
         rows.retain(|r| r.get("run_id") == last);
     }
     Ok(by_scenario)
@@ -372,15 +523,26 @@ pub fn latest(runs_dir: &Path) -> Result<BTreeMap<String, Vec<Record>>, String> 
 /// Replace the text between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` in the README
 /// with each scenario's latest table. Returns the names updated.
 pub fn rewrite_readme(readme: &Path, runs_dir: &Path) -> Result<Vec<String>, String> {
-    let mut text = std::fs::read_to_string(readme).map_err(|e| format!("read {}: {e}", readme.display()))?;
+    let mut text =
+        std::fs::read_to_string(readme).map_err(|e| format!("read {}: {e}", readme.display()))?;
     let mut updated = Vec::new();
     for (scenario, rows) in latest(runs_dir)? {
-        let (open, close) = (format!("<!-- bench:{scenario} -->"), format!("<!-- /bench:{scenario} -->"));
+        let (open, close) = (
+            format!("<!-- bench:{scenario} -->"),
+            format!("<!-- /bench:{scenario} -->"),
+        );
         let (Some(a), Some(b)) = (text.find(&open), text.find(&close)) else {
-            eprintln!("[bench] report: no markers {open} ... {close} in {}", readme.display());
+            eprintln!(
+                "[bench] report: no markers {open} ... {close} in {}",
+                readme.display()
+            );
             continue;
         };
-        let body = if scenario == "limits" { crate::limits::render(&rows) } else { render(&rows) };
+        let body = if scenario == "limits" {
+            crate::limits::render(&rows)
+        } else {
+            render(&rows)
+        };
         text = format!("{}{open}\n{body}\n{}", &text[..a], &text[b..]);
         updated.push(scenario);
     }

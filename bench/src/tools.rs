@@ -29,15 +29,24 @@ pub struct Tool {
 
 impl Tool {
     pub fn pgstrata(label: &str, path: &Path, bin_dir: &Path) -> Result<Tool, String> {
-        let name = if label.is_empty() { "pgstrata".to_string() } else { format!("pgstrata-{label}") };
+        let name = if label.is_empty() {
+            "pgstrata".to_string()
+        } else {
+            format!("pgstrata-{label}")
+        };
         let copy = bin_dir.join(&name);
-        std::fs::copy(path, &copy).map_err(|e| format!("copy pgstrata binary {}: {e}", path.display()))?;
+        std::fs::copy(path, &copy)
+            .map_err(|e| format!("copy pgstrata binary {}: {e}", path.display()))?;
         crate::harness::chmod(&copy, 0o755)?;
         let version = first_line(&capture(Command::new(&copy).arg("version"))?);
         let sha = capture(Command::new("sha256sum").arg(&copy))?;
         Ok(Tool {
             kind: Kind::Pgstrata,
-            label: if label.is_empty() { "pgstrata".into() } else { format!("pgstrata {label}") },
+            label: if label.is_empty() {
+                "pgstrata".into()
+            } else {
+                format!("pgstrata {label}")
+            },
             bin: copy,
             version: format!("{version} (sha256 {})", &sha[..12.min(sha.len())]),
         })
@@ -45,7 +54,8 @@ impl Tool {
 
     pub fn pgbackrest(path: &Path) -> Result<Tool, String> {
         let version = first_line(&capture(Command::new(path).arg("version"))?);
-        let help = capture(Command::new(path).args(["help", "backup", "repo-block"])).unwrap_or_default();
+        let help =
+            capture(Command::new(path).args(["help", "backup", "repo-block"])).unwrap_or_default();
         Ok(Tool {
             kind: Kind::PgBackRest {
                 block_beta: help.contains("BETA"),
@@ -108,7 +118,14 @@ pub struct Repo {
 
 impl Repo {
     /// Write the configuration of a repository `name` for `tool` (label = column title).
-    pub fn new(b: &Bench, tool: &Tool, label: &str, name: &str, codec: &str, setup: Setup) -> Result<Repo, String> {
+    pub fn new(
+        b: &Bench,
+        tool: &Tool,
+        label: &str,
+        name: &str,
+        codec: &str,
+        setup: Setup,
+    ) -> Result<Repo, String> {
         let level = default_level(codec)?;
         let dir = b.scratch.join(&format!("repo-{name}"));
         let config = b.scratch.join(&format!("{name}.conf"));
@@ -118,7 +135,10 @@ impl Repo {
             let mut g = vec![
                 format!("compress-type = \"{codec}\""),
                 format!("compress-level = {level}"),
-                format!("process-max = {}", setup.process_max.unwrap_or(b.process_max)),
+                format!(
+                    "process-max = {}",
+                    setup.process_max.unwrap_or(b.process_max)
+                ),
                 format!("log-path = \"{log}\""),
             ];
             if !setup.remote {
@@ -184,7 +204,11 @@ impl Repo {
     }
 
     fn slug(&self) -> String {
-        self.config.file_stem().unwrap_or_default().to_string_lossy().to_string()
+        self.config
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string()
     }
 
     pub fn archive_push_line(&self) -> String {
@@ -200,12 +224,21 @@ impl Repo {
             let _ = std::fs::create_dir_all(b.scratch.join("lock"));
             chown_pg(&b.scratch.join("lock"));
         }
-        b.run(&format!("stanza-create-{}", self.slug()), self.cmd().arg("stanza-create"), false)
-            .map(|_| ())
+        b.run(
+            &format!("stanza-create-{}", self.slug()),
+            self.cmd().arg("stanza-create"),
+            false,
+        )
+        .map(|_| ())
     }
 
     /// A timed backup; returns its cost and label.
-    pub fn backup(&self, b: &mut Bench, kind: &str, extra: &[&str]) -> Result<(Measured, String), String> {
+    pub fn backup(
+        &self,
+        b: &mut Bench,
+        kind: &str,
+        extra: &[&str],
+    ) -> Result<(Measured, String), String> {
         let mut c = self.cmd();
         c.arg(format!("--type={kind}"));
         if self.is_pgstrata() {
@@ -233,9 +266,15 @@ impl Repo {
                 .to_string()
         };
         if label.is_empty() {
-            return Err(format!("{}: no backup label after the {kind} backup", self.label));
+            return Err(format!(
+                "{}: no backup label after the {kind} backup",
+                self.label
+            ));
         }
-        eprintln!("[bench] {}: {kind} backup {label} in {:.2} s", self.label, m.seconds);
+        eprintln!(
+            "[bench] {}: {kind} backup {label} in {:.2} s",
+            self.label, m.seconds
+        );
         Ok((m, label))
     }
 
@@ -249,25 +288,38 @@ impl Repo {
         }
         c.args(args).arg("restore");
         let m = b.run(&format!("restore-{}", self.slug()), &mut c, true)?;
-        eprintln!("[bench] {}: restore {args:?} in {:.2} s", self.label, m.seconds);
+        eprintln!(
+            "[bench] {}: restore {args:?} in {:.2} s",
+            self.label, m.seconds
+        );
         Ok(m)
     }
 
     pub fn info(&self, b: &mut Bench) -> Result<serde_json::Value, String> {
-        let m = b.run(&format!("info-{}", self.slug()), self.cmd().args(["--output=json", "info"]), false)?;
-        serde_json::from_str(&m.stdout).map_err(|e| format!("{}: info is not JSON: {e}", self.label))
+        let m = b.run(
+            &format!("info-{}", self.slug()),
+            self.cmd().args(["--output=json", "info"]),
+            false,
+        )?;
+        serde_json::from_str(&m.stdout)
+            .map_err(|e| format!("{}: info is not JSON: {e}", self.label))
     }
 
     /// One backup's entry in `info --output=json`.
     pub fn backup_info(&self, b: &mut Bench, label: &str) -> Result<serde_json::Value, String> {
         let info = self.info(b)?;
         let list = if self.is_pgstrata() {
-            info.get("backups").or_else(|| info[0].get("backups")).cloned()
+            info.get("backups")
+                .or_else(|| info[0].get("backups"))
+                .cloned()
         } else {
             info[0].get("backup").cloned()
         };
-        list.and_then(|l| l.as_array().and_then(|a| a.iter().find(|x| x["label"] == label).cloned()))
-            .ok_or_else(|| format!("{}: backup {label} not in info", self.label))
+        list.and_then(|l| {
+            l.as_array()
+                .and_then(|a| a.iter().find(|x| x["label"] == label).cloned())
+        })
+        .ok_or_else(|| format!("{}: backup {label} not in info", self.label))
     }
 
     /// What the backup stored, read and its type, from the tool's own info.
@@ -281,7 +333,10 @@ impl Repo {
                 track: format!(
                     "{}{}",
                     x["track"].as_str().unwrap_or(""),
-                    x["track_reason"].as_str().map(|r| format!(" ({r})")).unwrap_or_default()
+                    x["track_reason"]
+                        .as_str()
+                        .map(|r| format!(" ({r})"))
+                        .unwrap_or_default()
                 ),
             }
         } else {

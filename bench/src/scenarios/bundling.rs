@@ -36,21 +36,31 @@ impl Opts {
         };
         crate::tools::default_level(&o.codec)?;
         for v in &o.variants {
-            let ok = v == "off" || v == "default" || v.split_once(':').is_some_and(|(l, s)| is_size(l) && is_size(s));
+            let ok = v == "off"
+                || v == "default"
+                || v.split_once(':')
+                    .is_some_and(|(l, s)| is_size(l) && is_size(s));
             if !ok {
-                return Err(format!("--variants: '{v}' is not off, default or LIMIT:SIZE (e.g. 2MiB:10MiB)"));
+                return Err(format!(
+                    "--variants: '{v}' is not off, default or LIMIT:SIZE (e.g. 2MiB:10MiB)"
+                ));
             }
         }
         Ok(o)
     }
     pub fn params(&self) -> String {
-        format!("tables={} rows={} scale={} codec={}", self.tables, self.rows, self.scale, self.codec)
+        format!(
+            "tables={} rows={} scale={} codec={}",
+            self.tables, self.rows, self.scale, self.codec
+        )
     }
 }
 
 fn is_size(s: &str) -> bool {
     let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) && ["B", "KiB", "MiB", "GiB"].contains(&&s[digits.len()..])
+    !digits.is_empty()
+        && digits.chars().all(|c| c.is_ascii_digit())
+        && ["B", "KiB", "MiB", "GiB"].contains(&&s[digits.len()..])
 }
 
 /// Create the small tables, 500 per transaction.
@@ -79,23 +89,51 @@ const SMALL_TABLES_CHECK: &str = "CREATE FUNCTION bench_small_tables_check(OUT t
 fn repos_for(b: &Bench, variant: &str, case: &str, codec: &str) -> Result<Vec<Repo>, String> {
     let (pgs_args, pgbr_extra): (Vec<String>, Vec<String>) = match variant.split_once(':') {
         Some((l, s)) => (
-            vec!["--bundle=true".into(), format!("--bundle-limit={l}"), format!("--bundle-size={s}")],
-            vec![format!("repo1-bundle-limit={l}"), format!("repo1-bundle-size={s}")],
+            vec![
+                "--bundle=true".into(),
+                format!("--bundle-limit={l}"),
+                format!("--bundle-size={s}"),
+            ],
+            vec![
+                format!("repo1-bundle-limit={l}"),
+                format!("repo1-bundle-size={s}"),
+            ],
         ),
         None if variant == "off" => (vec!["--bundle=false".into()], vec![]),
         None => (vec!["--bundle=true".into()], vec![]),
     };
     let mut out = Vec::new();
     for t in &b.pgstrata {
-        let setup = Setup { backup_args: pgs_args.clone(), ..Setup::default() };
-        out.push(Repo::new(b, t, &t.label, &format!("{case}-{}", out.len()), codec, setup)?);
+        let setup = Setup {
+            backup_args: pgs_args.clone(),
+            ..Setup::default()
+        };
+        out.push(Repo::new(
+            b,
+            t,
+            &t.label,
+            &format!("{case}-{}", out.len()),
+            codec,
+            setup,
+        )?);
     }
     for t in &b.pgbackrest {
-        let modes = if variant == "off" { vec![PgbrMode::Plain] } else { pgbr_modes(t, &[PgbrMode::Bundle]) };
+        let modes = if variant == "off" {
+            vec![PgbrMode::Plain]
+        } else {
+            pgbr_modes(t, &[PgbrMode::Bundle])
+        };
         for mode in modes {
             let (_, mut setup) = pgbr_setup(t, mode);
             setup.settings.extend(pgbr_extra.iter().cloned());
-            out.push(Repo::new(b, t, &t.label, &format!("{case}-{}", out.len()), codec, setup)?);
+            out.push(Repo::new(
+                b,
+                t,
+                &t.label,
+                &format!("{case}-{}", out.len()),
+                codec,
+                setup,
+            )?);
         }
     }
     Ok(out)
@@ -111,8 +149,15 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     b.check_sql = Some("SELECT * FROM bench_small_tables_check()".into());
     let check = b.source_check()?;
     let files = file_count(&b.cluster().data);
-    b.results.record(Row::bytes("source", "database size", "source", 0, Some(database_size(b)?)))?;
-    b.results.record(Row::count("source", "files in PGDATA", "source", 0, files))?;
+    b.results.record(Row::bytes(
+        "source",
+        "database size",
+        "source",
+        0,
+        Some(database_size(b)?),
+    ))?;
+    b.results
+        .record(Row::count("source", "files in PGDATA", "source", 0, files))?;
     for (vi, variant) in o.variants.iter().enumerate() {
         let case = match variant.as_str() {
             "off" => "no bundling".to_string(),
@@ -129,17 +174,26 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             for r in &order {
                 let before = file_count(&r.backup_area());
                 let (m, label) = r.backup(b, "full", &[])?;
-                b.results.record(Row::timed(&case, "full backup", &r.label, run, &m))?;
+                b.results
+                    .record(Row::timed(&case, "full backup", &r.label, run, &m))?;
                 let objects = file_count(&r.backup_area()) - before;
-                b.results.record(Row::count(&case, "objects written", &r.label, run, objects))?;
-                b.results.record(Row::bytes(&case, "backup size", &r.label, run, Some(b.du(&r.backup_area()))))?;
+                b.results
+                    .record(Row::count(&case, "objects written", &r.label, run, objects))?;
+                b.results.record(Row::bytes(
+                    &case,
+                    "backup size",
+                    &r.label,
+                    run,
+                    Some(b.du(&r.backup_area())),
+                ))?;
                 labels.insert(r.label.clone(), label);
             }
             if o.restore {
                 for r in &order {
                     let dir = b.empty_data_dir("restore")?;
                     let m = r.restore(b, &dir, &[&format!("--set={}", labels[&r.label])])?;
-                    b.results.record(Row::timed(&case, "restore", &r.label, run, &m))?;
+                    b.results
+                        .record(Row::timed(&case, "restore", &r.label, run, &m))?;
                     if b.verify && run == 1 && r.label == b.pgstrata[0].label {
                         b.verify_restore(&dir, &check, &format!("bundling-{vi}"))?;
                     }

@@ -36,7 +36,10 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     b.sql("CHECKPOINT")?;
     b.wal_switch_and_wait()?;
     let first = b.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")?;
-    eprintln!("[bench] generating {} segments of pgbench traffic from {first}", o.segments);
+    eprintln!(
+        "[bench] generating {} segments of pgbench traffic from {first}",
+        o.segments
+    );
     let wal = b.cluster().data.join("pg_wal");
     let mut names: Vec<String> = Vec::new();
     for _ in 0..60 {
@@ -45,7 +48,9 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         if names.len() as u64 >= o.segments {
             break;
         }
-        b.cluster().pgbench(&["-n", "-c", "2", "-j", "2", "-M", "prepared", "-T", "5", "postgres"])?;
+        b.cluster().pgbench(&[
+            "-n", "-c", "2", "-j", "2", "-M", "prepared", "-T", "5", "postgres",
+        ])?;
     }
     names.truncate(o.segments as usize);
     let segs: Vec<Vec<u8>> = names
@@ -53,7 +58,8 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         .map(|n| std::fs::read(wal.join(n)).map_err(|e| format!("read {n}: {e}")))
         .collect::<Result<_, _>>()?;
     let major = b.pg.major;
-    let lz4 = pgstrata_repo::codec::Compression::new(pgstrata_repo::codec::CompressType::Lz4, None).map_err(|e| e.to_string())?;
+    let lz4 = pgstrata_repo::codec::Compression::new(pgstrata_repo::codec::CompressType::Lz4, None)
+        .map_err(|e| e.to_string())?;
     let case = format!("{} segments", segs.len());
     let tool = "pgstrata (library, this tree)";
     for round in 1..=o.rounds {
@@ -65,12 +71,29 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         let t = Instant::now();
         let mut records = 0;
         for s in &segs {
-            records += pgstrata_pg::wal::decode_segment(s, major, 8192).map(|d| d.records).unwrap_or(0);
+            records += pgstrata_pg::wal::decode_segment(s, major, 8192)
+                .map(|d| d.records)
+                .unwrap_or(0);
         }
         let decode = t.elapsed().as_secs_f64();
-        let row = |step: &str, s: f64| Row { seconds: Some(s), ..Row::text(&case, step, tool, "") };
-        b.results.record(Row { run: round, ..row("lz4 encode + hash", encode) })?;
-        b.results.record(Row { run: round, ..row("decode", decode) }.note(format!("{records} records; {:.0} % of encode", decode / encode * 100.0)))?;
+        let row = |step: &str, s: f64| Row {
+            seconds: Some(s),
+            ..Row::text(&case, step, tool, "")
+        };
+        b.results.record(Row {
+            run: round,
+            ..row("lz4 encode + hash", encode)
+        })?;
+        b.results.record(
+            Row {
+                run: round,
+                ..row("decode", decode)
+            }
+            .note(format!(
+                "{records} records; {:.0} % of encode",
+                decode / encode * 100.0
+            )),
+        )?;
     }
     Ok(())
 }

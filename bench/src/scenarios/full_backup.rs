@@ -31,7 +31,12 @@ impl Opts {
         })
     }
     pub fn params(&self) -> String {
-        format!("scale={} copies={} codecs={}", self.scale, self.copies, self.codecs.join(","))
+        format!(
+            "scale={} copies={} codecs={}",
+            self.scale,
+            self.copies,
+            self.codecs.join(",")
+        )
     }
 }
 
@@ -41,7 +46,8 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     let check = b.source_check()?; // reads every table: hint bits settle now
     b.sql("CHECKPOINT")?;
     let db = database_size(b)?;
-    b.results.record(Row::bytes("source", "database size", "source", 0, Some(db)))?;
+    b.results
+        .record(Row::bytes("source", "database size", "source", 0, Some(db)))?;
     for (ci, codec) in o.codecs.iter().enumerate() {
         for run in 1..=b.runs {
             let case = format!("{codec}-r{run}");
@@ -52,17 +58,20 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let mut labels = std::collections::HashMap::new();
             for r in &order {
                 let (m, label) = r.backup(b, "full", &[])?;
-                b.results.record(Row::timed(codec, "full backup", &r.label, run, &m))?;
+                b.results
+                    .record(Row::timed(codec, "full backup", &r.label, run, &m))?;
                 labels.insert(r.label.clone(), label);
             }
             for r in &order {
                 let size = b.du(&r.backup_area());
-                b.results.record(Row::bytes(codec, "backup size", &r.label, run, Some(size)))?;
+                b.results
+                    .record(Row::bytes(codec, "backup size", &r.label, run, Some(size)))?;
             }
             for r in &order {
                 let dir = b.empty_data_dir("restore")?;
                 let m = r.restore(b, &dir, &[&format!("--set={}", labels[&r.label])])?;
-                b.results.record(Row::timed(codec, "restore", &r.label, run, &m))?;
+                b.results
+                    .record(Row::timed(codec, "restore", &r.label, run, &m))?;
                 if b.verify && run == 1 && r.label == b.pgstrata[0].label {
                     b.verify_restore(&dir, &check, &case)?;
                 }

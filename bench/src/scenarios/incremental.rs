@@ -11,7 +11,9 @@
 //! Options: --scale N (20) --copies N (4) --change-pct P (1) --codecs LIST (gz,lz4,zst)
 //!          --track LIST (auto,hash) --pgbr LIST (file,block) --pgbr-bundle n|y (n)
 
-use super::{database_size, delete_ranges, remove_repos, repos, rotated, stanza_create_all, PgbrMode};
+use super::{
+    database_size, delete_ranges, remove_repos, repos, rotated, stanza_create_all, PgbrMode,
+};
 use crate::args::Args;
 use crate::harness::Bench;
 use crate::results::Row;
@@ -36,7 +38,13 @@ impl Opts {
         let pgbr = a
             .list("pgbr", "file,block", &["file", "block"])?
             .iter()
-            .map(|v| if v == "file" { file_mode } else { PgbrMode::Block })
+            .map(|v| {
+                if v == "file" {
+                    file_mode
+                } else {
+                    PgbrMode::Block
+                }
+            })
             .collect();
         let o = Opts {
             scale: a.uint("scale", 20, 1)?,
@@ -68,37 +76,69 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     b.load_pgbench(o.scale, o.copies, "test")?;
     b.sql("VACUUM ANALYZE")?;
     b.sql("CHECKPOINT")?;
-    b.results.record(Row::bytes("source", "database size", "source", 0, Some(database_size(b)?)))?;
+    b.results.record(Row::bytes(
+        "source",
+        "database size",
+        "source",
+        0,
+        Some(database_size(b)?),
+    ))?;
     let variants: Vec<(String, Setup)> = o
         .tracks
         .iter()
         .map(|t| {
-            let incr_args = if t == "none" { vec![] } else { vec![format!("--track={t}")] };
-            (format!("--track={t}"), Setup { incr_args, ..Setup::default() })
+            let incr_args = if t == "none" {
+                vec![]
+            } else {
+                vec![format!("--track={t}")]
+            };
+            (
+                format!("--track={t}"),
+                Setup {
+                    incr_args,
+                    ..Setup::default()
+                },
+            )
         })
         .collect();
-    let variants: Vec<(&str, Setup)> = variants.iter().map(|(l, s)| (l.as_str(), s.clone())).collect();
+    let variants: Vec<(&str, Setup)> = variants
+        .iter()
+        .map(|(l, s)| (l.as_str(), s.clone()))
+        .collect();
     let mut change = 0;
     for (ci, codec) in o.codecs.iter().enumerate() {
         for run in 1..=b.runs {
-            let repos = repos(b, &format!("{codec}-r{run}"), codec, &variants, &o.pgbr, &[])?;
+            let repos = repos(
+                b,
+                &format!("{codec}-r{run}"),
+                codec,
+                &variants,
+                &o.pgbr,
+                &[],
+            )?;
             stanza_create_all(b, &repos)?;
             b.sql("VACUUM ANALYZE")?;
             b.sql("CHECKPOINT")?;
             b.wal_switch_and_wait()?;
-            let order: Vec<usize> = rotated(&(0..repos.len()).collect::<Vec<_>>(), ci + run as usize)
-                .into_iter()
-                .copied()
-                .collect();
+            let order: Vec<usize> =
+                rotated(&(0..repos.len()).collect::<Vec<_>>(), ci + run as usize)
+                    .into_iter()
+                    .copied()
+                    .collect();
             let mut labels = vec![(String::new(), String::new()); repos.len()];
             for &i in &order {
                 let (m, label) = repos[i].backup(b, "full", &[])?;
-                b.results.record(Row::timed(codec, "full backup", &repos[i].label, run, &m))?;
+                b.results
+                    .record(Row::timed(codec, "full backup", &repos[i].label, run, &m))?;
                 labels[i].0 = label;
             }
             delete_ranges(b, o.scale, o.copies, o.change_pct, change, "test")?;
             change += 1;
-            let after = if b.verify && run == 1 { b.source_check()? } else { String::new() };
+            let after = if b.verify && run == 1 {
+                b.source_check()?
+            } else {
+                String::new()
+            };
             b.sql("CHECKPOINT")?;
             b.wal_switch_and_wait()?;
             for &i in &order {
@@ -106,14 +146,27 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 let (m, label) = r.backup(b, "incr", &[])?;
                 let sizes = r.backup_sizes(b, &label)?;
                 if sizes.kind != "incr" {
-                    return Err(format!("{}: backup {label} is '{}', not incr", r.label, sizes.kind));
+                    return Err(format!(
+                        "{}: backup {label} is '{}', not incr",
+                        r.label, sizes.kind
+                    ));
                 }
-                b.results.record(Row::timed(codec, "incr backup", &r.label, run, &m).note(sizes.track.clone()))?;
+                b.results.record(
+                    Row::timed(codec, "incr backup", &r.label, run, &m).note(sizes.track.clone()),
+                )?;
                 if run == 1 {
                     let full = r.backup_sizes(b, &labels[i].0)?;
-                    b.results.record(Row::bytes(codec, "full stored", &r.label, 1, full.stored))?;
-                    b.results.record(Row::bytes(codec, "incr stored", &r.label, 1, sizes.stored))?;
-                    b.results.record(Row::bytes(codec, "incr read", &r.label, 1, sizes.read))?;
+                    b.results
+                        .record(Row::bytes(codec, "full stored", &r.label, 1, full.stored))?;
+                    b.results.record(Row::bytes(
+                        codec,
+                        "incr stored",
+                        &r.label,
+                        1,
+                        sizes.stored,
+                    ))?;
+                    b.results
+                        .record(Row::bytes(codec, "incr read", &r.label, 1, sizes.read))?;
                 }
                 labels[i].1 = label;
             }

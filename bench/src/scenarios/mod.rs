@@ -36,25 +36,48 @@ pub fn run(name: &str, mut a: Args) -> Result<(), String> {
     }
 }
 
-fn go(name: &'static str, mut a: Args, params: String, f: impl FnOnce(&mut Bench) -> Result<(), String>) -> Result<(), String> {
+fn go(
+    name: &'static str,
+    mut a: Args,
+    params: String,
+    f: impl FnOnce(&mut Bench) -> Result<(), String>,
+) -> Result<(), String> {
     let common = Common::parse(&mut a)?;
     a.finish()?;
-    let params = format!("{params} process-max={} runs={}", common.process_max, common.runs);
+    let params = format!(
+        "{params} process-max={} runs={}",
+        common.process_max, common.runs
+    );
     let out_dir = common.out_dir.clone();
     let mut b = Bench::new(name, common, params)?;
     let outcome = f(&mut b);
     b.archive_nowhere();
     if let Err(e) = &outcome {
         b.scratch.keep = true;
-        eprintln!("[bench] {name} failed; scratch directory kept: {}", b.scratch.path.display());
+        eprintln!(
+            "[bench] {name} failed; scratch directory kept: {}",
+            b.scratch.path.display()
+        );
         eprintln!("[bench] {e}");
     }
-    let mut limits = Results::create(&out_dir, "limits", &format!("measured after {name}"), &[], &b.pg)?;
-    let sample = b.cluster.as_ref().and_then(|c| largest_file(&c.data.join("base")));
+    let mut limits = Results::create(
+        &out_dir,
+        "limits",
+        &format!("measured after {name}"),
+        &[],
+        &b.pg,
+    )?;
+    let sample = b
+        .cluster
+        .as_ref()
+        .and_then(|c| largest_file(&c.data.join("base")));
     crate::limits::measure(&mut limits, &b.scratch.path, sample.as_deref())?;
     let _ = b.drop_cluster();
     println!("{}", crate::results::render(&b.results.records));
-    println!("Physical limits:\n\n{}", crate::limits::render(&limits.records));
+    println!(
+        "Physical limits:\n\n{}",
+        crate::limits::render(&limits.records)
+    );
     eprintln!(
         "[bench] results appended to {} (README tables: cargo run -p pgstrata-bench -- report)",
         b.results.file.display()
@@ -116,7 +139,10 @@ pub fn pgbr_setup(tool: &Tool, mode: PgbrMode) -> (String, Setup) {
     let (what, settings): (&str, Vec<&str>) = match mode {
         PgbrMode::Plain => ("bundle=n", vec!["repo1-bundle=n"]),
         PgbrMode::Bundle => ("bundle=y", vec!["repo1-bundle=y"]),
-        PgbrMode::Block if beta => ("bundle=y, block=y, beta", vec!["repo1-bundle=y", "repo1-block=y", "beta=y"]),
+        PgbrMode::Block if beta => (
+            "bundle=y, block=y, beta",
+            vec!["repo1-bundle=y", "repo1-block=y", "beta=y"],
+        ),
         PgbrMode::Block => ("bundle=y, block=y", vec!["repo1-bundle=y", "repo1-block=y"]),
     };
     (
@@ -141,15 +167,33 @@ pub fn repos(
     let mut out = Vec::new();
     for t in &b.pgstrata {
         for (suffix, setup) in variants {
-            let label = if suffix.is_empty() { t.label.clone() } else { format!("{} {suffix}", t.label) };
-            out.push(Repo::new(b, t, &label, &format!("{case}-{}", out.len()), codec, setup.clone())?);
+            let label = if suffix.is_empty() {
+                t.label.clone()
+            } else {
+                format!("{} {suffix}", t.label)
+            };
+            out.push(Repo::new(
+                b,
+                t,
+                &label,
+                &format!("{case}-{}", out.len()),
+                codec,
+                setup.clone(),
+            )?);
         }
     }
     for t in &b.pgbackrest {
         for mode in pgbr_modes(t, pgbr_asked) {
             let (label, mut setup) = pgbr_setup(t, mode);
             setup.settings.extend(pgbr_extra.iter().cloned());
-            out.push(Repo::new(b, t, &label, &format!("{case}-{}", out.len()), codec, setup)?);
+            out.push(Repo::new(
+                b,
+                t,
+                &label,
+                &format!("{case}-{}", out.len()),
+                codec,
+                setup,
+            )?);
         }
     }
     Ok(out)
@@ -182,14 +226,24 @@ pub fn remove_repos(b: &Bench, repos: &[Repo]) {
 
 /// Seed 000's change: delete `pct` % of every copy as one contiguous aid range; `n` numbers
 /// the change so that successive changes hit rows that are still there.
-pub fn delete_ranges(b: &Bench, scale: u64, copies: u64, pct: u64, n: u64, prefix: &str) -> Result<(), String> {
+pub fn delete_ranges(
+    b: &Bench,
+    scale: u64,
+    copies: u64,
+    pct: u64,
+    n: u64,
+    prefix: &str,
+) -> Result<(), String> {
     let rows = scale * 100_000;
     let chunk = rows * pct / 100;
     let mut sql = String::new();
     for i in 1..=copies {
         let frac = (5 + 13 * (i - 1) + 37 * n) % (100 - pct);
         let a = rows * frac / 100 + 1;
-        sql += &format!("DELETE FROM {prefix}{i} WHERE aid BETWEEN {a} AND {}; ", a + chunk - 1);
+        sql += &format!(
+            "DELETE FROM {prefix}{i} WHERE aid BETWEEN {a} AND {}; ",
+            a + chunk - 1
+        );
     }
     eprintln!("[bench] change #{n}: {sql}");
     b.sql(&sql)?;

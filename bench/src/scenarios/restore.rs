@@ -13,7 +13,9 @@
 //!          --variants bundle,nobundle (pgstrata: default bundling, --bundle=false)
 //!          --pgbr-bundle n|y|both (both) --pgbr-block y|n (y) (pgBackRest 2.45's variants)
 
-use super::{database_size, delete_ranges, remove_repos, repos, rotated, stanza_create_all, PgbrMode};
+use super::{
+    database_size, delete_ranges, remove_repos, repos, rotated, stanza_create_all, PgbrMode,
+};
 use crate::args::Args;
 use crate::harness::Bench;
 use crate::results::Row;
@@ -63,7 +65,13 @@ pub fn pgstrata_variants(names: &[String]) -> Vec<(&'static str, Setup)> {
     names
         .iter()
         .map(|v| match v.as_str() {
-            "nobundle" => ("--bundle=false", Setup { backup_args: vec!["--bundle=false".into()], ..Setup::default() }),
+            "nobundle" => (
+                "--bundle=false",
+                Setup {
+                    backup_args: vec!["--bundle=false".into()],
+                    ..Setup::default()
+                },
+            ),
             _ => ("", Setup::default()),
         })
         .collect()
@@ -74,15 +82,29 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     b.load_pgbench(o.scale, o.copies, "test")?;
     b.sql("VACUUM ANALYZE")?;
     b.sql("CHECKPOINT")?;
-    b.results.record(Row::bytes("source", "database size", "source", 0, Some(database_size(b)?)))?;
-    let repos = repos(b, "r", &o.codec, &pgstrata_variants(&o.variants), &o.pgbr, &[])?;
+    b.results.record(Row::bytes(
+        "source",
+        "database size",
+        "source",
+        0,
+        Some(database_size(b)?),
+    ))?;
+    let repos = repos(
+        b,
+        "r",
+        &o.codec,
+        &pgstrata_variants(&o.variants),
+        &o.pgbr,
+        &[],
+    )?;
     stanza_create_all(b, &repos)?;
     b.wal_switch_and_wait()?;
     let case = format!("{} % change", o.change_pct);
     let mut full = Vec::new();
     for r in &repos {
         let (m, label) = r.backup(b, "full", &[])?;
-        b.results.record(Row::timed(&case, "full backup", &r.label, 1, &m))?;
+        b.results
+            .record(Row::timed(&case, "full backup", &r.label, 1, &m))?;
         full.push(label);
     }
     delete_ranges(b, o.scale, o.copies, o.change_pct, 0, "test")?;
@@ -92,12 +114,17 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     let mut incr = vec![String::new(); repos.len()];
     for (i, r) in repos.iter().enumerate().rev() {
         let (m, label) = r.backup(b, "incr", &[])?;
-        b.results.record(Row::timed(&case, "incr backup", &r.label, 1, &m))?;
+        b.results
+            .record(Row::timed(&case, "incr backup", &r.label, 1, &m))?;
         let sizes = r.backup_sizes(b, &label)?;
         if sizes.kind != "incr" {
-            return Err(format!("{}: backup {label} is '{}', not incr", r.label, sizes.kind));
+            return Err(format!(
+                "{}: backup {label} is '{}', not incr",
+                r.label, sizes.kind
+            ));
         }
-        b.results.record(Row::bytes(&case, "incr stored", &r.label, 1, sizes.stored))?;
+        b.results
+            .record(Row::bytes(&case, "incr stored", &r.label, 1, sizes.stored))?;
         incr[i] = label;
     }
     b.archive_nowhere();
@@ -108,7 +135,13 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let r = &repos[i];
             let full_dir = b.empty_data_dir("restore-full")?;
             let m = r.restore(b, &full_dir, &[&format!("--set={}", incr[i])])?;
-            b.results.record(Row::timed(&case, "full restore of the incr", &r.label, run, &m))?;
+            b.results.record(Row::timed(
+                &case,
+                "full restore of the incr",
+                &r.label,
+                run,
+                &m,
+            ))?;
             let delta_dir = b.empty_data_dir("restore-delta")?;
             r.restore(b, &delta_dir, &[&format!("--set={}", full[i])])?;
             let set = format!("--set={}", incr[i]);
@@ -117,14 +150,35 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 args.push("--log-level-console=detail"); // lists the files it rewrote
             }
             let m = r.restore(b, &delta_dir, &args)?;
-            let fetched = if r.is_pgstrata() { pgstrata_fetched(&m.stdout) } else { pgbr_fetched(r, &incr[i], &delta_dir, &m.stdout) };
-            b.results.record(Row::timed(&case, "delta restore of the incr", &r.label, run, &m))?;
+            let fetched = if r.is_pgstrata() {
+                pgstrata_fetched(&m.stdout)
+            } else {
+                pgbr_fetched(r, &incr[i], &delta_dir, &m.stdout)
+            };
+            b.results.record(Row::timed(
+                &case,
+                "delta restore of the incr",
+                &r.label,
+                run,
+                &m,
+            ))?;
             if run == 1 {
-                b.results.record(Row::bytes(&case, "delta restore: fetched", &r.label, 1, fetched))?;
+                b.results.record(Row::bytes(
+                    &case,
+                    "delta restore: fetched",
+                    &r.label,
+                    1,
+                    fetched,
+                ))?;
             }
             let same = same_files(&full_dir, &delta_dir)?;
             if run == 1 {
-                b.results.record(Row::text(&case, "delta = full restore", &r.label, if same { "yes" } else { "NO" }))?;
+                b.results.record(Row::text(
+                    &case,
+                    "delta = full restore",
+                    &r.label,
+                    if same { "yes" } else { "NO" },
+                ))?;
             }
             if !same {
                 differ.push(r.label.clone());
@@ -138,7 +192,10 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     }
     remove_repos(b, &repos);
     if !differ.is_empty() {
-        return Err(format!("delta restore differs from the full restore of the same backup: {}", differ.join(", ")));
+        return Err(format!(
+            "delta restore differs from the full restore of the same backup: {}",
+            differ.join(", ")
+        ));
     }
     Ok(())
 }
@@ -154,7 +211,13 @@ pub fn pgstrata_fetched(stdout: &str) -> Option<u64> {
 /// matches"), their repository size taken from the incremental's manifest (derived, not
 /// measured).
 fn pgbr_fetched(r: &Repo, label: &str, dir: &Path, log: &str) -> Option<u64> {
-    let manifest = std::fs::read_to_string(r.dir.join("backup/bench").join(label).join("backup.manifest")).ok()?;
+    let manifest = std::fs::read_to_string(
+        r.dir
+            .join("backup/bench")
+            .join(label)
+            .join("backup.manifest"),
+    )
+    .ok()?;
     let mut in_files = false;
     let mut sizes = std::collections::HashMap::new();
     for l in manifest.lines() {
@@ -173,7 +236,10 @@ fn pgbr_fetched(r: &Repo, label: &str, dir: &Path, log: &str) -> Option<u64> {
         .lines()
         .filter(|l| l.contains("DETAIL: restore file ") && !l.contains(" - exists and "))
         .filter_map(|l| l.split("DETAIL: restore file ").nth(1)?.split(" (").next())
-        .map(|p| p.trim_end_matches(".pgbackrest.tmp").trim_start_matches(&prefix))
+        .map(|p| {
+            p.trim_end_matches(".pgbackrest.tmp")
+                .trim_start_matches(&prefix)
+        })
         .filter_map(|p| sizes.get(&format!("pg_data/{p}")))
         .sum();
     Some(total)
@@ -183,7 +249,12 @@ fn pgbr_fetched(r: &Repo, label: &str, dir: &Path, log: &str) -> Option<u64> {
 /// recovery settings, where pgBackRest writes the restore time and directory).
 fn same_files(a: &Path, b: &Path) -> Result<bool, String> {
     let out = std::process::Command::new("diff")
-        .args(["-r", "--no-dereference", "--exclude=postgresql.auto.conf", "-q"])
+        .args([
+            "-r",
+            "--no-dereference",
+            "--exclude=postgresql.auto.conf",
+            "-q",
+        ])
         .arg(a)
         .arg(b)
         .output()
@@ -192,12 +263,17 @@ fn same_files(a: &Path, b: &Path) -> Result<bool, String> {
         std::fs::read_to_string(d.join("postgresql.auto.conf"))
             .unwrap_or_default()
             .lines()
-            .filter(|l| !l.starts_with("# Recovery settings generated") && !l.starts_with("restore_command"))
+            .filter(|l| {
+                !l.starts_with("# Recovery settings generated") && !l.starts_with("restore_command")
+            })
             .map(str::to_string)
             .collect::<Vec<_>>()
     };
     if !out.status.success() {
-        eprintln!("[bench] delta and full restore differ:\n{}", crate::harness::tail(&String::from_utf8_lossy(&out.stdout), 20));
+        eprintln!(
+            "[bench] delta and full restore differ:\n{}",
+            crate::harness::tail(&String::from_utf8_lossy(&out.stdout), 20)
+        );
     }
     Ok(out.status.success() && auto(a) == auto(b))
 }

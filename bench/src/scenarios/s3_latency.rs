@@ -55,7 +55,11 @@ impl Opts {
             rows: a.uint("rows", 1, 0)?,
             delay_ms: a.uint("delay-ms", 20, 0)?,
             connect_delay_ms: a.uint("connect-delay-ms", 0, 0)?,
-            s3_pm: if pm == "none" { vec![] } else { Args::parse(["--x".to_string(), pm])?.uint_list("x", "")? },
+            s3_pm: if pm == "none" {
+                vec![]
+            } else {
+                Args::parse(["--x".to_string(), pm])?.uint_list("x", "")?
+            },
             nodelay: a.flag("s3-nodelay"),
             codec: a.string("codec", "zst"),
             pgbr_bundle: match a.string("pgbr-bundle", "y").as_str() {
@@ -91,21 +95,40 @@ struct Proxy {
 }
 
 impl Proxy {
-    fn start(b: &Bench, o: &Opts, upstream: u16, tls: Option<(PathBuf, PathBuf)>) -> Result<Proxy, String> {
+    fn start(
+        b: &Bench,
+        o: &Opts,
+        upstream: u16,
+        tls: Option<(PathBuf, PathBuf)>,
+    ) -> Result<Proxy, String> {
         let port = pgstrata_testkit::free_port();
         let stats = b.log_dir.join("proxy-stats.json");
         let log = b.log_dir.join("proxy-requests.log");
         let mut c = Command::new("python3");
         c.arg(crate::workspace_root().join("bench/delay_proxy.py"))
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--upstream", &format!("127.0.0.1:{upstream}")])
-            .args(["--delay-ms", &o.delay_ms.to_string(), "--connect-delay-ms", &o.connect_delay_ms.to_string()])
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--upstream",
+                &format!("127.0.0.1:{upstream}"),
+            ])
+            .args([
+                "--delay-ms",
+                &o.delay_ms.to_string(),
+                "--connect-delay-ms",
+                &o.connect_delay_ms.to_string(),
+            ])
             .arg("--stats")
             .arg(&stats)
             .arg("--log")
             .arg(&log);
         let tls_port = tls.as_ref().map(|_| pgstrata_testkit::free_port());
         if let (Some((cert, key)), Some(p)) = (&tls, tls_port) {
-            c.args(["--tls-listen", &format!("127.0.0.1:{p}")]).arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+            c.args(["--tls-listen", &format!("127.0.0.1:{p}")])
+                .arg("--tls-cert")
+                .arg(cert)
+                .arg("--tls-key")
+                .arg(key);
         }
         let child = c
             .stdout(Stdio::null())
@@ -119,14 +142,22 @@ impl Proxy {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        Ok(Proxy { child, stats, log, seq: 0, port, tls_port })
+        Ok(Proxy {
+            child,
+            stats,
+            log,
+            seq: 0,
+            port,
+            tls_port,
+        })
     }
 
     /// Request/response turns since the start (the proxy dumps them on SIGUSR1).
     fn turns(&mut self) -> Result<u64, String> {
         self.seq += 1;
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).map_err(|e| format!("signal the proxy: {e}"))?;
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1)
+            .map_err(|e| format!("signal the proxy: {e}"))?;
         for _ in 0..500 {
             if let Ok(t) = std::fs::read_to_string(&self.stats) {
                 if let Ok(v) = serde_json::from_str::<serde_json::Value>(&t) {
@@ -143,17 +174,32 @@ impl Proxy {
     /// Requests of turns first..=last by kind: "GET 12, PUT 3, LIST 2".
     fn mix(&self, first: u64, last: u64) -> String {
         let mut n: std::collections::BTreeMap<String, u64> = Default::default();
-        for l in std::fs::read_to_string(&self.log).unwrap_or_default().lines() {
+        for l in std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+        {
             let f: Vec<&str> = l.split_whitespace().collect();
-            let Some(turn) = f.get(2).and_then(|t| t.parse::<u64>().ok()) else { continue };
+            let Some(turn) = f.get(2).and_then(|t| t.parse::<u64>().ok()) else {
+                continue;
+            };
             if turn < first || turn > last {
                 continue;
             }
-            let (m, target) = (f.get(3).copied().unwrap_or("?"), f.get(4).copied().unwrap_or(""));
-            let kind = if m == "GET" && target.contains("list-type=2") { "LIST" } else { m };
+            let (m, target) = (
+                f.get(3).copied().unwrap_or("?"),
+                f.get(4).copied().unwrap_or(""),
+            );
+            let kind = if m == "GET" && target.contains("list-type=2") {
+                "LIST"
+            } else {
+                m
+            };
             *n.entry(kind.to_string()).or_default() += 1;
         }
-        n.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+        n.iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -184,35 +230,97 @@ fn targets(b: &Bench, o: &Opts, env: &Env) -> Vec<Target> {
     let d = o.delay_ms;
     let http = format!("http://127.0.0.1:{}", env.proxy.port);
     let mut out = Vec::new();
-    let t = |label: String, tool: &Tool, endpoint: Option<String>, pm: u64, proxied: bool| Target { label, tool: tool.clone(), endpoint, process_max: pm, proxied };
+    let t = |label: String, tool: &Tool, endpoint: Option<String>, pm: u64, proxied: bool| Target {
+        label,
+        tool: tool.clone(),
+        endpoint,
+        process_max: pm,
+        proxied,
+    };
     for p in &b.pgstrata {
-        out.push(t(format!("{} local", p.label), p, None, b.process_max, false));
-        out.push(t(format!("{} S3+{d}ms", p.label), p, Some(http.clone()), b.process_max, true));
+        out.push(t(
+            format!("{} local", p.label),
+            p,
+            None,
+            b.process_max,
+            false,
+        ));
+        out.push(t(
+            format!("{} S3+{d}ms", p.label),
+            p,
+            Some(http.clone()),
+            b.process_max,
+            true,
+        ));
         for &pm in o.s3_pm.iter().filter(|&&pm| pm != b.process_max) {
-            out.push(t(format!("{} S3+{d}ms pm{pm}", p.label), p, Some(http.clone()), pm, true));
+            out.push(t(
+                format!("{} S3+{d}ms pm{pm}", p.label),
+                p,
+                Some(http.clone()),
+                pm,
+                true,
+            ));
         }
         if o.nodelay {
-            out.push(t(format!("{} S3 no delay", p.label), p, Some(format!("http://127.0.0.1:{}", env.moto_port)), b.process_max, false));
+            out.push(t(
+                format!("{} S3 no delay", p.label),
+                p,
+                Some(format!("http://127.0.0.1:{}", env.moto_port)),
+                b.process_max,
+                false,
+            ));
         }
         if let Some(tls) = env.proxy.tls_port {
-            out.push(t(format!("{} S3+{d}ms https", p.label), p, Some(format!("https://127.0.0.1:{tls}")), b.process_max, true));
+            out.push(t(
+                format!("{} S3+{d}ms https", p.label),
+                p,
+                Some(format!("https://127.0.0.1:{tls}")),
+                b.process_max,
+                true,
+            ));
         }
     }
     for p in &b.pgbackrest {
-        out.push(t(format!("{} local", p.label), p, None, b.process_max, false));
+        out.push(t(
+            format!("{} local", p.label),
+            p,
+            None,
+            b.process_max,
+            false,
+        ));
         if let Some(tls) = env.proxy.tls_port {
-            out.push(t(format!("{} S3+{d}ms https", p.label), p, Some(tls.to_string()), b.process_max, true));
+            out.push(t(
+                format!("{} S3+{d}ms https", p.label),
+                p,
+                Some(tls.to_string()),
+                b.process_max,
+                true,
+            ));
         }
     }
     out
 }
 
-fn target_repo(b: &Bench, env: &Env, t: &Target, tag: &str, codec: &str, bundle: bool) -> Result<Repo, String> {
+fn target_repo(
+    b: &Bench,
+    env: &Env,
+    t: &Target,
+    tag: &str,
+    codec: &str,
+    bundle: bool,
+) -> Result<Repo, String> {
     let prefix = format!("bench-{tag}");
     let mut setup = if t.tool.is_pgstrata() {
-        Setup { backup_args: vec![format!("--bundle={bundle}")], ..Setup::default() }
+        Setup {
+            backup_args: vec![format!("--bundle={bundle}")],
+            ..Setup::default()
+        }
     } else {
-        let mode = if bundle { pgbr_modes(&t.tool, &[PgbrMode::Bundle])[0] } else { PgbrMode::Plain };
+        let mode = if bundle {
+            pgbr_modes(&t.tool, &[PgbrMode::Bundle])[0]
+        } else {
+            PgbrMode::Plain
+        };
         pgbr_setup(&t.tool, mode).1
     };
     setup.process_max = Some(t.process_max);
@@ -254,8 +362,17 @@ fn target_repo(b: &Bench, env: &Env, t: &Target, tag: &str, codec: &str, bundle:
 }
 
 /// Run one step of a target, counting its requests when it goes through the proxy.
-fn step<T>(b: &mut Bench, env: &mut Env, t: &Target, f: impl FnOnce(&mut Bench) -> Result<(Measured, T), String>) -> Result<(Measured, T, Option<u64>, String), String> {
-    let before = if t.proxied { Some(env.proxy.turns()?) } else { None };
+fn step<T>(
+    b: &mut Bench,
+    env: &mut Env,
+    t: &Target,
+    f: impl FnOnce(&mut Bench) -> Result<(Measured, T), String>,
+) -> Result<(Measured, T, Option<u64>, String), String> {
+    let before = if t.proxied {
+        Some(env.proxy.turns()?)
+    } else {
+        None
+    };
     let (m, x) = f(b)?;
     match before {
         Some(a) => {
@@ -271,19 +388,44 @@ fn s3_objects(moto_port: u16, prefix: &str) -> Result<(u64, u64), String> {
     use std::io::{Read, Write};
     let (mut n, mut bytes, mut token) = (0, 0, None::<String>);
     loop {
-        let mut q = format!("/{BUCKET}?list-type=2&max-keys=1000&prefix={}", prefix.replace('/', "%2F"));
+        let mut q = format!(
+            "/{BUCKET}?list-type=2&max-keys=1000&prefix={}",
+            prefix.replace('/', "%2F")
+        );
         if let Some(t) = &token {
-            q += &format!("&continuation-token={}", t.replace('+', "%2B").replace('/', "%2F").replace('=', "%3D"));
+            q += &format!(
+                "&continuation-token={}",
+                t.replace('+', "%2B")
+                    .replace('/', "%2F")
+                    .replace('=', "%3D")
+            );
         }
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", moto_port)).map_err(|e| e.to_string())?;
-        write!(s, "GET {q} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+        let mut s =
+            std::net::TcpStream::connect(("127.0.0.1", moto_port)).map_err(|e| e.to_string())?;
+        write!(
+            s,
+            "GET {q} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .map_err(|e| e.to_string())?;
         let mut body = String::new();
         s.read_to_string(&mut body).map_err(|e| e.to_string())?;
         for part in body.split("<Size>").skip(1) {
             n += 1;
-            bytes += part.split('<').next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            bytes += part
+                .split('<')
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
         }
-        token = body.contains("<IsTruncated>true").then(|| body.split("<NextContinuationToken>").nth(1).and_then(|x| x.split('<').next()).map(str::to_string)).flatten();
+        token = body
+            .contains("<IsTruncated>true")
+            .then(|| {
+                body.split("<NextContinuationToken>")
+                    .nth(1)
+                    .and_then(|x| x.split('<').next())
+                    .map(str::to_string)
+            })
+            .flatten();
         if token.is_none() {
             return Ok((n, bytes));
         }
@@ -294,7 +436,11 @@ fn objects(env: &Env, r: &Repo, t: &Target, tag: &str) -> Result<u64, String> {
     if t.endpoint.is_none() {
         return Ok(crate::harness::file_count(&r.backup_area()));
     }
-    let area = if t.tool.is_pgstrata() { format!("bench-{tag}/{STANZA}/backup/") } else { format!("bench-{tag}/backup/{STANZA}/") };
+    let area = if t.tool.is_pgstrata() {
+        format!("bench-{tag}/{STANZA}/backup/")
+    } else {
+        format!("bench-{tag}/backup/{STANZA}/")
+    };
     Ok(s3_objects(env.moto_port, &area)?.0)
 }
 
@@ -308,7 +454,11 @@ printf 'subjectAltName=IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\nkeyUsage=digit
 openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf -out server.pem
 chmod 644 ca.pem";
     pgstrata_testkit::run_ok(Command::new("sh").arg("-c").arg(script).current_dir(&dir))?;
-    Ok((dir.join("ca.pem"), dir.join("server.pem"), dir.join("server.key")))
+    Ok((
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    ))
 }
 
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
@@ -320,7 +470,11 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         (Some(ca), Some((cert, key)))
     };
     let proxy = Proxy::start(b, o, moto.port, tls)?;
-    let mut env = Env { moto_port: moto.port, proxy, ca };
+    let mut env = Env {
+        moto_port: moto.port,
+        proxy,
+        ca,
+    };
     let targets = targets(b, o, &env);
     b.start_cluster("max_locks_per_transaction = 1024")?;
     if o.scenarios.iter().any(|s| s == "restore") {
@@ -332,18 +486,45 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     Ok(())
 }
 
-fn record(b: &mut Bench, case: &str, name: &str, t: &Target, m: &Measured, req: Option<u64>, mix: String) -> Result<(), String> {
-    b.results.record(Row::timed(case, name, &t.label, 1, m).with_count(req).note(mix))
+fn record(
+    b: &mut Bench,
+    case: &str,
+    name: &str,
+    t: &Target,
+    m: &Measured,
+    req: Option<u64>,
+    mix: String,
+) -> Result<(), String> {
+    b.results.record(
+        Row::timed(case, name, &t.label, 1, m)
+            .with_count(req)
+            .note(mix),
+    )
 }
 
-fn restore_scenario(b: &mut Bench, o: &Opts, env: &mut Env, targets: &[Target]) -> Result<(), String> {
+fn restore_scenario(
+    b: &mut Bench,
+    o: &Opts,
+    env: &mut Env,
+    targets: &[Target],
+) -> Result<(), String> {
     b.load_pgbench(o.scale, o.copies, "test")?;
     b.sql("VACUUM ANALYZE")?;
     b.sql("CHECKPOINT")?;
-    let case = format!("restore scenario, {:.0} MB", super::database_size(b)? as f64 / 1048576.0);
+    let case = format!(
+        "restore scenario, {:.0} MB",
+        super::database_size(b)? as f64 / 1048576.0
+    );
     let mut repos = Vec::new();
     for (i, t) in targets.iter().enumerate() {
-        let r = target_repo(b, env, t, &format!("r{i}"), &o.codec, o.pgbr_bundle || t.tool.is_pgstrata())?;
+        let r = target_repo(
+            b,
+            env,
+            t,
+            &format!("r{i}"),
+            &o.codec,
+            o.pgbr_bundle || t.tool.is_pgstrata(),
+        )?;
         r.stanza_create(b)?;
         b.archive_to(&[&r])?;
         b.wal_switch_and_wait()?;
@@ -364,16 +545,25 @@ fn restore_scenario(b: &mut Bench, o: &Opts, env: &mut Env, targets: &[Target]) 
     b.archive_nowhere();
     for (t, (r, full, incr)) in targets.iter().zip(&repos) {
         let full_dir = b.empty_data_dir("restore-full")?;
-        let (m, _, req, mix) = step(b, env, t, |b| Ok((r.restore(b, &full_dir, &[&format!("--set={incr}")])?, ())))?;
+        let (m, _, req, mix) = step(b, env, t, |b| {
+            Ok((r.restore(b, &full_dir, &[&format!("--set={incr}")])?, ()))
+        })?;
         record(b, &case, "full restore of the incr", t, &m, req, mix)?;
         let delta_dir = b.empty_data_dir("restore-delta")?;
         r.restore(b, &delta_dir, &[&format!("--set={full}")])?;
-        let (m, _, req, mix) = step(b, env, t, |b| Ok((r.restore(b, &delta_dir, &["--delta", &format!("--set={incr}")])?, ())))?;
+        let (m, _, req, mix) = step(b, env, t, |b| {
+            Ok((
+                r.restore(b, &delta_dir, &["--delta", &format!("--set={incr}")])?,
+                (),
+            ))
+        })?;
         record(b, &case, "delta restore of the incr", t, &m, req, mix)?;
         let _ = std::fs::remove_dir_all(&full_dir);
         let _ = std::fs::remove_dir_all(&delta_dir);
     }
-    let mut drop = String::from("DROP TABLE pgbench_accounts, pgbench_branches, pgbench_tellers, pgbench_history");
+    let mut drop = String::from(
+        "DROP TABLE pgbench_accounts, pgbench_branches, pgbench_tellers, pgbench_history",
+    );
     for i in 1..=o.copies {
         drop += &format!(", test{i}");
     }
@@ -382,12 +572,20 @@ fn restore_scenario(b: &mut Bench, o: &Opts, env: &mut Env, targets: &[Target]) 
     Ok(())
 }
 
-fn bundling_scenario(b: &mut Bench, o: &Opts, env: &mut Env, targets: &[Target]) -> Result<(), String> {
+fn bundling_scenario(
+    b: &mut Bench,
+    o: &Opts,
+    env: &mut Env,
+    targets: &[Target],
+) -> Result<(), String> {
     super::bundling::create_small_tables(b, o.tables, o.rows)?;
     let files = crate::harness::file_count(&b.cluster().data);
     for (i, t) in targets.iter().enumerate() {
         for bundle in [true, false] {
-            let case = format!("bundling scenario, {files} files, bundling {}", if bundle { "on" } else { "off" });
+            let case = format!(
+                "bundling scenario, {files} files, bundling {}",
+                if bundle { "on" } else { "off" }
+            );
             let tag = format!("b{i}-{bundle}");
             let r = target_repo(b, env, t, &tag, &o.codec, bundle)?;
             r.stanza_create(b)?;
@@ -398,10 +596,13 @@ fn bundling_scenario(b: &mut Bench, o: &Opts, env: &mut Env, targets: &[Target])
             let (m, label, req, mix) = step(b, env, t, |b| r.backup(b, "full", &[]))?;
             record(b, &case, "full backup", t, &m, req, mix)?;
             let written = objects(env, &r, t, &tag)? - before;
-            b.results.record(Row::count(&case, "objects written", &t.label, 1, written))?;
+            b.results
+                .record(Row::count(&case, "objects written", &t.label, 1, written))?;
             b.archive_nowhere();
             let dir = b.empty_data_dir("restore")?;
-            let (m, _, req, mix) = step(b, env, t, |b| Ok((r.restore(b, &dir, &[&format!("--set={label}")])?, ())))?;
+            let (m, _, req, mix) = step(b, env, t, |b| {
+                Ok((r.restore(b, &dir, &[&format!("--set={label}")])?, ()))
+            })?;
             record(b, &case, "restore", t, &m, req, mix)?;
             let _ = std::fs::remove_dir_all(&dir);
             if t.endpoint.is_none() {

@@ -63,11 +63,23 @@ impl Opts {
 }
 
 fn track(t: &str) -> (String, Setup) {
-    (format!("--track={t}"), Setup { incr_args: vec![format!("--track={t}")], ..Setup::default() })
+    (
+        format!("--track={t}"),
+        Setup {
+            incr_args: vec![format!("--track={t}")],
+            ..Setup::default()
+        },
+    )
 }
 
 /// UPDATE `rows` rows spread evenly over every large table, a different set per change.
-fn spread_update(b: &Bench, tables: &[String], scale: u64, rows: u64, n: u64) -> Result<(), String> {
+fn spread_update(
+    b: &Bench,
+    tables: &[String],
+    scale: u64,
+    rows: u64,
+    n: u64,
+) -> Result<(), String> {
     let step = (scale * 100_000 / rows).max(1);
     let off = (1 + n * 7919) % step;
     for t in tables {
@@ -83,7 +95,10 @@ fn spread_update(b: &Bench, tables: &[String], scale: u64, rows: u64, n: u64) ->
 
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     let variants: Vec<(String, Setup)> = vec![track("wal"), track("hash")];
-    let variants: Vec<(&str, Setup)> = variants.iter().map(|(l, s)| (l.as_str(), s.clone())).collect();
+    let variants: Vec<(&str, Setup)> = variants
+        .iter()
+        .map(|(l, s)| (l.as_str(), s.clone()))
+        .collect();
     let mut last_wal_repo: Option<Repo> = None;
     for (si, &scale) in o.scales.iter().enumerate() {
         b.drop_cluster()?;
@@ -91,31 +106,47 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         let tables = b.load_pgbench(scale, o.copies, "test")?;
         b.sql("VACUUM ANALYZE")?;
         b.sql("CHECKPOINT")?;
-        let case = format!("{:.0} MB (scale {scale})", database_size(b)? as f64 / 1048576.0);
+        let case = format!(
+            "{:.0} MB (scale {scale})",
+            database_size(b)? as f64 / 1048576.0
+        );
         let repos = repos(b, &format!("s{scale}"), &o.codec, &variants, &o.pgbr, &[])?;
         stanza_create_all(b, &repos)?;
         b.wal_switch_and_wait()?;
         for r in &repos {
             let (m, _) = r.backup(b, "full", &[])?;
-            b.results.record(Row::timed(&case, "full backup", &r.label, 1, &m))?;
+            b.results
+                .record(Row::timed(&case, "full backup", &r.label, 1, &m))?;
         }
         let mut last = Vec::new();
         for run in 1..=b.runs {
             spread_update(b, &tables, scale, o.rows_changed, si as u64 * 100 + run)?;
-            let after = if b.verify && run == b.runs { b.source_check()? } else { String::new() };
+            let after = if b.verify && run == b.runs {
+                b.source_check()?
+            } else {
+                String::new()
+            };
             last.clear();
             for r in rotated(&repos, si + run as usize) {
                 let (m, label) = r.backup(b, "incr", &[])?;
                 let s = r.backup_sizes(b, &label)?;
-                b.results.record(Row::timed(&case, "incr backup", &r.label, run, &m).note(s.track.clone()))?;
+                b.results.record(
+                    Row::timed(&case, "incr backup", &r.label, run, &m).note(s.track.clone()),
+                )?;
                 if run == 1 {
-                    b.results.record(Row::bytes(&case, "incr read", &r.label, 1, s.read))?;
-                    b.results.record(Row::bytes(&case, "incr stored", &r.label, 1, s.stored))?;
+                    b.results
+                        .record(Row::bytes(&case, "incr read", &r.label, 1, s.read))?;
+                    b.results
+                        .record(Row::bytes(&case, "incr stored", &r.label, 1, s.stored))?;
                 }
                 last.push((r.label.clone(), label));
             }
             if b.verify && run == b.runs {
-                let (label, set) = last.iter().find(|(l, _)| *l == repos[0].label).cloned().expect("first repo");
+                let (label, set) = last
+                    .iter()
+                    .find(|(l, _)| *l == repos[0].label)
+                    .cloned()
+                    .expect("first repo");
                 let dir = b.empty_data_dir("restore-verify")?;
                 repos[0].restore(b, &dir, &[&format!("--set={set}")])?;
                 b.verify_restore(&dir, &after, &format!("s{scale}-{label}"))?;
@@ -149,27 +180,56 @@ fn archive_push_cost(b: &mut Bench, o: &Opts, wal_repo: &Repo) -> Result<(), Str
         .ok_or("wal_segment_size")?;
     b.sql("CHECKPOINT")?;
     b.wal_switch_and_wait()?;
-    let start: u64 = b.sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")?.parse().map_err(|e| format!("{e}"))?;
+    let start: u64 = b
+        .sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")?
+        .parse()
+        .map_err(|e| format!("{e}"))?;
     let first = start / seg_size * seg_size;
-    eprintln!("[bench] archive-push: generating {} segments of pgbench traffic", o.segments);
+    eprintln!(
+        "[bench] archive-push: generating {} segments of pgbench traffic",
+        o.segments
+    );
     for _ in 0..60 {
-        let now: u64 = b.sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")?.parse().map_err(|e| format!("{e}"))?;
+        let now: u64 = b
+            .sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")?
+            .parse()
+            .map_err(|e| format!("{e}"))?;
         if (now - first) / seg_size >= o.segments {
             break;
         }
-        b.cluster().pgbench(&["-n", "-c", "2", "-j", "2", "-M", "prepared", "-T", "5", "postgres"])?;
+        b.cluster().pgbench(&[
+            "-n", "-c", "2", "-j", "2", "-M", "prepared", "-T", "5", "postgres",
+        ])?;
     }
     b.wal_switch_and_wait()?;
     let case = format!("archive-push of {} segments", o.segments);
     let (m, label) = wal_repo.backup(b, "incr", &["--track=auto"])?;
     let s = wal_repo.backup_sizes(b, &label)?;
-    b.results.record(Row::timed(&case, "incr after the traffic (--track=auto)", &wal_repo.label, 1, &m).note(s.track))?;
-    b.results.record(Row::bytes(&case, "incr after the traffic: read", &wal_repo.label, 1, s.read))?;
+    b.results.record(
+        Row::timed(
+            &case,
+            "incr after the traffic (--track=auto)",
+            &wal_repo.label,
+            1,
+            &m,
+        )
+        .note(s.track),
+    )?;
+    b.results.record(Row::bytes(
+        &case,
+        "incr after the traffic: read",
+        &wal_repo.label,
+        1,
+        s.read,
+    ))?;
     b.archive_nowhere();
     let seg_dir = b.dir("ap-seg")?;
     let partial_dir = b.dir("ap-partial")?;
     for i in 0..o.segments {
-        let name = b.sql(&format!("SELECT pg_walfile_name(pg_lsn '0/0' + ({} + 1)::numeric)", first + i * seg_size))?;
+        let name = b.sql(&format!(
+            "SELECT pg_walfile_name(pg_lsn '0/0' + ({} + 1)::numeric)",
+            first + i * seg_size
+        ))?;
         let dest = seg_dir.join(&name);
         let mut cmd = std::process::Command::new(&wal_repo.tool.bin);
         cmd.arg(format!("--config={}", wal_repo.config.display()))
@@ -178,14 +238,30 @@ fn archive_push_cost(b: &mut Bench, o: &Opts, wal_repo: &Repo) -> Result<(), Str
             .arg(&name)
             .arg(&dest);
         b.run(&format!("archive-get-{name}"), &mut cmd, false)?;
-        std::fs::copy(&dest, partial_dir.join(format!("{name}.partial"))).map_err(|e| e.to_string())?;
+        std::fs::copy(&dest, partial_dir.join(format!("{name}.partial")))
+            .map_err(|e| e.to_string())?;
     }
     for tool in b.pgstrata.clone() {
         for round in 1..=o.push_rounds {
-            let kinds = if round % 2 == 1 { ["segments (decoded, map written)", ".partial (not decoded)"] } else { [".partial (not decoded)", "segments (decoded, map written)"] };
+            let kinds = if round % 2 == 1 {
+                ["segments (decoded, map written)", ".partial (not decoded)"]
+            } else {
+                [".partial (not decoded)", "segments (decoded, map written)"]
+            };
             for kind in kinds {
-                let dir = if kind.starts_with('.') { &partial_dir } else { &seg_dir };
-                let repo = Repo::new(b, &tool, &tool.label, &format!("ap-{round}-{}", &kind[..4]), "lz4", Setup::default())?;
+                let dir = if kind.starts_with('.') {
+                    &partial_dir
+                } else {
+                    &seg_dir
+                };
+                let repo = Repo::new(
+                    b,
+                    &tool,
+                    &tool.label,
+                    &format!("ap-{round}-{}", &kind[..4]),
+                    "lz4",
+                    Setup::default(),
+                )?;
                 repo.stanza_create(b)?;
                 let script = format!(
                     "for f in '{}'/*; do '{}' --config='{}' --stanza={} archive-push \"$f\" || exit 1; done",
@@ -194,9 +270,16 @@ fn archive_push_cost(b: &mut Bench, o: &Opts, wal_repo: &Repo) -> Result<(), Str
                     repo.config.display(),
                     crate::harness::STANZA
                 );
-                let m = b.run("archive-push-loop", std::process::Command::new("sh").args(["-c", &script]), true)?;
+                let m = b.run(
+                    "archive-push-loop",
+                    std::process::Command::new("sh").args(["-c", &script]),
+                    true,
+                )?;
                 let maps = count_maps(&repo.dir);
-                b.results.record(Row::timed(&case, &format!("pushed as {kind}"), &tool.label, round, &m).note(format!("{maps} maps; CPU {:.2} s", m.user + m.sys)))?;
+                b.results.record(
+                    Row::timed(&case, &format!("pushed as {kind}"), &tool.label, round, &m)
+                        .note(format!("{maps} maps; CPU {:.2} s", m.user + m.sys)),
+                )?;
                 let _ = std::fs::remove_dir_all(&repo.dir);
             }
         }
