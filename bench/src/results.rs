@@ -21,6 +21,7 @@ pub const COLUMNS: &[&str] = &[
     "case",
     "step",
     "tool",
+    "tool_rank",
     "tool_version",
     "run",
     "seconds",
@@ -131,6 +132,9 @@ pub struct Results {
     pub scenario: String,
     pub params: String,
     versions: BTreeMap<String, String>,
+    /// Column order of the tables: the order the scenario declared its repositories in
+    /// (rows arrive in rotated order).
+    ranks: BTreeMap<String, usize>,
     pub records: Vec<Record>,
 }
 
@@ -144,9 +148,20 @@ impl Results {
     ) -> Result<Results, String> {
         std::fs::create_dir_all(out_dir)
             .map_err(|e| format!("create {}: {e}", out_dir.display()))?;
-        let file = out_dir.join(format!("{scenario}.csv"));
+        // A file written with other columns (an older harness) is left alone: SCENARIO.N.csv.
+        let header = COLUMNS.join(",") + "\n";
+        let file = (0..)
+            .map(|n| {
+                out_dir.join(if n == 0 {
+                    format!("{scenario}.csv")
+                } else {
+                    format!("{scenario}.{n}.csv")
+                })
+            })
+            .find(|f| std::fs::read_to_string(f).map_or(true, |t| t.starts_with(&header)))
+            .expect("a free file name");
         if !file.exists() {
-            std::fs::write(&file, COLUMNS.join(",") + "\n").map_err(|e| e.to_string())?;
+            std::fs::write(&file, &header).map_err(|e| e.to_string())?;
         }
         let mut versions: BTreeMap<String, String> = tools
             .iter()
@@ -161,11 +176,22 @@ impl Results {
             scenario: scenario.into(),
             params: params.into(),
             versions,
+            ranks: BTreeMap::new(),
             records: Vec::new(),
         })
     }
 
+    /// Declare table columns in this order (later declarations go after earlier ones).
+    pub fn declare(&mut self, tools: &[&str]) {
+        for t in tools {
+            let n = self.ranks.len();
+            self.ranks.entry(t.to_string()).or_insert(n);
+        }
+    }
+
     pub fn record(&mut self, row: Row) -> Result<(), String> {
+        self.declare(&[&row.tool]);
+        let rank = self.ranks[&row.tool].to_string();
         let f = |x: Option<f64>, p: usize| x.map(|v| format!("{v:.p$}")).unwrap_or_default();
         let version = self
             .versions
@@ -181,6 +207,7 @@ impl Results {
             row.case,
             row.step,
             row.tool,
+            rank,
             version,
             row.run.to_string(),
             f(row.seconds, 3),
@@ -366,8 +393,15 @@ pub fn render(records: &[Record]) -> String {
     if tools.is_empty() {
         return context.concat();
     }
-    // pgstrata first: the reference of the ratios.
-    tools.sort_by_key(|t| !t.starts_with("pgstrata"));
+    // The declared order (pgstrata first: the reference of the ratios).
+    let rank = |t: &String| {
+        records
+            .iter()
+            .find(|r| r.get("tool") == t)
+            .and_then(|r| r.get("tool_rank").parse::<usize>().ok())
+            .unwrap_or(usize::MAX)
+    };
+    tools.sort_by_key(|t| (!t.starts_with("pgstrata"), rank(t)));
     let runs = records
         .iter()
         .filter_map(|r| r.get("run").parse::<u64>().ok())
@@ -548,4 +582,102 @@ pub fn rewrite_readme(readme: &Path, runs_dir: &Path) -> Result<Vec<String>, Str
     }
     std::fs::write(readme, text).map_err(|e| format!("write {}: {e}", readme.display()))?;
     Ok(updated)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn results(dir: &Path) -> Results {
+        Results {
+            file: dir.join("t.csv"),
+            run_id: "2026-01-01T00:00:00Z".into(),
+            commit: "abc".into(),
+            machine: "2 CPUs".into(),
+            scenario: "t".into(),
+            params: "scale=1, copies=2".into(),
+            versions: BTreeMap::new(),
+            ranks: BTreeMap::new(),
+            records: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn rows_survive_the_csv_and_the_table_puts_the_declared_order_first() {
+        let dir = std::env::temp_dir().join(format!("bench-results-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut r = results(&dir);
+        std::fs::write(&r.file, COLUMNS.join(",") + "\n").unwrap();
+        r.declare(&["pgstrata", "pgBackRest 2.45 (bundle=n)"]);
+        let m = crate::harness::Measured {
+            seconds: 4.0,
+            max_rss_kb: 2048,
+            ..Default::default()
+        };
+        r.record(
+            Row::timed("zst", "restore", "pgBackRest 2.45 (bundle=n)", 1, &m)
+                .note("a \"quoted\", note"),
+        )
+        .unwrap();
+        let m = crate::harness::Measured {
+            seconds: 2.0,
+            max_rss_kb: 1024,
+            ..Default::default()
+        };
+        r.record(Row::timed("zst", "restore", "pgstrata", 1, &m))
+            .unwrap();
+        let back = read_csv(&r.file).unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!(back[0].get("note"), "a \"quoted\", note");
+        assert_eq!(back[0].get("params"), "scale=1, copies=2");
+        let table = render(&back);
+        assert!(
+            table.contains("| zst | restore | 2.00 s | 4.00 s (2.00×) |"),
+            "pgstrata first, the peer with its ratio:\n{table}"
+        );
+        assert!(
+            table.contains("| zst | restore | 1 | 2 |"),
+            "peak RSS in MB:\n{table}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn readme_tables_are_replaced_between_markers_only() {
+        let dir = std::env::temp_dir().join(format!("bench-readme-test-{}", std::process::id()));
+        let runs = dir.join("runs/2026-01-01");
+        std::fs::create_dir_all(&runs).unwrap();
+        let mut r = results(&runs);
+        r.file = runs.join("t.csv");
+        std::fs::write(&r.file, COLUMNS.join(",") + "\n").unwrap();
+        r.record(Row::bytes(
+            "zst",
+            "backup size",
+            "pgstrata",
+            1,
+            Some(3 << 20),
+        ))
+        .unwrap();
+        let readme = dir.join("README.md");
+        std::fs::write(
+            &readme,
+            "before\n<!-- bench:t -->\nold table\n<!-- /bench:t -->\nafter\n",
+        )
+        .unwrap();
+        assert_eq!(
+            rewrite_readme(&readme, &dir.join("runs")).unwrap(),
+            vec!["t".to_string()]
+        );
+        let text = std::fs::read_to_string(&readme).unwrap();
+        assert!(
+            text.starts_with("before\n<!-- bench:t -->\n")
+                && text.ends_with("<!-- /bench:t -->\nafter\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("old table") && text.contains("| zst | backup size | 3.00 MB |"),
+            "{text}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -206,6 +206,8 @@ pub fn rotated<T>(items: &[T], k: usize) -> Vec<&T> {
 }
 
 pub fn stanza_create_all(b: &mut Bench, repos: &[Repo]) -> Result<(), String> {
+    let labels: Vec<&str> = repos.iter().map(|r| r.label.as_str()).collect();
+    b.results.declare(&labels);
     for r in repos {
         r.stanza_create(b)?;
     }

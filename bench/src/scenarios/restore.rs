@@ -277,3 +277,13 @@ fn same_files(a: &Path, b: &Path) -> Result<bool, String> {
     }
     Ok(out.status.success() && auto(a) == auto(b))
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bytes_fetched_are_read_from_the_restore_summary() {
+        let out = "restored backup 20260101-000000I: 3 files written, 1 patched, 900 unchanged, 0 removed; 232593 bytes fetched\n";
+        assert_eq!(super::pgstrata_fetched(out), Some(232593));
+        assert_eq!(super::pgstrata_fetched("restored backup X\n"), None);
+    }
+}

@@ -476,6 +476,8 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         ca,
     };
     let targets = targets(b, o, &env);
+    let labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
+    b.results.declare(&labels);
     b.start_cluster("max_locks_per_transaction = 1024")?;
     if o.scenarios.iter().any(|s| s == "restore") {
         restore_scenario(b, o, &mut env, &targets)?;
