@@ -296,7 +296,12 @@ impl Bench {
         );
         append(&data.join("postgresql.conf"), "\narchive_mode = off\n")?;
         let _ = std::fs::remove_file(data.join("postmaster.pid"));
-        let dir = self.dir(&format!("verify-{tag}"))?;
+        // The directory holds the socket, whose path goes into pg_ctl's -o: no spaces.
+        let slug: String = tag
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let dir = self.dir(&format!("verify-{slug}"))?;
         let restored = Cluster::adopt(&self.pg, data, &dir);
         restored.start()?;
         restored.wait_for_promotion(Duration::from_secs(600))?;
