@@ -48,7 +48,8 @@ pub struct Common {
 }
 
 pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+    let bench = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    bench.parent().map(PathBuf::from).unwrap_or(bench)
 }
 
 impl Common {
