@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/delay_proxy.py: a TCP proxy that adds a fixed latency per request/response turn.
 
-Used by bench/s3_latency.sh to put a simulated network round trip between the backup tools
+Used by the s3_latency scenario (bench/src/scenarios/s3_latency.rs) to put a simulated network round trip between the backup tools
 and a local S3 server (moto). Python 3.8+, standard library only.
 
 Usage:

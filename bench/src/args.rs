@@ -1,0 +1,128 @@
+//! Command-line options: `--name value`, `--name=value` and flags, read by name with typed
+//! getters. Every scenario takes what it knows and `finish` refuses the rest, so a typo is an
+//! error naming the option rather than a silently ignored setting.
+
+use std::collections::BTreeMap;
+
+pub struct Args {
+    /// Option name (without `--`) -> values in the order given (repeatable options).
+    values: BTreeMap<String, Vec<String>>,
+    pub positional: Vec<String>,
+}
+
+/// Options that take no value.
+const FLAGS: &[&str] = &[
+    "verify",
+    "keep",
+    "no-build",
+    "no-restore",
+    "s3-nodelay",
+    "help",
+];
+
+impl Args {
+    pub fn parse(raw: impl IntoIterator<Item = String>) -> Result<Args, String> {
+        let mut values: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut positional = Vec::new();
+        let mut it = raw.into_iter();
+        while let Some(a) = it.next() {
+            let Some(name) = a.strip_prefix("--") else {
+                positional.push(a);
+                continue;
+            };
+            let (name, value) = match name.split_once('=') {
+                Some((n, v)) => (n.to_string(), v.to_string()),
+                None if FLAGS.contains(&name) => (name.to_string(), "true".to_string()),
+                None => {
+                    let v = it
+                        .next()
+                        .ok_or_else(|| format!("option --{name} needs a value"))?;
+                    (name.to_string(), v)
+                }
+            };
+            values.entry(name).or_default().push(value);
+        }
+        Ok(Args { values, positional })
+    }
+
+    pub fn flag(&mut self, name: &str) -> bool {
+        self.values
+            .remove(name)
+            .is_some_and(|v| v.last().is_some_and(|x| x != "false"))
+    }
+
+    pub fn string(&mut self, name: &str, default: &str) -> String {
+        self.opt_string(name).unwrap_or_else(|| default.to_string())
+    }
+
+    pub fn opt_string(&mut self, name: &str) -> Option<String> {
+        self.values.remove(name).and_then(|mut v| v.pop())
+    }
+
+    /// Every value of a repeatable option.
+    pub fn all(&mut self, name: &str) -> Vec<String> {
+        self.values.remove(name).unwrap_or_default()
+    }
+
+    pub fn uint(&mut self, name: &str, default: u64, min: u64) -> Result<u64, String> {
+        match self.opt_string(name) {
+            None => Ok(default),
+            Some(v) => match v.parse::<u64>() {
+                Ok(n) if n >= min => Ok(n),
+                _ => Err(format!("--{name} must be an integer >= {min}, got '{v}'")),
+            },
+        }
+    }
+
+    /// A comma-separated list, each item checked against `allowed` (when not empty).
+    pub fn list(
+        &mut self,
+        name: &str,
+        default: &str,
+        allowed: &[&str],
+    ) -> Result<Vec<String>, String> {
+        let v = self.string(name, default);
+        let items: Vec<String> = v
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        if items.is_empty() {
+            return Err(format!("--{name} is empty"));
+        }
+        if let Some(bad) = items
+            .iter()
+            .find(|i| !allowed.is_empty() && !allowed.contains(&i.as_str()))
+        {
+            return Err(format!(
+                "--{name}: unknown value '{bad}' (allowed: {})",
+                allowed.join(", ")
+            ));
+        }
+        Ok(items)
+    }
+
+    pub fn uint_list(&mut self, name: &str, default: &str) -> Result<Vec<u64>, String> {
+        self.list(name, default, &[])?
+            .iter()
+            .map(|s| {
+                s.parse::<u64>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| format!("--{name}: '{s}' is not a positive integer"))
+            })
+            .collect()
+    }
+
+    /// Refuse options nobody asked for.
+    pub fn finish(self) -> Result<(), String> {
+        if let Some(name) = self.values.keys().next() {
+            return Err(format!("unknown option --{name} (see bench help)"));
+        }
+        if !self.positional.is_empty() {
+            return Err(format!("unexpected argument '{}'", self.positional[0]));
+        }
+        Ok(())
+    }
+}

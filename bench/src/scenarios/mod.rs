@@ -1,0 +1,261 @@
+//! One module per scenario, each `Opts::parse` (its own options) and `run` (the steps).
+//! What they share: the peer matrix (which pgBackRest configurations stand beside pgstrata),
+//! the order rotation that spreads ordering effects, and the 1 % change of seed 000.
+
+pub mod bundling;
+pub mod decode_overhead;
+pub mod full_backup;
+pub mod incremental;
+pub mod restore;
+pub mod s3_latency;
+pub mod wal_tracking;
+
+use crate::args::Args;
+use crate::harness::Bench;
+use crate::results::Results;
+use crate::tools::{Kind, Repo, Setup, Tool};
+use crate::Common;
+
+pub fn run(name: &str, mut a: Args) -> Result<(), String> {
+    macro_rules! scenario {
+        ($m:ident) => {{
+            let o = $m::Opts::parse(&mut a)?;
+            let params = o.params();
+            go(stringify!($m), a, params, |b| $m::run(b, &o))
+        }};
+    }
+    match name {
+        "full_backup" => scenario!(full_backup),
+        "incremental" => scenario!(incremental),
+        "restore" => scenario!(restore),
+        "bundling" => scenario!(bundling),
+        "s3_latency" => scenario!(s3_latency),
+        "wal_tracking" => scenario!(wal_tracking),
+        "decode_overhead" => scenario!(decode_overhead),
+        _ => Err(format!("unknown scenario '{name}' (see bench help)")),
+    }
+}
+
+fn go(
+    name: &'static str,
+    mut a: Args,
+    params: String,
+    f: impl FnOnce(&mut Bench) -> Result<(), String>,
+) -> Result<(), String> {
+    let common = Common::parse(&mut a)?;
+    a.finish()?;
+    let params = format!(
+        "{params} process-max={} runs={}",
+        common.process_max, common.runs
+    );
+    let out_dir = common.out_dir.clone();
+    let mut b = Bench::new(name, common, params)?;
+    let outcome = f(&mut b);
+    b.archive_nowhere();
+    if let Err(e) = &outcome {
+        b.scratch.keep = true;
+        eprintln!(
+            "[bench] {name} failed; scratch directory kept: {}",
+            b.scratch.path.display()
+        );
+        eprintln!("[bench] {e}");
+    }
+    let mut limits = Results::create(
+        &out_dir,
+        "limits",
+        &format!("measured after {name}"),
+        &[],
+        &b.pg,
+    )?;
+    let sample = b
+        .cluster
+        .as_ref()
+        .and_then(|c| largest_file(&c.data.join("base")));
+    crate::limits::measure(&mut limits, &b.scratch.path, sample.as_deref())?;
+    let _ = b.drop_cluster();
+    println!("{}", crate::results::render(&b.results.records));
+    println!(
+        "Physical limits:\n\n{}",
+        crate::limits::render(&limits.records)
+    );
+    eprintln!(
+        "[bench] results appended to {} (README tables: cargo run -p pgstrata-bench -- report)",
+        b.results.file.display()
+    );
+    outcome
+}
+
+fn largest_file(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let mut best: Option<(u64, std::path::PathBuf)> = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        let cand = if p.is_dir() {
+            largest_file(&p).and_then(|f| std::fs::metadata(&f).ok().map(|m| (m.len(), f)))
+        } else {
+            e.metadata().ok().map(|m| (m.len(), p))
+        };
+        if let Some(c) = cand {
+            if best.as_ref().is_none_or(|b| c.0 > b.0) {
+                best = Some(c);
+            }
+        }
+    }
+    best.map(|b| b.1)
+}
+
+/// How a pgBackRest repository is set up.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PgbrMode {
+    /// repo1-bundle=n: pgBackRest's default.
+    Plain,
+    Bundle,
+    /// Bundling and block incremental (a beta in 2.45: needs beta=y).
+    Block,
+}
+
+impl PgbrMode {
+    pub fn parse_bundle(v: &str) -> Result<Vec<PgbrMode>, String> {
+        Ok(match v {
+            "n" => vec![PgbrMode::Plain],
+            "y" => vec![PgbrMode::Bundle],
+            "both" => vec![PgbrMode::Plain, PgbrMode::Bundle],
+            _ => return Err(format!("--pgbr-bundle must be n, y or both, got '{v}'")),
+        })
+    }
+}
+
+/// The modes a pgBackRest version runs in: the ones asked for on a version whose block
+/// incremental is a beta (2.45), and bundling + block incremental on a current one (2.59.1).
+pub fn pgbr_modes(tool: &Tool, asked: &[PgbrMode]) -> Vec<PgbrMode> {
+    match tool.kind {
+        Kind::PgBackRest { block_beta: true } => asked.to_vec(),
+        _ => vec![PgbrMode::Block],
+    }
+}
+
+/// Column title and configuration of a pgBackRest repository.
+pub fn pgbr_setup(tool: &Tool, mode: PgbrMode) -> (String, Setup) {
+    let beta = matches!(tool.kind, Kind::PgBackRest { block_beta: true });
+    let (what, settings): (&str, Vec<&str>) = match mode {
+        PgbrMode::Plain => ("bundle=n", vec!["repo1-bundle=n"]),
+        PgbrMode::Bundle => ("bundle=y", vec!["repo1-bundle=y"]),
+        PgbrMode::Block if beta => (
+            "bundle=y, block=y, beta",
+            vec!["repo1-bundle=y", "repo1-block=y", "beta=y"],
+        ),
+        PgbrMode::Block => ("bundle=y, block=y", vec!["repo1-bundle=y", "repo1-block=y"]),
+    };
+    (
+        format!("{} ({what})", tool.label),
+        Setup {
+            settings: settings.into_iter().map(str::to_string).collect(),
+            ..Setup::default()
+        },
+    )
+}
+
+/// Repositories for every pgstrata binary × `variants` (title suffix, setup) and every
+/// pgBackRest version × its modes, named `<case>-<n>`.
+pub fn repos(
+    b: &Bench,
+    case: &str,
+    codec: &str,
+    variants: &[(&str, Setup)],
+    pgbr_asked: &[PgbrMode],
+    pgbr_extra: &[String],
+) -> Result<Vec<Repo>, String> {
+    let mut out = Vec::new();
+    for t in &b.pgstrata {
+        for (suffix, setup) in variants {
+            let label = if suffix.is_empty() {
+                t.label.clone()
+            } else {
+                format!("{} {suffix}", t.label)
+            };
+            out.push(Repo::new(
+                b,
+                t,
+                &label,
+                &format!("{case}-{}", out.len()),
+                codec,
+                setup.clone(),
+            )?);
+        }
+    }
+    for t in &b.pgbackrest {
+        for mode in pgbr_modes(t, pgbr_asked) {
+            let (label, mut setup) = pgbr_setup(t, mode);
+            setup.settings.extend(pgbr_extra.iter().cloned());
+            out.push(Repo::new(
+                b,
+                t,
+                &label,
+                &format!("{case}-{}", out.len()),
+                codec,
+                setup,
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+/// `items` rotated by `k`: which tool goes first changes between runs and cases.
+pub fn rotated<T>(items: &[T], k: usize) -> Vec<&T> {
+    let n = items.len().max(1);
+    items.iter().cycle().skip(k % n).take(items.len()).collect()
+}
+
+pub fn stanza_create_all(b: &mut Bench, repos: &[Repo]) -> Result<(), String> {
+    let labels: Vec<&str> = repos.iter().map(|r| r.label.as_str()).collect();
+    b.results.declare(&labels);
+    for r in repos {
+        r.stanza_create(b)?;
+    }
+    let refs: Vec<&Repo> = repos.iter().collect();
+    b.archive_to(&refs)
+}
+
+/// Remove the repositories of a finished case (disk space), after the archive command
+/// stopped pushing to them.
+pub fn remove_repos(b: &Bench, repos: &[Repo]) {
+    b.archive_nowhere();
+    if !b.scratch.keep {
+        for r in repos {
+            let _ = std::fs::remove_dir_all(&r.dir);
+        }
+    }
+}
+
+/// Seed 000's change: delete `pct` % of every copy as one contiguous aid range; `n` numbers
+/// the change so that successive changes hit rows that are still there.
+pub fn delete_ranges(
+    b: &Bench,
+    scale: u64,
+    copies: u64,
+    pct: u64,
+    n: u64,
+    prefix: &str,
+) -> Result<(), String> {
+    let rows = scale * 100_000;
+    let chunk = rows * pct / 100;
+    let mut sql = String::new();
+    for i in 1..=copies {
+        let frac = (5 + 13 * (i - 1) + 37 * n) % (100 - pct);
+        let a = rows * frac / 100 + 1;
+        sql += &format!(
+            "DELETE FROM {prefix}{i} WHERE aid BETWEEN {a} AND {}; ",
+            a + chunk - 1
+        );
+    }
+    eprintln!("[bench] change #{n}: {sql}");
+    b.sql(&sql)?;
+    b.sql("VACUUM ANALYZE")?;
+    Ok(())
+}
+
+/// Bytes of the source database (sum of pg_database_size), for the table's context row.
+pub fn database_size(b: &Bench) -> Result<u64, String> {
+    b.sql("SELECT sum(pg_database_size(oid)) FROM pg_database")?
+        .parse()
+        .map_err(|e| format!("database size: {e}"))
+}

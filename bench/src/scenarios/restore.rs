@@ -1,0 +1,289 @@
+//! Full restore and delta restore of an incremental backup taken after a 1 % change (seed
+//! 000's restore part). pgbench -i -s SCALE plus COPIES copies test1..N, VACUUM ANALYZE,
+//! CHECKPOINT; a full backup into every repository; DELETE of CHANGE_PCT % of every copy (one
+//! contiguous aid range each), VACUUM, CHECKPOINT; an incremental into every repository. Then
+//! per run and repository: (a) the incremental restored into an empty directory; (b) the
+//! full restored (not timed), then the incremental over it with `--delta`; (c) (b) compared
+//! with (a) file by file: a delta restore must give exactly the files of a full restore.
+//!
+//! This is the scenario for "does this change slow restore": give two builds with
+//! `--pgstrata before=BIN --pgstrata after=BIN --pgbackrest none --runs 5`.
+//!
+//! Options: --scale N (20) --copies N (4) --change-pct P (1) --codec C (zst)
+//!          --variants bundle,nobundle (pgstrata: default bundling, --bundle=false)
+//!          --pgbr-bundle n|y|both (both) --pgbr-block y|n (y) (pgBackRest 2.45's variants)
+
+use super::{
+    database_size, delete_ranges, remove_repos, repos, rotated, stanza_create_all, PgbrMode,
+};
+use crate::args::Args;
+use crate::harness::Bench;
+use crate::results::Row;
+use crate::tools::{Repo, Setup};
+use std::path::Path;
+
+pub struct Opts {
+    scale: u64,
+    copies: u64,
+    change_pct: u64,
+    codec: String,
+    variants: Vec<String>,
+    pgbr: Vec<PgbrMode>,
+}
+
+impl Opts {
+    pub fn parse(a: &mut Args) -> Result<Opts, String> {
+        let mut pgbr = PgbrMode::parse_bundle(&a.string("pgbr-bundle", "both"))?;
+        match a.string("pgbr-block", "y").as_str() {
+            "y" => pgbr.push(PgbrMode::Block),
+            "n" => {}
+            v => return Err(format!("--pgbr-block must be y or n, got '{v}'")),
+        }
+        let o = Opts {
+            scale: a.uint("scale", 20, 1)?,
+            copies: a.uint("copies", 4, 1)?,
+            change_pct: a.uint("change-pct", 1, 1)?,
+            codec: a.string("codec", "zst"),
+            variants: a.list("variants", "bundle,nobundle", &["bundle", "nobundle"])?,
+            pgbr,
+        };
+        crate::tools::default_level(&o.codec)?;
+        if o.change_pct > 10 {
+            return Err(format!("--change-pct must be 1..10, got {}", o.change_pct));
+        }
+        Ok(o)
+    }
+    pub fn params(&self) -> String {
+        format!(
+            "scale={} copies={} change-pct={} codec={}",
+            self.scale, self.copies, self.change_pct, self.codec
+        )
+    }
+}
+
+pub fn pgstrata_variants(names: &[String]) -> Vec<(&'static str, Setup)> {
+    names
+        .iter()
+        .map(|v| match v.as_str() {
+            "nobundle" => (
+                "--bundle=false",
+                Setup {
+                    backup_args: vec!["--bundle=false".into()],
+                    ..Setup::default()
+                },
+            ),
+            _ => ("", Setup::default()),
+        })
+        .collect()
+}
+
+pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
+    b.start_cluster("")?;
+    b.load_pgbench(o.scale, o.copies, "test")?;
+    b.sql("VACUUM ANALYZE")?;
+    b.sql("CHECKPOINT")?;
+    b.results.record(Row::bytes(
+        "source",
+        "database size",
+        "source",
+        0,
+        Some(database_size(b)?),
+    ))?;
+    let repos = repos(
+        b,
+        "r",
+        &o.codec,
+        &pgstrata_variants(&o.variants),
+        &o.pgbr,
+        &[],
+    )?;
+    stanza_create_all(b, &repos)?;
+    b.wal_switch_and_wait()?;
+    let case = format!("{} % change", o.change_pct);
+    let mut full = Vec::new();
+    for r in &repos {
+        let (m, label) = r.backup(b, "full", &[])?;
+        b.results
+            .record(Row::timed(&case, "full backup", &r.label, 1, &m))?;
+        full.push(label);
+    }
+    delete_ranges(b, o.scale, o.copies, o.change_pct, 0, "test")?;
+    let after = b.source_check()?;
+    b.sql("CHECKPOINT")?;
+    b.wal_switch_and_wait()?;
+    let mut incr = vec![String::new(); repos.len()];
+    for (i, r) in repos.iter().enumerate().rev() {
+        let (m, label) = r.backup(b, "incr", &[])?;
+        b.results
+            .record(Row::timed(&case, "incr backup", &r.label, 1, &m))?;
+        let sizes = r.backup_sizes(b, &label)?;
+        if sizes.kind != "incr" {
+            return Err(format!(
+                "{}: backup {label} is '{}', not incr",
+                r.label, sizes.kind
+            ));
+        }
+        b.results
+            .record(Row::bytes(&case, "incr stored", &r.label, 1, sizes.stored))?;
+        incr[i] = label;
+    }
+    b.archive_nowhere();
+    let mut differ = Vec::new();
+    for run in 1..=b.runs {
+        let idx: Vec<usize> = (0..repos.len()).collect();
+        for &i in rotated(&idx, run as usize - 1) {
+            let r = &repos[i];
+            let full_dir = b.empty_data_dir("restore-full")?;
+            let m = r.restore(b, &full_dir, &[&format!("--set={}", incr[i])])?;
+            b.results.record(Row::timed(
+                &case,
+                "full restore of the incr",
+                &r.label,
+                run,
+                &m,
+            ))?;
+            let delta_dir = b.empty_data_dir("restore-delta")?;
+            r.restore(b, &delta_dir, &[&format!("--set={}", full[i])])?;
+            let set = format!("--set={}", incr[i]);
+            let mut args = vec!["--delta", set.as_str()];
+            if !r.is_pgstrata() {
+                args.push("--log-level-console=detail"); // lists the files it rewrote
+            }
+            let m = r.restore(b, &delta_dir, &args)?;
+            let fetched = if r.is_pgstrata() {
+                pgstrata_fetched(&m.stdout)
+            } else {
+                pgbr_fetched(r, &incr[i], &delta_dir, &m.stdout)
+            };
+            b.results.record(Row::timed(
+                &case,
+                "delta restore of the incr",
+                &r.label,
+                run,
+                &m,
+            ))?;
+            if run == 1 {
+                b.results.record(Row::bytes(
+                    &case,
+                    "delta restore: fetched",
+                    &r.label,
+                    1,
+                    fetched,
+                ))?;
+            }
+            let same = same_files(&full_dir, &delta_dir)?;
+            if run == 1 {
+                b.results.record(Row::text(
+                    &case,
+                    "delta = full restore",
+                    &r.label,
+                    if same { "yes" } else { "NO" },
+                ))?;
+            }
+            if !same {
+                differ.push(r.label.clone());
+            }
+            if b.verify && run == 1 && i == 0 {
+                b.verify_restore(&delta_dir, &after, "delta")?;
+            }
+            let _ = std::fs::remove_dir_all(&full_dir);
+            let _ = std::fs::remove_dir_all(&delta_dir);
+        }
+    }
+    remove_repos(b, &repos);
+    if !differ.is_empty() {
+        return Err(format!(
+            "delta restore differs from the full restore of the same backup: {}",
+            differ.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// "restored backup L: ...; N bytes fetched" (pgstrata's summary line).
+pub fn pgstrata_fetched(stdout: &str) -> Option<u64> {
+    let line = stdout.lines().find(|l| l.contains("bytes fetched"))?;
+    let before = line.split(" bytes fetched").next()?;
+    before.rsplit([' ', ';']).next()?.parse().ok()
+}
+
+/// pgBackRest's delta restore: the files its detail log says it restored (not "exists and
+/// matches"), their repository size taken from the incremental's manifest (derived, not
+/// measured).
+fn pgbr_fetched(r: &Repo, label: &str, dir: &Path, log: &str) -> Option<u64> {
+    let manifest = std::fs::read_to_string(
+        r.dir
+            .join("backup/bench")
+            .join(label)
+            .join("backup.manifest"),
+    )
+    .ok()?;
+    let mut in_files = false;
+    let mut sizes = std::collections::HashMap::new();
+    for l in manifest.lines() {
+        if l.starts_with('[') {
+            in_files = l == "[target:file]";
+            continue;
+        }
+        if let (true, Some((k, v))) = (in_files, l.split_once('=')) {
+            let j: serde_json::Value = serde_json::from_str(v).ok()?;
+            let size = j["repo-size"].as_u64().or(j["size"].as_u64()).unwrap_or(0);
+            sizes.insert(k.to_string(), size);
+        }
+    }
+    let prefix = format!("{}/", dir.display());
+    let total = log
+        .lines()
+        .filter(|l| l.contains("DETAIL: restore file ") && !l.contains(" - exists and "))
+        .filter_map(|l| l.split("DETAIL: restore file ").nth(1)?.split(" (").next())
+        .map(|p| {
+            p.trim_end_matches(".pgbackrest.tmp")
+                .trim_start_matches(&prefix)
+        })
+        .filter_map(|p| sizes.get(&format!("pg_data/{p}")))
+        .sum();
+    Some(total)
+}
+
+/// The two directories hold the same files (postgresql.auto.conf compared without the
+/// recovery settings, where pgBackRest writes the restore time and directory).
+fn same_files(a: &Path, b: &Path) -> Result<bool, String> {
+    let out = std::process::Command::new("diff")
+        .args([
+            "-r",
+            "--no-dereference",
+            "--exclude=postgresql.auto.conf",
+            "-q",
+        ])
+        .arg(a)
+        .arg(b)
+        .output()
+        .map_err(|e| format!("diff: {e}"))?;
+    let auto = |d: &Path| {
+        std::fs::read_to_string(d.join("postgresql.auto.conf"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                !l.starts_with("# Recovery settings generated") && !l.starts_with("restore_command")
+            })
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    if !out.status.success() {
+        eprintln!(
+            "[bench] delta and full restore differ:\n{}",
+            crate::harness::tail(&String::from_utf8_lossy(&out.stdout), 20)
+        );
+    }
+    Ok(out.status.success() && auto(a) == auto(b))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bytes_fetched_are_read_from_the_restore_summary() {
+        let out = "restored backup 20260101-000000I: 3 files written, 1 patched, 900 unchanged, 0 removed; 232593 bytes fetched\n";
+        assert_eq!(super::pgstrata_fetched(out), Some(232593));
+        assert_eq!(super::pgstrata_fetched("restored backup X\n"), None);
+    }
+}
