@@ -66,7 +66,10 @@ pub struct WalVerdict {
 /// A file entry's identity for "already checked": what it reads and what it is checked
 /// against.
 fn entry_key(m: &Manifest, f: &FileEntry) -> String {
-    let mut key = format!("{}|{}|{}|{:x?}", f.size, f.hash, f.block_size, f.block_hashes);
+    let mut key = format!(
+        "{}|{}|{}|{:x?}",
+        f.size, f.hash, f.block_size, f.block_hashes
+    );
     for c in &f.chunks {
         match c.frame_key(&m.label) {
             Some((owner, pack, offset)) => key.push_str(&format!(

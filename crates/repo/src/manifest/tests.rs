@@ -191,7 +191,10 @@ fn typed_fields_keep_their_stored_text() {
     let back = Manifest::decode(&encode_json(&json), "m").unwrap();
     assert_eq!(back.start.lsn, Lsn(0x16_B374_D848));
     assert_eq!(back.track, Some(Tracking::Wal));
-    assert_eq!(file_mut(&mut back.clone(), "base/5/16384").block_hash(3), Some(u64::MAX));
+    assert_eq!(
+        file_mut(&mut back.clone(), "base/5/16384").block_hash(3),
+        Some(u64::MAX)
+    );
     assert_eq!(json_of(&back), json);
 }
 
@@ -206,10 +209,22 @@ fn malformed_typed_text_is_refused() {
         (r#""lsn":"0/5000028""#, r#""lsn":" 0/5000028""#, "an LSN"),
         (r#""lsn":"0/5000028""#, r#""lsn":"0/+5000028""#, "an LSN"),
         (r#""lsn":"0/5000028""#, r#""lsn":"0/123456789""#, "an LSN"),
-        (&hashes, &hashes.replace("0123", "0A23"), "16 lowercase hex digits"),
-        (&hashes, &hashes.replace("0123", "012"), "16 lowercase hex digits"),
+        (
+            &hashes,
+            &hashes.replace("0123", "0A23"),
+            "16 lowercase hex digits",
+        ),
+        (
+            &hashes,
+            &hashes.replace("0123", "012"),
+            "16 lowercase hex digits",
+        ),
         (&hashes, r#""block_hashes":7"#, "16 lowercase hex digits"),
-        (r#""data_checksums""#, r#""track":"auto","data_checksums""#, "unknown variant"),
+        (
+            r#""data_checksums""#,
+            r#""track":"auto","data_checksums""#,
+            "unknown variant",
+        ),
     ];
     for (from, to, why) in cases {
         let err = Manifest::decode(&encode_json(&json.replacen(from, to, 1)), "m").unwrap_err();
