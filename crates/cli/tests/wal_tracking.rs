@@ -2,7 +2,7 @@
 //! exactly, every changed block listed by the maps, and gaps sending files back to hashing.
 
 use crate::common::*;
-use pgstrata_repo::manifest::Manifest;
+use pgstrata_repo::manifest::{Manifest, Tracking};
 use std::collections::BTreeMap;
 
 /// A small deterministic generator (no dependency needed for test randomness).
@@ -163,7 +163,7 @@ fn randomized_workload_restores_exactly_from_wal_tracked_incrementals() {
             let label = env.backup(&["--type=incr"]);
             let m = manifest(&env, &label);
             assert_eq!(m.start.timeline, 2);
-            assert_eq!(m.track.as_deref(), Some("hash"));
+            assert_eq!(m.track, Some(Tracking::Hash));
             assert!(
                 m.delta_reason
                     .as_deref()
@@ -178,8 +178,8 @@ fn randomized_workload_restores_exactly_from_wal_tracked_incrementals() {
         let label = env.backup(&["--type=incr", "--track=wal"]);
         let m = manifest(&env, &label);
         assert_eq!(
-            m.track.as_deref(),
-            Some("wal"),
+            m.track,
+            Some(Tracking::Wal),
             "round {round}: {:?}",
             m.track_reason
         );
@@ -228,7 +228,7 @@ fn wal_tracking_misses_no_changed_block() {
     let label = env.backup(&["--type=incr", "--track=wal"]);
     env.cluster.stop().unwrap();
     let m = manifest(&env, &label);
-    assert_eq!(m.track.as_deref(), Some("wal"));
+    assert_eq!(m.track, Some(Tracking::Wal));
     assert!(m.stats.files_tracked > 0);
     // VACUUM changed free space and visibility maps: read whole, and info says so.
     assert!(
@@ -341,7 +341,7 @@ fn refused_then_hashed(env: &Env, why: &str, restore_name: &str) {
     assert!(err.contains(why), "{err}");
     let label = env.backup(&["--type=incr"]);
     let m = manifest(env, &label);
-    assert_eq!(m.track.as_deref(), Some("hash"));
+    assert_eq!(m.track, Some(Tracking::Hash));
     assert!(
         m.track_reason.as_deref().unwrap_or_default().contains(why),
         "{:?}",
@@ -420,7 +420,7 @@ fn a_timeline_switch_forces_hashing_then_tracking_resumes() {
         m1.delta_reason
     );
     let m2 = manifest(&env, &second);
-    assert_eq!(m2.track.as_deref(), Some("wal"), "{:?}", m2.track_reason);
+    assert_eq!(m2.track, Some(Tracking::Wal), "{:?}", m2.track_reason);
     standby.stop().unwrap();
     let c = env.restore_and_start(
         "after-promotion",
@@ -464,7 +464,7 @@ fn postgresql_17_wal_summaries_agree_with_the_maps() {
     let incr = env.backup(&["--type=incr", "--track=wal"]);
     let m = manifest(&env, &incr);
     assert_eq!(m.prior.as_deref(), Some(full.as_str()));
-    assert_eq!(m.track.as_deref(), Some("wal"));
+    assert_eq!(m.track, Some(Tracking::Wal));
     assert_eq!(
         m.summary_check.as_deref(),
         Some("WAL summaries agree with the block-change maps"),
@@ -535,7 +535,7 @@ fn records_cut_at_a_segment_end_are_read_across_the_boundary() {
     env.sql("CHECKPOINT");
     let first = env.backup(&["--type=incr", "--track=wal"]);
     let m = manifest(&env, &first);
-    assert_eq!(m.track.as_deref(), Some("wal"), "{:?}", m.track_reason);
+    assert_eq!(m.track, Some(Tracking::Wal), "{:?}", m.track_reason);
 
     // 2. Maps that do not complete their predecessor, segments gone from pg_wal.
     let first_start = m.start.wal;
@@ -554,7 +554,7 @@ fn records_cut_at_a_segment_end_are_read_across_the_boundary() {
     let label = env.backup(&["--type=incr", "--track=wal"]);
     env.cluster.stop().unwrap();
     let m = manifest(&env, &label);
-    assert_eq!(m.track.as_deref(), Some("wal"), "{:?}", m.track_reason);
+    assert_eq!(m.track, Some(Tracking::Wal), "{:?}", m.track_reason);
     let mut checked = 0;
     for f in m.files().filter(|f| f.hash.is_empty()) {
         let data = std::fs::read(env.cluster.data.join(&f.path)).unwrap();

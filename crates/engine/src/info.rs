@@ -3,7 +3,7 @@
 use crate::archive::archive_range;
 use crate::progress::human_bytes;
 use crate::{open_stanza, Result, Settings};
-use pgstrata_repo::manifest::{scan_backups, Manifest};
+use pgstrata_repo::manifest::{scan_backups, Manifest, Tracking};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -30,7 +30,7 @@ pub struct BackupInfo {
     /// Why every block was hashed, if it was.
     pub delta_reason: Option<String>,
     /// How changed blocks were found: "wal" or "hash".
-    pub track: Option<String>,
+    pub track: Option<Tracking>,
     pub track_reason: Option<String>,
     /// PostgreSQL 17+ WAL summaries cross-check, when the server had summaries.
     pub summary_check: Option<String>,
@@ -80,8 +80,8 @@ pub fn summarize(m: &Manifest) -> BackupInfo {
         prior: m.prior.clone(),
         start_time: m.start.time.clone(),
         stop_time: m.stop.time.clone(),
-        start_lsn: m.start.lsn.clone(),
-        stop_lsn: m.stop.lsn.clone(),
+        start_lsn: m.start.lsn.to_string(),
+        stop_lsn: m.stop.lsn.to_string(),
         timeline: m.start.timeline,
         wal_start: m.start.wal.clone(),
         wal_stop: m.stop.wal.clone(),
@@ -91,7 +91,7 @@ pub fn summarize(m: &Manifest) -> BackupInfo {
         files_unchanged: m.stats.files_unchanged,
         bytes_read: m.stats.bytes_read,
         delta_reason: m.delta_reason.clone(),
-        track: m.track.clone(),
+        track: m.track,
         track_reason: m.track_reason.clone(),
         summary_check: m.summary_check.clone(),
         files_tracked: m.stats.files_tracked,
@@ -197,10 +197,11 @@ pub fn render_text(r: &StanzaReport) -> String {
                 human_bytes(b.bytes_read)
             ));
         }
-        if let Some(t) = &b.track {
+        if let Some(t) = b.track {
             out.push_str(&format!(
-                "        changed blocks found by: {t}{}{}\n",
-                if t == "wal" {
+                "        changed blocks found by: {}{}{}\n",
+                t.name(),
+                if t == Tracking::Wal {
                     format!(
                         " ({} files read block by block{})",
                         b.files_tracked,

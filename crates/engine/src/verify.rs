@@ -21,7 +21,7 @@
 use crate::content::{extents_of, for_each_extent, ContentCheck};
 use crate::{open_stanza, Error, Result, Settings};
 use futures::StreamExt;
-use pgstrata_pg::lsn::{self, Lsn};
+use pgstrata_pg::lsn;
 use pgstrata_repo::changemap::ChangeMap;
 use pgstrata_repo::manifest::{scan_backups, FileEntry, Manifest};
 use pgstrata_repo::pack::FrameReader;
@@ -66,7 +66,10 @@ pub struct WalVerdict {
 /// A file entry's identity for "already checked": what it reads and what it is checked
 /// against.
 fn entry_key(m: &Manifest, f: &FileEntry) -> String {
-    let mut key = format!("{}|{}|{}|{}", f.size, f.hash, f.block_size, f.block_hashes);
+    let mut key = format!(
+        "{}|{}|{}|{:x?}",
+        f.size, f.hash, f.block_size, f.block_hashes
+    );
     for c in &f.chunks {
         match c.frame_key(&m.label) {
             Some((owner, pack, offset)) => key.push_str(&format!(
@@ -107,21 +110,16 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
             errors: Vec::new(),
         };
         // The WAL this backup needs to become consistent.
-        match (m.start.lsn.parse::<Lsn>(), m.stop.lsn.parse::<Lsn>()) {
-            (Ok(start), Ok(stop)) => {
-                for name in lsn::segments_between(m.start.timeline, start, stop, seg_size) {
-                    if !archived.contains(&name) {
-                        v.errors.push(format!("WAL segment {name}, needed to make the backup consistent, is not archived"));
-                    } else if wal.damaged.contains(&name) {
-                        v.errors.push(format!(
-                            "WAL segment {name}, needed to make the backup consistent, is damaged"
-                        ));
-                    }
-                }
+        for name in lsn::segments_between(m.start.timeline, m.start.lsn, m.stop.lsn, seg_size) {
+            if !archived.contains(&name) {
+                v.errors.push(format!(
+                    "WAL segment {name}, needed to make the backup consistent, is not archived"
+                ));
+            } else if wal.damaged.contains(&name) {
+                v.errors.push(format!(
+                    "WAL segment {name}, needed to make the backup consistent, is damaged"
+                ));
             }
-            _ => v
-                .errors
-                .push("the manifest's start or stop LSN is invalid".into()),
         }
         let keyed: Vec<(&FileEntry, String)> = m.files().map(|f| (f, entry_key(m, f))).collect();
         v.files = keyed.len() as u64;

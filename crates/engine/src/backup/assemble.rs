@@ -34,7 +34,7 @@ pub(super) fn wal_point(
     WalPoint {
         time: time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         epoch: time.timestamp(),
-        lsn: lsn.to_string(),
+        lsn,
         timeline,
         wal,
     }

@@ -19,7 +19,6 @@ use pgstrata_repo::manifest::{block_hash, Entry, FileEntry, Owner};
 use pgstrata_repo::pack::{Chunk, PackWriter};
 use pgstrata_repo::Storage;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt::Write as _;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -388,7 +387,7 @@ struct BlockCopier<'a> {
     whole: Option<blake3::Hasher>,
     own_pack: bool,
     extents: Vec<Chunk>,
-    hashes: String,
+    hashes: Vec<u64>,
     new: NewData,
     bad_pages: Vec<u32>,
     /// Bytes of the file covered so far, and those counted in the progress.
@@ -427,7 +426,7 @@ impl<'a> BlockCopier<'a> {
             whole: whole_hash.then(blake3::Hasher::new),
             own_pack,
             extents: Vec::new(),
-            hashes: String::with_capacity((size / block_size as u64 + 1) as usize * 16),
+            hashes: Vec::with_capacity(size.div_ceil(block_size as u64) as usize),
             new: NewData {
                 buf: Vec::with_capacity(ctx.frame_size),
                 pending: Vec::new(),
@@ -448,7 +447,7 @@ impl<'a> BlockCopier<'a> {
         let Some((h, c)) = p.entry.block_hash(index).zip(p.locate(offset, len)) else {
             return false;
         };
-        let _ = write!(self.hashes, "{h:016x}");
+        self.hashes.push(h);
         self.extents.push(c);
         self.end = offset + len as u64;
         true
@@ -473,7 +472,7 @@ impl<'a> BlockCopier<'a> {
             let block_offset = offset + (i * bs) as u64;
             let index = (block_offset / bs as u64) as usize;
             let h = block_hash(block);
-            let _ = write!(self.hashes, "{h:016x}");
+            self.hashes.push(h);
             let len = block.len() as u32;
             if block.iter().all(|b| *b == 0) {
                 self.extents.push(Chunk::zeros(len));
@@ -709,7 +708,7 @@ mod tests {
             chunks,
             bad_pages: Vec::new(),
             block_size: 8192,
-            block_hashes: String::new(),
+            block_hashes: Vec::new(),
         }
     }
 

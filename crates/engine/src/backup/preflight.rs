@@ -13,7 +13,7 @@ use crate::track::{Track, WalChanges};
 use crate::{Error, Result, Settings};
 use pgstrata_pg::control::ControlData;
 use pgstrata_pg::lsn::{self, Lsn};
-use pgstrata_repo::manifest::{list_backups, BackupType, Manifest};
+use pgstrata_repo::manifest::{list_backups, BackupType, Manifest, Tracking};
 use pgstrata_repo::stanza::StanzaInfo;
 use pgstrata_repo::{layout as repo_layout, Storage};
 use std::path::{Path, PathBuf};
@@ -43,8 +43,8 @@ pub(super) struct Started {
     pub track_reason: Option<String>,
     /// What PostgreSQL's WAL summaries said of the maps (17+).
     pub summary_check: Option<String>,
-    /// How an incremental found changed blocks: "wal" or "hash" (None for a full).
-    pub track: Option<String>,
+    /// How an incremental found changed blocks (None for a full).
+    pub track: Option<Tracking>,
 }
 
 pub(super) async fn preflight(
@@ -174,7 +174,7 @@ async fn refuse_untracked_window(
 ) -> Result<()> {
     let seg = stanza.cluster.wal_segment_size;
     let flushed_seg = pf.db.wal_flush_lsn().await?.segment(seg);
-    let prior_seg = prior.start.lsn.parse::<Lsn>()?.segment(seg);
+    let prior_seg = prior.start.lsn.segment(seg);
     if flushed_seg <= prior_seg + 1 {
         return Ok(());
     }
@@ -233,8 +233,8 @@ pub(super) async fn start(
         changes_from_wal(s, opts, storage, stanza, pf, p, &mut started).await?;
     }
     started.track = pf.prior.as_ref().map(|_| match started.wal {
-        Some(_) => "wal".to_string(),
-        None => "hash".to_string(),
+        Some(_) => Tracking::Wal,
+        None => Tracking::Hash,
     });
     Ok(started)
 }
@@ -304,7 +304,7 @@ async fn changes_from_wal(
     );
     // Summaries within the WAL the maps were built from (whole segments from the prior
     // backup's start segment) must list nothing the maps do not.
-    let prior_start: Lsn = prior.start.lsn.parse()?;
+    let prior_start = prior.start.lsn;
     let seg = stanza.cluster.wal_segment_size;
     let from = Lsn(prior_start.segment(seg) * seg);
     if let Some((blocks, limited)) = pf.db.wal_summaries(timeline, from, start_lsn).await? {

@@ -11,10 +11,12 @@ use crate::codec::Compression;
 use crate::pack::Chunk;
 use crate::stanza::ClusterIdentity;
 use crate::{layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
+use pgstrata_pg::lsn::Lsn;
 use serde::{Deserialize, Serialize};
 
 #[cfg(test)]
 pub(crate) mod tests;
+mod text;
 mod validate;
 pub use validate::{is_backup_label, BLOCK_SIZES, MAX_ENTRIES, PERMISSION_BITS};
 
@@ -73,10 +75,10 @@ pub struct Manifest {
     /// (chunks with `b` set), by label.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub pack_codecs: std::collections::BTreeMap<String, crate::codec::CompressType>,
-    /// How changed blocks were found (incremental and differential backups): "wal" (the
-    /// block-change maps) or "hash" (reading and hashing changed files).
+    /// How changed blocks were found (incremental and differential backups; none for a
+    /// full backup).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub track: Option<String>,
+    pub track: Option<Tracking>,
     /// Why the maps were not used, when they were not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub track_reason: Option<String>,
@@ -96,9 +98,31 @@ pub struct WalPoint {
     pub time: String,
     /// Unix seconds of `time`.
     pub epoch: i64,
-    pub lsn: String,
+    /// Stored as PostgreSQL prints it (`0/5000028`).
+    #[serde(with = "text::lsn")]
+    pub lsn: Lsn,
     pub timeline: u32,
     pub wal: String,
+}
+
+/// How a diff/incr backup found the changed blocks of changed relation files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tracking {
+    /// From the block-change maps archive-push leaves beside each WAL segment.
+    Wal,
+    /// By reading and hashing every changed file.
+    Hash,
+}
+
+impl Tracking {
+    /// The name stored in the manifest and shown by `info`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tracking::Wal => "wal",
+            Tracking::Hash => "hash",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -167,22 +191,25 @@ pub struct FileEntry {
     /// Size of the blocks `block_hashes` describes (the last block may be shorter).
     #[serde(default)]
     pub block_size: u32,
-    /// XXH3-64 of every block, 16 hex digits each (big-endian digits of the u64), in order.
-    /// The next backup compares blocks against these; delta restore compares local blocks.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub block_hashes: String,
+    /// XXH3-64 of every block ([`block_hash`]), in order; stored as one string of 16 hex
+    /// digits per block. The next backup compares blocks against these; delta restore
+    /// compares local blocks.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "text::block_hashes"
+    )]
+    pub block_hashes: Vec<u64>,
 }
 
 impl FileEntry {
     pub fn block_count(&self) -> usize {
-        self.block_hashes.len() / 16
+        self.block_hashes.len()
     }
 
     /// Hash of block `i`, if recorded.
     pub fn block_hash(&self, i: usize) -> Option<u64> {
-        self.block_hashes
-            .get(i * 16..i * 16 + 16)
-            .and_then(|h| u64::from_str_radix(h, 16).ok())
+        self.block_hashes.get(i).copied()
     }
 }
 

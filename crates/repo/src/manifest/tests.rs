@@ -42,7 +42,7 @@ fn file(path: &str, size: u64, chunks: Vec<Chunk>) -> Entry {
         chunks,
         bad_pages: vec![],
         block_size: 8192,
-        block_hashes: "0123456789abcdef".repeat(blocks),
+        block_hashes: vec![0x0123_4567_89ab_cdef; blocks],
     })
 }
 
@@ -51,7 +51,7 @@ pub(crate) fn sample() -> Manifest {
     let point = |lsn: &str, wal: &str| WalPoint {
         time: "2025-03-02T09:15:00Z".into(),
         epoch: 1_740_906_900,
-        lsn: lsn.into(),
+        lsn: lsn.parse().unwrap(),
         timeline: 1,
         wal: wal.into(),
     };
@@ -154,6 +154,84 @@ fn a_valid_manifest_round_trips() {
         serde_json::to_value(&back).unwrap(),
         serde_json::to_value(&m).unwrap()
     );
+}
+
+/// The JSON inside an encoded manifest.
+fn json_of(m: &Manifest) -> String {
+    let enc = m.encode();
+    String::from_utf8(zstd::decode_all(&enc[40..]).unwrap()).unwrap()
+}
+
+/// `json` stored as a manifest, checksum and all.
+fn encode_json(json: &str) -> Vec<u8> {
+    let body = zstd::bulk::compress(json.as_bytes(), 3).unwrap();
+    let mut obj = MAGIC.to_vec();
+    obj.extend_from_slice(blake3::hash(&body).as_bytes());
+    obj.extend_from_slice(&body);
+    obj
+}
+
+/// LSNs, block maps and the tracking method are typed in memory but stored in format 1's
+/// text: decoding and encoding again gives the same JSON, byte for byte.
+#[test]
+fn typed_fields_keep_their_stored_text() {
+    let mut m = sample();
+    m.start.lsn = Lsn(0x16_B374_D848);
+    m.track = Some(Tracking::Wal);
+    file_mut(&mut m, "base/5/16384").block_hashes = vec![0x6207_9793_0ab0_991a, 0, 1, u64::MAX];
+    let json = json_of(&m);
+    for text in [
+        r#""lsn":"16/B374D848""#,
+        r#""lsn":"0/5000120""#,
+        r#""track":"wal""#,
+        r#""block_hashes":"620797930ab0991a00000000000000000000000000000001ffffffffffffffff""#,
+    ] {
+        assert!(json.contains(text), "{text} not in {json}");
+    }
+    let back = Manifest::decode(&encode_json(&json), "m").unwrap();
+    assert_eq!(back.start.lsn, Lsn(0x16_B374_D848));
+    assert_eq!(back.track, Some(Tracking::Wal));
+    assert_eq!(
+        file_mut(&mut back.clone(), "base/5/16384").block_hash(3),
+        Some(u64::MAX)
+    );
+    assert_eq!(json_of(&back), json);
+}
+
+/// A stored LSN, block map or tracking method that does not have its form is damage.
+#[test]
+fn malformed_typed_text_is_refused() {
+    let json = json_of(&sample());
+    let hashes = format!(r#""block_hashes":"{}""#, "0123456789abcdef".repeat(4));
+    assert!(json.contains(&hashes) && json.contains(r#""lsn":"0/5000028""#));
+    let cases = [
+        (r#""lsn":"0/5000028""#, r#""lsn":"05000028""#, "an LSN"),
+        (r#""lsn":"0/5000028""#, r#""lsn":" 0/5000028""#, "an LSN"),
+        (r#""lsn":"0/5000028""#, r#""lsn":"0/+5000028""#, "an LSN"),
+        (r#""lsn":"0/5000028""#, r#""lsn":"0/123456789""#, "an LSN"),
+        (
+            &hashes,
+            &hashes.replace("0123", "0A23"),
+            "16 lowercase hex digits",
+        ),
+        (
+            &hashes,
+            &hashes.replace("0123", "012"),
+            "16 lowercase hex digits",
+        ),
+        (&hashes, r#""block_hashes":7"#, "16 lowercase hex digits"),
+        (
+            r#""data_checksums""#,
+            r#""track":"auto","data_checksums""#,
+            "unknown variant",
+        ),
+    ];
+    for (from, to, why) in cases {
+        let err = Manifest::decode(&encode_json(&json.replacen(from, to, 1)), "m").unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Corrupt, "{to}: {err}");
+        let text = err.to_string();
+        assert!(text.contains(why), "{to}: {text}");
+    }
 }
 
 #[test]
@@ -270,9 +348,7 @@ fn extents_and_block_maps_must_add_up() {
         ("more than its size", |f| f.chunks.push(Chunk::zeros(1))),
         ("block_size 1073741824", |f| f.block_size = 1 << 30),
         ("without a block_size", |f| f.block_size = 0),
-        ("16 lowercase hex digits for each of", |f| {
-            f.block_hashes.push_str("00")
-        }),
+        ("not one for each of 4 blocks", |f| f.block_hashes.push(0)),
         ("covers no bytes", |f| f.chunks.push(Chunk::zeros(0))),
         ("outside its", |f| f.chunks[0].at = 10_000),
         ("overflows", |f| f.chunks[2].offset = u64::MAX - 10),
