@@ -62,7 +62,7 @@ pub(super) mod block_hashes {
         }
 
         fn visit_str<E: de::Error>(self, text: &str) -> Result<Vec<u64>, E> {
-            let well_formed = text.len() % DIGITS == 0
+            let well_formed = text.len().is_multiple_of(DIGITS)
                 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
             if !well_formed {
                 return Err(E::custom(format_args!(
