@@ -62,6 +62,10 @@ where
                         let Ok(job) = next else { break };
                         if let Err(e) = work(&mut state, job) {
                             fail(e);
+                            // Free the queue: a feeder blocked on a full queue would wait
+                            // forever once every worker has stopped. It sends at most one
+                            // more job (each send follows a look at `stop`), which fits.
+                            while rx.lock().unwrap().try_recv().is_ok() {}
                             return None;
                         }
                     }
@@ -148,6 +152,33 @@ mod tests {
         // Neither the workers nor the producer went on through the queue.
         assert!(started.load(Ordering::Relaxed) < 100);
         assert!(produced.load(Ordering::Relaxed) < 100);
+    }
+
+    /// One worker fails while the feeder waits on a full queue: the pool still returns.
+    #[test]
+    fn a_failure_of_the_only_worker_does_not_leave_the_feeder_waiting() {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let r: Result<Vec<()>> = run(
+                1,
+                0..100,
+                |_| (),
+                |_, j| {
+                    if j == 0 {
+                        // Let the feeder fill the queue and block.
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        return Err(Error::integrity("job 0 is damaged"));
+                    }
+                    Ok(())
+                },
+                |_| Ok(()),
+            );
+            let _ = tx.send(r.map(|_| ()).map_err(|e| e.message));
+        });
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the pool returned");
+        assert_eq!(r.unwrap_err(), "job 0 is damaged");
     }
 
     #[test]
