@@ -9,7 +9,7 @@
 //! Options: --tables N (20000) --rows N (1) --scale N (0: no pgbench data)
 //!          --variants LIST (off,default) --codec C (zst) --no-restore
 
-use super::{database_size, pgbr_modes, pgbr_setup, remove_repos, rotated, PgbrMode};
+use super::{pgbr_modes, pgbr_setup, record_database_size, remove_repos, rotated, PgbrMode};
 use crate::args::Args;
 use crate::harness::{file_count, Bench};
 use crate::results::Row;
@@ -149,13 +149,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     b.check_sql = Some("SELECT * FROM bench_small_tables_check()".into());
     let check = b.source_check()?;
     let files = file_count(&b.cluster().data);
-    b.results.record(Row::bytes(
-        "source",
-        "database size",
-        "source",
-        0,
-        Some(database_size(b)?),
-    ))?;
+    record_database_size(b)?;
     b.results
         .record(Row::count("source", "files in PGDATA", "source", 0, files))?;
     for (vi, variant) in o.variants.iter().enumerate() {

@@ -8,7 +8,7 @@
 //!          --pgbr-bundle n|y|both (n: pgBackRest 2.45's default; 2.59.1 always runs with
 //!          bundling and block incremental)
 
-use super::{database_size, remove_repos, repos, rotated, stanza_create_all, PgbrMode};
+use super::{record_database_size, remove_repos, repos, rotated, stanza_create_all, PgbrMode};
 use crate::args::Args;
 use crate::harness::Bench;
 use crate::results::Row;
@@ -45,9 +45,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     b.load_pgbench(o.scale, o.copies, "acc_")?;
     let check = b.source_check()?; // reads every table: hint bits settle now
     b.sql("CHECKPOINT")?;
-    let db = database_size(b)?;
-    b.results
-        .record(Row::bytes("source", "database size", "source", 0, Some(db)))?;
+    record_database_size(b)?;
     for (ci, codec) in o.codecs.iter().enumerate() {
         for run in 1..=b.runs {
             let case = format!("{codec}-r{run}");

@@ -12,7 +12,7 @@
 //!          --track LIST (auto,hash) --pgbr LIST (file,block) --pgbr-bundle n|y (n)
 
 use super::{
-    database_size, delete_ranges, remove_repos, repos, rotated, stanza_create_all, PgbrMode,
+    delete_ranges, load_settled_pgbench, remove_repos, repos, rotated, stanza_create_all, PgbrMode,
 };
 use crate::args::Args;
 use crate::harness::Bench;
@@ -72,17 +72,7 @@ impl Opts {
 }
 
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
-    b.start_cluster("")?;
-    b.load_pgbench(o.scale, o.copies, "test")?;
-    b.sql("VACUUM ANALYZE")?;
-    b.sql("CHECKPOINT")?;
-    b.results.record(Row::bytes(
-        "source",
-        "database size",
-        "source",
-        0,
-        Some(database_size(b)?),
-    ))?;
+    load_settled_pgbench(b, o.scale, o.copies)?;
     let variants: Vec<(String, Setup)> = o
         .tracks
         .iter()

@@ -253,9 +253,31 @@ pub fn delete_ranges(
     Ok(())
 }
 
-/// Bytes of the source database (sum of pg_database_size), for the table's context row.
+/// Bytes of the source database (sum of pg_database_size).
 pub fn database_size(b: &Bench) -> Result<u64, String> {
     b.sql("SELECT sum(pg_database_size(oid)) FROM pg_database")?
         .parse()
         .map_err(|e| format!("database size: {e}"))
+}
+
+/// Record the source database's size, the table's context row.
+pub fn record_database_size(b: &mut Bench) -> Result<(), String> {
+    let size = database_size(b)?;
+    b.results.record(crate::results::Row::bytes(
+        "source",
+        "database size",
+        "source",
+        0,
+        Some(size),
+    ))
+}
+
+/// The source of the incremental and restore scenarios: pgbench data, vacuumed and
+/// checkpointed, its size recorded.
+pub fn load_settled_pgbench(b: &mut Bench, scale: u64, copies: u64) -> Result<(), String> {
+    b.start_cluster("")?;
+    b.load_pgbench(scale, copies, "test")?;
+    b.sql("VACUUM ANALYZE")?;
+    b.sql("CHECKPOINT")?;
+    record_database_size(b)
 }

@@ -14,7 +14,7 @@
 //!          --pgbr-bundle n|y|both (both) --pgbr-block y|n (y) (pgBackRest 2.45's variants)
 
 use super::{
-    database_size, delete_ranges, remove_repos, repos, rotated, stanza_create_all, PgbrMode,
+    delete_ranges, load_settled_pgbench, remove_repos, repos, rotated, stanza_create_all, PgbrMode,
 };
 use crate::args::Args;
 use crate::harness::Bench;
@@ -78,17 +78,7 @@ pub fn pgstrata_variants(names: &[String]) -> Vec<(&'static str, Setup)> {
 }
 
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
-    b.start_cluster("")?;
-    b.load_pgbench(o.scale, o.copies, "test")?;
-    b.sql("VACUUM ANALYZE")?;
-    b.sql("CHECKPOINT")?;
-    b.results.record(Row::bytes(
-        "source",
-        "database size",
-        "source",
-        0,
-        Some(database_size(b)?),
-    ))?;
+    load_settled_pgbench(b, o.scale, o.copies)?;
     let repos = repos(
         b,
         "r",
