@@ -14,12 +14,13 @@
 //!   follows a link, so neither the repository nor the target's owner can turn a root
 //!   restore against its host.
 //! - [`write`]: the workers (on [`crate::pool`]): keep, patch or write each file, checked
-//!   against the recorded hashes and fsynced.
+//!   against the recorded hashes.
 //! - [`recovery`]: `backup_label`, recovery settings and the signal file.
 //!
 //! Order makes an interrupted restore safe to rerun with `--delta`, and never startable by
 //! mistake: `global/pg_control` is removed first (delta) and written last, after every
-//! other file and directory is durable; `PG_VERSION` is written first, so a directory left
+//! other file and directory is made durable (one `syncfs` per target filesystem, not an
+//! fsync per file: see [`tree::TargetTree::sync_filesystems`]); `PG_VERSION` is written first, so a directory left
 //! by an interrupted restore is recognised as a data directory by `--delta`.
 
 mod plan;
@@ -301,7 +302,9 @@ fn execute(
     });
     let root_ids = root_owner.and_then(|owner| layout.ids(&owner));
     recovery::write_recovery_files(&tree, m, o, root_ids)?;
-    // pg_control last, under a temporary name renamed into place once durable.
+    // Everything but pg_control made durable at once (files are not fsynced one by one),
+    // then pg_control, under a temporary name fsynced and renamed into place.
+    tree.sync_filesystems()?;
     if let Some(f) = &plan.control {
         let mut w = Worker::new(&sh);
         write::write_control(&sh, &mut w, f)?;
@@ -467,7 +470,8 @@ impl Layout<'_> {
     }
 
     /// Directory modes and owners last (a 0500 directory would block writing into it), and
-    /// every directory fsynced, deepest first, so the entries made in them are durable.
+    /// the targets' parent directories fsynced, so a target created by this restore stays.
+    /// The entries inside the targets are made durable by `sync_filesystems`.
     fn finish_dirs(&mut self) -> Result<()> {
         let (plan, tree) = (self.plan, self.tree);
         for e in plan.manifest.entries.iter().rev() {
@@ -475,13 +479,8 @@ impl Layout<'_> {
                 let dir = tree.open_dir(path, &mut self.cache)?;
                 let ids = self.ids(owner);
                 set_attributes(dir.fd.as_fd(), owner.mode, ids, None, &dir.path)?;
-                dir.sync()?;
             }
         }
-        for t in &plan.tablespaces {
-            tree.tablespace(t.oid).expect("opened").sync()?;
-        }
-        tree.root.sync()?;
         let targets =
             std::iter::once(&plan.pg_path).chain(plan.tablespaces.iter().map(|t| &t.location));
         for p in targets {

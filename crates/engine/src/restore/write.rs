@@ -3,8 +3,8 @@
 //! time on the open file.
 //!
 //! Each file's content is checked against the hashes recorded at backup time as it is
-//! written; a mismatch stops the restore naming the file. Every file is fsynced before it
-//! counts as restored.
+//! written; a mismatch stops the restore naming the file. Files are not fsynced one by one:
+//! restore syncs the target filesystems once at the end, before it writes `pg_control`.
 
 use super::plan::RestoreJob;
 use super::tree::{set_attributes, ParentCache, TargetTree};
@@ -193,6 +193,8 @@ pub(super) fn write_control(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Resul
     let fh = write_file(sh, w, f, &tmp, &path)?;
     let owner = sh.chown.then(|| w.resolver.ids(&f.owner));
     set_attributes(fh.as_fd(), f.owner.mode, owner, Some(f.mtime), &path)?;
+    fh.sync_all()
+        .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
     drop(fh);
     sh.tree.rename_into_place(&tmp, &f.path, &mut w.cache)?;
     w.tally.written += 1;
@@ -203,7 +205,7 @@ pub(super) fn write_control(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Resul
 }
 
 /// Write a whole file from its extents at `rel` (its path, or a temporary name beside it),
-/// checked and fsynced; returns it open.
+/// checked; returns it open.
 fn write_file(sh: &Shared, w: &mut Worker, f: &FileEntry, rel: &str, path: &Path) -> Result<File> {
     let fh = sh.tree.create_file(rel, &mut w.cache)?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, fh);
@@ -222,8 +224,6 @@ fn write_file(sh: &Shared, w: &mut Worker, f: &FileEntry, rel: &str, path: &Path
     let fh = out
         .into_inner()
         .map_err(|e| Error::io(format!("write {}", path.display()), e.into_error()))?;
-    fh.sync_all()
-        .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
     check.finish()?;
     Ok(fh)
 }
@@ -312,8 +312,6 @@ fn patch_file(
     })?;
     fh.set_len(f.size)
         .map_err(|e| Error::io(format!("truncate {}", path.display()), e))?;
-    fh.sync_all()
-        .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
     let mut check = ContentCheck::new(f);
     let mut buf = vec![0u8; 1 << 20];
     let mut offset = 0u64;
