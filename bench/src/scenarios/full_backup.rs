@@ -7,19 +7,27 @@
 //! Options: --scale N (20) --copies N (2) --codecs LIST (zst,lz4,gz)
 //!          --pgbr-bundle n|y|both (n: pgBackRest 2.45's default; 2.59.1 always runs with
 //!          bundling and block incremental)
+//!          --cipher n|y|both (n): repositories encrypted with pgstrata's aes-256-gcm and
+//!          pgBackRest's aes-256-cbc (columns titled "aes"); `both` runs plain and encrypted
+//!          side by side, which is how the cost of encryption is read.
 
 use super::{record_database_size, remove_repos, repos, rotated, stanza_create_all, PgbrMode};
 use crate::args::Args;
 use crate::harness::Bench;
 use crate::results::Row;
-use crate::tools::Setup;
+use crate::tools::{Repo, Setup};
 
 pub struct Opts {
     scale: u64,
     copies: u64,
     codecs: Vec<String>,
     pgbr: Vec<PgbrMode>,
+    /// Plain and/or encrypted repositories.
+    ciphers: Vec<bool>,
 }
+
+/// Passphrase of the benchmark's encrypted repositories (both tools).
+const BENCH_CIPHER_PASS: &str = "pgstrata-bench-passphrase";
 
 impl Opts {
     pub fn parse(a: &mut Args) -> Result<Opts, String> {
@@ -28,11 +36,22 @@ impl Opts {
             copies: a.uint("copies", 2, 0)?,
             codecs: a.list("codecs", "zst,lz4,gz", &["zst", "lz4", "gz", "bz2", "none"])?,
             pgbr: PgbrMode::parse_bundle(&a.string("pgbr-bundle", "n"))?,
+            ciphers: match a.string("cipher", "n").as_str() {
+                "n" => vec![false],
+                "y" => vec![true],
+                "both" => vec![false, true],
+                other => return Err(format!("--cipher takes n, y or both, not {other:?}")),
+            },
         })
     }
     pub fn params(&self) -> String {
+        let cipher = match self.ciphers.as_slice() {
+            [false] => "",
+            [true] => " cipher=aes",
+            _ => " cipher=both",
+        };
         format!(
-            "scale={} copies={} codecs={}",
+            "scale={} copies={} codecs={}{cipher}",
             self.scale,
             self.copies,
             self.codecs.join(",")
@@ -49,7 +68,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     for (ci, codec) in o.codecs.iter().enumerate() {
         for run in 1..=b.runs {
             let case = format!("{codec}-r{run}");
-            let repos = repos(b, &case, codec, &[("", Setup::default())], &o.pgbr, &[])?;
+            let repos = cipher_repos(b, &case, codec, o)?;
             stanza_create_all(b, &repos)?;
             b.wal_switch_and_wait()?;
             let order = rotated(&repos, ci + run as usize);
@@ -79,4 +98,47 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The run's repositories: for each of `--cipher`'s choices, one per tool, the encrypted
+/// ones titled "… aes".
+fn cipher_repos(b: &Bench, case: &str, codec: &str, o: &Opts) -> Result<Vec<Repo>, String> {
+    let mut out = Vec::new();
+    for &encrypted in &o.ciphers {
+        if !encrypted {
+            out.extend(repos(
+                b,
+                case,
+                codec,
+                &[("", Setup::default())],
+                &o.pgbr,
+                &[],
+            )?);
+            continue;
+        }
+        let pgstrata = Setup {
+            settings: vec![
+                "repo-cipher-type = \"aes-256-gcm\"".to_string(),
+                format!("repo-cipher-pass = \"{BENCH_CIPHER_PASS}\""),
+            ],
+            ..Setup::default()
+        };
+        let pgbr = [
+            "repo1-cipher-type=aes-256-cbc".to_string(),
+            format!("repo1-cipher-pass={BENCH_CIPHER_PASS}"),
+        ];
+        let mut encrypted = repos(
+            b,
+            &format!("{case}-aes"),
+            codec,
+            &[("aes", pgstrata)],
+            &o.pgbr,
+            &pgbr,
+        )?;
+        for r in encrypted.iter_mut().filter(|r| !r.tool.is_pgstrata()) {
+            r.label = format!("{} aes", r.label);
+        }
+        out.extend(encrypted);
+    }
+    Ok(out)
 }
