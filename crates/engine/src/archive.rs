@@ -227,7 +227,7 @@ fn unusable_map(name: &str, reason: String) -> ChangeMap {
 }
 
 /// The map form of decoded changes.
-pub fn change_map_of(name: &str, c: pgstrata_pg::wal::SegmentChanges) -> ChangeMap {
+pub(crate) fn change_map_of(name: &str, c: pgstrata_pg::wal::SegmentChanges) -> ChangeMap {
     ChangeMap {
         segment: name.to_string(),
         usable: true,
@@ -336,7 +336,7 @@ pub async fn archive_get(s: &Settings, name: &str, dest: &Path) -> Result<bool> 
 }
 
 /// Lowest and highest archived segment names, for info.
-pub async fn archive_range(
+pub(crate) async fn archive_range(
     storage: &pgstrata_repo::Storage,
     stanza: &str,
     archive_id: &str,

@@ -8,19 +8,18 @@ use crate::{Error, ErrorKind, Result, Settings};
 use pgstrata_pg::lsn::Lsn;
 use tokio_postgres::Client;
 
-pub struct Db {
+pub(crate) struct Db {
     client: Client,
-    pub version_num: u32,
+    pub(crate) version_num: u32,
     target: String,
 }
 
 /// What the server says about itself.
 #[derive(Debug, Clone)]
-pub struct ServerIdentity {
+pub(crate) struct ServerIdentity {
     pub system_identifier: u64,
-    pub version_num: u32,
-    pub data_directory: String,
-    pub in_recovery: bool,
+    pub(crate) data_directory: String,
+    pub(crate) in_recovery: bool,
     pub archive_mode: String,
     pub archive_command: String,
     pub wal_level: String,
@@ -111,7 +110,6 @@ impl Db {
         let sysid: String = row.get(0);
         Ok(ServerIdentity {
             system_identifier: sysid.parse().unwrap_or(0),
-            version_num: self.version_num,
             data_directory: row.get(1),
             in_recovery: row.get(2),
             archive_mode: row.get(3),
@@ -121,7 +119,7 @@ impl Db {
     }
 
     /// Enter backup mode; returns the start LSN and its timeline.
-    pub async fn backup_start(&self, label: &str, fast: bool) -> Result<(Lsn, u32)> {
+    pub(crate) async fn backup_start(&self, label: &str, fast: bool) -> Result<(Lsn, u32)> {
         let sql = if self.major() >= 15 {
             "SELECT pg_backup_start($1, $2)::text"
         } else {
@@ -139,7 +137,7 @@ impl Db {
 
     /// Leave backup mode without waiting for archiving (pgstrata waits on the repository
     /// itself, with a timeout). Returns (stop LSN, backup_label text, tablespace_map text).
-    pub async fn backup_stop(&self) -> Result<(Lsn, String, Option<String>)> {
+    pub(crate) async fn backup_stop(&self) -> Result<(Lsn, String, Option<String>)> {
         let sql = if self.major() >= 15 {
             "SELECT lsn::text, labelfile, spcmapfile FROM pg_backup_stop(false)"
         } else {
@@ -157,7 +155,7 @@ impl Db {
 
     /// How far WAL is flushed to disk now (a primary only): every byte before it is final
     /// in pg_wal.
-    pub async fn wal_flush_lsn(&self) -> Result<Lsn> {
+    pub(crate) async fn wal_flush_lsn(&self) -> Result<Lsn> {
         let row = self
             .client
             .query_one("SELECT pg_current_wal_flush_lsn()::text", &[])
@@ -166,7 +164,7 @@ impl Db {
         Ok(row.get::<_, String>(0).parse()?)
     }
 
-    pub async fn timeline_of(&self, lsn: Lsn) -> Result<u32> {
+    pub(crate) async fn timeline_of(&self, lsn: Lsn) -> Result<u32> {
         let row = self
             .client
             .query_one(
@@ -189,7 +187,7 @@ impl Db {
     /// they record as limited (truncated, created or dropped). `None` when the server has
     /// no summaries to offer.
     #[allow(clippy::type_complexity)]
-    pub async fn wal_summaries(
+    pub(crate) async fn wal_summaries(
         &self,
         timeline: u32,
         from: Lsn,
@@ -248,7 +246,7 @@ impl Db {
 
     /// Write a restore point and switch WAL; returns the name of the segment that must
     /// reach the archive.
-    pub async fn switch_wal(&self) -> Result<String> {
+    pub(crate) async fn switch_wal(&self) -> Result<String> {
         self.client
             .query_one(
                 "SELECT pg_create_restore_point('pgstrata check')::text",

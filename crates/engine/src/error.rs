@@ -81,7 +81,7 @@ impl Error {
     }
 
     /// Stored data is damaged or does not match what was recorded.
-    pub fn is_damage(&self) -> bool {
+    pub(crate) fn is_damage(&self) -> bool {
         matches!(
             self.kind,
             ErrorKind::Integrity | ErrorKind::Repo(pgstrata_repo::ErrorKind::Corrupt)
@@ -139,7 +139,7 @@ impl From<pgstrata_pg::Error> for Error {
 }
 
 /// Attach context to a PostgreSQL client error.
-pub fn pg_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Error {
+pub(crate) fn pg_err(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Error {
     let context = context.into();
     move |e| {
         // tokio-postgres hides the server's message in the source chain; show it.

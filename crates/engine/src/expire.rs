@@ -62,7 +62,7 @@ pub struct ExpireReport {
     /// Bytes in packs that kept backups reference only in part.
     pub bytes_held: u64,
     /// Staging files of interrupted writes removed (local repositories).
-    pub staging_removed: u64,
+    pub(crate) staging_removed: u64,
 }
 
 /// Unreferenced data of a backup that has no manifest is deleted only once it is this old:
@@ -185,7 +185,7 @@ fn choose(manifests: &[Manifest], damaged: &[&str], o: &ExpireOptions) -> Result
 
 /// How the stanza's pack storage is used.
 #[derive(Debug, Default)]
-pub struct PackUsage {
+pub(crate) struct PackUsage {
     pub deleted: u64,
     pub freed: u64,
     pub held: u64,
@@ -195,7 +195,7 @@ pub struct PackUsage {
 /// Measure pack storage; with `expired` (labels whose manifests were just deleted), also
 /// delete the packs no kept manifest references. Packs of a label that never had a manifest
 /// (an interrupted backup, or one still running elsewhere) go only after a grace period.
-pub async fn collect_garbage(
+pub(crate) async fn collect_garbage(
     storage: &Storage,
     stanza: &str,
     kept: &[&Manifest],

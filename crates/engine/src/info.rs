@@ -7,18 +7,18 @@ use pgstrata_repo::manifest::{scan_backups, Manifest, Tracking};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
-pub struct BackupInfo {
+pub(crate) struct BackupInfo {
     pub label: String,
     #[serde(rename = "type")]
     pub backup_type: String,
     pub prior: Option<String>,
-    pub start_time: String,
-    pub stop_time: String,
+    pub(crate) start_time: String,
+    pub(crate) stop_time: String,
     pub start_lsn: String,
-    pub stop_lsn: String,
+    pub(crate) stop_lsn: String,
     pub timeline: u32,
     pub wal_start: String,
-    pub wal_stop: String,
+    pub(crate) wal_stop: String,
     pub database_size: u64,
     /// Bytes this backup stored (its new data); the rest it references from earlier backups.
     pub stored_size: u64,
@@ -45,7 +45,7 @@ pub struct BackupInfo {
 }
 
 #[derive(Debug, Serialize)]
-pub struct BadPages {
+pub(crate) struct BadPages {
     pub path: String,
     pub blocks: Vec<u32>,
 }
@@ -60,20 +60,20 @@ pub struct StanzaReport {
     /// Bytes of all objects in the stanza (packs, manifests, WAL).
     pub repo_size: u64,
     /// Bytes in packs that kept backups reference only in part (freed when those go).
-    pub held_size: u64,
-    pub backups: Vec<BackupInfo>,
+    pub(crate) held_size: u64,
+    pub(crate) backups: Vec<BackupInfo>,
     /// Backups whose manifest and its copy are both damaged: they cannot be restored.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub damaged: Vec<DamagedBackup>,
+    pub(crate) damaged: Vec<DamagedBackup>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct DamagedBackup {
+pub(crate) struct DamagedBackup {
     pub label: String,
     pub error: String,
 }
 
-pub fn summarize(m: &Manifest) -> BackupInfo {
+pub(crate) fn summarize(m: &Manifest) -> BackupInfo {
     BackupInfo {
         label: m.label.clone(),
         backup_type: m.backup_type.name().to_string(),

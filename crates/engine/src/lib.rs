@@ -8,28 +8,28 @@
 pub mod archive;
 pub mod backup;
 pub mod check;
-pub mod content;
-pub mod db;
-pub mod error;
+mod content;
+mod db;
+mod error;
 pub mod expire;
 pub mod info;
-pub mod lock;
-pub mod owner;
+mod lock;
+mod owner;
 pub mod pg_tls;
-pub mod pool;
+mod pool;
 pub mod progress;
 pub mod restore;
-pub mod settings;
+mod settings;
 pub mod stanza;
 pub mod track;
 pub mod verify;
-pub mod walk;
+mod walk;
 
 pub use error::{Error, ErrorKind, Result};
 pub use settings::Settings;
 
 /// Open the repository and load the stanza record; the first step of most commands.
-pub async fn open_stanza(
+pub(crate) async fn open_stanza(
     s: &Settings,
 ) -> Result<(pgstrata_repo::Storage, pgstrata_repo::stanza::StanzaInfo)> {
     let storage = s.storage()?;

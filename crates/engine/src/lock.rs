@@ -219,7 +219,7 @@ async fn takeover_guard(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> 
 
 /// Run `work` holding the stanza lock; the lock is released whatever the outcome.
 /// `lock_path` is the directory of the host-local takeover lock (option `lock-path`).
-pub async fn with_lock<T>(
+pub(crate) async fn with_lock<T>(
     storage: &Storage,
     stanza: &str,
     lock_path: &Path,

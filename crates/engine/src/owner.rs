@@ -6,13 +6,13 @@ use std::os::unix::fs::MetadataExt;
 
 /// Caches uid/gid → name lookups while walking a data directory.
 #[derive(Default)]
-pub struct OwnerNames {
+pub(crate) struct OwnerNames {
     users: HashMap<u32, Option<String>>,
     groups: HashMap<u32, Option<String>>,
 }
 
 impl OwnerNames {
-    pub fn owner_of(&mut self, md: &std::fs::Metadata) -> Owner {
+    pub(crate) fn owner_of(&mut self, md: &std::fs::Metadata) -> Owner {
         let uid = md.uid();
         let gid = md.gid();
         let user = self
@@ -50,7 +50,7 @@ type OwnerKey = (Option<String>, Option<String>, u32, u32);
 
 /// Resolves recorded owners to ids on this host (by name first, then by id).
 #[derive(Default)]
-pub struct OwnerResolver {
+pub(crate) struct OwnerResolver {
     cache: HashMap<OwnerKey, (u32, u32)>,
 }
 
@@ -77,6 +77,6 @@ impl OwnerResolver {
     }
 }
 
-pub fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     nix::unistd::geteuid().is_root()
 }

@@ -11,7 +11,7 @@ pub struct Counters {
     pub files: AtomicU64,
 }
 
-pub struct Progress {
+pub(crate) struct Progress {
     pub counters: Arc<Counters>,
     done: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,

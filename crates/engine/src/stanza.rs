@@ -63,7 +63,7 @@ impl LocalCluster {
 }
 
 /// Read the cluster's identity from pg_control and confirm it over the connection.
-pub async fn cluster_identity(s: &Settings) -> Result<ClusterIdentity> {
+pub(crate) async fn cluster_identity(s: &Settings) -> Result<ClusterIdentity> {
     let local = LocalCluster::connect(s, None).await?;
     let control = &local.control;
     Ok(ClusterIdentity {

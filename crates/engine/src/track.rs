@@ -51,7 +51,7 @@ type ForkKey = (u32, u32, u32, u8);
 
 /// Everything the WAL changed between two backups.
 #[derive(Debug, Default)]
-pub struct WalChanges {
+pub(crate) struct WalChanges {
     blocks: HashMap<ForkKey, BTreeSet<u32>>,
     /// Forks created or truncated, relations dropped, database directories copied/dropped:
     /// their files are hashed.
@@ -64,7 +64,7 @@ pub struct WalChanges {
 impl WalChanges {
     /// Cross-check with PostgreSQL 17+ WAL summaries: everything they list is read too.
     /// Returns how many blocks they listed that the maps did not (0 when both agree).
-    pub fn merge_summaries(
+    pub(crate) fn merge_summaries(
         &mut self,
         blocks: Vec<(u32, u32, u32, u8, u32)>,
         limited: Vec<ForkKey>,
@@ -106,7 +106,7 @@ impl WalChanges {
 
     /// The pages (numbered within this segment file) of relation file `rel_path` that
     /// changed, or why the file must be read and hashed instead.
-    pub fn pages_for(
+    pub(crate) fn pages_for(
         &self,
         rel_path: &str,
         relseg_size: u32,
@@ -148,7 +148,7 @@ impl WalChanges {
 /// Why a changed file of a WAL-tracked backup was read and hashed instead of read block by
 /// block (recorded per reason in the manifest's `stats.files_hashed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HashReason {
+pub(crate) enum HashReason {
     NotRelation,
     FsmOrVm,
     CreatedOrTruncated,
@@ -159,7 +159,7 @@ pub enum HashReason {
 
 /// "24 free space or visibility map, 4 not a relation file", or "none": a manifest's
 /// `files_hashed` for the log and `info`.
-pub fn describe_hashed(files_hashed: &std::collections::BTreeMap<String, u64>) -> String {
+pub(crate) fn describe_hashed(files_hashed: &std::collections::BTreeMap<String, u64>) -> String {
     if files_hashed.is_empty() {
         return "none".to_string();
     }
@@ -197,7 +197,7 @@ fn location(rel_path: &str) -> Option<(u32, u32)> {
 /// Combine the maps covering `prior`'s start to `start_lsn` on `timeline`. Err gives the
 /// reason they cannot be used.
 #[allow(clippy::too_many_arguments)]
-pub async fn wal_changes(
+pub(crate) async fn wal_changes(
     storage: &Storage,
     stanza: &str,
     cluster: &pgstrata_repo::stanza::ClusterIdentity,

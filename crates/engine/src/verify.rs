@@ -60,7 +60,7 @@ pub struct WalVerdict {
     pub gaps: Vec<(String, String)>,
     /// Block-change maps checked, and those that fail their checksum.
     pub maps: u64,
-    pub maps_damaged: Vec<String>,
+    pub(crate) maps_damaged: Vec<String>,
 }
 
 /// A file entry's identity for "already checked": what it reads and what it is checked

@@ -22,7 +22,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone)]
-pub enum ItemKind {
+pub(crate) enum ItemKind {
     Dir,
     File { size: u64, mtime: i64 },
     Link { target: String },
@@ -38,12 +38,12 @@ pub struct Item {
 }
 
 #[derive(Debug, Default)]
-pub struct Walk {
+pub(crate) struct Walk {
     pub items: Vec<Item>,
     pub tablespaces: Vec<Tablespace>,
 }
 
-pub fn tablespace_version_dir(major: u32, catalog_version: u32) -> String {
+pub(crate) fn tablespace_version_dir(major: u32, catalog_version: u32) -> String {
     format!("PG_{major}_{catalog_version}")
 }
 

@@ -13,13 +13,13 @@ pub struct ControlData {
     pub catalog_version: u32,
     /// DBState: 6 = in production, 1 = shut down, 5 = shut down in recovery.
     pub state: u32,
-    pub checkpoint_lsn: u64,
-    pub redo_lsn: u64,
+    pub(crate) checkpoint_lsn: u64,
+    pub(crate) redo_lsn: u64,
     pub timeline: u32,
     pub block_size: u32,
     /// Blocks per relation segment file (131072 for 1 GiB with 8 KiB pages).
     pub relseg_size: u32,
-    pub wal_block_size: u32,
+    pub(crate) wal_block_size: u32,
     pub wal_segment_size: u32,
     pub data_checksums: bool,
 }

@@ -5,7 +5,7 @@
 //! and the data forks of unlogged relations (recreated from their `_init` fork).
 
 /// Directories whose contents are never copied; the directory itself is kept (empty).
-pub const EMPTY_DIRS: &[&str] = &[
+pub(crate) const EMPTY_DIRS: &[&str] = &[
     "pg_wal",
     "pg_dynshmem",
     "pg_notify",
@@ -17,7 +17,7 @@ pub const EMPTY_DIRS: &[&str] = &[
 ];
 
 /// Files at the top of the data directory that are never copied.
-pub const SKIP_TOP_FILES: &[&str] = &[
+pub(crate) const SKIP_TOP_FILES: &[&str] = &[
     "postmaster.pid",
     "postmaster.opts",
     "backup_label",

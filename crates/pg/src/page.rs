@@ -4,9 +4,6 @@
 //! words, runs 32 FNV-1a-like lanes over it with pd_checksum taken as zero, folds them, mixes
 //! in the absolute block number and maps the result into 1..=65535.
 
-/// Size of the page header.
-pub const PAGE_HEADER_SIZE: usize = 24;
-
 const N_SUMS: usize = 32;
 const FNV_PRIME: u32 = 16_777_619;
 const BASE_OFFSETS: [u32; N_SUMS] = [
@@ -30,12 +27,12 @@ pub fn page_lsn(page: &[u8]) -> u64 {
 }
 
 /// The checksum stored in the page header.
-pub fn stored_checksum(page: &[u8]) -> u16 {
+pub(crate) fn stored_checksum(page: &[u8]) -> u16 {
     u16::from_le_bytes([page[8], page[9]])
 }
 
 /// A new page (pd_upper == 0) carries no checksum; PostgreSQL accepts it only when all zero.
-pub fn is_new(page: &[u8]) -> bool {
+pub(crate) fn is_new(page: &[u8]) -> bool {
     u16::from_le_bytes([page[14], page[15]]) == 0
 }
 

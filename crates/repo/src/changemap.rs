@@ -22,7 +22,7 @@ const MAGIC: &[u8; 8] = b"PGSTRMAP";
 /// Map format version written. 2 added `wal_level_minimal`, 3 `completes_previous`; older
 /// maps are still read. A reader that knows only an older version refuses newer maps, so it
 /// hashes instead of trusting a map whose flags it cannot see.
-pub const VERSION: u8 = 3;
+pub(crate) const VERSION: u8 = 3;
 
 /// Blocks of one relation fork, as runs `[first block, count]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -68,7 +68,7 @@ impl CompressType {
         }
     }
 
-    pub fn from_id(id: u8) -> Option<CompressType> {
+    pub(crate) fn from_id(id: u8) -> Option<CompressType> {
         CompressType::ALL.into_iter().find(|c| c.id() == id)
     }
 }
@@ -218,7 +218,7 @@ pub fn decompress_into(
 
 /// Decode one zstd stream of JSON metadata (a manifest, a change map) holding at most
 /// `ratio` times its compressed size plus 64 MiB: a crafted stream must not exhaust memory.
-pub fn zstd_bounded(body: &[u8], ratio: u64, context: &str) -> Result<Vec<u8>> {
+pub(crate) fn zstd_bounded(body: &[u8], ratio: u64, context: &str) -> Result<Vec<u8>> {
     let limit = (body.len() as u64).saturating_mul(ratio) + (64 << 20);
     let mut out = Vec::new();
     zstd::stream::read::Decoder::new(body)

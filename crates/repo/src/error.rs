@@ -51,7 +51,7 @@ impl Error {
         }
     }
 
-    pub fn with_source(
+    pub(crate) fn with_source(
         kind: ErrorKind,
         context: impl Into<String>,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -63,7 +63,7 @@ impl Error {
         }
     }
 
-    pub fn corrupt(context: impl Into<String>) -> Error {
+    pub(crate) fn corrupt(context: impl Into<String>) -> Error {
         Error::new(ErrorKind::Corrupt, context)
     }
 

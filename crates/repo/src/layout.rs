@@ -13,7 +13,7 @@
 //! <stanza>/probe/create-only-<unique>                   stanza-create's and check's test object (removed)
 //! ```
 
-pub fn stanza_info(stanza: &str) -> String {
+pub(crate) fn stanza_info(stanza: &str) -> String {
     format!("{stanza}/stanza.json")
 }
 
@@ -42,7 +42,7 @@ pub fn lock(stanza: &str) -> String {
 
 /// The short-lived object stanza-create and check write twice to see that the store
 /// refuses the second create.
-pub fn create_only_probe(stanza: &str, unique: &str) -> String {
+pub(crate) fn create_only_probe(stanza: &str, unique: &str) -> String {
     format!("{stanza}/probe/create-only-{unique}")
 }
 
@@ -55,7 +55,7 @@ pub fn backup_root(stanza: &str) -> String {
     format!("{stanza}/backup")
 }
 
-pub fn backup_dir(stanza: &str, label: &str) -> String {
+pub(crate) fn backup_dir(stanza: &str, label: &str) -> String {
     format!("{stanza}/backup/{label}")
 }
 

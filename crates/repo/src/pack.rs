@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_FRAME_SIZE: usize = 1024 * 1024;
 /// Largest decoded or stored frame a reader accepts (a writer's frames are about
 /// `DEFAULT_FRAME_SIZE`): lengths from a manifest size allocations.
-pub const MAX_FRAME_LEN: u32 = 64 * 1024 * 1024;
+pub(crate) const MAX_FRAME_LEN: u32 = 64 * 1024 * 1024;
 /// Default size a pack grows to before it is written.
 pub const DEFAULT_PACK_SIZE: usize = 16 * 1024 * 1024;
 
@@ -59,7 +59,7 @@ fn is_zero(v: &u32) -> bool {
 }
 
 /// Identity of a stored frame: (backup label, pack, offset).
-pub type FrameKey = (String, String, u64);
+pub(crate) type FrameKey = (String, String, u64);
 
 impl Chunk {
     /// An extent of zeros, which costs no storage.
@@ -340,9 +340,9 @@ fn merged_reads<'w, 'c>(wanted: &'w [WantedFrame<'c>]) -> Vec<&'w [WantedFrame<'
 }
 
 /// Merged reads never exceed this many stored bytes (plus the last frame).
-pub const MAX_READ: u64 = 16 * 1024 * 1024;
+pub(crate) const MAX_READ: u64 = 16 * 1024 * 1024;
 /// Frames of one pack at most this far apart are fetched with one read.
-pub const MERGE_GAP: u64 = 128 * 1024;
+pub(crate) const MERGE_GAP: u64 = 128 * 1024;
 
 impl<'a> FrameReader<'a> {
     /// A reader for the frames `manifest`'s chunks point at.

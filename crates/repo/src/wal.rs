@@ -19,12 +19,12 @@ use crate::{Error, Result};
 const MAGIC: &[u8; 8] = b"PGSTRWAL";
 pub const HEADER_LEN: usize = 56;
 /// The largest WAL file: PostgreSQL's largest segment size, 1 GiB.
-pub const MAX_RAW_LEN: u64 = 1 << 30;
+pub(crate) const MAX_RAW_LEN: u64 = 1 << 30;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WalHeader {
     pub codec: CompressType,
-    pub raw_len: u64,
+    pub(crate) raw_len: u64,
     pub hash: [u8; 32],
 }
 

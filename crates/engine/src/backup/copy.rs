@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 /// What an incremental compares against: the prior backup's files by path.
 pub(super) struct Prior {
     pub label: String,
-    pub start_epoch: i64,
+    pub(crate) start_epoch: i64,
     pub files: HashMap<String, FileEntry>,
 }
 
@@ -85,7 +85,7 @@ pub(super) struct Job {
 pub(super) struct CopyPlan {
     pub entries: Vec<Entry>,
     /// Largest first, which keeps every worker busy until the end.
-    pub jobs: Vec<Job>,
+    pub(crate) jobs: Vec<Job>,
     pub control: Job,
 }
 
@@ -132,7 +132,7 @@ impl CopyPlan {
         })
     }
 
-    pub fn total_bytes(&self) -> u64 {
+    pub(crate) fn total_bytes(&self) -> u64 {
         self.jobs.iter().map(|j| j.size).sum::<u64>() + self.control.size
     }
 }
@@ -154,7 +154,7 @@ pub(super) struct CopyOutcome {
 
 impl CopyOutcome {
     /// Add another worker's (or pass's) outcome to this one.
-    pub fn absorb(&mut self, o: CopyOutcome) {
+    pub(crate) fn absorb(&mut self, o: CopyOutcome) {
         self.files.extend(o.files);
         self.stored += o.stored;
         self.packs += o.packs;

@@ -39,7 +39,7 @@ pub struct BackupOptions {
     pub track: Track,
 }
 
-pub fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: BackupType) -> String {
+pub(crate) fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: BackupType) -> String {
     let suffix = match backup_type {
         BackupType::Full => "F",
         BackupType::Diff => "D",
@@ -202,7 +202,7 @@ async fn stop(
 }
 
 /// Poll the archive until every segment is there.
-pub async fn wait_for_wal(
+pub(crate) async fn wait_for_wal(
     storage: &Storage,
     stanza: &str,
     archive_id: &str,

@@ -28,7 +28,8 @@ mod recovery;
 mod tree;
 mod write;
 
-pub use plan::{RestoreJob, RestorePlan, TablespaceTarget, WriteMode};
+pub use plan::RestorePlan;
+pub(crate) use plan::{RestoreJob, WriteMode};
 
 use crate::owner::{running_as_root, OwnerResolver};
 use crate::progress::{human_bytes, Progress};

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 /// How the targets are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteMode {
+pub(crate) enum WriteMode {
     /// Into empty (or absent) directories.
     Fresh,
     /// Over an existing data directory: compare local files block by block, rewrite what
@@ -34,20 +34,20 @@ pub enum WriteMode {
 
 /// Where one tablespace is restored, and why there.
 #[derive(Debug, Clone)]
-pub struct TablespaceTarget {
+pub(crate) struct TablespaceTarget {
     pub oid: u32,
     pub location: PathBuf,
     /// Given with `--tablespace-map` (otherwise the source's location).
     pub mapped: bool,
     /// This major version's directories in the location (`PG_<major>_<catver>`): the only
     /// part of a location restore writes or prunes.
-    pub version_dirs: Vec<String>,
+    pub(crate) version_dirs: Vec<String>,
 }
 
 /// A unit of restore work: one file, or small files stored next to each other in one pack,
 /// fetched with one ranged read (over an object store, one request instead of hundreds).
 #[derive(Debug)]
-pub enum RestoreJob {
+pub(crate) enum RestoreJob {
     One(FileEntry),
     Group(Vec<FileEntry>),
 }
@@ -55,18 +55,18 @@ pub enum RestoreJob {
 /// Everything restore will do, decided before it writes anything.
 #[derive(Debug)]
 pub struct RestorePlan {
-    pub manifest: Manifest,
-    pub pg_path: PathBuf,
-    pub mode: WriteMode,
-    pub tablespaces: Vec<TablespaceTarget>,
+    pub(crate) manifest: Manifest,
+    pub(crate) pg_path: PathBuf,
+    pub(crate) mode: WriteMode,
+    pub(crate) tablespaces: Vec<TablespaceTarget>,
     /// Written first, alone: a directory holding it is a data directory to `--delta`, so a
     /// restore interrupted at any later point can be resumed with `--delta`.
-    pub first: Option<FileEntry>,
+    pub(crate) first: Option<FileEntry>,
     /// For the workers, in the order they take them.
-    pub jobs: Vec<RestoreJob>,
+    pub(crate) jobs: Vec<RestoreJob>,
     /// Written last, after everything else is durable: while it is missing the directory
     /// cannot be started by mistake.
-    pub control: Option<FileEntry>,
+    pub(crate) control: Option<FileEntry>,
 }
 
 pub(super) const PG_VERSION: &str = "PG_VERSION";
@@ -100,7 +100,7 @@ impl RestorePlan {
     }
 
     /// Refuse targets restore must not write (see the module docs). Reads, never writes.
-    pub fn check_targets(&self) -> Result<()> {
+    pub(crate) fn check_targets(&self) -> Result<()> {
         refuse_if_running(&self.pg_path)?;
         let overwrite = self.mode != WriteMode::Fresh;
         if !dir_is_empty(&self.pg_path)? {

@@ -18,7 +18,6 @@ use serde::{Deserialize, Serialize};
 pub(crate) mod tests;
 mod text;
 mod validate;
-pub use validate::{is_backup_label, BLOCK_SIZES, MAX_ENTRIES, PERMISSION_BITS};
 
 const MAGIC: &[u8; 8] = b"PGSTRMAN";
 
@@ -347,7 +346,7 @@ impl Manifest {
     }
 
     /// Codec of the frames stored by backup `owner` (this one or one it references).
-    pub fn codec_of(&self, owner: &str) -> crate::codec::CompressType {
+    pub(crate) fn codec_of(&self, owner: &str) -> crate::codec::CompressType {
         if owner == self.label {
             self.compression.kind
         } else {
@@ -391,17 +390,6 @@ pub async fn list_backups(storage: &Storage, stanza: &str) -> Result<Vec<String>
         .collect();
     labels.sort();
     Ok(labels)
-}
-
-/// Every complete backup's manifest, oldest first. Manifests are fetched several at a time:
-/// on an object store each is a round trip, and info and expire need all of them. Fails if
-/// any backup is damaged; [`scan_backups`] goes on with the others.
-pub async fn load_backups(storage: &Storage, stanza: &str) -> Result<Vec<Manifest>> {
-    let scan = scan_backups(storage, stanza).await?;
-    match scan.damaged.into_iter().next() {
-        Some(d) => Err(d.error),
-        None => Ok(scan.manifests),
-    }
 }
 
 /// The backups of a stanza: those whose manifest (or its copy) reads, and those whose

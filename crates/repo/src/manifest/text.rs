@@ -13,7 +13,7 @@ pub(super) mod lsn {
         s.collect_str(lsn)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Lsn, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Lsn, D::Error> {
         let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
         parse(&text).ok_or_else(|| {
             de::Error::invalid_value(de::Unexpected::Str(&text), &"an LSN such as \"0/5000028\"")
@@ -48,7 +48,7 @@ pub(super) mod block_hashes {
         s.serialize_str(&text)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
         d.deserialize_str(Visitor)
     }
 

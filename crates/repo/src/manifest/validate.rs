@@ -15,18 +15,18 @@ use std::collections::HashMap;
 
 /// Block sizes of a file's block map a writer may choose (`block_size_for` in the engine);
 /// 0 means no block map.
-pub const BLOCK_SIZES: [u32; 3] = [8192, 16384, 32768];
+pub(crate) const BLOCK_SIZES: [u32; 3] = [8192, 16384, 32768];
 /// Most entries one manifest may hold.
-pub const MAX_ENTRIES: usize = 100_000_000;
+pub(crate) const MAX_ENTRIES: usize = 100_000_000;
 /// Longest path (bytes), as Linux's PATH_MAX; each component at most `MAX_NAME_LEN`.
-pub const MAX_PATH_LEN: usize = 4096;
-pub const MAX_NAME_LEN: usize = 255;
+pub(crate) const MAX_PATH_LEN: usize = 4096;
+pub(crate) const MAX_NAME_LEN: usize = 255;
 /// Longest free text (backup_label, tablespace_map, reasons).
-pub const MAX_TEXT_LEN: usize = 1 << 20;
+pub(crate) const MAX_TEXT_LEN: usize = 1 << 20;
 /// Longest user or group name.
-pub const MAX_OWNER_NAME_LEN: usize = 256;
+pub(crate) const MAX_OWNER_NAME_LEN: usize = 256;
 /// The mode bits restore applies: permissions only, never setuid, setgid or sticky.
-pub const PERMISSION_BITS: u32 = 0o777;
+pub(crate) const PERMISSION_BITS: u32 = 0o777;
 
 /// Check `m` (decoded from `what`) and mask its modes to permission bits.
 pub(super) fn validate(m: &mut Manifest, what: &str) -> Result<()> {
@@ -396,7 +396,7 @@ fn check_chunk(m: &Manifest, c: &Chunk) -> Check {
 }
 
 /// `YYYYMMDD-HHMMSS` then `F`, `D` or `I`.
-pub fn is_backup_label(s: &str) -> bool {
+pub(crate) fn is_backup_label(s: &str) -> bool {
     let b = s.as_bytes();
     b.len() == 16
         && b[..8].iter().all(u8::is_ascii_digit)
