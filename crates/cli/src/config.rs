@@ -11,19 +11,19 @@ use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
-pub struct Invocation {
-    pub command: String,
-    pub args: Vec<String>,
+pub(crate) struct Invocation {
+    pub(crate) command: String,
+    pub(crate) args: Vec<String>,
     values: HashMap<&'static str, String>,
     lists: HashMap<&'static str, Vec<String>>,
     /// The config file actually read, if any.
-    pub config_file: Option<PathBuf>,
+    pub(crate) config_file: Option<PathBuf>,
     /// Problems worth a warning once logging is set up (a config file others can read).
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
 }
 
 /// An option whose values are the names of an engine type (the table lists `T::NAMES`).
-pub trait Choice: Sized {
+pub(crate) trait Choice: Sized {
     const NAMES: &'static [&'static str];
     fn parse(name: &str) -> Option<Self>;
 }
@@ -65,23 +65,23 @@ impl Invocation {
     }
 
     /// A text or path option's value, if set.
-    pub fn get(&self, name: &str) -> Option<&str> {
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.def(name);
         self.values.get(name).map(String::as_str)
     }
 
     /// A text option that has a default.
-    pub fn text(&self, name: &str) -> &str {
+    pub(crate) fn text(&self, name: &str) -> &str {
         self.with_default(name)
     }
 
-    pub fn flag(&self, name: &str) -> bool {
+    pub(crate) fn flag(&self, name: &str) -> bool {
         assert_eq!(self.def(name).kind, Kind::Bool, "{name} is not a boolean");
         self.with_default(name) == "true"
     }
 
     /// An integer (or size) option, if set.
-    pub fn int_opt<T: TryFrom<i64>>(&self, name: &str) -> Option<T> {
+    pub(crate) fn int_opt<T: TryFrom<i64>>(&self, name: &str) -> Option<T> {
         assert!(
             matches!(
                 self.def(name).kind,
@@ -94,13 +94,13 @@ impl Invocation {
     }
 
     /// An integer (or size) option that has a default.
-    pub fn int<T: TryFrom<i64>>(&self, name: &str) -> T {
+    pub(crate) fn int<T: TryFrom<i64>>(&self, name: &str) -> T {
         self.with_default(name);
         self.int_opt(name).expect("has a default")
     }
 
     /// An option whose values are the names of engine type `T`, if set.
-    pub fn choice_opt<T: Choice>(&self, name: &str) -> Option<T> {
+    pub(crate) fn choice_opt<T: Choice>(&self, name: &str) -> Option<T> {
         assert!(
             self.def(name).kind == Kind::Enum(T::NAMES),
             "{name} does not list the names of {}",
@@ -111,18 +111,18 @@ impl Invocation {
     }
 
     /// An option whose values are the names of engine type `T`, with a default.
-    pub fn choice<T: Choice>(&self, name: &str) -> T {
+    pub(crate) fn choice<T: Choice>(&self, name: &str) -> T {
         self.with_default(name);
         self.choice_opt(name).expect("has a default")
     }
 
-    pub fn list(&self, name: &str) -> &[String] {
+    pub(crate) fn list(&self, name: &str) -> &[String] {
         self.def(name);
         self.lists.get(name).map(Vec::as_slice).unwrap_or(&[])
     }
 
     /// The options in effect as `--name=value`, secrets redacted: for the log.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut names: Vec<&&str> = self.values.keys().collect();
         names.sort();
         let mut out: Vec<String> = names
@@ -143,11 +143,11 @@ impl Invocation {
     }
 
     /// The stanza, for commands that take one and for naming log files.
-    pub fn stanza(&self) -> Option<&str> {
+    pub(crate) fn stanza(&self) -> Option<&str> {
         self.values.get("stanza").map(String::as_str)
     }
 
-    pub fn require(&self, name: &str) -> Result<&str, String> {
+    pub(crate) fn require(&self, name: &str) -> Result<&str, String> {
         self.get(name).ok_or_else(|| {
             format!(
                 "option '{name}' is required for {}: give --{name} or set it in the config file",
@@ -280,7 +280,7 @@ fn load_config(path: &PathBuf) -> Result<(toml::Table, Option<String>), String> 
     Ok((table, warning))
 }
 
-pub fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocation, String> {
+pub(crate) fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocation, String> {
     let (command, args, raw) = split_args(argv)?;
     let wants_help = raw.iter().any(|(n, _)| n == "help");
     let command = match (command, wants_help) {

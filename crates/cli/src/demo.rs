@@ -41,7 +41,7 @@ fn become_postgres() -> Result<(), Error> {
     Ok(())
 }
 
-pub fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
+pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
     let t0 = Instant::now();
     let bin = match pg_bin {
         Some(d) => PgBin {

@@ -52,7 +52,7 @@ impl log::Log for Logger {
 }
 
 /// Write an error to the log file only (the console already shows it).
-pub fn error_to_file(msg: &str) {
+pub(crate) fn error_to_file(msg: &str) {
     if let Some(l) = LOGGER.get() {
         if l.file_level >= log::LevelFilter::Error {
             if let Some(f) = &l.file {
@@ -70,7 +70,7 @@ pub fn error_to_file(msg: &str) {
 static LOGGER: std::sync::OnceLock<Logger> = std::sync::OnceLock::new();
 
 /// Install the logger. A log file that cannot be opened is reported on the console once.
-pub fn init(
+pub(crate) fn init(
     console: &str,
     file_level: &str,
     log_path: Option<&str>,

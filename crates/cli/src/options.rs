@@ -14,7 +14,7 @@ use pgstrata_repo::manifest::BackupType;
 use pgstrata_repo::storage::RepoKind;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A compression level: an integer in the range of the codec chosen by compress-type.
     CompressLevel,
     Str,
@@ -36,28 +36,28 @@ pub enum Kind {
 
 /// Where an option may be set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
+pub(crate) enum Scope {
     /// Command line, environment, `[global]` or a stanza table.
     Config,
     /// Command line and environment only (per-invocation choices).
     CommandLine,
 }
 
-pub struct OptionDef {
-    pub name: &'static str,
-    pub kind: Kind,
-    pub default: Option<&'static str>,
-    pub scope: Scope,
+pub(crate) struct OptionDef {
+    pub(crate) name: &'static str,
+    pub(crate) kind: Kind,
+    pub(crate) default: Option<&'static str>,
+    pub(crate) scope: Scope,
     /// Commands that accept it; empty means all.
     /// A credential: refused on the command line (other users see it in `ps`, and it would
     /// end up in archive_command or restore_command); taken from the config file or the
     /// environment, never written into restore_command, never shown.
-    pub secret: bool,
-    pub commands: &'static [&'static str],
-    pub help: &'static str,
+    pub(crate) secret: bool,
+    pub(crate) commands: &'static [&'static str],
+    pub(crate) help: &'static str,
 }
 
-pub const COMMANDS: &[(&str, &str)] = &[
+pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ("stanza-create", "Record the cluster in the repository (once, before archiving and backups)"),
     ("check", "Check configuration, connection and WAL archiving end to end"),
     ("backup", "Back up the running cluster"),
@@ -90,7 +90,7 @@ const RETENTION_CMDS: &[&str] = &["backup", "expire"];
 const PG_CMDS: &[&str] = &["stanza-create", "check", "backup"];
 const COMPRESS_CMDS: &[&str] = &["backup", "archive-push"];
 
-pub const OPTIONS: &[OptionDef] = &[
+pub(crate) const OPTIONS: &[OptionDef] = &[
     OptionDef { name: "config", kind: Kind::Path, default: Some("/etc/pgstrata/pgstrata.toml"), scope: Scope::CommandLine, secret: false, commands: &[],
         help: "Configuration file (TOML: a [global] table and one table per stanza). A missing default file is ignored; a missing file given explicitly is an error." },
     OptionDef { name: "stanza", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, commands: REPO_CMDS,
@@ -220,15 +220,15 @@ pub const OPTIONS: &[OptionDef] = &[
 ];
 
 impl OptionDef {
-    pub fn applies_to(&self, command: &str) -> bool {
+    pub(crate) fn applies_to(&self, command: &str) -> bool {
         self.commands.is_empty() || self.commands.contains(&command)
     }
 
-    pub fn env_name(&self) -> String {
+    pub(crate) fn env_name(&self) -> String {
         format!("PGSTRATA_{}", self.name.to_uppercase().replace('-', "_"))
     }
 
-    pub fn allowed(&self) -> String {
+    pub(crate) fn allowed(&self) -> String {
         match self.kind {
             Kind::Str => "text".into(),
             Kind::Path => "a path".into(),
@@ -258,7 +258,7 @@ impl OptionDef {
     }
 
     /// The default, normalized as a given value would be (`16MiB` as bytes).
-    pub fn default_value(&self) -> Option<String> {
+    pub(crate) fn default_value(&self) -> Option<String> {
         let d = self.default?;
         Some(
             self.validate(d, "the option table")
@@ -267,7 +267,7 @@ impl OptionDef {
     }
 
     /// Check a value and return it normalized.
-    pub fn validate(&self, value: &str, source: &str) -> Result<String, String> {
+    pub(crate) fn validate(&self, value: &str, source: &str) -> Result<String, String> {
         let bad = |why: String| Err(format!("option '{}' (from {source}): {why}", self.name));
         match self.kind {
             // The range depends on compress-type: checked again once both are known
@@ -330,7 +330,7 @@ fn in_range(v: i32, (lo, hi): (i32, i32)) -> bool {
 }
 
 /// A compression level must be one the chosen codec accepts.
-pub fn check_compress_level(level: &str, compress_type: &str, source: &str) -> Result<(), String> {
+pub(crate) fn check_compress_level(level: &str, compress_type: &str, source: &str) -> Result<(), String> {
     let (Ok(level), Some(codec)) = (level.parse::<i32>(), CompressType::parse(compress_type))
     else {
         return Ok(()); // each was validated on its own
@@ -346,7 +346,7 @@ pub fn check_compress_level(level: &str, compress_type: &str, source: &str) -> R
 }
 
 /// Parse a size like `16MiB`, `2MB`, `512k` or `1048576` into bytes.
-pub fn parse_size(v: &str) -> Option<u64> {
+pub(crate) fn parse_size(v: &str) -> Option<u64> {
     let v = v.trim();
     let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
     let (num, unit) = v.split_at(split);
@@ -371,25 +371,25 @@ fn fmt_size(n: u64) -> String {
 }
 
 /// Find the definition of `name` for `command`.
-pub fn find(name: &str, command: &str) -> Option<&'static OptionDef> {
+pub(crate) fn find(name: &str, command: &str) -> Option<&'static OptionDef> {
     OPTIONS
         .iter()
         .find(|o| o.name == name && o.applies_to(command))
 }
 
 /// The definition of `name` when only one command family defines it (not `type`, `delta`).
-pub fn unique(name: &str) -> Option<&'static OptionDef> {
+pub(crate) fn unique(name: &str) -> Option<&'static OptionDef> {
     let mut defs = OPTIONS.iter().filter(|o| o.name == name);
     let first = defs.next()?;
     defs.next().is_none().then_some(first)
 }
 
-pub fn known(name: &str) -> bool {
+pub(crate) fn known(name: &str) -> bool {
     OPTIONS.iter().any(|o| o.name == name)
 }
 
 /// The option reference (docs/options.md), generated from the table.
-pub fn reference_markdown() -> String {
+pub(crate) fn reference_markdown() -> String {
     let mut out = String::from(
         "# pgstrata option reference\n\n\
          Generated by `pgstrata help options` from the option table in `crates/cli/src/options.rs`; \
@@ -426,7 +426,7 @@ pub fn reference_markdown() -> String {
     out
 }
 
-pub fn command_help(command: &str) -> String {
+pub(crate) fn command_help(command: &str) -> String {
     let desc = COMMANDS
         .iter()
         .find(|(c, _)| *c == command)
@@ -447,7 +447,7 @@ pub fn command_help(command: &str) -> String {
     out
 }
 
-pub fn general_help() -> String {
+pub(crate) fn general_help() -> String {
     let mut out = String::from("pgstrata: PostgreSQL backup and restore\n\nUsage: pgstrata [--option=value ...] COMMAND [ARGS]\n\nCommands:\n");
     for (c, h) in COMMANDS {
         out.push_str(&format!("  {c:<15} {h}\n"));
