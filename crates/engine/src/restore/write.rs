@@ -126,18 +126,24 @@ fn decide(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Result<Action> {
     if !sh.delta {
         return Ok(Action::Write);
     }
-    let Some(mut fh) = sh.tree.open_existing(&f.path, false, &mut w.cache)? else {
+    let local = sh.tree.open_existing(&f.path, false, &mut w.cache)?;
+    action_for(f, local, &sh.tree.display_path(&f.path))
+}
+
+/// What restoring `f` over `local` (the file already in its place, if any) takes: a file
+/// with a block map is compared block by block, any other as a whole.
+fn action_for(f: &FileEntry, local: Option<File>, path: &Path) -> Result<Action> {
+    let Some(mut fh) = local else {
         return Ok(Action::Write);
     };
-    let path = sh.tree.display_path(&f.path);
     if f.block_size > 0 {
-        delta_plan(f, &fh, &path)
+        delta_plan(f, &fh, path)
     } else {
         let len = fh
             .metadata()
             .map_err(|e| Error::io(format!("stat {}", path.display()), e))?
             .len();
-        if len == f.size && check_reader(f, &mut fh, &path).is_ok() {
+        if len == f.size && check_reader(f, &mut fh, path).is_ok() {
             Ok(Action::Keep)
         } else {
             Ok(Action::Write)
@@ -335,6 +341,217 @@ mod tests {
     fn chunk(raw: u32, offset: u64) -> Chunk {
         serde_json::from_value(serde_json::json!({"p": "p", "o": offset, "s": 1, "r": raw}))
             .unwrap()
+    }
+
+    /// Block size of the delta tests: small, so a few blocks make a file.
+    const BS: usize = 8;
+
+    /// The manifest entry of a backed-up file: one extent per `extent` bytes (all-zero
+    /// extents stored as zero extents, as backup stores them), a block map and its BLAKE3.
+    fn backed_up(content: &[u8], extent: usize, block_size: usize) -> FileEntry {
+        let chunks: Vec<serde_json::Value> = content
+            .chunks(extent)
+            .enumerate()
+            .map(|(i, part)| {
+                if part.iter().all(|b| *b == 0) {
+                    serde_json::json!({"r": part.len()})
+                } else {
+                    serde_json::json!({"p": "p", "o": i * 100, "s": 1, "r": part.len()})
+                }
+            })
+            .collect();
+        let block_hashes: Vec<u64> = match block_size {
+            0 => Vec::new(),
+            bs => content.chunks(bs).map(block_hash).collect(),
+        };
+        let mut f: FileEntry = serde_json::from_value(serde_json::json!({
+            "path": "base/1/2", "size": content.len(), "mtime": 0, "mode": 0o600, "uid": 0,
+            "gid": 0, "hash": blake3::hash(content).to_hex().as_str(), "chunks": chunks,
+            "block_size": block_size,
+        }))
+        .unwrap();
+        f.block_hashes = block_hashes;
+        f
+    }
+
+    /// What delta restore decides for `f` over a target holding `local` (None: no file).
+    fn decide_over(f: &FileEntry, local: Option<&[u8]>) -> Action {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("2");
+        let fh = local.map(|bytes| {
+            std::fs::write(&path, bytes).unwrap();
+            File::open(&path).unwrap()
+        });
+        action_for(f, fh, &path).unwrap()
+    }
+
+    /// The byte ranges (offset, length) of the file the action reads from the repository,
+    /// adjacent ones joined: zero extents are written without a read.
+    fn fetched(f: &FileEntry, action: &Action) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (at, len) in fetched_extents(f, action) {
+            match runs.last_mut() {
+                Some((o, l)) if *o + *l == at => *l += len,
+                _ => runs.push((at, len)),
+            }
+        }
+        runs
+    }
+
+    fn fetched_extents(f: &FileEntry, action: &Action) -> Vec<(u64, u64)> {
+        let starts = f.chunks.iter().scan(0u64, |pos, c| {
+            let at = *pos;
+            *pos += c.raw as u64;
+            Some(at)
+        });
+        match action {
+            Action::Keep => Vec::new(),
+            Action::Write => starts
+                .zip(&f.chunks)
+                .filter(|(_, c)| !c.is_zero())
+                .map(|(at, c)| (at, c.raw as u64))
+                .collect(),
+            Action::Patch(extents) => extents
+                .iter()
+                .filter(|(_, c)| !c.is_zero())
+                .map(|(at, c)| (*at, c.raw as u64))
+                .collect(),
+        }
+    }
+
+    /// The target file after the action, done as `restore_one` does it: patched extents
+    /// written in place with the backup's bytes, then cut to the backup's size.
+    fn after(backup: &[u8], local: Option<&[u8]>, action: &Action) -> Vec<u8> {
+        match action {
+            Action::Keep => local.expect("kept a file that is there").to_vec(),
+            Action::Write => backup.to_vec(),
+            Action::Patch(extents) => {
+                let mut out = local.expect("patched a file that is there").to_vec();
+                for (at, c) in extents {
+                    let (start, end) = (*at as usize, (*at + c.raw as u64) as usize);
+                    if out.len() < end {
+                        out.resize(end, 0);
+                    }
+                    out[start..end].copy_from_slice(&backup[start..end]);
+                }
+                out.resize(backup.len(), 0);
+                out
+            }
+        }
+    }
+
+    /// Ten blocks of 8 bytes, none all zero, in extents of four blocks.
+    fn ten_blocks() -> Vec<u8> {
+        (0..80u8).map(|b| b + 1).collect()
+    }
+
+    #[test]
+    fn a_target_file_equal_to_the_backup_is_kept_without_a_read() {
+        let backup = ten_blocks();
+        let f = backed_up(&backup, 4 * BS, BS);
+        let action = decide_over(&f, Some(&backup));
+        assert!(matches!(action, Action::Keep));
+        assert_eq!(fetched(&f, &action), vec![]);
+    }
+
+    #[test]
+    fn only_the_differing_block_is_fetched() {
+        let backup = ten_blocks();
+        let f = backed_up(&backup, 4 * BS, BS);
+        let mut local = backup.clone();
+        local[5 * BS + 3] ^= 0xff; // block 5, inside the second extent
+        let action = decide_over(&f, Some(&local));
+        assert_eq!(fetched(&f, &action), vec![(5 * BS as u64, BS as u64)]);
+        assert_eq!(after(&backup, Some(&local), &action), backup);
+    }
+
+    #[test]
+    fn adjacent_differing_blocks_across_extents_are_fetched_as_one_run() {
+        let backup = ten_blocks();
+        let f = backed_up(&backup, 4 * BS, BS);
+        let mut local = backup.clone();
+        local[3 * BS] ^= 1; // last block of the first extent
+        local[4 * BS] ^= 1; // first block of the second
+        let action = decide_over(&f, Some(&local));
+        assert_eq!(fetched(&f, &action), vec![(3 * BS as u64, 2 * BS as u64)]);
+        assert_eq!(after(&backup, Some(&local), &action), backup);
+    }
+
+    #[test]
+    fn a_shorter_target_fetches_only_its_missing_tail() {
+        let backup = ten_blocks();
+        let f = backed_up(&backup, 4 * BS, BS);
+        // Cut inside block 7: blocks 7, 8 and 9 are missing or short.
+        let local = &backup[..7 * BS + 2];
+        let action = decide_over(&f, Some(local));
+        assert_eq!(fetched(&f, &action), vec![(7 * BS as u64, 3 * BS as u64)]);
+        assert_eq!(after(&backup, Some(local), &action), backup);
+    }
+
+    #[test]
+    fn a_longer_target_is_cut_to_size_without_a_read() {
+        let backup = ten_blocks();
+        let f = backed_up(&backup, 4 * BS, BS);
+        let mut local = backup.clone();
+        local.extend_from_slice(&[7; 3 * BS]);
+        let action = decide_over(&f, Some(&local));
+        assert!(matches!(action, Action::Patch(_)), "the extra bytes must go");
+        assert_eq!(fetched(&f, &action), vec![]);
+        assert_eq!(after(&backup, Some(&local), &action), backup);
+    }
+
+    #[test]
+    fn differing_blocks_of_all_zero_extents_are_written_without_a_read() {
+        // Blocks 4..8 are zeros, stored as a zero extent; the target has data there.
+        let mut backup = ten_blocks();
+        backup[4 * BS..8 * BS].fill(0);
+        let f = backed_up(&backup, 4 * BS, BS);
+        assert!(f.chunks[1].is_zero());
+        let mut local = backup.clone();
+        local[4 * BS..6 * BS].fill(9);
+        local[9 * BS] ^= 1;
+        let action = decide_over(&f, Some(&local));
+        let Action::Patch(extents) = &action else {
+            panic!("a differing file is patched");
+        };
+        assert_eq!(extents.len(), 2, "the zero run and block 9");
+        assert_eq!(fetched(&f, &action), vec![(9 * BS as u64, BS as u64)]);
+        assert_eq!(after(&backup, Some(&local), &action), backup);
+    }
+
+    #[test]
+    fn a_missing_target_file_is_written_whole() {
+        let mut backup = ten_blocks();
+        backup[4 * BS..8 * BS].fill(0);
+        let f = backed_up(&backup, 4 * BS, BS);
+        let action = decide_over(&f, None);
+        assert!(matches!(action, Action::Write));
+        let whole = vec![(0, 4 * BS as u64), (8 * BS as u64, 2 * BS as u64)];
+        assert_eq!(fetched(&f, &action), whole);
+    }
+
+    #[test]
+    fn a_differing_block_past_the_first_read_buffer_is_found() {
+        // delta_plan reads 1 MiB at a time: the file spans two reads.
+        let bs = 8192;
+        let backup: Vec<u8> = (0..(1 << 20) + 3 * bs).map(|i| (i % 251) as u8 + 1).collect();
+        let f = backed_up(&backup, 64 * bs, bs);
+        let mut local = backup.clone();
+        let block = (1 << 20) / bs + 1;
+        local[block * bs] ^= 1;
+        let action = decide_over(&f, Some(&local));
+        assert_eq!(fetched(&f, &action), vec![((block * bs) as u64, bs as u64)]);
+        assert_eq!(after(&backup, Some(&local), &action), backup);
+    }
+
+    #[test]
+    fn a_file_without_a_block_map_is_kept_or_written_whole() {
+        let backup = ten_blocks();
+        let f = backed_up(&backup, 4 * BS, 0);
+        assert!(matches!(decide_over(&f, Some(&backup)), Action::Keep));
+        let mut local = backup.clone();
+        local[0] ^= 1;
+        assert!(matches!(decide_over(&f, Some(&local)), Action::Write));
     }
 
     #[test]
