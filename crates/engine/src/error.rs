@@ -5,9 +5,9 @@
 //! branch on, context on every failure, and the source kept. An error from the repository
 //! keeps its repository kind (`ErrorKind::Repo`) and its source chain: a storage outage
 //! stays a storage failure (exit 3) and damaged data stays damage (exit 4), whichever layer
-//! passes them on.
+//! passes them on. An error shows as the repository's do (`pgstrata_repo::error::cause_suffix`).
 
-use std::fmt;
+use pgstrata_repo::error::{cause_suffix, Source};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -29,11 +29,12 @@ pub enum ErrorKind {
     Timeout,
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{message}{}", cause_suffix(.source))]
 pub struct Error {
     pub kind: ErrorKind,
     pub message: String,
-    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    pub source: Option<Source>,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -95,24 +96,6 @@ impl Error {
             _ if self.is_damage() => 4,
             _ => 3,
         }
-    }
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.message)?;
-        if let Some(s) = &self.source {
-            write!(f, ": {s}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 

@@ -74,8 +74,9 @@ impl SslMode {
 pub(crate) fn connector(mode: SslMode, root_cert: Option<&Path>) -> Result<MakeRustls> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let verifier: Arc<dyn ServerCertVerifier> = match mode {
-        SslMode::Disable | SslMode::Prefer | SslMode::Require => Arc::new(AnyCertificate {
+        SslMode::Disable | SslMode::Prefer | SslMode::Require => Arc::new(Lenient {
             provider: provider.clone(),
+            chain: None,
         }),
         SslMode::VerifyCa | SslMode::VerifyFull => {
             let roots = load_roots(mode, root_cert)?;
@@ -84,7 +85,10 @@ pub(crate) fn connector(mode: SslMode, root_cert: Option<&Path>) -> Result<MakeR
                     .build()
                     .map_err(|e| Error::config(format!("pg-sslrootcert: {e}")))?;
             if mode == SslMode::VerifyCa {
-                Arc::new(AnyName(webpki))
+                Arc::new(Lenient {
+                    provider: provider.clone(),
+                    chain: Some(webpki),
+                })
             } else {
                 webpki
             }
@@ -136,62 +140,19 @@ fn load_roots(mode: SslMode, root_cert: Option<&Path>) -> Result<rustls::RootCer
     Ok(roots)
 }
 
-/// prefer/require: encryption without authentication of the server (libpq's meaning).
+/// prefer/require and verify-ca: what libpq accepts without a full check. prefer/require
+/// (no chain) encrypt without authenticating the server; verify-ca checks that the chain
+/// leads to a trusted root but does not compare the certificate's name with the host.
+/// Handshake signatures are checked in every mode, with the provider's algorithms (which is
+/// what `WebPkiServerVerifier` checks them with too).
 #[derive(Debug)]
-struct AnyCertificate {
+struct Lenient {
     provider: Arc<CryptoProvider>,
+    /// verify-ca's chain check; none for prefer/require.
+    chain: Option<Arc<WebPkiServerVerifier>>,
 }
 
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// verify-ca: the chain must lead to a trusted root; the name in the certificate is not
-/// compared with the host.
-#[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -200,10 +161,10 @@ impl ServerCertVerifier for AnyName {
         ocsp: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -216,7 +177,8 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
     }
     fn verify_tls13_signature(
         &self,
@@ -224,10 +186,13 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 

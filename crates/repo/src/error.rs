@@ -4,9 +4,16 @@
 //! object or operation, and its source (kept, so `source()` walks down to the backend's own
 //! error). Whether a failure is worth retrying is decided here, once
 //! ([`ErrorKind::is_retryable`]); the storage layer's retry loop and the engine's
-//! `Error::is_retryable` both ask it.
+//! `Error::is_retryable` both ask it. How an error shows (context, then its source's
+//! message) is written once, [`cause_suffix`], and the engine's errors show the same way.
 
-use std::fmt;
+/// The failure underneath an error, kept so `source()` walks down to it.
+pub type Source = Box<dyn std::error::Error + Send + Sync>;
+
+/// What follows an error's own words: `": "` and its source's message, when it has one.
+pub fn cause_suffix(source: &Option<Source>) -> String {
+    source.as_ref().map(|s| format!(": {s}")).unwrap_or_default()
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -33,11 +40,12 @@ impl ErrorKind {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{context}{}", cause_suffix(.source))]
 pub struct Error {
     pub kind: ErrorKind,
     pub context: String,
-    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    pub source: Option<Source>,
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -54,7 +62,7 @@ impl Error {
     pub(crate) fn with_source(
         kind: ErrorKind,
         context: impl Into<String>,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+        source: impl Into<Source>,
     ) -> Error {
         Error {
             kind,
@@ -74,23 +82,5 @@ impl Error {
 
     pub fn is_not_found(&self) -> bool {
         self.kind == ErrorKind::NotFound
-    }
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.context)?;
-        if let Some(s) = &self.source {
-            write!(f, ": {s}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
