@@ -280,7 +280,10 @@ fn load_config(path: &PathBuf) -> Result<(toml::Table, Option<String>), String> 
     Ok((table, warning))
 }
 
-pub(crate) fn resolve(argv: &[String], env: &HashMap<String, String>) -> Result<Invocation, String> {
+pub(crate) fn resolve(
+    argv: &[String],
+    env: &HashMap<String, String>,
+) -> Result<Invocation, String> {
     let (command, args, raw) = split_args(argv)?;
     let wants_help = raw.iter().any(|(n, _)| n == "help");
     let command = match (command, wants_help) {

@@ -18,7 +18,7 @@ use pgstrata_engine::expire::ExpireOptions;
 use pgstrata_engine::restore::RestoreOptions;
 use pgstrata_engine::{Error, Settings};
 use pgstrata_repo::codec::Compression;
-use pgstrata_repo::storage::{AzureConfig, GcsConfig, RepoConfig, S3Config};
+use pgstrata_repo::storage::{AzureConfig, GcsConfig, RepoConfig, S3Config, Secret};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -200,9 +200,9 @@ fn repo_config(inv: &config::Invocation) -> RepoConfig {
             bucket: get("repo-s3-bucket").unwrap_or_default(),
             endpoint: get("repo-s3-endpoint"),
             region: get("repo-s3-region"),
-            key: get("repo-s3-key"),
-            key_secret: get("repo-s3-key-secret"),
-            token: get("repo-s3-token"),
+            key: get("repo-s3-key").map(Secret::from),
+            key_secret: get("repo-s3-key-secret").map(Secret::from),
+            token: get("repo-s3-token").map(Secret::from),
             path_style: inv.text("repo-s3-uri-style") == "path",
             storage_class: get("repo-s3-storage-class"),
             kms_key_id: get("repo-s3-kms-key-id"),
@@ -215,7 +215,7 @@ fn repo_config(inv: &config::Invocation) -> RepoConfig {
         azure: AzureConfig {
             account: get("repo-azure-account").unwrap_or_default(),
             container: get("repo-azure-container").unwrap_or_default(),
-            key: get("repo-azure-key"),
+            key: get("repo-azure-key").map(Secret::from),
             endpoint: get("repo-azure-endpoint"),
         },
         ca_file: get("repo-s3-ca-file"),

@@ -330,7 +330,11 @@ fn in_range(v: i32, (lo, hi): (i32, i32)) -> bool {
 }
 
 /// A compression level must be one the chosen codec accepts.
-pub(crate) fn check_compress_level(level: &str, compress_type: &str, source: &str) -> Result<(), String> {
+pub(crate) fn check_compress_level(
+    level: &str,
+    compress_type: &str,
+    source: &str,
+) -> Result<(), String> {
     let (Ok(level), Some(codec)) = (level.parse::<i32>(), CompressType::parse(compress_type))
     else {
         return Ok(()); // each was validated on its own

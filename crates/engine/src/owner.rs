@@ -15,26 +15,14 @@ impl OwnerNames {
     pub(crate) fn owner_of(&mut self, md: &std::fs::Metadata) -> Owner {
         let uid = md.uid();
         let gid = md.gid();
-        let user = self
-            .users
-            .entry(uid)
-            .or_insert_with(|| {
-                nix::unistd::User::from_uid(uid.into())
-                    .ok()
-                    .flatten()
-                    .map(|u| u.name)
-            })
-            .clone();
-        let group = self
-            .groups
-            .entry(gid)
-            .or_insert_with(|| {
-                nix::unistd::Group::from_gid(gid.into())
-                    .ok()
-                    .flatten()
-                    .map(|g| g.name)
-            })
-            .clone();
+        let user = cached(&mut self.users, uid, |id| {
+            nix::unistd::User::from_uid(id.into()).ok()?.map(|u| u.name)
+        });
+        let group = cached(&mut self.groups, gid, |id| {
+            nix::unistd::Group::from_gid(id.into())
+                .ok()?
+                .map(|g| g.name)
+        });
         Owner {
             mode: md.mode() & 0o7777,
             uid,
@@ -43,6 +31,15 @@ impl OwnerNames {
             group,
         }
     }
+}
+
+/// The name of `id`, looked up once.
+fn cached(
+    names: &mut HashMap<u32, Option<String>>,
+    id: u32,
+    look_up: impl FnOnce(u32) -> Option<String>,
+) -> Option<String> {
+    names.entry(id).or_insert_with(|| look_up(id)).clone()
 }
 
 /// A recorded owner as a lookup key: (user name, group name, uid, gid).
@@ -60,19 +57,17 @@ impl OwnerResolver {
             .cache
             .entry((o.user.clone(), o.group.clone(), o.uid, o.gid))
             .or_insert_with(|| {
-                let uid = o
-                    .user
-                    .as_deref()
-                    .and_then(|n| nix::unistd::User::from_name(n).ok().flatten())
-                    .map(|u| u.uid.as_raw())
-                    .unwrap_or(o.uid);
-                let gid = o
-                    .group
-                    .as_deref()
-                    .and_then(|n| nix::unistd::Group::from_name(n).ok().flatten())
-                    .map(|g| g.gid.as_raw())
-                    .unwrap_or(o.gid);
-                (uid, gid)
+                let uid = o.user.as_deref().and_then(|n| {
+                    nix::unistd::User::from_name(n)
+                        .ok()?
+                        .map(|u| u.uid.as_raw())
+                });
+                let gid = o.group.as_deref().and_then(|n| {
+                    nix::unistd::Group::from_name(n)
+                        .ok()?
+                        .map(|g| g.gid.as_raw())
+                });
+                (uid.unwrap_or(o.uid), gid.unwrap_or(o.gid))
             })
     }
 }

@@ -114,28 +114,32 @@ impl Compression {
                 ctx.compress(raw).expect("zstd compress into memory")
             }),
             CompressType::Lz4 => {
-                let mut enc = lz4_flex::frame::FrameEncoder::new(Vec::with_capacity(raw.len() / 2));
-                enc.write_all(raw).expect("lz4 compress into memory");
-                enc.finish().expect("lz4 finish into memory")
+                let enc = lz4_flex::frame::FrameEncoder::new(Vec::with_capacity(raw.len() / 2));
+                stream_into_memory(enc, raw, |e| e.finish().expect("lz4 finish into memory"))
             }
             CompressType::Gz => {
-                let mut enc = flate2::write::GzEncoder::new(
-                    Vec::with_capacity(raw.len() / 2),
-                    flate2::Compression::new(self.level as u32),
-                );
-                enc.write_all(raw).expect("gzip into memory");
-                enc.finish().expect("gzip finish into memory")
+                let level = flate2::Compression::new(self.level as u32);
+                let enc = flate2::write::GzEncoder::new(Vec::with_capacity(raw.len() / 2), level);
+                stream_into_memory(enc, raw, |e| e.finish().expect("gzip finish into memory"))
             }
             CompressType::Bz2 => {
-                let mut enc = bzip2::write::BzEncoder::new(
-                    Vec::with_capacity(raw.len() / 2),
-                    bzip2::Compression::new(self.level as u32),
-                );
-                enc.write_all(raw).expect("bzip2 into memory");
-                enc.finish().expect("bzip2 finish into memory")
+                let level = bzip2::Compression::new(self.level as u32);
+                let enc = bzip2::write::BzEncoder::new(Vec::with_capacity(raw.len() / 2), level);
+                stream_into_memory(enc, raw, |e| e.finish().expect("bzip2 finish into memory"))
             }
         }
     }
+}
+
+/// Compress `raw` into memory through a streaming encoder; `finish` ends the stream and
+/// returns the bytes.
+fn stream_into_memory<E: Write>(
+    mut enc: E,
+    raw: &[u8],
+    finish: impl FnOnce(E) -> Vec<u8>,
+) -> Vec<u8> {
+    enc.write_all(raw).expect("compress into memory");
+    finish(enc)
 }
 
 thread_local! {

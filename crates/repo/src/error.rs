@@ -12,7 +12,10 @@ pub type Source = Box<dyn std::error::Error + Send + Sync>;
 
 /// What follows an error's own words: `": "` and its source's message, when it has one.
 pub fn cause_suffix(source: &Option<Source>) -> String {
-    source.as_ref().map(|s| format!(": {s}")).unwrap_or_default()
+    source
+        .as_ref()
+        .map(|s| format!(": {s}"))
+        .unwrap_or_default()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

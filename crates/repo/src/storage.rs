@@ -77,48 +77,44 @@ impl RepoKind {
     }
 }
 
-/// How a credential shows in `Debug` output: whether it is set, never its value.
-fn redacted(v: &Option<String>) -> &'static str {
-    if v.is_some() {
-        "Some(<redacted>)"
-    } else {
-        "None"
+/// A credential. `Debug` shows only that it is set (`Some(<redacted>)`), never its value,
+/// so the configurations holding credentials can derive `Debug` and be logged.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
     }
 }
 
-#[derive(Clone, Default)]
+impl std::ops::Deref for Secret {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<T: Into<String>> From<T> for Secret {
+    fn from(value: T) -> Secret {
+        Secret(value.into())
+    }
+}
+
+#[derive(Debug, Clone, Default)]
 pub struct S3Config {
     pub bucket: String,
     /// URL; `http://` is allowed (local servers).
     pub endpoint: Option<String>,
     pub region: Option<String>,
-    pub key: Option<String>,
-    pub key_secret: Option<String>,
-    pub token: Option<String>,
+    pub key: Option<Secret>,
+    pub key_secret: Option<Secret>,
+    pub token: Option<Secret>,
     /// Path-style requests (`endpoint/bucket/key`) instead of host-style.
     pub path_style: bool,
     pub storage_class: Option<String>,
     /// Server-side encryption with this KMS key.
     pub kms_key_id: Option<String>,
-}
-
-impl std::fmt::Debug for S3Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("S3Config")
-            .field("bucket", &self.bucket)
-            .field("endpoint", &self.endpoint)
-            .field("region", &self.region)
-            .field("key", &format_args!("{}", redacted(&self.key)))
-            .field(
-                "key_secret",
-                &format_args!("{}", redacted(&self.key_secret)),
-            )
-            .field("token", &format_args!("{}", redacted(&self.token)))
-            .field("path_style", &self.path_style)
-            .field("storage_class", &self.storage_class)
-            .field("kms_key_id", &self.kms_key_id)
-            .finish()
-    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -129,23 +125,12 @@ pub struct GcsConfig {
     pub endpoint: Option<String>,
 }
 
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct AzureConfig {
     pub account: String,
     pub container: String,
-    pub key: Option<String>,
+    pub key: Option<Secret>,
     pub endpoint: Option<String>,
-}
-
-impl std::fmt::Debug for AzureConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AzureConfig")
-            .field("account", &self.account)
-            .field("container", &self.container)
-            .field("key", &format_args!("{}", redacted(&self.key)))
-            .field("endpoint", &self.endpoint)
-            .finish()
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -181,6 +166,24 @@ fn map_err(e: object_store::Error, what: String) -> Error {
     }
 }
 
+/// A setting an object store cannot go without: empty is refused with `message`.
+fn required(value: &str, message: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::new(ErrorKind::Invalid, message));
+    }
+    Ok(())
+}
+
+/// An object store as built, with the URL shown for it; `kind` names it when building fails.
+fn built(
+    store: object_store::Result<impl ObjectStore>,
+    kind: &str,
+    url: String,
+) -> Result<(Arc<dyn ObjectStore>, String)> {
+    let store = store.map_err(|e| map_err(e, format!("configure the {kind} repository")))?;
+    Ok((Arc::new(store), url))
+}
+
 impl Storage {
     /// Open the repository `cfg` describes. A local repository directory must exist.
     pub fn open(cfg: &RepoConfig) -> Result<Storage> {
@@ -204,12 +207,7 @@ impl Storage {
             }
             RepoKind::S3 => {
                 let c = &cfg.s3;
-                if c.bucket.is_empty() {
-                    return Err(Error::new(
-                        ErrorKind::Invalid,
-                        "repo-type=s3 needs repo-s3-bucket",
-                    ));
-                }
+                required(&c.bucket, "repo-type=s3 needs repo-s3-bucket")?;
                 // Environment first (AWS_* variables, web identity, instance metadata when no
                 // key is given), then explicit settings.
                 let mut b = object_store::aws::AmazonS3Builder::from_env()
@@ -221,37 +219,26 @@ impl Storage {
                 if let Some(e) = &c.endpoint {
                     b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
                 }
-                if let Some(r) = &c.region {
-                    b = b.with_region(r);
-                }
-                if let Some(k) = &c.key {
-                    b = b.with_access_key_id(k);
-                }
-                if let Some(k) = &c.key_secret {
-                    b = b.with_secret_access_key(k);
-                }
-                if let Some(t) = &c.token {
-                    b = b.with_token(t);
+                use object_store::aws::AmazonS3ConfigKey as Key;
+                for (key, value) in [
+                    (Key::Region, c.region.as_deref()),
+                    (Key::AccessKeyId, c.key.as_deref()),
+                    (Key::SecretAccessKey, c.key_secret.as_deref()),
+                    (Key::Token, c.token.as_deref()),
+                ] {
+                    if let Some(v) = value {
+                        b = b.with_config(key, v);
+                    }
                 }
                 if let Some(k) = &c.kms_key_id {
                     b = b.with_sse_kms_encryption(k);
                 }
-                let store = b
-                    .build()
-                    .map_err(|e| map_err(e, "configure the S3 repository".into()))?;
-                (
-                    Arc::new(store),
-                    format!("s3://{}/{}", c.bucket, cfg.path.trim_matches('/')),
-                )
+                let url = format!("s3://{}/{}", c.bucket, cfg.path.trim_matches('/'));
+                built(b.build(), "S3", url)?
             }
             RepoKind::Gcs => {
                 let c = &cfg.gcs;
-                if c.bucket.is_empty() {
-                    return Err(Error::new(
-                        ErrorKind::Invalid,
-                        "repo-type=gcs needs repo-gcs-bucket",
-                    ));
-                }
+                required(&c.bucket, "repo-type=gcs needs repo-gcs-bucket")?;
                 let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_bucket_name(&c.bucket)
                     .with_client_options(client_options(cfg, c.endpoint.as_deref())?)
@@ -271,28 +258,20 @@ impl Storage {
                         ));
                     }
                 }
-                let store = b
-                    .build()
-                    .map_err(|e| map_err(e, "configure the GCS repository".into()))?;
-                (
-                    Arc::new(store),
-                    format!("gs://{}/{}", c.bucket, cfg.path.trim_matches('/')),
-                )
+                let url = format!("gs://{}/{}", c.bucket, cfg.path.trim_matches('/'));
+                built(b.build(), "GCS", url)?
             }
             RepoKind::Azure => {
                 let c = &cfg.azure;
-                if c.account.is_empty() || c.container.is_empty() {
-                    return Err(Error::new(
-                        ErrorKind::Invalid,
-                        "repo-type=azure needs repo-azure-account and repo-azure-container",
-                    ));
-                }
+                let needs = "repo-type=azure needs repo-azure-account and repo-azure-container";
+                required(&c.account, needs)?;
+                required(&c.container, needs)?;
                 let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_account(&c.account)
                     .with_container_name(&c.container)
                     .with_client_options(client_options(cfg, c.endpoint.as_deref())?)
                     .with_retry(http_retry());
-                if let Some(k) = &c.key {
+                if let Some(k) = c.key.as_deref() {
                     b = b.with_access_key(k);
                 }
                 if let Some(e) = &c.endpoint {
@@ -300,18 +279,9 @@ impl Storage {
                         .with_endpoint(e.clone())
                         .with_allow_http(e.starts_with("http://"));
                 }
-                let store = b
-                    .build()
-                    .map_err(|e| map_err(e, "configure the Azure repository".into()))?;
-                (
-                    Arc::new(store),
-                    format!(
-                        "azure://{}/{}/{}",
-                        c.account,
-                        c.container,
-                        cfg.path.trim_matches('/')
-                    ),
-                )
+                let path = cfg.path.trim_matches('/');
+                let url = format!("azure://{}/{}/{path}", c.account, c.container);
+                built(b.build(), "Azure", url)?
             }
         };
         let store: Arc<dyn ObjectStore> = match cfg.kind {

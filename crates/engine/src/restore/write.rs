@@ -495,7 +495,10 @@ mod tests {
         let mut local = backup.clone();
         local.extend_from_slice(&[7; 3 * BS]);
         let action = decide_over(&f, Some(&local));
-        assert!(matches!(action, Action::Patch(_)), "the extra bytes must go");
+        assert!(
+            matches!(action, Action::Patch(_)),
+            "the extra bytes must go"
+        );
         assert_eq!(fetched(&f, &action), vec![]);
         assert_eq!(after(&backup, Some(&local), &action), backup);
     }
@@ -534,7 +537,9 @@ mod tests {
     fn a_differing_block_past_the_first_read_buffer_is_found() {
         // delta_plan reads 1 MiB at a time: the file spans two reads.
         let bs = 8192;
-        let backup: Vec<u8> = (0..(1 << 20) + 3 * bs).map(|i| (i % 251) as u8 + 1).collect();
+        let backup: Vec<u8> = (0..(1 << 20) + 3 * bs)
+            .map(|i| (i % 251) as u8 + 1)
+            .collect();
         let f = backed_up(&backup, 64 * bs, bs);
         let mut local = backup.clone();
         let block = (1 << 20) / bs + 1;
