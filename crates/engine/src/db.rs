@@ -118,18 +118,36 @@ impl Db {
         })
     }
 
+    /// Run `since_15`, or `before_15` on PostgreSQL 14: version 15 renamed the backup
+    /// functions.
+    async fn query_backup_function(
+        &self,
+        since_15: &str,
+        before_15: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        what: &str,
+    ) -> Result<tokio_postgres::Row> {
+        let sql = if self.major() >= 15 {
+            since_15
+        } else {
+            before_15
+        };
+        self.client
+            .query_one(sql, params)
+            .await
+            .map_err(pg_err(what))
+    }
+
     /// Enter backup mode; returns the start LSN and its timeline.
     pub(crate) async fn backup_start(&self, label: &str, fast: bool) -> Result<(Lsn, u32)> {
-        let sql = if self.major() >= 15 {
-            "SELECT pg_backup_start($1, $2)::text"
-        } else {
-            "SELECT pg_start_backup($1, $2, false)::text"
-        };
         let row = self
-            .client
-            .query_one(sql, &[&label, &fast])
-            .await
-            .map_err(pg_err("start backup"))?;
+            .query_backup_function(
+                "SELECT pg_backup_start($1, $2)::text",
+                "SELECT pg_start_backup($1, $2, false)::text",
+                &[&label, &fast],
+                "start backup",
+            )
+            .await?;
         let lsn: Lsn = row.get::<_, String>(0).parse()?;
         let tli = self.timeline_of(lsn).await?;
         Ok((lsn, tli))
@@ -138,16 +156,14 @@ impl Db {
     /// Leave backup mode without waiting for archiving (pgstrata waits on the repository
     /// itself, with a timeout). Returns (stop LSN, backup_label text, tablespace_map text).
     pub(crate) async fn backup_stop(&self) -> Result<(Lsn, String, Option<String>)> {
-        let sql = if self.major() >= 15 {
-            "SELECT lsn::text, labelfile, spcmapfile FROM pg_backup_stop(false)"
-        } else {
-            "SELECT lsn::text, labelfile, spcmapfile FROM pg_stop_backup(false, false)"
-        };
         let row = self
-            .client
-            .query_one(sql, &[])
-            .await
-            .map_err(pg_err("stop backup"))?;
+            .query_backup_function(
+                "SELECT lsn::text, labelfile, spcmapfile FROM pg_backup_stop(false)",
+                "SELECT lsn::text, labelfile, spcmapfile FROM pg_stop_backup(false, false)",
+                &[],
+                "stop backup",
+            )
+            .await?;
         let lsn: Lsn = row.get::<_, String>(0).parse()?;
         let map: Option<String> = row.get(2);
         Ok((lsn, row.get(1), map.filter(|m| !m.is_empty())))

@@ -166,6 +166,19 @@ fn map_err(e: object_store::Error, what: String) -> Error {
     }
 }
 
+/// `bytes` if all `want` bytes came. A short read is transient (a dropped connection) or a
+/// truncated object: a storage failure, retried, and reported naming the object if it
+/// persists.
+fn whole(bytes: Bytes, want: u64, what: &str) -> Result<Bytes> {
+    if bytes.len() as u64 != want {
+        return Err(Error::new(
+            ErrorKind::Storage,
+            format!("{what}: short read ({} of {want} bytes)", bytes.len()),
+        ));
+    }
+    Ok(bytes)
+}
+
 /// A setting an object store cannot go without: empty is refused with `message`.
 fn required(value: &str, message: &str) -> Result<()> {
     if value.is_empty() {
@@ -455,13 +468,7 @@ impl Storage {
                     .map_err(|e| map_err(e, what.clone()))?;
                 let expected = r.meta.size;
                 let b = r.bytes().await.map_err(|e| map_err(e, what.clone()))?;
-                if b.len() as u64 != expected {
-                    return Err(Error::new(
-                        ErrorKind::Storage,
-                        format!("{what}: short read ({} of {expected} bytes)", b.len()),
-                    ));
-                }
-                Ok(b)
+                whole(b, expected, &what)
             }
         })
         .await
@@ -479,15 +486,7 @@ impl Storage {
                     .get_range(&path, range)
                     .await
                     .map_err(|e| map_err(e, what.clone()))?;
-                if b.len() as u64 != want {
-                    // Transient (a dropped connection) or a truncated object: retried, and
-                    // reported with the object's name if it persists.
-                    return Err(Error::new(
-                        ErrorKind::Storage,
-                        format!("{what}: short read ({} of {want} bytes)", b.len()),
-                    ));
-                }
-                Ok(b)
+                whole(b, want, &what)
             }
         })
         .await

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 pub struct S3Server {
     pub port: u16,
     pub bucket: String,
-    child: std::process::Child,
+    _process: ServerProcess,
 }
 
 impl S3Server {
@@ -25,16 +25,12 @@ impl S3Server {
         let exe = which("moto_server").ok_or(
             "moto_server not found: pip install 'moto[server]' (.ci/setup does) or put it on PATH",
         )?;
-        let child = Command::new(exe)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start moto_server: {e}"))?;
-        let mut server = S3Server {
+        let mut command = Command::new(exe);
+        command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+        let server = S3Server {
             port,
             bucket: bucket.to_string(),
-            child,
+            _process: ServerProcess::spawn(command, "moto_server")?,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -42,7 +38,6 @@ impl S3Server {
                 return Ok(server);
             }
             if Instant::now() > deadline {
-                let _ = server.child.kill();
                 return Err("moto_server did not come up within 30 s".into());
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -54,10 +49,24 @@ impl S3Server {
     }
 }
 
-impl Drop for S3Server {
+/// A storage server's process, output discarded; killed and reaped on drop.
+struct ServerProcess(std::process::Child);
+
+impl ServerProcess {
+    fn spawn(mut command: Command, what: &str) -> Result<ServerProcess, String> {
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {what}: {e}"))?;
+        Ok(ServerProcess(child))
+    }
+}
+
+impl Drop for ServerProcess {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -90,7 +99,7 @@ fn http_request(port: u16, method: &str, path: &str) -> std::io::Result<u16> {
 pub struct AzuriteServer {
     pub port: u16,
     pub container: String,
-    child: std::process::Child,
+    _process: ServerProcess,
     _data: Scratch,
 }
 
@@ -104,7 +113,8 @@ impl AzuriteServer {
         let exe = tool("azurite-blob")?;
         let port = free_port();
         let data = Scratch::new("azurite-data");
-        let child = Command::new(exe)
+        let mut command = Command::new(exe);
+        command
             .args([
                 "--blobHost",
                 "127.0.0.1",
@@ -115,15 +125,11 @@ impl AzuriteServer {
             .arg("--blobPort")
             .arg(port.to_string())
             .arg("--location")
-            .arg(&data.path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start azurite-blob: {e}"))?;
+            .arg(&data.path);
         let server = AzuriteServer {
             port,
             container: container.to_string(),
-            child,
+            _process: ServerProcess::spawn(command, "azurite-blob")?,
             _data: data,
         };
         wait_for_port(port, "azurite")?;
@@ -141,13 +147,6 @@ impl AzuriteServer {
 
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for AzuriteServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

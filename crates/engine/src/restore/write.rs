@@ -445,62 +445,60 @@ mod tests {
         (0..80u8).map(|b| b + 1).collect()
     }
 
+    /// Delta restore of `backup` (extents of `extent` bytes, blocks of `bs`) over a target
+    /// holding `local`: checks the result is the backup and returns the ranges fetched.
+    fn fetched_to_restore(
+        backup: &[u8],
+        extent: usize,
+        bs: usize,
+        local: &[u8],
+    ) -> Vec<(u64, u64)> {
+        let f = backed_up(backup, extent, bs);
+        let action = decide_over(&f, Some(local));
+        assert_eq!(after(backup, Some(local), &action), backup, "restored file");
+        fetched(&f, &action)
+    }
+
     #[test]
     fn a_target_file_equal_to_the_backup_is_kept_without_a_read() {
         let backup = ten_blocks();
         let f = backed_up(&backup, 4 * BS, BS);
-        let action = decide_over(&f, Some(&backup));
-        assert!(matches!(action, Action::Keep));
-        assert_eq!(fetched(&f, &action), vec![]);
+        assert!(matches!(decide_over(&f, Some(&backup)), Action::Keep));
     }
 
     #[test]
     fn only_the_differing_block_is_fetched() {
         let backup = ten_blocks();
-        let f = backed_up(&backup, 4 * BS, BS);
         let mut local = backup.clone();
         local[5 * BS + 3] ^= 0xff; // block 5, inside the second extent
-        let action = decide_over(&f, Some(&local));
-        assert_eq!(fetched(&f, &action), vec![(5 * BS as u64, BS as u64)]);
-        assert_eq!(after(&backup, Some(&local), &action), backup);
+        let fetched = fetched_to_restore(&backup, 4 * BS, BS, &local);
+        assert_eq!(fetched, vec![(5 * BS as u64, BS as u64)]);
     }
 
     #[test]
     fn adjacent_differing_blocks_across_extents_are_fetched_as_one_run() {
         let backup = ten_blocks();
-        let f = backed_up(&backup, 4 * BS, BS);
         let mut local = backup.clone();
         local[3 * BS] ^= 1; // last block of the first extent
         local[4 * BS] ^= 1; // first block of the second
-        let action = decide_over(&f, Some(&local));
-        assert_eq!(fetched(&f, &action), vec![(3 * BS as u64, 2 * BS as u64)]);
-        assert_eq!(after(&backup, Some(&local), &action), backup);
+        let fetched = fetched_to_restore(&backup, 4 * BS, BS, &local);
+        assert_eq!(fetched, vec![(3 * BS as u64, 2 * BS as u64)]);
     }
 
     #[test]
     fn a_shorter_target_fetches_only_its_missing_tail() {
         let backup = ten_blocks();
-        let f = backed_up(&backup, 4 * BS, BS);
         // Cut inside block 7: blocks 7, 8 and 9 are missing or short.
-        let local = &backup[..7 * BS + 2];
-        let action = decide_over(&f, Some(local));
-        assert_eq!(fetched(&f, &action), vec![(7 * BS as u64, 3 * BS as u64)]);
-        assert_eq!(after(&backup, Some(local), &action), backup);
+        let fetched = fetched_to_restore(&backup, 4 * BS, BS, &backup[..7 * BS + 2]);
+        assert_eq!(fetched, vec![(7 * BS as u64, 3 * BS as u64)]);
     }
 
     #[test]
     fn a_longer_target_is_cut_to_size_without_a_read() {
         let backup = ten_blocks();
-        let f = backed_up(&backup, 4 * BS, BS);
         let mut local = backup.clone();
         local.extend_from_slice(&[7; 3 * BS]);
-        let action = decide_over(&f, Some(&local));
-        assert!(
-            matches!(action, Action::Patch(_)),
-            "the extra bytes must go"
-        );
-        assert_eq!(fetched(&f, &action), vec![]);
-        assert_eq!(after(&backup, Some(&local), &action), backup);
+        assert_eq!(fetched_to_restore(&backup, 4 * BS, BS, &local), vec![]);
     }
 
     #[test]
@@ -508,18 +506,12 @@ mod tests {
         // Blocks 4..8 are zeros, stored as a zero extent; the target has data there.
         let mut backup = ten_blocks();
         backup[4 * BS..8 * BS].fill(0);
-        let f = backed_up(&backup, 4 * BS, BS);
-        assert!(f.chunks[1].is_zero());
+        assert!(backed_up(&backup, 4 * BS, BS).chunks[1].is_zero());
         let mut local = backup.clone();
         local[4 * BS..6 * BS].fill(9);
         local[9 * BS] ^= 1;
-        let action = decide_over(&f, Some(&local));
-        let Action::Patch(extents) = &action else {
-            panic!("a differing file is patched");
-        };
-        assert_eq!(extents.len(), 2, "the zero run and block 9");
-        assert_eq!(fetched(&f, &action), vec![(9 * BS as u64, BS as u64)]);
-        assert_eq!(after(&backup, Some(&local), &action), backup);
+        let fetched = fetched_to_restore(&backup, 4 * BS, BS, &local);
+        assert_eq!(fetched, vec![(9 * BS as u64, BS as u64)]);
     }
 
     #[test]
@@ -540,13 +532,11 @@ mod tests {
         let backup: Vec<u8> = (0..(1 << 20) + 3 * bs)
             .map(|i| (i % 251) as u8 + 1)
             .collect();
-        let f = backed_up(&backup, 64 * bs, bs);
         let mut local = backup.clone();
         let block = (1 << 20) / bs + 1;
         local[block * bs] ^= 1;
-        let action = decide_over(&f, Some(&local));
-        assert_eq!(fetched(&f, &action), vec![((block * bs) as u64, bs as u64)]);
-        assert_eq!(after(&backup, Some(&local), &action), backup);
+        let fetched = fetched_to_restore(&backup, 64 * bs, bs, &local);
+        assert_eq!(fetched, vec![((block * bs) as u64, bs as u64)]);
     }
 
     #[test]
