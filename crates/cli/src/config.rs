@@ -280,6 +280,20 @@ fn load_config(path: &PathBuf) -> Result<(toml::Table, Option<String>), String> 
     Ok((table, warning))
 }
 
+/// The last `--name` on the command line (`raw`), else the option's environment variable:
+/// for the options needed before the config file is read.
+fn flag_or_env(
+    raw: &[(String, String)],
+    env: &HashMap<String, String>,
+    name: &str,
+) -> Option<String> {
+    let env_name = options::env_name(name);
+    let from_flag = raw.iter().rev().find(|(n, _)| n == name);
+    from_flag
+        .map(|(_, v)| v.clone())
+        .or_else(|| env.get(&env_name).cloned())
+}
+
 pub(crate) fn resolve(
     argv: &[String],
     env: &HashMap<String, String>,
@@ -325,12 +339,7 @@ pub(crate) fn resolve(
     }
 
     // The config file: --config, else PGSTRATA_CONFIG, else the default (optional).
-    let explicit = raw
-        .iter()
-        .rev()
-        .find(|(n, _)| n == "config")
-        .map(|(_, v)| v.clone())
-        .or_else(|| env.get("PGSTRATA_CONFIG").cloned());
+    let explicit = flag_or_env(&raw, env, "config");
     let (config_path, required) = match explicit {
         Some(p) => (PathBuf::from(p), true),
         None => (
@@ -357,12 +366,7 @@ pub(crate) fn resolve(
     };
     let config_file = table.as_ref().map(|_| config_path.clone());
 
-    let stanza = raw
-        .iter()
-        .rev()
-        .find(|(n, _)| n == "stanza")
-        .map(|(_, v)| v.clone())
-        .or_else(|| env.get("PGSTRATA_STANZA").cloned());
+    let stanza = flag_or_env(&raw, env, "stanza");
     if let (Some(t), Some(s)) = (&table, &stanza) {
         if s != "global" && !t.contains_key(s) && t.keys().any(|k| k != "global") {
             log::debug!("config file has no [{s}] table");

@@ -219,13 +219,19 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Directory of the PostgreSQL server binaries for the demo (default: pg_config --bindir, else the newest /usr/lib/postgresql/*/bin)." },
 ];
 
+/// The environment variable that sets option `name`: `PGSTRATA_` and the name in capitals,
+/// `-` as `_`.
+pub(crate) fn env_name(name: &str) -> String {
+    format!("PGSTRATA_{}", name.to_uppercase().replace('-', "_"))
+}
+
 impl OptionDef {
     pub(crate) fn applies_to(&self, command: &str) -> bool {
         self.commands.is_empty() || self.commands.contains(&command)
     }
 
     pub(crate) fn env_name(&self) -> String {
-        format!("PGSTRATA_{}", self.name.to_uppercase().replace('-', "_"))
+        env_name(self.name)
     }
 
     pub(crate) fn allowed(&self) -> String {

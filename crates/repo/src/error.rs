@@ -87,3 +87,18 @@ impl Error {
         self.kind == ErrorKind::NotFound
     }
 }
+
+/// Refuses stored data of a format newer than this build reads (`supported`), naming it
+/// (`what`): the data is fine, this pgstrata is too old for it.
+pub(crate) fn check_format_version(what: &str, found: u32, supported: u32) -> Result<()> {
+    if found > supported {
+        return Err(Error::new(
+            ErrorKind::Format,
+            format!(
+                "{what}: format {found} is newer than this pgstrata understands ({supported}); \
+                 upgrade pgstrata"
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -55,15 +55,7 @@ impl StanzaInfo {
                 e,
             )
         })?;
-        if info.format_version > FORMAT_VERSION {
-            return Err(Error::new(
-                ErrorKind::Format,
-                format!(
-                    "{key}: repository format {} is newer than this pgstrata understands ({FORMAT_VERSION}); upgrade pgstrata",
-                    info.format_version
-                ),
-            ));
-        }
+        crate::error::check_format_version(&key, info.format_version, FORMAT_VERSION)?;
         Ok(info)
     }
 

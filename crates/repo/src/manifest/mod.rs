@@ -268,15 +268,7 @@ impl Manifest {
         let mut m: Manifest = serde_json::from_slice(&json).map_err(|e| {
             Error::with_source(ErrorKind::Corrupt, format!("{what}: invalid manifest"), e)
         })?;
-        if m.format_version > FORMAT_VERSION {
-            return Err(Error::new(
-                ErrorKind::Format,
-                format!(
-                    "{what}: format {} is newer than this pgstrata understands; upgrade pgstrata",
-                    m.format_version
-                ),
-            ));
-        }
+        crate::error::check_format_version(what, m.format_version, FORMAT_VERSION)?;
         validate::validate(&mut m, what)?;
         Ok(m)
     }
