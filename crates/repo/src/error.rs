@@ -102,3 +102,27 @@ pub(crate) fn check_format_version(what: &str, found: u32, supported: u32) -> Re
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_newer_format_is_refused_naming_the_object_and_both_versions() {
+        assert!(check_format_version("stanza/main/stanza.info", 2, 2).is_ok());
+        let e = check_format_version("stanza/main/stanza.info", 3, 2).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Format);
+        let shown = e.to_string();
+        assert!(shown.starts_with("stanza/main/stanza.info: format 3 "), "{shown}");
+        assert!(shown.contains("(2); upgrade pgstrata"), "{shown}");
+    }
+
+    #[test]
+    fn an_error_shows_its_source_after_its_context() {
+        let io = std::io::Error::other("disk on fire");
+        let e = Error::with_source(ErrorKind::Storage, "read pack p1", io);
+        assert_eq!(e.to_string(), "read pack p1: disk on fire");
+        assert!(std::error::Error::source(&e).is_some());
+        assert_eq!(Error::corrupt("pack p1").to_string(), "pack p1");
+    }
+}
