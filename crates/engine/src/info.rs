@@ -12,13 +12,13 @@ pub(crate) struct BackupInfo {
     #[serde(rename = "type")]
     pub backup_type: String,
     pub prior: Option<String>,
-    pub(crate) start_time: String,
-    pub(crate) stop_time: String,
+    pub start_time: String,
+    pub stop_time: String,
     pub start_lsn: String,
-    pub(crate) stop_lsn: String,
+    pub stop_lsn: String,
     pub timeline: u32,
     pub wal_start: String,
-    pub(crate) wal_stop: String,
+    pub wal_stop: String,
     pub database_size: u64,
     /// Bytes this backup stored (its new data); the rest it references from earlier backups.
     pub stored_size: u64,

@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 /// What an incremental compares against: the prior backup's files by path.
 pub(super) struct Prior {
     pub label: String,
-    pub(crate) start_epoch: i64,
+    pub start_epoch: i64,
     pub files: HashMap<String, FileEntry>,
 }
 
@@ -85,7 +85,7 @@ pub(super) struct Job {
 pub(super) struct CopyPlan {
     pub entries: Vec<Entry>,
     /// Largest first, which keeps every worker busy until the end.
-    pub(crate) jobs: Vec<Job>,
+    pub jobs: Vec<Job>,
     pub control: Job,
 }
 

@@ -27,7 +27,7 @@ pub(super) struct Preflight {
     pub backup_type: BackupType,
     pub prior: Option<Manifest>,
     pub label: String,
-    pub(crate) start_time: chrono::DateTime<chrono::Utc>,
+    pub start_time: chrono::DateTime<chrono::Utc>,
 }
 
 /// A started backup: where its WAL starts, and how it finds changed blocks.

@@ -41,7 +41,7 @@ pub(crate) struct TablespaceTarget {
     pub mapped: bool,
     /// This major version's directories in the location (`PG_<major>_<catver>`): the only
     /// part of a location restore writes or prunes.
-    pub(crate) version_dirs: Vec<String>,
+    pub version_dirs: Vec<String>,
 }
 
 /// A unit of restore work: one file, or small files stored next to each other in one pack,

@@ -38,7 +38,7 @@ pub(super) struct Tally {
     pub written: u64,
     pub patched: u64,
     pub kept: u64,
-    pub(crate) bytes_written: u64,
+    pub bytes_written: u64,
     pub bytes_fetched: u64,
 }
 
@@ -47,7 +47,7 @@ pub(super) struct Worker<'a> {
     reader: FrameReader<'a>,
     resolver: OwnerResolver,
     cache: ParentCache,
-    pub(crate) tally: Tally,
+    pub tally: Tally,
 }
 
 impl<'a> Worker<'a> {
