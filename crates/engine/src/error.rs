@@ -5,7 +5,8 @@
 //! branch on, context on every failure, and the source kept. An error from the repository
 //! keeps its repository kind (`ErrorKind::Repo`) and its source chain: a storage outage
 //! stays a storage failure (exit 3) and damaged data stays damage (exit 4), whichever layer
-//! passes them on. An error shows as the repository's do (`pgstrata_repo::error::cause_suffix`).
+//! passes them on. An error shows as the repository's do: its message, then its source's
+//! (`pgstrata_repo::error::cause_suffix`).
 
 use pgstrata_repo::error::{cause_suffix, Source};
 

@@ -113,7 +113,10 @@ mod tests {
         let e = check_format_version("stanza/main/stanza.info", 3, 2).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Format);
         let shown = e.to_string();
-        assert!(shown.starts_with("stanza/main/stanza.info: format 3 "), "{shown}");
+        assert!(
+            shown.starts_with("stanza/main/stanza.info: format 3 "),
+            "{shown}"
+        );
         assert!(shown.contains("(2); upgrade pgstrata"), "{shown}");
     }
 
