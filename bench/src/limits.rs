@@ -4,6 +4,7 @@
 //! a backup of warm data cannot beat it over the codec's rate × cores.
 
 use crate::results::{Record, Results, Row};
+use pgstrata_repo::Named;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Instant;

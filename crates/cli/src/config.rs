@@ -7,6 +7,7 @@
 //! as the wrong type), which the unit tests exercise for every command.
 
 use crate::options::{self, Kind, OptionDef, Scope};
+use pgstrata_repo::Named;
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -21,33 +22,6 @@ pub(crate) struct Invocation {
     /// Problems worth a warning once logging is set up (a config file others can read).
     pub(crate) warnings: Vec<String>,
 }
-
-/// An option whose values are the names of an engine type (the table lists `T::NAMES`).
-pub(crate) trait Choice: Sized {
-    const NAMES: &'static [&'static str];
-    fn parse(name: &str) -> Option<Self>;
-}
-
-macro_rules! choice {
-    ($($t:ty),*) => {$(
-        impl Choice for $t {
-            const NAMES: &'static [&'static str] = <$t>::NAMES;
-            fn parse(name: &str) -> Option<Self> {
-                <$t>::parse(name)
-            }
-        }
-    )*};
-}
-choice!(
-    pgstrata_repo::storage::RepoKind,
-    pgstrata_repo::codec::CompressType,
-    pgstrata_repo::manifest::BackupType,
-    pgstrata_engine::track::Track,
-    pgstrata_engine::expire::RetentionType,
-    pgstrata_engine::restore::RecoveryType,
-    pgstrata_engine::restore::TargetAction,
-    pgstrata_engine::pg_tls::SslMode
-);
 
 impl Invocation {
     /// The definition of `name` for this command, else its only definition (an option of
@@ -100,7 +74,7 @@ impl Invocation {
     }
 
     /// An option whose values are the names of engine type `T`, if set.
-    pub(crate) fn choice_opt<T: Choice>(&self, name: &str) -> Option<T> {
+    pub(crate) fn choice_opt<T: Named>(&self, name: &str) -> Option<T> {
         assert!(
             self.def(name).kind == Kind::Enum(T::NAMES),
             "{name} does not list the names of {}",
@@ -111,7 +85,7 @@ impl Invocation {
     }
 
     /// An option whose values are the names of engine type `T`, with a default.
-    pub(crate) fn choice<T: Choice>(&self, name: &str) -> T {
+    pub(crate) fn choice<T: Named>(&self, name: &str) -> T {
         self.with_default(name);
         self.choice_opt(name).expect("has a default")
     }

@@ -12,6 +12,7 @@ use pgstrata_engine::track::Track;
 use pgstrata_repo::codec::CompressType;
 use pgstrata_repo::manifest::BackupType;
 use pgstrata_repo::storage::RepoKind;
+use pgstrata_repo::Named;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -464,4 +465,24 @@ pub(crate) fn general_help() -> String {
     }
     out.push_str("\n'pgstrata help COMMAND' lists a command's options; 'pgstrata help options' prints the full reference; 'pgstrata help man' the man page.\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgstrata_repo::named::check_named;
+
+    /// Every enum the table takes its values from names each value once, and the names parse
+    /// back: a value added to an enum but not to its names would fail here.
+    #[test]
+    fn every_named_enum_names_each_value_once() {
+        check_named::<RepoKind>();
+        check_named::<CompressType>();
+        check_named::<BackupType>();
+        check_named::<Track>();
+        check_named::<RetentionType>();
+        check_named::<RecoveryType>();
+        check_named::<TargetAction>();
+        check_named::<SslMode>();
+    }
 }

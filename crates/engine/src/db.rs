@@ -6,6 +6,7 @@
 use crate::error::pg_err;
 use crate::{Error, ErrorKind, Result, Settings};
 use pgstrata_pg::lsn::Lsn;
+use pgstrata_repo::Named;
 use tokio_postgres::Client;
 
 pub(crate) struct Db {

@@ -24,6 +24,7 @@ use crate::progress::human_bytes;
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_pg::lsn;
 use pgstrata_repo::manifest::{scan_backups, BackupType, Manifest};
+use pgstrata_repo::Named;
 use pgstrata_repo::{layout, Storage};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -33,15 +34,10 @@ pub enum RetentionType {
     Time,
 }
 
-impl RetentionType {
-    /// Names as configured (`repo-retention-full-type`), in declaration order.
-    pub const NAMES: &'static [&'static str] = &["count", "time"];
-
-    pub fn parse(s: &str) -> Option<RetentionType> {
-        [RetentionType::Count, RetentionType::Time]
-            .into_iter()
-            .find(|t| RetentionType::NAMES[*t as usize] == s)
-    }
+impl Named for RetentionType {
+    const ALL: &'static [RetentionType] = &[RetentionType::Count, RetentionType::Time];
+    /// Names as configured (`repo-retention-full-type`).
+    const NAMES: &'static [&'static str] = &["count", "time"];
 }
 
 #[derive(Debug, Clone)]

@@ -4,6 +4,7 @@ use crate::archive::archive_range;
 use crate::progress::human_bytes;
 use crate::{open_stanza, Result, Settings};
 use pgstrata_repo::manifest::{scan_backups, Manifest, Tracking};
+use pgstrata_repo::Named;
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]

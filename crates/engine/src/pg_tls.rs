@@ -10,6 +10,7 @@
 //! binary needs no system TLS library.
 
 use crate::{Error, Result};
+use pgstrata_repo::Named;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
@@ -36,27 +37,20 @@ pub enum SslMode {
     VerifyFull,
 }
 
-impl SslMode {
-    /// Names as configured, in declaration order.
-    pub const NAMES: &'static [&'static str] =
+impl Named for SslMode {
+    const ALL: &'static [SslMode] = &[
+        SslMode::Disable,
+        SslMode::Prefer,
+        SslMode::Require,
+        SslMode::VerifyCa,
+        SslMode::VerifyFull,
+    ];
+    /// Names as configured (`pg-sslmode`, libpq's values).
+    const NAMES: &'static [&'static str] =
         &["disable", "prefer", "require", "verify-ca", "verify-full"];
+}
 
-    pub fn name(self) -> &'static str {
-        SslMode::NAMES[self as usize]
-    }
-
-    pub fn parse(s: &str) -> Option<SslMode> {
-        [
-            SslMode::Disable,
-            SslMode::Prefer,
-            SslMode::Require,
-            SslMode::VerifyCa,
-            SslMode::VerifyFull,
-        ]
-        .into_iter()
-        .find(|m| m.name() == s)
-    }
-
+impl SslMode {
     /// What tokio-postgres is told: whether TLS is tried, and whether it is required.
     pub(crate) fn wire(self, unix_socket: bool) -> tokio_postgres::config::SslMode {
         use tokio_postgres::config::SslMode as W;

@@ -22,6 +22,7 @@ use pgstrata_pg::layout::{self, Fork};
 use pgstrata_pg::lsn::{self, Lsn};
 use pgstrata_repo::changemap::ChangeMap;
 use pgstrata_repo::manifest::{FileEntry, Manifest};
+use pgstrata_repo::Named;
 use pgstrata_repo::{layout as repo_layout, Storage};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -36,15 +37,10 @@ pub enum Track {
     Hash,
 }
 
-impl Track {
-    /// Names as given to `--track`, in declaration order.
-    pub const NAMES: &'static [&'static str] = &["auto", "wal", "hash"];
-
-    pub fn parse(s: &str) -> Option<Track> {
-        [Track::Auto, Track::Wal, Track::Hash]
-            .into_iter()
-            .find(|t| Track::NAMES[*t as usize] == s)
-    }
+impl Named for Track {
+    const ALL: &'static [Track] = &[Track::Auto, Track::Wal, Track::Hash];
+    /// Names as given to `--track`.
+    const NAMES: &'static [&'static str] = &["auto", "wal", "hash"];
 }
 
 type ForkKey = (u32, u32, u32, u8);

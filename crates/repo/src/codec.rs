@@ -1,6 +1,7 @@
 //! Compression codecs. Each frame and each WAL object is one complete stream of its codec,
 //! so any of them decodes on its own.
 
+use crate::Named;
 use crate::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -15,26 +16,19 @@ pub enum CompressType {
     Bz2,
 }
 
-impl CompressType {
-    pub const ALL: [CompressType; 5] = [
+impl crate::Named for CompressType {
+    const ALL: &'static [CompressType] = &[
         CompressType::None,
         CompressType::Gz,
         CompressType::Lz4,
         CompressType::Zst,
         CompressType::Bz2,
     ];
+    /// Names as configured (`compress-type`).
+    const NAMES: &'static [&'static str] = &["none", "gz", "lz4", "zst", "bz2"];
+}
 
-    /// Names as configured (`compress-type`), in the order of [`CompressType::ALL`].
-    pub const NAMES: &'static [&'static str] = &["none", "gz", "lz4", "zst", "bz2"];
-
-    pub fn name(self) -> &'static str {
-        CompressType::NAMES[self as usize]
-    }
-
-    pub fn parse(s: &str) -> Option<CompressType> {
-        CompressType::ALL.into_iter().find(|c| c.name() == s)
-    }
-
+impl CompressType {
     /// The level used when none is configured (pgBackRest's defaults).
     pub fn default_level(self) -> i32 {
         match self {
@@ -69,7 +63,7 @@ impl CompressType {
     }
 
     pub(crate) fn from_id(id: u8) -> Option<CompressType> {
-        CompressType::ALL.into_iter().find(|c| c.id() == id)
+        CompressType::ALL.iter().copied().find(|c| c.id() == id)
     }
 }
 
@@ -247,7 +241,7 @@ mod tests {
         let raw: Vec<u8> = (0..200_000u32)
             .map(|i| (i % 251) as u8 ^ (i / 1000) as u8)
             .collect();
-        for kind in CompressType::ALL {
+        for &kind in CompressType::ALL {
             let c = Compression::new(kind, None).unwrap();
             let stored = c.compress(&raw);
             assert_eq!(

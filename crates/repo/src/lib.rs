@@ -6,6 +6,7 @@
 //!   with timeouts and retries; `fault` (feature `fault-injection`, tests only) wraps any
 //!   backend to inject failures.
 //! - [`codec`]: compression types and levels.
+//! - [`named`]: enums configured by name (one list of names for parsing, help and docs).
 //! - [`layout`]: object names.
 //! - [`stanza`]: the record of which cluster a stanza belongs to.
 //! - [`pack`]: frames of compressed data grouped into pack objects, and reading them back.
@@ -19,6 +20,7 @@ pub mod error;
 pub mod fault;
 pub mod layout;
 pub mod manifest;
+pub mod named;
 pub mod pack;
 #[cfg(test)]
 mod props;
@@ -27,6 +29,7 @@ pub mod storage;
 pub mod wal;
 
 pub use error::{Error, ErrorKind, Result};
+pub use named::Named;
 pub use storage::Storage;
 
 /// Version of the repository format written by this code. Bumped on any change that an

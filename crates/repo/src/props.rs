@@ -8,6 +8,7 @@ use crate::codec::{decompress, CompressType, Compression};
 use crate::manifest::{Entry, Manifest};
 use crate::pack::MAX_FRAME_LEN;
 use crate::wal;
+use crate::Named;
 use proptest::prelude::*;
 
 /// `magic`, then BLAKE3 of the zstd-compressed `json` (manifest layout), then the body.

@@ -61,20 +61,15 @@ pub enum RepoKind {
     Azure,
 }
 
-impl RepoKind {
-    /// Names as configured (`repo-type`), in declaration order.
-    pub const NAMES: &'static [&'static str] = &["posix", "s3", "gcs", "azure"];
-
-    pub fn parse(s: &str) -> Option<RepoKind> {
-        [
-            RepoKind::Posix,
-            RepoKind::S3,
-            RepoKind::Gcs,
-            RepoKind::Azure,
-        ]
-        .into_iter()
-        .find(|k| RepoKind::NAMES[*k as usize] == s)
-    }
+impl crate::Named for RepoKind {
+    const ALL: &'static [RepoKind] = &[
+        RepoKind::Posix,
+        RepoKind::S3,
+        RepoKind::Gcs,
+        RepoKind::Azure,
+    ];
+    /// Names as configured (`repo-type`).
+    const NAMES: &'static [&'static str] = &["posix", "s3", "gcs", "azure"];
 }
 
 /// A credential. `Debug` shows only that it is set (`Some(<redacted>)`), never its value,

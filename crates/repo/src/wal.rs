@@ -88,11 +88,12 @@ pub fn decode(obj: &[u8], what: &str) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Named;
 
     #[test]
     fn round_trip_and_damage() {
         let raw = vec![7u8; 100_000];
-        for kind in CompressType::ALL {
+        for &kind in CompressType::ALL {
             let obj = encode(&raw, Compression::new(kind, None).unwrap());
             assert_eq!(decode(&obj, "x").unwrap(), raw);
             let mut bad = obj.clone();

@@ -26,6 +26,7 @@ use copy::{CopyContext, CopyOutcome, CopyPlan, Prior};
 use pgstrata_pg::lsn;
 use pgstrata_repo::manifest::{BackupType, Manifest};
 use pgstrata_repo::stanza::StanzaInfo;
+use pgstrata_repo::Named;
 use pgstrata_repo::{layout as repo_layout, Storage};
 use preflight::{Preflight, Started};
 use std::time::{Duration, Instant};

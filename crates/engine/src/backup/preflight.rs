@@ -15,6 +15,7 @@ use pgstrata_pg::control::ControlData;
 use pgstrata_pg::lsn::{self, Lsn};
 use pgstrata_repo::manifest::{list_backups, BackupType, Manifest, Tracking};
 use pgstrata_repo::stanza::StanzaInfo;
+use pgstrata_repo::Named;
 use pgstrata_repo::{layout as repo_layout, Storage};
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -35,6 +35,7 @@ use crate::owner::{running_as_root, OwnerResolver};
 use crate::progress::{human_bytes, Progress};
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_repo::manifest::Entry;
+use pgstrata_repo::Named;
 use pgstrata_repo::Storage;
 use std::collections::HashSet;
 use std::os::fd::AsFd;
@@ -60,8 +61,19 @@ pub enum RecoveryType {
     None,
 }
 
-impl RecoveryType {
-    pub const NAMES: &'static [&'static str] = &[
+impl Named for RecoveryType {
+    const ALL: &'static [RecoveryType] = &[
+        RecoveryType::Default,
+        RecoveryType::Immediate,
+        RecoveryType::Time,
+        RecoveryType::Lsn,
+        RecoveryType::Xid,
+        RecoveryType::Name,
+        RecoveryType::Standby,
+        RecoveryType::None,
+    ];
+    /// Names as given to `--type` of restore.
+    const NAMES: &'static [&'static str] = &[
         "default",
         "immediate",
         "time",
@@ -71,21 +83,9 @@ impl RecoveryType {
         "standby",
         "none",
     ];
+}
 
-    pub fn parse(s: &str) -> Option<RecoveryType> {
-        Some(match s {
-            "default" => RecoveryType::Default,
-            "immediate" => RecoveryType::Immediate,
-            "time" => RecoveryType::Time,
-            "lsn" => RecoveryType::Lsn,
-            "xid" => RecoveryType::Xid,
-            "name" => RecoveryType::Name,
-            "standby" => RecoveryType::Standby,
-            "none" => RecoveryType::None,
-            _ => return None,
-        })
-    }
-
+impl RecoveryType {
     pub(crate) fn needs_target(self) -> bool {
         matches!(
             self,
@@ -102,23 +102,14 @@ pub enum TargetAction {
     Shutdown,
 }
 
-impl TargetAction {
-    /// Names as given to `--target-action` (PostgreSQL's values), in declaration order.
-    pub const NAMES: &'static [&'static str] = &["pause", "promote", "shutdown"];
-
-    pub fn name(self) -> &'static str {
-        TargetAction::NAMES[self as usize]
-    }
-
-    pub fn parse(s: &str) -> Option<TargetAction> {
-        [
-            TargetAction::Pause,
-            TargetAction::Promote,
-            TargetAction::Shutdown,
-        ]
-        .into_iter()
-        .find(|a| a.name() == s)
-    }
+impl Named for TargetAction {
+    const ALL: &'static [TargetAction] = &[
+        TargetAction::Pause,
+        TargetAction::Promote,
+        TargetAction::Shutdown,
+    ];
+    /// Names as given to `--target-action` (PostgreSQL's values).
+    const NAMES: &'static [&'static str] = &["pause", "promote", "shutdown"];
 }
 
 #[derive(Debug, Clone)]

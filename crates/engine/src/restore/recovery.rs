@@ -11,6 +11,7 @@ use super::tree::{set_attributes, ParentCache, TargetTree};
 use super::{RecoveryType, RestoreOptions};
 use crate::Result;
 use pgstrata_repo::manifest::Manifest;
+use pgstrata_repo::Named;
 use std::os::fd::AsFd;
 
 const RECOVERY_KEYS: &[&str] = &[

@@ -10,6 +10,7 @@
 use crate::codec::Compression;
 use crate::pack::Chunk;
 use crate::stanza::ClusterIdentity;
+use crate::Named;
 use crate::{layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
 use pgstrata_pg::lsn::Lsn;
 use serde::{Deserialize, Serialize};
@@ -29,19 +30,10 @@ pub enum BackupType {
     Incr,
 }
 
-impl BackupType {
-    /// Names as given to `--type`, in declaration order.
-    pub const NAMES: &'static [&'static str] = &["full", "diff", "incr"];
-
-    pub fn name(self) -> &'static str {
-        BackupType::NAMES[self as usize]
-    }
-
-    pub fn parse(s: &str) -> Option<BackupType> {
-        [BackupType::Full, BackupType::Diff, BackupType::Incr]
-            .into_iter()
-            .find(|t| t.name() == s)
-    }
+impl Named for BackupType {
+    const ALL: &'static [BackupType] = &[BackupType::Full, BackupType::Diff, BackupType::Incr];
+    /// Names as given to `--type`.
+    const NAMES: &'static [&'static str] = &["full", "diff", "incr"];
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

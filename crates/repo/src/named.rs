@@ -1,0 +1,37 @@
+//! Enums configured by name (`--type=incr`, `compress-type = "zst"`): one list of values and
+//! one of names, in the same order, from which parsing, printing and the option table's
+//! allowed values all come.
+
+/// An enum whose values have names. Implementors give [`Named::ALL`] and [`Named::NAMES`]
+/// in the same order; `name` and `parse` follow from them.
+pub trait Named: Copy + PartialEq + Sized + 'static {
+    /// Every value, in the order of [`Named::NAMES`].
+    const ALL: &'static [Self];
+    /// Every value's name, in the order of [`Named::ALL`].
+    const NAMES: &'static [&'static str];
+
+    fn name(self) -> &'static str {
+        let i = Self::ALL.iter().position(|v| *v == self);
+        Self::NAMES[i.expect("every value is in ALL")]
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        let i = Self::NAMES.iter().position(|n| *n == s)?;
+        Some(Self::ALL[i])
+    }
+}
+
+/// Checks an implementation: as many names as values, all distinct, and every name parses
+/// back to its value. Every implementor's tests call it.
+#[doc(hidden)]
+pub fn check_named<T: Named + std::fmt::Debug>() {
+    assert_eq!(T::ALL.len(), T::NAMES.len(), "{:?}", T::ALL);
+    for (v, n) in T::ALL.iter().zip(T::NAMES) {
+        assert_eq!(v.name(), *n);
+        assert_eq!(T::parse(n), Some(*v), "{n}");
+    }
+    let mut names = T::NAMES.to_vec();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), T::NAMES.len(), "duplicate names");
+}
