@@ -2,6 +2,7 @@
 
 use crate::archive::archive_range;
 use crate::progress::human_bytes;
+use crate::track::ChangeDetection;
 use crate::{open_stanza, Result, Settings};
 use pgstrata_repo::manifest::{scan_backups, Manifest, Tracking};
 use pgstrata_repo::Named;
@@ -28,13 +29,8 @@ pub(crate) struct BackupInfo {
     pub files_unchanged: u64,
     /// Bytes read from the data directory.
     pub bytes_read: u64,
-    /// Why every block was hashed, if it was.
-    pub delta_reason: Option<String>,
-    /// How changed blocks were found: "wal" or "hash".
-    pub track: Option<Tracking>,
-    pub track_reason: Option<String>,
-    /// PostgreSQL 17+ WAL summaries cross-check, when the server had summaries.
-    pub summary_check: Option<String>,
+    #[serde(flatten)]
+    pub detection: ChangeDetection,
     /// Files whose changed blocks came from the WAL.
     pub files_tracked: u64,
     /// WAL-tracked backups: changed files hashed instead, per reason.
@@ -91,10 +87,7 @@ pub(crate) fn summarize(m: &Manifest) -> BackupInfo {
         files: m.stats.files,
         files_unchanged: m.stats.files_unchanged,
         bytes_read: m.stats.bytes_read,
-        delta_reason: m.delta_reason.clone(),
-        track: m.track,
-        track_reason: m.track_reason.clone(),
-        summary_check: m.summary_check.clone(),
+        detection: ChangeDetection::of(m),
         files_tracked: m.stats.files_tracked,
         files_hashed: m.stats.files_hashed.clone(),
         page_errors: m.stats.page_errors,
@@ -198,7 +191,8 @@ pub fn render_text(r: &StanzaReport) -> String {
                 human_bytes(b.bytes_read)
             ));
         }
-        if let Some(t) = b.track {
+        let d = &b.detection;
+        if let Some(t) = d.track {
             out.push_str(&format!(
                 "        changed blocks found by: {}{}{}\n",
                 t.name(),
@@ -218,16 +212,16 @@ pub fn render_text(r: &StanzaReport) -> String {
                 } else {
                     String::new()
                 },
-                b.track_reason
+                d.track_reason
                     .as_ref()
                     .map(|r| format!(" ({r})"))
                     .unwrap_or_default()
             ));
         }
-        if let Some(c) = &b.summary_check {
+        if let Some(c) = &d.summary_check {
             out.push_str(&format!("        cross-check: {c}\n"));
         }
-        if let Some(r) = &b.delta_reason {
+        if let Some(r) = &d.delta_reason {
             out.push_str(&format!("        every block hashed: {r}\n"));
         }
         if b.page_errors > 0 {

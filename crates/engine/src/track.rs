@@ -21,7 +21,7 @@
 use pgstrata_pg::layout::{self, Fork};
 use pgstrata_pg::lsn::{self, Lsn};
 use pgstrata_repo::changemap::ChangeMap;
-use pgstrata_repo::manifest::{FileEntry, Manifest};
+use pgstrata_repo::manifest::{FileEntry, Manifest, Tracking};
 use pgstrata_repo::Named;
 use pgstrata_repo::{layout as repo_layout, Storage};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -41,6 +41,31 @@ impl Named for Track {
     const ALL: &'static [Track] = &[Track::Auto, Track::Wal, Track::Hash];
     /// Names as given to `--track`.
     const NAMES: &'static [&'static str] = &["auto", "wal", "hash"];
+}
+
+/// How a backup found what changed: decided at its start, recorded in its manifest, shown
+/// by `info` (same JSON names in both).
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub(crate) struct ChangeDetection {
+    /// Why every block of every file was hashed (size and mtime not trusted), if it was.
+    pub delta_reason: Option<String>,
+    /// How an incremental found changed blocks (None for a full).
+    pub track: Option<Tracking>,
+    /// Why the block-change maps were not used although tracking was asked for.
+    pub track_reason: Option<String>,
+    /// What PostgreSQL 17+ WAL summaries said of the maps, when the server had them.
+    pub summary_check: Option<String>,
+}
+
+impl ChangeDetection {
+    pub(crate) fn of(m: &Manifest) -> ChangeDetection {
+        ChangeDetection {
+            delta_reason: m.delta_reason.clone(),
+            track: m.track,
+            track_reason: m.track_reason.clone(),
+            summary_check: m.summary_check.clone(),
+        }
+    }
 }
 
 type ForkKey = (u32, u32, u32, u8);

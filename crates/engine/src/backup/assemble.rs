@@ -100,11 +100,11 @@ pub(super) fn build_manifest(
             page_errors,
             duration_ms: started_at.elapsed().as_millis() as u64,
         },
-        delta_reason: started.delta_reason,
+        delta_reason: started.detection.delta_reason,
         pack_codecs: BTreeMap::new(),
-        track: started.track,
-        track_reason: started.track_reason,
-        summary_check: started.summary_check,
+        track: started.detection.track,
+        track_reason: started.detection.track_reason,
+        summary_check: started.detection.summary_check,
     };
     // Codecs of the backups whose frames this one references, and only those.
     let referenced: BTreeSet<String> = referenced_packs(&manifest)

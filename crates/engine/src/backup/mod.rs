@@ -143,7 +143,7 @@ async fn copy_data_directory(
         relseg_size: pf.control.relseg_size,
         counters: progress.counters.clone(),
         prior,
-        delta: started.delta_reason.is_some(),
+        delta: started.detection.delta_reason.is_some(),
         bundle_limit: s.bundle_limit,
         wal,
     };

@@ -9,7 +9,7 @@
 use super::{make_label, BackupOptions};
 use crate::db::Db;
 use crate::stanza::LocalCluster;
-use crate::track::{Track, WalChanges};
+use crate::track::{ChangeDetection, Track, WalChanges};
 use crate::{Error, Result, Settings};
 use pgstrata_pg::control::ControlData;
 use pgstrata_pg::lsn::{self, Lsn};
@@ -36,16 +36,9 @@ pub(super) struct Started {
     pub start_lsn: Lsn,
     pub timeline: u32,
     pub start_wal: String,
-    /// Why every block of every file is hashed (size and mtime are not trusted).
-    pub delta_reason: Option<String>,
     /// Blocks changed since the prior backup, from the WAL's block-change maps.
     pub wal: Option<WalChanges>,
-    /// Why the maps are not used although tracking was asked for.
-    pub track_reason: Option<String>,
-    /// What PostgreSQL's WAL summaries said of the maps (17+).
-    pub summary_check: Option<String>,
-    /// How an incremental found changed blocks (None for a full).
-    pub track: Option<Tracking>,
+    pub detection: ChangeDetection,
 }
 
 pub(super) async fn preflight(
@@ -224,16 +217,17 @@ pub(super) async fn start(
         start_lsn,
         timeline,
         start_wal,
-        delta_reason,
         wal: None,
-        track_reason: None,
-        summary_check: None,
-        track: None,
+        detection: ChangeDetection {
+            delta_reason,
+            ..ChangeDetection::default()
+        },
     };
-    if let (Some(p), None, false) = (&pf.prior, &started.delta_reason, opts.track == Track::Hash) {
+    let hash_every_block = started.detection.delta_reason.is_some();
+    if let (Some(p), false, false) = (&pf.prior, hash_every_block, opts.track == Track::Hash) {
         changes_from_wal(s, opts, storage, stanza, pf, p, &mut started).await?;
     }
-    started.track = pf.prior.as_ref().map(|_| match started.wal {
+    started.detection.track = pf.prior.as_ref().map(|_| match started.wal {
         Some(_) => Tracking::Wal,
         None => Tracking::Hash,
     });
@@ -295,7 +289,7 @@ async fn changes_from_wal(
         }
         Err(why) => {
             log::warn!("hashing changed files instead of using the WAL: {why}");
-            started.track_reason = Some(why);
+            started.detection.track_reason = Some(why);
             return Ok(());
         }
     };
@@ -313,7 +307,7 @@ async fn changes_from_wal(
         if extra > 0 {
             log::warn!("PostgreSQL's WAL summaries list {extra} block(s) or fork(s) the block-change maps do not; reading them too");
         }
-        started.summary_check = Some(if extra == 0 {
+        started.detection.summary_check = Some(if extra == 0 {
             "WAL summaries agree with the block-change maps".to_string()
         } else {
             format!("WAL summaries listed {extra} block(s) or fork(s) the maps did not; they were read too")
