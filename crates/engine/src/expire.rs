@@ -24,7 +24,6 @@ use crate::progress::human_bytes;
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_pg::lsn;
 use pgstrata_repo::manifest::{scan_backups, BackupType, Manifest};
-use pgstrata_repo::Named;
 use pgstrata_repo::{layout, Storage};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -34,11 +33,8 @@ pub enum RetentionType {
     Time,
 }
 
-impl Named for RetentionType {
-    const ALL: &'static [RetentionType] = &[RetentionType::Count, RetentionType::Time];
-    /// Names as configured (`repo-retention-full-type`).
-    const NAMES: &'static [&'static str] = &["count", "time"];
-}
+// Names as configured (`repo-retention-full-type`).
+pgstrata_repo::named!(RetentionType { Count = "count", Time = "time" });
 
 #[derive(Debug, Clone)]
 pub struct ExpireOptions {

@@ -37,18 +37,14 @@ pub enum SslMode {
     VerifyFull,
 }
 
-impl Named for SslMode {
-    const ALL: &'static [SslMode] = &[
-        SslMode::Disable,
-        SslMode::Prefer,
-        SslMode::Require,
-        SslMode::VerifyCa,
-        SslMode::VerifyFull,
-    ];
-    /// Names as configured (`pg-sslmode`, libpq's values).
-    const NAMES: &'static [&'static str] =
-        &["disable", "prefer", "require", "verify-ca", "verify-full"];
-}
+// Names as configured (`pg-sslmode`, libpq's values).
+pgstrata_repo::named!(SslMode {
+    Disable = "disable",
+    Prefer = "prefer",
+    Require = "require",
+    VerifyCa = "verify-ca",
+    VerifyFull = "verify-full",
+});
 
 impl SslMode {
     /// What tokio-postgres is told: whether TLS is tried, and whether it is required.

@@ -22,7 +22,6 @@ use pgstrata_pg::layout::{self, Fork};
 use pgstrata_pg::lsn::{self, Lsn};
 use pgstrata_repo::changemap::ChangeMap;
 use pgstrata_repo::manifest::{FileEntry, Manifest, Tracking};
-use pgstrata_repo::Named;
 use pgstrata_repo::{layout as repo_layout, Storage};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -37,11 +36,8 @@ pub enum Track {
     Hash,
 }
 
-impl Named for Track {
-    const ALL: &'static [Track] = &[Track::Auto, Track::Wal, Track::Hash];
-    /// Names as given to `--track`.
-    const NAMES: &'static [&'static str] = &["auto", "wal", "hash"];
-}
+// Names as given to `--track`.
+pgstrata_repo::named!(Track { Auto = "auto", Wal = "wal", Hash = "hash" });
 
 /// How a backup found what changed: decided at its start, recorded in its manifest, shown
 /// by `info` (same JSON names in both).

@@ -16,17 +16,8 @@ pub enum CompressType {
     Bz2,
 }
 
-impl crate::Named for CompressType {
-    const ALL: &'static [CompressType] = &[
-        CompressType::None,
-        CompressType::Gz,
-        CompressType::Lz4,
-        CompressType::Zst,
-        CompressType::Bz2,
-    ];
-    /// Names as configured (`compress-type`).
-    const NAMES: &'static [&'static str] = &["none", "gz", "lz4", "zst", "bz2"];
-}
+// Names as configured (`compress-type`).
+crate::named!(CompressType { None = "none", Gz = "gz", Lz4 = "lz4", Zst = "zst", Bz2 = "bz2" });
 
 impl CompressType {
     /// The level used when none is configured (pgBackRest's defaults).

@@ -3,7 +3,8 @@
 //! allowed values all come.
 
 /// An enum whose values have names. Implementors give [`Named::ALL`] and [`Named::NAMES`]
-/// in the same order; `name` and `parse` follow from them.
+/// in the same order (the [`named!`](crate::named) macro writes both from one list of
+/// `Variant = "name"` pairs); `name` and `parse` follow from them.
 pub trait Named: Copy + PartialEq + Sized + 'static {
     /// Every value, in the order of [`Named::NAMES`].
     const ALL: &'static [Self];
@@ -19,6 +20,18 @@ pub trait Named: Copy + PartialEq + Sized + 'static {
         let i = Self::NAMES.iter().position(|n| *n == s)?;
         Some(Self::ALL[i])
     }
+}
+
+/// Implement [`Named`] for an enum from `Variant = "name"` pairs, each name beside its value:
+/// `named!(BackupType { Full = "full", Diff = "diff", Incr = "incr" });`
+#[macro_export]
+macro_rules! named {
+    ($t:ident { $($variant:ident = $name:literal),+ $(,)? }) => {
+        impl $crate::Named for $t {
+            const ALL: &'static [Self] = &[$(Self::$variant),+];
+            const NAMES: &'static [&'static str] = &[$($name),+];
+        }
+    };
 }
 
 /// Checks an implementation: as many names as values, all distinct, and every name parses

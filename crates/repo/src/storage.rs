@@ -61,16 +61,8 @@ pub enum RepoKind {
     Azure,
 }
 
-impl crate::Named for RepoKind {
-    const ALL: &'static [RepoKind] = &[
-        RepoKind::Posix,
-        RepoKind::S3,
-        RepoKind::Gcs,
-        RepoKind::Azure,
-    ];
-    /// Names as configured (`repo-type`).
-    const NAMES: &'static [&'static str] = &["posix", "s3", "gcs", "azure"];
-}
+// Names as configured (`repo-type`).
+crate::named!(RepoKind { Posix = "posix", S3 = "s3", Gcs = "gcs", Azure = "azure" });
 
 /// A credential. `Debug` shows only that it is set (`Some(<redacted>)`), never its value,
 /// so the configurations holding credentials can derive `Debug` and be logged.

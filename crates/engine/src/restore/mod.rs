@@ -35,7 +35,6 @@ use crate::owner::{running_as_root, OwnerResolver};
 use crate::progress::{human_bytes, Progress};
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_repo::manifest::Entry;
-use pgstrata_repo::Named;
 use pgstrata_repo::Storage;
 use std::collections::HashSet;
 use std::os::fd::AsFd;
@@ -61,29 +60,17 @@ pub enum RecoveryType {
     None,
 }
 
-impl Named for RecoveryType {
-    const ALL: &'static [RecoveryType] = &[
-        RecoveryType::Default,
-        RecoveryType::Immediate,
-        RecoveryType::Time,
-        RecoveryType::Lsn,
-        RecoveryType::Xid,
-        RecoveryType::Name,
-        RecoveryType::Standby,
-        RecoveryType::None,
-    ];
-    /// Names as given to `--type` of restore.
-    const NAMES: &'static [&'static str] = &[
-        "default",
-        "immediate",
-        "time",
-        "lsn",
-        "xid",
-        "name",
-        "standby",
-        "none",
-    ];
-}
+// Names as given to `--type` of restore.
+pgstrata_repo::named!(RecoveryType {
+    Default = "default",
+    Immediate = "immediate",
+    Time = "time",
+    Lsn = "lsn",
+    Xid = "xid",
+    Name = "name",
+    Standby = "standby",
+    None = "none",
+});
 
 impl RecoveryType {
     pub(crate) fn needs_target(self) -> bool {
@@ -102,15 +89,8 @@ pub enum TargetAction {
     Shutdown,
 }
 
-impl Named for TargetAction {
-    const ALL: &'static [TargetAction] = &[
-        TargetAction::Pause,
-        TargetAction::Promote,
-        TargetAction::Shutdown,
-    ];
-    /// Names as given to `--target-action` (PostgreSQL's values).
-    const NAMES: &'static [&'static str] = &["pause", "promote", "shutdown"];
-}
+// Names as given to `--target-action` (PostgreSQL's values).
+pgstrata_repo::named!(TargetAction { Pause = "pause", Promote = "promote", Shutdown = "shutdown" });
 
 #[derive(Debug, Clone)]
 pub struct RestoreOptions {

@@ -10,7 +10,6 @@
 use crate::codec::Compression;
 use crate::pack::Chunk;
 use crate::stanza::ClusterIdentity;
-use crate::Named;
 use crate::{layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
 use pgstrata_pg::lsn::Lsn;
 use serde::{Deserialize, Serialize};
@@ -30,11 +29,8 @@ pub enum BackupType {
     Incr,
 }
 
-impl Named for BackupType {
-    const ALL: &'static [BackupType] = &[BackupType::Full, BackupType::Diff, BackupType::Incr];
-    /// Names as given to `--type`.
-    const NAMES: &'static [&'static str] = &["full", "diff", "incr"];
-}
+// Names as given to `--type`.
+crate::named!(BackupType { Full = "full", Diff = "diff", Incr = "incr" });
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Manifest {
