@@ -515,12 +515,27 @@ impl Storage {
             let (path, what, range) = (path.clone(), what.clone(), range.clone());
             async move {
                 let want = range.end - range.start;
-                let b = self
-                    .store
-                    .get_range(&path, range)
-                    .await
-                    .map_err(|e| map_err(e, what.clone()))?;
-                whole(b, want, &what)
+                let end = range.end;
+                let failed = match self.store.get_range(&path, range).await {
+                    Ok(b) => match whole(b, want, &what) {
+                        Ok(b) => return Ok(b),
+                        Err(short) => short,
+                    },
+                    Err(e) => map_err(e, what.clone()),
+                };
+                // A dropped connection is transient (retried); an object shorter than the
+                // range is damage (truncated or replaced), and reading it again will not help.
+                if failed.kind == ErrorKind::Storage {
+                    if let Ok(meta) = self.store.head(&path).await {
+                        if meta.size < end {
+                            return Err(Error::corrupt(format!(
+                                "{what}: the object is only {} bytes (truncated or replaced): the repository is damaged",
+                                meta.size
+                            )));
+                        }
+                    }
+                }
+                Err(failed)
             }
         })
         .await
