@@ -591,9 +591,11 @@ mod tests {
             &[
                 ("PGSTRATA_REPO_S3_KEY_SECRET", "hunter2"),
                 ("PGSTRATA_REPO_AZURE_KEY", "azure-hunter2"),
+                ("PGSTRATA_REPO_CIPHER_PASS", "cipher-hunter2"),
             ],
         );
         let s = settings(&inv).unwrap();
+        assert!(s.cipher_pass.is_some());
         assert_eq!(s.repo.s3.key_secret.as_deref(), Some("hunter2"));
         for shown in [format!("{s:?}"), format!("{inv:?}"), inv.describe()] {
             assert!(!shown.contains("hunter2"), "{shown}");
