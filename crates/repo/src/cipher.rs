@@ -735,7 +735,7 @@ mod tests {
         let b = key_file(&master, "b");
         let both = vec![a.clone(), b.clone()];
         check_removal("main", &both, &a.id).unwrap();
-        let e = check_removal("main", &[b.clone()], &b.id).unwrap_err();
+        let e = check_removal("main", std::slice::from_ref(&b), &b.id).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Invalid);
         assert!(e.context.contains("last key"), "{e}");
         let e = check_removal("main", &both, "ffffffffffffffff").unwrap_err();
