@@ -213,6 +213,27 @@ fn wrong_passphrases_and_damage_are_refused() {
         "{err}"
     );
 
+    // No passphrase at all: exit 2 saying where to set it.
+    let no_pass = env.scratch.join("no-pass.toml");
+    std::fs::write(
+        &no_pass,
+        format!("[global]\nrepo-path = \"{}\"\n", env.repo.display()),
+    )
+    .unwrap();
+    pgstrata_testkit::give_to_pg_user(&no_pass);
+    let mut c = env.cmd(&["info"]);
+    c.env("PGSTRATA_CONFIG", &no_pass);
+    let (code, err) = run_fail(c);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("stanza 'test' is encrypted") && err.contains("PGSTRATA_REPO_CIPHER_PASS"),
+        "{err}"
+    );
+    // Encryption is chosen once: stanza-create cannot turn it off.
+    let (code, err) = run_fail(env.cmd(&["--repo-cipher-type=none", "stanza-create"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("exists and is encrypted"), "{err}");
+
     let backup_dir = |repo: &Path, label: &str| repo.join(STANZA).join("backup").join(label);
 
     // A flipped bit in a pack.

@@ -90,10 +90,7 @@ pub async fn stanza_create(s: &Settings) -> Result<CreateOutcome> {
     }
     let storage = Storage::open(&s.repo)?;
     storage.check_create_only(&s.stanza).await?;
-    if storage
-        .exists(&pgstrata_repo::layout::stanza_info(&s.stanza))
-        .await?
-    {
+    if StanzaInfo::exists(&storage, &s.stanza).await? {
         return existing_stanza(s, &cluster).await;
     }
     let (storage, new_key) = crate::keys::prepare_new_stanza(s, storage).await?;

@@ -48,7 +48,7 @@ pub(crate) fn create_only_probe(stanza: &str, unique: &str) -> String {
 }
 
 /// Where an encrypted stanza's key files are.
-pub fn keys_dir(stanza: &str) -> String {
+pub(crate) fn keys_dir(stanza: &str) -> String {
     format!("{stanza}/keys")
 }
 

@@ -66,6 +66,11 @@ impl StanzaInfo {
         Ok(info)
     }
 
+    /// Whether the stanza has a record (stanza-create ran).
+    pub async fn exists(storage: &Storage, stanza: &str) -> Result<bool> {
+        storage.exists(&layout::stanza_info(stanza)).await
+    }
+
     pub async fn create(storage: &Storage, info: &StanzaInfo) -> Result<()> {
         let key = layout::stanza_info(&info.stanza);
         let json = serde_json::to_vec_pretty(info).expect("serialize stanza info");
