@@ -495,6 +495,7 @@ mod tests {
     fn every_named_enum_names_each_value_once() {
         check_named::<RepoKind>();
         check_named::<CompressType>();
+        check_named::<CipherType>();
         check_named::<BackupType>();
         check_named::<Track>();
         check_named::<RetentionType>();

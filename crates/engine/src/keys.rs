@@ -12,7 +12,7 @@
 use crate::{Error, Result, Settings};
 use pgstrata_repo::cipher::{self, Cipher, CipherType, KeyFile, Passphrase};
 use pgstrata_repo::stanza::StanzaInfo;
-use pgstrata_repo::{layout, Storage};
+use pgstrata_repo::{layout, Named, Storage};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 

@@ -18,7 +18,7 @@
 //! aws-lc-rs (hardware AES and carry-less multiply), Argon2id from RustCrypto; every key is
 //! zeroized when dropped.
 
-use crate::{layout, Error, ErrorKind, Result, Storage};
+use crate::{layout, Error, ErrorKind, Named, Result, Storage};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use aws_lc_rs::hkdf::{Salt, HKDF_SHA256};
 use serde::{Deserialize, Serialize};
@@ -72,27 +72,10 @@ pub enum CipherType {
     Aes256Gcm,
 }
 
-impl CipherType {
-    pub const NAMES: &'static [&'static str] = &["none", "aes-256-gcm"];
-
-    pub fn parse(s: &str) -> Option<CipherType> {
-        match s {
-            "none" => Some(CipherType::None),
-            "aes-256-gcm" => Some(CipherType::Aes256Gcm),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        CipherType::NAMES[self as usize]
-    }
-}
-
-impl std::str::FromStr for CipherType {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<CipherType, String> {
-        CipherType::parse(s).ok_or_else(|| format!("unknown cipher type '{s}'"))
-    }
+impl crate::Named for CipherType {
+    const ALL: &'static [CipherType] = &[CipherType::None, CipherType::Aes256Gcm];
+    /// Names as configured (`repo-cipher-type`).
+    const NAMES: &'static [&'static str] = &["none", "aes-256-gcm"];
 }
 
 /// A passphrase: zeroized when dropped, never shown by `Debug`.
