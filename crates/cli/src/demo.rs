@@ -100,6 +100,8 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
         pack_size: pgstrata_repo::pack::DEFAULT_PACK_SIZE,
         bundle_limit: 2 << 20,
+        cipher_type: Default::default(),
+        cipher_pass: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -17,6 +17,7 @@ use pgstrata_engine::backup::BackupOptions;
 use pgstrata_engine::expire::ExpireOptions;
 use pgstrata_engine::restore::RestoreOptions;
 use pgstrata_engine::{Error, Settings};
+use pgstrata_repo::cipher::Passphrase;
 use pgstrata_repo::codec::Compression;
 use pgstrata_repo::storage::{AzureConfig, GcsConfig, RepoConfig, S3Config, Secret};
 use std::path::PathBuf;
@@ -120,7 +121,37 @@ fn settings(inv: &config::Invocation) -> Result<Settings, Error> {
         } else {
             0
         },
+        cipher_type: inv.choice("repo-cipher-type"),
+        cipher_pass: inv.get("repo-cipher-pass").map(Passphrase::new),
     })
+}
+
+/// key-add's new passphrase: from PGSTRATA_NEW_CIPHER_PASS or the first line of
+/// --new-cipher-pass-file, exactly one of them, not empty.
+fn new_passphrase(inv: &config::Invocation) -> Result<Passphrase, Error> {
+    let pass = match (inv.get("new-cipher-pass"), inv.get("new-cipher-pass-file")) {
+        (Some(p), None) => p.to_string(),
+        (None, Some(file)) => {
+            let text = zeroize::Zeroizing::new(std::fs::read_to_string(file).map_err(|e| {
+                Error::io(format!("read the new passphrase from --new-cipher-pass-file={file}"), e)
+            })?);
+            text.lines().next().unwrap_or_default().to_string()
+        }
+        (Some(_), Some(_)) => {
+            return Err(Error::config(
+                "key-add: give the new passphrase once, in PGSTRATA_NEW_CIPHER_PASS or --new-cipher-pass-file, not both",
+            ))
+        }
+        (None, None) => {
+            return Err(Error::config(
+                "key-add needs the new passphrase: set PGSTRATA_NEW_CIPHER_PASS or give --new-cipher-pass-file=PATH",
+            ))
+        }
+    };
+    if pass.is_empty() {
+        return Err(Error::config("key-add: the new passphrase is empty"));
+    }
+    Ok(Passphrase::new(pass))
 }
 
 /// A report on standard output: JSON with `--output=json`, else the command's text form.
@@ -419,6 +450,30 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 )))
             }
         }
+        "key-add" => {
+            let s = settings(inv)?;
+            let new_pass = new_passphrase(inv)?;
+            let k = runtime(2).block_on(pgstrata_engine::keys::key_add(&s, new_pass))?;
+            println!("key {} added to stanza '{}'", k.id, s.stanza);
+            Ok(0)
+        }
+        "key-list" => {
+            let s = settings(inv)?;
+            let keys = runtime(2).block_on(pgstrata_engine::keys::key_list(&s))?;
+            print_report(inv, &keys, |keys| {
+                keys.iter()
+                    .map(|k| format!("{}  created {} by {}@{}\n", k.id, k.created, k.user, k.host))
+                    .collect()
+            });
+            Ok(0)
+        }
+        "key-remove" => {
+            let s = settings(inv)?;
+            let id = inv.require("key-id").map_err(Error::config)?;
+            runtime(2).block_on(pgstrata_engine::keys::key_remove(&s, id))?;
+            println!("key {id} removed from stanza '{}'", s.stanza);
+            Ok(0)
+        }
         other => Err(Error::config(format!("unknown command '{other}'"))),
     }
 }
@@ -536,9 +591,11 @@ mod tests {
             &[
                 ("PGSTRATA_REPO_S3_KEY_SECRET", "hunter2"),
                 ("PGSTRATA_REPO_AZURE_KEY", "azure-hunter2"),
+                ("PGSTRATA_REPO_CIPHER_PASS", "cipher-hunter2"),
             ],
         );
         let s = settings(&inv).unwrap();
+        assert!(s.cipher_pass.is_some());
         assert_eq!(s.repo.s3.key_secret.as_deref(), Some("hunter2"));
         for shown in [format!("{s:?}"), format!("{inv:?}"), inv.describe()] {
             assert!(!shown.contains("hunter2"), "{shown}");

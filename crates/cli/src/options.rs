@@ -9,6 +9,7 @@ use pgstrata_engine::expire::RetentionType;
 use pgstrata_engine::pg_tls::SslMode;
 use pgstrata_engine::restore::{RecoveryType, TargetAction};
 use pgstrata_engine::track::Track;
+use pgstrata_repo::cipher::CipherType;
 use pgstrata_repo::codec::CompressType;
 use pgstrata_repo::manifest::BackupType;
 use pgstrata_repo::storage::RepoKind;
@@ -67,6 +68,9 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ("archive-get", "Fetch one WAL file: restore_command = 'pgstrata --stanza=NAME archive-get %f \"%p\"'"),
     ("expire", "Apply retention (repo-retention-*) or expire one backup (--set), and free storage no kept backup uses"),
     ("info", "Show the stanza's backups and WAL archive"),
+    ("key-add", "Add a passphrase to an encrypted stanza: a new key file wrapping its master key (the new passphrase from PGSTRATA_NEW_CIPHER_PASS or --new-cipher-pass-file); no backup data is rewritten"),
+    ("key-list", "List an encrypted stanza's keys (id, created, host, user); needs no passphrase"),
+    ("key-remove", "Remove one key (--key-id) of an encrypted stanza; the last key is never removed"),
     ("verify", "Read back every backup (or --set) and the WAL archive and check them against their recorded hashes, without restoring"),
     ("demo", "Run the whole story on a throwaway cluster and a local repository"),
     ("help", "Show commands, or a command's options ('help COMMAND'; 'help options' prints the reference, 'help man' the man page)"),
@@ -86,6 +90,9 @@ const REPO_CMDS: &[&str] = &[
     "info",
     "expire",
     "verify",
+    "key-add",
+    "key-list",
+    "key-remove",
 ];
 const RETENTION_CMDS: &[&str] = &["backup", "expire"];
 const PG_CMDS: &[&str] = &["stanza-create", "check", "backup"];
@@ -134,6 +141,16 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Azure shared key (also AZURE_STORAGE_ACCESS_KEY)." },
     OptionDef { name: "repo-azure-endpoint", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Azure endpoint URL (for emulators)." },
+    OptionDef { name: "repo-cipher-type", kind: Kind::Enum(CipherType::NAMES), default: Some("none"), scope: Scope::Config, secret: false, commands: &["stanza-create"],
+        help: "Encrypt the new stanza: aes-256-gcm seals every object (authenticated, object names bound) under a random master key wrapped by repo-cipher-pass. Chosen at stanza-create; later commands learn it from the stanza." },
+    OptionDef { name: "repo-cipher-pass", kind: Kind::Str, default: None, scope: Scope::Config, secret: true, commands: REPO_CMDS,
+        help: "Passphrase of an encrypted stanza (needed by every command of it). Losing every passphrase of a stanza loses its backups." },
+    OptionDef { name: "new-cipher-pass", kind: Kind::Str, default: None, scope: Scope::Config, secret: true, commands: &["key-add"],
+        help: "The passphrase key-add adds (PGSTRATA_NEW_CIPHER_PASS; or --new-cipher-pass-file)." },
+    OptionDef { name: "new-cipher-pass-file", kind: Kind::Path, default: None, scope: Scope::CommandLine, secret: false, commands: &["key-add"],
+        help: "A file holding the passphrase key-add adds (its first line)." },
+    OptionDef { name: "key-id", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, commands: &["key-remove"],
+        help: "The key key-remove removes (as key-list shows it)." },
     OptionDef { name: "repo-storage-verify-tls", kind: Kind::Bool, default: Some("true"), scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Verify the object store's TLS certificate." },
     OptionDef { name: "repo-storage-timeout", kind: Kind::Int { min: 1, max: 3600 }, default: Some("120"), scope: Scope::Config, secret: false, commands: REPO_CMDS,
@@ -206,7 +223,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Stop just before the target instead of just after it." },
     OptionDef { name: "archive-mode", kind: Kind::Enum(&["preserve", "off"]), default: Some("preserve"), scope: Scope::CommandLine, secret: false, commands: &["restore"],
         help: "off: the restored cluster does not archive WAL (for copies that must not write into the source's archive); preserve: keep the backed-up setting." },
-    OptionDef { name: "output", kind: Kind::Enum(&["text", "json"]), default: Some("text"), scope: Scope::CommandLine, secret: false, commands: &["info", "verify"],
+    OptionDef { name: "output", kind: Kind::Enum(&["text", "json"]), default: Some("text"), scope: Scope::CommandLine, secret: false, commands: &["info", "verify", "key-list"],
         help: "Output format." },
     OptionDef { name: "log-level-console", kind: Kind::Enum(LOG_LEVELS), default: Some("warn"), scope: Scope::Config, secret: false, commands: &[],
         help: "Messages shown on standard error." },
@@ -478,6 +495,7 @@ mod tests {
     fn every_named_enum_names_each_value_once() {
         check_named::<RepoKind>();
         check_named::<CompressType>();
+        check_named::<CipherType>();
         check_named::<BackupType>();
         check_named::<Track>();
         check_named::<RetentionType>();

@@ -7,10 +7,10 @@ use pgstrata_repo::storage::{RepoConfig, RepoKind, S3Config};
 use pgstrata_repo::Storage;
 use pgstrata_testkit::{FaultProxy, S3Server};
 
-const S3_PREFIX: &str = "/backups/cluster1";
+pub(crate) const S3_PREFIX: &str = "/backups/cluster1";
 
 /// Repository settings (config file body) for `bucket` reached at `endpoint`.
-fn s3_toml(bucket: &str, endpoint: &str) -> String {
+pub(crate) fn s3_toml(bucket: &str, endpoint: &str) -> String {
     format!(
         "repo-type = \"s3\"\nrepo-path = \"{S3_PREFIX}\"\nrepo-s3-bucket = \"{bucket}\"\n\
          repo-s3-endpoint = \"{endpoint}\"\nrepo-s3-region = \"us-east-1\"\nrepo-s3-uri-style = \"path\"\n\
@@ -19,7 +19,7 @@ fn s3_toml(bucket: &str, endpoint: &str) -> String {
 }
 
 /// The same repository, reached directly by the test (not through a proxy).
-fn s3_storage(server: &S3Server) -> Storage {
+pub(crate) fn s3_storage(server: &S3Server) -> Storage {
     Storage::open(&RepoConfig {
         kind: RepoKind::S3,
         path: S3_PREFIX.into(),

@@ -7,6 +7,7 @@ mod common;
 mod archive;
 mod backup;
 mod bad_input;
+mod encryption;
 mod incremental;
 mod manifest;
 mod object_store;

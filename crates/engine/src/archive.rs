@@ -96,7 +96,12 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
             PushOutcome::Stored { stored_bytes }
         }
         Err(e) if e.kind == RepoKind::AlreadyExists => {
-            let existing = storage.get_range(&key, 0..wal::HEADER_LEN as u64).await?;
+            // The header holds the stored file's hash: read just it, or in an encrypted
+            // stanza the whole object, which opens only as a whole.
+            let existing = match storage.cipher() {
+                Some(_) => storage.get(&key).await?,
+                None => storage.get_range(&key, 0..wal::HEADER_LEN as u64).await?,
+            };
             let header = wal::parse_header(&existing, &key)?;
             if header.hash == hash {
                 log::info!("{name} is already in the archive with the same content");

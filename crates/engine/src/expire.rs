@@ -389,6 +389,8 @@ mod tests {
             frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
             pack_size: pgstrata_repo::pack::DEFAULT_PACK_SIZE,
             bundle_limit: 0,
+            cipher_type: Default::default(),
+            cipher_pass: None,
         };
         let o = ExpireOptions {
             set: None,

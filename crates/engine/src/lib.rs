@@ -13,6 +13,7 @@ mod db;
 mod error;
 pub mod expire;
 pub mod info;
+pub mod keys;
 mod lock;
 mod owner;
 pub mod pg_tls;
@@ -28,11 +29,6 @@ mod walk;
 pub use error::{Error, ErrorKind, Result};
 pub use settings::Settings;
 
-/// Open the repository and load the stanza record; the first step of most commands.
-pub(crate) async fn open_stanza(
-    s: &Settings,
-) -> Result<(pgstrata_repo::Storage, pgstrata_repo::stanza::StanzaInfo)> {
-    let storage = s.storage()?;
-    let info = pgstrata_repo::stanza::StanzaInfo::load(&storage, &s.stanza).await?;
-    Ok((storage, info))
-}
+/// Open the repository and load the stanza record, with its master key when it is
+/// encrypted (`keys`); the first step of most commands.
+pub(crate) use keys::open_stanza;

@@ -2,6 +2,7 @@
 //! table (flags, environment, config file); tests and the demo build it directly.
 
 use crate::{Error, Result};
+use pgstrata_repo::cipher::{CipherType, Passphrase};
 use pgstrata_repo::codec::Compression;
 use pgstrata_repo::storage::RepoConfig;
 use pgstrata_repo::Storage;
@@ -39,9 +40,14 @@ pub struct Settings {
     /// Files at least this large get pack objects of their own; smaller files share packs
     /// (bundling). 0 gives every file its own packs.
     pub bundle_limit: u64,
+    /// stanza-create: whether the new stanza is encrypted (later commands read the stanza).
+    pub cipher_type: CipherType,
+    /// The passphrase of an encrypted stanza (`repo-cipher-pass`).
+    pub cipher_pass: Option<Passphrase>,
 }
 
 impl Settings {
+    /// The repository as stored, without a stanza's key: `open_stanza` attaches it.
     pub fn storage(&self) -> Result<Storage> {
         pgstrata_repo::layout::check_stanza_name(&self.stanza).map_err(Error::config)?;
         Ok(Storage::open(&self.repo)?)

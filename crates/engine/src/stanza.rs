@@ -90,6 +90,10 @@ pub async fn stanza_create(s: &Settings) -> Result<CreateOutcome> {
     }
     let storage = Storage::open(&s.repo)?;
     storage.check_create_only(&s.stanza).await?;
+    if StanzaInfo::exists(&storage, &s.stanza).await? {
+        return existing_stanza(s, &cluster).await;
+    }
+    let (storage, new_key) = crate::keys::prepare_new_stanza(s, storage).await?;
     let info = StanzaInfo {
         format_version: FORMAT_VERSION,
         stanza: s.stanza.clone(),
@@ -107,23 +111,36 @@ pub async fn stanza_create(s: &Settings) -> Result<CreateOutcome> {
             Ok(CreateOutcome::Created)
         }
         Err(e) if e.kind == RepoErrorKind::AlreadyExists => {
-            let existing = StanzaInfo::load(&storage, &s.stanza).await?;
-            if existing.cluster == cluster {
-                log::info!("stanza '{}' already exists for this cluster", s.stanza);
-                Ok(CreateOutcome::AlreadyExists)
-            } else {
-                Err(Error::refused(format!(
-                    "stanza '{}' in repository {} belongs to another cluster (system {} PostgreSQL {}), not this one (system {} PostgreSQL {}); \
-                     use another stanza name or repository",
-                    s.stanza,
-                    storage.description(),
-                    existing.cluster.system_identifier,
-                    existing.cluster.major_version,
-                    cluster.system_identifier,
-                    cluster.major_version
-                )))
+            // Created meanwhile by another stanza-create: its key, not ours.
+            if let Some(k) = new_key {
+                storage
+                    .delete(&pgstrata_repo::layout::key_file(&s.stanza, &k.id))
+                    .await?;
             }
+            existing_stanza(s, &cluster).await
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// stanza-create of a stanza that exists: nothing to do when it is this cluster's, with the
+/// same encryption; refused otherwise.
+async fn existing_stanza(s: &Settings, cluster: &ClusterIdentity) -> Result<CreateOutcome> {
+    let (storage, existing) = crate::open_stanza(s).await?;
+    crate::keys::check_cipher_type(s, &storage)?;
+    if existing.cluster == *cluster {
+        log::info!("stanza '{}' already exists for this cluster", s.stanza);
+        Ok(CreateOutcome::AlreadyExists)
+    } else {
+        Err(Error::refused(format!(
+            "stanza '{}' in repository {} belongs to another cluster (system {} PostgreSQL {}), not this one (system {} PostgreSQL {}); \
+             use another stanza name or repository",
+            s.stanza,
+            storage.description(),
+            existing.cluster.system_identifier,
+            existing.cluster.major_version,
+            cluster.system_identifier,
+            cluster.major_version
+        )))
     }
 }

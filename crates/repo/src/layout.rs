@@ -11,6 +11,7 @@
 //! <stanza>/backup/<label>/backup.manifest               the manifest, written last
 //! <stanza>/lock/backup.lock                             held while a backup or expire runs
 //! <stanza>/probe/create-only-<unique>                   stanza-create's and check's test object (removed)
+//! <stanza>/keys/<id>.json                               encrypted stanzas: one wrapped master key each
 //! ```
 
 pub(crate) fn stanza_info(stanza: &str) -> String {
@@ -44,6 +45,16 @@ pub fn lock(stanza: &str) -> String {
 /// refuses the second create.
 pub(crate) fn create_only_probe(stanza: &str, unique: &str) -> String {
     format!("{stanza}/probe/create-only-{unique}")
+}
+
+/// Where an encrypted stanza's key files are.
+pub(crate) fn keys_dir(stanza: &str) -> String {
+    format!("{stanza}/keys")
+}
+
+/// One key file of an encrypted stanza.
+pub fn key_file(stanza: &str, id: &str) -> String {
+    format!("{}/{id}.json", keys_dir(stanza))
 }
 
 /// The block-change map of an archived segment, beside it.

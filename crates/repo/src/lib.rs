@@ -5,6 +5,7 @@
 //! - [`storage`]: the one way to reach a repository (object_store underneath), write-once,
 //!   with timeouts and retries; `fault` (feature `fault-injection`, tests only) wraps any
 //!   backend to inject failures.
+//! - [`cipher`]: repository encryption (sealed objects and frames, key files).
 //! - [`codec`]: compression types and levels.
 //! - [`named`]: enums configured by name (one list of names for parsing, help and docs).
 //! - [`layout`]: object names.
@@ -14,6 +15,7 @@
 //! - [`wal`]: archived WAL objects; [`changemap`]: the block-change map beside each segment.
 
 pub mod changemap;
+pub mod cipher;
 pub mod codec;
 pub mod error;
 #[cfg(feature = "fault-injection")]

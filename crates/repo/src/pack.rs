@@ -9,6 +9,10 @@
 //!
 //! The manifest records, for every frame, the pack, the offset and stored length, the raw
 //! length and an XXH3-64 of the stored bytes, so damage is caught before decoding.
+//!
+//! In an encrypted stanza each compressed frame is sealed on its own (`cipher`), bound to
+//! its pack and offset, so a ranged read still fetches just the frames it needs; the stored
+//! length and the XXH3-64 are of the sealed bytes.
 
 use crate::codec::decompress_into;
 use crate::{layout, Error, Result, Storage};
@@ -210,23 +214,33 @@ impl PackWriter {
         format!("{}-{}", self.worker, self.seq)
     }
 
-    /// Append one compressed frame; returns where it will be found.
-    pub fn add(&mut self, stored: &[u8], raw_len: usize) -> Result<Chunk> {
-        if self.buf.len() + stored.len() > self.pack_size && !self.buf.is_empty() {
+    /// Append one compressed frame (sealed first in an encrypted stanza); returns where it
+    /// will be found.
+    pub fn add(&mut self, compressed: &[u8], raw_len: usize) -> Result<Chunk> {
+        let cipher = self.storage.cipher().cloned();
+        let overhead = cipher.as_ref().map_or(0, |_| crate::cipher::FRAME_OVERHEAD);
+        if self.buf.len() + compressed.len() + overhead > self.pack_size && !self.buf.is_empty() {
             self.flush()?;
         }
-        let chunk = Chunk {
+        let offset = self.buf.len();
+        match cipher {
+            Some(c) => {
+                let key = layout::pack(&self.stanza, &self.label, &self.current_name());
+                c.seal_frame_into(&key, offset as u64, compressed, &mut self.buf);
+            }
+            None => self.buf.extend_from_slice(compressed),
+        }
+        let stored = &self.buf[offset..];
+        Ok(Chunk {
             pack: Some(self.current_name()),
             backup: None,
-            offset: self.buf.len() as u64,
+            offset: offset as u64,
             stored: stored.len() as u32,
             raw: raw_len as u32,
             check: frame_check(stored),
             at: 0,
             frame: 0,
-        };
-        self.buf.extend_from_slice(stored);
-        Ok(chunk)
+        })
     }
 
     /// Uploads allowed to run behind the writer.
@@ -257,7 +271,7 @@ impl PackWriter {
         let storage = self.storage.clone();
         self.in_flight.push_back(
             self.runtime
-                .spawn(async move { storage.put_new(&key, data).await }),
+                .spawn(async move { storage.put_new_unsealed(&key, data).await }),
         );
         while self.in_flight.len() > Self::MAX_IN_FLIGHT {
             let h = self.in_flight.pop_front().expect("non-empty");
@@ -283,6 +297,8 @@ pub struct FrameReader<'a> {
     pool: Vec<Vec<u8>>,
     /// While pinned, `clear` keeps the frames (a group of small files loaded at once).
     pinned: bool,
+    /// An opened (decrypted, still compressed) frame of an encrypted stanza, reused.
+    opened: Vec<u8>,
     /// Bytes fetched from the repository so far.
     pub fetched: u64,
     pub requests: u64,
@@ -355,6 +371,7 @@ impl<'a> FrameReader<'a> {
             frames: Default::default(),
             pool: Vec::new(),
             pinned: false,
+            opened: Vec::new(),
             fetched: 0,
             requests: 0,
         }
@@ -413,12 +430,20 @@ impl<'a> FrameReader<'a> {
                         w.offset()
                     )));
                 }
+                let what = format!("{file} (frame at {key} offset {})", w.offset());
+                let stored = match self.storage.cipher() {
+                    Some(c) => {
+                        c.open_frame_into(&key, w.offset(), stored, &mut self.opened, &what)?;
+                        &self.opened[..]
+                    }
+                    None => stored,
+                };
                 let mut raw = self.pool.pop().unwrap_or_default();
                 decompress_into(
                     self.manifest.codec_of(owner),
                     stored,
                     w.chunk.frame_len() as usize,
-                    &format!("{file} (frame at {key} offset {})", w.offset()),
+                    &what,
                     &mut raw,
                 )?;
                 self.frames.insert(w.key.clone(), raw);

@@ -48,6 +48,13 @@ impl StanzaInfo {
                 e
             }
         })?;
+        if storage.cipher().is_none() && crate::cipher::is_sealed(&bytes) {
+            // Its key files are gone (an encrypted stanza is recognized by them).
+            return Err(Error::corrupt(format!(
+                "{key} is encrypted but stanza '{stanza}' has no key files under {}: without them its backups cannot be read",
+                layout::keys_dir(stanza)
+            )));
+        }
         let info: StanzaInfo = serde_json::from_slice(&bytes).map_err(|e| {
             Error::with_source(
                 ErrorKind::Corrupt,
@@ -57,6 +64,11 @@ impl StanzaInfo {
         })?;
         crate::error::check_format_version(&key, info.format_version, FORMAT_VERSION)?;
         Ok(info)
+    }
+
+    /// Whether the stanza has a record (stanza-create ran).
+    pub async fn exists(storage: &Storage, stanza: &str) -> Result<bool> {
+        storage.exists(&layout::stanza_info(stanza)).await
     }
 
     pub async fn create(storage: &Storage, info: &StanzaInfo) -> Result<()> {

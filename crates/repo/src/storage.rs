@@ -12,6 +12,7 @@
 //! with the object's name. object_store's HTTP client retries individual requests too; this
 //! layer covers whole operations and any backend, including fault-injecting test wrappers.
 
+use crate::cipher::Cipher;
 use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -132,6 +133,9 @@ pub struct Storage {
     local_root: Option<std::path::PathBuf>,
     /// S3-compatible stores may ignore create-only conditions (see `check_create_only`).
     s3_compatible: bool,
+    /// An encrypted stanza's open master key: `put_new` seals and `get` opens whole
+    /// objects with it; packs seal their frames themselves (see `cipher`).
+    cipher: Option<Arc<Cipher>>,
 }
 
 fn map_err(e: object_store::Error, what: String) -> Error {
@@ -308,6 +312,7 @@ impl Storage {
                 cfg.timeout
             },
             retries: cfg.retries,
+            cipher: None,
         })
     }
 
@@ -331,7 +336,19 @@ impl Storage {
             retries: 3,
             local_root: None,
             s3_compatible: false,
+            cipher: None,
         }
+    }
+
+    /// The same repository, sealing and opening objects with `cipher` (an encrypted stanza).
+    pub fn with_cipher(mut self, cipher: Arc<Cipher>) -> Storage {
+        self.cipher = Some(cipher);
+        self
+    }
+
+    /// The master key objects are sealed with, when the stanza is encrypted.
+    pub fn cipher(&self) -> Option<&Arc<Cipher>> {
+        self.cipher.as_ref()
     }
 
     /// Change the per-operation timeout and retry count.
@@ -389,7 +406,18 @@ impl Storage {
             .map_err(|e| Error::with_source(ErrorKind::Invalid, format!("object name '{key}'"), e))
     }
 
-    /// Write a new object; fails with `AlreadyExists` if another one is there.
+    /// Write a new object, sealed under its name when the stanza is encrypted; fails with
+    /// `AlreadyExists` if another one is there.
+    pub async fn put_new(&self, key: &str, data: Bytes) -> Result<()> {
+        let data = match &self.cipher {
+            Some(c) => Bytes::from(c.seal_object(key, &data)),
+            None => data,
+        };
+        self.put_new_unsealed(key, data).await
+    }
+
+    /// Write a new object as given: packs (whose frames are sealed one by one), key files
+    /// and probes. Fails with `AlreadyExists` if another one is there.
     ///
     /// A write can succeed on the server and lose its answer; whoever sends it again (this
     /// loop, or object_store's HTTP client within one attempt) then finds the object it
@@ -397,7 +425,7 @@ impl Storage {
     /// object with the same bytes is ours and the write succeeded. Callers whose objects
     /// could be written identically by someone else make them unique (the lock holds a
     /// random token).
-    pub async fn put_new(&self, key: &str, data: Bytes) -> Result<()> {
+    pub async fn put_new_unsealed(&self, key: &str, data: Bytes) -> Result<()> {
         let path = Self::path(key)?;
         let what = format!("write {key}");
         self.retry(&what, || {
@@ -442,7 +470,17 @@ impl Storage {
         .await
     }
 
+    /// Read a whole object, opened (and authenticated) when the stanza is encrypted.
     pub async fn get(&self, key: &str) -> Result<Bytes> {
+        let stored = self.get_unsealed(key).await?;
+        match &self.cipher {
+            Some(c) => Ok(Bytes::from(c.open_object(key, &stored)?)),
+            None => Ok(stored),
+        }
+    }
+
+    /// Read a whole object as stored.
+    pub async fn get_unsealed(&self, key: &str) -> Result<Bytes> {
         let path = Self::path(key)?;
         let what = format!("read {key}");
         self.retry(&what, || {
@@ -461,6 +499,7 @@ impl Storage {
         .await
     }
 
+    /// Read bytes of an object as stored (pack frames, which are sealed one by one).
     pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
         let path = Self::path(key)?;
         let what = format!("read {key} bytes {}..{}", range.start, range.end);
@@ -468,12 +507,27 @@ impl Storage {
             let (path, what, range) = (path.clone(), what.clone(), range.clone());
             async move {
                 let want = range.end - range.start;
-                let b = self
-                    .store
-                    .get_range(&path, range)
-                    .await
-                    .map_err(|e| map_err(e, what.clone()))?;
-                whole(b, want, &what)
+                let end = range.end;
+                let failed = match self.store.get_range(&path, range).await {
+                    Ok(b) => match whole(b, want, &what) {
+                        Ok(b) => return Ok(b),
+                        Err(short) => short,
+                    },
+                    Err(e) => map_err(e, what.clone()),
+                };
+                // A dropped connection is transient (retried); an object shorter than the
+                // range is damage (truncated or replaced), and reading it again will not help.
+                if failed.kind == ErrorKind::Storage {
+                    if let Ok(meta) = self.store.head(&path).await {
+                        if meta.size < end {
+                            return Err(Error::corrupt(format!(
+                                "{what}: the object is only {} bytes (truncated or replaced): the repository is damaged",
+                                meta.size
+                            )));
+                        }
+                    }
+                }
+                Err(failed)
             }
         })
         .await

@@ -11,6 +11,10 @@ use std::time::Duration;
 
 pub const STANZA: &str = "test";
 
+/// Memory (KiB) of the Argon2id of key files the tests create: the default 64 MiB per
+/// command would only slow the suite down.
+pub const TEST_KDF_MEMORY_KIB: &str = "1024";
+
 /// The binary under test, copied where the postgres user can run it whatever the
 /// checkout's permissions.
 pub fn exe() -> &'static Path {
@@ -43,7 +47,7 @@ impl Env {
     }
 
     pub fn with_bin(name: &str, bin: &PgBin) -> Env {
-        Env::build(name, bin, None, &[])
+        Env::build(name, bin, None, &[], "lz4")
     }
 
     /// A PostgreSQL 15 cluster made with extra initdb arguments.
@@ -53,27 +57,42 @@ impl Env {
             &PgBin::default_install().expect("PostgreSQL 15"),
             None,
             initdb_args,
+            "lz4",
         )
     }
 
     /// A cluster whose repository settings come from a config file with `[global]` body
     /// `repo_toml` (used for object-store repositories).
     pub fn with_config(name: &str, repo_toml: &str) -> Env {
+        Env::with_config_compress(name, repo_toml, "lz4")
+    }
+
+    /// Like `with_config`, archive_command compressing with `compress_type`. In
+    /// `repo_toml`, `{repo}` stands for the local repository directory.
+    pub fn with_config_compress(name: &str, repo_toml: &str, compress_type: &str) -> Env {
         Env::build(
             name,
             &PgBin::default_install().expect("PostgreSQL 15"),
             Some(repo_toml),
             &[],
+            compress_type,
         )
     }
 
-    fn build(name: &str, bin: &PgBin, repo_toml: Option<&str>, initdb_args: &[&str]) -> Env {
+    fn build(
+        name: &str,
+        bin: &PgBin,
+        repo_toml: Option<&str>,
+        initdb_args: &[&str],
+        archive_compress: &str,
+    ) -> Env {
         let scratch = Scratch::new(name);
         let repo = scratch.join("repo");
         std::fs::create_dir_all(&repo).unwrap();
         give_to_pg_user(&repo);
         let config = repo_toml.map(|body| {
             let p = scratch.join("pgstrata.toml");
+            let body = body.replace("{repo}", &repo.display().to_string());
             std::fs::write(&p, format!("[global]\n{body}\n")).unwrap();
             give_to_pg_user(&p);
             // It holds keys: readable by its owner only, as the README asks.
@@ -86,7 +105,7 @@ impl Env {
             None => format!("--repo-path={}", repo.display()),
         };
         let archive_command = format!(
-            "{} --stanza={STANZA} {location} --compress-type=lz4 archive-push %p",
+            "{} --stanza={STANZA} {location} --compress-type={archive_compress} archive-push %p",
             exe().display()
         );
         let cluster =
@@ -126,7 +145,11 @@ impl Env {
             .env("PGSTRATA_PG_PATH", &self.cluster.data)
             .env("PGSTRATA_PG_HOST", &self.cluster.socket_dir)
             .env("PGSTRATA_PG_PORT", self.cluster.port.to_string())
-            .env("PGSTRATA_PG_USER", "postgres");
+            .env("PGSTRATA_PG_USER", "postgres")
+            .env(
+                pgstrata_repo::cipher::TEST_KDF_MEMORY_ENV,
+                TEST_KDF_MEMORY_KIB,
+            );
     }
 
     pub fn ok(&self, args: &[&str]) -> String {

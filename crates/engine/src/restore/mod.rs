@@ -173,7 +173,8 @@ pub async fn plan(s: &Settings, o: &RestoreOptions) -> Result<(RestorePlan, Vec<
 pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> {
     let started = Instant::now();
     let (plan, _) = plan(s, o).await?;
-    let storage = s.storage()?;
+    // With the stanza's key, when it is encrypted (opened once per process).
+    let (storage, _) = open_stanza(s).await?;
     log::info!(
         "restoring backup {} ({} files, {}) into {}",
         plan.manifest.label,

@@ -1,0 +1,452 @@
+//! Encrypted repositories (`repo-cipher-type=aes-256-gcm`): nothing of the database shows in
+//! the repository, every kind of damage or tampering is refused with the right exit code,
+//! passphrases rotate without touching backup data, and the whole cycle works on S3.
+
+use crate::common::*;
+use crate::object_store::{s3_storage, s3_toml};
+use pgstrata_testkit::S3Server;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+const PASS: &str = "correct horse battery staple";
+const MARKER: &str = "PGSTRATA-SECRET-MARKER-4f1c";
+
+/// Config body of an encrypted local repository, stored without compression so that any
+/// leak would show.
+fn encrypted_toml(pass: &str) -> String {
+    format!(
+        "repo-path = \"{{repo}}\"\nrepo-cipher-type = \"aes-256-gcm\"\nrepo-cipher-pass = \"{pass}\"\ncompress-type = \"none\"\n"
+    )
+}
+
+fn encrypted_env(name: &str) -> Env {
+    Env::with_config_compress(name, &encrypted_toml(PASS), "none")
+}
+
+/// Every file under `dir` (recursively), by path relative to it.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if !e.file_name().to_string_lossy().contains('#') {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// BLAKE3 of every file under `dir`.
+fn hashes_under(dir: &Path) -> BTreeMap<PathBuf, String> {
+    files(dir)
+        .into_iter()
+        .map(|p| {
+            let h = blake3::hash(&std::fs::read(&p).unwrap())
+                .to_hex()
+                .to_string();
+            (p.strip_prefix(dir).unwrap().to_path_buf(), h)
+        })
+        .collect()
+}
+
+fn contains(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|w| w == needle.as_bytes())
+}
+
+/// The marker table: its rows, in order.
+fn marker_rows(c: &pgstrata_testkit::Cluster) -> String {
+    c.psql(
+        "postgres",
+        "SELECT count(*) || ':' || md5(string_agg(v, ',' ORDER BY v)) FROM marker_table",
+    )
+    .unwrap()
+}
+
+#[test]
+fn an_encrypted_repository_shows_nothing_of_the_database_and_restores() {
+    let env = encrypted_env("enc-leak");
+    env.sql(&format!(
+        "CREATE TABLE marker_table AS SELECT '{MARKER} row ' || g AS v FROM generate_series(1, 20000) g"
+    ));
+    let rel_path = env
+        .sql("SELECT pg_relation_filepath('marker_table')")
+        .trim()
+        .to_string();
+    assert!(rel_path.starts_with("base/"), "{rel_path}");
+    env.stanza_create();
+    let full = env.backup(&["--type=full"]);
+    env.sql(&format!(
+        "INSERT INTO marker_table SELECT '{MARKER} later ' || g FROM generate_series(1, 5000) g"
+    ));
+    env.flush_wal();
+    let incr = env.backup(&["--type=incr"]);
+    // The full goes; the incremental keeps reading the frames it shares with it.
+    env.ok(&[&format!("--set={full}"), "expire"]);
+    env.flush_wal();
+    let expected = marker_rows(&env.cluster);
+
+    let stanza_dir = env.repo.join(STANZA);
+    let all = files(&stanza_dir);
+    assert!(all.iter().any(|p| p.to_string_lossy().contains("/pack/")));
+    assert!(all
+        .iter()
+        .any(|p| p.to_string_lossy().contains("/archive/")));
+    for p in &all {
+        let bytes = std::fs::read(p).unwrap();
+        for secret in [MARKER, rel_path.as_str(), "PG_VERSION", "pg_control"] {
+            assert!(
+                !contains(&bytes, secret),
+                "{} holds '{secret}' in the clear",
+                p.display()
+            );
+        }
+        let name = p
+            .strip_prefix(&env.repo)
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        assert!(
+            !name.contains("base/") && !name.contains("PG_VERSION"),
+            "{name}"
+        );
+    }
+
+    let set = format!("--set={incr}");
+    let restored = env.restore_and_start("restored", &[&set]);
+    assert_eq!(marker_rows(&restored), expected);
+    // A delta restore over it reads single frames with ranged reads.
+    restored
+        .psql(
+            "postgres",
+            "DELETE FROM marker_table WHERE v LIKE '%later%'",
+        )
+        .unwrap();
+    restored.stop().unwrap();
+    let restored = env.restore_and_start("restored", &[&set, "--delta"]);
+    assert_eq!(marker_rows(&restored), expected);
+    restored.stop().unwrap();
+}
+
+/// A copy of the repository to damage, and the command that reads it.
+fn damaged_copy(env: &Env, name: &str) -> PathBuf {
+    let copy = env.scratch.join(name);
+    let out = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&env.repo)
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    copy
+}
+
+/// Run on the damaged copy, expecting failure: the exit code, and what it printed.
+fn on_copy(env: &Env, copy: &Path, args: &[&str]) -> (i32, String) {
+    let mut c = env.cmd(args);
+    c.env("PGSTRATA_REPO_PATH", copy);
+    let out = c.output().unwrap();
+    assert!(
+        !out.status.success(),
+        "{args:?} succeeded on a damaged repository"
+    );
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// restore (into a new directory) and verify of `label` both refuse the copy as damaged,
+/// naming `object`.
+fn refused_as_damaged(env: &Env, copy: &Path, label: &str, object: &str) {
+    let target = env.scratch.join(&format!(
+        "restore-{}",
+        copy.file_name().unwrap().to_string_lossy()
+    ));
+    let pg_path = format!("--pg-path={}", target.display());
+    let set = format!("--set={label}");
+    for args in [
+        vec![pg_path.as_str(), set.as_str(), "restore"],
+        vec![set.as_str(), "verify"],
+    ] {
+        let (code, err) = on_copy(env, copy, &args);
+        let out = format!("{args:?}: exit {code}: {err}");
+        assert_eq!(code, 4, "{out}");
+        assert!(err.contains(object), "names {object}: {out}");
+    }
+}
+
+fn flip_byte(path: &Path, at: usize) {
+    let mut b = std::fs::read(path).unwrap();
+    b[at] ^= 0x01;
+    std::fs::write(path, b).unwrap();
+}
+
+#[test]
+fn wrong_passphrases_and_damage_are_refused() {
+    let env = encrypted_env("enc-refuse");
+    env.sql("CREATE TABLE t AS SELECT g FROM generate_series(1, 100000) g");
+    env.stanza_create();
+    let full = env.backup(&["--type=full"]);
+    env.sql("UPDATE t SET g = g + 1 WHERE g < 100");
+    let incr = env.backup(&["--type=incr"]);
+    env.flush_wal();
+
+    // A wrong passphrase: one clear line, exit 2.
+    let mut c = env.cmd(&["info"]);
+    c.env("PGSTRATA_REPO_CIPHER_PASS", "not the passphrase");
+    let (code, err) = run_fail(c);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(
+        err.trim(),
+        "ERROR: the passphrase opens none of stanza test's 1 key",
+        "{err}"
+    );
+
+    // No passphrase at all: exit 2 saying where to set it.
+    let no_pass = env.scratch.join("no-pass.toml");
+    std::fs::write(
+        &no_pass,
+        format!("[global]\nrepo-path = \"{}\"\n", env.repo.display()),
+    )
+    .unwrap();
+    pgstrata_testkit::give_to_pg_user(&no_pass);
+    let mut c = env.cmd(&["info"]);
+    c.env("PGSTRATA_CONFIG", &no_pass);
+    let (code, err) = run_fail(c);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("stanza 'test' is encrypted") && err.contains("PGSTRATA_REPO_CIPHER_PASS"),
+        "{err}"
+    );
+    // Encryption is chosen once: stanza-create cannot turn it off.
+    let (code, err) = run_fail(env.cmd(&["--repo-cipher-type=none", "stanza-create"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("exists and is encrypted"), "{err}");
+
+    let backup_dir = |repo: &Path, label: &str| repo.join(STANZA).join("backup").join(label);
+
+    // A flipped bit in a pack.
+    let copy = damaged_copy(&env, "flipped");
+    let pack = backup_dir(&copy, &full).join("pack/0-0");
+    flip_byte(&pack, std::fs::metadata(&pack).unwrap().len() as usize / 2);
+    refused_as_damaged(&env, &copy, &full, &format!("backup/{full}/pack/0-0"));
+
+    // A truncated manifest (and its copy).
+    let copy = damaged_copy(&env, "truncated");
+    for name in ["backup.manifest", "backup.manifest.copy"] {
+        let p = backup_dir(&copy, &incr).join(name);
+        let len = std::fs::metadata(&p).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(len - 7)
+            .unwrap();
+    }
+    refused_as_damaged(
+        &env,
+        &copy,
+        &incr,
+        &format!("backup/{incr}/backup.manifest"),
+    );
+
+    // Two pack objects swapped.
+    let copy = damaged_copy(&env, "swapped");
+    let (a, b) = (
+        backup_dir(&copy, &full).join("pack/0-0"),
+        backup_dir(&copy, &full).join("pack/1-0"),
+    );
+    let tmp = copy.join("swap");
+    std::fs::rename(&a, &tmp).unwrap();
+    std::fs::rename(&b, &a).unwrap();
+    std::fs::rename(&tmp, &b).unwrap();
+    refused_as_damaged(&env, &copy, &full, &format!("backup/{full}/pack/"));
+
+    // The manifest (and its copy) of another backup copied over this one's.
+    let copy = damaged_copy(&env, "replayed");
+    for name in ["backup.manifest", "backup.manifest.copy"] {
+        std::fs::copy(
+            backup_dir(&copy, &full).join(name),
+            backup_dir(&copy, &incr).join(name),
+        )
+        .unwrap();
+    }
+    refused_as_damaged(
+        &env,
+        &copy,
+        &incr,
+        &format!("backup/{incr}/backup.manifest"),
+    );
+
+    // A damaged WAL object: archive-get fails above 125, so PostgreSQL stops instead of
+    // ending recovery early.
+    let copy = damaged_copy(&env, "wal");
+    let segment = files(&copy.join(STANZA).join("archive"))
+        .into_iter()
+        .find(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().to_string();
+            n.len() == 24 && n.bytes().all(|b| b.is_ascii_hexdigit())
+        })
+        .expect("an archived segment");
+    flip_byte(&segment, 100);
+    let name = segment.file_name().unwrap().to_string_lossy().to_string();
+    let dest = env.scratch.join("fetched-segment");
+    let (code, err) = on_copy(
+        &env,
+        &copy,
+        &["archive-get", &name, &dest.display().to_string()],
+    );
+    assert!(code > 125, "exit {code}: {err}");
+    assert!(err.contains(&name), "{err}");
+    assert!(!dest.exists());
+}
+
+/// key-add, key-list and key-remove of the first key: the new passphrase restores, the old
+/// one is refused, and no object of backup/ or archive/ changed.
+fn rotate(env: &Env, stanza_objects: impl Fn() -> BTreeMap<PathBuf, String>) {
+    let before = stanza_objects();
+    assert!(!before.is_empty());
+    let listed = |env: &Env| -> Vec<serde_json::Value> {
+        serde_json::from_str(&env.ok(&["--output=json", "key-list"])).unwrap()
+    };
+    let first = listed(env);
+    assert_eq!(first.len(), 1, "{first:?}");
+    let mut add = env.cmd(&["key-add"]);
+    add.env("PGSTRATA_NEW_CIPHER_PASS", "the new passphrase");
+    run_ok(add);
+    let keys = listed(env);
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    for k in &keys {
+        for field in ["id", "created", "host", "user"] {
+            assert!(k[field].as_str().is_some_and(|v| !v.is_empty()), "{k}");
+        }
+    }
+    let old_id = first[0]["id"].as_str().unwrap().to_string();
+    let mut remove = env.cmd(&[&format!("--key-id={old_id}"), "key-remove"]);
+    remove.env("PGSTRATA_REPO_CIPHER_PASS", "the new passphrase");
+    run_ok(remove);
+    let keys = listed(env);
+    assert_eq!(keys.len(), 1);
+    assert_ne!(keys[0]["id"].as_str().unwrap(), old_id);
+
+    // The old passphrase (still in the config file) opens nothing now.
+    let (code, err) = run_fail(env.cmd(&["info"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("opens none of stanza test's 1 key"), "{err}");
+    // The last key stays.
+    let last = keys[0]["id"].as_str().unwrap();
+    let mut remove = env.cmd(&[&format!("--key-id={last}"), "key-remove"]);
+    remove.env("PGSTRATA_REPO_CIPHER_PASS", "the new passphrase");
+    let (code, err) = run_fail(remove);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("last key"), "{err}");
+
+    let after = stanza_objects();
+    for (name, hash) in &before {
+        assert_eq!(after.get(name), Some(hash), "{} changed", name.display());
+    }
+}
+
+/// The config file with `pass` as the passphrase (what a user does after rotating).
+fn set_config_pass(env: &Env, old: &str, new: &str) {
+    let cfg = env.config.as_ref().unwrap();
+    let text = std::fs::read_to_string(cfg).unwrap();
+    assert!(text.contains(old));
+    std::fs::write(cfg, text.replace(old, new)).unwrap();
+}
+
+#[test]
+fn passphrases_rotate_without_rewriting_backups() {
+    let env = encrypted_env("enc-rotate");
+    env.sql("CREATE TABLE t AS SELECT g FROM generate_series(1, 50000) g");
+    env.stanza_create();
+    env.backup(&["--type=full"]);
+    env.flush_wal();
+    let expected = env.hashes();
+    let stanza_dir = env.repo.join(STANZA);
+    rotate(&env, || {
+        let mut h = hashes_under(&stanza_dir.join("backup"));
+        h.extend(hashes_under(&stanza_dir.join("archive")));
+        h
+    });
+    set_config_pass(&env, PASS, "the new passphrase");
+    env.ok(&["verify"]);
+    let restored = env.restore_and_start("restored", &["--type=immediate"]);
+    assert_eq!(restored.content_hashes().unwrap(), expected);
+    restored.stop().unwrap();
+}
+
+#[test]
+fn the_whole_encrypted_cycle_on_s3() {
+    let server = S3Server::start("pgstrata-enc").expect("moto S3 server (run .ci/setup)");
+    let toml = format!(
+        "{}repo-cipher-type = \"aes-256-gcm\"\nrepo-cipher-pass = \"{PASS}\"\ncompress-type = \"none\"\n",
+        s3_toml(&server.bucket, &server.endpoint())
+    );
+    let env = Env::with_config_compress("enc-s3", &toml, "none");
+    env.sql(&format!(
+        "CREATE TABLE marker_table AS SELECT '{MARKER} ' || g AS v FROM generate_series(1, 20000) g"
+    ));
+    env.stanza_create();
+    env.ok(&["check"]);
+    env.backup(&["--type=full"]);
+    env.sql("INSERT INTO marker_table SELECT 'more ' || g FROM generate_series(1, 1000) g");
+    let incr = env.backup(&["--type=incr"]);
+    env.flush_wal();
+    let expected = marker_rows(&env.cluster);
+
+    let storage = s3_storage(&server);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let objects = || -> BTreeMap<PathBuf, String> {
+        rt.block_on(async {
+            let mut out = BTreeMap::new();
+            for o in storage.list(STANZA).await.unwrap() {
+                if o.key.contains("/backup/") || o.key.contains("/archive/") {
+                    let b = storage.get_unsealed(&o.key).await.unwrap();
+                    out.insert(PathBuf::from(&o.key), blake3::hash(&b).to_hex().to_string());
+                }
+            }
+            out
+        })
+    };
+    // Nothing readable in the bucket either.
+    rt.block_on(async {
+        for o in storage.list(STANZA).await.unwrap() {
+            let b = storage.get_unsealed(&o.key).await.unwrap();
+            assert!(
+                !contains(&b, MARKER) && !contains(&b, "PG_VERSION"),
+                "{}",
+                o.key
+            );
+        }
+    });
+    rotate(&env, objects);
+    set_config_pass(&env, PASS, "the new passphrase");
+    env.ok(&["verify"]);
+    env.ok(&["--repo-retention-full=1", "expire"]);
+    let set = format!("--set={incr}");
+    let restored = env.restore_and_start("restored", &[&set]);
+    assert_eq!(marker_rows(&restored), expected);
+    // A delta restore over it reads single frames with ranged reads.
+    restored
+        .psql(
+            "postgres",
+            "DELETE FROM marker_table WHERE v LIKE '%later%'",
+        )
+        .unwrap();
+    restored.stop().unwrap();
+    let restored = env.restore_and_start("restored", &[&set, "--delta"]);
+    assert_eq!(marker_rows(&restored), expected);
+    restored.stop().unwrap();
+}

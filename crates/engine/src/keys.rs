@@ -1,0 +1,199 @@
+//! Repository encryption for the commands: which stanzas are encrypted, opening their
+//! master key once per process, and the key commands (`key-add`, `key-list`,
+//! `key-remove`).
+//!
+//! The rule (docs/repository-format.md §15): a stanza is encrypted when `<stanza>/keys/`
+//! holds key files. Then every later command needs a passphrase that opens one of them, and
+//! the stanza record must be sealed; a passphrase given for a plain stanza is refused, so a
+//! stanza whose key files were deleted and whose record was replaced by a plain one is not
+//! taken for a plain stanza and written to in the clear. The key commands change only key
+//! files, never backup data.
+
+use crate::{Error, Result, Settings};
+use pgstrata_repo::cipher::{self, Cipher, CipherType, KeyFile, Passphrase};
+use pgstrata_repo::stanza::StanzaInfo;
+use pgstrata_repo::{layout, Named, Storage};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Opened master keys by (repository, stanza, passphrase digest): Argon2id runs once per
+/// command, however often it opens the stanza.
+type Opened = HashMap<(String, String, [u8; 32]), Arc<Cipher>>;
+static OPENED: OnceLock<Mutex<Opened>> = OnceLock::new();
+
+/// Open the repository and load the stanza record, with the stanza's master key attached
+/// when it is encrypted.
+pub(crate) async fn open_stanza(s: &Settings) -> Result<(Storage, StanzaInfo)> {
+    let storage = s.storage()?;
+    let keys = KeyFile::list(&storage, &s.stanza).await?;
+    if keys.is_empty() {
+        let info = StanzaInfo::load(&storage, &s.stanza).await?;
+        if s.cipher_pass.is_some() {
+            return Err(Error::config(format!(
+                "repo-cipher-pass is set but stanza '{}' is not encrypted (it has no key files): remove the passphrase from this stanza's configuration",
+                s.stanza
+            )));
+        }
+        return Ok((storage, info));
+    }
+    let master = open_master(s, &storage, keys).await?;
+    let storage = storage.with_cipher(master);
+    let info = StanzaInfo::load(&storage, &s.stanza).await?;
+    Ok((storage, info))
+}
+
+/// The passphrase of an encrypted stanza, or a configuration error saying where to set it.
+fn passphrase(s: &Settings) -> Result<&Passphrase> {
+    s.cipher_pass.as_ref().ok_or_else(|| {
+        Error::config(format!(
+            "stanza '{}' is encrypted: set repo-cipher-pass in the config file or PGSTRATA_REPO_CIPHER_PASS in the environment",
+            s.stanza
+        ))
+    })
+}
+
+async fn open_master(s: &Settings, storage: &Storage, keys: Vec<KeyFile>) -> Result<Arc<Cipher>> {
+    let pass = passphrase(s)?.clone();
+    let cache_key = (
+        storage.description().to_string(),
+        s.stanza.clone(),
+        pass.fingerprint(),
+    );
+    let opened = OPENED.get_or_init(Default::default);
+    if let Some(c) = opened.lock().expect("key cache").get(&cache_key) {
+        return Ok(c.clone());
+    }
+    let stanza = s.stanza.clone();
+    // Argon2id takes a fraction of a second and 64 MiB: off the async workers.
+    let cipher = tokio::task::spawn_blocking(move || cipher::open_master(&stanza, &keys, &pass))
+        .await
+        .expect("key derivation thread")?;
+    let cipher = Arc::new(cipher);
+    log::debug!("stanza '{}' opened with key {}", s.stanza, cipher.key_id);
+    opened
+        .lock()
+        .expect("key cache")
+        .insert(cache_key, cipher.clone());
+    Ok(cipher)
+}
+
+/// stanza-create's first step: for a new encrypted stanza, a random master key and its
+/// first key file, and the storage that seals with it. Returns the key file written (to
+/// remove again if the stanza turns out to exist already).
+pub(crate) async fn prepare_new_stanza(
+    s: &Settings,
+    storage: Storage,
+) -> Result<(Storage, Option<KeyFile>)> {
+    match s.cipher_type {
+        CipherType::None => {
+            if s.cipher_pass.is_some() {
+                return Err(Error::config(
+                    "repo-cipher-pass is set but repo-cipher-type is none: set repo-cipher-type=aes-256-gcm to encrypt the stanza, or remove the passphrase",
+                ));
+            }
+            Ok((storage, None))
+        }
+        CipherType::Aes256Gcm => {
+            let pass = passphrase(s)?.clone();
+            let master = Arc::new(Cipher::generate());
+            let key = new_key_file(s, &master, pass).await?;
+            key.store(&storage, &s.stanza).await?;
+            log::info!("stanza '{}' is encrypted; key {} created", s.stanza, key.id);
+            Ok((storage.with_cipher(master), Some(key)))
+        }
+    }
+}
+
+/// Refuse stanza-create of an existing stanza with another cipher type.
+pub(crate) fn check_cipher_type(s: &Settings, existing: &Storage) -> Result<()> {
+    let encrypted = existing.cipher().is_some();
+    if encrypted != (s.cipher_type == CipherType::Aes256Gcm) {
+        return Err(Error::config(format!(
+            "stanza '{}' exists and is {}; repo-cipher-type={} cannot change that (encryption is chosen when a stanza is created)",
+            s.stanza,
+            if encrypted { "encrypted" } else { "not encrypted" },
+            s.cipher_type.name()
+        )));
+    }
+    Ok(())
+}
+
+async fn new_key_file(s: &Settings, master: &Arc<Cipher>, pass: Passphrase) -> Result<KeyFile> {
+    let (stanza, master) = (s.stanza.clone(), master.clone());
+    let created = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .ok()
+        .flatten()
+        .map_or_else(|| nix::unistd::geteuid().to_string(), |u| u.name);
+    let host = crate::lock::hostname();
+    Ok(tokio::task::spawn_blocking(move || {
+        KeyFile::wrap(&stanza, &master, &pass, created, host, user)
+    })
+    .await
+    .expect("key derivation thread")?)
+}
+
+/// What `key-list` shows of a key file (its public part).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KeyInfo {
+    pub id: String,
+    pub created: String,
+    pub host: String,
+    pub user: String,
+}
+
+/// `key-add`: another key file wrapping the stanza's master key with `new_pass`. Needs a
+/// passphrase that opens an existing key; rewrites nothing.
+pub async fn key_add(s: &Settings, new_pass: Passphrase) -> Result<KeyInfo> {
+    let (storage, _) = open_stanza(s).await?;
+    let master = encrypted(s, &storage)?.clone();
+    let key = new_key_file(s, &master, new_pass).await?;
+    key.store(&storage, &s.stanza).await?;
+    log::info!("key {} added to stanza '{}'", key.id, s.stanza);
+    Ok(info_of(&key))
+}
+
+/// `key-list`: the stanza's key files. Reads only the public key files, so it needs no
+/// passphrase.
+pub async fn key_list(s: &Settings) -> Result<Vec<KeyInfo>> {
+    let storage = s.storage()?;
+    let keys = KeyFile::list(&storage, &s.stanza).await?;
+    if keys.is_empty() {
+        StanzaInfo::load(&storage, &s.stanza).await?;
+        return Err(Error::config(format!(
+            "stanza '{}' is not encrypted: it has no keys",
+            s.stanza
+        )));
+    }
+    Ok(keys.iter().map(info_of).collect())
+}
+
+/// `key-remove`: delete one key file. Needs a passphrase that opens a key of the stanza
+/// (it may be the one removed) and never removes the last key.
+pub async fn key_remove(s: &Settings, id: &str) -> Result<()> {
+    let (storage, _) = open_stanza(s).await?;
+    encrypted(s, &storage)?;
+    let keys = KeyFile::list(&storage, &s.stanza).await?;
+    cipher::check_removal(&s.stanza, &keys, id)?;
+    storage.delete(&layout::key_file(&s.stanza, id)).await?;
+    log::info!("key {id} removed from stanza '{}'", s.stanza);
+    Ok(())
+}
+
+fn encrypted<'a>(s: &Settings, storage: &'a Storage) -> Result<&'a Arc<Cipher>> {
+    storage.cipher().ok_or_else(|| {
+        Error::config(format!(
+            "stanza '{}' is not encrypted: it has no keys (encryption is chosen at stanza-create with repo-cipher-type=aes-256-gcm)",
+            s.stanza
+        ))
+    })
+}
+
+fn info_of(k: &KeyFile) -> KeyInfo {
+    KeyInfo {
+        id: k.id.clone(),
+        created: k.created.clone(),
+        host: k.host.clone(),
+        user: k.user.clone(),
+    }
+}
