@@ -123,6 +123,7 @@ fn settings(inv: &config::Invocation) -> Result<Settings, Error> {
         },
         cipher_type: inv.choice("repo-cipher-type"),
         cipher_pass: inv.get("repo-cipher-pass").map(Passphrase::new),
+        cipher_key_cache: inv.flag("repo-cipher-key-cache"),
     })
 }
 

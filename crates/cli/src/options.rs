@@ -145,6 +145,8 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Encrypt the new stanza: aes-256-gcm seals every object (authenticated, object names bound) under a random master key wrapped by repo-cipher-pass. Chosen at stanza-create; later commands learn it from the stanza." },
     OptionDef { name: "repo-cipher-pass", kind: Kind::Str, default: None, scope: Scope::Config, secret: true, commands: REPO_CMDS,
         help: "Passphrase of an encrypted stanza (needed by every command of it). Losing every passphrase of a stanza loses its backups." },
+    OptionDef { name: "repo-cipher-key-cache", kind: Kind::Bool, default: Some("true"), scope: Scope::Config, secret: false, commands: REPO_CMDS,
+        help: "Keep an encrypted stanza's master key, wrapped by a key derived from the passphrase, in /dev/shm/pgstrata-<uid> (memory, 0700, this user only), so the slow passphrase derivation (Argon2id, 64 MiB) runs once per host and boot rather than once per command (archive-push runs once per WAL segment). Someone who can read it can read the passphrase in the config file too; set false to derive it every time." },
     OptionDef { name: "new-cipher-pass", kind: Kind::Str, default: None, scope: Scope::Config, secret: true, commands: &["key-add"],
         help: "The passphrase key-add adds (PGSTRATA_NEW_CIPHER_PASS; or --new-cipher-pass-file)." },
     OptionDef { name: "new-cipher-pass-file", kind: Kind::Path, default: None, scope: Scope::CommandLine, secret: false, commands: &["key-add"],

@@ -63,11 +63,26 @@ async fn open_master(s: &Settings, storage: &Storage, keys: Vec<KeyFile>) -> Res
     if let Some(c) = opened.lock().expect("key cache").get(&cache_key) {
         return Ok(c.clone());
     }
-    let stanza = s.stanza.clone();
-    // Argon2id takes a fraction of a second and 64 MiB: off the async workers.
-    let cipher = tokio::task::spawn_blocking(move || cipher::open_master(&stanza, &keys, &pass))
-        .await
-        .expect("key derivation thread")?;
+    let context = format!("{}\0{}", storage.description(), s.stanza);
+    let cache = s.cipher_key_cache.then(|| HostKeyCache::new(&context));
+    let cached = cache.as_ref().and_then(|c| c.load(&pass, &keys));
+    let cipher = match cached {
+        Some(c) => c,
+        None => {
+            let stanza = s.stanza.clone();
+            let pass_for_kdf = pass.clone();
+            // Argon2id takes a fraction of a second and 64 MiB: off the async workers.
+            let c = tokio::task::spawn_blocking(move || {
+                cipher::open_master(&stanza, &keys, &pass_for_kdf)
+            })
+            .await
+            .expect("key derivation thread")?;
+            if let Some(cache) = &cache {
+                cache.store(&c, &pass);
+            }
+            c
+        }
+    };
     let cipher = Arc::new(cipher);
     log::debug!("stanza '{}' opened with key {}", s.stanza, cipher.key_id);
     opened
@@ -75,6 +90,87 @@ async fn open_master(s: &Settings, storage: &Storage, keys: Vec<KeyFile>) -> Res
         .expect("key cache")
         .insert(cache_key, cipher.clone());
     Ok(cipher)
+}
+
+/// The host's key cache: an encrypted stanza's master key, wrapped by a key HKDF derives
+/// from the passphrase, in `/dev/shm/pgstrata-<uid>/` (memory only, gone at reboot).
+///
+/// Why: Argon2id makes guessing a passphrase from a stolen key file slow, and that costs
+/// every command 0.2 s and 64 MiB; archive-push runs once per WAL segment. The cached key
+/// is bound to the repository, the stanza and the key file that opened it, so it stops
+/// working when that key file is removed (`key-remove`) or the passphrase changes. Whoever
+/// can read the directory (this user, root) can read the passphrase in the config file too.
+/// Every failure here is silent: the key is then derived as without a cache.
+struct HostKeyCache {
+    dir: std::path::PathBuf,
+    file: std::path::PathBuf,
+    context: String,
+}
+
+impl HostKeyCache {
+    fn new(context: &str) -> HostKeyCache {
+        let dir = std::path::PathBuf::from(format!(
+            "/dev/shm/pgstrata-{}",
+            rustix::process::geteuid().as_raw()
+        ));
+        let name = blake3::hash(context.as_bytes()).to_hex();
+        HostKeyCache {
+            file: dir.join(format!("{}.key", &name[..32])),
+            dir,
+            context: context.to_string(),
+        }
+    }
+
+    /// The directory, if it is ours and no one else's (created 0700 when absent).
+    fn private_dir(&self) -> Option<&std::path::Path> {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        if !std::path::Path::new("/dev/shm").is_dir() {
+            return None;
+        }
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(&self.dir);
+        let m = std::fs::symlink_metadata(&self.dir).ok()?;
+        let ours =
+            m.is_dir() && m.uid() == rustix::process::geteuid().as_raw() && m.mode() & 0o077 == 0;
+        ours.then_some(self.dir.as_path())
+    }
+
+    /// The cached key, if one opens with this passphrase for a key file the stanza still has.
+    fn load(&self, pass: &Passphrase, keys: &[KeyFile]) -> Option<Cipher> {
+        self.private_dir()?;
+        let bytes = std::fs::read(&self.file).ok()?;
+        let nl = bytes.iter().position(|b| *b == b'\n')?;
+        let key_id = std::str::from_utf8(&bytes[..nl]).ok()?;
+        if !keys.iter().any(|k| k.id == key_id) {
+            return None;
+        }
+        let c = Cipher::open_cached(&bytes[nl + 1..], pass, &self.context, key_id)?;
+        log::debug!("master key from the host key cache (key {key_id})");
+        Some(c)
+    }
+
+    /// Cache `c`: written under a temporary name, 0600, renamed into place.
+    fn store(&self, c: &Cipher, pass: &Passphrase) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let Some(dir) = self.private_dir() else {
+            return;
+        };
+        // The id of the key file that opened it, a newline, the wrapped key.
+        let mut content = format!("{}\n", c.key_id).into_bytes();
+        content.extend(c.wrap_for_cache(pass, &self.context));
+        let tmp = dir.join(format!(".{}.tmp", std::process::id()));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&content))
+            .and_then(|_| std::fs::rename(&tmp, &self.file));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            log::debug!("host key cache {}: {e}", self.file.display());
+        }
+    }
 }
 
 /// stanza-create's first step: for a new encrypted stanza, a random master key and its

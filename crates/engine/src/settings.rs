@@ -44,6 +44,8 @@ pub struct Settings {
     pub cipher_type: CipherType,
     /// The passphrase of an encrypted stanza (`repo-cipher-pass`).
     pub cipher_pass: Option<Passphrase>,
+    /// Keep the opened master key in the host's key cache (`repo-cipher-key-cache`).
+    pub cipher_key_cache: bool,
 }
 
 impl Settings {

@@ -44,6 +44,8 @@ pub const FRAME_OVERHEAD: usize = SALT_LEN + TAG_LEN;
 
 /// HKDF info of a sealed object's key.
 const OBJECT_INFO: &[u8] = b"pgstrata object v1";
+/// HKDF info of the local key cache's wrapping key (not a repository object).
+const CACHE_INFO: &[u8] = b"pgstrata key cache v1";
 /// HKDF info of a sealed frame's key.
 const FRAME_INFO: &[u8] = b"pgstrata frame v1";
 /// Prefix of a key file's associated data.
@@ -72,11 +74,8 @@ pub enum CipherType {
     Aes256Gcm,
 }
 
-impl crate::Named for CipherType {
-    const ALL: &'static [CipherType] = &[CipherType::None, CipherType::Aes256Gcm];
-    /// Names as configured (`repo-cipher-type`).
-    const NAMES: &'static [&'static str] = &["none", "aes-256-gcm"];
-}
+// Names as configured (`repo-cipher-type`).
+crate::named!(CipherType { None = "none", Aes256Gcm = "aes-256-gcm" });
 
 /// A passphrase: zeroized when dropped, never shown by `Debug`.
 #[derive(Clone)]
@@ -110,9 +109,10 @@ fn random<const N: usize>() -> [u8; N] {
     b
 }
 
-/// The AES-256-GCM key HKDF-SHA256 derives from `master`, `salt` and `info`.
-fn derive(master: &[u8; 32], salt: &[u8], info: &[u8]) -> LessSafeKey {
-    let prk = Salt::new(HKDF_SHA256, salt).extract(master);
+/// The AES-256-GCM key HKDF-SHA256 derives from `ikm` (the master key, or a passphrase for
+/// the local key cache), `salt` and `info`.
+fn derive(ikm: &[u8], salt: &[u8], info: &[u8]) -> LessSafeKey {
+    let prk = Salt::new(HKDF_SHA256, salt).extract(ikm);
     let info = [info];
     let okm = prk
         .expand(&info, &AES_256_GCM)
@@ -160,6 +160,15 @@ fn object_aad(header: &[u8], key: &str) -> Vec<u8> {
     aad
 }
 
+/// Associated data of a cached master key: what it is for and which key file opened it.
+fn cache_aad(context: &str, key_id: &str) -> Vec<u8> {
+    format!(
+        "{}\0{context}\0{key_id}",
+        String::from_utf8_lossy(CACHE_INFO)
+    )
+    .into_bytes()
+}
+
 /// Associated data of a sealed frame: its pack's name and its offset in the pack.
 fn frame_aad(pack_key: &str, offset: u64) -> Vec<u8> {
     let mut aad = pack_key.as_bytes().to_vec();
@@ -195,7 +204,7 @@ impl Cipher {
         out.extend_from_slice(&header);
         out.extend_from_slice(&salt);
         out.extend_from_slice(plain);
-        let tag = derive(&self.master, &salt, OBJECT_INFO)
+        let tag = derive(&self.master[..], &salt, OBJECT_INFO)
             .seal_in_place_separate_tag(
                 zero_nonce(),
                 Aad::from(object_aad(&header, key)),
@@ -224,12 +233,59 @@ impl Cipher {
         }
         let salt = &sealed[SEAL_HEADER_LEN..SEAL_HEADER_LEN + SALT_LEN];
         let mut buf = sealed[SEAL_HEADER_LEN + SALT_LEN..].to_vec();
-        let len = derive(&self.master, salt, OBJECT_INFO)
+        let len = derive(&self.master[..], salt, OBJECT_INFO)
             .open_in_place(zero_nonce(), Aad::from(object_aad(header, key)), &mut buf)
             .map_err(|_| damaged(key))?
             .len();
         buf.truncate(len);
         Ok(buf)
+    }
+
+    /// The master key wrapped for the local key cache: salt, AES-256-GCM ciphertext and
+    /// tag under HKDF-SHA256(passphrase, salt), bound to `context` (repository and stanza)
+    /// and the id of the key file that opened it. Cheap to open for whoever has the
+    /// passphrase, which is the point: Argon2id runs once per host, not once per command.
+    pub fn wrap_for_cache(&self, pass: &Passphrase, context: &str) -> Vec<u8> {
+        let salt = random::<SALT_LEN>();
+        let mut out = salt.to_vec();
+        out.extend_from_slice(&self.master[..]);
+        let tag = derive(pass.bytes(), &salt, CACHE_INFO)
+            .seal_in_place_separate_tag(
+                zero_nonce(),
+                Aad::from(cache_aad(context, &self.key_id)),
+                &mut out[SALT_LEN..],
+            )
+            .expect("AES-GCM seal");
+        out.extend_from_slice(tag.as_ref());
+        out
+    }
+
+    /// Open what [`Cipher::wrap_for_cache`] wrote; `None` if it is not exactly that (other
+    /// passphrase, context or key id, or damaged): the caller then derives the key anew.
+    pub fn open_cached(
+        wrapped: &[u8],
+        pass: &Passphrase,
+        context: &str,
+        key_id: &str,
+    ) -> Option<Cipher> {
+        if wrapped.len() != SALT_LEN + 32 + TAG_LEN {
+            return None;
+        }
+        let (salt, body) = wrapped.split_at(SALT_LEN);
+        let mut buf = Zeroizing::new(body.to_vec());
+        let plain = derive(pass.bytes(), salt, CACHE_INFO)
+            .open_in_place(
+                zero_nonce(),
+                Aad::from(cache_aad(context, key_id)),
+                &mut buf,
+            )
+            .ok()?;
+        let mut master = Zeroizing::new([0u8; 32]);
+        master.copy_from_slice(plain);
+        Some(Cipher {
+            master,
+            key_id: key_id.to_string(),
+        })
     }
 
     /// Append frame `plain`, sealed as the frame at `offset` of pack `pack_key`, to `out`.
@@ -238,7 +294,7 @@ impl Cipher {
         out.extend_from_slice(&salt);
         let start = out.len();
         out.extend_from_slice(plain);
-        let tag = derive(&self.master, &salt, FRAME_INFO)
+        let tag = derive(&self.master[..], &salt, FRAME_INFO)
             .seal_in_place_separate_tag(
                 zero_nonce(),
                 Aad::from(frame_aad(pack_key, offset)),
@@ -264,7 +320,7 @@ impl Cipher {
         let (salt, body) = sealed.split_at(SALT_LEN);
         out.clear();
         out.extend_from_slice(body);
-        let len = derive(&self.master, salt, FRAME_INFO)
+        let len = derive(&self.master[..], salt, FRAME_INFO)
             .open_in_place(zero_nonce(), Aad::from(frame_aad(pack_key, offset)), out)
             .map_err(|_| damaged(what))?
             .len();
@@ -525,6 +581,30 @@ pub fn check_removal(stanza: &str, keys: &[KeyFile], id: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The host key cache's wrapping opens only with the same passphrase, context and key id.
+    #[test]
+    fn cached_key_opens_only_as_it_was_wrapped() {
+        let mut c = Cipher::generate();
+        c.key_id = "k1".into();
+        let pass = Passphrase::new("secret");
+        let wrapped = c.wrap_for_cache(&pass, "repo\0main");
+        let back = Cipher::open_cached(&wrapped, &pass, "repo\0main", "k1").expect("opens");
+        // The same master key: it opens what the original sealed.
+        let sealed = c.seal_object("main/stanza.json", b"record");
+        assert_eq!(
+            back.open_object("main/stanza.json", &sealed).unwrap(),
+            b"record"
+        );
+        let other = Passphrase::new("other");
+        assert!(Cipher::open_cached(&wrapped, &other, "repo\0main", "k1").is_none());
+        assert!(Cipher::open_cached(&wrapped, &pass, "repo\0test", "k1").is_none());
+        assert!(Cipher::open_cached(&wrapped, &pass, "repo\0main", "k2").is_none());
+        let mut flipped = wrapped.clone();
+        flipped[20] ^= 1;
+        assert!(Cipher::open_cached(&flipped, &pass, "repo\0main", "k1").is_none());
+        assert!(Cipher::open_cached(&wrapped[1..], &pass, "repo\0main", "k1").is_none());
+    }
 
     fn low_memory() {
         std::env::set_var(TEST_KDF_MEMORY_ENV, "64");
