@@ -89,6 +89,46 @@ pub fn measure(results: &mut Results, dir: &Path, sample: Option<&Path>) -> Resu
             })?;
         }
     }
+    aes_gcm(results, &data, cores)
+}
+
+/// AES-256-GCM as encrypted repositories use it: each 1 MiB frame sealed under its own
+/// HKDF-derived key, then opened again.
+fn aes_gcm(results: &mut Results, data: &[u8], cores: u64) -> Result<(), String> {
+    use pgstrata_repo::cipher::Cipher;
+    let cipher = Cipher::generate();
+    let t = Instant::now();
+    let sealed: Vec<Vec<u8>> = data
+        .chunks(FRAME)
+        .enumerate()
+        .map(|(i, f)| {
+            let mut out = Vec::with_capacity(f.len() + 64);
+            cipher.seal_frame_into("limits/pack", (i * FRAME) as u64, f, &mut out);
+            out
+        })
+        .collect();
+    let seal = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let mut out = Vec::new();
+    for (i, s) in sealed.iter().enumerate() {
+        cipher
+            .open_frame_into("limits/pack", (i * FRAME) as u64, s, &mut out, "limits")
+            .map_err(|e| e.to_string())?;
+    }
+    let open = t.elapsed().as_secs_f64();
+    for (step, s) in [("seal", seal), ("open", open)] {
+        results.record(Row {
+            case: "aes-256-gcm".into(),
+            step: step.into(),
+            tool: "machine".into(),
+            run: 1,
+            seconds: Some(s),
+            bytes: Some(data.len() as u64),
+            count: Some(cores),
+            note: format!("1 core; × {cores} cores; 1 MiB frames, a key per frame"),
+            ..Row::default()
+        })?;
+    }
     Ok(())
 }
 
