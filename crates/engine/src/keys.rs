@@ -63,8 +63,9 @@ async fn open_master(s: &Settings, storage: &Storage, keys: Vec<KeyFile>) -> Res
     if let Some(c) = opened.lock().expect("key cache").get(&cache_key) {
         return Ok(c.clone());
     }
-    let context = format!("{}\0{}", storage.description(), s.stanza);
-    let cache = s.cipher_key_cache.then(|| HostKeyCache::new(&context));
+    let cache = s
+        .cipher_key_cache
+        .then(|| HostKeyCache::new(storage, &s.stanza));
     let cached = cache.as_ref().and_then(|c| c.load(&pass, &keys));
     let cipher = match cached {
         Some(c) => c,
@@ -78,7 +79,7 @@ async fn open_master(s: &Settings, storage: &Storage, keys: Vec<KeyFile>) -> Res
             .await
             .expect("key derivation thread")?;
             if let Some(cache) = &cache {
-                cache.store(&c, &pass);
+                cache.store(&c, &pass, &c.key_id);
             }
             c
         }
@@ -108,7 +109,8 @@ struct HostKeyCache {
 }
 
 impl HostKeyCache {
-    fn new(context: &str) -> HostKeyCache {
+    fn new(storage: &Storage, stanza: &str) -> HostKeyCache {
+        let context = format!("{}\0{stanza}", storage.description());
         let dir = std::path::PathBuf::from(format!(
             "/dev/shm/pgstrata-{}",
             rustix::process::geteuid().as_raw()
@@ -117,7 +119,7 @@ impl HostKeyCache {
         HostKeyCache {
             file: dir.join(format!("{}.key", &name[..32])),
             dir,
-            context: context.to_string(),
+            context,
         }
     }
 
@@ -148,16 +150,17 @@ impl HostKeyCache {
         Some(c)
     }
 
-    /// Cache `c`: written under a temporary name, 0600, renamed into place.
-    fn store(&self, c: &Cipher, pass: &Passphrase) {
+    /// Cache `c`, opened by `pass` through key file `key_id`: written under a temporary
+    /// name, 0600, renamed into place.
+    fn store(&self, c: &Cipher, pass: &Passphrase, key_id: &str) {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let Some(dir) = self.private_dir() else {
             return;
         };
         // The id of the key file that opened it, a newline, the wrapped key.
-        let mut content = format!("{}\n", c.key_id).into_bytes();
-        content.extend(c.wrap_for_cache(pass, &self.context));
+        let mut content = format!("{key_id}\n").into_bytes();
+        content.extend(c.wrap_for_cache(pass, &self.context, key_id));
         let tmp = dir.join(format!(".{}.tmp", std::process::id()));
         let written = std::fs::OpenOptions::new()
             .write(true)
@@ -192,8 +195,11 @@ pub(crate) async fn prepare_new_stanza(
         CipherType::Aes256Gcm => {
             let pass = passphrase(s)?.clone();
             let master = Arc::new(Cipher::generate());
-            let key = new_key_file(s, &master, pass).await?;
+            let key = new_key_file(s, &master, pass.clone()).await?;
             key.store(&storage, &s.stanza).await?;
+            if s.cipher_key_cache {
+                HostKeyCache::new(&storage, &s.stanza).store(&master, &pass, &key.id);
+            }
             log::info!("stanza '{}' is encrypted; key {} created", s.stanza, key.id);
             Ok((storage.with_cipher(master), Some(key)))
         }

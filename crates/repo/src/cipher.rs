@@ -243,16 +243,16 @@ impl Cipher {
 
     /// The master key wrapped for the local key cache: salt, AES-256-GCM ciphertext and
     /// tag under HKDF-SHA256(passphrase, salt), bound to `context` (repository and stanza)
-    /// and the id of the key file that opened it. Cheap to open for whoever has the
-    /// passphrase, which is the point: Argon2id runs once per host, not once per command.
-    pub fn wrap_for_cache(&self, pass: &Passphrase, context: &str) -> Vec<u8> {
+    /// and the id of the key file `key_id` that `pass` opens. Cheap to open for whoever has
+    /// the passphrase, which is the point: Argon2id runs once per host, not once per command.
+    pub fn wrap_for_cache(&self, pass: &Passphrase, context: &str, key_id: &str) -> Vec<u8> {
         let salt = random::<SALT_LEN>();
         let mut out = salt.to_vec();
         out.extend_from_slice(&self.master[..]);
         let tag = derive(pass.bytes(), &salt, CACHE_INFO)
             .seal_in_place_separate_tag(
                 zero_nonce(),
-                Aad::from(cache_aad(context, &self.key_id)),
+                Aad::from(cache_aad(context, key_id)),
                 &mut out[SALT_LEN..],
             )
             .expect("AES-GCM seal");
@@ -588,7 +588,7 @@ mod tests {
         let mut c = Cipher::generate();
         c.key_id = "k1".into();
         let pass = Passphrase::new("secret");
-        let wrapped = c.wrap_for_cache(&pass, "repo\0main");
+        let wrapped = c.wrap_for_cache(&pass, "repo\0main", "k1");
         let back = Cipher::open_cached(&wrapped, &pass, "repo\0main", "k1").expect("opens");
         // The same master key: it opens what the original sealed.
         let sealed = c.seal_object("main/stanza.json", b"record");
