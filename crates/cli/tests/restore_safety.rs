@@ -210,16 +210,24 @@ fn a_restore_killed_at_random_points_is_never_startable_and_resumes_with_delta()
     let mut rng = Lcg(seed);
     let target = env.scratch.join("target");
     let mut interrupted = 0;
+    // How long each mode's restore takes, learned as it goes: kill points are drawn within
+    // it, so a machine that restores faster than the first (cold) restore still has its
+    // restores interrupted.
+    let mut span = [full, full];
     for round in 0..20 {
         // Alternate the mode that is killed: --force rewrites everything, --delta over a
         // complete directory mostly compares.
-        let mode = if round % 2 == 0 { "--force" } else { "--delta" };
-        let delay = Duration::from_micros(rng.next() % (full.as_micros() as u64 + 1));
+        let m = round % 2;
+        let mode = ["--force", "--delta"][m];
+        let delay = Duration::from_micros(rng.next() % (span[m].as_micros() as u64 + 1));
+        let started = Instant::now();
         let mut child = restore_cmd(&env, &target, &[mode]).spawn().unwrap();
         std::thread::sleep(delay);
         let _ = child.kill();
         let status = child.wait().unwrap();
-        if !status.success() {
+        if status.success() {
+            span[m] = span[m].min(started.elapsed());
+        } else {
             interrupted += 1;
         }
         if target.join("global/pg_control").exists() {
@@ -236,6 +244,7 @@ fn a_restore_killed_at_random_points_is_never_startable_and_resumes_with_delta()
             "round {round} (seed {seed}): --delta after a kill at {delay:?} equals a fresh restore"
         );
     }
+    eprintln!("{interrupted} of 20 restores interrupted; learned spans {span:?}");
     assert!(
         interrupted >= 5,
         "only {interrupted} of 20 restores were interrupted: the kill points miss the restore"
