@@ -75,19 +75,8 @@ pub fn measure(results: &mut Results, dir: &Path, sample: Option<&Path>) -> Resu
             "1 core; × {cores} cores; ratio {:.1}:1",
             data.len() as f64 / stored as f64
         );
-        for (step, s) in [("compress", enc), ("decompress", dec)] {
-            results.record(Row {
-                case: codec.into(),
-                step: step.into(),
-                tool: "machine".into(),
-                run: 1,
-                seconds: Some(s),
-                bytes: Some(data.len() as u64),
-                count: Some(cores),
-                note: note.clone(),
-                ..Row::default()
-            })?;
-        }
+        let steps = [("compress", enc), ("decompress", dec)];
+        record_per_core(results, codec, steps, data.len(), cores, &note)?;
     }
     aes_gcm(results, &data, cores)
 }
@@ -116,16 +105,30 @@ fn aes_gcm(results: &mut Results, data: &[u8], cores: u64) -> Result<(), String>
             .map_err(|e| e.to_string())?;
     }
     let open = t.elapsed().as_secs_f64();
-    for (step, s) in [("seal", seal), ("open", open)] {
+    let note = format!("1 core; × {cores} cores; 1 MiB frames, a key per frame");
+    let steps = [("seal", seal), ("open", open)];
+    record_per_core(results, "aes-256-gcm", steps, data.len(), cores, &note)
+}
+
+/// Rows of a one-core throughput (`bytes` in each step's seconds), shown × `cores`.
+fn record_per_core(
+    results: &mut Results,
+    case: &str,
+    steps: [(&str, f64); 2],
+    bytes: usize,
+    cores: u64,
+    note: &str,
+) -> Result<(), String> {
+    for (step, s) in steps {
         results.record(Row {
-            case: "aes-256-gcm".into(),
+            case: case.into(),
             step: step.into(),
             tool: "machine".into(),
             run: 1,
             seconds: Some(s),
-            bytes: Some(data.len() as u64),
+            bytes: Some(bytes as u64),
             count: Some(cores),
-            note: format!("1 core; × {cores} cores; 1 MiB frames, a key per frame"),
+            note: note.into(),
             ..Row::default()
         })?;
     }

@@ -119,19 +119,7 @@ fn an_encrypted_repository_shows_nothing_of_the_database_and_restores() {
     }
 
     let set = format!("--set={incr}");
-    let restored = env.restore_and_start("restored", &[&set]);
-    assert_eq!(marker_rows(&restored), expected);
-    // A delta restore over it reads single frames with ranged reads.
-    restored
-        .psql(
-            "postgres",
-            "DELETE FROM marker_table WHERE v LIKE '%later%'",
-        )
-        .unwrap();
-    restored.stop().unwrap();
-    let restored = env.restore_and_start("restored", &[&set, "--delta"]);
-    assert_eq!(marker_rows(&restored), expected);
-    restored.stop().unwrap();
+    restore_then_delta(&env, &set, &expected);
 }
 
 /// A copy of the repository to damage, and the command that reads it.
@@ -444,9 +432,14 @@ fn the_whole_encrypted_cycle_on_s3() {
     env.ok(&["verify"]);
     env.ok(&["--repo-retention-full=1", "expire"]);
     let set = format!("--set={incr}");
-    let restored = env.restore_and_start("restored", &[&set]);
+    restore_then_delta(&env, &set, &expected);
+}
+
+/// Restore `set` and compare the marker rows; then change the restored copy and bring it
+/// back with a delta restore (single frames by ranged reads), and compare again.
+fn restore_then_delta(env: &Env, set: &str, expected: &str) {
+    let restored = env.restore_and_start("restored", &[set]);
     assert_eq!(marker_rows(&restored), expected);
-    // A delta restore over it reads single frames with ranged reads.
     restored
         .psql(
             "postgres",
@@ -454,7 +447,7 @@ fn the_whole_encrypted_cycle_on_s3() {
         )
         .unwrap();
     restored.stop().unwrap();
-    let restored = env.restore_and_start("restored", &[&set, "--delta"]);
+    let restored = env.restore_and_start("restored", &[set, "--delta"]);
     assert_eq!(marker_rows(&restored), expected);
     restored.stop().unwrap();
 }
