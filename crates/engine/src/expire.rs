@@ -27,14 +27,10 @@ use pgstrata_repo::manifest::{scan_backups, BackupType, Manifest};
 use pgstrata_repo::{layout, Storage};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RetentionType {
-    Count,
-    Time,
-}
-
 // Names as configured (`repo-retention-full-type`).
-pgstrata_repo::named!(RetentionType { Count = "count", Time = "time" });
+pgstrata_repo::named! {
+    pub enum RetentionType { Count = "count", Time = "time" }
+}
 
 #[derive(Debug, Clone)]
 pub struct ExpireOptions {

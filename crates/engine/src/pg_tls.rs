@@ -26,25 +26,19 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 
-/// libpq's `sslmode` values pgstrata supports (`pg-sslmode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SslMode {
-    Disable,
-    #[default]
-    Prefer,
-    Require,
-    VerifyCa,
-    VerifyFull,
-}
-
 // Names as configured (`pg-sslmode`, libpq's values).
-pgstrata_repo::named!(SslMode {
-    Disable = "disable",
-    Prefer = "prefer",
-    Require = "require",
-    VerifyCa = "verify-ca",
-    VerifyFull = "verify-full",
-});
+pgstrata_repo::named! {
+    /// libpq's `sslmode` values pgstrata supports (`pg-sslmode`).
+    #[derive(Default)]
+    pub enum SslMode {
+        Disable = "disable",
+        #[default]
+        Prefer = "prefer",
+        Require = "require",
+        VerifyCa = "verify-ca",
+        VerifyFull = "verify-full",
+    }
+}
 
 impl SslMode {
     /// What tokio-postgres is told: whether TLS is tried, and whether it is required.
@@ -161,30 +155,27 @@ impl ServerCertVerifier for Lenient {
             other => other,
         }
     }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.provider.signature_verification_algorithms;
-        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+    fn verify_tls12_signature(&self, msg: &[u8], cert: &Der<'_>, dss: &Dss) -> SignatureCheck {
+        rustls::crypto::verify_tls12_signature(msg, cert, dss, &self.signature_algorithms())
     }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.provider.signature_verification_algorithms;
-        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+    fn verify_tls13_signature(&self, msg: &[u8], cert: &Der<'_>, dss: &Dss) -> SignatureCheck {
+        rustls::crypto::verify_tls13_signature(msg, cert, dss, &self.signature_algorithms())
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.signature_algorithms().supported_schemes()
     }
 }
+
+impl Lenient {
+    fn signature_algorithms(&self) -> rustls::crypto::WebPkiSupportedAlgorithms {
+        self.provider.signature_verification_algorithms
+    }
+}
+
+// Short names for the signature-check methods' types, so each fits on one line.
+type Der<'a> = CertificateDer<'a>;
+type Dss = DigitallySignedStruct;
+type SignatureCheck = std::result::Result<HandshakeSignatureValid, rustls::Error>;
 
 /// tokio-postgres' TLS hook, on rustls.
 #[derive(Clone)]

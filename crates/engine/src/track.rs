@@ -25,19 +25,18 @@ use pgstrata_repo::manifest::{FileEntry, Manifest, Tracking};
 use pgstrata_repo::{layout as repo_layout, Storage};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-/// How a backup finds changed blocks (`--track`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Track {
-    /// Block-change maps when they cover the window, else hashing (with a warning).
-    Auto,
-    /// Block-change maps, or fail.
-    Wal,
-    /// Read and hash every changed file.
-    Hash,
-}
-
 // Names as given to `--track`.
-pgstrata_repo::named!(Track { Auto = "auto", Wal = "wal", Hash = "hash" });
+pgstrata_repo::named! {
+    /// How a backup finds changed blocks (`--track`).
+    pub enum Track {
+        /// Block-change maps when they cover the window, else hashing (with a warning).
+        Auto = "auto",
+        /// Block-change maps, or fail.
+        Wal = "wal",
+        /// Read and hash every changed file.
+        Hash = "hash",
+    }
+}
 
 /// How a backup found what changed: decided at its start, recorded in its manifest, shown
 /// by `info` (same JSON names in both).

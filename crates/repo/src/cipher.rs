@@ -66,16 +66,11 @@ const MAX_M_COST_KIB: u32 = 4 * 1024 * 1024;
 const MAX_T_COST: u32 = 64;
 const MAX_P_COST: u32 = 64;
 
-/// `repo-cipher-type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CipherType {
-    #[default]
-    None,
-    Aes256Gcm,
-}
-
 // Names as configured (`repo-cipher-type`).
-crate::named!(CipherType { None = "none", Aes256Gcm = "aes-256-gcm" });
+crate::named! {
+    #[derive(Default)]
+    pub enum CipherType { #[default] None = "none", Aes256Gcm = "aes-256-gcm" }
+}
 
 /// A passphrase: zeroized when dropped, never shown by `Debug`.
 #[derive(Clone)]
@@ -199,19 +194,10 @@ impl Cipher {
     /// Seal the whole object stored as `key`.
     pub fn seal_object(&self, key: &str, plain: &[u8]) -> Vec<u8> {
         let header = seal_header();
-        let salt = random::<SALT_LEN>();
         let mut out = Vec::with_capacity(plain.len() + OBJECT_OVERHEAD);
         out.extend_from_slice(&header);
-        out.extend_from_slice(&salt);
-        out.extend_from_slice(plain);
-        let tag = derive(&self.master[..], &salt, OBJECT_INFO)
-            .seal_in_place_separate_tag(
-                zero_nonce(),
-                Aad::from(object_aad(&header, key)),
-                &mut out[SEAL_HEADER_LEN + SALT_LEN..],
-            )
-            .expect("AES-GCM seal");
-        out.extend_from_slice(tag.as_ref());
+        let aad = object_aad(&header, key);
+        seal_salted_into(&self.master[..], OBJECT_INFO, &aad, plain, &mut out);
         out
     }
 
@@ -221,7 +207,7 @@ impl Cipher {
         if sealed.len() < OBJECT_OVERHEAD || !is_sealed(sealed) {
             return Err(damaged(key));
         }
-        let header = &sealed[..SEAL_HEADER_LEN];
+        let (header, body) = sealed.split_at(SEAL_HEADER_LEN);
         if header[8] != SEAL_VERSION || header[9] != CIPHER_AES_256_GCM {
             return Err(Error::new(
                 ErrorKind::Format,
@@ -231,14 +217,11 @@ impl Cipher {
                 ),
             ));
         }
-        let salt = &sealed[SEAL_HEADER_LEN..SEAL_HEADER_LEN + SALT_LEN];
-        let mut buf = sealed[SEAL_HEADER_LEN + SALT_LEN..].to_vec();
-        let len = derive(&self.master[..], salt, OBJECT_INFO)
-            .open_in_place(zero_nonce(), Aad::from(object_aad(header, key)), &mut buf)
-            .map_err(|_| damaged(key))?
-            .len();
-        buf.truncate(len);
-        Ok(buf)
+        let mut out = Vec::new();
+        let aad = object_aad(header, key);
+        open_salted_into(&self.master[..], OBJECT_INFO, &aad, body, &mut out)
+            .ok_or_else(|| damaged(key))?;
+        Ok(out)
     }
 
     /// The master key wrapped for the local key cache: salt, AES-256-GCM ciphertext and
@@ -246,17 +229,9 @@ impl Cipher {
     /// and the id of the key file `key_id` that `pass` opens. Cheap to open for whoever has
     /// the passphrase, which is the point: Argon2id runs once per host, not once per command.
     pub fn wrap_for_cache(&self, pass: &Passphrase, context: &str, key_id: &str) -> Vec<u8> {
-        let salt = random::<SALT_LEN>();
-        let mut out = salt.to_vec();
-        out.extend_from_slice(&self.master[..]);
-        let tag = derive(pass.bytes(), &salt, CACHE_INFO)
-            .seal_in_place_separate_tag(
-                zero_nonce(),
-                Aad::from(cache_aad(context, key_id)),
-                &mut out[SALT_LEN..],
-            )
-            .expect("AES-GCM seal");
-        out.extend_from_slice(tag.as_ref());
+        let mut out = Vec::with_capacity(SALT_LEN + 32 + TAG_LEN);
+        let aad = cache_aad(context, key_id);
+        seal_salted_into(pass.bytes(), CACHE_INFO, &aad, &self.master[..], &mut out);
         out
     }
 
@@ -271,17 +246,11 @@ impl Cipher {
         if wrapped.len() != SALT_LEN + 32 + TAG_LEN {
             return None;
         }
-        let (salt, body) = wrapped.split_at(SALT_LEN);
-        let mut buf = Zeroizing::new(body.to_vec());
-        let plain = derive(pass.bytes(), salt, CACHE_INFO)
-            .open_in_place(
-                zero_nonce(),
-                Aad::from(cache_aad(context, key_id)),
-                &mut buf,
-            )
-            .ok()?;
+        let mut plain = Zeroizing::new(Vec::new());
+        let aad = cache_aad(context, key_id);
+        open_salted_into(pass.bytes(), CACHE_INFO, &aad, wrapped, &mut plain)?;
         let mut master = Zeroizing::new([0u8; 32]);
-        master.copy_from_slice(plain);
+        master.copy_from_slice(&plain);
         Some(Cipher {
             master,
             key_id: key_id.to_string(),
@@ -290,18 +259,8 @@ impl Cipher {
 
     /// Append frame `plain`, sealed as the frame at `offset` of pack `pack_key`, to `out`.
     pub fn seal_frame_into(&self, pack_key: &str, offset: u64, plain: &[u8], out: &mut Vec<u8>) {
-        let salt = random::<SALT_LEN>();
-        out.extend_from_slice(&salt);
-        let start = out.len();
-        out.extend_from_slice(plain);
-        let tag = derive(&self.master[..], &salt, FRAME_INFO)
-            .seal_in_place_separate_tag(
-                zero_nonce(),
-                Aad::from(frame_aad(pack_key, offset)),
-                &mut out[start..],
-            )
-            .expect("AES-GCM seal");
-        out.extend_from_slice(tag.as_ref());
+        let aad = frame_aad(pack_key, offset);
+        seal_salted_into(&self.master[..], FRAME_INFO, &aad, plain, out);
     }
 
     /// Open the sealed frame at `offset` of pack `pack_key` into `out` (replacing its
@@ -314,19 +273,47 @@ impl Cipher {
         out: &mut Vec<u8>,
         what: &str,
     ) -> Result<()> {
-        if sealed.len() < FRAME_OVERHEAD {
-            return Err(damaged(what));
-        }
-        let (salt, body) = sealed.split_at(SALT_LEN);
-        out.clear();
-        out.extend_from_slice(body);
-        let len = derive(&self.master[..], salt, FRAME_INFO)
-            .open_in_place(zero_nonce(), Aad::from(frame_aad(pack_key, offset)), out)
-            .map_err(|_| damaged(what))?
-            .len();
-        out.truncate(len);
-        Ok(())
+        let aad = frame_aad(pack_key, offset);
+        open_salted_into(&self.master[..], FRAME_INFO, &aad, sealed, out)
+            .ok_or_else(|| damaged(what))
     }
+}
+
+/// Append `salt || ciphertext || tag` to `out`: `plain` sealed with AES-256-GCM under the key
+/// HKDF derives from `ikm`, a fresh random salt and `info`, authenticating `aad`. Objects,
+/// frames and the cached master key are all sealed this way.
+fn seal_salted_into(ikm: &[u8], info: &[u8], aad: &[u8], plain: &[u8], out: &mut Vec<u8>) {
+    let salt = random::<SALT_LEN>();
+    out.extend_from_slice(&salt);
+    let start = out.len();
+    out.extend_from_slice(plain);
+    let tag = derive(ikm, &salt, info)
+        .seal_in_place_separate_tag(zero_nonce(), Aad::from(aad), &mut out[start..])
+        .expect("AES-GCM seal");
+    out.extend_from_slice(tag.as_ref());
+}
+
+/// Open what [`seal_salted_into`] wrote (`sealed` = salt, ciphertext, tag) into `out`,
+/// replacing its content; `None` when it is too short or fails authentication.
+fn open_salted_into(
+    ikm: &[u8],
+    info: &[u8],
+    aad: &[u8],
+    sealed: &[u8],
+    out: &mut Vec<u8>,
+) -> Option<()> {
+    if sealed.len() < SALT_LEN + TAG_LEN {
+        return None;
+    }
+    let (salt, body) = sealed.split_at(SALT_LEN);
+    out.clear();
+    out.extend_from_slice(body);
+    let len = derive(ikm, salt, info)
+        .open_in_place(zero_nonce(), Aad::from(aad), out)
+        .ok()?
+        .len();
+    out.truncate(len);
+    Some(())
 }
 
 /// Argon2id parameters and salt of one key file.

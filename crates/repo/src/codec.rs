@@ -6,18 +6,12 @@ use crate::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
-#[serde(rename_all = "lowercase")]
-pub enum CompressType {
-    None,
-    Gz,
-    Lz4,
-    Zst,
-    Bz2,
-}
-
 // Names as configured (`compress-type`).
-crate::named!(CompressType { None = "none", Gz = "gz", Lz4 = "lz4", Zst = "zst", Bz2 = "bz2" });
+crate::named! {
+    #[derive(Serialize, Deserialize, Hash)]
+    #[serde(rename_all = "lowercase")]
+    pub enum CompressType { None = "none", Gz = "gz", Lz4 = "lz4", Zst = "zst", Bz2 = "bz2" }
+}
 
 impl CompressType {
     /// The level used when none is configured (pgBackRest's defaults).

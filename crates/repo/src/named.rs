@@ -3,8 +3,8 @@
 //! allowed values all come.
 
 /// An enum whose values have names. Implementors give [`Named::ALL`] and [`Named::NAMES`]
-/// in the same order (the [`named!`](crate::named) macro writes both from one list of
-/// `Variant = "name"` pairs); `name` and `parse` follow from them.
+/// in the same order (the [`named!`](crate::named) macro defines the enum and writes both from its
+/// `Variant = "name"` list); `name` and `parse` follow from them.
 pub trait Named: Copy + PartialEq + Sized + 'static {
     /// Every value, in the order of [`Named::NAMES`].
     const ALL: &'static [Self];
@@ -22,11 +22,35 @@ pub trait Named: Copy + PartialEq + Sized + 'static {
     }
 }
 
-/// Implement [`Named`] for an enum from `Variant = "name"` pairs, each name beside its value:
-/// `named!(BackupType { Full = "full", Diff = "diff", Incr = "incr" });`
+/// Define an enum whose variants each carry their name, and implement [`Named`] for it, so
+/// the list of values is written once. The enum derives `Debug, Clone, Copy, PartialEq, Eq`
+/// (what [`Named`] needs); further attributes are passed on:
+///
+/// ```
+/// pgstrata_repo::named! {
+///     pub enum BackupKind {
+///         /// Everything.
+///         Full = "full",
+///         Incr = "incr",
+///     }
+/// }
+/// use pgstrata_repo::Named;
+/// assert_eq!(BackupKind::parse("incr"), Some(BackupKind::Incr));
+/// assert_eq!(BackupKind::Full.name(), "full");
+/// ```
 #[macro_export]
 macro_rules! named {
-    ($t:ident { $($variant:ident = $name:literal),+ $(,)? }) => {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $t:ident {
+            $( $(#[$vmeta:meta])* $variant:ident = $name:literal ),+ $(,)?
+        }
+    ) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $(#[$meta])*
+        $vis enum $t {
+            $( $(#[$vmeta])* $variant ),+
+        }
         impl $crate::Named for $t {
             const ALL: &'static [Self] = &[$(Self::$variant),+];
             const NAMES: &'static [&'static str] = &[$($name),+];

@@ -53,17 +53,11 @@ pub struct RepoConfig {
     pub retries: u32,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum RepoKind {
-    #[default]
-    Posix,
-    S3,
-    Gcs,
-    Azure,
-}
-
 // Names as configured (`repo-type`).
-crate::named!(RepoKind { Posix = "posix", S3 = "s3", Gcs = "gcs", Azure = "azure" });
+crate::named! {
+    #[derive(Default)]
+    pub enum RepoKind { #[default] Posix = "posix", S3 = "s3", Gcs = "gcs", Azure = "azure" }
+}
 
 /// A credential. `Debug` shows only that it is set (`Some(<redacted>)`), never its value,
 /// so the configurations holding credentials can derive `Debug` and be logged.
@@ -397,6 +391,17 @@ impl Storage {
         }
     }
 
+    /// [`Storage::retry`] of an operation on one object (or prefix) `key`: each attempt gets
+    /// its own copy of the object's path and of `what` (the operation, named in errors).
+    async fn retry_object<T, F, Fut>(&self, key: &str, what: String, mut op: F) -> Result<T>
+    where
+        F: FnMut(ObjPath, String) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let path = Self::path(key)?;
+        self.retry(&what, || op(path.clone(), what.clone())).await
+    }
+
     pub fn description(&self) -> &str {
         &self.description
     }
@@ -426,10 +431,8 @@ impl Storage {
     /// could be written identically by someone else make them unique (the lock holds a
     /// random token).
     pub async fn put_new_unsealed(&self, key: &str, data: Bytes) -> Result<()> {
-        let path = Self::path(key)?;
-        let what = format!("write {key}");
-        self.retry(&what, || {
-            let (path, data, what) = (path.clone(), data.clone(), what.clone());
+        self.retry_object(key, format!("write {key}"), |path, what| {
+            let data = data.clone();
             async move {
                 let opts = PutOptions {
                     mode: PutMode::Create,
@@ -481,30 +484,24 @@ impl Storage {
 
     /// Read a whole object as stored.
     pub async fn get_unsealed(&self, key: &str) -> Result<Bytes> {
-        let path = Self::path(key)?;
-        let what = format!("read {key}");
-        self.retry(&what, || {
-            let (path, what) = (path.clone(), what.clone());
-            async move {
-                let r = self
-                    .store
-                    .get(&path)
-                    .await
-                    .map_err(|e| map_err(e, what.clone()))?;
-                let expected = r.meta.size;
-                let b = r.bytes().await.map_err(|e| map_err(e, what.clone()))?;
-                whole(b, expected, &what)
-            }
+        self.retry_object(key, format!("read {key}"), |path, what| async move {
+            let r = self
+                .store
+                .get(&path)
+                .await
+                .map_err(|e| map_err(e, what.clone()))?;
+            let expected = r.meta.size;
+            let b = r.bytes().await.map_err(|e| map_err(e, what.clone()))?;
+            whole(b, expected, &what)
         })
         .await
     }
 
     /// Read bytes of an object as stored (pack frames, which are sealed one by one).
     pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
-        let path = Self::path(key)?;
         let what = format!("read {key} bytes {}..{}", range.start, range.end);
-        self.retry(&what, || {
-            let (path, what, range) = (path.clone(), what.clone(), range.clone());
+        self.retry_object(key, what, |path, what| {
+            let range = range.clone();
             async move {
                 let want = range.end - range.start;
                 let end = range.end;
@@ -535,16 +532,11 @@ impl Storage {
 
     /// Size of an object, or `None` when it does not exist.
     pub async fn size(&self, key: &str) -> Result<Option<u64>> {
-        let path = Self::path(key)?;
-        let what = format!("look up {key}");
-        self.retry(&what, || {
-            let (path, what) = (path.clone(), what.clone());
-            async move {
-                match self.store.head(&path).await {
-                    Ok(m) => Ok(Some(m.size)),
-                    Err(object_store::Error::NotFound { .. }) => Ok(None),
-                    Err(e) => Err(map_err(e, what)),
-                }
+        self.retry_object(key, format!("look up {key}"), |path, what| async move {
+            match self.store.head(&path).await {
+                Ok(m) => Ok(Some(m.size)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(map_err(e, what)),
             }
         })
         .await
@@ -556,42 +548,32 @@ impl Storage {
 
     /// Every object under `prefix` (recursively), sorted by name.
     pub async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
-        let p = Self::path(prefix)?;
-        let what = format!("list {prefix}");
-        self.retry(&what, || {
-            let (p, what) = (p.clone(), what.clone());
-            async move {
-                let mut out: Vec<ObjectInfo> = self
-                    .store
-                    .list(Some(&p))
-                    .map_ok(|m| ObjectInfo {
-                        key: m.location.to_string(),
-                        size: m.size,
-                        modified: m.last_modified.timestamp(),
-                    })
-                    .try_collect()
-                    .await
-                    .map_err(|e| map_err(e, what))?;
-                out.sort_by(|a, b| a.key.cmp(&b.key));
-                Ok(out)
-            }
+        self.retry_object(prefix, format!("list {prefix}"), |p, what| async move {
+            let mut out: Vec<ObjectInfo> = self
+                .store
+                .list(Some(&p))
+                .map_ok(|m| ObjectInfo {
+                    key: m.location.to_string(),
+                    size: m.size,
+                    modified: m.last_modified.timestamp(),
+                })
+                .try_collect()
+                .await
+                .map_err(|e| map_err(e, what))?;
+            out.sort_by(|a, b| a.key.cmp(&b.key));
+            Ok(out)
         })
         .await
     }
 
     /// Immediate child "directories" under `prefix`.
     pub async fn list_dirs(&self, prefix: &str) -> Result<Vec<String>> {
-        let p = Self::path(prefix)?;
-        let what = format!("list {prefix}");
         let r = self
-            .retry(&what, || {
-                let (p, what) = (p.clone(), what.clone());
-                async move {
-                    self.store
-                        .list_with_delimiter(Some(&p))
-                        .await
-                        .map_err(|e| map_err(e, what))
-                }
+            .retry_object(prefix, format!("list {prefix}"), |p, what| async move {
+                self.store
+                    .list_with_delimiter(Some(&p))
+                    .await
+                    .map_err(|e| map_err(e, what))
             })
             .await?;
         let mut out: Vec<String> = r

@@ -44,33 +44,23 @@ use std::time::Instant;
 use tree::{list, remove_at, set_attributes, DirHandle, ParentCache, TargetTree};
 use write::{Shared, Worker};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecoveryType {
-    /// Replay all archived WAL.
-    Default,
-    /// Stop as soon as the backup is consistent.
-    Immediate,
-    Time,
-    Lsn,
-    Xid,
-    Name,
-    /// Start as a standby that keeps fetching WAL from the archive.
-    Standby,
-    /// Write no recovery settings at all.
-    None,
-}
-
 // Names as given to `--type` of restore.
-pgstrata_repo::named!(RecoveryType {
-    Default = "default",
-    Immediate = "immediate",
-    Time = "time",
-    Lsn = "lsn",
-    Xid = "xid",
-    Name = "name",
-    Standby = "standby",
-    None = "none",
-});
+pgstrata_repo::named! {
+    pub enum RecoveryType {
+        /// Replay all archived WAL.
+        Default = "default",
+        /// Stop as soon as the backup is consistent.
+        Immediate = "immediate",
+        Time = "time",
+        Lsn = "lsn",
+        Xid = "xid",
+        Name = "name",
+        /// Start as a standby that keeps fetching WAL from the archive.
+        Standby = "standby",
+        /// Write no recovery settings at all.
+        None = "none",
+    }
+}
 
 impl RecoveryType {
     pub(crate) fn needs_target(self) -> bool {
@@ -81,16 +71,11 @@ impl RecoveryType {
     }
 }
 
-/// What the server does when it reaches the recovery target (`recovery_target_action`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TargetAction {
-    Pause,
-    Promote,
-    Shutdown,
-}
-
 // Names as given to `--target-action` (PostgreSQL's values).
-pgstrata_repo::named!(TargetAction { Pause = "pause", Promote = "promote", Shutdown = "shutdown" });
+pgstrata_repo::named! {
+    /// What the server does when it reaches the recovery target (`recovery_target_action`).
+    pub enum TargetAction { Pause = "pause", Promote = "promote", Shutdown = "shutdown" }
+}
 
 #[derive(Debug, Clone)]
 pub struct RestoreOptions {

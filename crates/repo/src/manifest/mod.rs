@@ -21,16 +21,12 @@ mod validate;
 
 const MAGIC: &[u8; 8] = b"PGSTRMAN";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackupType {
-    Full,
-    Diff,
-    Incr,
-}
-
 // Names as given to `--type`.
-crate::named!(BackupType { Full = "full", Diff = "diff", Incr = "incr" });
+crate::named! {
+    #[derive(Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum BackupType { Full = "full", Diff = "diff", Incr = "incr" }
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Manifest {
