@@ -223,6 +223,15 @@ fn runtime(workers: usize) -> tokio::runtime::Runtime {
         .expect("start async runtime")
 }
 
+/// The runtime of archive-push and archive-get, which PostgreSQL starts once per WAL file:
+/// no worker threads to start and stop (their heavy work runs on threads of their own).
+fn per_file_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("start async runtime")
+}
+
 fn repo_config(inv: &config::Invocation) -> RepoConfig {
     let get = |n: &str| inv.get(n).map(str::to_string);
     RepoConfig {
@@ -393,7 +402,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                     "archive-push takes one argument: the WAL file path (%p)",
                 ));
             };
-            match runtime(2).block_on(pgstrata_engine::archive::archive_push(
+            match per_file_runtime().block_on(pgstrata_engine::archive::archive_push(
                 &s,
                 std::path::Path::new(path),
             ))? {
@@ -405,7 +414,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let [name, dest] = inv.args.as_slice() else {
                 return Err(Error::config("archive-get takes two arguments: the WAL file name (%f) and the destination (\"%p\")"));
             };
-            let found = runtime(2).block_on(pgstrata_engine::archive::archive_get(
+            let found = per_file_runtime().block_on(pgstrata_engine::archive::archive_get(
                 &s,
                 name,
                 std::path::Path::new(dest),

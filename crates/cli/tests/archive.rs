@@ -144,6 +144,13 @@ fn archive_get_failures_stop_recovery_and_standbys_retry() {
     let (code, err) = archive_get_in(&env, &primary, &damaged, &[]);
     assert_eq!(code, 132, "{err}");
     assert!(err.contains(&damaged), "{err}");
+    // The hash is checked while the file is written: nothing is left where PostgreSQL looks,
+    // and no temporary file stays behind.
+    let left: Vec<_> = std::fs::read_dir(&primary)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "a damaged segment left {left:?}");
     assert_eq!(archive_get_in(&env, &standby, &damaged, &[]).0, 4);
     // An unreachable repository: 128 + 3, and 3 for a standby.
     let unreachable = format!("http://127.0.0.1:{}", pgstrata_testkit::free_port());

@@ -6,7 +6,7 @@
 //! the WAL a backup needs. The write is create-only, so two pushers racing on one name
 //! cannot both win.
 
-use crate::{open_stanza, Error, ErrorKind, Result, Settings};
+use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_pg::lsn;
 use pgstrata_pg::wal::SegmentChanges;
 use pgstrata_repo::changemap::{ChangeMap, ForkBlocks};
@@ -50,22 +50,24 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
     // The head of this segment, for completing a record cut at the previous one's end.
     let head: Option<Vec<u8>> = pgstrata_pg::wal::starts_with_continuation(&raw)
         .then(|| raw[..raw.len().min(CUT_RECORD_PAGES * 8192)].to_vec());
-    // Decoding (for the block-change map) runs beside compression, so it adds little to
-    // archive_command's latency.
-    let (obj, hash, decoded) = tokio::task::spawn_blocking(move || {
+    // Decoding (for the block-change map) and hashing run beside compression, so they add
+    // little to archive_command's latency; compression itself uses the host's cores
+    // (PostgreSQL runs archive_command for one segment at a time).
+    let workers = compress_workers();
+    let (obj, decoded) = tokio::task::spawn_blocking(move || {
         std::thread::scope(|scope| {
             let decoded =
                 decode.then(|| scope.spawn(|| pgstrata_pg::wal::decode_segment(&raw, major, 8192)));
-            let h = wal::hash(&raw);
-            let obj = wal::encode(&raw, compression);
+            let obj = wal::encode(&raw, compression, workers);
             // A decoder panic (a bug) must not fail the push: archiving would stall and
             // pg_wal fill up. It becomes an unusable map, and backups hash instead.
             let decoded = decoded.map(|t| t.join().map_err(|p| panic_reason(&*p)));
-            (obj, h, decoded)
+            (obj, decoded)
         })
     })
     .await
     .expect("compress thread");
+    let hash = wal::parse_header(&obj, &key)?.hash;
     let map = match decoded {
         None => None,
         Some(Err(why)) => Some(unusable_map(&name, why)),
@@ -132,6 +134,12 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
         }
     }
     Ok(outcome)
+}
+
+/// Threads compressing one WAL file: the host's cores, at most 4 (more gain little on one
+/// 16 MiB segment).
+fn compress_workers() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4) as u32)
 }
 
 /// Pages read at the end of the previous segment and at the start of the pushed one to
@@ -318,26 +326,40 @@ pub async fn archive_get(s: &Settings, name: &str, dest: &Path) -> Result<bool> 
         Err(e) if e.is_not_found() => return Ok(false),
         Err(e) => return Err(e.into()),
     };
-    let raw = tokio::task::spawn_blocking(move || wal::decode(&obj, &key))
-        .await
-        .expect("decode thread")
-        .map_err(|e| Error::new(ErrorKind::Integrity, format!("archive-get {name}: {e}")))?;
     let tmp = dest.with_file_name(format!(
         ".{}.pgstrata.tmp",
         dest.file_name()
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_default()
     ));
-    let write = || -> std::io::Result<()> {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&raw)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, dest)
-    };
-    write().map_err(|e| Error::io(format!("archive-get: write {}", dest.display()), e))?;
+    let what = format!("archive-get {name}");
+    let dest_owned = dest.to_path_buf();
+    tokio::task::spawn_blocking(move || write_verified(&obj, &key, &tmp, &dest_owned, &what))
+        .await
+        .expect("archive-get write thread")?;
     log::info!("restored {name} from the archive");
     Ok(true)
+}
+
+/// Decode stored WAL object `obj` (stored as `key`) into `dest`, through `tmp`, which is
+/// renamed to `dest` only once the whole file matched its hash: PostgreSQL never sees a
+/// partial or wrong file. There is no fsync: PostgreSQL reads the file at once and, after a
+/// crash, asks for it again (pgBackRest does not sync it either).
+fn write_verified(obj: &[u8], key: &str, tmp: &Path, dest: &Path, what: &str) -> Result<()> {
+    let written = std::fs::File::create(tmp)
+        .map_err(|e| Error::io(format!("{what}: create {}", tmp.display()), e))
+        .and_then(|mut f| {
+            // Damage exits as damage (4), a failed write as a failure (3).
+            wal::decode_to(obj, key, &mut f).map_err(|e| Error::from(e).context(what))
+        })
+        .and_then(|()| {
+            std::fs::rename(tmp, dest)
+                .map_err(|e| Error::io(format!("{what}: rename into {}", dest.display()), e))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    written
 }
 
 /// Lowest and highest archived segment names, for info.

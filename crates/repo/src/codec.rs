@@ -76,6 +76,19 @@ impl Compression {
         Ok(Compression { kind, level })
     }
 
+    /// [`Compression::compress`] of one large input (a WAL segment) with up to `workers`
+    /// threads: zstd splits it into jobs compressed in parallel and still writes one
+    /// standard stream, which any zstd decoder reads. Other codecs use one thread.
+    pub fn compress_parallel(&self, raw: &[u8], workers: u32) -> Vec<u8> {
+        if self.kind != CompressType::Zst || workers < 2 {
+            return self.compress(raw);
+        }
+        let mut ctx = zstd::bulk::Compressor::new(self.level).expect("zstd context");
+        ctx.set_parameter(zstd::zstd_safe::CParameter::NbWorkers(workers))
+            .expect("zstd built with multithreading");
+        ctx.compress(raw).expect("zstd compress into memory")
+    }
+
     pub fn compress(&self, raw: &[u8]) -> Vec<u8> {
         // Compressing into memory cannot fail except by allocation failure, so the io errors
         // below are unreachable in practice; expect() documents that.
@@ -169,18 +182,8 @@ pub fn decompress_into(
         }),
         // One byte more than expected is enough to know the stream is wrong: a stream
         // that inflates further is never read to its end.
-        CompressType::Lz4 => lz4_flex::frame::FrameDecoder::new(stored)
-            .take(raw_len as u64 + 1)
-            .read_to_end(out)
-            .map(|_| ()),
-        CompressType::Gz => flate2::read::GzDecoder::new(stored)
-            .take(raw_len as u64 + 1)
-            .read_to_end(out)
-            .map(|_| ()),
-        CompressType::Bz2 => bzip2::read::BzDecoder::new(stored)
-            .take(raw_len as u64 + 1)
-            .read_to_end(out)
-            .map(|_| ()),
+        _ => reader(kind, stored)
+            .and_then(|r| r.take(raw_len as u64 + 1).read_to_end(out).map(|_| ())),
     };
     res.map_err(|e| {
         Error::with_source(
@@ -197,6 +200,18 @@ pub fn decompress_into(
         )));
     }
     Ok(())
+}
+
+/// A streaming decoder of `stored` (one stream of codec `kind`), for reading a large object
+/// in small pieces.
+pub fn reader(kind: CompressType, stored: &[u8]) -> std::io::Result<Box<dyn Read + '_>> {
+    Ok(match kind {
+        CompressType::None => Box::new(stored),
+        CompressType::Zst => Box::new(zstd::stream::read::Decoder::with_buffer(stored)?),
+        CompressType::Lz4 => Box::new(lz4_flex::frame::FrameDecoder::new(stored)),
+        CompressType::Gz => Box::new(flate2::read::GzDecoder::new(stored)),
+        CompressType::Bz2 => Box::new(bzip2::read::BzDecoder::new(stored)),
+    })
 }
 
 /// Decode one zstd stream of JSON metadata (a manifest, a change map) holding at most

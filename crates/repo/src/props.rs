@@ -155,7 +155,7 @@ proptest! {
         obj.extend_from_slice(&[0; 32]);
         obj.extend_from_slice(&payload);
         let _ = wal::decode(&obj, "w");
-        let good = wal::encode(&payload, Compression::new(CompressType::Zst, None).unwrap());
+        let good = wal::encode(&payload, Compression::new(CompressType::Zst, None).unwrap(), 1);
         let damaged = mutate(good, &edits);
         if let Ok(raw) = wal::decode(&damaged, "w") {
             prop_assert_eq!(raw, payload);

@@ -41,7 +41,7 @@ fn wal_object_header_vector() {
         .map(|b| u8::from_str_radix(b, 16).unwrap())
         .collect();
     let raw = vec![0u8; 16 << 20];
-    let obj = wal::encode(&raw, Compression::new(CompressType::Zst, None).unwrap());
+    let obj = wal::encode(&raw, Compression::new(CompressType::Zst, None).unwrap(), 1);
     assert_eq!(&obj[..expected.len()], &expected[..]);
     assert_eq!(wal::decode(&obj, "vector").unwrap().len(), raw.len());
 }
