@@ -581,10 +581,19 @@ mod tests {
         std::fs::write(&on, &switched_on).unwrap();
         let env = HashMap::new();
         for command in ["backup", "stanza-create", "verify"] {
-            let shipped = resolve(&argv(&format!("--config={path} --stanza=main {command}")), &env);
+            let shipped = resolve(
+                &argv(&format!("--config={path} --stanza=main {command}")),
+                &env,
+            );
             assert!(shipped.is_ok(), "{command}: {:?}", shipped.err());
-            let inv = resolve(&argv(&format!("--config={} --stanza=main {command}", on.display())), &env)
-                .unwrap_or_else(|e| panic!("{command}, every setting on: {e}\n{switched_on}"));
+            let inv = resolve(
+                &argv(&format!(
+                    "--config={} --stanza=main {command}",
+                    on.display()
+                )),
+                &env,
+            )
+            .unwrap_or_else(|e| panic!("{command}, every setting on: {e}\n{switched_on}"));
             assert_eq!(inv.get("repo-type"), Some("s3"), "{switched_on}");
             if command == "backup" {
                 assert_eq!(inv.get("pg-path"), Some("/var/lib/postgresql/15/main"));

@@ -439,7 +439,10 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let s = settings(inv)?;
             let report = runtime(2).block_on(pgstrata_engine::info::info(&s, inv.get("set")))?;
             if inv.text("output") == "prometheus" {
-                print!("{}", metrics::render_info(&report, chrono::Utc::now().timestamp()));
+                print!(
+                    "{}",
+                    metrics::render_info(&report, chrono::Utc::now().timestamp())
+                );
             } else {
                 print_report(inv, &report, pgstrata_engine::info::render_text);
             }
@@ -450,7 +453,10 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let report = runtime(s.process_max.max(2))
                 .block_on(pgstrata_engine::verify::verify(&s, inv.get("set")))?;
             if inv.text("output") == "prometheus" {
-                print!("{}", metrics::render_verify(&report, chrono::Utc::now().timestamp()));
+                print!(
+                    "{}",
+                    metrics::render_verify(&report, chrono::Utc::now().timestamp())
+                );
             } else {
                 print_report(inv, &report, pgstrata_engine::verify::render_text);
             }

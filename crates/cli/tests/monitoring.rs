@@ -156,11 +156,17 @@ fn prometheus_metrics_parse_and_match_info() {
         "{shown}"
     );
     let shown = on_terminal(&env, &["verify"]);
-    assert!(shown.contains("verify: ") && shown.contains("(100%)"), "{shown}");
+    assert!(
+        shown.contains("verify: ") && shown.contains("(100%)"),
+        "{shown}"
+    );
     let target = env.scratch.join("restored");
     let pg_path = format!("--pg-path={}", target.display());
     let shown = on_terminal(&env, &[&pg_path, "--archive-mode=off", "restore"]);
-    assert!(shown.contains("restore: ") && shown.contains("(100%)"), "{shown}");
+    assert!(
+        shown.contains("restore: ") && shown.contains("(100%)"),
+        "{shown}"
+    );
     let shown = on_terminal(&env, &["--progress=off", "verify"]);
     assert!(!shown.contains('%'), "{shown}");
     let out = env.cmd(&["verify"]).output().unwrap();

@@ -188,7 +188,10 @@ pub fn render_verify(r: &VerifyReport, now: i64) -> String {
         "pgstrata_verify_backups",
         "Backups verify checked, by result.",
         &[
-            (vec![("result", "ok".into())], (r.backups.len() - invalid) as f64),
+            (
+                vec![("result", "ok".into())],
+                (r.backups.len() - invalid) as f64,
+            ),
             (vec![("result", "invalid".into())], invalid as f64),
         ],
     );
@@ -263,7 +266,9 @@ mod tests {
         for want in [
             format!("pgstrata_backups{{{common},type=\"full\"}} 2"),
             format!("pgstrata_backups{{{common},type=\"diff\"}} 0"),
-            format!("pgstrata_backup_newest_end_timestamp_seconds{{{common},type=\"full\"}} 1699999030"),
+            format!(
+                "pgstrata_backup_newest_end_timestamp_seconds{{{common},type=\"full\"}} 1699999030"
+            ),
             format!("pgstrata_backup_newest_age_seconds{{{common},type=\"incr\"}} 490"),
             format!("pgstrata_backup_newest_duration_seconds{{{common},type=\"full\"}} 30"),
             format!("pgstrata_archive_newest_segment_age_seconds{{{common}}} 100"),

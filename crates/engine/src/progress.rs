@@ -8,6 +8,7 @@
 //! without filling up; `off` shows nothing. The work itself only bumps [`Counters`]; a
 //! thread of its own draws, so a slow terminal never slows the work.
 
+use pgstrata_repo::Named;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -19,31 +20,29 @@ pub const LOG_INTERVAL: Duration = Duration::from_secs(30);
 /// How often the live line is redrawn.
 const DRAW_INTERVAL: Duration = Duration::from_millis(250);
 
-/// `--progress`: auto (live on a terminal, the log otherwise), on (live line on standard
-/// error even when it is not a terminal), off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ProgressMode {
-    #[default]
-    Auto,
-    On,
-    Off,
+pgstrata_repo::named! {
+    /// `--progress`: auto (live on a terminal, the log otherwise), on (live line on standard
+    /// error even when it is not a terminal), off.
+    #[derive(Default)]
+    pub enum ProgressMode {
+        #[default]
+        Auto = "auto",
+        On = "on",
+        Off = "off",
+    }
 }
 
-pgstrata_repo::named!(ProgressMode { Auto = "auto", On = "on", Off = "off" });
-
+/// The mode in effect, as its index in [`ProgressMode::ALL`].
 static MODE: AtomicU8 = AtomicU8::new(0);
 
 /// Choose how progress shows for the rest of the process.
 pub fn set_mode(mode: ProgressMode) {
-    MODE.store(mode as u8, Ordering::Relaxed);
+    let index = ProgressMode::ALL.iter().position(|m| *m == mode);
+    MODE.store(index.unwrap_or(0) as u8, Ordering::Relaxed);
 }
 
 fn mode() -> ProgressMode {
-    match MODE.load(Ordering::Relaxed) {
-        1 => ProgressMode::On,
-        2 => ProgressMode::Off,
-        _ => ProgressMode::Auto,
-    }
+    ProgressMode::ALL[MODE.load(Ordering::Relaxed) as usize]
 }
 
 #[derive(Default)]
@@ -104,7 +103,10 @@ fn progress_line(
     let tail = if finished {
         format!("done in {}", human_duration(secs))
     } else if rate > 0.0 && total_bytes > bytes {
-        format!("ETA {}", human_duration((total_bytes - bytes) as f64 / rate))
+        format!(
+            "ETA {}",
+            human_duration((total_bytes - bytes) as f64 / rate)
+        )
     } else {
         "ETA -".into()
     };
@@ -223,7 +225,10 @@ mod tests {
             Duration::from_secs(75),
             true,
         );
-        assert!(line.contains("(100%)") && line.ends_with("done in 1m15s"), "{line}");
+        assert!(
+            line.contains("(100%)") && line.ends_with("done in 1m15s"),
+            "{line}"
+        );
         assert_eq!(human_duration(7322.0), "2h02m");
     }
 
