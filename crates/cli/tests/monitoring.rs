@@ -5,16 +5,25 @@ use crate::common::*;
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 
-/// Samples of an exposition as prometheus_client parses them: one row per sample,
-/// `(family, type, sample name, labels, value)`.
-fn parse_prometheus(text: &str) -> Vec<(String, String, String, BTreeMap<String, String>, f64)> {
+/// One sample as prometheus_client parsed it.
+#[derive(Debug, serde::Deserialize)]
+struct Sample {
+    /// The type of its family (gauge, counter, ...).
+    family_type: String,
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// The samples of an exposition, parsed by prometheus_client.
+fn parse_prometheus(text: &str) -> Vec<Sample> {
     let script = r#"
 import json, sys
 from prometheus_client.parser import text_string_to_metric_families
 rows = []
 for f in text_string_to_metric_families(sys.stdin.read()):
     for s in f.samples:
-        rows.append([f.name, f.type, s.name, s.labels, s.value])
+        rows.append({"family_type": f.type, "name": s.name, "labels": s.labels, "value": s.value})
 print(json.dumps(rows))
 "#;
     let mut child = Command::new("python3")
@@ -41,20 +50,16 @@ print(json.dumps(rows))
 }
 
 /// The one sample named `name` whose labels include `want`.
-fn sample(
-    rows: &[(String, String, String, BTreeMap<String, String>, f64)],
-    name: &str,
-    want: &[(&str, &str)],
-) -> f64 {
+fn sample(rows: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
     let hits: Vec<f64> = rows
         .iter()
-        .filter(|(_, _, n, labels, _)| {
-            n == name
+        .filter(|s| {
+            s.name == name
                 && want
                     .iter()
-                    .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
         })
-        .map(|r| r.4)
+        .map(|s| s.value)
         .collect();
     assert_eq!(hits.len(), 1, "{name} {want:?}: {hits:?} in {rows:?}");
     hits[0]
@@ -100,9 +105,9 @@ fn prometheus_metrics_parse_and_match_info() {
     let repo = env.repo.display().to_string();
     let here = [("stanza", STANZA), ("repository", repo.as_str())];
     assert!(
-        rows.iter()
-            .all(|r| r.3.get("stanza").map(String::as_str) == Some(STANZA)),
-        "every sample carries the stanza label:\n{text}"
+        rows.iter().all(|s| s.family_type == "gauge"
+            && s.labels.get("stanza").map(String::as_str) == Some(STANZA)),
+        "every sample is a gauge with the stanza label:\n{text}"
     );
     let typed = |t: &'static str| [here[0], here[1], ("type", t)];
     assert_eq!(sample(&rows, "pgstrata_backups", &typed("full")), 2.0);
