@@ -177,4 +177,10 @@ fn prometheus_metrics_parse_and_match_info() {
     let out = env.cmd(&["verify"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && !stderr.contains('%'), "{stderr}");
+    let out = env.cmd(&["--progress=on", "verify"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("verify: ") && stderr.contains("(100%)"),
+        "{stderr}"
+    );
 }
