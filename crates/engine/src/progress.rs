@@ -141,6 +141,7 @@ impl Progress {
         let thread = std::thread::spawn(move || {
             let started = Instant::now();
             let mut last_log = Instant::now();
+            let mut logged = false;
             loop {
                 let finished = d.load(Ordering::Acquire);
                 if finished && !ok.load(Ordering::Relaxed) {
@@ -161,9 +162,11 @@ impl Progress {
                     let mut e = std::io::stderr().lock();
                     let _ = write!(e, "\r\x1b[2K{line}{}", if finished { "\n" } else { "" });
                     let _ = e.flush();
-                } else if last_log.elapsed() >= LOG_INTERVAL {
+                } else if last_log.elapsed() >= LOG_INTERVAL || (finished && logged) {
+                    // Work that logged its progress also logs its end; short work stays quiet.
                     log::info!("{line}");
                     last_log = Instant::now();
+                    logged = true;
                 }
                 if finished {
                     break;
