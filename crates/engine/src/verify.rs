@@ -16,7 +16,9 @@
 //! to hashing.
 //!
 //! verify takes no lock and changes nothing; it reads the whole repository once per distinct
-//! file entry, so it costs about as much as restoring each distinct backup.
+//! file entry, so it costs about as much as restoring each distinct backup. Its progress
+//! (`progress`) counts those distinct entries' bytes; the WAL check before them is not
+//! counted.
 
 use crate::content::{extents_of, for_each_extent, ContentCheck};
 use crate::progress::{Counters, Progress};
