@@ -555,4 +555,50 @@ mod tests {
             "docs/options.md is stale: run `cargo run -q -p pgstrata -- help options > docs/options.md`"
         );
     }
+
+    /// The example configuration the Debian package installs as /etc/pgstrata/pgstrata.toml
+    /// parses as it ships (all commented out), and with every commented setting switched on
+    /// (so each names a real option with an allowed value).
+    #[test]
+    fn the_packaged_example_configuration_is_valid() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../packaging/pgstrata.toml");
+        let example = std::fs::read_to_string(path).unwrap();
+        let is_setting = |l: &str| {
+            (l.starts_with('[') && l.ends_with(']'))
+                || l.split_once(" = ").is_some_and(|(k, _)| {
+                    !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'-')
+                })
+        };
+        let switched_on: String = example
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(setting) if is_setting(setting) => format!("{setting}\n"),
+                _ => format!("{l}\n"),
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let on = dir.path().join("on.toml");
+        std::fs::write(&on, &switched_on).unwrap();
+        let env = HashMap::new();
+        for command in ["backup", "stanza-create", "verify"] {
+            let shipped = resolve(
+                &argv(&format!("--config={path} --stanza=main {command}")),
+                &env,
+            );
+            assert!(shipped.is_ok(), "{command}: {:?}", shipped.err());
+            let inv = resolve(
+                &argv(&format!(
+                    "--config={} --stanza=main {command}",
+                    on.display()
+                )),
+                &env,
+            )
+            .unwrap_or_else(|e| panic!("{command}, every setting on: {e}\n{switched_on}"));
+            assert_eq!(inv.get("repo-type"), Some("s3"), "{switched_on}");
+            if command == "backup" {
+                assert_eq!(inv.get("pg-path"), Some("/var/lib/postgresql/15/main"));
+                assert_eq!(inv.get("repo-retention-full"), Some("2"));
+            }
+        }
+    }
 }

@@ -15,6 +15,7 @@ mod options;
 use pgstrata_engine::archive::PushOutcome;
 use pgstrata_engine::backup::BackupOptions;
 use pgstrata_engine::expire::ExpireOptions;
+use pgstrata_engine::metrics;
 use pgstrata_engine::restore::RestoreOptions;
 use pgstrata_engine::{Error, Settings};
 use pgstrata_repo::cipher::Passphrase;
@@ -58,6 +59,9 @@ fn main() {
         inv.stanza(),
         &inv.command,
     );
+    if options::find("progress", &inv.command).is_some() {
+        pgstrata_engine::progress::set_mode(inv.choice("progress"));
+    }
     for w in &inv.warnings {
         log::warn!("{w}");
     }
@@ -443,14 +447,28 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         "info" => {
             let s = settings(inv)?;
             let report = runtime(2).block_on(pgstrata_engine::info::info(&s, inv.get("set")))?;
-            print_report(inv, &report, pgstrata_engine::info::render_text);
+            if inv.text("output") == "prometheus" {
+                print!(
+                    "{}",
+                    metrics::render_info(&report, chrono::Utc::now().timestamp())
+                );
+            } else {
+                print_report(inv, &report, pgstrata_engine::info::render_text);
+            }
             Ok(0)
         }
         "verify" => {
             let s = settings(inv)?;
             let report = runtime(s.process_max.max(2))
                 .block_on(pgstrata_engine::verify::verify(&s, inv.get("set")))?;
-            print_report(inv, &report, pgstrata_engine::verify::render_text);
+            if inv.text("output") == "prometheus" {
+                print!(
+                    "{}",
+                    metrics::render_verify(&report, chrono::Utc::now().timestamp())
+                );
+            } else {
+                print_report(inv, &report, pgstrata_engine::verify::render_text);
+            }
             if report.ok {
                 Ok(0)
             } else {

@@ -7,6 +7,7 @@
 
 use pgstrata_engine::expire::RetentionType;
 use pgstrata_engine::pg_tls::SslMode;
+use pgstrata_engine::progress::ProgressMode;
 use pgstrata_engine::restore::{RecoveryType, TargetAction};
 use pgstrata_engine::track::Track;
 use pgstrata_repo::cipher::CipherType;
@@ -225,8 +226,12 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Stop just before the target instead of just after it." },
     OptionDef { name: "archive-mode", kind: Kind::Enum(&["preserve", "off"]), default: Some("preserve"), scope: Scope::CommandLine, secret: false, commands: &["restore"],
         help: "off: the restored cluster does not archive WAL (for copies that must not write into the source's archive); preserve: keep the backed-up setting." },
-    OptionDef { name: "output", kind: Kind::Enum(&["text", "json"]), default: Some("text"), scope: Scope::CommandLine, secret: false, commands: &["info", "verify", "key-list"],
+    OptionDef { name: "output", kind: Kind::Enum(&["text", "json", "prometheus"]), default: Some("text"), scope: Scope::CommandLine, secret: false, commands: &["info", "verify"],
+        help: "Output format. prometheus: metrics in Prometheus' text format, for node_exporter's textfile collector (info: newest backup per type, its end time, age and sizes, backup counts, repository size, newest archived WAL segment and its age; verify: its results)." },
+    OptionDef { name: "output", kind: Kind::Enum(&["text", "json"]), default: Some("text"), scope: Scope::CommandLine, secret: false, commands: &["key-list"],
         help: "Output format." },
+    OptionDef { name: "progress", kind: Kind::Enum(ProgressMode::NAMES), default: Some("auto"), scope: Scope::Config, secret: false, commands: &["backup", "restore", "verify"],
+        help: "Progress (bytes done of the total, percent, rate, time left): auto shows a live line on standard error when it is a terminal, else logs a progress line at info level at most every 30 s; on always shows the live line; off shows nothing." },
     OptionDef { name: "log-level-console", kind: Kind::Enum(LOG_LEVELS), default: Some("warn"), scope: Scope::Config, secret: false, commands: &[],
         help: "Messages shown on standard error." },
     OptionDef { name: "log-level-file", kind: Kind::Enum(LOG_LEVELS), default: Some("off"), scope: Scope::Config, secret: false, commands: &[],

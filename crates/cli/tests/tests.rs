@@ -10,6 +10,7 @@ mod bad_input;
 mod encryption;
 mod incremental;
 mod manifest;
+mod monitoring;
 mod object_store;
 mod options;
 mod restore_safety;

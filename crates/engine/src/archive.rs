@@ -362,27 +362,41 @@ fn write_verified(obj: &[u8], key: &str, tmp: &Path, dest: &Path, what: &str) ->
     written
 }
 
-/// Lowest and highest archived segment names, for info.
+/// The archived segments' extent, for info: lowest and highest names, and when the highest
+/// was stored.
+pub(crate) struct ArchiveRange {
+    pub min: String,
+    pub max: String,
+    /// Unix seconds the storage gives as the highest segment's last modification.
+    pub max_modified: i64,
+}
+
 pub(crate) async fn archive_range(
     storage: &pgstrata_repo::Storage,
     stanza: &str,
     archive_id: &str,
-) -> Result<Option<(String, String)>> {
+) -> Result<Option<ArchiveRange>> {
     let root = layout::archive_root(stanza, archive_id);
-    let mut min: Option<String> = None;
-    let mut max: Option<String> = None;
+    let mut range: Option<ArchiveRange> = None;
     for o in storage.list(&root).await? {
         let name = o.key.rsplit('/').next().unwrap_or_default();
-        if lsn::is_segment_name(name) {
-            if min.as_deref().is_none_or(|m| name < m) {
-                min = Some(name.to_string());
-            }
-            if max.as_deref().is_none_or(|m| name > m) {
-                max = Some(name.to_string());
-            }
+        if !lsn::is_segment_name(name) {
+            continue;
+        }
+        let r = range.get_or_insert_with(|| ArchiveRange {
+            min: name.to_string(),
+            max: name.to_string(),
+            max_modified: o.modified,
+        });
+        if name < r.min.as_str() {
+            r.min = name.to_string();
+        }
+        if name > r.max.as_str() {
+            r.max = name.to_string();
+            r.max_modified = o.modified;
         }
     }
-    Ok(min.zip(max))
+    Ok(range)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use pgstrata_repo::manifest::{scan_backups, Manifest, Tracking};
 use pgstrata_repo::Named;
 use serde::Serialize;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub(crate) struct BackupInfo {
     pub label: String,
     #[serde(rename = "type")]
@@ -16,6 +16,11 @@ pub(crate) struct BackupInfo {
     pub prior: Option<String>,
     pub start_time: String,
     pub stop_time: String,
+    /// Unix seconds of start_time and stop_time (for metrics).
+    #[serde(skip)]
+    pub start_epoch: i64,
+    #[serde(skip)]
+    pub stop_epoch: i64,
     pub start_lsn: String,
     pub stop_lsn: String,
     pub timeline: u32,
@@ -50,10 +55,16 @@ pub(crate) struct BadPages {
 #[derive(Debug, Serialize)]
 pub struct StanzaReport {
     pub stanza: String,
+    /// Where the repository is (its path or URL, no credentials), for metrics' labels.
+    #[serde(skip)]
+    pub(crate) repository: String,
     pub system_identifier: String,
     pub pg_version: u32,
     pub archive_min: Option<String>,
     pub archive_max: Option<String>,
+    /// Unix seconds the newest archived segment (archive_max) was stored.
+    #[serde(skip)]
+    pub(crate) archive_max_time: Option<i64>,
     /// Bytes of all objects in the stanza (packs, manifests, WAL).
     pub repo_size: u64,
     /// Bytes in packs that kept backups reference only in part (freed when those go).
@@ -77,6 +88,8 @@ pub(crate) fn summarize(m: &Manifest) -> BackupInfo {
         prior: m.prior.clone(),
         start_time: m.start.time.clone(),
         stop_time: m.stop.time.clone(),
+        start_epoch: m.start.epoch,
+        stop_epoch: m.stop.epoch,
         start_lsn: m.start.lsn.to_string(),
         stop_lsn: m.stop.lsn.to_string(),
         timeline: m.start.timeline,
@@ -134,10 +147,12 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
     let range = archive_range(&storage, &s.stanza, &stanza.cluster.archive_id()).await?;
     Ok(StanzaReport {
         stanza: s.stanza.clone(),
+        repository: storage.description().to_string(),
         system_identifier: stanza.cluster.system_identifier.clone(),
         pg_version: stanza.cluster.major_version,
-        archive_min: range.as_ref().map(|r| r.0.clone()),
-        archive_max: range.map(|r| r.1),
+        archive_min: range.as_ref().map(|r| r.min.clone()),
+        archive_max: range.as_ref().map(|r| r.max.clone()),
+        archive_max_time: range.map(|r| r.max_modified),
         repo_size,
         held_size: usage.held,
         backups,

@@ -15,6 +15,7 @@ pub mod expire;
 pub mod info;
 pub mod keys;
 mod lock;
+pub mod metrics;
 mod owner;
 pub mod pg_tls;
 mod pool;

@@ -16,9 +16,12 @@
 //! to hashing.
 //!
 //! verify takes no lock and changes nothing; it reads the whole repository once per distinct
-//! file entry, so it costs about as much as restoring each distinct backup.
+//! file entry, so it costs about as much as restoring each distinct backup. Its progress
+//! (`progress`) counts those distinct entries' bytes; the WAL check before them is not
+//! counted.
 
 use crate::content::{extents_of, for_each_extent, ContentCheck};
+use crate::progress::{Counters, Progress};
 use crate::{open_stanza, Error, Result, Settings};
 use futures::StreamExt;
 use pgstrata_pg::lsn;
@@ -28,10 +31,15 @@ use pgstrata_repo::pack::FrameReader;
 use pgstrata_repo::{layout, wal, Storage};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 #[derive(Debug, Serialize)]
 pub struct VerifyReport {
     pub stanza: String,
+    /// Where the repository is (its path or URL, no credentials), for metrics' labels.
+    #[serde(skip)]
+    pub repository: String,
     /// No backup is invalid, no archived WAL object is damaged and the archive has no gap.
     pub ok: bool,
     pub backups: Vec<BackupVerdict>,
@@ -98,9 +106,16 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     let seg_size = stanza.cluster.wal_segment_size;
     let (wal, archived) = verify_archive(&storage, &s.stanza, &archive_id, &all, seg_size).await?;
 
+    let selected: Vec<(&Manifest, Vec<(&FileEntry, String)>)> = all
+        .iter()
+        .filter(|m| set.is_none_or(|w| w == m.label))
+        .map(|m| (m, m.files().map(|f| (f, entry_key(m, f))).collect()))
+        .collect();
+    let (total_bytes, total_files) = distinct_totals(&selected);
+    let progress = Progress::start("verify", total_bytes, total_files);
     let mut verdicts: HashMap<String, std::result::Result<(), String>> = HashMap::new();
     let mut backups = Vec::new();
-    for m in all.iter().filter(|m| set.is_none_or(|w| w == m.label)) {
+    for (m, keyed) in &selected {
         let mut v = BackupVerdict {
             label: m.label.clone(),
             ok: true,
@@ -121,21 +136,21 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
                 ));
             }
         }
-        let keyed: Vec<(&FileEntry, String)> = m.files().map(|f| (f, entry_key(m, f))).collect();
         v.files = keyed.len() as u64;
         let mut todo = Vec::new();
         let mut queued = std::collections::HashSet::new();
-        for (f, key) in &keyed {
+        for (f, key) in keyed {
             if !verdicts.contains_key(key) && queued.insert(key) {
                 todo.push((key.clone(), (*f).clone()));
             }
         }
         v.files_read = todo.len() as u64;
         v.bytes_read = todo.iter().map(|(_, f)| f.size).sum();
-        for (key, result) in check_files(&storage, m, todo, s.process_max.max(1)).await? {
+        let workers = s.process_max.max(1);
+        for (key, result) in check_files(&storage, m, todo, workers, &progress.counters).await? {
             verdicts.insert(key, result);
         }
-        for (f, key) in &keyed {
+        for (f, key) in keyed {
             if let Some(Err(why)) = verdicts.get(key) {
                 v.errors.push(if why.contains(&f.path) {
                     why.clone()
@@ -174,28 +189,42 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
             errors: vec![d.error.to_string()],
         });
     }
+    progress.finish();
     backups.sort_by(|a, b| a.label.cmp(&b.label));
     // A gap is a failure even when every backup is consistent: point-in-time recovery
     // cannot cross it, and monitoring watches the exit code.
     let ok = backups.iter().all(|b| b.ok) && wal.damaged.is_empty() && wal.gaps.is_empty();
     Ok(VerifyReport {
         stanza: s.stanza.clone(),
+        repository: storage.description().to_string(),
         ok,
         backups,
         wal,
     })
 }
 
+/// Bytes and files verify reads back: each distinct file entry once.
+fn distinct_totals(selected: &[(&Manifest, Vec<(&FileEntry, String)>)]) -> (u64, u64) {
+    let mut seen = std::collections::HashSet::new();
+    let distinct = selected
+        .iter()
+        .flat_map(|(_, keyed)| keyed)
+        .filter(|(_, key)| seen.insert(key));
+    distinct.fold((0, 0), |(bytes, files), (f, _)| (bytes + f.size, files + 1))
+}
+
 /// Read back `files` of backup `m` on `workers` threads of the pool; each file's verdict by
-/// key. A damaged file is a verdict, not an error: the pool goes on with the others.
+/// key, counted in `counters` as it is read. A damaged file is a verdict, not an error: the
+/// pool goes on with the others.
 async fn check_files(
     storage: &Storage,
     m: &Manifest,
     files: Vec<(String, FileEntry)>,
     workers: usize,
+    counters: &Arc<Counters>,
 ) -> Result<Vec<(String, std::result::Result<(), String>)>> {
     let runtime = tokio::runtime::Handle::current();
-    let (storage, m) = (storage.clone(), m.clone());
+    let (storage, m, counters) = (storage.clone(), m.clone(), counters.clone());
     let per_worker = tokio::task::spawn_blocking(move || {
         crate::pool::run(
             workers,
@@ -204,6 +233,8 @@ async fn check_files(
             |(reader, verdicts), (key, f)| {
                 let verdict = check_file(&runtime, reader, &f).map_err(|e| e.to_string());
                 reader.clear();
+                counters.bytes.fetch_add(f.size, Ordering::Relaxed);
+                counters.files.fetch_add(1, Ordering::Relaxed);
                 verdicts.push((key, verdict));
                 Ok(())
             },

@@ -1,0 +1,283 @@
+//! `--output=prometheus`: info and verify in Prometheus' text exposition format, for
+//! node_exporter's textfile collector or any job that publishes a file.
+//!
+//! pgstrata runs no server: a cron job or systemd timer writes the output to a `.prom` file
+//! (see the README). Every family has one HELP and one TYPE line; every sample carries the
+//! `stanza` and `repository` labels (the repository's path or URL, never a credential),
+//! per-type families also `type`. All families are gauges: they describe the repository when
+//! the command ran (`pgstrata_metrics_timestamp_seconds`), so a stale file shows.
+//!
+//! What the repository can tell, and so what is exported: per backup type the newest
+//! backup's end time, age, duration and sizes, and the backup count; the repository's size;
+//! the newest archived WAL segment, when it was stored and its age (the archive lag as far as
+//! the repository knows: how far the server's current WAL is ahead lives in pg_wal, on the
+//! database host, which info does not read). verify records no results in the repository,
+//! so its results are exported by `verify --output=prometheus` itself.
+
+use crate::info::StanzaReport;
+use crate::verify::VerifyReport;
+use pgstrata_repo::manifest::BackupType;
+use pgstrata_repo::Named;
+use std::fmt::Write;
+
+/// Label pairs of one sample.
+type Labels<'a> = Vec<(&'a str, String)>;
+
+/// An exposition being written: families in order, each with its HELP and TYPE once.
+struct Exposition<'a> {
+    out: String,
+    /// The labels every sample carries.
+    common: Labels<'a>,
+}
+
+impl<'a> Exposition<'a> {
+    fn new(stanza: &str, repository: &str) -> Exposition<'a> {
+        Exposition {
+            out: String::new(),
+            common: vec![("stanza", stanza.into()), ("repository", repository.into())],
+        }
+    }
+
+    /// One gauge family with its samples (extra labels, value); nothing when it has none.
+    fn gauge(&mut self, name: &str, help: &str, samples: &[(Labels, f64)]) {
+        if samples.is_empty() {
+            return;
+        }
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} gauge");
+        for (extra, value) in samples {
+            let labels: Vec<String> = self
+                .common
+                .iter()
+                .chain(extra)
+                .map(|(k, v)| format!("{k}=\"{}\"", escape_label(v)))
+                .collect();
+            let _ = writeln!(self.out, "{name}{{{}}} {value}", labels.join(","));
+        }
+    }
+
+    /// A family of one sample with only the common labels.
+    fn single(&mut self, name: &str, help: &str, value: f64) {
+        self.gauge(name, help, &[(vec![], value)]);
+    }
+}
+
+/// A label value as the text format wants it: backslash, double quote and newline escaped.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', r"\\")
+        .replace('"', r#"\""#)
+        .replace('\n', r"\n")
+}
+
+/// info's report as metrics, ages counted up to `now` (unix seconds).
+pub fn render_info(r: &StanzaReport, now: i64) -> String {
+    let mut x = Exposition::new(&r.stanza, &r.repository);
+    x.single(
+        "pgstrata_metrics_timestamp_seconds",
+        "When these metrics were taken (unix time).",
+        now as f64,
+    );
+    let mut count = Vec::new();
+    let mut newest = Vec::new();
+    for t in BackupType::NAMES {
+        let of_type: Vec<_> = r.backups.iter().filter(|b| b.backup_type == *t).collect();
+        count.push((vec![("type", t.to_string())], of_type.len() as f64));
+        if let Some(b) = of_type.into_iter().max_by_key(|b| (b.stop_epoch, &b.label)) {
+            newest.push((vec![("type", t.to_string())], b));
+        }
+    }
+    x.gauge(
+        "pgstrata_backups",
+        "Backups in the repository, per type.",
+        &count,
+    );
+    let per_newest = |value: &dyn Fn(&crate::info::BackupInfo) -> f64| -> Vec<(Labels, f64)> {
+        newest.iter().map(|(l, b)| (l.clone(), value(b))).collect()
+    };
+    x.gauge(
+        "pgstrata_backup_newest_end_timestamp_seconds",
+        "When the newest backup of the type ended (unix time).",
+        &per_newest(&|b| b.stop_epoch as f64),
+    );
+    x.gauge(
+        "pgstrata_backup_newest_age_seconds",
+        "Seconds from the end of the newest backup of the type to when these metrics were taken.",
+        &per_newest(&|b| (now - b.stop_epoch) as f64),
+    );
+    x.gauge(
+        "pgstrata_backup_newest_duration_seconds",
+        "How long the newest backup of the type took.",
+        &per_newest(&|b| (b.stop_epoch - b.start_epoch) as f64),
+    );
+    x.gauge(
+        "pgstrata_backup_newest_database_size_bytes",
+        "Size of the cluster the newest backup of the type holds.",
+        &per_newest(&|b| b.database_size as f64),
+    );
+    x.gauge(
+        "pgstrata_backup_newest_stored_size_bytes",
+        "Bytes the newest backup of the type stored (its new data, compressed).",
+        &per_newest(&|b| b.stored_size as f64),
+    );
+    x.gauge(
+        "pgstrata_backup_newest_page_errors",
+        "Page checksum errors the newest backup of the type found in the cluster.",
+        &per_newest(&|b| b.page_errors as f64),
+    );
+    x.single(
+        "pgstrata_backups_damaged",
+        "Backups whose manifest and its copy are both damaged (they cannot be restored).",
+        r.damaged.len() as f64,
+    );
+    x.single(
+        "pgstrata_repository_size_bytes",
+        "Bytes of all objects of the stanza (packs, manifests, WAL).",
+        r.repo_size as f64,
+    );
+    x.single(
+        "pgstrata_repository_held_size_bytes",
+        "Bytes in packs that kept backups reference only in part.",
+        r.held_size as f64,
+    );
+    archive_metrics(&mut x, r, now);
+    x.out
+}
+
+/// The WAL archive: its newest segment, when it was stored, its age.
+fn archive_metrics(x: &mut Exposition, r: &StanzaReport, now: i64) {
+    x.single(
+        "pgstrata_archive_empty",
+        "1 when the stanza's WAL archive holds no segment.",
+        if r.archive_max.is_some() { 0.0 } else { 1.0 },
+    );
+    let Some((segment, stored)) = r.archive_max.as_ref().zip(r.archive_max_time) else {
+        return;
+    };
+    x.gauge(
+        "pgstrata_archive_newest_segment_info",
+        "The newest archived WAL segment (its name in the segment label).",
+        &[(vec![("segment", segment.clone())], 1.0)],
+    );
+    x.single(
+        "pgstrata_archive_newest_segment_timestamp_seconds",
+        "When the newest archived WAL segment was stored (unix time, the storage's clock).",
+        stored as f64,
+    );
+    x.single(
+        "pgstrata_archive_newest_segment_age_seconds",
+        "Seconds from the storing of the newest archived WAL segment to when these metrics were taken (the archive's lag as the repository sees it).",
+        (now - stored) as f64,
+    );
+}
+
+/// verify's report as metrics, taken at `now` (unix seconds).
+pub fn render_verify(r: &VerifyReport, now: i64) -> String {
+    let mut x = Exposition::new(&r.stanza, &r.repository);
+    x.single(
+        "pgstrata_verify_timestamp_seconds",
+        "When verify finished (unix time).",
+        now as f64,
+    );
+    x.single(
+        "pgstrata_verify_ok",
+        "1 when verify found every backup valid and the WAL archive undamaged and without gaps.",
+        if r.ok { 1.0 } else { 0.0 },
+    );
+    let invalid = r.backups.iter().filter(|b| !b.ok).count();
+    x.gauge(
+        "pgstrata_verify_backups",
+        "Backups verify checked, by result.",
+        &[
+            (
+                vec![("result", "ok".into())],
+                (r.backups.len() - invalid) as f64,
+            ),
+            (vec![("result", "invalid".into())], invalid as f64),
+        ],
+    );
+    x.single(
+        "pgstrata_verify_read_bytes",
+        "Bytes of backup file content verify read back and checked.",
+        r.backups.iter().map(|b| b.bytes_read).sum::<u64>() as f64,
+    );
+    x.single(
+        "pgstrata_verify_wal_segments",
+        "Archived WAL segments verify checked.",
+        r.wal.segments as f64,
+    );
+    x.single(
+        "pgstrata_verify_wal_damaged",
+        "Archived WAL objects that failed their checksum.",
+        r.wal.damaged.len() as f64,
+    );
+    x.single(
+        "pgstrata_verify_wal_gaps",
+        "Holes in the WAL archive after the oldest backup's start.",
+        r.wal.gaps.len() as f64,
+    );
+    x.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::info::BackupInfo;
+
+    fn backup(label: &str, t: &str, start: i64, stop: i64) -> BackupInfo {
+        BackupInfo {
+            label: label.into(),
+            backup_type: t.into(),
+            start_epoch: start,
+            stop_epoch: stop,
+            database_size: 1000,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn one_help_and_type_per_family_and_labels_escaped() {
+        let r = StanzaReport {
+            stanza: "main".into(),
+            repository: "s3://bucket/a \"quoted\\\" path".into(),
+            system_identifier: "1".into(),
+            pg_version: 15,
+            archive_min: Some("000000010000000000000001".into()),
+            archive_max: Some("000000010000000000000009".into()),
+            archive_max_time: Some(1_699_999_900),
+            repo_size: 5000,
+            held_size: 0,
+            backups: vec![
+                backup("F1", "full", 1_699_990_000, 1_699_990_060),
+                backup("F2", "full", 1_699_999_000, 1_699_999_030),
+                backup("I1", "incr", 1_699_999_500, 1_699_999_510),
+            ],
+            damaged: vec![],
+        };
+        let text = render_info(&r, 1_700_000_000);
+        let mut families = std::collections::BTreeSet::new();
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            assert!(families.insert(line.to_string()), "twice: {line}");
+        }
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("# HELP ")).count(),
+            families.len()
+        );
+        let common = r#"stanza="main",repository="s3://bucket/a \"quoted\\\" path""#;
+        for want in [
+            format!("pgstrata_backups{{{common},type=\"full\"}} 2"),
+            format!("pgstrata_backups{{{common},type=\"diff\"}} 0"),
+            format!(
+                "pgstrata_backup_newest_end_timestamp_seconds{{{common},type=\"full\"}} 1699999030"
+            ),
+            format!("pgstrata_backup_newest_age_seconds{{{common},type=\"incr\"}} 490"),
+            format!("pgstrata_backup_newest_duration_seconds{{{common},type=\"full\"}} 30"),
+            format!("pgstrata_archive_newest_segment_age_seconds{{{common}}} 100"),
+        ] {
+            assert!(text.lines().any(|l| l == want), "no line {want} in\n{text}");
+        }
+        // No diff backup: no newest-diff samples.
+        assert!(!text
+            .lines()
+            .any(|l| l.starts_with("pgstrata_backup_newest") && l.contains("type=\"diff\"")));
+    }
+}
