@@ -19,7 +19,8 @@ usage: bench SCENARIO [options]      run one scenario (as root: the clusters run
        bench report [--readme FILE] [--runs-dir DIR]   rewrite the README tables from the CSVs
        bench limits                  measure disk and codec limits only
 
-scenarios: full_backup incremental restore bundling s3_latency wal_tracking decode_overhead
+scenarios: full_backup incremental restore bundling s3_latency wal_tracking wal_archive
+           decode_overhead
 
 options of every scenario:
   --pgstrata [LABEL=]BIN  pgstrata binary to measure; repeat to compare builds side by side

@@ -8,6 +8,7 @@ pub mod full_backup;
 pub mod incremental;
 pub mod restore;
 pub mod s3_latency;
+pub mod wal_archive;
 pub mod wal_tracking;
 
 use crate::args::Args;
@@ -31,6 +32,7 @@ pub fn run(name: &str, mut a: Args) -> Result<(), String> {
         "bundling" => scenario!(bundling),
         "s3_latency" => scenario!(s3_latency),
         "wal_tracking" => scenario!(wal_tracking),
+        "wal_archive" => scenario!(wal_archive),
         "decode_overhead" => scenario!(decode_overhead),
         _ => Err(format!("unknown scenario '{name}' (see bench help)")),
     }
@@ -251,6 +253,69 @@ pub fn delete_ranges(
     b.sql(&sql)?;
     b.sql("VACUUM ANALYZE")?;
     Ok(())
+}
+
+/// Byte position of the current WAL insert location.
+fn current_lsn(b: &Bench) -> Result<u64, String> {
+    b.sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")?
+        .parse()
+        .map_err(|e| format!("current WAL position: {e}"))
+}
+
+/// The cluster's WAL segment size in bytes.
+fn wal_segment_size(b: &Bench) -> Result<u64, String> {
+    b.sql("SELECT setting::bigint * CASE unit WHEN 'MB' THEN 1048576 ELSE 1 END FROM pg_settings WHERE name = 'wal_segment_size'")?
+        .parse()
+        .map_err(|e| format!("wal_segment_size: {e}"))
+}
+
+/// Run `traffic` until `segments` whole segments were written after a fresh one began, and
+/// switch and wait for them to be archived. Returns the first one's start (bytes).
+pub fn generate_segments(
+    b: &Bench,
+    segments: u64,
+    traffic: &dyn Fn(&Bench) -> Result<(), String>,
+) -> Result<u64, String> {
+    let seg_size = wal_segment_size(b)?;
+    b.sql("CHECKPOINT")?;
+    b.wal_switch_and_wait()?;
+    let first = current_lsn(b)? / seg_size * seg_size;
+    for _ in 0..200 {
+        if (current_lsn(b)? - first) / seg_size >= segments {
+            break;
+        }
+        traffic(b)?;
+    }
+    b.wal_switch_and_wait()?;
+    Ok(first)
+}
+
+/// Fetch the `segments` segments from `first` (bytes) out of `repo` with archive-get into
+/// `dir`; returns their names.
+pub fn fetch_segments(
+    b: &mut Bench,
+    repo: &Repo,
+    first: u64,
+    segments: u64,
+    dir: &std::path::Path,
+) -> Result<Vec<String>, String> {
+    let seg_size = wal_segment_size(b)?;
+    let mut names = Vec::new();
+    for i in 0..segments {
+        let name = b.sql(&format!(
+            "SELECT pg_walfile_name(pg_lsn '0/0' + ({} + 1)::numeric)",
+            first + i * seg_size
+        ))?;
+        let mut cmd = std::process::Command::new(&repo.tool.bin);
+        cmd.arg(format!("--config={}", repo.config.display()))
+            .arg(format!("--stanza={}", crate::harness::STANZA))
+            .arg("archive-get")
+            .arg(&name)
+            .arg(dir.join(&name));
+        b.run(&format!("archive-get-{name}"), &mut cmd, false)?;
+        names.push(name);
+    }
+    Ok(names)
 }
 
 /// Bytes of the source database (sum of pg_database_size).

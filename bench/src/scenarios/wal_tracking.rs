@@ -173,35 +173,17 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
 /// Generate `segments` segments of pgbench traffic, then time archive-push of them with and
 /// without decoding.
 fn archive_push_cost(b: &mut Bench, o: &Opts, wal_repo: &Repo) -> Result<(), String> {
-    let seg_size: u64 = b.sql("SELECT setting::bigint * 1048576 FROM pg_settings WHERE name = 'wal_segment_size' AND unit = 'MB' UNION ALL SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size' AND unit = 'B'")?
-        .lines()
-        .next()
-        .and_then(|l| l.parse().ok())
-        .ok_or("wal_segment_size")?;
-    b.sql("CHECKPOINT")?;
-    b.wal_switch_and_wait()?;
-    let start: u64 = b
-        .sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")?
-        .parse()
-        .map_err(|e| format!("{e}"))?;
-    let first = start / seg_size * seg_size;
     eprintln!(
         "[bench] archive-push: generating {} segments of pgbench traffic",
         o.segments
     );
-    for _ in 0..60 {
-        let now: u64 = b
-            .sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")?
-            .parse()
-            .map_err(|e| format!("{e}"))?;
-        if (now - first) / seg_size >= o.segments {
-            break;
-        }
-        b.cluster().pgbench(&[
-            "-n", "-c", "2", "-j", "2", "-M", "prepared", "-T", "5", "postgres",
-        ])?;
-    }
-    b.wal_switch_and_wait()?;
+    let first = super::generate_segments(b, o.segments, &|b| {
+        b.cluster()
+            .pgbench(&[
+                "-n", "-c", "2", "-j", "2", "-M", "prepared", "-T", "5", "postgres",
+            ])
+            .map(drop)
+    })?;
     let case = format!("archive-push of {} segments", o.segments);
     let (m, label) = wal_repo.backup(b, "incr", &["--track=auto"])?;
     let s = wal_repo.backup_sizes(b, &label)?;
@@ -225,21 +207,12 @@ fn archive_push_cost(b: &mut Bench, o: &Opts, wal_repo: &Repo) -> Result<(), Str
     b.archive_nowhere();
     let seg_dir = b.dir("ap-seg")?;
     let partial_dir = b.dir("ap-partial")?;
-    for i in 0..o.segments {
-        let name = b.sql(&format!(
-            "SELECT pg_walfile_name(pg_lsn '0/0' + ({} + 1)::numeric)",
-            first + i * seg_size
-        ))?;
-        let dest = seg_dir.join(&name);
-        let mut cmd = std::process::Command::new(&wal_repo.tool.bin);
-        cmd.arg(format!("--config={}", wal_repo.config.display()))
-            .arg(format!("--stanza={}", crate::harness::STANZA))
-            .arg("archive-get")
-            .arg(&name)
-            .arg(&dest);
-        b.run(&format!("archive-get-{name}"), &mut cmd, false)?;
-        std::fs::copy(&dest, partial_dir.join(format!("{name}.partial")))
-            .map_err(|e| e.to_string())?;
+    for name in super::fetch_segments(b, wal_repo, first, o.segments, &seg_dir)? {
+        std::fs::copy(
+            seg_dir.join(&name),
+            partial_dir.join(format!("{name}.partial")),
+        )
+        .map_err(|e| e.to_string())?;
     }
     for tool in b.pgstrata.clone() {
         for round in 1..=o.push_rounds {
