@@ -160,6 +160,8 @@ mod tests {
             target_exclusive: true,
             archive_off: true,
             archive_get_command: "/usr/bin/pgstrata --stanza=main".into(),
+            db_include: vec![],
+            db_exclude: vec![],
         }
     }
 

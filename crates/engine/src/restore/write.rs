@@ -421,7 +421,7 @@ mod tests {
             Some(at)
         });
         match action {
-            Action::Keep => Vec::new(),
+            Action::Keep | Action::Zero => Vec::new(),
             Action::Write => starts
                 .zip(&f.chunks)
                 .filter(|(_, c)| !c.is_zero())
@@ -440,6 +440,7 @@ mod tests {
     fn after(backup: &[u8], local: Option<&[u8]>, action: &Action) -> Vec<u8> {
         match action {
             Action::Keep => local.expect("kept a file that is there").to_vec(),
+            Action::Zero => vec![0; backup.len()],
             Action::Write => backup.to_vec(),
             Action::Patch(extents) => {
                 let mut out = local.expect("patched a file that is there").to_vec();
