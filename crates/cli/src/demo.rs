@@ -166,6 +166,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         force: false,
         dry_run: false,
         tablespace_map: vec![],
+        tablespace_root: None,
         recovery_type: RecoveryType::Immediate,
         target: None,
         target_action: Some(TargetAction::Promote),

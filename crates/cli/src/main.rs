@@ -189,9 +189,9 @@ fn expire_options(inv: &config::Invocation) -> Option<ExpireOptions> {
 fn backup_options(inv: &config::Invocation) -> Result<BackupOptions, Error> {
     let mut annotations = std::collections::BTreeMap::new();
     for a in inv.list("annotation") {
-        let (key, value) = a.split_once('=').ok_or_else(|| {
-            Error::config(format!("--annotation='{a}': expected KEY=VALUE"))
-        })?;
+        let (key, value) = a
+            .split_once('=')
+            .ok_or_else(|| Error::config(format!("--annotation='{a}': expected KEY=VALUE")))?;
         pgstrata_repo::manifest::check_annotation(key, value)
             .map_err(|why| Error::config(format!("--annotation='{a}': {why}")))?;
         annotations.insert(key.to_string(), value.to_string());
@@ -214,21 +214,36 @@ fn restore_options(inv: &config::Invocation, s: &Settings) -> Result<RestoreOpti
         tablespace_map.push((oid, dir));
     }
     Ok(RestoreOptions {
-        set: inv.get("set").map(str::to_string),
         delta: inv.flag("delta"),
         force: inv.flag("force"),
         dry_run: inv.flag("dry-run"),
         tablespace_map,
+        target_action: inv.choice_opt("target-action"),
+        archive_off: inv.text("archive-mode") == "off",
+        ..recovery_options(inv, s)
+    })
+}
+
+/// The options restore and restore-test share: which backup, how far to recover, which
+/// databases. The rest as a fresh restore into an empty directory has them.
+fn recovery_options(inv: &config::Invocation, s: &Settings) -> RestoreOptions {
+    RestoreOptions {
+        set: inv.get("set").map(str::to_string),
+        delta: false,
+        force: false,
+        dry_run: false,
+        tablespace_map: vec![],
+        tablespace_root: None,
         recovery_type: inv.choice("type"),
         target: inv.get("target").map(str::to_string),
-        target_action: inv.choice_opt("target-action"),
+        target_action: None,
         target_timeline: inv.get("target-timeline").map(str::to_string),
         target_exclusive: inv.flag("target-exclusive"),
-        archive_off: inv.text("archive-mode") == "off",
+        archive_off: false,
         archive_get_command: archive_get_command(inv, s),
         db_include: inv.list("db-include").to_vec(),
         db_exclude: inv.list("db-exclude").to_vec(),
-    })
+    }
 }
 
 fn runtime(workers: usize) -> tokio::runtime::Runtime {
@@ -414,7 +429,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         "restore-test" => {
             let s = settings(inv)?;
             let o = pgstrata_engine::restore_test::RestoreTestOptions {
-                restore: restore_options(inv, &s)?,
+                restore: recovery_options(inv, &s),
                 scratch: inv.get("pg-path").map(PathBuf::from),
                 keep: inv.flag("keep"),
                 pg_bin: inv.get("pg-bin").map(PathBuf::from),
@@ -428,7 +443,11 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 Err(Error::integrity(format!(
                     "restore-test found corruption in backup {}: {}",
                     report.backup,
-                    report.problems.first().map(String::as_str).unwrap_or("see the report above")
+                    report
+                        .problems
+                        .first()
+                        .map(String::as_str)
+                        .unwrap_or("see the report above")
                 )))
             }
         }
@@ -629,6 +648,10 @@ mod tests {
                     let o = restore_options(&inv, &s).unwrap();
                     assert_eq!(o.recovery_type, RecoveryType::Default);
                     assert_eq!(o.target_action, None);
+                }
+                "restore-test" => {
+                    let o = recovery_options(&inv, &settings(&inv).unwrap());
+                    assert_eq!(o.recovery_type, RecoveryType::Immediate);
                 }
                 _ => {}
             }

@@ -170,8 +170,6 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Server port." },
     OptionDef { name: "pg-user", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: PG_CMDS,
         help: "Database user (default: PGUSER, else the operating system user). A password comes from PGPASSWORD." },
-    OptionDef { name: "pg-user", kind: Kind::Str, default: Some("postgres"), scope: Scope::Config, secret: false, commands: &["restore-test"],
-        help: "Superuser role restore-test connects as to the scratch cluster (over its private socket, trusted)." },
     OptionDef { name: "pg-sslmode", kind: Kind::Enum(SslMode::NAMES), default: Some("prefer"), scope: Scope::Config, secret: false, commands: PG_CMDS,
         help: "TLS on TCP connections, as libpq's sslmode: prefer and require encrypt without checking the server's certificate; verify-ca checks it chains to pg-sslrootcert; verify-full also checks it names pg-host. Unix sockets never use TLS." },
     OptionDef { name: "pg-sslrootcert", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, commands: PG_CMDS,

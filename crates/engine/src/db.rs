@@ -144,7 +144,10 @@ impl Db {
     pub(crate) async fn databases(&self) -> Result<Vec<pgstrata_repo::manifest::Database>> {
         let rows = self
             .client
-            .query("SELECT datname::text, oid::int8 FROM pg_database ORDER BY oid", &[])
+            .query(
+                "SELECT datname::text, oid::int8 FROM pg_database ORDER BY oid",
+                &[],
+            )
             .await
             .map_err(pg_err("list the databases"))?;
         Ok(rows

@@ -12,6 +12,9 @@
 //! database that accepts connections; stop it; run `pg_checksums --check` when the backup
 //! has data checksums; remove the scratch directory unless `--keep`.
 //!
+//! Tablespaces are restored inside the scratch directory too, never at their source
+//! locations.
+//!
 //! Page checks use `pg_checksums` on the stopped cluster rather than pgstrata's own
 //! backup-time check: that check already ran on every page when the backup was taken, and
 //! checking the restored cluster with PostgreSQL's own tool of the same major version
@@ -97,6 +100,7 @@ pub async fn restore_test(s: &Settings, o: &RestoreTestOptions) -> Result<Restor
     let mut settings = s.clone();
     settings.pg_path = Some(data.clone());
     let restore = RestoreOptions {
+        tablespace_root: Some(scratch.join("tablespaces")),
         archive_off: true,
         target_action: Some(TargetAction::Promote),
         delta: false,
@@ -145,11 +149,11 @@ fn make_scratch(s: &Settings, o: &RestoreTestOptions) -> Result<Scratch> {
     };
     std::fs::create_dir_all(&path)
         .map_err(|e| Error::io(format!("create scratch directory {}", path.display()), e))?;
+    // Absolute: tablespace locations and server settings name paths inside it.
+    let path = std::fs::canonicalize(&path)
+        .map_err(|e| Error::io(format!("resolve scratch directory {}", path.display()), e))?;
     give_to_pg_user(&path);
-    Ok(Scratch {
-        path,
-        keep: o.keep,
-    })
+    Ok(Scratch { path, keep: o.keep })
 }
 
 /// Start the restored cluster, check it, stop it.
@@ -184,9 +188,9 @@ fn check_restored(
     wait_until_promoted(&cluster, &restored.label)?;
     let recovery_ms = recovery_started.elapsed().as_millis() as u64;
     let databases = check_databases(&cluster, &restored.excluded_databases)?;
-    cluster.stop().map_err(|e| {
-        Error::refused(format!("restore-test: stop the scratch cluster: {e}"))
-    })?;
+    cluster
+        .stop()
+        .map_err(|e| Error::refused(format!("restore-test: stop the scratch cluster: {e}")))?;
     let page_check = check_pages(&cluster, restored.data_checksums)?;
     let problems: Vec<String> = databases
         .iter()
@@ -278,7 +282,12 @@ fn check_databases(c: &Cluster, excluded: &[String]) -> Result<Vec<DatabaseCheck
             "template1",
             "SELECT datname FROM pg_database WHERE datallowconn ORDER BY oid",
         )
-        .map_err(|e| Error::new(ErrorKind::Postgres, format!("restore-test: list the databases: {e}")))?;
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Postgres,
+                format!("restore-test: list the databases: {e}"),
+            )
+        })?;
     let mut out = Vec::new();
     for name in names.lines().filter(|n| !excluded.iter().any(|x| x == n)) {
         let started = Instant::now();
@@ -287,7 +296,14 @@ fn check_databases(c: &Cluster, excluded: &[String]) -> Result<Vec<DatabaseCheck
             .arg(&c.socket_dir)
             .arg("-p")
             .arg(c.port.to_string())
-            .args(["-U", "postgres", "--heapallindexed", "--install-missing", "-d", name]);
+            .args([
+                "-U",
+                "postgres",
+                "--heapallindexed",
+                "--install-missing",
+                "-d",
+                name,
+            ]);
         let run = run_tool(&mut cmd, "pg_amcheck")?;
         let problems = match run.code {
             0 => vec![],
@@ -299,7 +315,10 @@ fn check_databases(c: &Cluster, excluded: &[String]) -> Result<Vec<DatabaseCheck
                 )))
             }
         };
-        log::info!("restore-test: database {name}: {} problem(s)", problems.len());
+        log::info!(
+            "restore-test: database {name}: {} problem(s)",
+            problems.len()
+        );
         out.push(DatabaseCheck {
             name: name.to_string(),
             ok: run.code == 0,

@@ -86,6 +86,9 @@ pub struct RestoreOptions {
     /// Print the plan and stop: nothing is written.
     pub dry_run: bool,
     pub tablespace_map: Vec<(u32, PathBuf)>,
+    /// Restore every tablespace not in `tablespace_map` into `<this>/<oid>` instead of
+    /// its source location (restore-test: the scratch directory).
+    pub tablespace_root: Option<PathBuf>,
     pub recovery_type: RecoveryType,
     pub target: Option<String>,
     pub target_action: Option<TargetAction>,
@@ -214,7 +217,12 @@ fn execute(
         label: m.label.clone(),
         pg_version: m.server_version_num / 10000,
         data_checksums: m.data_checksums,
-        excluded_databases: plan.selection.excluded.iter().map(|d| d.name.clone()).collect(),
+        excluded_databases: plan
+            .selection
+            .excluded
+            .iter()
+            .map(|d| d.name.clone())
+            .collect(),
         ..Default::default()
     };
     let tree = open_targets(plan)?;

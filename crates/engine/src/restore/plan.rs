@@ -82,7 +82,15 @@ impl RestorePlan {
             (false, true) => WriteMode::Force,
             (false, false) => WriteMode::Fresh,
         };
-        let tablespaces = tablespace_targets(&manifest, pg_path, &o.tablespace_map)?;
+        let mut map = o.tablespace_map.clone();
+        if let Some(root) = &o.tablespace_root {
+            for t in &manifest.tablespaces {
+                if !map.iter().any(|(oid, _)| *oid == t.oid) {
+                    map.push((t.oid, root.join(t.oid.to_string())));
+                }
+            }
+        }
+        let tablespaces = tablespace_targets(&manifest, pg_path, &map)?;
         let selection = super::selective::select(&manifest, &o.db_include, &o.db_exclude)?;
         let mut files: Vec<FileEntry> = manifest.files().cloned().collect();
         let take = |files: &mut Vec<FileEntry>, path: &str| {

@@ -153,6 +153,7 @@ mod tests {
             force: false,
             dry_run: false,
             tablespace_map: vec![],
+            tablespace_root: None,
             recovery_type: t,
             target: Some("it's 'quoted'".into()),
             target_action: Some(TargetAction::Promote),

@@ -61,7 +61,10 @@ pub(crate) fn select(m: &Manifest, include: &[String], exclude: &[String]) -> Re
             "database '{name}' is given to both --db-include and --db-exclude"
         )));
     }
-    if let Some(d) = dbs.iter().find(|d| d.is_system() && exclude.contains(&d.name)) {
+    if let Some(d) = dbs
+        .iter()
+        .find(|d| d.is_system() && exclude.contains(&d.name))
+    {
         return Err(Error::config(format!(
             "--db-exclude={}: system databases (OID below 16384: template0, template1, postgres) are always restored",
             d.name
@@ -70,7 +73,9 @@ pub(crate) fn select(m: &Manifest, include: &[String], exclude: &[String]) -> Re
     let excluded: Vec<Database> = dbs
         .iter()
         .filter(|d| !d.is_system())
-        .filter(|d| exclude.contains(&d.name) || (!include.is_empty() && !include.contains(&d.name)))
+        .filter(|d| {
+            exclude.contains(&d.name) || (!include.is_empty() && !include.contains(&d.name))
+        })
         .cloned()
         .collect();
     let oids: HashSet<u32> = excluded.iter().map(|d| d.oid).collect();

@@ -406,16 +406,26 @@ fn databases_and_annotations_round_trip_and_are_bounded() {
     // Older manifests have neither field: they read as "not recorded" and "none".
     let m = sample();
     let json = json_of(&m);
-    assert!(!json.contains("databases") && !json.contains("annotations"), "{json}");
+    assert!(
+        !json.contains("databases") && !json.contains("annotations"),
+        "{json}"
+    );
     let back = Manifest::decode(&m.encode(), "m").unwrap();
     assert!(back.databases.is_none() && back.annotations.is_empty());
 
     let mut m = sample();
     m.databases = Some(vec![
-        Database { name: "postgres".into(), oid: 5 },
-        Database { name: "app".into(), oid: 16390 },
+        Database {
+            name: "postgres".into(),
+            oid: 5,
+        },
+        Database {
+            name: "app".into(),
+            oid: 16390,
+        },
     ]);
-    m.annotations.insert("ticket".into(), "OPS-1 = nightly".into());
+    m.annotations
+        .insert("ticket".into(), "OPS-1 = nightly".into());
     let back = Manifest::decode(&m.encode(), "m").unwrap();
     assert_eq!(back.databases, m.databases);
     assert_eq!(back.annotations, m.annotations);

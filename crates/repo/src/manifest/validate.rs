@@ -138,7 +138,10 @@ fn check_databases_and_annotations(m: &Manifest) -> Check {
                 ));
             }
             if !oids.insert(d.oid) || !names.insert(d.name.as_str()) {
-                return Err(format!("database {:?} (OID {}) is listed twice", d.name, d.oid));
+                return Err(format!(
+                    "database {:?} (OID {}) is listed twice",
+                    d.name, d.oid
+                ));
             }
         }
     }
