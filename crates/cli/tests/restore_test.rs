@@ -63,7 +63,7 @@ fn pg_checksums(c: &Cluster, mode: &str) {
 
 #[test]
 fn restore_test_passes_a_sound_backup_and_names_a_corrupt_index() {
-    let env = Env::new("restore-test");
+    let env = Env::new("rtest");
     env.stanza_create();
     env.sql("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 300) g");
     let label = env.backup(&[
@@ -118,6 +118,32 @@ fn restore_test_passes_a_sound_backup_and_names_a_corrupt_index() {
         .keys()
         .any(|k| k.contains("00000002.history")));
     assert!(env.cluster.is_running());
+
+    // As the PostgreSQL OS user, into the default scratch directory (TMPDIR), as text.
+    let mut cmd = env.cmd(&["restore-test"]);
+    cmd.env_remove("PGSTRATA_PG_PATH");
+    let text = run_ok(cmd);
+    assert!(
+        text.contains(&format!("restore-test of backup {label}")) && text.contains(": ok in"),
+        "{text}"
+    );
+    assert!(
+        text.contains("database postgres: ok") && text.contains("page checksums: ok"),
+        "{text}"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("pgstrata-restore-test-")
+        })
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "scratch directories left: {leftovers:?}"
+    );
 
     // A recovery that cannot complete: exit 3, with the server's reason.
     let (code, _, err) = restore_test(&env, "unrecoverable", &["--type=lsn", "--target=0/1"]);
