@@ -234,6 +234,17 @@ fn db_include_restores_one_database_and_fetches_nothing_of_the_others() {
     );
     assert!(!target.exists(), "nothing written");
 
+    let plan = run_ok(env.cmd_as_invoker(&[
+        &format!("--pg-path={}", env.scratch.join("plan").display()),
+        "--db-exclude=drop1",
+        "--dry-run",
+        "restore",
+    ]));
+    assert!(
+        plan.contains(&format!("databases not restored: drop1 ({drop_oid})")),
+        "{plan}"
+    );
+
     let target = restore_only(&env, "selected", &["--db-include=keep1"]);
     let (allocated, len) = allocation(&target.join("base").join(&drop_oid));
     assert!(len > 4 << 20, "drop1's files keep their size: {len}");
