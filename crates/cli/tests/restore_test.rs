@@ -145,6 +145,11 @@ fn restore_test_passes_a_sound_backup_and_names_a_corrupt_index() {
         "scratch directories left: {leftovers:?}"
     );
 
+    let (code, _, err) = restore_test(&env, "no-binaries", &["--pg-bin=/nonexistent/bin"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--pg-bin=/nonexistent/bin"), "{err}");
+    assert!(!env.scratch.join("no-binaries").exists());
+
     // A recovery that cannot complete: exit 3, with the server's reason.
     let (code, _, err) = restore_test(&env, "unrecoverable", &["--type=lsn", "--target=0/1"]);
     assert_eq!(code, 3, "{err}");

@@ -164,19 +164,7 @@ fn check_restored(
     o: &RestoreTestOptions,
     restore_ms: u64,
 ) -> Result<RestoreTestReport> {
-    let bin = match &o.pg_bin {
-        Some(dir) => PgBin {
-            dir: dir.clone(),
-            major: restored.pg_version,
-            lib_dir: None,
-        },
-        None => PgBin::major(restored.pg_version).map_err(|e| {
-            Error::refused(format!(
-                "restore-test needs the PostgreSQL {} server binaries (or --pg-bin): {e}",
-                restored.pg_version
-            ))
-        })?,
-    };
+    let bin = server_binaries(o.pg_bin.as_deref(), restored.pg_version)?;
     let cluster = configure(scratch, data, bin)?;
     let recovery_started = Instant::now();
     cluster.start().map_err(|e| {
@@ -211,6 +199,28 @@ fn check_restored(
         problems,
         kept: None,
     })
+}
+
+/// The server binaries of major version `major`: in `pg_bin` (which must hold that
+/// version), else where the tests and `demo` find them.
+fn server_binaries(pg_bin: Option<&Path>, major: u32) -> Result<PgBin> {
+    let bin = match pg_bin {
+        Some(dir) => PgBin::at(dir.to_path_buf())
+            .map_err(|e| Error::config(format!("--pg-bin={}: {e}", dir.display())))?,
+        None => PgBin::major(major).map_err(|e| {
+            Error::refused(format!(
+                "restore-test needs the PostgreSQL {major} server binaries (or --pg-bin): {e}"
+            ))
+        })?,
+    };
+    if bin.major != major {
+        return Err(Error::config(format!(
+            "--pg-bin={} holds PostgreSQL {}, but the backup is of PostgreSQL {major}",
+            bin.dir.display(),
+            bin.major
+        )));
+    }
+    Ok(bin)
 }
 
 /// Make the restored directory startable here: its own access rules, no TLS files or log
