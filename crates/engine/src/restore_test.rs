@@ -99,8 +99,13 @@ pub async fn restore_test(s: &Settings, o: &RestoreTestOptions) -> Result<Restor
     let data = scratch.join("pgdata");
     let mut settings = s.clone();
     settings.pg_path = Some(data.clone());
+    // Made here, for the server's user: restore would create it for the invoking one.
+    let tablespaces = scratch.join("tablespaces");
+    std::fs::create_dir_all(&tablespaces)
+        .map_err(|e| Error::io(format!("create {}", tablespaces.display()), e))?;
+    give_to_pg_user(&tablespaces);
     let restore = RestoreOptions {
-        tablespace_root: Some(scratch.join("tablespaces")),
+        tablespace_root: Some(tablespaces),
         archive_off: true,
         target_action: Some(TargetAction::Promote),
         delta: false,

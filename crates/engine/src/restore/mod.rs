@@ -16,6 +16,8 @@
 //! - [`write`]: the workers (on [`crate::pool`]): keep, patch or write each file, checked
 //!   against the recorded hashes.
 //! - [`recovery`]: `backup_label`, recovery settings and the signal file.
+//! - [`selective`]: the databases `--db-include`/`--db-exclude` leave out, whose files are
+//!   written as sparse zeroed files, nothing fetched.
 //!
 //! Order makes an interrupted restore safe to rerun with `--delta`, and never startable by
 //! mistake: `global/pg_control` is removed first (delta) and written last, after every

@@ -1,4 +1,5 @@
-//! The workers' side of restore: decide per file what it takes (keep, patch, write whole),
+//! The workers' side of restore: decide per file what it takes (keep, patch, write whole,
+//! or, for a database left out of a selective restore, a sparse zeroed file),
 //! fetch the frames and write them through the [`TargetTree`], then set mode, owner and
 //! time on the open file.
 //!
