@@ -3,8 +3,8 @@
 //!
 //! Exit codes: 0 success; 1 archive-get found no such WAL file (what restore_command must
 //! say for "not found"); 2 configuration or usage error; 3 any other failure; 4 damaged
-//! repository data, or corruption restore-test found in the restored cluster. archive-get outside standby mode adds 128 to 2, 3 and 4 (see
-//! [`archive_get_exit_code`]).
+//! repository data, or corruption restore-test found in the restored cluster. archive-get
+//! outside standby mode adds 128 to 2, 3 and 4 (see [`archive_get_exit_code`]).
 
 mod config;
 mod demo;
