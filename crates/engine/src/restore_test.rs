@@ -133,8 +133,8 @@ pub async fn restore_test(s: &Settings, o: &RestoreTestOptions) -> Result<Restor
 }
 
 /// The scratch directory: `--pg-path` when given (absent or empty: never someone's data
-/// directory), else a new directory in the temp directory. Removed when dropped, unless
-/// `--keep`.
+/// directory), else a new directory in the temp directory, made by this process (never one
+/// that someone else placed at a name they guessed). Removed when dropped, unless `--keep`.
 fn make_scratch(s: &Settings, o: &RestoreTestOptions) -> Result<Scratch> {
     let path = match &o.scratch {
         Some(p) => {
@@ -144,21 +144,40 @@ fn make_scratch(s: &Settings, o: &RestoreTestOptions) -> Result<Scratch> {
                     p.display()
                 )));
             }
+            std::fs::create_dir_all(p)
+                .map_err(|e| Error::io(format!("create scratch directory {}", p.display()), e))?;
             p.clone()
         }
-        None => std::env::temp_dir().join(format!(
-            "pgstrata-restore-test-{}-{}",
-            s.stanza,
-            std::process::id()
-        )),
+        None => new_temp_dir(&s.stanza)?,
     };
-    std::fs::create_dir_all(&path)
-        .map_err(|e| Error::io(format!("create scratch directory {}", path.display()), e))?;
     // Absolute: tablespace locations and server settings name paths inside it.
     let path = std::fs::canonicalize(&path)
         .map_err(|e| Error::io(format!("resolve scratch directory {}", path.display()), e))?;
     give_to_pg_user(&path);
     Ok(Scratch { path, keep: o.keep })
+}
+
+/// `$TMPDIR/pgstrata-restore-test-<stanza>-<pid>-<n>`, created new (mkdir fails on
+/// anything already there, a link included).
+fn new_temp_dir(stanza: &str) -> Result<PathBuf> {
+    let base = std::env::temp_dir();
+    let mut n = 0;
+    loop {
+        let path = base.join(format!(
+            "pgstrata-restore-test-{stanza}-{}-{n}",
+            std::process::id()
+        ));
+        match std::fs::create_dir(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100 => n += 1,
+            Err(e) => {
+                return Err(Error::io(
+                    format!("create scratch directory {}", path.display()),
+                    e,
+                ))
+            }
+        }
+    }
 }
 
 /// Start the restored cluster, check it, stop it.
