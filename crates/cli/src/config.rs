@@ -25,10 +25,18 @@ pub(crate) struct Invocation {
 
 impl Invocation {
     /// The definition of `name` for this command, else its only definition (an option of
-    /// other commands reads as its default). Anything else is a programming error.
+    /// other commands reads as its default), else, for an option defined per command with
+    /// one kind and no default (`pg-path`), its first definition: it reads as unset.
+    /// Anything else is a programming error.
     fn def(&self, name: &str) -> &'static OptionDef {
         options::find(name, &self.command)
             .or_else(|| options::unique(name))
+            .or_else(|| {
+                let mut defs = options::OPTIONS.iter().filter(|o| o.name == name);
+                let first = defs.next()?;
+                defs.all(|o| o.kind == first.kind && o.default.is_none() && first.default.is_none())
+                    .then_some(first)
+            })
             .unwrap_or_else(|| panic!("option '{name}' is not defined for '{}'", self.command))
     }
 

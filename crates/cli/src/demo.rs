@@ -117,6 +117,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
             backup_type: BackupType::Full,
             delta: false,
             track: pgstrata_engine::track::Track::Auto,
+            annotations: Default::default(),
         },
     ))?;
     println!(
@@ -144,6 +145,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
             backup_type: BackupType::Incr,
             delta: false,
             track: pgstrata_engine::track::Track::Auto,
+            annotations: Default::default(),
         },
     ))?;
     println!(
@@ -164,6 +166,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         force: false,
         dry_run: false,
         tablespace_map: vec![],
+        tablespace_root: None,
         recovery_type: RecoveryType::Immediate,
         target: None,
         target_action: Some(TargetAction::Promote),
@@ -175,6 +178,8 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
             exe.display(),
             repo.display()
         ),
+        db_include: vec![],
+        db_exclude: vec![],
     };
     let r = rt.block_on(pgstrata_engine::restore::restore(&s, &opts))?;
     println!(

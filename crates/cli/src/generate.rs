@@ -316,7 +316,7 @@ mod tests {
                 .map(str::to_string)
                 .collect()
         };
-        assert_eq!(complete("resto"), ["restore"]);
+        assert_eq!(complete("resto"), ["restore", "restore-test"]);
         assert_eq!(complete("backup --tra"), ["--track="]);
         assert_eq!(complete("backup --track=w"), ["wal"]);
         assert_eq!(

@@ -3,8 +3,8 @@
 //!
 //! Exit codes: 0 success; 1 archive-get found no such WAL file (what restore_command must
 //! say for "not found"); 2 configuration or usage error; 3 any other failure; 4 damaged
-//! repository data. archive-get outside standby mode adds 128 to 2, 3 and 4 (see
-//! [`archive_get_exit_code`]).
+//! repository data, or corruption restore-test found in the restored cluster. archive-get
+//! outside standby mode adds 128 to 2, 3 and 4 (see [`archive_get_exit_code`]).
 
 mod config;
 mod demo;
@@ -186,12 +186,22 @@ fn expire_options(inv: &config::Invocation) -> Option<ExpireOptions> {
     (o.set.is_some() || o.retention_full.is_some() || o.retention_diff.is_some()).then_some(o)
 }
 
-fn backup_options(inv: &config::Invocation) -> BackupOptions {
-    BackupOptions {
+fn backup_options(inv: &config::Invocation) -> Result<BackupOptions, Error> {
+    let mut annotations = std::collections::BTreeMap::new();
+    for a in inv.list("annotation") {
+        let (key, value) = a
+            .split_once('=')
+            .ok_or_else(|| Error::config(format!("--annotation='{a}': expected KEY=VALUE")))?;
+        pgstrata_repo::manifest::check_annotation(key, value)
+            .map_err(|why| Error::config(format!("--annotation='{a}': {why}")))?;
+        annotations.insert(key.to_string(), value.to_string());
+    }
+    Ok(BackupOptions {
         backup_type: inv.choice("type"),
         delta: inv.flag("delta"),
         track: inv.choice("track"),
-    }
+        annotations,
+    })
 }
 
 fn restore_options(inv: &config::Invocation, s: &Settings) -> Result<RestoreOptions, Error> {
@@ -204,19 +214,36 @@ fn restore_options(inv: &config::Invocation, s: &Settings) -> Result<RestoreOpti
         tablespace_map.push((oid, dir));
     }
     Ok(RestoreOptions {
-        set: inv.get("set").map(str::to_string),
         delta: inv.flag("delta"),
         force: inv.flag("force"),
         dry_run: inv.flag("dry-run"),
         tablespace_map,
+        target_action: inv.choice_opt("target-action"),
+        archive_off: inv.text("archive-mode") == "off",
+        ..recovery_options(inv, s)
+    })
+}
+
+/// The options restore and restore-test share: which backup, how far to recover, which
+/// databases. The rest as a fresh restore into an empty directory has them.
+fn recovery_options(inv: &config::Invocation, s: &Settings) -> RestoreOptions {
+    RestoreOptions {
+        set: inv.get("set").map(str::to_string),
+        delta: false,
+        force: false,
+        dry_run: false,
+        tablespace_map: vec![],
+        tablespace_root: None,
         recovery_type: inv.choice("type"),
         target: inv.get("target").map(str::to_string),
-        target_action: inv.choice_opt("target-action"),
+        target_action: None,
         target_timeline: inv.get("target-timeline").map(str::to_string),
         target_exclusive: inv.flag("target-exclusive"),
-        archive_off: inv.text("archive-mode") == "off",
+        archive_off: false,
         archive_get_command: archive_get_command(inv, s),
-    })
+        db_include: inv.list("db-include").to_vec(),
+        db_exclude: inv.list("db-exclude").to_vec(),
+    }
 }
 
 fn runtime(workers: usize) -> tokio::runtime::Runtime {
@@ -369,7 +396,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         "backup" => {
             let s = settings(inv)?;
             let rt = runtime(s.process_max);
-            let opts = backup_options(inv);
+            let opts = backup_options(inv)?;
             let m = rt.block_on(pgstrata_engine::backup::backup(&s, &opts))?;
             println!("{}", m.label);
             // Retention, as pgBackRest does after each backup when it is configured.
@@ -394,10 +421,35 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let r =
                 runtime(s.process_max).block_on(pgstrata_engine::restore::restore(&s, &opts))?;
             println!(
-                "restored backup {}: {} files written, {} patched, {} unchanged, {} removed; {} bytes fetched",
-                r.label, r.files_written, r.files_patched, r.files_kept, r.removed, r.bytes_fetched
+                "restored backup {}: {} files written, {} patched, {} unchanged, {} zeroed, {} removed; {} bytes fetched",
+                r.label, r.files_written, r.files_patched, r.files_kept, r.files_zeroed, r.removed, r.bytes_fetched
             );
             Ok(0)
+        }
+        "restore-test" => {
+            let s = settings(inv)?;
+            let o = pgstrata_engine::restore_test::RestoreTestOptions {
+                restore: recovery_options(inv, &s),
+                scratch: inv.get("pg-path").map(PathBuf::from),
+                keep: inv.flag("keep"),
+                pg_bin: inv.get("pg-bin").map(PathBuf::from),
+            };
+            let report = runtime(s.process_max)
+                .block_on(pgstrata_engine::restore_test::restore_test(&s, &o))?;
+            print_report(inv, &report, pgstrata_engine::restore_test::render_text);
+            if report.ok {
+                Ok(0)
+            } else {
+                Err(Error::integrity(format!(
+                    "restore-test found corruption in backup {}: {}",
+                    report.backup,
+                    report
+                        .problems
+                        .first()
+                        .map(String::as_str)
+                        .unwrap_or("see the report above")
+                )))
+            }
         }
         "archive-push" => {
             let s = settings(inv)?;
@@ -586,7 +638,7 @@ mod tests {
             }
             match *command {
                 "backup" => {
-                    let o = backup_options(&inv);
+                    let o = backup_options(&inv).unwrap();
                     assert_eq!((o.backup_type, o.track), (BackupType::Incr, Track::Auto));
                     assert!(expire_options(&inv).is_none());
                 }
@@ -597,11 +649,15 @@ mod tests {
                     assert_eq!(o.recovery_type, RecoveryType::Default);
                     assert_eq!(o.target_action, None);
                 }
+                "restore-test" => {
+                    let o = recovery_options(&inv, &settings(&inv).unwrap());
+                    assert_eq!(o.recovery_type, RecoveryType::Immediate);
+                }
                 _ => {}
             }
         }
         let inv = resolve("--stanza=main --type=diff --track=wal backup", &[]);
-        let o = backup_options(&inv);
+        let o = backup_options(&inv).unwrap();
         assert_eq!((o.backup_type, o.track), (BackupType::Diff, Track::Wal));
         let inv = resolve(
             "--stanza=main --type=time --target=now --target-action=shutdown restore",

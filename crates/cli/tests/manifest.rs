@@ -306,6 +306,18 @@ fn the_frozen_format_1_repository_still_restores() {
         "{info}"
     );
     run_ok(pgstrata(&["verify"]));
+    // Format-1 manifests written before databases and annotations were recorded: no
+    // annotations shown, and a selective restore is refused, naming why, writing nothing.
+    assert!(info["backups"][1].get("annotations").is_none(), "{info}");
+    let target = scratch.join("selective");
+    let (code, err) = run_fail(pgstrata(&[
+        &format!("--pg-path={}", target.display()),
+        "--db-exclude=postgres",
+        "restore",
+    ]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("does not record its databases"), "{err}");
+    assert!(!target.exists());
 
     let target = scratch.join("restored");
     run_ok(pgstrata(&[

@@ -14,6 +14,7 @@ mod monitoring;
 mod object_store;
 mod options;
 mod restore_safety;
+mod restore_test;
 mod roundtrip;
 mod verify;
 mod wal_decoder;

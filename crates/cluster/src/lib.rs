@@ -118,7 +118,8 @@ pub struct PgBin {
 }
 
 impl PgBin {
-    fn at(dir: PathBuf) -> Result<PgBin, String> {
+    /// The server binaries in `dir`, their major version read from `postgres --version`.
+    pub fn at(dir: PathBuf) -> Result<PgBin, String> {
         let postgres = dir.join("postgres");
         // Debian installs use the system libraries; a relocatable build has its own lib/.
         let lib = dir

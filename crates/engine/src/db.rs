@@ -139,6 +139,26 @@ impl Db {
             .map_err(pg_err(what))
     }
 
+    /// The cluster's databases (name and OID), by OID: recorded in the manifest for
+    /// selective restore.
+    pub(crate) async fn databases(&self) -> Result<Vec<pgstrata_repo::manifest::Database>> {
+        let rows = self
+            .client
+            .query(
+                "SELECT datname::text, oid::int8 FROM pg_database ORDER BY oid",
+                &[],
+            )
+            .await
+            .map_err(pg_err("list the databases"))?;
+        Ok(rows
+            .iter()
+            .map(|r| pgstrata_repo::manifest::Database {
+                name: r.get(0),
+                oid: r.get::<_, i64>(1) as u32,
+            })
+            .collect())
+    }
+
     /// Enter backup mode; returns the start LSN and its timeline.
     pub(crate) async fn backup_start(&self, label: &str, fast: bool) -> Result<(Lsn, u32)> {
         let row = self

@@ -44,6 +44,12 @@ pub(crate) struct BackupInfo {
     pub page_errors: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub bad_pages: Vec<BadPages>,
+    /// The operator's notes (`backup --annotation`).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub annotations: std::collections::BTreeMap<String, String>,
+    /// The databases backed up (name, OID); absent for backups that did not record them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub databases: Option<Vec<pgstrata_repo::manifest::Database>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -112,6 +118,8 @@ pub(crate) fn summarize(m: &Manifest) -> BackupInfo {
                 blocks: f.bad_pages.clone(),
             })
             .collect(),
+        annotations: m.annotations.clone(),
+        databases: m.databases.clone(),
     }
 }
 
@@ -199,6 +207,10 @@ pub fn render_text(r: &StanzaReport) -> String {
             human_bytes(b.stored_size),
             b.files
         ));
+        for (k, v) in &b.annotations {
+            // Escaped: a value is one line, whatever the operator typed.
+            out.push_str(&format!("        annotation: {k}={}\n", v.escape_debug()));
+        }
         if let Some(p) = &b.prior {
             out.push_str(&format!(
                 "        compared with: {p}; {} files unchanged, {} read\n",

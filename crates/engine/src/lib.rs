@@ -21,6 +21,7 @@ pub mod pg_tls;
 mod pool;
 pub mod progress;
 pub mod restore;
+pub mod restore_test;
 mod settings;
 pub mod stanza;
 pub mod track;

@@ -22,6 +22,7 @@ pub(super) struct Stopped {
     pub point: WalPoint,
     pub backup_label: String,
     pub tablespace_map: Option<String>,
+    pub databases: Vec<pgstrata_repo::manifest::Database>,
 }
 
 /// A WAL point at `time`.
@@ -101,6 +102,8 @@ pub(super) fn build_manifest(
             duration_ms: started_at.elapsed().as_millis() as u64,
         },
         delta_reason: started.detection.delta_reason,
+        databases: Some(stopped.databases),
+        annotations: Default::default(),
         pack_codecs: BTreeMap::new(),
         track: started.detection.track,
         track_reason: started.detection.track_reason,

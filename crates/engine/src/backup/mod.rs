@@ -38,6 +38,8 @@ pub struct BackupOptions {
     pub delta: bool,
     /// How changed blocks are found in files whose size or mtime changed.
     pub track: Track,
+    /// The operator's notes, recorded in the manifest and shown by `info`.
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 pub(crate) fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: BackupType) -> String {
@@ -86,7 +88,9 @@ async fn backup_locked(
         );
     }
     let stopped = stop(s, storage, stanza, &pf, &started).await?;
-    let manifest = assemble::build_manifest(s, stanza, &pf, started, copied, stopped, started_at);
+    let mut manifest =
+        assemble::build_manifest(s, stanza, &pf, started, copied, stopped, started_at);
+    manifest.annotations = opts.annotations.clone();
     assemble::publish(storage, &manifest).await?;
     let (st, label) = (&manifest.stats, &manifest.label);
     if st.page_errors > 0 {
@@ -173,6 +177,9 @@ async fn stop(
     pf: &Preflight,
     started: &Started,
 ) -> Result<Stopped> {
+    // Listed before the stop, after the copy: a database created during the backup has
+    // its directory copied and is listed.
+    let databases = pf.db.databases().await?;
     let (stop_lsn, backup_label, tablespace_map) = pf.db.backup_stop().await?;
     let stop_time = chrono::Utc::now();
     let stop_timeline = pf
@@ -199,6 +206,7 @@ async fn stop(
         point: assemble::wal_point(stop_time, stop_lsn, stop_timeline, stop_wal),
         backup_label,
         tablespace_map,
+        databases,
     })
 }
 

@@ -16,6 +16,8 @@
 //! - [`write`]: the workers (on [`crate::pool`]): keep, patch or write each file, checked
 //!   against the recorded hashes.
 //! - [`recovery`]: `backup_label`, recovery settings and the signal file.
+//! - [`selective`]: the databases `--db-include`/`--db-exclude` leave out, whose files are
+//!   written as sparse zeroed files, nothing fetched.
 //!
 //! Order makes an interrupted restore safe to rerun with `--delta`, and never startable by
 //! mistake: `global/pg_control` is removed first (delta) and written last, after every
@@ -25,11 +27,12 @@
 
 mod plan;
 mod recovery;
+mod selective;
 mod tree;
 mod write;
 
 pub use plan::RestorePlan;
-pub(crate) use plan::{RestoreJob, WriteMode};
+pub(crate) use plan::{dir_is_empty, RestoreJob, WriteMode};
 
 use crate::owner::{running_as_root, OwnerResolver};
 use crate::progress::{human_bytes, Progress};
@@ -85,6 +88,9 @@ pub struct RestoreOptions {
     /// Print the plan and stop: nothing is written.
     pub dry_run: bool,
     pub tablespace_map: Vec<(u32, PathBuf)>,
+    /// Restore every tablespace not in `tablespace_map` into `<this>/<oid>` instead of
+    /// its source location (restore-test: the scratch directory).
+    pub tablespace_root: Option<PathBuf>,
     pub recovery_type: RecoveryType,
     pub target: Option<String>,
     pub target_action: Option<TargetAction>,
@@ -96,6 +102,10 @@ pub struct RestoreOptions {
     /// The command line restore_command runs (pgstrata with the options that find the
     /// repository), without the `archive-get %f "%p"` part.
     pub archive_get_command: String,
+    /// Selective restore: only these databases (and the system ones) are restored.
+    pub db_include: Vec<String>,
+    /// Selective restore: these databases' files are zeroed, not fetched.
+    pub db_exclude: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -107,10 +117,18 @@ pub struct RestoreReport {
     pub files_patched: u64,
     /// Files (delta) already identical.
     pub files_kept: u64,
+    /// Relation files of databases left out (`--db-include`, `--db-exclude`), written as
+    /// sparse zeroed files.
+    pub files_zeroed: u64,
     pub bytes_written: u64,
     /// Bytes read from the repository.
     pub bytes_fetched: u64,
     pub removed: u64,
+    /// Major version and page checksums of the cluster backed up.
+    pub pg_version: u32,
+    pub data_checksums: bool,
+    /// Databases left out by `--db-include`/`--db-exclude` (their files zeroed).
+    pub excluded_databases: Vec<String>,
 }
 
 /// Parse a recovery_target_time the way a user writes it for PostgreSQL.
@@ -174,11 +192,12 @@ pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> 
             .await
             .map_err(|e| Error::new(crate::ErrorKind::Io, format!("restore stopped: {e}")))??;
     log::info!(
-        "restore of {} complete: {} files written, {} patched, {} unchanged, {} removed; {} written, {} fetched, {:.1}s",
+        "restore of {} complete: {} files written, {} patched, {} unchanged, {} zeroed, {} removed; {} written, {} fetched, {:.1}s",
         report.label,
         report.files_written,
         report.files_patched,
         report.files_kept,
+        report.files_zeroed,
         report.removed,
         human_bytes(report.bytes_written),
         human_bytes(report.bytes_fetched),
@@ -198,6 +217,14 @@ fn execute(
     let m = &plan.manifest;
     let mut report = RestoreReport {
         label: m.label.clone(),
+        pg_version: m.server_version_num / 10000,
+        data_checksums: m.data_checksums,
+        excluded_databases: plan
+            .selection
+            .excluded
+            .iter()
+            .map(|d| d.name.clone())
+            .collect(),
         ..Default::default()
     };
     let tree = open_targets(plan)?;
@@ -223,6 +250,7 @@ fn execute(
         manifest: m,
         tree: &tree,
         delta: plan.mode == WriteMode::Delta,
+        zeroed: &plan.selection.zeroed,
         chown,
         counters: &counters,
     };
@@ -272,6 +300,7 @@ fn execute(
         report.files_written += t.written;
         report.files_patched += t.patched;
         report.files_kept += t.kept;
+        report.files_zeroed += t.zeroed;
         report.bytes_written += t.bytes_written;
         report.bytes_fetched += t.bytes_fetched;
     }

@@ -67,6 +67,8 @@ pub struct RestorePlan {
     /// Written last, after everything else is durable: while it is missing the directory
     /// cannot be started by mistake.
     pub(crate) control: Option<FileEntry>,
+    /// Databases left out (`--db-include`, `--db-exclude`): their files written zeroed.
+    pub(crate) selection: super::selective::Selection,
 }
 
 pub(super) const PG_VERSION: &str = "PG_VERSION";
@@ -80,7 +82,16 @@ impl RestorePlan {
             (false, true) => WriteMode::Force,
             (false, false) => WriteMode::Fresh,
         };
-        let tablespaces = tablespace_targets(&manifest, pg_path, &o.tablespace_map)?;
+        let mut map = o.tablespace_map.clone();
+        if let Some(root) = &o.tablespace_root {
+            for t in &manifest.tablespaces {
+                if !map.iter().any(|(oid, _)| *oid == t.oid) {
+                    map.push((t.oid, root.join(t.oid.to_string())));
+                }
+            }
+        }
+        let tablespaces = tablespace_targets(&manifest, pg_path, &map)?;
+        let selection = super::selective::select(&manifest, &o.db_include, &o.db_exclude)?;
         let mut files: Vec<FileEntry> = manifest.files().cloned().collect();
         let take = |files: &mut Vec<FileEntry>, path: &str| {
             let i = files.iter().position(|f| f.path == path)?;
@@ -95,6 +106,7 @@ impl RestorePlan {
             first,
             jobs: plan_jobs(files),
             control,
+            selection,
             manifest,
         })
     }
@@ -204,6 +216,20 @@ impl fmt::Display for RestorePlan {
                     "the source's location"
                 },
                 t.version_dirs.join(", ")
+            )?;
+        }
+        let left_out = &self.selection.excluded;
+        if !left_out.is_empty() {
+            let names: Vec<String> = left_out
+                .iter()
+                .map(|d| format!("{} ({})", d.name, d.oid))
+                .collect();
+            writeln!(
+                f,
+                "  databases not restored: {}: {} files written as sparse zeroed files, {} not fetched; drop them once the cluster is up",
+                names.join(", "),
+                self.selection.zeroed.len(),
+                human_bytes(self.selection.zeroed_bytes)
             )?;
         }
         let (groups, alone) = self.jobs.iter().fold((0, 0), |(g, a), j| match j {
@@ -332,7 +358,7 @@ fn tablespace_targets(
     Ok(targets)
 }
 
-pub(super) fn dir_is_empty(p: &Path) -> Result<bool> {
+pub(crate) fn dir_is_empty(p: &Path) -> Result<bool> {
     match std::fs::read_dir(p) {
         Ok(mut rd) => Ok(rd.next().is_none()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),

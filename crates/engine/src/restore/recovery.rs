@@ -153,6 +153,7 @@ mod tests {
             force: false,
             dry_run: false,
             tablespace_map: vec![],
+            tablespace_root: None,
             recovery_type: t,
             target: Some("it's 'quoted'".into()),
             target_action: Some(TargetAction::Promote),
@@ -160,6 +161,8 @@ mod tests {
             target_exclusive: true,
             archive_off: true,
             archive_get_command: "/usr/bin/pgstrata --stanza=main".into(),
+            db_include: vec![],
+            db_exclude: vec![],
         }
     }
 

@@ -1,4 +1,5 @@
-//! The workers' side of restore: decide per file what it takes (keep, patch, write whole),
+//! The workers' side of restore: decide per file what it takes (keep, patch, write whole,
+//! or, for a database left out of a selective restore, a sparse zeroed file),
 //! fetch the frames and write them through the [`TargetTree`], then set mode, owner and
 //! time on the open file.
 //!
@@ -27,6 +28,8 @@ pub(super) struct Shared<'a> {
     pub manifest: &'a Manifest,
     pub tree: &'a TargetTree,
     pub delta: bool,
+    /// Files of databases left out of a selective restore: written as sparse zeroed files.
+    pub zeroed: &'a std::collections::HashSet<String>,
     /// Running as root: give files to their recorded owners.
     pub chown: bool,
     pub counters: &'a crate::progress::Counters,
@@ -38,6 +41,7 @@ pub(super) struct Tally {
     pub written: u64,
     pub patched: u64,
     pub kept: u64,
+    pub zeroed: u64,
     pub bytes_written: u64,
     pub bytes_fetched: u64,
 }
@@ -109,13 +113,15 @@ enum Action {
     Write,
     /// Write these extents (the blocks that differ) in place, then truncate to size.
     Patch(Vec<(u64, Chunk)>),
+    /// A sparse zeroed file of the recorded size (selective restore): nothing read.
+    Zero,
 }
 
 impl Action {
     /// The extents this action reads from the repository.
     fn needed<'a>(&'a self, f: &'a FileEntry) -> Box<dyn Iterator<Item = &'a Chunk> + 'a> {
         match self {
-            Action::Keep => Box::new(std::iter::empty()),
+            Action::Keep | Action::Zero => Box::new(std::iter::empty()),
             Action::Write => Box::new(f.chunks.iter()),
             Action::Patch(extents) => Box::new(extents.iter().map(|(_, c)| c)),
         }
@@ -123,6 +129,9 @@ impl Action {
 }
 
 fn decide(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Result<Action> {
+    if sh.zeroed.contains(&f.path) {
+        return Ok(Action::Zero);
+    }
     if !sh.delta {
         return Ok(Action::Write);
     }
@@ -168,6 +177,14 @@ fn restore_one(sh: &Shared, w: &mut Worker, f: &FileEntry, action: Action) -> Re
                 .open_existing(&f.path, true, &mut w.cache)?
                 .ok_or_else(|| changed_under_us(&path))?;
             w.tally.bytes_written += patch_file(sh, &mut w.reader, f, &fh, &path, &extents)?;
+            fh
+        }
+        Action::Zero => {
+            // Truncated to nothing first: a delta restore drops what was there too.
+            let fh = sh.tree.create_file(&f.path, &mut w.cache)?;
+            fh.set_len(f.size)
+                .map_err(|e| Error::io(format!("extend {}", path.display()), e))?;
+            w.tally.zeroed += 1;
             fh
         }
         Action::Write => {
@@ -405,7 +422,7 @@ mod tests {
             Some(at)
         });
         match action {
-            Action::Keep => Vec::new(),
+            Action::Keep | Action::Zero => Vec::new(),
             Action::Write => starts
                 .zip(&f.chunks)
                 .filter(|(_, c)| !c.is_zero())
@@ -424,6 +441,7 @@ mod tests {
     fn after(backup: &[u8], local: Option<&[u8]>, action: &Action) -> Vec<u8> {
         match action {
             Action::Keep => local.expect("kept a file that is there").to_vec(),
+            Action::Zero => vec![0; backup.len()],
             Action::Write => backup.to_vec(),
             Action::Patch(extents) => {
                 let mut out = local.expect("patched a file that is there").to_vec();

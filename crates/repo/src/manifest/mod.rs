@@ -19,6 +19,8 @@ pub(crate) mod tests;
 mod text;
 mod validate;
 
+pub use validate::check_annotation;
+
 const MAGIC: &[u8; 8] = b"PGSTRMAN";
 
 // Names as given to `--type`.
@@ -72,7 +74,34 @@ pub struct Manifest {
     /// Why every block was hashed instead of trusting size and mtime, if it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta_reason: Option<String>,
+    /// The cluster's databases when it was backed up, by OID: what selective restore
+    /// (`--db-include`, `--db-exclude`) goes by. `None` in manifests written before they
+    /// were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub databases: Option<Vec<Database>>,
+    /// The operator's notes on this backup (`backup --annotation=key=value`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
+
+/// A database of the backed-up cluster. Its files are under `base/<oid>/` and
+/// `pg_tblspc/<tablespace>/PG_<major>_<catalog_version>/<oid>/`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Database {
+    pub name: String,
+    pub oid: u32,
+}
+
+impl Database {
+    /// PostgreSQL's own databases (template0, template1, postgres: OIDs below
+    /// FirstNormalObjectId), which a selective restore always restores.
+    pub fn is_system(&self) -> bool {
+        self.oid < FIRST_NORMAL_OBJECT_ID
+    }
+}
+
+/// PostgreSQL's FirstNormalObjectId: objects created by initdb have lower OIDs.
+pub const FIRST_NORMAL_OBJECT_ID: u32 = 16384;
 
 /// A point of the backup: when and where in the WAL it started or stopped.
 #[derive(Debug, Clone, Serialize, Deserialize)]

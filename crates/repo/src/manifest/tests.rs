@@ -123,6 +123,8 @@ pub(crate) fn sample() -> Manifest {
         track_reason: None,
         summary_check: None,
         delta_reason: None,
+        databases: None,
+        annotations: Default::default(),
     }
 }
 
@@ -396,4 +398,49 @@ fn a_compression_bomb_is_refused_before_it_inflates() {
     obj.extend_from_slice(&body);
     let err = Manifest::decode(&obj, "m").unwrap_err().to_string();
     assert!(err.contains("inflates beyond"), "{err}");
+}
+
+#[test]
+fn databases_and_annotations_round_trip_and_are_bounded() {
+    use super::Database;
+    // Older manifests have neither field: they read as "not recorded" and "none".
+    let m = sample();
+    let json = json_of(&m);
+    assert!(
+        !json.contains("databases") && !json.contains("annotations"),
+        "{json}"
+    );
+    let back = Manifest::decode(&m.encode(), "m").unwrap();
+    assert!(back.databases.is_none() && back.annotations.is_empty());
+
+    let mut m = sample();
+    m.databases = Some(vec![
+        Database {
+            name: "postgres".into(),
+            oid: 5,
+        },
+        Database {
+            name: "app".into(),
+            oid: 16390,
+        },
+    ]);
+    m.annotations
+        .insert("ticket".into(), "OPS-1 = nightly".into());
+    let back = Manifest::decode(&m.encode(), "m").unwrap();
+    assert_eq!(back.databases, m.databases);
+    assert_eq!(back.annotations, m.annotations);
+    assert!(!back.databases.as_ref().unwrap()[1].is_system());
+
+    let mut dup = m.clone();
+    dup.databases.as_mut().unwrap()[1].oid = 5;
+    assert!(decode_err(&dup).contains("listed twice"));
+    let mut bad = m.clone();
+    bad.databases.as_mut().unwrap()[1].name = "x".repeat(64);
+    assert!(decode_err(&bad).contains("database name"));
+    let mut bad = m.clone();
+    bad.annotations.insert("a=b".into(), "v".into());
+    assert!(decode_err(&bad).contains("annotation key"));
+    let mut bad = m;
+    bad.annotations.insert("k".into(), "nul\0".into());
+    assert!(decode_err(&bad).contains("annotation \"k\""));
 }

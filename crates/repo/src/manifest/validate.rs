@@ -36,6 +36,7 @@ pub(super) fn validate(m: &mut Manifest, what: &str) -> Result<()> {
         ))
     };
     check_header(m).map_err(fail)?;
+    check_databases_and_annotations(m).map_err(fail)?;
     if m.entries.len() > MAX_ENTRIES {
         return Err(fail(format!(
             "{} entries (at most {MAX_ENTRIES})",
@@ -97,6 +98,64 @@ impl Kind {
 }
 
 type Check = std::result::Result<(), String>;
+
+/// Longest database name (PostgreSQL's NAMEDATALEN - 1).
+pub(crate) const MAX_DATABASE_NAME_LEN: usize = 63;
+/// Most databases, and most annotations, one manifest may hold.
+pub(crate) const MAX_DATABASES: usize = 1_000_000;
+pub(crate) const MAX_ANNOTATIONS: usize = 1000;
+/// Longest annotation key and value.
+pub(crate) const MAX_ANNOTATION_KEY_LEN: usize = 256;
+pub(crate) const MAX_ANNOTATION_VALUE_LEN: usize = 64 << 10;
+
+/// An annotation as the manifest may hold it (and `backup --annotation` may give it).
+pub fn check_annotation(key: &str, value: &str) -> Check {
+    if key.is_empty() || key.len() > MAX_ANNOTATION_KEY_LEN || key.contains(['\0', '=']) {
+        return Err(format!(
+            "annotation key {key:?} is not 1 to {MAX_ANNOTATION_KEY_LEN} bytes without NUL or '='"
+        ));
+    }
+    if value.len() > MAX_ANNOTATION_VALUE_LEN || value.contains('\0') {
+        return Err(format!(
+            "annotation {key:?}: the value is longer than {MAX_ANNOTATION_VALUE_LEN} bytes or holds NUL"
+        ));
+    }
+    Ok(())
+}
+
+fn check_databases_and_annotations(m: &Manifest) -> Check {
+    if let Some(dbs) = &m.databases {
+        if dbs.len() > MAX_DATABASES {
+            return Err(format!("{} databases (at most {MAX_DATABASES})", dbs.len()));
+        }
+        let mut oids = std::collections::HashSet::new();
+        let mut names = std::collections::HashSet::new();
+        for d in dbs {
+            if d.name.is_empty() || d.name.len() > MAX_DATABASE_NAME_LEN || d.name.contains('\0') {
+                return Err(format!(
+                    "database name {:?} is not 1 to {MAX_DATABASE_NAME_LEN} bytes without NUL",
+                    d.name
+                ));
+            }
+            if !oids.insert(d.oid) || !names.insert(d.name.as_str()) {
+                return Err(format!(
+                    "database {:?} (OID {}) is listed twice",
+                    d.name, d.oid
+                ));
+            }
+        }
+    }
+    if m.annotations.len() > MAX_ANNOTATIONS {
+        return Err(format!(
+            "{} annotations (at most {MAX_ANNOTATIONS})",
+            m.annotations.len()
+        ));
+    }
+    for (k, v) in &m.annotations {
+        check_annotation(k, v)?;
+    }
+    Ok(())
+}
 
 fn check_header(m: &Manifest) -> Check {
     if m.format_version == 0 {

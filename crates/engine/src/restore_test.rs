@@ -1,0 +1,492 @@
+//! `restore-test`: proof that a backup restores and that its data is sound, for a nightly
+//! job. Page checksums, checked at backup time, cannot see an index whose entries are out
+//! of order or a heap tuple pointing nowhere when every page's checksum is valid; a real
+//! restore, recovery and `pg_amcheck` can.
+//!
+//! Steps: restore the backup (default the newest) into a scratch directory with
+//! `archive_mode = off` (its restore_command still reads the archive); start it with the
+//! server binaries of the backup's major version, on a free port and a socket directory
+//! inside the scratch directory, never touching the source cluster; wait until recovery is
+//! done and it is promoted; run `pg_amcheck --heapallindexed` (heap and B-tree checks,
+//! installing the amcheck extension where missing: the cluster is thrown away) on every
+//! database that accepts connections; stop it; run `pg_checksums --check` when the backup
+//! has data checksums; remove the scratch directory unless `--keep`.
+//!
+//! Tablespaces are restored inside the scratch directory too, never at their source
+//! locations.
+//!
+//! Page checks use `pg_checksums` on the stopped cluster rather than pgstrata's own
+//! backup-time check: that check already ran on every page when the backup was taken, and
+//! checking the restored cluster with PostgreSQL's own tool of the same major version
+//! also covers the pages recovery rewrote, with no second definition of a valid page.
+//!
+//! As root, the server programs run as the PostgreSQL OS user (`pgstrata_cluster`), as in
+//! `demo` and the tests. The scratch cluster accepts only local connections through its
+//! private socket directory, trusted (its own `pg_hba.conf` in the scratch directory).
+
+use crate::restore::{RecoveryType, RestoreOptions, RestoreReport, TargetAction};
+use crate::{Error, ErrorKind, Result, Settings};
+use pgstrata_cluster::{give_to_pg_user, Cluster, PgBin, Scratch};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Problems listed per database and in the summary; the rest are counted.
+const FIRST_PROBLEMS: usize = 20;
+
+#[derive(Debug, Clone)]
+pub struct RestoreTestOptions {
+    /// Which backup, how far to recover, which databases (restore's own options).
+    pub restore: RestoreOptions,
+    /// The scratch directory (absent or empty); default a new one in the temp directory.
+    pub scratch: Option<PathBuf>,
+    pub keep: bool,
+    /// Server binaries; default those of the backup's major version, found like the tests
+    /// find them.
+    pub pg_bin: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RestoreTestReport {
+    pub backup: String,
+    pub pg_version: u32,
+    /// No corruption found.
+    pub ok: bool,
+    pub duration_ms: u64,
+    pub restore_ms: u64,
+    pub recovery_ms: u64,
+    pub databases: Vec<DatabaseCheck>,
+    /// Databases left out by `--db-include`/`--db-exclude`: not checked.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_restored: Vec<String>,
+    pub page_check: PageCheck,
+    /// The first problems found, across databases and pages.
+    pub problems: Vec<String>,
+    /// The scratch directory, when `--keep` kept it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DatabaseCheck {
+    pub name: String,
+    pub ok: bool,
+    pub duration_ms: u64,
+    pub problems: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PageCheck {
+    /// False when the backup has no data checksums.
+    pub checked: bool,
+    pub ok: bool,
+    pub problems: Vec<String>,
+}
+
+pub async fn restore_test(s: &Settings, o: &RestoreTestOptions) -> Result<RestoreTestReport> {
+    let started = Instant::now();
+    if matches!(
+        o.restore.recovery_type,
+        RecoveryType::Standby | RecoveryType::None
+    ) {
+        return Err(Error::config(format!(
+            "restore-test --type={}: the scratch cluster must recover and be promoted (immediate, default, or a target)",
+            pgstrata_repo::Named::name(o.restore.recovery_type)
+        )));
+    }
+    let scratch = make_scratch(s, o)?;
+    let data = scratch.join("pgdata");
+    let mut settings = s.clone();
+    settings.pg_path = Some(data.clone());
+    // Made here, for the server's user: restore would create it for the invoking one.
+    let tablespaces = scratch.join("tablespaces");
+    std::fs::create_dir_all(&tablespaces)
+        .map_err(|e| Error::io(format!("create {}", tablespaces.display()), e))?;
+    give_to_pg_user(&tablespaces);
+    let restore = RestoreOptions {
+        tablespace_root: Some(tablespaces),
+        archive_off: true,
+        target_action: Some(TargetAction::Promote),
+        delta: false,
+        force: false,
+        dry_run: false,
+        ..o.restore.clone()
+    };
+    let restored = crate::restore::restore(&settings, &restore).await?;
+    let restore_ms = started.elapsed().as_millis() as u64;
+    let (scratch, report) = tokio::task::spawn_blocking({
+        let o = o.clone();
+        move || {
+            let report = check_restored(&scratch, &data, &restored, &o, restore_ms);
+            (scratch, report)
+        }
+    })
+    .await
+    .map_err(|e| Error::new(ErrorKind::Io, format!("restore-test stopped: {e}")))?;
+    let mut report = report?;
+    report.duration_ms = started.elapsed().as_millis() as u64;
+    if o.keep {
+        report.kept = Some(scratch.path.clone());
+    }
+    Ok(report)
+}
+
+/// The scratch directory: `--pg-path` when given (absent or empty: never someone's data
+/// directory), else a new directory in the temp directory, made by this process (never one
+/// that someone else placed at a name they guessed). Removed when dropped, unless `--keep`.
+fn make_scratch(s: &Settings, o: &RestoreTestOptions) -> Result<Scratch> {
+    let path = match &o.scratch {
+        Some(p) => {
+            if !crate::restore::dir_is_empty(p)? {
+                return Err(Error::refused(format!(
+                    "restore-test: {} is not empty: give an absent or empty scratch directory with --pg-path",
+                    p.display()
+                )));
+            }
+            std::fs::create_dir_all(p)
+                .map_err(|e| Error::io(format!("create scratch directory {}", p.display()), e))?;
+            p.clone()
+        }
+        None => new_temp_dir(&s.stanza)?,
+    };
+    // Absolute: tablespace locations and server settings name paths inside it.
+    let path = std::fs::canonicalize(&path)
+        .map_err(|e| Error::io(format!("resolve scratch directory {}", path.display()), e))?;
+    give_to_pg_user(&path);
+    Ok(Scratch { path, keep: o.keep })
+}
+
+/// `$TMPDIR/pgstrata-restore-test-<stanza>-<pid>-<n>`, created new (mkdir fails on
+/// anything already there, a link included).
+fn new_temp_dir(stanza: &str) -> Result<PathBuf> {
+    let base = std::env::temp_dir();
+    let mut n = 0;
+    loop {
+        let path = base.join(format!(
+            "pgstrata-restore-test-{stanza}-{}-{n}",
+            std::process::id()
+        ));
+        match std::fs::create_dir(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 100 => n += 1,
+            Err(e) => {
+                return Err(Error::io(
+                    format!("create scratch directory {}", path.display()),
+                    e,
+                ))
+            }
+        }
+    }
+}
+
+/// Start the restored cluster, check it, stop it.
+fn check_restored(
+    scratch: &Scratch,
+    data: &Path,
+    restored: &RestoreReport,
+    o: &RestoreTestOptions,
+    restore_ms: u64,
+) -> Result<RestoreTestReport> {
+    let bin = server_binaries(o.pg_bin.as_deref(), restored.pg_version)?;
+    let cluster = configure(scratch, data, bin)?;
+    let recovery_started = Instant::now();
+    cluster.start().map_err(|e| {
+        Error::refused(format!(
+            "restore-test: the restored cluster of backup {} did not start: {e}",
+            restored.label
+        ))
+    })?;
+    wait_until_promoted(&cluster, &restored.label)?;
+    let recovery_ms = recovery_started.elapsed().as_millis() as u64;
+    let databases = check_databases(&cluster, &restored.excluded_databases)?;
+    cluster
+        .stop()
+        .map_err(|e| Error::refused(format!("restore-test: stop the scratch cluster: {e}")))?;
+    let page_check = check_pages(&cluster, restored.data_checksums)?;
+    let problems: Vec<String> = databases
+        .iter()
+        .flat_map(|d| d.problems.iter().cloned())
+        .chain(page_check.problems.iter().cloned())
+        .take(FIRST_PROBLEMS)
+        .collect();
+    Ok(RestoreTestReport {
+        backup: restored.label.clone(),
+        pg_version: restored.pg_version,
+        ok: databases.iter().all(|d| d.ok) && page_check.ok,
+        duration_ms: 0,
+        restore_ms,
+        recovery_ms,
+        databases,
+        not_restored: restored.excluded_databases.clone(),
+        page_check,
+        problems,
+        kept: None,
+    })
+}
+
+/// The server binaries of major version `major`: in `pg_bin` (which must hold that
+/// version), else where the tests and `demo` find them.
+fn server_binaries(pg_bin: Option<&Path>, major: u32) -> Result<PgBin> {
+    let bin = match pg_bin {
+        Some(dir) => PgBin::at(dir.to_path_buf())
+            .map_err(|e| Error::config(format!("--pg-bin={}: {e}", dir.display())))?,
+        None => PgBin::major(major).map_err(|e| {
+            Error::refused(format!(
+                "restore-test needs the PostgreSQL {major} server binaries (or --pg-bin): {e}"
+            ))
+        })?,
+    };
+    if bin.major != major {
+        return Err(Error::config(format!(
+            "--pg-bin={} holds PostgreSQL {}, but the backup is of PostgreSQL {major}",
+            bin.dir.display(),
+            bin.major
+        )));
+    }
+    Ok(bin)
+}
+
+/// Make the restored directory startable here: its own access rules, no TLS files or log
+/// collector of the source's host, no archiving (restore wrote `archive_mode = off`), on a
+/// private socket directory and port.
+fn configure(scratch: &Scratch, data: &Path, bin: PgBin) -> Result<Cluster> {
+    let write = |path: &Path, text: &str| {
+        std::fs::write(path, text)
+            .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+        give_to_pg_user(path);
+        Ok::<_, Error>(())
+    };
+    let socket_dir = scratch.join("sock");
+    std::fs::create_dir_all(&socket_dir)
+        .map_err(|e| Error::io(format!("create {}", socket_dir.display()), e))?;
+    give_to_pg_user(&socket_dir);
+    let hba = scratch.join("pg_hba.conf");
+    let ident = scratch.join("pg_ident.conf");
+    write(&hba, "local all all trust\n")?;
+    write(&ident, "")?;
+    // Debian keeps postgresql.conf in /etc: the server needs one in the data directory.
+    let conf = data.join("postgresql.conf");
+    if !conf.exists() {
+        write(&conf, "")?;
+    }
+    let quote = |p: &Path| p.display().to_string().replace('\'', "''");
+    let overrides = format!(
+        "\n# pgstrata restore-test\narchive_mode = off\nhba_file = '{}'\nident_file = '{}'\n\
+         ssl = off\nlogging_collector = off\nlisten_addresses = ''\n",
+        quote(&hba),
+        quote(&ident)
+    );
+    let auto = data.join("postgresql.auto.conf");
+    let mut text = std::fs::read_to_string(&auto).unwrap_or_default();
+    text.push_str(&overrides);
+    // Appended in place: the file keeps the owner restore gave it.
+    std::fs::write(&auto, text).map_err(|e| Error::io(format!("write {}", auto.display()), e))?;
+    Ok(Cluster {
+        bin,
+        data: data.to_path_buf(),
+        port: pgstrata_cluster::free_port(),
+        socket_dir,
+        log_file: scratch.join("postgres.log"),
+    })
+}
+
+/// Wait until recovery has ended and the cluster is promoted; fail with the server log's
+/// tail as soon as the server is gone (a missing WAL file, a bad setting).
+fn wait_until_promoted(c: &Cluster, label: &str) -> Result<()> {
+    loop {
+        if c.psql("template1", "SELECT pg_is_in_recovery()").as_deref() == Ok("f") {
+            return Ok(());
+        }
+        if !c.is_running() {
+            return Err(Error::refused(format!(
+                "restore-test: the restored cluster of backup {label} stopped during recovery; server log:\n{}",
+                c.log_tail()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// `pg_amcheck --heapallindexed` on every database that accepts connections, but those
+/// left out of a selective restore (their files are zeros).
+fn check_databases(c: &Cluster, excluded: &[String]) -> Result<Vec<DatabaseCheck>> {
+    let names = c
+        .psql(
+            "template1",
+            "SELECT datname FROM pg_database WHERE datallowconn ORDER BY oid",
+        )
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Postgres,
+                format!("restore-test: list the databases: {e}"),
+            )
+        })?;
+    let mut out = Vec::new();
+    for name in names.lines().filter(|n| !excluded.iter().any(|x| x == n)) {
+        let started = Instant::now();
+        let mut cmd = c.bin.client("pg_amcheck");
+        cmd.arg("-h")
+            .arg(&c.socket_dir)
+            .arg("-p")
+            .arg(c.port.to_string())
+            .args([
+                "-U",
+                "postgres",
+                "--heapallindexed",
+                "--install-missing",
+                "-d",
+                name,
+            ]);
+        let run = run_tool(&mut cmd, "pg_amcheck")?;
+        let problems = match run.code {
+            0 => vec![],
+            2 => amcheck_problems(&run.stdout),
+            _ => {
+                return Err(Error::refused(format!(
+                    "restore-test: pg_amcheck could not check database '{name}' (exit {}): {}{}",
+                    run.code, run.stdout, run.stderr
+                )))
+            }
+        };
+        log::info!(
+            "restore-test: database {name}: {} problem(s)",
+            problems.len()
+        );
+        out.push(DatabaseCheck {
+            name: name.to_string(),
+            ok: run.code == 0,
+            duration_ms: started.elapsed().as_millis() as u64,
+            problems: problems.into_iter().take(FIRST_PROBLEMS).collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// pg_amcheck's report as one line per problem: the object (`btree index "db.s.name":`)
+/// and its first detail line.
+fn amcheck_problems(stdout: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut detail_taken = true;
+    for line in stdout.lines().filter(|l| !l.trim().is_empty()) {
+        if !line.starts_with(char::is_whitespace) {
+            out.push(line.trim_end_matches(':').to_string());
+            detail_taken = false;
+        } else if !detail_taken {
+            if let Some(last) = out.last_mut() {
+                last.push_str(": ");
+                last.push_str(line.trim());
+            }
+            detail_taken = true;
+        }
+    }
+    out
+}
+
+/// `pg_checksums --check` on the stopped cluster, when it has data checksums.
+fn check_pages(c: &Cluster, data_checksums: bool) -> Result<PageCheck> {
+    if !data_checksums {
+        return Ok(PageCheck {
+            checked: false,
+            ok: true,
+            problems: vec![],
+        });
+    }
+    let mut cmd = c.bin.cmd("pg_checksums");
+    cmd.arg("--check").arg("-D").arg(&c.data);
+    let run = run_tool(&mut cmd, "pg_checksums")?;
+    let prefix = format!("{}/", c.data.display());
+    let problems: Vec<String> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("checksum verification failed"))
+        .map(|l| l.replace(&prefix, "").replace("pg_checksums: error: ", ""))
+        .collect();
+    if run.code != 0 && problems.is_empty() {
+        return Err(Error::refused(format!(
+            "restore-test: pg_checksums could not check the restored cluster (exit {}): {}",
+            run.code, run.stderr
+        )));
+    }
+    Ok(PageCheck {
+        checked: true,
+        ok: problems.is_empty(),
+        problems: problems.into_iter().take(FIRST_PROBLEMS).collect(),
+    })
+}
+
+struct ToolRun {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn run_tool(cmd: &mut Command, what: &str) -> Result<ToolRun> {
+    let out = cmd
+        .output()
+        .map_err(|e| Error::io(format!("restore-test: run {what}"), e))?;
+    Ok(ToolRun {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+pub fn render_text(r: &RestoreTestReport) -> String {
+    let mut out = format!(
+        "restore-test of backup {} (PostgreSQL {}): {} in {:.1}s (restore {:.1}s, recovery {:.1}s)\n",
+        r.backup,
+        r.pg_version,
+        if r.ok { "ok" } else { "CORRUPTION FOUND" },
+        r.duration_ms as f64 / 1000.0,
+        r.restore_ms as f64 / 1000.0,
+        r.recovery_ms as f64 / 1000.0
+    );
+    for d in &r.databases {
+        out.push_str(&format!(
+            "    database {}: {} ({:.1}s)\n",
+            d.name,
+            if d.ok { "ok" } else { "corrupt" },
+            d.duration_ms as f64 / 1000.0
+        ));
+        for p in &d.problems {
+            out.push_str(&format!("        {p}\n"));
+        }
+    }
+    if !r.not_restored.is_empty() {
+        out.push_str(&format!(
+            "    not restored, not checked: {}\n",
+            r.not_restored.join(", ")
+        ));
+    }
+    let pages = match (r.page_check.checked, r.page_check.ok) {
+        (false, _) => "not checked (the backup has no data checksums)",
+        (true, true) => "ok",
+        (true, false) => "checksum failures",
+    };
+    out.push_str(&format!("    page checksums: {pages}\n"));
+    for p in &r.page_check.problems {
+        out.push_str(&format!("        {p}\n"));
+    }
+    if let Some(k) = &r.kept {
+        out.push_str(&format!("    kept in {}\n", k.display()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amcheck_output_becomes_one_line_per_problem() {
+        let stdout = "btree index \"postgres.public.t_pkey\":\n    ERROR:  item order invariant violated for index \"t_pkey\"\n    DETAIL:  Lower index tid=(1,11)\nheap table \"app.public.t\", block 3, offset 2:\n    xmin 999 precedes relation freeze threshold\n";
+        assert_eq!(
+            amcheck_problems(stdout),
+            vec![
+                "btree index \"postgres.public.t_pkey\": ERROR:  item order invariant violated for index \"t_pkey\"",
+                "heap table \"app.public.t\", block 3, offset 2: xmin 999 precedes relation freeze threshold",
+            ]
+        );
+    }
+}
