@@ -165,13 +165,24 @@ fn print_report<T: serde::Serialize>(
     report: &T,
     render_text: impl Fn(&T) -> String,
 ) {
-    if inv.text("output") == "json" {
-        println!(
+    print_report_or_metrics(inv, report, render_text, |_, _| String::new());
+}
+
+/// [`print_report`] of a command that also speaks Prometheus (`--output=prometheus`):
+/// `render_metrics` gets the report and the time now (Unix seconds).
+fn print_report_or_metrics<T: serde::Serialize>(
+    inv: &config::Invocation,
+    report: &T,
+    render_text: impl Fn(&T) -> String,
+    render_metrics: impl Fn(&T, i64) -> String,
+) {
+    match inv.text("output") {
+        "json" => println!(
             "{}",
             serde_json::to_string_pretty(report).expect("serialize report")
-        );
-    } else {
-        print!("{}", render_text(report));
+        ),
+        "prometheus" => print!("{}", render_metrics(report, chrono::Utc::now().timestamp())),
+        _ => print!("{}", render_text(report)),
     }
 }
 
@@ -499,28 +510,16 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         "info" => {
             let s = settings(inv)?;
             let report = runtime(2).block_on(pgstrata_engine::info::info(&s, inv.get("set")))?;
-            if inv.text("output") == "prometheus" {
-                print!(
-                    "{}",
-                    metrics::render_info(&report, chrono::Utc::now().timestamp())
-                );
-            } else {
-                print_report(inv, &report, pgstrata_engine::info::render_text);
-            }
+            let text = pgstrata_engine::info::render_text;
+            print_report_or_metrics(inv, &report, text, metrics::render_info);
             Ok(0)
         }
         "verify" => {
             let s = settings(inv)?;
             let report = runtime(s.process_max.max(2))
                 .block_on(pgstrata_engine::verify::verify(&s, inv.get("set")))?;
-            if inv.text("output") == "prometheus" {
-                print!(
-                    "{}",
-                    metrics::render_verify(&report, chrono::Utc::now().timestamp())
-                );
-            } else {
-                print_report(inv, &report, pgstrata_engine::verify::render_text);
-            }
+            let text = pgstrata_engine::verify::render_text;
+            print_report_or_metrics(inv, &report, text, metrics::render_verify);
             if report.ok {
                 Ok(0)
             } else {
