@@ -186,7 +186,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         "7. restored {} into {} ({} files)",
         r.label,
         restored.display(),
-        r.files_written
+        r.counts.files_written
     );
     let copy = Cluster::adopt(&bin, &restored, &scratch.path);
     copy.start().map_err(fail("start the restored cluster"))?;

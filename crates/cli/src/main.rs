@@ -433,7 +433,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 runtime(s.process_max).block_on(pgstrata_engine::restore::restore(&s, &opts))?;
             println!(
                 "restored backup {}: {} files written, {} patched, {} unchanged, {} zeroed, {} removed; {} bytes fetched",
-                r.label, r.files_written, r.files_patched, r.files_kept, r.files_zeroed, r.removed, r.bytes_fetched
+                r.label, r.counts.files_written, r.counts.files_patched, r.counts.files_kept, r.counts.files_zeroed, r.removed, r.counts.bytes_fetched
             );
             Ok(0)
         }

@@ -5,6 +5,15 @@
 //! which reach the async storage layer through the runtime handle: reading, hashing,
 //! checksumming and compressing a file is blocking work, and threads keep it simple.
 
+/// Add counters field by field: `add_fields!(total += part; a, b)` is `total.a += part.a;
+/// total.b += part.b;` (workers' tallies summed into a command's report).
+macro_rules! add_fields {
+    ($total:ident += $part:ident; $($field:ident),+ $(,)?) => {
+        $( $total.$field += $part.$field; )+
+    };
+}
+pub(crate) use add_fields;
+
 pub mod archive;
 pub mod backup;
 pub mod check;

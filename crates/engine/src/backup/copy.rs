@@ -156,12 +156,7 @@ impl CopyOutcome {
     /// Add another worker's (or pass's) outcome to this one.
     pub(crate) fn absorb(&mut self, o: CopyOutcome) {
         self.files.extend(o.files);
-        self.stored += o.stored;
-        self.packs += o.packs;
-        self.pages_checked += o.pages_checked;
-        self.files_unchanged += o.files_unchanged;
-        self.bytes_read += o.bytes_read;
-        self.files_tracked += o.files_tracked;
+        crate::add_fields!(self += o; stored, packs, pages_checked, files_unchanged, bytes_read, files_tracked);
         for (reason, n) in o.files_hashed {
             *self.files_hashed.entry(reason).or_default() += n;
         }

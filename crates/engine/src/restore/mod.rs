@@ -111,6 +111,19 @@ pub struct RestoreOptions {
 #[derive(Debug, Default)]
 pub struct RestoreReport {
     pub label: String,
+    /// What the workers wrote and fetched.
+    pub counts: RestoreCounts,
+    pub removed: u64,
+    /// Major version and page checksums of the cluster backed up.
+    pub pg_version: u32,
+    pub data_checksums: bool,
+    /// Databases left out by `--db-include`/`--db-exclude` (their files zeroed).
+    pub excluded_databases: Vec<String>,
+}
+
+/// What restore's workers did (each keeps its own; the report has their sum).
+#[derive(Debug, Default)]
+pub struct RestoreCounts {
     /// Files written whole.
     pub files_written: u64,
     /// Files (delta) whose differing blocks were rewritten in place.
@@ -123,12 +136,12 @@ pub struct RestoreReport {
     pub bytes_written: u64,
     /// Bytes read from the repository.
     pub bytes_fetched: u64,
-    pub removed: u64,
-    /// Major version and page checksums of the cluster backed up.
-    pub pg_version: u32,
-    pub data_checksums: bool,
-    /// Databases left out by `--db-include`/`--db-exclude` (their files zeroed).
-    pub excluded_databases: Vec<String>,
+}
+
+impl RestoreCounts {
+    fn add(&mut self, o: RestoreCounts) {
+        crate::add_fields!(self += o; files_written, files_patched, files_kept, files_zeroed, bytes_written, bytes_fetched);
+    }
 }
 
 /// Parse a recovery_target_time the way a user writes it for PostgreSQL.
@@ -194,13 +207,13 @@ pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> 
     log::info!(
         "restore of {} complete: {} files written, {} patched, {} unchanged, {} zeroed, {} removed; {} written, {} fetched, {:.1}s",
         report.label,
-        report.files_written,
-        report.files_patched,
-        report.files_kept,
-        report.files_zeroed,
+        report.counts.files_written,
+        report.counts.files_patched,
+        report.counts.files_kept,
+        report.counts.files_zeroed,
         report.removed,
-        human_bytes(report.bytes_written),
-        human_bytes(report.bytes_fetched),
+        human_bytes(report.counts.bytes_written),
+        human_bytes(report.counts.bytes_fetched),
         started.elapsed().as_secs_f64()
     );
     Ok(report)
@@ -297,12 +310,7 @@ fn execute(
         tallies.push(w.finish());
     }
     for t in tallies {
-        report.files_written += t.written;
-        report.files_patched += t.patched;
-        report.files_kept += t.kept;
-        report.files_zeroed += t.zeroed;
-        report.bytes_written += t.bytes_written;
-        report.bytes_fetched += t.bytes_fetched;
+        report.counts.add(t);
     }
     Ok(report)
 }

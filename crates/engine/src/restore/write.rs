@@ -35,23 +35,12 @@ pub(super) struct Shared<'a> {
     pub counters: &'a crate::progress::Counters,
 }
 
-/// What one worker did.
-#[derive(Default, Debug)]
-pub(super) struct Tally {
-    pub written: u64,
-    pub patched: u64,
-    pub kept: u64,
-    pub zeroed: u64,
-    pub bytes_written: u64,
-    pub bytes_fetched: u64,
-}
-
 /// One worker's state.
 pub(super) struct Worker<'a> {
     reader: FrameReader<'a>,
     resolver: OwnerResolver,
     cache: ParentCache,
-    pub tally: Tally,
+    pub tally: super::RestoreCounts,
 }
 
 impl<'a> Worker<'a> {
@@ -60,11 +49,11 @@ impl<'a> Worker<'a> {
             reader: FrameReader::new(sh.storage, sh.manifest),
             resolver: OwnerResolver::default(),
             cache: ParentCache::default(),
-            tally: Tally::default(),
+            tally: super::RestoreCounts::default(),
         }
     }
 
-    pub fn finish(self) -> Tally {
+    pub fn finish(self) -> super::RestoreCounts {
         let mut t = self.tally;
         t.bytes_fetched = self.reader.fetched;
         t
@@ -165,13 +154,13 @@ fn restore_one(sh: &Shared, w: &mut Worker, f: &FileEntry, action: Action) -> Re
     let path = sh.tree.display_path(&f.path);
     let fh = match action {
         Action::Keep => {
-            w.tally.kept += 1;
+            w.tally.files_kept += 1;
             sh.tree
                 .open_existing(&f.path, false, &mut w.cache)?
                 .ok_or_else(|| changed_under_us(&path))?
         }
         Action::Patch(extents) => {
-            w.tally.patched += 1;
+            w.tally.files_patched += 1;
             let fh = sh
                 .tree
                 .open_existing(&f.path, true, &mut w.cache)?
@@ -184,12 +173,12 @@ fn restore_one(sh: &Shared, w: &mut Worker, f: &FileEntry, action: Action) -> Re
             let fh = sh.tree.create_file(&f.path, &mut w.cache)?;
             fh.set_len(f.size)
                 .map_err(|e| Error::io(format!("extend {}", path.display()), e))?;
-            w.tally.zeroed += 1;
+            w.tally.files_zeroed += 1;
             fh
         }
         Action::Write => {
             let fh = write_file(sh, w, f, &f.path, &path)?;
-            w.tally.written += 1;
+            w.tally.files_written += 1;
             w.tally.bytes_written += f.size;
             fh
         }
@@ -220,7 +209,7 @@ pub(super) fn write_control(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Resul
         .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
     drop(fh);
     sh.tree.rename_into_place(&tmp, &f.path, &mut w.cache)?;
-    w.tally.written += 1;
+    w.tally.files_written += 1;
     w.tally.bytes_written += f.size;
     sh.counters.files.fetch_add(1, Ordering::Relaxed);
     sh.counters.bytes.fetch_add(f.size, Ordering::Relaxed);
