@@ -95,6 +95,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         process_max: 2,
         start_fast: true,
         archive_timeout: Duration::from_secs(60),
+        archive_lag_max: Duration::from_secs(600),
         lock_path: scratch.path.join("lock"),
         config_file: None,
         frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,

@@ -13,6 +13,7 @@ mod logging;
 mod options;
 
 use pgstrata_engine::archive::PushOutcome;
+use pgstrata_engine::archive_async;
 use pgstrata_engine::backup::BackupOptions;
 use pgstrata_engine::expire::ExpireOptions;
 use pgstrata_engine::metrics;
@@ -116,6 +117,7 @@ fn settings(inv: &config::Invocation) -> Result<Settings, Error> {
         process_max: inv.int("process-max"),
         start_fast: inv.flag("start-fast"),
         archive_timeout: Duration::from_secs(inv.int("archive-timeout")),
+        archive_lag_max: Duration::from_secs(inv.int("archive-lag-max")),
         lock_path: inv.text("lock-path").into(),
         config_file: inv.config_file.clone(),
         frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
@@ -274,6 +276,60 @@ fn per_file_runtime() -> tokio::runtime::Runtime {
         .expect("start async runtime")
 }
 
+/// Asynchronous archiving and prefetch settings of archive-push and archive-get.
+fn async_options(inv: &config::Invocation) -> archive_async::AsyncOptions {
+    let pushing = inv.command == "archive-push";
+    archive_async::AsyncOptions {
+        spool_path: inv.text("spool-path").into(),
+        process_max: inv.int("process-max"),
+        push_queue_max: if pushing {
+            inv.int_opt("archive-push-queue-max")
+        } else {
+            None
+        },
+        get_queue_max: if pushing {
+            0
+        } else {
+            inv.int("archive-get-queue-max")
+        },
+        timeout: Duration::from_secs(if pushing {
+            inv.int("archive-timeout")
+        } else {
+            60
+        }),
+    }
+}
+
+/// The role this process was started in as an asynchronous worker, if it was.
+fn worker_role() -> Option<archive_async::WorkerRole> {
+    archive_async::WorkerRole::parse(&std::env::var(archive_async::WORKER_ENV).ok()?)
+}
+
+/// Start an asynchronous worker: this command line again, with the worker's role in the
+/// environment, in a process group of its own (PostgreSQL's signals to its archiver or
+/// startup process must not reach it), stderr appended to `log`.
+fn launch_worker(
+    role: archive_async::WorkerRole,
+    env: &[(&str, String)],
+    log: &std::path::Path,
+) -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    std::process::Command::new(std::env::current_exe()?)
+        .args(std::env::args_os().skip(1))
+        .env(archive_async::WORKER_ENV, role.name())
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map(|_child| ())
+}
+
 fn repo_config(inv: &config::Invocation) -> RepoConfig {
     let get = |n: &str| inv.get(n).map(str::to_string);
     RepoConfig {
@@ -320,16 +376,18 @@ fn archive_get_command(inv: &config::Invocation, s: &Settings) -> String {
         parts.push(shell_quote(&format!("--config={}", c.display())));
     }
     parts.push(shell_quote(&format!("--stanza={}", s.stanza)));
-    for o in options::OPTIONS
-        .iter()
-        .filter(|o| o.name.starts_with("repo-") && o.applies_to("archive-get"))
-    {
+    // archive-get's own options given to restore are carried into the command it writes.
+    const CARRIED: &[&str] = &["spool-path", "archive-get-queue-max"];
+    let carried = |o: &options::OptionDef| {
+        (o.name.starts_with("repo-") || CARRIED.contains(&o.name)) && o.applies_to("archive-get")
+    };
+    for o in options::OPTIONS.iter().filter(|o| carried(o)) {
         // Secrets come from the config file or the server's environment, never from here.
         if o.secret {
             continue;
         }
         let Some(v) = inv.get(o.name) else { continue };
-        if o.default != Some(v) || o.name == "repo-path" {
+        if o.default_value().as_deref() != Some(v) || o.name == "repo-path" {
             parts.push(shell_quote(&format!("--{}={v}", o.name)));
         }
     }
@@ -469,10 +527,32 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                     "archive-push takes one argument: the WAL file path (%p)",
                 ));
             };
-            match per_file_runtime().block_on(pgstrata_engine::archive::archive_push(
-                &s,
-                std::path::Path::new(path),
-            ))? {
+            let path = std::path::Path::new(path);
+            let rt = per_file_runtime();
+            if let Some(role) = worker_role() {
+                let wal_dir = std::env::var_os(archive_async::WAL_DIR_ENV)
+                    .map(PathBuf::from)
+                    .ok_or_else(|| {
+                        Error::config("an archive-push worker needs its WAL directory")
+                    })?;
+                assert_eq!(role, archive_async::WorkerRole::Push);
+                rt.block_on(archive_async::push_worker(
+                    &s,
+                    &async_options(inv),
+                    &wal_dir,
+                ))?;
+                return Ok(0);
+            }
+            if inv.flag("archive-async") {
+                rt.block_on(archive_async::push(
+                    &s,
+                    &async_options(inv),
+                    path,
+                    &launch_worker,
+                ))?;
+                return Ok(0);
+            }
+            match rt.block_on(pgstrata_engine::archive::archive_push(&s, path))? {
                 PushOutcome::Stored { .. } | PushOutcome::AlreadyArchived => Ok(0),
             }
         }
@@ -481,10 +561,17 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let [name, dest] = inv.args.as_slice() else {
                 return Err(Error::config("archive-get takes two arguments: the WAL file name (%f) and the destination (\"%p\")"));
             };
-            let found = per_file_runtime().block_on(pgstrata_engine::archive::archive_get(
+            let rt = per_file_runtime();
+            if worker_role() == Some(archive_async::WorkerRole::Get) {
+                rt.block_on(archive_async::get_worker(&s, &async_options(inv)))?;
+                return Ok(0);
+            }
+            let found = rt.block_on(archive_async::get(
                 &s,
+                &async_options(inv),
                 name,
                 std::path::Path::new(dest),
+                &launch_worker,
             ))?;
             Ok(if found { 0 } else { 1 })
         }

@@ -5,6 +5,7 @@
 mod common;
 
 mod archive;
+mod archive_async;
 mod backup;
 mod bad_input;
 mod encryption;

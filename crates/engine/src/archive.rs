@@ -11,6 +11,7 @@ use pgstrata_pg::lsn;
 use pgstrata_pg::wal::SegmentChanges;
 use pgstrata_repo::changemap::{ChangeMap, ForkBlocks};
 use pgstrata_repo::{layout, wal, ErrorKind as RepoKind};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// What archive-push did.
@@ -22,6 +23,13 @@ pub enum PushOutcome {
 
 /// Store one WAL file (segment, .partial, .backup or .history).
 pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> {
+    let name = checked_wal_name(wal_path)?;
+    let (storage, stanza) = open_stanza(s).await?;
+    push_opened(s, &storage, &stanza, &name, wal_path, compress_workers()).await
+}
+
+/// The file name of `wal_path`, if it is named like a WAL file archive-push stores.
+pub(crate) fn checked_wal_name(wal_path: &Path) -> Result<String> {
     let name = wal_path
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
@@ -36,7 +44,21 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
             "archive-push: '{name}' is not a WAL segment, .partial, .backup or .history file name"
         )));
     }
-    let (storage, stanza) = open_stanza(s).await?;
+    Ok(name)
+}
+
+/// Store one WAL file, already checked to be named like one, into an opened stanza, with
+/// `workers` threads compressing it. The asynchronous pusher opens the stanza once and
+/// pushes many files in parallel, one thread each.
+pub(crate) async fn push_opened(
+    s: &Settings,
+    storage: &pgstrata_repo::Storage,
+    stanza: &pgstrata_repo::stanza::StanzaInfo,
+    name: &str,
+    wal_path: &Path,
+    workers: u32,
+) -> Result<PushOutcome> {
+    let name = name.to_string();
     let raw = std::fs::read(wal_path)
         .map_err(|e| Error::io(format!("archive-push: read {}", wal_path.display()), e))?;
     let seg_size = stanza.cluster.wal_segment_size;
@@ -53,7 +75,6 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
     // Decoding (for the block-change map) and hashing run beside compression, so they add
     // little to archive_command's latency; compression itself uses the host's cores
     // (PostgreSQL runs archive_command for one segment at a time).
-    let workers = compress_workers();
     let (obj, decoded) = tokio::task::spawn_blocking(move || {
         std::thread::scope(|scope| {
             let decoded =
@@ -79,7 +100,7 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
             let mut completes_previous = false;
             if let Some(head) = head {
                 if let Some((with, without)) =
-                    previous_cut_record(&storage, &s.stanza, &stanza.cluster, &name, wal_path, head)
+                    previous_cut_record(storage, &s.stanza, &stanza.cluster, &name, wal_path, head)
                         .await
                 {
                     changes.add_difference(&with, &without);
@@ -277,7 +298,7 @@ pub(crate) fn change_map_of(name: &str, c: pgstrata_pg::wal::SegmentChanges) -> 
     }
 }
 
-fn valid_wal_name(name: &str) -> bool {
+pub(crate) fn valid_wal_name(name: &str) -> bool {
     if lsn::is_segment_name(name) {
         return true;
     }
@@ -326,19 +347,25 @@ pub async fn archive_get(s: &Settings, name: &str, dest: &Path) -> Result<bool> 
         Err(e) if e.is_not_found() => return Ok(false),
         Err(e) => return Err(e.into()),
     };
+    let dest_owned = dest.to_path_buf();
+    tokio::task::spawn_blocking(move || write_verified_file(&obj, &key, &dest_owned))
+        .await
+        .expect("archive-get write thread")?;
+    log::info!("restored {name} from the archive");
+    Ok(true)
+}
+
+/// Decode stored WAL object `obj` (named `key` in messages) into `dest` for PostgreSQL,
+/// through a temporary file beside it: see [`write_verified`].
+pub(crate) fn write_verified_file(obj: &[u8], key: &str, dest: &Path) -> Result<()> {
     let tmp = dest.with_file_name(format!(
         ".{}.pgstrata.tmp",
         dest.file_name()
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_default()
     ));
-    let what = format!("archive-get {name}");
-    let dest_owned = dest.to_path_buf();
-    tokio::task::spawn_blocking(move || write_verified(&obj, &key, &tmp, &dest_owned, &what))
-        .await
-        .expect("archive-get write thread")?;
-    log::info!("restored {name} from the archive");
-    Ok(true)
+    let name = key.rsplit('/').next().unwrap_or(key);
+    write_verified(obj, key, &tmp, dest, &format!("archive-get {name}"))
 }
 
 /// Decode stored WAL object `obj` (stored as `key`) into `dest`, through `tmp`, which is
@@ -362,19 +389,102 @@ fn write_verified(obj: &[u8], key: &str, tmp: &Path, dest: &Path, what: &str) ->
     written
 }
 
+/// Archived segment numbers per timeline.
+pub(crate) type ArchivedSegments = BTreeMap<u32, BTreeSet<u64>>;
+
+/// Holes in the archive, `[first missing, last missing]`, per timeline, from segment
+/// `from` (the oldest backup's start; else the timeline's first archived segment) to the
+/// timeline's last archived segment. Point-in-time recovery cannot cross one.
+pub(crate) fn archive_gaps(
+    segments: &ArchivedSegments,
+    from: Option<u64>,
+    seg_size: u64,
+) -> Vec<(String, String)> {
+    let mut gaps = Vec::new();
+    for (tli, segs) in segments {
+        let (Some(&lo), Some(&hi)) = (segs.first(), segs.last()) else {
+            continue;
+        };
+        let mut missing_from: Option<u64> = None;
+        for segno in from.map_or(lo, |o| o.max(lo))..=hi {
+            match (segs.contains(&segno), missing_from) {
+                (false, None) => missing_from = Some(segno),
+                (true, Some(first)) => {
+                    gaps.push((
+                        lsn::segment_name(*tli, first, seg_size),
+                        lsn::segment_name(*tli, segno - 1, seg_size),
+                    ));
+                    missing_from = None;
+                }
+                _ => {}
+            }
+        }
+    }
+    gaps
+}
+
+/// WAL waiting in pg_wal to be archived, as `info` and `check` report it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ArchiveLag {
+    /// Files PostgreSQL has marked ready (`archive_status/*.ready`).
+    pub ready: usize,
+    /// Of the ready segments, those this repository does not hold yet.
+    pub ready_not_in_repo: usize,
+    /// Seconds since the oldest ready file was marked ready.
+    pub oldest_ready_age_secs: Option<u64>,
+}
+
+/// The archive lag of the cluster in `pg_path` against `archived` (this repository's
+/// segments), or `None` when pg_wal cannot be read here (info on another host).
+pub(crate) fn archive_lag(
+    pg_path: &Path,
+    archived: &ArchivedSegments,
+    seg_size: u64,
+) -> Option<ArchiveLag> {
+    let status = pg_path.join("pg_wal").join("archive_status");
+    let now = std::time::SystemTime::now();
+    let mut lag = ArchiveLag {
+        ready: 0,
+        ready_not_in_repo: 0,
+        oldest_ready_age_secs: None,
+    };
+    for e in std::fs::read_dir(status).ok()?.flatten() {
+        let file = e.file_name().to_string_lossy().to_string();
+        let Some(name) = file.strip_suffix(".ready") else {
+            continue;
+        };
+        lag.ready += 1;
+        if let Some((tli, segno)) = lsn::parse_segment_name(name, seg_size) {
+            if !archived.get(&tli).is_some_and(|s| s.contains(&segno)) {
+                lag.ready_not_in_repo += 1;
+            }
+        }
+        let age = e
+            .metadata()
+            .ok()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| now.duration_since(t).ok())
+            .map_or(0, |d| d.as_secs());
+        lag.oldest_ready_age_secs = Some(lag.oldest_ready_age_secs.map_or(age, |a| a.max(age)));
+    }
+    Some(lag)
+}
+
 /// The archived segments' extent, for info: lowest and highest names, and when the highest
-/// was stored.
+/// was stored, and every segment archived.
 pub(crate) struct ArchiveRange {
     pub min: String,
     pub max: String,
     /// Unix seconds the storage gives as the highest segment's last modification.
     pub max_modified: i64,
+    pub segments: ArchivedSegments,
 }
 
 pub(crate) async fn archive_range(
     storage: &pgstrata_repo::Storage,
     stanza: &str,
     archive_id: &str,
+    seg_size: u64,
 ) -> Result<Option<ArchiveRange>> {
     let root = layout::archive_root(stanza, archive_id);
     let mut range: Option<ArchiveRange> = None;
@@ -387,7 +497,11 @@ pub(crate) async fn archive_range(
             min: name.to_string(),
             max: name.to_string(),
             max_modified: o.modified,
+            segments: ArchivedSegments::new(),
         });
+        if let Some((tli, segno)) = lsn::parse_segment_name(name, seg_size) {
+            r.segments.entry(tli).or_default().insert(segno);
+        }
         if name < r.min.as_str() {
             r.min = name.to_string();
         }

@@ -31,6 +31,31 @@ pub async fn check(s: &Settings) -> Result<()> {
             s.stanza
         );
     }
+    let seg_size = stanza.cluster.wal_segment_size;
+    let range =
+        crate::archive::archive_range(&storage, &s.stanza, &stanza.cluster.archive_id(), seg_size)
+            .await?;
+    let empty = crate::archive::ArchivedSegments::new();
+    let archived = range.as_ref().map_or(&empty, |r| &r.segments);
+    for (a, b) in crate::archive::archive_gaps(archived, None, seg_size) {
+        log::warn!(
+            "the archive has a gap: {a} .. {b} missing (dropped by archive-push-queue-max, or deleted); point-in-time recovery cannot cross it: take a full backup"
+        );
+    }
+    if let Some(lag) = s
+        .pg_path
+        .as_deref()
+        .and_then(|p| crate::archive::archive_lag(p, archived, seg_size))
+    {
+        let age = lag.oldest_ready_age_secs.unwrap_or(0);
+        if age > s.archive_lag_max.as_secs() {
+            return Err(Error::refused(format!(
+                "archiving is falling behind: {} WAL file(s) wait in pg_wal, the oldest for {age} s (archive-lag-max is {} s); see pg_stat_archiver and PostgreSQL's log",
+                lag.ready,
+                s.archive_lag_max.as_secs()
+            )));
+        }
+    }
     if id.in_recovery {
         log::info!("the server is a standby: skipping the WAL switch test");
         return Ok(());

@@ -380,6 +380,7 @@ mod tests {
             process_max: 1,
             start_fast: false,
             archive_timeout: std::time::Duration::from_secs(1),
+            archive_lag_max: std::time::Duration::from_secs(600),
             lock_path: dir.path().join("locks"),
             config_file: None,
             frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,

@@ -71,6 +71,13 @@ pub struct StanzaReport {
     /// Unix seconds the newest archived segment (archive_max) was stored.
     #[serde(skip)]
     pub(crate) archive_max_time: Option<i64>,
+    /// Holes in the archive after the oldest backup's start, `[first, last]` missing
+    /// (WAL dropped by archive-push-queue-max, or deleted): recovery cannot cross them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub archive_gaps: Vec<(String, String)>,
+    /// WAL waiting in pg_wal to be archived, when pg-path is readable here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub archive_lag: Option<crate::archive::ArchiveLag>,
     /// Bytes of all objects in the stanza (packs, manifests, WAL).
     pub repo_size: u64,
     /// Bytes in packs that kept backups reference only in part (freed when those go).
@@ -152,7 +159,21 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
             )));
         }
     }
-    let range = archive_range(&storage, &s.stanza, &stanza.cluster.archive_id()).await?;
+    let seg_size = stanza.cluster.wal_segment_size;
+    let range = archive_range(&storage, &s.stanza, &stanza.cluster.archive_id(), seg_size).await?;
+    let oldest_start = manifests
+        .iter()
+        .filter_map(|m| {
+            pgstrata_pg::lsn::parse_segment_name(&m.start.wal, seg_size).map(|(_, n)| n)
+        })
+        .min();
+    let empty = crate::archive::ArchivedSegments::new();
+    let archived = range.as_ref().map_or(&empty, |r| &r.segments);
+    let archive_gaps = crate::archive::archive_gaps(archived, oldest_start, seg_size);
+    let archive_lag = s
+        .pg_path
+        .as_deref()
+        .and_then(|p| crate::archive::archive_lag(p, archived, seg_size));
     Ok(StanzaReport {
         stanza: s.stanza.clone(),
         repository: storage.description().to_string(),
@@ -161,6 +182,8 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
         archive_min: range.as_ref().map(|r| r.min.clone()),
         archive_max: range.as_ref().map(|r| r.max.clone()),
         archive_max_time: range.map(|r| r.max_modified),
+        archive_gaps,
+        archive_lag,
         repo_size,
         held_size: usage.held,
         backups,
@@ -176,6 +199,21 @@ pub fn render_text(r: &StanzaReport) -> String {
     match (&r.archive_min, &r.archive_max) {
         (Some(a), Some(b)) => out.push_str(&format!("    wal archive min/max: {a} / {b}\n")),
         _ => out.push_str("    wal archive: empty\n"),
+    }
+    for (a, b) in &r.archive_gaps {
+        out.push_str(&format!(
+            "    wal archive GAP: {a} .. {b} missing (point-in-time recovery cannot cross it)\n"
+        ));
+    }
+    if let Some(l) = &r.archive_lag {
+        out.push_str(&format!(
+            "    wal waiting to be archived: {} ready file(s), {} not in this repository{}\n",
+            l.ready,
+            l.ready_not_in_repo,
+            l.oldest_ready_age_secs
+                .map(|a| format!(", oldest ready for {a} s"))
+                .unwrap_or_default()
+        ));
     }
     out.push_str(&format!(
         "    repository size: {}, held in partly referenced packs: {}\n",

@@ -15,6 +15,7 @@ macro_rules! add_fields {
 pub(crate) use add_fields;
 
 pub mod archive;
+pub mod archive_async;
 pub mod backup;
 pub mod check;
 mod content;

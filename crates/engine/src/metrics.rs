@@ -150,6 +150,28 @@ fn archive_metrics(x: &mut Exposition, r: &StanzaReport, now: i64) {
         "1 when the stanza's WAL archive holds no segment.",
         if r.archive_max.is_some() { 0.0 } else { 1.0 },
     );
+    x.single(
+        "pgstrata_archive_gaps",
+        "Holes in the WAL archive after the oldest backup's start (point-in-time recovery cannot cross one).",
+        r.archive_gaps.len() as f64,
+    );
+    if let Some(lag) = &r.archive_lag {
+        x.single(
+            "pgstrata_archive_ready_files",
+            "WAL files PostgreSQL has marked ready to archive and not yet archived (pg_wal/archive_status/*.ready).",
+            lag.ready as f64,
+        );
+        x.single(
+            "pgstrata_archive_ready_not_in_repository",
+            "Ready WAL segments this repository does not hold yet.",
+            lag.ready_not_in_repo as f64,
+        );
+        x.single(
+            "pgstrata_archive_oldest_ready_age_seconds",
+            "Seconds the oldest WAL file waiting to be archived has waited (0 when none waits).",
+            lag.oldest_ready_age_secs.unwrap_or(0) as f64,
+        );
+    }
     let Some((segment, stored)) = r.archive_max.as_ref().zip(r.archive_max_time) else {
         return;
     };
@@ -244,6 +266,12 @@ mod tests {
             archive_min: Some("000000010000000000000001".into()),
             archive_max: Some("000000010000000000000009".into()),
             archive_max_time: Some(1_699_999_900),
+            archive_gaps: vec![],
+            archive_lag: Some(crate::archive::ArchiveLag {
+                ready: 2,
+                ready_not_in_repo: 1,
+                oldest_ready_age_secs: Some(30),
+            }),
             repo_size: 5000,
             held_size: 0,
             backups: vec![

@@ -29,6 +29,8 @@ pub struct Settings {
     pub start_fast: bool,
     /// How long backup and check wait for WAL to reach the archive.
     pub archive_timeout: Duration,
+    /// check fails when the oldest WAL file waiting to be archived is older than this.
+    pub archive_lag_max: Duration,
     /// Directory of the host-local lock serializing stale-lock takeovers (see `lock`).
     pub lock_path: PathBuf,
     /// The config file in use, passed on to restore_command so archive-get sees the same.

@@ -326,32 +326,11 @@ async fn verify_archive(
     }
     out.damaged.sort();
     out.maps_damaged.sort();
-    // Holes per timeline, from the oldest backup's start (or the timeline's first segment)
-    // to its last archived segment.
     let oldest = backups
         .iter()
         .filter_map(|m| lsn::parse_segment_name(&m.start.wal, seg_size).map(|(_, s)| s))
         .min();
-    for (tli, segs) in &segments {
-        let (Some(&lo), Some(&hi)) = (segs.first(), segs.last()) else {
-            continue;
-        };
-        let from = oldest.map_or(lo, |o| o.max(lo));
-        let mut missing_from: Option<u64> = None;
-        for segno in from..=hi {
-            match (segs.contains(&segno), missing_from) {
-                (false, None) => missing_from = Some(segno),
-                (true, Some(first)) => {
-                    out.gaps.push((
-                        lsn::segment_name(*tli, first, seg_size),
-                        lsn::segment_name(*tli, segno - 1, seg_size),
-                    ));
-                    missing_from = None;
-                }
-                _ => {}
-            }
-        }
-    }
+    out.gaps = crate::archive::archive_gaps(&segments, oldest, seg_size);
     Ok((out, archived))
 }
 

@@ -1,0 +1,643 @@
+//! Asynchronous archive-push (`archive-async`) and archive-get prefetch
+//! (`archive-get-queue-max`): a spool directory on the database host and a background
+//! worker that PostgreSQL's own calls start on demand.
+//!
+//! PostgreSQL runs archive_command and restore_command for one WAL file at a time and waits
+//! for each. With an object store tens of milliseconds away, a call costs several round
+//! trips, so a busy primary's archive falls behind (pg_wal fills, the primary stops) and a
+//! restore replays at the pace of one fetch after another. Both directions are solved by
+//! working ahead of PostgreSQL, in parallel, and answering its calls from local state.
+//!
+//! ## Push
+//!
+//! With `archive-async`, the call PostgreSQL makes (the *foreground*) does not push. It
+//! makes sure a worker runs and waits for the worker's acknowledgement of its file. The
+//! worker pushes every file PostgreSQL has marked ready (`pg_wal/archive_status/*.ready`),
+//! `process-max` at a time, and for each writes `<spool>/<stanza>/out/<file>.ok` (fsynced,
+//! then its directory) once every repository holds the file, or `<file>.error` with the
+//! reason. The acknowledgement records the file's size and modification time: the
+//! foreground trusts it only if they match the file in pg_wal, so an acknowledgement left
+//! from another file of the same name (a cluster re-created at the same path) is not taken
+//! for this one. On `.error` the foreground fails with the reason and removes it, so
+//! PostgreSQL's retry pushes again. Acknowledgements whose `.ready` is gone (PostgreSQL
+//! renamed it `.done`) are removed by the worker.
+//!
+//! The worker holds an `flock` on `<spool>/<stanza>/archive-push.lock` (one per stanza
+//! and host) and exits once nothing has been ready for [`PUSH_IDLE`]. Pushes are
+//! idempotent and an acknowledgement is written only after the stores, so a worker killed
+//! at any moment loses nothing: the waiting foreground sees the lock free, starts another,
+//! and it pushes what is still unacknowledged.
+//!
+//! `archive-push-queue-max`: when more ready WAL than that waits unacknowledged, the worker
+//! acknowledges all of it without pushing, with a warning (the `.ok` says `dropped`):
+//! PostgreSQL then recycles it, and the archive has a gap, which `verify`, `check` and
+//! `info` report, instead of pg_wal filling the disk and stopping the primary.
+//!
+//! ## Get (prefetch)
+//!
+//! When PostgreSQL asks for segment S, the foreground first looks for S in
+//! `<spool>/<stanza>/in/<archive-id>/`. A spooled segment is the object as stored
+//! (compressed, opened if the stanza is encrypted, so the spool never holds a key); it is
+//! decoded into PostgreSQL's file and its hash checked before the file is renamed into
+//! place, exactly as from the repository. Then the foreground records S as the newest
+//! request (`in/request`) and makes sure a worker runs. The worker keeps the queue: the
+//! segments after S on S's timeline, as many as fit in `archive-get-queue-max`, fetched
+//! `process-max` at a time, written whole before they are renamed into the spool; anything
+//! else in the spool (S itself, once served; another timeline after a switch; segments
+//! behind a seek) is removed. A segment not in the spool is fetched by the foreground from
+//! the repository as without prefetch (waiting briefly first if the worker is fetching it
+//! at that moment). So prefetch can make a call faster but never changes its answer: "not
+//! found" always comes from the repository itself. The worker stops at the end of the
+//! archive and exits after [`GET_IDLE`] without a new request.
+//!
+//! ## The worker process
+//!
+//! The CLI starts a worker by running its own command line again with
+//! [`WORKER_ENV`] set to the role (see [`WorkerRole`]), in a process group of its own
+//! (PostgreSQL's signals to the archiver or startup process do not reach it), stdout and
+//! stdin on /dev/null and stderr appended to `<spool>/<stanza>/<role>.log`. It thus
+//! resolves exactly the options the foreground did.
+
+use crate::archive::{self, PushOutcome};
+use crate::{open_stanza, Error, Result, Settings};
+use futures::stream::{self, StreamExt};
+use pgstrata_pg::lsn;
+use pgstrata_repo::layout;
+use std::fs::{self, File};
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The environment variable that makes a `pgstrata archive-push` or `archive-get` a worker.
+pub const WORKER_ENV: &str = "PGSTRATA_ASYNC_WORKER";
+/// The absolute path of pg_wal, for a push worker (the foreground knows it from `%p`).
+pub const WAL_DIR_ENV: &str = "PGSTRATA_ASYNC_WAL_DIR";
+
+/// A push worker exits after this long with nothing to push.
+pub const PUSH_IDLE: Duration = Duration::from_secs(2);
+/// A prefetch worker exits after this long without a new request.
+pub const GET_IDLE: Duration = Duration::from_secs(5);
+/// How often a waiting foreground looks for its acknowledgement.
+const POLL: Duration = Duration::from_millis(5);
+
+/// What a worker process does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerRole {
+    Push,
+    Get,
+}
+
+impl WorkerRole {
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkerRole::Push => "archive-push-async",
+            WorkerRole::Get => "archive-get-async",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<WorkerRole> {
+        [WorkerRole::Push, WorkerRole::Get]
+            .into_iter()
+            .find(|r| r.name() == s)
+    }
+}
+
+/// Starts a worker: `(role, extra environment, stderr log file)`. The CLI re-runs itself.
+pub type Launcher<'a> = &'a dyn Fn(WorkerRole, &[(&str, String)], &Path) -> std::io::Result<()>;
+
+/// The options of asynchronous archiving and prefetch.
+#[derive(Debug, Clone)]
+pub struct AsyncOptions {
+    pub spool_path: PathBuf,
+    /// Files pushed, or segments fetched, at once.
+    pub process_max: usize,
+    /// Ready WAL bytes past which a push worker drops WAL instead of pushing it.
+    pub push_queue_max: Option<u64>,
+    /// Bytes of WAL prefetched after the requested segment; 0 turns prefetch off.
+    pub get_queue_max: u64,
+    /// How long a push foreground waits for its acknowledgement.
+    pub timeout: Duration,
+}
+
+impl AsyncOptions {
+    fn stanza_dir(&self, s: &Settings) -> PathBuf {
+        self.spool_path.join(&s.stanza)
+    }
+}
+
+/// Create `dir` (and parents) readable by the owner only: the spool holds WAL.
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| {
+            Error::io(
+                format!("create spool directory {} (set spool-path)", dir.display()),
+                e,
+            )
+        })
+}
+
+/// An exclusive `flock` on `path`, if no other process holds it.
+fn try_lock(path: &Path) -> Result<Option<nix::fcntl::Flock<File>>> {
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(format!("open lock file {}", path.display()), e))?;
+    match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(l) => Ok(Some(l)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, e)) => Err(Error::io(
+            format!("lock {}", path.display()),
+            std::io::Error::from(e),
+        )),
+    }
+}
+
+/// Whether a worker holds the lock at `path` now.
+fn worker_running(path: &Path) -> Result<bool> {
+    Ok(try_lock(path)?.is_none())
+}
+
+/// Write `bytes` to `dir/name` durably: a temporary file, fsync, rename, fsync of `dir`.
+fn write_durable(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join(name))?;
+    File::open(dir)?.sync_all()
+}
+
+// ---------------------------------------------------------------------------------------
+// Push
+// ---------------------------------------------------------------------------------------
+
+/// The identity of a WAL file in pg_wal that an acknowledgement vouches for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    size: u64,
+    mtime_ns: i128,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> std::io::Result<Stamp> {
+        let m = fs::metadata(path)?;
+        Ok(Stamp {
+            size: m.len(),
+            mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        })
+    }
+
+    fn ack_text(self, dropped: bool) -> String {
+        format!(
+            "{} {}{}\n",
+            self.size,
+            self.mtime_ns,
+            if dropped { " dropped" } else { "" }
+        )
+    }
+
+    fn matches_ack(self, text: &str) -> bool {
+        let mut words = text.split_whitespace();
+        words.next().and_then(|w| w.parse().ok()) == Some(self.size)
+            && words.next().and_then(|w| w.parse().ok()) == Some(self.mtime_ns)
+    }
+}
+
+/// What the spool says about one file.
+enum Ack {
+    None,
+    Ok,
+    Error(String),
+}
+
+fn read_ack(out: &Path, name: &str, stamp: Stamp) -> Ack {
+    if let Ok(text) = fs::read_to_string(out.join(format!("{name}.ok"))) {
+        if stamp.matches_ack(&text) {
+            return Ack::Ok;
+        }
+    }
+    match fs::read_to_string(out.join(format!("{name}.error"))) {
+        Ok(msg) => Ack::Error(msg),
+        Err(_) => Ack::None,
+    }
+}
+
+/// archive-push with `archive-async`: wait until the worker has acknowledged `wal_path`,
+/// starting one when none runs.
+pub async fn push(
+    s: &Settings,
+    o: &AsyncOptions,
+    wal_path: &Path,
+    launch: Launcher<'_>,
+) -> Result<()> {
+    let name = archive::checked_wal_name(wal_path)?;
+    let dir = o.stanza_dir(s);
+    let out = dir.join("out");
+    create_private_dir(&out)?;
+    let lock = dir.join("archive-push.lock");
+    let wal_dir = std::path::absolute(wal_path)
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .ok_or_else(|| {
+            Error::config(format!(
+                "archive-push: cannot tell the directory of '{}'",
+                wal_path.display()
+            ))
+        })?;
+    let stamp = Stamp::of(wal_path)
+        .map_err(|e| Error::io(format!("archive-push: stat {}", wal_path.display()), e))?;
+    let log = dir.join(format!("{}.log", WorkerRole::Push.name()));
+    let started = Instant::now();
+    let mut launched: Option<Instant> = None;
+    let mut launches = 0u32;
+    loop {
+        match read_ack(&out, &name, stamp) {
+            Ack::Ok => {
+                log::info!("{name} was pushed by the asynchronous worker");
+                return Ok(());
+            }
+            Ack::Error(msg) => {
+                // Removed so that PostgreSQL's retry pushes again.
+                let _ = fs::remove_file(out.join(format!("{name}.error")));
+                return Err(Error::new(
+                    crate::ErrorKind::Io,
+                    format!("archive-push {name} (asynchronous): {}", msg.trim()),
+                ));
+            }
+            Ack::None => {}
+        }
+        // A worker just started may not hold its lock yet: give it a second.
+        let settling = launched.is_some_and(|t| t.elapsed() < Duration::from_secs(1));
+        if !settling && !worker_running(&lock)? {
+            launches += 1;
+            if launches > 1 {
+                log::warn!(
+                    "the asynchronous archive-push worker exited before acknowledging {name}; starting another (see {})",
+                    log.display()
+                );
+            }
+            launch(
+                WorkerRole::Push,
+                &[(WAL_DIR_ENV, wal_dir.display().to_string())],
+                &log,
+            )
+            .map_err(|e| Error::io("archive-push: start the asynchronous worker", e))?;
+            launched = Some(Instant::now());
+        }
+        if started.elapsed() > o.timeout {
+            return Err(Error::new(
+                crate::ErrorKind::Io,
+                format!(
+                    "archive-push {name}: not acknowledged by the asynchronous worker within archive-timeout ({} s); see {}",
+                    o.timeout.as_secs(),
+                    log.display()
+                ),
+            ));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The WAL files PostgreSQL has marked ready, in the order it archives them: history files
+/// first, then by name (oldest first).
+fn ready_files(wal_dir: &Path) -> Result<Vec<String>> {
+    let status = wal_dir.join("archive_status");
+    let entries =
+        fs::read_dir(&status).map_err(|e| Error::io(format!("list {}", status.display()), e))?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".ready")
+                .map(str::to_string)
+        })
+        .filter(|n| archive::valid_wal_name(n))
+        .collect();
+    names.sort_by_key(|n| (!n.ends_with(".history"), n.clone()));
+    Ok(names)
+}
+
+/// Remove acknowledgements of files no longer ready (PostgreSQL marked them done).
+fn prune_acks(out: &Path, ready: &[String]) {
+    let Ok(entries) = fs::read_dir(out) else {
+        return;
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let file = e.file_name().to_string_lossy().to_string();
+        let Some(name) = file
+            .strip_suffix(".ok")
+            .or_else(|| file.strip_suffix(".error"))
+        else {
+            continue;
+        };
+        if !ready.iter().any(|r| r == name) {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
+/// The push worker: push every ready file until nothing has been ready for [`PUSH_IDLE`].
+/// Returns at once when another worker holds the stanza's lock.
+pub async fn push_worker(s: &Settings, o: &AsyncOptions, wal_dir: &Path) -> Result<()> {
+    let dir = o.stanza_dir(s);
+    let out = dir.join("out");
+    create_private_dir(&out)?;
+    let Some(_lock) = try_lock(&dir.join("archive-push.lock"))? else {
+        return Ok(());
+    };
+    let opened = match open_stanza(s).await {
+        Ok(o) => o,
+        Err(e) => {
+            // Tell the waiting foreground why at once rather than let it time out.
+            for name in ready_files(wal_dir)? {
+                let _ = write_durable(&out, &format!("{name}.error"), e.to_string().as_bytes());
+            }
+            return Err(e);
+        }
+    };
+    let (storage, stanza) = &opened;
+    let mut idle_since = Instant::now();
+    loop {
+        let ready = ready_files(wal_dir)?;
+        prune_acks(&out, &ready);
+        // Not acknowledged yet: `todo` to push, and those whose push failed (retried once
+        // PostgreSQL's call has reported the failure and removed the `.error`).
+        let mut todo = Vec::new();
+        let mut failed = Vec::new();
+        for name in ready {
+            let Ok(stamp) = Stamp::of(&wal_dir.join(&name)) else {
+                continue; // recycled meanwhile
+            };
+            match read_ack(&out, &name, stamp) {
+                Ack::None => todo.push((name, stamp)),
+                Ack::Error(_) => failed.push((name, stamp)),
+                Ack::Ok => {}
+            }
+        }
+        if let Some(max) = o.push_queue_max {
+            let mut waiting: Vec<(String, Stamp)> = todo.iter().chain(&failed).cloned().collect();
+            // Segments only: history and backup-label files are small and must not tip it.
+            let bytes: u64 = waiting
+                .iter()
+                .filter(|(n, _)| lsn::is_segment_name(n))
+                .map(|(_, st)| st.size)
+                .sum();
+            if bytes > max {
+                waiting.sort_by(|a, b| a.0.cmp(&b.0));
+                log::warn!(
+                    "{bytes} bytes of WAL wait to be archived, more than archive-push-queue-max ({max}): dropping {} file(s) ({} .. {}) without archiving them. \
+                     The archive now has a gap: point-in-time recovery cannot cross it; take a full backup",
+                    waiting.len(),
+                    waiting[0].0,
+                    waiting[waiting.len() - 1].0
+                );
+                for (name, stamp) in &waiting {
+                    let _ = fs::remove_file(out.join(format!("{name}.error")));
+                    write_durable(&out, &format!("{name}.ok"), stamp.ack_text(true).as_bytes())
+                        .map_err(|e| {
+                            Error::io(format!("acknowledge {name} in {}", out.display()), e)
+                        })?;
+                }
+                continue;
+            }
+        }
+        if todo.is_empty() {
+            if idle_since.elapsed() > PUSH_IDLE {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        idle_since = Instant::now();
+        let mut results = stream::iter(todo)
+            .map(|(name, stamp)| async move {
+                let r =
+                    archive::push_opened(s, storage, stanza, &name, &wal_dir.join(&name), 1).await;
+                (name, stamp, r)
+            })
+            .buffer_unordered(o.process_max.max(1));
+        while let Some((name, stamp, r)) = results.next().await {
+            let (file, text) = match r {
+                Ok(PushOutcome::Stored { .. } | PushOutcome::AlreadyArchived) => {
+                    (format!("{name}.ok"), stamp.ack_text(false))
+                }
+                Err(e) => {
+                    log::error!("{name}: {e}");
+                    (format!("{name}.error"), e.to_string())
+                }
+            };
+            write_durable(&out, &file, text.as_bytes())
+                .map_err(|e| Error::io(format!("acknowledge {name} in {}", out.display()), e))?;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Get (prefetch)
+// ---------------------------------------------------------------------------------------
+
+const REQUEST: &str = "request";
+
+/// archive-get with prefetch: serve `name` from the spool when it is there, tell the worker
+/// what was asked, and otherwise fetch from the repository. Same answer as
+/// [`archive::archive_get`]: true when found.
+pub async fn get(
+    s: &Settings,
+    o: &AsyncOptions,
+    name: &str,
+    dest: &Path,
+    launch: Launcher<'_>,
+) -> Result<bool> {
+    if o.get_queue_max == 0 || !lsn::is_segment_name(name) {
+        return archive::archive_get(s, name, dest).await;
+    }
+    let dir = o.stanza_dir(s);
+    let inbox = dir.join("in");
+    if let Err(e) = create_private_dir(&inbox) {
+        log::debug!("prefetch off: {e}");
+        return archive::archive_get(s, name, dest).await;
+    }
+    let served = serve_spooled(&inbox, name, dest, Duration::ZERO);
+    // Tell the worker (atomically: it must never read half a name) and make sure it runs.
+    let request = write_durable_nosync(&inbox, REQUEST, name.as_bytes())
+        .map_err(|e| Error::io(format!("write {}", inbox.join(REQUEST).display()), e))
+        .and_then(|()| {
+            if worker_running(&dir.join("archive-get.lock"))? {
+                return Ok(());
+            }
+            let log = dir.join(format!("{}.log", WorkerRole::Get.name()));
+            launch(WorkerRole::Get, &[], &log)
+                .map_err(|e| Error::io("archive-get: start the prefetch worker", e))
+        });
+    if let Err(e) = request {
+        log::warn!("archive-get prefetch is off for this call: {e}");
+    }
+    if served || serve_spooled(&inbox, name, dest, Duration::from_secs(5)) {
+        return Ok(true);
+    }
+    archive::archive_get(s, name, dest).await
+}
+
+/// Write `dir/name` through a temporary file and a rename, without fsync (spool contents
+/// are a cache: a torn file fails its hash check and is fetched again).
+fn write_durable_nosync(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    fs::write(&tmp, bytes)?;
+    fs::rename(&tmp, dir.join(name))
+}
+
+/// Decode spooled segment `name` into `dest`, if the spool has it (waiting up to `wait`
+/// while the worker is fetching it). A spooled copy that fails its check is removed.
+fn serve_spooled(inbox: &Path, name: &str, dest: &Path, wait: Duration) -> bool {
+    let Ok(entries) = fs::read_dir(inbox) else {
+        return false;
+    };
+    let queues: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect();
+    let deadline = Instant::now() + wait;
+    for q in queues {
+        let path = q.join(name);
+        let in_flight = q.join(format!(".{name}.tmp"));
+        while !path.exists() && in_flight.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let Ok(obj) = fs::read(&path) else {
+            continue;
+        };
+        match archive::write_verified_file(&obj, name, dest) {
+            Ok(()) => {
+                log::info!("restored {name} from the prefetch queue");
+                let _ = fs::remove_file(&path);
+                return true;
+            }
+            Err(e) => {
+                log::warn!("prefetched {name} is unusable ({e}); fetching it from the repository");
+                let _ = fs::remove_file(&path);
+            }
+        }
+    }
+    false
+}
+
+/// The prefetch worker: keep the segments after the newest request in the spool until no
+/// request came for [`GET_IDLE`]. Returns at once when another worker holds the lock.
+pub async fn get_worker(s: &Settings, o: &AsyncOptions) -> Result<()> {
+    let dir = o.stanza_dir(s);
+    let inbox = dir.join("in");
+    create_private_dir(&inbox)?;
+    let Some(_lock) = try_lock(&dir.join("archive-get.lock"))? else {
+        return Ok(());
+    };
+    let (storage, stanza) = open_stanza(s).await?;
+    let archive_id = stanza.cluster.archive_id();
+    let seg_size = stanza.cluster.wal_segment_size;
+    let queue = inbox.join(&archive_id);
+    create_private_dir(&queue)?;
+    // Queues of another archive id (before a stanza upgrade) are of no use now.
+    for e in fs::read_dir(&inbox).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) && e.path() != queue {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+    let depth = (o.get_queue_max / seg_size).max(1);
+    let mut last_request = String::new();
+    let mut last_change = Instant::now();
+    // The first segment the archive did not have, for the current request: asked again
+    // only after a pause (the archive may still be growing).
+    let mut end_of_archive: Option<(String, Instant)> = None;
+    loop {
+        let request = fs::read_to_string(inbox.join(REQUEST)).unwrap_or_default();
+        if request != last_request {
+            last_request = request.clone();
+            last_change = Instant::now();
+        } else if last_change.elapsed() > GET_IDLE {
+            return Ok(());
+        }
+        let Some((tli, segno)) = lsn::parse_segment_name(request.trim(), seg_size) else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let window: Vec<String> = (1..=depth)
+            .map(|i| lsn::segment_name(tli, segno + i, seg_size))
+            .collect();
+        // Everything else goes: served segments, another timeline, segments behind a seek.
+        for e in fs::read_dir(&queue).into_iter().flatten().flatten() {
+            let file = e.file_name().to_string_lossy().to_string();
+            if !window.contains(&file) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        // Past the end of the archive found less than a second ago: wait before asking again.
+        let end = end_of_archive
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() < Duration::from_secs(1))
+            .map(|(n, _)| n.clone());
+        let missing: Vec<&String> = window
+            .iter()
+            .take_while(|n| end.as_ref().is_none_or(|end| *n < end))
+            .filter(|n| !queue.join(n).exists())
+            .take(o.process_max.max(1))
+            .collect();
+        if missing.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        // Fetched in order, process-max at a time; the first one missing ends the round.
+        let fetched: Vec<(String, pgstrata_repo::Result<bytes::Bytes>)> = stream::iter(missing)
+            .map(|n| {
+                let key = layout::archive_object(&s.stanza, &archive_id, n);
+                let storage = &storage;
+                let tmp = queue.join(format!(".{n}.tmp"));
+                async move {
+                    // Marks the fetch in flight for a foreground that wants this segment.
+                    let _ = File::create(&tmp);
+                    let r = storage.get(&key).await;
+                    (n.clone(), r)
+                }
+            })
+            .buffered(o.process_max.max(1))
+            .collect()
+            .await;
+        let mut stop = false;
+        for (n, r) in fetched {
+            let tmp = queue.join(format!(".{n}.tmp"));
+            if stop {
+                let _ = fs::remove_file(&tmp);
+                continue;
+            }
+            match r {
+                Ok(obj) => {
+                    let done =
+                        fs::write(&tmp, &obj).and_then(|()| fs::rename(&tmp, queue.join(&n)));
+                    if let Err(e) = done {
+                        log::warn!("prefetch {n}: write into {}: {e}", queue.display());
+                        let _ = fs::remove_file(&tmp);
+                        stop = true;
+                    }
+                }
+                Err(e) => {
+                    let _ = fs::remove_file(&tmp);
+                    if !e.is_not_found() {
+                        log::warn!("prefetch {n}: {e}");
+                    }
+                    end_of_archive = Some((n, Instant::now()));
+                    stop = true;
+                }
+            }
+        }
+        if stop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
