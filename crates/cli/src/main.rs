@@ -536,10 +536,12 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                         Error::config("an archive-push worker needs its WAL directory")
                     })?;
                 assert_eq!(role, archive_async::WorkerRole::Push);
+                let wanted = std::env::var(archive_async::WANTED_ENV).ok();
                 rt.block_on(archive_async::push_worker(
                     &s,
                     &async_options(inv),
                     &wal_dir,
+                    wanted.as_deref(),
                 ))?;
                 return Ok(0);
             }

@@ -73,6 +73,9 @@ use std::time::{Duration, Instant};
 pub const WORKER_ENV: &str = "PGSTRATA_ASYNC_WORKER";
 /// The absolute path of pg_wal, for a push worker (the foreground knows it from `%p`).
 pub const WAL_DIR_ENV: &str = "PGSTRATA_ASYNC_WAL_DIR";
+/// The file the launching foreground waits for: pushed even if it is not marked ready
+/// (archive-push run by hand, or a status file renamed meanwhile).
+pub const WANTED_ENV: &str = "PGSTRATA_ASYNC_WANTED";
 
 /// A push worker exits after this long with nothing to push.
 pub const PUSH_IDLE: Duration = Duration::from_secs(2);
@@ -276,16 +279,23 @@ pub async fn push(
         // A worker just started may not hold its lock yet: give it a second.
         let settling = launched.is_some_and(|t| t.elapsed() < Duration::from_secs(1));
         if !settling && !worker_running(&lock)? {
-            launches += 1;
-            if launches > 1 {
+            if launches >= 2 {
+                // Two workers went without acknowledging this file (killed, or failing
+                // before they could say why): push it here, as without archive-async.
                 log::warn!(
-                    "the asynchronous archive-push worker exited before acknowledging {name}; starting another (see {})",
+                    "the asynchronous archive-push worker exited twice before acknowledging {name}; pushing it directly (see {})",
                     log.display()
                 );
+                archive::archive_push(s, wal_path).await?;
+                return Ok(());
             }
+            launches += 1;
             launch(
                 WorkerRole::Push,
-                &[(WAL_DIR_ENV, wal_dir.display().to_string())],
+                &[
+                    (WAL_DIR_ENV, wal_dir.display().to_string()),
+                    (WANTED_ENV, name.clone()),
+                ],
                 &log,
             )
             .map_err(|e| Error::io("archive-push: start the asynchronous worker", e))?;
@@ -325,8 +335,17 @@ fn ready_files(wal_dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// Remove acknowledgements of files no longer ready (PostgreSQL marked them done).
+/// Remove acknowledgements of files no longer ready (PostgreSQL marked them done) once they
+/// are a minute old: a foreground may still be about to read one (a file pushed by hand,
+/// not marked ready, is acknowledged all the same).
 fn prune_acks(out: &Path, ready: &[String]) {
+    let old = |e: &fs::DirEntry| {
+        e.metadata()
+            .ok()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(60))
+    };
     let Ok(entries) = fs::read_dir(out) else {
         return;
     };
@@ -338,7 +357,7 @@ fn prune_acks(out: &Path, ready: &[String]) {
         else {
             continue;
         };
-        if !ready.iter().any(|r| r == name) {
+        if !ready.iter().any(|r| r == name) && old(&e) {
             let _ = fs::remove_file(e.path());
         }
     }
@@ -346,7 +365,12 @@ fn prune_acks(out: &Path, ready: &[String]) {
 
 /// The push worker: push every ready file until nothing has been ready for [`PUSH_IDLE`].
 /// Returns at once when another worker holds the stanza's lock.
-pub async fn push_worker(s: &Settings, o: &AsyncOptions, wal_dir: &Path) -> Result<()> {
+pub async fn push_worker(
+    s: &Settings,
+    o: &AsyncOptions,
+    wal_dir: &Path,
+    wanted: Option<&str>,
+) -> Result<()> {
     let dir = o.stanza_dir(s);
     let out = dir.join("out");
     create_private_dir(&out)?;
@@ -365,9 +389,18 @@ pub async fn push_worker(s: &Settings, o: &AsyncOptions, wal_dir: &Path) -> Resu
     };
     let (storage, stanza) = &opened;
     let mut idle_since = Instant::now();
+    let mut wanted = wanted
+        .filter(|w| archive::valid_wal_name(w))
+        .map(str::to_string);
     loop {
-        let ready = ready_files(wal_dir)?;
+        let mut ready = ready_files(wal_dir)?;
         prune_acks(&out, &ready);
+        // The launching foreground's file, once, ready or not.
+        if let Some(w) = wanted.take() {
+            if !ready.contains(&w) {
+                ready.insert(0, w);
+            }
+        }
         // Not acknowledged yet: `todo` to push, and those whose push failed (retried once
         // PostgreSQL's call has reported the failure and removed the `.error`).
         let mut todo = Vec::new();
