@@ -14,6 +14,11 @@ use std::path::PathBuf;
 
 pub(crate) struct Invocation {
     pub(crate) command: String,
+    /// The repository whose `repo-*` values this holds (1 for the unnumbered options).
+    pub(crate) repo_index: u8,
+    /// The other configured repositories' views of the same invocation: identical but for
+    /// the `repo-*` values, which come from their `repoN-*` options.
+    pub(crate) other_repos: Vec<Invocation>,
     pub(crate) args: Vec<String>,
     values: HashMap<&'static str, String>,
     lists: HashMap<&'static str, Vec<String>>,
@@ -125,6 +130,24 @@ impl Invocation {
     }
 
     /// The stanza, for commands that take one and for naming log files.
+    /// Every configured repository's view of this invocation: repository 1 first.
+    pub(crate) fn repo_views(&self) -> impl Iterator<Item = &Invocation> {
+        std::iter::once(self).chain(&self.other_repos)
+    }
+
+    /// The view of the repository `--repo` names (repository 1 without it).
+    pub(crate) fn selected_repo(&self) -> Result<&Invocation, String> {
+        let n: u8 = match options::find("repo", &self.command) {
+            Some(_) => self.int_opt("repo").unwrap_or(1),
+            None => 1,
+        };
+        self.repo_views().find(|v| v.repo_index == n).ok_or_else(|| {
+            format!(
+                "--repo={n}: repository {n} is not configured (set repo{n}-path, or repo{n}-type and its settings, in the config file or as --repo{n}-... options)"
+            )
+        })
+    }
+
     pub(crate) fn stanza(&self) -> Option<&str> {
         self.values.get("stanza").map(String::as_str)
     }
@@ -159,12 +182,15 @@ fn split_args(argv: &[String]) -> Result<SplitArgs, String> {
                 Some((n, v)) => (n.to_string(), Some(v.to_string())),
                 None => (opt.to_string(), None),
             };
-            if !options::known(&name) {
-                return Err(format!("unknown option '--{name}' (see 'pgstrata help')"));
-            }
+            let base = match options::indexed(&name) {
+                Some(Ok((_, base))) => base.to_string(),
+                Some(Err(msg)) => return Err(msg),
+                None if options::known(&name) => name.clone(),
+                None => return Err(format!("unknown option '--{name}' (see 'pgstrata help')")),
+            };
             let is_bool = options::OPTIONS
                 .iter()
-                .any(|o| o.name == name && o.kind == Kind::Bool);
+                .any(|o| o.name == base && o.kind == Kind::Bool);
             let value = match value {
                 Some(v) => v,
                 None if is_bool => "true".to_string(),
@@ -223,7 +249,12 @@ fn load_config(path: &PathBuf) -> Result<(toml::Table, Option<String>), String> 
             ));
         };
         for (key, value) in body {
-            let Some(def) = options::OPTIONS.iter().find(|o| o.name == key) else {
+            let base = match options::indexed(key) {
+                Some(Ok((_, base))) => base,
+                Some(Err(msg)) => return Err(format!("config file {}: {msg}", path.display())),
+                None => key.as_str(),
+            };
+            let Some(def) = options::OPTIONS.iter().find(|o| o.name == base) else {
                 return Err(format!(
                     "config file {}: unknown option '{key}' in [{section}]",
                     path.display()
@@ -280,12 +311,66 @@ pub(crate) fn resolve(
     argv: &[String],
     env: &HashMap<String, String>,
 ) -> Result<Invocation, String> {
+    let mut inv = resolve_repo(argv, env, 1)?;
+    if inv.command != "help" {
+        let table = match &inv.config_file {
+            Some(p) => Some(load_config(p)?.0),
+            None => None,
+        };
+        let (_, _, raw) = split_args(argv)?;
+        for n in configured_repos(&raw, env, table.as_ref(), inv.stanza()) {
+            inv.other_repos.push(resolve_repo(argv, env, n)?);
+        }
+    }
+    Ok(inv)
+}
+
+/// The repositories numbered 2 and up that some `repoN-*` option is set for: on the command
+/// line, in the environment, or in the config file's sections for this stanza or global.
+fn configured_repos(
+    raw: &[(String, String)],
+    env: &HashMap<String, String>,
+    table: Option<&toml::Table>,
+    stanza: Option<&str>,
+) -> Vec<u8> {
+    let mut names: Vec<String> = raw.iter().map(|(n, _)| n.clone()).collect();
+    names.extend(
+        env.keys()
+            .filter_map(|k| k.strip_prefix("PGSTRATA_"))
+            .map(|k| k.to_lowercase().replace('_', "-")),
+    );
+    if let Some(t) = table {
+        for section in ["global"].into_iter().chain(stanza) {
+            if let Some(toml::Value::Table(body)) = t.get(section) {
+                names.extend(body.keys().cloned());
+            }
+        }
+    }
+    let mut found: Vec<u8> = names
+        .iter()
+        .filter_map(|n| options::indexed(n)?.ok())
+        .map(|(n, _)| n)
+        .filter(|n| *n > 1)
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
+
+/// Resolve the invocation as repository `repo_index` sees it.
+fn resolve_repo(
+    argv: &[String],
+    env: &HashMap<String, String>,
+    repo_index: u8,
+) -> Result<Invocation, String> {
     let (command, args, raw) = split_args(argv)?;
     let wants_help = raw.iter().any(|(n, _)| n == "help");
     let command = match (command, wants_help) {
         (Some(c), true) if c != "help" => {
             return Ok(Invocation {
                 command: "help".into(),
+                repo_index,
+                other_repos: Vec::new(),
                 args: vec![c],
                 values: options::OPTIONS
                     .iter()
@@ -305,7 +390,11 @@ pub(crate) fn resolve(
     }
     let raw: Vec<(String, String)> = raw.into_iter().filter(|(n, _)| n != "help").collect();
     for (name, _) in &raw {
-        let Some(def) = options::find(name, &command) else {
+        let base = match options::indexed(name) {
+            Some(Ok((_, base))) => base,
+            _ => name.as_str(),
+        };
+        let Some(def) = options::find(base, &command) else {
             return Err(format!(
                 "option '--{name}' does not apply to command '{command}'"
             ));
@@ -371,22 +460,38 @@ pub(crate) fn resolve(
             lists.insert(def.name, vals);
             continue;
         }
+        // A repository option is read under this repository's names: repo-X or repo1-X for
+        // repository 1, repoN-X for repository N.
+        let names: Vec<String> = if options::is_repo_option(def.name) {
+            let mut v = vec![options::repo_option_name(def.name, repo_index)];
+            if repo_index == 1 {
+                v.push(format!("repo1{}", &def.name["repo".len()..]));
+            }
+            v
+        } else {
+            vec![def.name.to_string()]
+        };
         let from_flag = raw
             .iter()
             .rev()
-            .find(|(n, _)| n == def.name)
-            .map(|(_, v)| (v.clone(), format!("--{}", def.name)));
+            .find(|(n, _)| names.contains(n))
+            .map(|(n, v)| (v.clone(), format!("--{n}")));
         let from_env = || {
-            env.get(&def.env_name())
-                .map(|v| (v.clone(), def.env_name()))
+            names.iter().find_map(|n| {
+                let e = options::env_name(n);
+                env.get(&e).map(|v| (v.clone(), e))
+            })
         };
         let from_table = |section: &str| {
-            table
-                .as_ref()
-                .and_then(|t| t.get(section))
-                .and_then(|s| s.get(def.name))
-                .and_then(toml_value_string)
-                .map(|v| (v, format!("[{section}] in {}", config_path.display())))
+            let body = table.as_ref().and_then(|t| t.get(section))?;
+            names.iter().find_map(|n| {
+                body.get(n.as_str()).and_then(toml_value_string).map(|v| {
+                    (
+                        v,
+                        format!("{n} in [{section}] of {}", config_path.display()),
+                    )
+                })
+            })
         };
         let found = from_flag.or_else(from_env).or_else(|| {
             if def.scope == Scope::Config {
@@ -422,6 +527,8 @@ pub(crate) fn resolve(
     }
     Ok(Invocation {
         command,
+        repo_index,
+        other_repos: Vec::new(),
         args,
         values,
         lists,
@@ -457,6 +564,59 @@ mod tests {
         let inv = resolve(&argv(&format!("{base} --repo-path=/f")), &env).unwrap();
         assert_eq!(inv.get("repo-path"), Some("/f"));
         assert_eq!(inv.get("compress-type"), Some("lz4"));
+    }
+
+    #[test]
+    fn numbered_repositories_come_from_repo_n_options_everywhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(
+            &cfg,
+            "[global]\nrepo-path = \"/one\"\nrepo-retention-full = 2\n[main]\nrepo3-type = \"s3\"\nrepo3-s3-bucket = \"b\"\nrepo3-retention-full = 7\n",
+        )
+        .unwrap();
+        let mut env = HashMap::new();
+        env.insert("PGSTRATA_REPO2_PATH".to_string(), "/two".to_string());
+        let base = format!("--config={} --stanza=main", cfg.display());
+        let inv = resolve(&argv(&format!("{base} --repo4-path=/four info")), &env).unwrap();
+        let views: Vec<(u8, Option<&str>)> = inv
+            .repo_views()
+            .map(|v| (v.repo_index, v.get("repo-path")))
+            .collect();
+        assert_eq!(
+            views,
+            [
+                (1, Some("/one")),
+                (2, Some("/two")),
+                (3, Some("/var/lib/pgstrata")),
+                (4, Some("/four"))
+            ]
+        );
+        let three = inv.repo_views().find(|v| v.repo_index == 3).unwrap();
+        assert_eq!(three.get("repo-type"), Some("s3"));
+        assert_eq!(three.get("repo-s3-bucket"), Some("b"));
+        // Retention is per repository; other options are shared.
+        let expire = resolve(&argv(&format!("{base} --repo=3 expire")), &env).unwrap();
+        assert_eq!(
+            expire.selected_repo().unwrap().get("repo-retention-full"),
+            Some("7")
+        );
+        assert_eq!(expire.get("repo-retention-full"), Some("2"));
+        // repo1-X is repo-X.
+        let one = resolve(&argv("--stanza=main --repo1-path=/x info"), &HashMap::new()).unwrap();
+        assert_eq!(one.get("repo-path"), Some("/x"));
+        assert!(one.other_repos.is_empty());
+        // Out of range, unknown, not configured, secrets on the command line.
+        let err = |a: &str| resolve(&argv(a), &HashMap::new()).map(|_| ()).unwrap_err();
+        assert!(err("--stanza=m --repo5-path=/x info").contains("numbered 1 to 4"));
+        assert!(err("--stanza=m --repo2-bogus=1 info")
+            .contains("'repo-bogus' is not a repository option"));
+        assert!(err("--stanza=m --repo2-s3-key=k info").contains("secret"));
+        let inv = resolve(&argv("--stanza=m --repo=2 info"), &HashMap::new()).unwrap();
+        assert!(inv
+            .selected_repo()
+            .unwrap_err()
+            .contains("repository 2 is not configured"));
     }
 
     #[test]

@@ -78,6 +78,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
     println!("2. loaded pgbench data (scale 10, 1,000,000 accounts)");
 
     let mut s = Settings {
+        repo_index: 1,
         stanza: "demo".into(),
         repo: pgstrata_repo::storage::RepoConfig {
             path: repo.display().to_string(),

@@ -12,7 +12,6 @@ mod generate;
 mod logging;
 mod options;
 
-use pgstrata_engine::archive::PushOutcome;
 use pgstrata_engine::archive_async;
 use pgstrata_engine::backup::BackupOptions;
 use pgstrata_engine::expire::ExpireOptions;
@@ -100,11 +99,26 @@ fn archive_get_exit_code(code: i32, standby: bool) -> i32 {
     }
 }
 
+/// The settings of the repository `--repo` selects (repository 1 without it).
 fn settings(inv: &config::Invocation) -> Result<Settings, Error> {
+    settings_of(inv.selected_repo().map_err(Error::config)?)
+}
+
+/// The settings of every configured repository: the one `--repo` selects first.
+fn all_settings(inv: &config::Invocation) -> Result<Vec<Settings>, Error> {
+    let first = inv.selected_repo().map_err(Error::config)?.repo_index;
+    let mut views: Vec<&config::Invocation> = inv.repo_views().collect();
+    views.sort_by_key(|v| (v.repo_index != first, v.repo_index));
+    views.into_iter().map(settings_of).collect()
+}
+
+/// The settings of repository view `inv`.
+fn settings_of(inv: &config::Invocation) -> Result<Settings, Error> {
     let stanza = inv.require("stanza").map_err(Error::config)?.to_string();
     let compression = Compression::new(inv.choice("compress-type"), inv.int_opt("compress-level"))?;
     Ok(Settings {
         stanza,
+        repo_index: inv.repo_index,
         repo: repo_config(inv),
         pg_path: inv.get("pg-path").map(PathBuf::from),
         pg_host: Some(inv.text("pg-host").to_string()),
@@ -185,6 +199,74 @@ fn print_report_or_metrics<T: serde::Serialize>(
         ),
         "prometheus" => print!("{}", render_metrics(report, chrono::Utc::now().timestamp())),
         _ => print!("{}", render_text(report)),
+    }
+}
+
+/// Reports of several repositories, `(settings, report)`: one as ever; several as a JSON
+/// array of the reports with a `repo` field, one Prometheus exposition, or text sections
+/// headed by repository.
+fn print_repo_reports<T: serde::Serialize>(
+    inv: &config::Invocation,
+    reports: &[(Settings, T)],
+    render_text: impl Fn(&T) -> String,
+    render_metrics: impl Fn(&T, i64) -> String,
+) {
+    if let [(_, only)] = reports {
+        return print_report_or_metrics(inv, only, render_text, render_metrics);
+    }
+    match inv.text("output") {
+        "json" => {
+            let all: Vec<serde_json::Value> = reports
+                .iter()
+                .map(|(s, r)| {
+                    let mut v = serde_json::to_value(r).expect("serialize report");
+                    if let Some(o) = v.as_object_mut() {
+                        o.insert("repo".into(), s.repo_index.into());
+                    }
+                    v
+                })
+                .collect();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&all).expect("serialize reports")
+            );
+        }
+        "prometheus" => {
+            let now = chrono::Utc::now().timestamp();
+            let parts: Vec<String> = reports
+                .iter()
+                .map(|(_, r)| render_metrics(r, now))
+                .collect();
+            print!("{}", metrics::merge_expositions(&parts));
+        }
+        _ => {
+            for (i, (s, r)) in reports.iter().enumerate() {
+                if i > 0 {
+                    println!();
+                }
+                println!("repo{}: {}", s.repo_index, repo_location(s));
+                print!("{}", render_text(r));
+            }
+        }
+    }
+}
+
+/// Where a repository is, for people: its path or URL, no credentials.
+fn repo_location(s: &Settings) -> String {
+    s.storage()
+        .map(|st| st.description().to_string())
+        .unwrap_or_else(|_| s.repo.path.clone())
+}
+
+/// The repositories a command that can cover all of them works on: the one `--repo`
+/// names, else every configured one.
+fn covered_repos(inv: &config::Invocation) -> Result<Vec<Settings>, Error> {
+    if inv.get("repo").is_some() {
+        Ok(vec![settings(inv)?])
+    } else {
+        let mut all = all_settings(inv)?;
+        all.sort_by_key(|s| s.repo_index);
+        Ok(all)
     }
 }
 
@@ -376,18 +458,31 @@ fn archive_get_command(inv: &config::Invocation, s: &Settings) -> String {
         parts.push(shell_quote(&format!("--config={}", c.display())));
     }
     parts.push(shell_quote(&format!("--stanza={}", s.stanza)));
-    // archive-get's own options given to restore are carried into the command it writes.
-    const CARRIED: &[&str] = &["spool-path", "archive-get-queue-max"];
-    let carried = |o: &options::OptionDef| {
-        (o.name.starts_with("repo-") || CARRIED.contains(&o.name)) && o.applies_to("archive-get")
-    };
-    for o in options::OPTIONS.iter().filter(|o| carried(o)) {
-        // Secrets come from the config file or the server's environment, never from here.
-        if o.secret {
-            continue;
+    // Every repository's location (repoN-* for repository N), and archive-get's own options
+    // given to restore. Secrets come from the config file or the server's environment,
+    // never from here.
+    const CARRIED: &[&str] = &["repo", "spool-path", "archive-get-queue-max"];
+    let carried = |o: &&options::OptionDef| !o.secret && o.applies_to("archive-get");
+    for view in inv.repo_views() {
+        for o in options::OPTIONS
+            .iter()
+            .filter(carried)
+            .filter(|o| options::is_repo_option(o.name))
+        {
+            let Some(v) = view.get(o.name) else { continue };
+            if o.default_value().as_deref() != Some(v) || o.name == "repo-path" {
+                let name = options::repo_option_name(o.name, view.repo_index);
+                parts.push(shell_quote(&format!("--{name}={v}")));
+            }
         }
+    }
+    for o in options::OPTIONS
+        .iter()
+        .filter(carried)
+        .filter(|o| CARRIED.contains(&o.name))
+    {
         let Some(v) = inv.get(o.name) else { continue };
-        if o.default_value().as_deref() != Some(v) || o.name == "repo-path" {
+        if o.default_value().as_deref() != Some(v) {
             parts.push(shell_quote(&format!("--{}={v}", o.name)));
         }
     }
@@ -445,21 +540,49 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         }
         "demo" => demo::run(inv.get("pg-bin").map(PathBuf::from)).map(|_| 0),
         "stanza-create" => {
-            let s = settings(inv)?;
-            match runtime(2).block_on(pgstrata_engine::stanza::stanza_create(&s))? {
-                pgstrata_engine::stanza::CreateOutcome::Created => {
-                    println!("stanza '{}' created", s.stanza)
-                }
-                pgstrata_engine::stanza::CreateOutcome::AlreadyExists => {
-                    println!("stanza '{}' already exists for this cluster", s.stanza)
+            let repos = covered_repos(inv)?;
+            let rt = runtime(2);
+            for s in &repos {
+                let place = if repos.len() > 1 {
+                    format!(" in repo{}", s.repo_index)
+                } else {
+                    String::new()
+                };
+                match rt.block_on(pgstrata_engine::stanza::stanza_create(s))? {
+                    pgstrata_engine::stanza::CreateOutcome::Created => {
+                        println!("stanza '{}' created{place}", s.stanza)
+                    }
+                    pgstrata_engine::stanza::CreateOutcome::AlreadyExists => {
+                        println!(
+                            "stanza '{}' already exists for this cluster{place}",
+                            s.stanza
+                        )
+                    }
                 }
             }
             Ok(0)
         }
         "check" => {
-            let s = settings(inv)?;
-            runtime(2).block_on(pgstrata_engine::check::check(&s))?;
-            println!("check of stanza '{}' passed", s.stanza);
+            let repos = covered_repos(inv)?;
+            let rt = runtime(2);
+            for s in &repos {
+                rt.block_on(pgstrata_engine::check::check(s)).map_err(|e| {
+                    if repos.len() > 1 {
+                        e.context(format!("repo{}", s.repo_index))
+                    } else {
+                        e
+                    }
+                })?;
+                println!(
+                    "check of stanza '{}' passed{}",
+                    s.stanza,
+                    if repos.len() > 1 {
+                        format!(" for repo{}", s.repo_index)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
             Ok(0)
         }
         "backup" => {
@@ -469,7 +592,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let m = rt.block_on(pgstrata_engine::backup::backup(&s, &opts))?;
             println!("{}", m.label);
             // Retention, as pgBackRest does after each backup when it is configured.
-            if let Some(e) = expire_options(inv) {
+            if let Some(e) = expire_options(inv.selected_repo().map_err(Error::config)?) {
                 rt.block_on(pgstrata_engine::expire::expire(&s, &e))?;
             }
             Ok(0)
@@ -521,7 +644,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             }
         }
         "archive-push" => {
-            let s = settings(inv)?;
+            let repos = all_settings(inv)?;
             let [path] = inv.args.as_slice() else {
                 return Err(Error::config(
                     "archive-push takes one argument: the WAL file path (%p)",
@@ -538,7 +661,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 assert_eq!(role, archive_async::WorkerRole::Push);
                 let wanted = std::env::var(archive_async::WANTED_ENV).ok();
                 rt.block_on(archive_async::push_worker(
-                    &s,
+                    &repos,
                     &async_options(inv),
                     &wal_dir,
                     wanted.as_deref(),
@@ -547,29 +670,28 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             }
             if inv.flag("archive-async") {
                 rt.block_on(archive_async::push(
-                    &s,
+                    &repos,
                     &async_options(inv),
                     path,
                     &launch_worker,
                 ))?;
                 return Ok(0);
             }
-            match rt.block_on(pgstrata_engine::archive::archive_push(&s, path))? {
-                PushOutcome::Stored { .. } | PushOutcome::AlreadyArchived => Ok(0),
-            }
+            rt.block_on(pgstrata_engine::archive::archive_push_all(&repos, path))?;
+            Ok(0)
         }
         "archive-get" => {
-            let s = settings(inv)?;
+            let repos = all_settings(inv)?;
             let [name, dest] = inv.args.as_slice() else {
                 return Err(Error::config("archive-get takes two arguments: the WAL file name (%f) and the destination (\"%p\")"));
             };
             let rt = per_file_runtime();
             if worker_role() == Some(archive_async::WorkerRole::Get) {
-                rt.block_on(archive_async::get_worker(&s, &async_options(inv)))?;
+                rt.block_on(archive_async::get_worker(&repos, &async_options(inv)))?;
                 return Ok(0);
             }
             let found = rt.block_on(archive_async::get(
-                &s,
+                &repos,
                 &async_options(inv),
                 name,
                 std::path::Path::new(dest),
@@ -579,7 +701,8 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         }
         "expire" => {
             let s = settings(inv)?;
-            let Some(o) = expire_options(inv) else {
+            // Retention is per repository: repoN-retention-* for repository N.
+            let Some(o) = expire_options(inv.selected_repo().map_err(Error::config)?) else {
                 return Err(Error::config(
                     "nothing to expire by: set repo-retention-full (and optionally repo-retention-diff), or give --set=LABEL",
                 ));
@@ -597,25 +720,37 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             Ok(0)
         }
         "info" => {
-            let s = settings(inv)?;
-            let report = runtime(2).block_on(pgstrata_engine::info::info(&s, inv.get("set")))?;
+            let rt = runtime(2);
+            let mut reports = Vec::new();
+            for s in covered_repos(inv)? {
+                let report = rt.block_on(pgstrata_engine::info::info(&s, inv.get("set")))?;
+                reports.push((s, report));
+            }
             let text = pgstrata_engine::info::render_text;
-            print_report_or_metrics(inv, &report, text, metrics::render_info);
+            print_repo_reports(inv, &reports, text, metrics::render_info);
             Ok(0)
         }
         "verify" => {
-            let s = settings(inv)?;
-            let report = runtime(s.process_max.max(2))
-                .block_on(pgstrata_engine::verify::verify(&s, inv.get("set")))?;
+            let repos = covered_repos(inv)?;
+            let rt = runtime(repos[0].process_max.max(2));
+            let mut reports = Vec::new();
+            for s in repos {
+                let report = rt.block_on(pgstrata_engine::verify::verify(&s, inv.get("set")))?;
+                reports.push((s, report));
+            }
             let text = pgstrata_engine::verify::render_text;
-            print_report_or_metrics(inv, &report, text, metrics::render_verify);
-            if report.ok {
-                Ok(0)
-            } else {
-                Err(Error::integrity(format!(
-                    "verify found problems in stanza '{}': see the report above",
-                    s.stanza
-                )))
+            print_repo_reports(inv, &reports, text, metrics::render_verify);
+            match reports.iter().find(|(_, r)| !r.ok) {
+                None => Ok(0),
+                Some((s, _)) => Err(Error::integrity(format!(
+                    "verify found problems in stanza '{}'{}: see the report above",
+                    s.stanza,
+                    if reports.len() > 1 {
+                        format!(" (repo{})", s.repo_index)
+                    } else {
+                        String::new()
+                    }
+                ))),
             }
         }
         "key-add" => {

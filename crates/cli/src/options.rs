@@ -106,6 +106,8 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Configuration file (TOML: a [global] table and one table per stanza). A missing default file is ignored; a missing file given explicitly is an error." },
     OptionDef { name: "stanza", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, commands: REPO_CMDS,
         help: "Stanza name: the cluster being backed up. Letters, digits, '-' and '_'." },
+    OptionDef { name: "repo", kind: Kind::Int { min: 1, max: 4 }, default: None, scope: Scope::CommandLine, secret: false, commands: &["stanza-create", "check", "backup", "restore", "restore-test", "archive-get", "info", "expire", "verify", "key-add", "key-list", "key-remove"],
+        help: "The repository to use, 1 to 4 (repository N's options are repoN-path, repoN-type, ...; the unnumbered repo-* options are repository 1's, also written repo1-*). Default: backup, restore, restore-test, expire and the key commands use repository 1; stanza-create, check, info and verify every configured repository; archive-get tries this one first, then the others. archive-push always writes every repository." },
     OptionDef { name: "repo-path", kind: Kind::Path, default: Some("/var/lib/pgstrata"), scope: Scope::Config, secret: false, commands: REPO_CMDS,
         help: "Repository directory (posix), or the prefix inside the bucket (object stores)." },
     OptionDef { name: "repo-type", kind: Kind::Enum(RepoKind::NAMES), default: Some("posix"), scope: Scope::Config, secret: false, commands: REPO_CMDS,
@@ -447,6 +449,49 @@ pub(crate) fn unique(name: &str) -> Option<&'static OptionDef> {
 
 pub(crate) fn known(name: &str) -> bool {
     OPTIONS.iter().any(|o| o.name == name)
+}
+
+/// Repositories are numbered 1 to [`REPO_MAX`]; `repo-*` options are repository 1's.
+pub(crate) const REPO_MAX: u8 = 4;
+
+/// Whether `name` is a repository option of repository 1 (`repo-path`, `repo-s3-bucket`,
+/// ...): repositories 2 to 4 take it as `repoN-...`.
+pub(crate) fn is_repo_option(name: &str) -> bool {
+    name.starts_with("repo-")
+}
+
+/// A numbered repository option, `repoN-X` for repository option `repo-X`: `(N, "repo-X")`.
+/// `repo1-X` is `repo-X`. `Err` for a number out of range or an unknown `X`.
+pub(crate) fn indexed(name: &str) -> Option<Result<(u8, &'static str), String>> {
+    let rest = name.strip_prefix("repo")?;
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 || !rest[digits..].starts_with('-') {
+        return None;
+    }
+    let base = format!("repo{}", &rest[digits..]);
+    let Some(def) = OPTIONS
+        .iter()
+        .find(|o| o.name == base && is_repo_option(o.name))
+    else {
+        return Some(Err(format!(
+            "unknown option '{name}': '{base}' is not a repository option (see 'pgstrata help options')"
+        )));
+    };
+    match rest[..digits].parse::<u8>() {
+        Ok(n) if (1..=REPO_MAX).contains(&n) => Some(Ok((n, def.name))),
+        _ => Some(Err(format!(
+            "option '{name}': repositories are numbered 1 to {REPO_MAX}"
+        ))),
+    }
+}
+
+/// The name of repository option `base` (`repo-X`) for repository `n`.
+pub(crate) fn repo_option_name(base: &str, n: u8) -> String {
+    if n == 1 {
+        base.to_string()
+    } else {
+        format!("repo{n}{}", &base["repo".len()..])
+    }
 }
 
 /// The option reference (docs/options.md), generated from the table.

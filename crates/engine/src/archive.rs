@@ -28,6 +28,68 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
     push_opened(s, &storage, &stanza, &name, wal_path, compress_workers()).await
 }
 
+/// Store one WAL file in every repository (`repos`: the same stanza in each), at once. It
+/// is archived only when every repository has it: a failure in one fails the push, naming
+/// that repository, after the others stored it (so PostgreSQL's retry completes the set).
+pub async fn archive_push_all(repos: &[Settings], wal_path: &Path) -> Result<()> {
+    let results = futures::future::join_all(repos.iter().map(|s| archive_push(s, wal_path))).await;
+    first_failure(repos, results.into_iter().map(|r| r.map(|_| ())))
+}
+
+/// The first error of per-repository `results`, naming its repository when there are
+/// several.
+pub(crate) fn first_failure(
+    repos: &[Settings],
+    results: impl Iterator<Item = Result<()>>,
+) -> Result<()> {
+    let mut failed: Option<Error> = None;
+    for (s, r) in repos.iter().zip(results) {
+        if let Err(e) = r {
+            let e = if repos.len() > 1 {
+                e.context(format!("repo{} ({})", s.repo_index, s.repo.path))
+            } else {
+                e
+            };
+            if failed.is_some() {
+                log::error!("{e}");
+            } else {
+                failed = Some(e);
+            }
+        }
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+/// Fetch one WAL file from the first repository of `repos` (in order) that has it. A
+/// repository that fails is passed over with a warning; "not found" (false) only when
+/// none failed and none has it, because a failure taken for the end of the archive would
+/// end recovery early.
+pub async fn archive_get_any(repos: &[Settings], name: &str, dest: &Path) -> Result<bool> {
+    let mut failed: Option<Error> = None;
+    for s in repos {
+        match archive_get(s, name, dest).await {
+            Ok(true) => {
+                if repos.len() > 1 {
+                    log::info!("{name} came from repo{}", s.repo_index);
+                }
+                return Ok(true);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                let e = e.context(format!("repo{} ({})", s.repo_index, s.repo.path));
+                if repos.len() > 1 {
+                    log::warn!("{e}; trying the next repository");
+                }
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    match failed {
+        Some(e) => Err(e.context(format!("{name} was found in no other repository"))),
+        None => Ok(false),
+    }
+}
+
 /// The file name of `wal_path`, if it is named like a WAL file archive-push stores.
 pub(crate) fn checked_wal_name(wal_path: &Path) -> Result<String> {
     let name = wal_path

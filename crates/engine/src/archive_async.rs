@@ -58,7 +58,7 @@
 //! stdin on /dev/null and stderr appended to `<spool>/<stanza>/<role>.log`. It thus
 //! resolves exactly the options the foreground did.
 
-use crate::archive::{self, PushOutcome};
+use crate::archive;
 use crate::{open_stanza, Error, Result, Settings};
 use futures::stream::{self, StreamExt};
 use pgstrata_pg::lsn;
@@ -235,11 +235,12 @@ fn read_ack(out: &Path, name: &str, stamp: Stamp) -> Ack {
 /// archive-push with `archive-async`: wait until the worker has acknowledged `wal_path`,
 /// starting one when none runs.
 pub async fn push(
-    s: &Settings,
+    repos: &[Settings],
     o: &AsyncOptions,
     wal_path: &Path,
     launch: Launcher<'_>,
 ) -> Result<()> {
+    let s = &repos[0];
     let name = archive::checked_wal_name(wal_path)?;
     let dir = o.stanza_dir(s);
     let out = dir.join("out");
@@ -286,8 +287,7 @@ pub async fn push(
                     "the asynchronous archive-push worker exited twice before acknowledging {name}; pushing it directly (see {})",
                     log.display()
                 );
-                archive::archive_push(s, wal_path).await?;
-                return Ok(());
+                return archive::archive_push_all(repos, wal_path).await;
             }
             launches += 1;
             launch(
@@ -366,18 +366,25 @@ fn prune_acks(out: &Path, ready: &[String]) {
 /// The push worker: push every ready file until nothing has been ready for [`PUSH_IDLE`].
 /// Returns at once when another worker holds the stanza's lock.
 pub async fn push_worker(
-    s: &Settings,
+    repos: &[Settings],
     o: &AsyncOptions,
     wal_dir: &Path,
     wanted: Option<&str>,
 ) -> Result<()> {
+    let s = &repos[0];
     let dir = o.stanza_dir(s);
     let out = dir.join("out");
     create_private_dir(&out)?;
     let Some(_lock) = try_lock(&dir.join("archive-push.lock"))? else {
         return Ok(());
     };
-    let opened = match open_stanza(s).await {
+    let opened = match futures::future::try_join_all(repos.iter().map(|r| async move {
+        open_stanza(r)
+            .await
+            .map_err(|e| e.context(format!("repo{}", r.repo_index)))
+    }))
+    .await
+    {
         Ok(o) => o,
         Err(e) => {
             // Tell the waiting foreground why at once rather than let it time out.
@@ -387,7 +394,7 @@ pub async fn push_worker(
             return Err(e);
         }
     };
-    let (storage, stanza) = &opened;
+    let opened = &opened;
     let mut idle_since = Instant::now();
     let mut wanted = wanted
         .filter(|w| archive::valid_wal_name(w))
@@ -452,16 +459,21 @@ pub async fn push_worker(
         idle_since = Instant::now();
         let mut results = stream::iter(todo)
             .map(|(name, stamp)| async move {
-                let r =
-                    archive::push_opened(s, storage, stanza, &name, &wal_dir.join(&name), 1).await;
+                // Every repository at once; acknowledged only when all have it.
+                let path = wal_dir.join(&name);
+                let results = futures::future::join_all(repos.iter().zip(opened).map(
+                    |(r, (storage, stanza))| {
+                        archive::push_opened(r, storage, stanza, &name, &path, 1)
+                    },
+                ))
+                .await;
+                let r = archive::first_failure(repos, results.into_iter().map(|r| r.map(|_| ())));
                 (name, stamp, r)
             })
             .buffer_unordered(o.process_max.max(1));
         while let Some((name, stamp, r)) = results.next().await {
             let (file, text) = match r {
-                Ok(PushOutcome::Stored { .. } | PushOutcome::AlreadyArchived) => {
-                    (format!("{name}.ok"), stamp.ack_text(false))
-                }
+                Ok(()) => (format!("{name}.ok"), stamp.ack_text(false)),
                 Err(e) => {
                     log::error!("{name}: {e}");
                     (format!("{name}.error"), e.to_string())
@@ -483,20 +495,21 @@ const REQUEST: &str = "request";
 /// what was asked, and otherwise fetch from the repository. Same answer as
 /// [`archive::archive_get`]: true when found.
 pub async fn get(
-    s: &Settings,
+    repos: &[Settings],
     o: &AsyncOptions,
     name: &str,
     dest: &Path,
     launch: Launcher<'_>,
 ) -> Result<bool> {
+    let s = &repos[0];
     if o.get_queue_max == 0 || !lsn::is_segment_name(name) {
-        return archive::archive_get(s, name, dest).await;
+        return archive::archive_get_any(repos, name, dest).await;
     }
     let dir = o.stanza_dir(s);
     let inbox = dir.join("in");
     if let Err(e) = create_private_dir(&inbox) {
         log::debug!("prefetch off: {e}");
-        return archive::archive_get(s, name, dest).await;
+        return archive::archive_get_any(repos, name, dest).await;
     }
     let served = serve_spooled(&inbox, name, dest, Duration::ZERO);
     // Tell the worker (atomically: it must never read half a name) and make sure it runs.
@@ -516,7 +529,7 @@ pub async fn get(
     if served || serve_spooled(&inbox, name, dest, Duration::from_secs(5)) {
         return Ok(true);
     }
-    archive::archive_get(s, name, dest).await
+    archive::archive_get_any(repos, name, dest).await
 }
 
 /// Write `dir/name` through a temporary file and a rename, without fsync (spool contents
@@ -565,14 +578,30 @@ fn serve_spooled(inbox: &Path, name: &str, dest: &Path, wait: Duration) -> bool 
 
 /// The prefetch worker: keep the segments after the newest request in the spool until no
 /// request came for [`GET_IDLE`]. Returns at once when another worker holds the lock.
-pub async fn get_worker(s: &Settings, o: &AsyncOptions) -> Result<()> {
+pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
+    let s = &repos[0];
     let dir = o.stanza_dir(s);
     let inbox = dir.join("in");
     create_private_dir(&inbox)?;
     let Some(_lock) = try_lock(&dir.join("archive-get.lock"))? else {
         return Ok(());
     };
-    let (storage, stanza) = open_stanza(s).await?;
+    // The repositories that open, in the order given (the one asked for first); segments
+    // come from the first that has them.
+    let mut storages = Vec::new();
+    let mut first_stanza = None;
+    for r in repos {
+        match open_stanza(r).await {
+            Ok((storage, stanza)) => {
+                first_stanza.get_or_insert(stanza);
+                storages.push(storage);
+            }
+            Err(e) => log::warn!("prefetch: repo{}: {e}", r.repo_index),
+        }
+    }
+    let Some(stanza) = first_stanza else {
+        return Ok(()); // the foreground fetches and reports the failure itself
+    };
     let archive_id = stanza.cluster.archive_id();
     let seg_size = stanza.cluster.wal_segment_size;
     let queue = inbox.join(&archive_id);
@@ -630,13 +659,24 @@ pub async fn get_worker(s: &Settings, o: &AsyncOptions) -> Result<()> {
         let fetched: Vec<(String, pgstrata_repo::Result<bytes::Bytes>)> = stream::iter(missing)
             .map(|n| {
                 let key = layout::archive_object(&s.stanza, &archive_id, n);
-                let storage = &storage;
+                let storages = &storages;
                 let tmp = queue.join(format!(".{n}.tmp"));
                 async move {
                     // Marks the fetch in flight for a foreground that wants this segment.
                     let _ = File::create(&tmp);
-                    let r = storage.get(&key).await;
-                    (n.clone(), r)
+                    let mut r = None;
+                    for storage in storages {
+                        match storage.get(&key).await {
+                            Ok(obj) => {
+                                r = Some(Ok(obj));
+                                break;
+                            }
+                            Err(e) => {
+                                r.get_or_insert(Err(e));
+                            }
+                        }
+                    }
+                    (n.clone(), r.expect("at least one repository"))
                 }
             })
             .buffered(o.process_max.max(1))

@@ -62,6 +62,53 @@ impl<'a> Exposition<'a> {
     }
 }
 
+/// Several expositions (one per repository) as one: each family's HELP and TYPE once,
+/// followed by its samples from every part, as the text format requires.
+pub fn merge_expositions(parts: &[String]) -> String {
+    let mut order: Vec<String> = Vec::new();
+    let mut families: std::collections::HashMap<String, (Vec<String>, Vec<String>)> =
+        std::collections::HashMap::new();
+    for part in parts {
+        let mut current = String::new();
+        for line in part.lines() {
+            let header = line
+                .strip_prefix("# HELP ")
+                .or_else(|| line.strip_prefix("# TYPE "));
+            let family = match header {
+                Some(rest) => rest.split(' ').next().unwrap_or_default().to_string(),
+                None => line
+                    .split(['{', ' '])
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            };
+            if family != current {
+                current = family.clone();
+            }
+            let entry = families.entry(current.clone()).or_insert_with(|| {
+                order.push(current.clone());
+                (Vec::new(), Vec::new())
+            });
+            match header {
+                Some(_) if entry.0.len() < 2 && !entry.0.contains(&line.to_string()) => {
+                    entry.0.push(line.to_string())
+                }
+                Some(_) => {}
+                None => entry.1.push(line.to_string()),
+            }
+        }
+    }
+    let mut out = String::new();
+    for f in order {
+        let (headers, samples) = &families[&f];
+        for l in headers.iter().chain(samples) {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// A label value as the text format wants it: backslash, double quote and newline escaped.
 fn escape_label(v: &str) -> String {
     v.replace('\\', r"\\")
@@ -254,6 +301,17 @@ mod tests {
             database_size: 1000,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn merged_expositions_keep_each_family_together() {
+        let a = "# HELP x X.\n# TYPE x gauge\nx{repository=\"a\"} 1\n# HELP y Y.\n# TYPE y gauge\ny{repository=\"a\"} 2\n";
+        let b = "# HELP x X.\n# TYPE x gauge\nx{repository=\"b\"} 3\n# HELP y Y.\n# TYPE y gauge\ny{repository=\"b\"} 4\n";
+        assert_eq!(
+            merge_expositions(&[a.to_string(), b.to_string()]),
+            "# HELP x X.\n# TYPE x gauge\nx{repository=\"a\"} 1\nx{repository=\"b\"} 3\n\
+             # HELP y Y.\n# TYPE y gauge\ny{repository=\"a\"} 2\ny{repository=\"b\"} 4\n"
+        );
     }
 
     #[test]

@@ -12,6 +12,8 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub stanza: String,
+    /// Which repository `repo` is, 1 to 4 (for messages; `repo-*` options are number 1's).
+    pub repo_index: u8,
     /// Where the repository is: a local directory or an object store.
     pub repo: RepoConfig,
     pub pg_path: Option<PathBuf>,
