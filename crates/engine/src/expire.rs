@@ -359,6 +359,7 @@ mod tests {
         plant(&format!("{pack_dir}/0-1#7"), 60); // may be a write in progress
         plant("not#staging", 2 * 3600); // not a staging name: left alone
         let s = Settings {
+            repo_index: 1,
             stanza: "st".into(),
             repo: pgstrata_repo::storage::RepoConfig {
                 path: dir.path().display().to_string(),
