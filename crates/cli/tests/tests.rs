@@ -12,6 +12,7 @@ mod encryption;
 mod incremental;
 mod manifest;
 mod monitoring;
+mod multi_repo;
 mod object_store;
 mod options;
 mod restore_safety;
