@@ -80,15 +80,39 @@ fn archived_segments(repo: &Path) -> Vec<String> {
     v
 }
 
+/// A config file holding only `body` (and the spool, log and prefetch settings), owned by
+/// the PostgreSQL user: for restores from one repository alone.
+fn alone_config(env: &Env, name: &str, body: &str) -> PathBuf {
+    let p = env.scratch.join(&format!("{name}.toml"));
+    let spool = env.scratch.join(&format!("{name}-spool"));
+    let log = env.scratch.join("log");
+    std::fs::write(
+        &p,
+        format!(
+            "[global]\n{body}\nspool-path = \"{}\"\nprocess-max = 4\nlog-path = \"{}\"\nlog-level-file = \"info\"\n",
+            spool.display(),
+            log.display()
+        ),
+    )
+    .unwrap();
+    pgstrata_testkit::give_to_pg_user(&p);
+    set_mode(&p, 0o600);
+    p
+}
+
 #[test]
-fn async_push_under_load_survives_killed_workers_and_prefetch_replays_it_all() {
-    let env = Env::with_config("async", &async_toml(""));
+fn async_push_to_local_and_s3_under_load_survives_killed_workers() {
+    let s3 = pgstrata_testkit::S3Server::start("async-wal").expect("moto_server");
+    let s3_repo1 = crate::object_store::s3_toml(&s3.bucket, &s3.endpoint());
+    let s3_repo2 = s3_repo1.replace("repo-", "repo2-");
+    let env = Env::with_config("async", &async_toml(&s3_repo2));
     let config = env.config.clone().unwrap();
     env.stanza_create();
     env.cluster
         .pgbench(&["-i", "-s", "2", "-q", "postgres"])
         .unwrap();
     env.backup(&["--type=full"]);
+    env.backup(&["--repo=2", "--type=full"]);
     // Load, with WAL switched often so that many segments become ready at once.
     let mut load = env
         .cluster
@@ -97,7 +121,7 @@ fn async_push_under_load_survives_killed_workers_and_prefetch_replays_it_all() {
     let mut kills = 0;
     let mut rng = 0x9e37_79b9_u64;
     let start = Instant::now();
-    while kills < 10 && start.elapsed() < Duration::from_secs(60) {
+    while kills < 10 && start.elapsed() < Duration::from_secs(90) {
         env.sql("SELECT pg_switch_wal()");
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -121,19 +145,20 @@ fn async_push_under_load_survives_killed_workers_and_prefetch_replays_it_all() {
     load.wait().unwrap();
     env.sql("CREATE TABLE after_load AS SELECT 42 AS answer");
     let want = env.hashes();
-    // check switches WAL and waits until it is archived: the asynchronous path catches up.
+    // check switches WAL and waits until it is archived in both repositories.
     env.flush_wal();
     wait_until("the archiver to drain", Duration::from_secs(60), || {
         ready(&env).is_empty()
     });
-    let stats = env.sql("SELECT archived_count, failed_count FROM pg_stat_archiver");
-    eprintln!("pg_stat_archiver: {stats}");
 
-    // Nothing lost: no gap anywhere in the archive, and verify agrees.
-    let segs = archived_segments(&env.repo);
-    assert!(segs.len() >= 10, "{segs:?}");
-    let out = env.ok(&["verify"]);
-    assert!(!out.contains("gap"), "{out}");
+    // Nothing lost: no gap in either repository, and verify agrees.
+    let local = archived_segments(&env.repo);
+    assert!(local.len() >= 10, "{local:?}");
+    let verify = env.ok(&["verify"]);
+    assert!(
+        verify.contains("repo2: ") && !verify.contains("gap"),
+        "{verify}"
+    );
     let info = env.ok(&["info"]);
     assert!(!info.contains("GAP"), "{info}");
     assert!(
@@ -141,21 +166,35 @@ fn async_push_under_load_survives_killed_workers_and_prefetch_replays_it_all() {
         "{info}"
     );
 
-    // A restore replaying every segment through archive-get with prefetch equals the source.
-    let spool = env.scratch.join("restore-spool");
-    let restored = env.restore_and_start(
-        "restored",
-        &[
-            &format!("--spool-path={}", spool.display()),
-            "--archive-get-queue-max=64MiB",
-        ],
-    );
-    assert_eq!(restored.content_hashes().unwrap(), want);
-    let conf = std::fs::read_to_string(restored.data.join("postgresql.auto.conf")).unwrap();
-    assert!(
-        conf.contains("--archive-get-queue-max=67108864") && conf.contains("--spool-path="),
-        "restore_command carries the prefetch options: {conf}"
-    );
+    // Each repository alone restores and replays to the source, served by prefetch.
+    for (name, body) in [
+        (
+            "local-alone",
+            format!("repo-path = \"{}\"", env.repo.display()),
+        ),
+        ("s3-alone", s3_repo1.clone()),
+    ] {
+        let alone = alone_config(&env, name, &body);
+        let restored = env.restore_and_start(
+            name,
+            &[
+                &format!("--config={}", alone.display()),
+                "--archive-get-queue-max=64MiB",
+            ],
+        );
+        assert_eq!(
+            restored.content_hashes().unwrap(),
+            want,
+            "restored from {name}"
+        );
+        let conf = std::fs::read_to_string(restored.data.join("postgresql.auto.conf")).unwrap();
+        assert!(
+            conf.contains("--archive-get-queue-max=67108864")
+                && conf.contains(&alone.display().to_string()),
+            "restore_command carries the prefetch options: {conf}"
+        );
+        restored.stop().unwrap();
+    }
     let log = std::fs::read_to_string(env.scratch.join("log/test-archive-get.log")).unwrap();
     let from_queue = log.matches("from the prefetch queue").count();
     let from_repo = log.matches("from the archive").count();
@@ -164,7 +203,72 @@ fn async_push_under_load_survives_killed_workers_and_prefetch_replays_it_all() {
         "most segments were served from the prefetch queue ({from_queue} of {})",
         from_queue + from_repo
     );
+}
+
+/// Prefetch follows recovery across a timeline switch: a backup restored, promoted and
+/// archiving on timeline 2; a second restore of the same backup replays timeline 1 up to
+/// the switch, then timeline 2, through the prefetch queue.
+#[test]
+fn prefetch_follows_a_timeline_switch() {
+    let env = Env::with_config("async-tli", &async_toml(""));
+    env.stanza_create();
+    env.cluster
+        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
+        .unwrap();
+    env.backup(&["--type=full"]);
+    for i in 0..3 {
+        env.sql(&format!(
+            "CREATE TABLE tl1_{i} AS SELECT generate_series(1, 20000) AS x"
+        ));
+        env.sql("SELECT pg_switch_wal()");
+    }
+    env.flush_wal();
+    env.cluster.stop().unwrap();
+
+    // The promoted copy archives timeline 2 into the same stanza.
+    let first = env.scratch.join("first");
+    run_ok(env.cmd_as_invoker(&[
+        &format!("--pg-path={}", first.display()),
+        "--target-action=promote",
+        "restore",
+    ]));
+    let promoted = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &first, &env.scratch.path);
+    promoted.start().unwrap();
+    promoted
+        .wait_for_promotion(Duration::from_secs(180))
+        .unwrap();
+    for i in 0..3 {
+        promoted
+            .psql(
+                "postgres",
+                &format!("CREATE TABLE tl2_{i} AS SELECT generate_series(1, 20000) AS x"),
+            )
+            .unwrap();
+        promoted.psql("postgres", "SELECT pg_switch_wal()").unwrap();
+    }
+    let want = promoted.content_hashes().unwrap();
+    let tli2_last = promoted
+        .psql("postgres", "SELECT pg_walfile_name(pg_current_wal_lsn())")
+        .unwrap();
+    promoted.psql("postgres", "SELECT pg_switch_wal()").unwrap();
+    wait_until("timeline 2 to be archived", Duration::from_secs(60), || {
+        archived_segments(&env.repo).contains(&tli2_last.trim().to_string())
+    });
+    promoted.stop().unwrap();
+
+    // The same backup again, following the latest timeline, through the prefetch queue.
+    let restored = env.restore_and_start("second", &["--archive-get-queue-max=64MiB"]);
+    assert_eq!(restored.content_hashes().unwrap(), want);
+    let tli: String = restored
+        .psql(
+            "postgres",
+            "SELECT timeline_id FROM pg_control_checkpoint()",
+        )
+        .unwrap();
+    assert!(tli.trim().parse::<u32>().unwrap() >= 3, "{tli}");
     restored.stop().unwrap();
+    let log = std::fs::read_to_string(env.scratch.join("log/test-archive-get.log")).unwrap();
+    assert!(log.contains("from the prefetch queue"), "{log}");
 }
 
 #[test]
