@@ -19,7 +19,7 @@ usage: bench SCENARIO [options]      run one scenario (as root: the clusters run
        bench report [--readme FILE] [--runs-dir DIR]   rewrite the README tables from the CSVs
        bench limits                  measure disk and codec limits only
 
-scenarios: full_backup incremental restore bundling s3_latency wal_tracking wal_archive
+scenarios: full_backup incremental restore bundling s3_latency wal_tracking wal_archive wal_async
            decode_overhead
 
 options of every scenario:

@@ -9,6 +9,7 @@ pub mod incremental;
 pub mod restore;
 pub mod s3_latency;
 pub mod wal_archive;
+pub mod wal_async;
 pub mod wal_tracking;
 
 use crate::args::Args;
@@ -33,6 +34,7 @@ pub fn run(name: &str, mut a: Args) -> Result<(), String> {
         "s3_latency" => scenario!(s3_latency),
         "wal_tracking" => scenario!(wal_tracking),
         "wal_archive" => scenario!(wal_archive),
+        "wal_async" => scenario!(wal_async),
         "decode_overhead" => scenario!(decode_overhead),
         _ => Err(format!("unknown scenario '{name}' (see bench help)")),
     }

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BUCKET: &str = "pgstrata-bench";
+pub(super) const BUCKET: &str = "pgstrata-bench";
 
 pub struct Opts {
     scenarios: Vec<String>,
@@ -85,19 +85,22 @@ impl Opts {
 }
 
 /// bench/delay_proxy.py in front of moto: delays and counts request/response turns.
-struct Proxy {
+pub(super) struct Proxy {
     child: Child,
     stats: PathBuf,
     log: PathBuf,
     seq: u64,
-    port: u16,
-    tls_port: Option<u16>,
+    pub(super) port: u16,
+    pub(super) tls_port: Option<u16>,
 }
 
 impl Proxy {
-    fn start(
+    /// Start the proxy before moto's `upstream` port: `delay_ms` per request turn,
+    /// `connect_delay_ms` per connection, and a TLS listener when `tls` (cert, key) is given.
+    pub(super) fn start(
         b: &Bench,
-        o: &Opts,
+        delay_ms: u64,
+        connect_delay_ms: u64,
         upstream: u16,
         tls: Option<(PathBuf, PathBuf)>,
     ) -> Result<Proxy, String> {
@@ -114,9 +117,9 @@ impl Proxy {
             ])
             .args([
                 "--delay-ms",
-                &o.delay_ms.to_string(),
+                &delay_ms.to_string(),
                 "--connect-delay-ms",
-                &o.connect_delay_ms.to_string(),
+                &connect_delay_ms.to_string(),
             ])
             .arg("--stats")
             .arg(&stats)
@@ -153,7 +156,7 @@ impl Proxy {
     }
 
     /// Request/response turns since the start (the proxy dumps them on SIGUSR1).
-    fn turns(&mut self) -> Result<u64, String> {
+    pub(super) fn turns(&mut self) -> Result<u64, String> {
         self.seq += 1;
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1)
@@ -172,7 +175,7 @@ impl Proxy {
     }
 
     /// Requests of turns first..=last by kind: "GET 12, PUT 3, LIST 2".
-    fn mix(&self, first: u64, last: u64) -> String {
+    pub(super) fn mix(&self, first: u64, last: u64) -> String {
         let mut n: std::collections::BTreeMap<String, u64> = Default::default();
         for l in std::fs::read_to_string(&self.log)
             .unwrap_or_default()
@@ -445,7 +448,7 @@ fn objects(env: &Env, r: &Repo, t: &Target, tag: &str) -> Result<u64, String> {
 }
 
 /// A CA and a server certificate for 127.0.0.1 (pgBackRest only speaks https to S3).
-fn pki(b: &Bench) -> Result<(PathBuf, PathBuf, PathBuf), String> {
+pub(super) fn pki(b: &Bench) -> Result<(PathBuf, PathBuf, PathBuf), String> {
     let dir = b.dir("pki")?;
     let script = "set -e
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj '/CN=pgstrata bench CA' -keyout ca.key -out ca.pem -addext 'basicConstraints=critical,CA:TRUE' -addext 'keyUsage=critical,keyCertSign,cRLSign'
@@ -469,7 +472,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         let (ca, cert, key) = pki(b)?;
         (Some(ca), Some((cert, key)))
     };
-    let proxy = Proxy::start(b, o, moto.port, tls)?;
+    let proxy = Proxy::start(b, o.delay_ms, o.connect_delay_ms, moto.port, tls)?;
     let mut env = Env {
         moto_port: moto.port,
         proxy,

@@ -1,0 +1,418 @@
+//! WAL at production rates on an object store (issue 14): a backlog of ready segments
+//! archived the way PostgreSQL's archiver does it (one archive_command after another, each
+//! file marked done when its command returns), synchronously and with `archive-async`; then
+//! the same segments fetched back the way recovery asks for them (one restore_command after
+//! another), without and with prefetch. pgstrata against pgBackRest 2.59.1 (archive-async,
+//! its default archive-get-queue-max), both on moto's S3 behind bench/delay_proxy.py's
+//! DELAY_MS per request (pgstrata over http, pgBackRest over the proxy's TLS listener: it
+//! speaks only https to S3).
+//!
+//! The backlog: SEGMENTS real segments (pgbench traffic and bulk updates) copied into a
+//! stand-in data directory (`pg_wal/` with `archive_status/*.ready`, and the cluster's
+//! `global/pg_control`, which pgBackRest reads), so that every tool sees the same files
+//! and the same backlog. The archiver loop is the timed command; the asynchronous workers it
+//! starts are not its children, so peak memory is sampled from /proc: the largest sum of
+//! the resident sets of all the tool's processes during the step.
+//!
+//! Options: --segments LIST (64,512) --delay-ms MS (20) --async-process-max N (4)
+//!          --codec C (zst) --scale N (10)
+
+use super::s3_latency::{pki, Proxy, BUCKET};
+use crate::args::Args;
+use crate::harness::{chown_pg, Bench, Measured, STANZA};
+use crate::results::Row;
+use crate::tools::{Repo, Setup, Tool};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct Opts {
+    segments: Vec<u64>,
+    delay_ms: u64,
+    async_pm: u64,
+    codec: String,
+    scale: u64,
+}
+
+impl Opts {
+    pub fn parse(a: &mut Args) -> Result<Opts, String> {
+        let o = Opts {
+            segments: a.uint_list("segments", "64,512")?,
+            delay_ms: a.uint("delay-ms", 20, 0)?,
+            async_pm: a.uint("async-process-max", 4, 1)?,
+            codec: a.string("codec", "zst"),
+            scale: a.uint("scale", 10, 1)?,
+        };
+        crate::tools::default_level(&o.codec)?;
+        if o.segments.is_empty() {
+            return Err("--segments: give at least one count".into());
+        }
+        Ok(o)
+    }
+    pub fn params(&self) -> String {
+        format!(
+            "segments={} delay-ms={} async-process-max={} codec={} scale={}",
+            self.segments
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            self.delay_ms,
+            self.async_pm,
+            self.codec,
+            self.scale
+        )
+    }
+}
+
+/// One way of archiving and fetching.
+struct Target {
+    label: String,
+    tool: Tool,
+    asynchronous: bool,
+}
+
+pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
+    let moto = pgstrata_testkit::S3Server::start(BUCKET)?;
+    let tls = if b.pgbackrest.is_empty() {
+        None
+    } else {
+        Some(pki(b)?)
+    };
+    let mut proxy = Proxy::start(
+        b,
+        o.delay_ms,
+        0,
+        moto.port,
+        tls.as_ref().map(|(_, c, k)| (c.clone(), k.clone())),
+    )?;
+    let ca = tls.as_ref().map(|(ca, _, _)| ca.clone());
+
+    // The segments, generated once.
+    b.start_cluster("max_wal_size = '4GB'\nsynchronous_commit = off")?;
+    b.load_pgbench(o.scale, 0, "")?;
+    let most = *o.segments.iter().max().unwrap();
+    let src_tool = b.pgstrata.first().cloned().ok_or("no pgstrata binary")?;
+    let src = Repo::new(b, &src_tool, "source", "wal-src", "lz4", Setup::default())?;
+    src.stanza_create(b)?;
+    b.archive_to(&[&src])?;
+    eprintln!("[bench] generating {most} segments");
+    let round = std::cell::Cell::new(0u64);
+    let first = super::generate_segments(b, most, &|b| {
+        round.set(round.get() + 1);
+        b.sql(&format!(
+            "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid % 7 = {}",
+            round.get() % 7
+        ))?;
+        b.cluster()
+            .pgbench(&["-n", "-c", "2", "-j", "2", "-T", "2", "postgres"])
+            .map(drop)
+    })?;
+    b.archive_nowhere();
+    let seg_dir = b.dir("segments")?;
+    let names = super::fetch_segments(b, &src, first, most, &seg_dir)?;
+    let _ = std::fs::remove_dir_all(&src.dir);
+
+    let mut targets = Vec::new();
+    for t in &b.pgstrata {
+        for asynchronous in [false, true] {
+            targets.push(Target {
+                label: format!(
+                    "{} {}",
+                    t.label,
+                    if asynchronous { "async" } else { "sync" }
+                ),
+                tool: t.clone(),
+                asynchronous,
+            });
+        }
+    }
+    for t in &b.pgbackrest {
+        for asynchronous in [false, true] {
+            targets.push(Target {
+                label: format!(
+                    "{} {}",
+                    t.label,
+                    if asynchronous { "async" } else { "sync" }
+                ),
+                tool: t.clone(),
+                asynchronous,
+            });
+        }
+    }
+    let labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
+    b.results.declare(&labels);
+
+    for &n in &o.segments {
+        let names = &names[..n as usize];
+        let push_case = format!("{n} ready segments, S3 +{} ms", o.delay_ms);
+        let get_case = format!("{n} segments fetched in order, S3 +{} ms", o.delay_ms);
+        for (i, t) in targets.iter().enumerate() {
+            let endpoint = if t.tool.is_pgstrata() {
+                format!("http://127.0.0.1:{}", proxy.port)
+            } else {
+                proxy
+                    .tls_port
+                    .ok_or("pgBackRest needs the proxy's TLS listener")?
+                    .to_string()
+            };
+            let tag = format!("async-{n}-{i}");
+            let data = stand_in_data_dir(b, &tag, &seg_dir, names)?;
+            let spool = b.dir(&format!("spool-{tag}"))?;
+            let repo = repo(b, o, t, &tag, &endpoint, &spool, ca.as_deref())?;
+            repo.stanza_create(b)?;
+            use_stand_in(b, &repo, &data)?;
+            let wal = data.join("pg_wal");
+            let before = proxy.turns()?;
+            let (m, rss) = sampled(&t.tool, || archiver_loop(b, &repo, &wal, names))?;
+            let after = proxy.turns()?;
+            b.results.record(
+                Row::timed(&push_case, "archive backlog", &t.label, 1, &m)
+                    .with_count(Some(after - before))
+                    .note(format!(
+                        "{:.1} segments/s; {:.1} requests a segment ({}); peak RSS of all {} processes {} MB",
+                        n as f64 / m.seconds,
+                        (after - before) as f64 / n as f64,
+                        proxy.mix(before + 1, after),
+                        t.tool.label,
+                        rss / 1024
+                    )),
+            )?;
+            // Fetch back as recovery does; pgstrata asynchronous = with prefetch, its
+            // synchronous row without (archive-get-queue-max=0).
+            let out = b.dir(&format!("get-{tag}"))?;
+            std::thread::sleep(Duration::from_secs(3)); // let idle workers exit
+            let before = proxy.turns()?;
+            let (m, rss) = sampled(&t.tool, || recovery_loop(b, &repo, &out, names, t))?;
+            let after = proxy.turns()?;
+            for name in names {
+                if std::fs::read(out.join(name)).ok() != std::fs::read(seg_dir.join(name)).ok() {
+                    return Err(format!("{}: archive-get of {name} differs", t.label));
+                }
+            }
+            b.results.record(
+                Row::timed(&get_case, "restore_command", &t.label, 1, &m)
+                    .with_count(Some(after - before))
+                    .note(format!(
+                        "{:.1} segments/s, {:.0} ms a call; {}; peak RSS of all {} processes {} MB",
+                        n as f64 / m.seconds,
+                        1000.0 * m.seconds / n as f64,
+                        if t.asynchronous {
+                            "prefetch (default queue)"
+                        } else {
+                            "no prefetch"
+                        },
+                        t.tool.label,
+                        rss / 1024
+                    )),
+            )?;
+            std::thread::sleep(Duration::from_secs(6)); // prefetch workers exit when idle
+            for d in [&data, &out, &spool] {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A directory standing in for the data directory: the cluster's pg_control and a pg_wal
+/// holding `names`, each marked ready to archive.
+fn stand_in_data_dir(
+    b: &Bench,
+    tag: &str,
+    seg_dir: &Path,
+    names: &[String],
+) -> Result<PathBuf, String> {
+    let data = b.dir(&format!("data-{tag}"))?;
+    let status = data.join("pg_wal/archive_status");
+    let global = data.join("global");
+    for d in [&status, &global] {
+        std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+    }
+    let io = |e: std::io::Error| e.to_string();
+    std::fs::copy(
+        b.cluster().data.join("global/pg_control"),
+        global.join("pg_control"),
+    )
+    .map_err(io)?;
+    std::fs::write(data.join("PG_VERSION"), "15\n").map_err(io)?;
+    for n in names {
+        std::fs::copy(seg_dir.join(n), data.join("pg_wal").join(n)).map_err(io)?;
+        std::fs::write(status.join(format!("{n}.ready")), "").map_err(io)?;
+    }
+    for d in [&data, &data.join("pg_wal"), &status, &global] {
+        chown_pg(d);
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(io)?;
+    }
+    for e in walk(&data) {
+        chown_pg(&e);
+    }
+    Ok(data)
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn repo(
+    b: &Bench,
+    o: &Opts,
+    t: &Target,
+    tag: &str,
+    endpoint: &str,
+    spool: &Path,
+    ca: Option<&Path>,
+) -> Result<Repo, String> {
+    let prefix = format!("bench-{tag}");
+    let settings = if t.tool.is_pgstrata() {
+        let mut s = vec![
+            "repo-type = \"s3\"".to_string(),
+            format!("repo-path = \"/{prefix}\""),
+            format!("repo-s3-bucket = \"{BUCKET}\""),
+            format!("repo-s3-endpoint = \"{endpoint}\""),
+            "repo-s3-region = \"us-east-1\"".into(),
+            "repo-s3-uri-style = \"path\"".into(),
+            "repo-s3-key = \"test\"".into(),
+            "repo-s3-key-secret = \"test\"".into(),
+            format!("archive-async = {}", t.asynchronous),
+            format!("spool-path = \"{}\"", spool.display()),
+            "archive-timeout = 600".into(),
+        ];
+        if !t.asynchronous {
+            s.push("archive-get-queue-max = 0".into());
+        }
+        if let (true, Some(ca)) = (endpoint.starts_with("https"), ca) {
+            s.push(format!("repo-s3-ca-file = \"{}\"", ca.display()));
+        }
+        s
+    } else {
+        vec![
+            "repo1-type=s3".to_string(),
+            format!("repo1-path=/{prefix}"),
+            format!("repo1-s3-bucket={BUCKET}"),
+            "repo1-s3-endpoint=127.0.0.1".into(),
+            format!("repo1-storage-port={endpoint}"),
+            "repo1-storage-verify-tls=n".into(),
+            "repo1-s3-region=us-east-1".into(),
+            "repo1-s3-uri-style=path".into(),
+            "repo1-s3-key=test".into(),
+            "repo1-s3-key-secret=test".into(),
+            format!("archive-async={}", if t.asynchronous { "y" } else { "n" }),
+            format!("spool-path={}", spool.display()),
+            "archive-timeout=600".into(),
+        ]
+    };
+    let setup = Setup {
+        settings,
+        remote: true,
+        process_max: Some(if t.asynchronous { o.async_pm } else { 1 }),
+        ..Setup::default()
+    };
+    Repo::new(
+        b,
+        &t.tool,
+        &t.label,
+        &tag.replace('-', "_"),
+        &o.codec,
+        setup,
+    )
+}
+
+/// After stanza-create (which checks pg1-path against the running cluster), point
+/// pgBackRest's pg1-path at the stand-in data directory: it finds pg_wal there.
+fn use_stand_in(b: &Bench, repo: &Repo, data: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(&repo.config).map_err(|e| e.to_string())?;
+    let text = text.replace(
+        &format!("pg1-path={}", b.cluster().data.display()),
+        &format!("pg1-path={}", data.display()),
+    );
+    std::fs::write(&repo.config, text).map_err(|e| e.to_string())
+}
+
+/// PostgreSQL's archiver: archive_command for each ready file in order, marking it done
+/// when the command succeeds.
+fn archiver_loop(
+    b: &mut Bench,
+    repo: &Repo,
+    wal: &Path,
+    names: &[String],
+) -> Result<Measured, String> {
+    let script = format!(
+        "cd '{}' && for f in {}; do '{}' --config='{}' --stanza={STANZA} archive-push \"$PWD/$f\" || exit 1; mv \"archive_status/$f.ready\" \"archive_status/$f.done\"; done",
+        wal.display(),
+        names.join(" "),
+        repo.tool.bin.display(),
+        repo.config.display(),
+    );
+    b.run(
+        "archiver-loop",
+        std::process::Command::new("sh").args(["-c", &script]),
+        true,
+    )
+}
+
+/// Recovery's requests: restore_command for each segment in order.
+fn recovery_loop(
+    b: &mut Bench,
+    repo: &Repo,
+    out: &Path,
+    names: &[String],
+    _t: &Target,
+) -> Result<Measured, String> {
+    let script = format!(
+        "d='{}'; for f in {}; do '{}' --config='{}' --stanza={STANZA} archive-get \"$f\" \"$d/$f\" || exit 1; done",
+        out.display(),
+        names.join(" "),
+        repo.tool.bin.display(),
+        repo.config.display(),
+    );
+    b.run(
+        "recovery-loop",
+        std::process::Command::new("sh").args(["-c", &script]),
+        true,
+    )
+}
+
+/// Run `f`, sampling the summed resident set of every process running `tool`'s binary
+/// (foreground calls and detached asynchronous workers alike): returns its result and the
+/// peak sum in KiB.
+fn sampled<T>(tool: &Tool, f: impl FnOnce() -> Result<T, String>) -> Result<(T, u64), String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let bin = tool.bin.clone();
+    let flag = stop.clone();
+    let sampler = std::thread::spawn(move || {
+        let mut peak = 0u64;
+        while !flag.load(Ordering::Relaxed) {
+            let mut sum = 0u64;
+            for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                if std::fs::read_link(e.path().join("exe")).ok().as_deref() != Some(bin.as_path()) {
+                    continue;
+                }
+                let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+                sum += status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+            peak = peak.max(sum);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        peak
+    });
+    let r = f();
+    stop.store(true, Ordering::Relaxed);
+    let peak = sampler.join().unwrap_or(0);
+    Ok((r?, peak))
+}
