@@ -265,7 +265,7 @@ fn current_lsn(b: &Bench) -> Result<u64, String> {
 }
 
 /// The cluster's WAL segment size in bytes.
-fn wal_segment_size(b: &Bench) -> Result<u64, String> {
+pub fn wal_segment_size(b: &Bench) -> Result<u64, String> {
     b.sql("SELECT setting::bigint * CASE unit WHEN 'MB' THEN 1048576 ELSE 1 END FROM pg_settings WHERE name = 'wal_segment_size'")?
         .parse()
         .map_err(|e| format!("wal_segment_size: {e}"))

@@ -7,6 +7,11 @@
 //! DELAY_MS per request (pgstrata over http, pgBackRest over the proxy's TLS listener: it
 //! speaks only https to S3).
 //!
+//! Third, recovery for real: a base backup taken before the segments (restored by pgstrata
+//! for every tool; not timed) started with the tool's restore_command, timed from the
+//! server's start to its promotion at the end of the archive. Every segment list starts
+//! with the base backup's own few segments.
+//!
 //! The backlog: SEGMENTS real segments (pgbench traffic and bulk updates) copied into a
 //! stand-in data directory (`pg_wal/` with `archive_status/*.ready`, and the cluster's
 //! `global/pg_control`, which pgBackRest reads), so that every tool sees the same files
@@ -97,6 +102,13 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     let src = Repo::new(b, &src_tool, "source", "wal-src", "lz4", Setup::default())?;
     src.stanza_create(b)?;
     b.archive_to(&[&src])?;
+    // The base backup recovery replays the segments onto (restored by pgstrata for every
+    // tool: only the replay through each tool's restore_command is measured).
+    let (_, base) = src.backup(b, "full", &[])?;
+    let base_wal = src.backup_info(b, &base)?["wal_start"]
+        .as_str()
+        .ok_or("the base backup's first WAL segment")?
+        .to_string();
     eprintln!("[bench] generating {most} segments");
     let round = std::cell::Cell::new(0u64);
     let first = super::generate_segments(b, most, &|b| {
@@ -111,8 +123,14 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     })?;
     b.archive_nowhere();
     let seg_dir = b.dir("segments")?;
-    let names = super::fetch_segments(b, &src, first, most, &seg_dir)?;
-    let _ = std::fs::remove_dir_all(&src.dir);
+    // The segments from the base backup's start on: the backup's own first, then the load.
+    let seg_size = super::wal_segment_size(b)?;
+    let base_start = pgstrata_pg::lsn::parse_segment_name(&base_wal, seg_size)
+        .ok_or("the base backup's first WAL segment name")?
+        .1
+        * seg_size;
+    let lead = (first - base_start) / seg_size;
+    let names = super::fetch_segments(b, &src, base_start, lead + most, &seg_dir)?;
 
     let mut targets = Vec::new();
     for t in &b.pgstrata {
@@ -145,9 +163,11 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     b.results.declare(&labels);
 
     for &n in &o.segments {
-        let names = &names[..n as usize];
+        // The base backup's own segments come first (`lead` of them), then n of the load.
+        let names = &names[..(lead + n) as usize];
         let push_case = format!("{n} ready segments, S3 +{} ms", o.delay_ms);
         let get_case = format!("{n} segments fetched in order, S3 +{} ms", o.delay_ms);
+        let replay_case = format!("{n} segments replayed by recovery, S3 +{} ms", o.delay_ms);
         for (i, t) in targets.iter().enumerate() {
             let endpoint = if t.tool.is_pgstrata() {
                 format!("http://127.0.0.1:{}", proxy.port)
@@ -172,8 +192,8 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                     .with_count(Some(after - before))
                     .note(format!(
                         "{:.1} segments/s; {:.1} requests a segment ({}); peak RSS of all {} processes {} MB",
-                        n as f64 / m.seconds,
-                        (after - before) as f64 / n as f64,
+                        names.len() as f64 / m.seconds,
+                        (after - before) as f64 / names.len() as f64,
                         proxy.mix(before + 1, after),
                         t.tool.label,
                         rss / 1024
@@ -196,8 +216,8 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                     .with_count(Some(after - before))
                     .note(format!(
                         "{:.1} segments/s, {:.0} ms a call; {}; peak RSS of all {} processes {} MB",
-                        n as f64 / m.seconds,
-                        1000.0 * m.seconds / n as f64,
+                        names.len() as f64 / m.seconds,
+                        1000.0 * m.seconds / names.len() as f64,
                         if t.asynchronous {
                             "prefetch (default queue)"
                         } else {
@@ -208,7 +228,81 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                     )),
             )?;
             std::thread::sleep(Duration::from_secs(6)); // prefetch workers exit when idle
-            for d in [&data, &out, &spool] {
+            let _ = std::fs::remove_dir_all(&out);
+            let _ = std::fs::remove_dir_all(&spool);
+            let spool = b.dir(&format!("spool-{tag}"))?;
+            // Recovery for real: the base backup replaying every segment through the tool's
+            // restore_command, from start to promotion at the end of the archive.
+            let restored = b.empty_data_dir(&format!("replay-{tag}"))?;
+            src.restore(
+                b,
+                &restored,
+                &[&format!("--set={base}"), "--archive-mode=off"],
+            )?;
+            let conf = restored.join("postgresql.auto.conf");
+            let text = std::fs::read_to_string(&conf).map_err(|e| e.to_string())?;
+            let text: String = text
+                .lines()
+                .filter(|l| !l.starts_with("restore_command"))
+                .map(|l| format!("{l}\n"))
+                .collect::<String>()
+                + &format!(
+                    "restore_command = '{} --config={} --stanza={STANZA} archive-get %f \"%p\"'\n",
+                    t.tool.bin.display(),
+                    repo.config.display()
+                );
+            std::fs::write(&conf, text).map_err(|e| e.to_string())?;
+            crate::harness::append(&restored.join("postgresql.conf"), "\narchive_mode = off\n")?;
+            let sock = b.dir(&format!("sock-{tag}"))?;
+            let cluster = pgstrata_testkit::Cluster::adopt(&b.pg, &restored, &sock);
+            crate::harness::settle();
+            let before = proxy.turns()?;
+            let t0 = std::time::Instant::now();
+            let (promoted, rss) = sampled(&t.tool, || {
+                cluster.start()?;
+                cluster.wait_for_promotion(Duration::from_secs(3600))
+            })?;
+            let seconds = t0.elapsed().as_secs_f64();
+            let after = proxy.turns()?;
+            let _ = promoted;
+            let last = cluster.psql(
+                "postgres",
+                "SELECT pg_walfile_name(pg_last_wal_replay_lsn())",
+            )?;
+            cluster.stop()?;
+            let replayed_to = names.last().map(|n| n[8..].to_string()).unwrap_or_default();
+            if last.trim().get(8..) < Some(replayed_to.as_str()) {
+                return Err(format!(
+                    "{}: recovery ended at {} before the last archived segment {}",
+                    t.label,
+                    last.trim(),
+                    names.last().unwrap()
+                ));
+            }
+            let m = Measured {
+                seconds,
+                max_rss_kb: rss,
+                user: 0.0,
+                sys: 0.0,
+                stdout: String::new(),
+                stderr: String::new(),
+            };
+            b.results.record(
+                Row::timed(&replay_case, "restore + replay", &t.label, 1, &m)
+                    .with_count(Some(after - before))
+                    .note(format!(
+                        "{:.1} segments/s replayed; {}; peak RSS of all {} processes {} MB",
+                        names.len() as f64 / seconds,
+                        if t.asynchronous {
+                            "prefetch (default queue)"
+                        } else {
+                            "no prefetch"
+                        },
+                        t.tool.label,
+                        rss / 1024
+                    )),
+            )?;
+            for d in [&data, &spool, &restored] {
                 let _ = std::fs::remove_dir_all(d);
             }
         }
