@@ -258,13 +258,12 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             crate::harness::settle();
             let before = proxy.turns()?;
             let t0 = std::time::Instant::now();
-            let (promoted, rss) = sampled(&t.tool, || {
+            let ((), rss) = sampled(&t.tool, || {
                 cluster.start()?;
                 cluster.wait_for_promotion(Duration::from_secs(3600))
             })?;
             let seconds = t0.elapsed().as_secs_f64();
             let after = proxy.turns()?;
-            let _ = promoted;
             let last = cluster.psql(
                 "postgres",
                 "SELECT pg_walfile_name(pg_last_wal_replay_lsn())",
