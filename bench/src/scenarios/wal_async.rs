@@ -247,9 +247,15 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 .map(|l| format!("{l}\n"))
                 .collect::<String>()
                 + &format!(
-                    "restore_command = '{} --config={} --stanza={STANZA} archive-get %f \"%p\"'\n",
+                    "restore_command = '{} --config={} --stanza={STANZA}{} archive-get %f \"%p\"'\n",
                     t.tool.bin.display(),
-                    repo.config.display()
+                    repo.config.display(),
+                    // pgBackRest insists that pg1-path is the server's data directory.
+                    if t.tool.is_pgstrata() {
+                        String::new()
+                    } else {
+                        format!(" --pg1-path={}", restored.display())
+                    }
                 );
             std::fs::write(&conf, text).map_err(|e| e.to_string())?;
             crate::harness::append(&restored.join("postgresql.conf"), "\narchive_mode = off\n")?;
