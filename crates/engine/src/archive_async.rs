@@ -36,10 +36,10 @@
 //! ## Get (prefetch)
 //!
 //! When PostgreSQL asks for segment S, the foreground first looks for S in
-//! `<spool>/<stanza>/in/<archive-id>/`. A spooled segment is the object as stored
-//! (compressed, opened if the stanza is encrypted, so the spool never holds a key); it is
-//! decoded into PostgreSQL's file and its hash checked before the file is renamed into
-//! place, exactly as from the repository. Then the foreground records S as the newest
+//! `<spool>/<stanza>/in/<archive-id>/`. A spooled segment was decoded by the worker, its
+//! length and hash checked, and fsynced before it was renamed into the spool (the spool
+//! directory is the owner's only: it holds WAL as pg_wal does); the foreground just moves it
+//! into place (a rename, or a copy across file systems). Then the foreground records S as the newest
 //! request (`in/request`) and makes sure a worker runs. The worker keeps the queue: the
 //! segments after S on S's timeline, as many as fit in `archive-get-queue-max`, fetched
 //! `process-max` at a time, written whole before they are renamed into the spool; anything
@@ -558,22 +558,63 @@ fn serve_spooled(inbox: &Path, name: &str, dest: &Path, wait: Duration) -> bool 
         while !path.exists() && in_flight.exists() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(2));
         }
-        let Ok(obj) = fs::read(&path) else {
+        if !path.exists() {
             continue;
-        };
-        match archive::write_verified_file(&obj, name, dest) {
+        }
+        // Verified when it was spooled: moved into place, or copied when the spool is on
+        // another file system.
+        let moved = fs::rename(&path, dest).or_else(|e| {
+            if e.raw_os_error() != Some(nix::libc::EXDEV) {
+                return Err(e);
+            }
+            let tmp = dest.with_file_name(format!(".{name}.pgstrata.tmp"));
+            fs::copy(&path, &tmp)
+                .and_then(|_| fs::rename(&tmp, dest))
+                .inspect_err(|_| {
+                    let _ = fs::remove_file(&tmp);
+                })
+        });
+        match moved {
             Ok(()) => {
                 log::info!("restored {name} from the prefetch queue");
                 let _ = fs::remove_file(&path);
                 return true;
             }
             Err(e) => {
-                log::warn!("prefetched {name} is unusable ({e}); fetching it from the repository");
+                log::warn!("prefetched {name} could not be moved into place ({e}); fetching it from the repository");
                 let _ = fs::remove_file(&path);
             }
         }
     }
     false
+}
+
+/// What became of one prefetched segment.
+enum Fetched {
+    Done,
+    NotFound,
+    Failed(String),
+}
+
+/// Decode stored WAL object `obj` into `tmp` (checking its length and hash), make it
+/// durable, and rename it to `done`: a spooled segment is whole and verified, so the
+/// foreground only has to move it into place (a spooled file torn by a crash would reach
+/// PostgreSQL, which might take it for the end of the WAL).
+fn spool_segment(obj: &[u8], key: &str, tmp: &Path, done: &Path) -> Result<()> {
+    let written = File::create(tmp)
+        .map_err(|e| Error::io(format!("create {}", tmp.display()), e))
+        .and_then(|mut f| {
+            pgstrata_repo::wal::decode_to(obj, key, &mut f)?;
+            f.sync_all()
+                .map_err(|e| Error::io(format!("fsync {}", tmp.display()), e))
+        })
+        .and_then(|()| {
+            fs::rename(tmp, done).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))
+        });
+    if written.is_err() {
+        let _ = fs::remove_file(tmp);
+    }
+    written
 }
 
 /// The prefetch worker: keep the segments after the newest request in the spool until no
@@ -656,54 +697,61 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
             continue;
         }
         // Fetched in order, process-max at a time; the first one missing ends the round.
-        let fetched: Vec<(String, pgstrata_repo::Result<bytes::Bytes>)> = stream::iter(missing)
+        // Fetched in order, process-max at a time, each decoded (its hash checked) and made
+        // durable beside the queue before it is renamed in; the first one missing ends the
+        // round.
+        let fetched: Vec<(String, Fetched)> = stream::iter(missing)
             .map(|n| {
                 let key = layout::archive_object(&s.stanza, &archive_id, n);
                 let storages = &storages;
                 let tmp = queue.join(format!(".{n}.tmp"));
+                let done = queue.join(n);
                 async move {
                     // Marks the fetch in flight for a foreground that wants this segment.
                     let _ = File::create(&tmp);
-                    let mut r = None;
+                    let mut got = None;
                     for storage in storages {
                         match storage.get(&key).await {
                             Ok(obj) => {
-                                r = Some(Ok(obj));
+                                got = Some(Ok(obj));
                                 break;
                             }
                             Err(e) => {
-                                r.get_or_insert(Err(e));
+                                got.get_or_insert(Err(e));
                             }
                         }
                     }
-                    (n.clone(), r.expect("at least one repository"))
+                    let outcome = match got.expect("at least one repository") {
+                        Err(e) if e.is_not_found() => Fetched::NotFound,
+                        Err(e) => Fetched::Failed(e.to_string()),
+                        Ok(obj) => tokio::task::spawn_blocking(move || {
+                            spool_segment(&obj, &key, &tmp, &done)
+                        })
+                        .await
+                        .expect("prefetch decode thread")
+                        .map_or_else(|e| Fetched::Failed(e.to_string()), |()| Fetched::Done),
+                    };
+                    (n.clone(), outcome)
                 }
             })
             .buffered(o.process_max.max(1))
             .collect()
             .await;
         let mut stop = false;
-        for (n, r) in fetched {
-            let tmp = queue.join(format!(".{n}.tmp"));
+        for (n, outcome) in fetched {
             if stop {
-                let _ = fs::remove_file(&tmp);
+                // Past the end: not kept (the next round asks again).
+                let _ = fs::remove_file(queue.join(&n));
                 continue;
             }
-            match r {
-                Ok(obj) => {
-                    let done =
-                        fs::write(&tmp, &obj).and_then(|()| fs::rename(&tmp, queue.join(&n)));
-                    if let Err(e) = done {
-                        log::warn!("prefetch {n}: write into {}: {e}", queue.display());
-                        let _ = fs::remove_file(&tmp);
-                        stop = true;
-                    }
+            match outcome {
+                Fetched::Done => {}
+                Fetched::NotFound => {
+                    end_of_archive = Some((n, Instant::now()));
+                    stop = true;
                 }
-                Err(e) => {
-                    let _ = fs::remove_file(&tmp);
-                    if !e.is_not_found() {
-                        log::warn!("prefetch {n}: {e}");
-                    }
+                Fetched::Failed(why) => {
+                    log::warn!("prefetch {n}: {why}");
                     end_of_archive = Some((n, Instant::now()));
                     stop = true;
                 }
