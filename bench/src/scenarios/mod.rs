@@ -292,6 +292,55 @@ pub fn generate_segments(
     Ok(first)
 }
 
+/// Write `segments` segments of pgbench-like WAL (bulk updates of a seventh of the accounts,
+/// which write full-page images, heap and index records, between 2-second pgbench runs of
+/// small transactions). Returns the first one's start (bytes).
+pub fn generate_pgbench_segments(b: &Bench, segments: u64) -> Result<u64, String> {
+    let round = std::cell::Cell::new(0u64);
+    generate_segments(b, segments, &|b| {
+        round.set(round.get() + 1);
+        b.sql(&format!(
+            "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid % 7 = {}",
+            round.get() % 7
+        ))?;
+        b.cluster()
+            .pgbench(&["-n", "-c", "2", "-j", "2", "-T", "2", "postgres"])
+            .map(drop)
+    })
+}
+
+/// One timed shell loop running `command` once per segment, as PostgreSQL runs
+/// archive_command and restore_command: archive-push of `dir/NAME`, or archive-get of NAME
+/// into `dir/NAME`; `then` is a shell statement run after each successful call (`$d` is
+/// `dir`, `$f` the name).
+pub fn per_segment_loop(
+    b: &mut Bench,
+    repo: &Repo,
+    dir: &std::path::Path,
+    names: &[String],
+    command: &str,
+    then: &str,
+) -> Result<crate::harness::Measured, String> {
+    let args = if command == "archive-push" {
+        "\"$d/$f\""
+    } else {
+        "\"$f\" \"$d/$f\""
+    };
+    let script = format!(
+        "d='{}'; for f in {}; do '{}' --config='{}' --stanza={} {command} {args} || exit 1; {then} done",
+        dir.display(),
+        names.join(" "),
+        repo.tool.bin.display(),
+        repo.config.display(),
+        crate::harness::STANZA,
+    );
+    b.run(
+        &format!("{command}-loop"),
+        std::process::Command::new("sh").args(["-c", &script]),
+        true,
+    )
+}
+
 /// Fetch the `segments` segments from `first` (bytes) out of `repo` with archive-get into
 /// `dir`; returns their names.
 pub fn fetch_segments(

@@ -8,10 +8,9 @@
 
 use super::{repos, rotated, PgbrMode};
 use crate::args::Args;
-use crate::harness::{Bench, STANZA};
+use crate::harness::Bench;
 use crate::results::Row;
 use crate::tools::{Repo, Setup};
-use std::path::Path;
 
 pub struct Opts {
     segments: u64,
@@ -54,19 +53,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     src.stanza_create(b)?;
     b.archive_to(&[&src])?;
     eprintln!("[bench] generating {} segments", o.segments);
-    // Bulk updates write WAL fast (full-page images, heap and index records); the pgbench
-    // run between them adds small transactions.
-    let round = std::cell::Cell::new(0u64);
-    let first = super::generate_segments(b, o.segments, &|b| {
-        round.set(round.get() + 1);
-        b.sql(&format!(
-            "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid % 7 = {}",
-            round.get() % 7
-        ))?;
-        b.cluster()
-            .pgbench(&["-n", "-c", "2", "-j", "2", "-T", "2", "postgres"])
-            .map(drop)
-    })?;
+    let first = super::generate_pgbench_segments(b, o.segments)?;
     b.archive_nowhere();
     let seg_dir = b.dir("segments")?;
     let names = super::fetch_segments(b, &src, first, o.segments, &seg_dir)?;
@@ -88,13 +75,13 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         }
         for repo in rotated(&all, round as usize) {
             repo.stanza_create(b)?;
-            let push = loop_over(b, repo, &seg_dir, &names, "archive-push")?;
+            let push = super::per_segment_loop(b, repo, &seg_dir, &names, "archive-push", "")?;
             b.results.record(
                 Row::timed(&case, "archive-push", &repo.label, round, &push)
                     .note(per_call(&push, o.segments)),
             )?;
             let out = b.dir(&format!("get-{round}"))?;
-            let get = loop_over(b, repo, &out, &names, "archive-get")?;
+            let get = super::per_segment_loop(b, repo, &out, &names, "archive-get", "")?;
             for n in &names {
                 if std::fs::read(out.join(n)).ok() != std::fs::read(seg_dir.join(n)).ok() {
                     return Err(format!("{}: archive-get of {n} differs", repo.label));
@@ -109,34 +96,6 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// One timed shell loop running `command` once per segment: archive-push of `dir/NAME`, or
-/// archive-get of NAME into `dir/NAME`.
-fn loop_over(
-    b: &mut Bench,
-    repo: &Repo,
-    dir: &Path,
-    names: &[String],
-    command: &str,
-) -> Result<crate::harness::Measured, String> {
-    let args = if command == "archive-push" {
-        "\"$d/$f\""
-    } else {
-        "\"$f\" \"$d/$f\""
-    };
-    let script = format!(
-        "d='{}'; for f in {}; do '{}' --config='{}' --stanza={STANZA} {command} {args} || exit 1; done",
-        dir.display(),
-        names.join(" "),
-        repo.tool.bin.display(),
-        repo.config.display(),
-    );
-    b.run(
-        &format!("{command}-loop"),
-        std::process::Command::new("sh").args(["-c", &script]),
-        true,
-    )
 }
 
 fn per_call(m: &crate::harness::Measured, segments: u64) -> String {

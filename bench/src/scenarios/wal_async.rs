@@ -110,17 +110,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         .ok_or("the base backup's first WAL segment")?
         .to_string();
     eprintln!("[bench] generating {most} segments");
-    let round = std::cell::Cell::new(0u64);
-    let first = super::generate_segments(b, most, &|b| {
-        round.set(round.get() + 1);
-        b.sql(&format!(
-            "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid % 7 = {}",
-            round.get() % 7
-        ))?;
-        b.cluster()
-            .pgbench(&["-n", "-c", "2", "-j", "2", "-T", "2", "postgres"])
-            .map(drop)
-    })?;
+    let first = super::generate_pgbench_segments(b, most)?;
     b.archive_nowhere();
     let seg_dir = b.dir("segments")?;
     // The segments from the base backup's start on: the backup's own first, then the load.
@@ -132,10 +122,13 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     let lead = (first - base_start) / seg_size;
     let names = super::fetch_segments(b, &src, base_start, lead + most, &seg_dir)?;
 
-    let mut targets = Vec::new();
-    for t in &b.pgstrata {
-        for asynchronous in [false, true] {
-            targets.push(Target {
+    // Every tool synchronously, then asynchronously.
+    let targets: Vec<Target> = b
+        .pgstrata
+        .iter()
+        .chain(&b.pgbackrest)
+        .flat_map(|t| {
+            [false, true].map(|asynchronous| Target {
                 label: format!(
                     "{} {}",
                     t.label,
@@ -143,22 +136,9 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 ),
                 tool: t.clone(),
                 asynchronous,
-            });
-        }
-    }
-    for t in &b.pgbackrest {
-        for asynchronous in [false, true] {
-            targets.push(Target {
-                label: format!(
-                    "{} {}",
-                    t.label,
-                    if asynchronous { "async" } else { "sync" }
-                ),
-                tool: t.clone(),
-                asynchronous,
-            });
-        }
-    }
+            })
+        })
+        .collect();
     let labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
     b.results.declare(&labels);
 
@@ -185,7 +165,17 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             use_stand_in(b, &repo, &data)?;
             let wal = data.join("pg_wal");
             let before = proxy.turns()?;
-            let (m, rss) = sampled(&t.tool, || archiver_loop(b, &repo, &wal, names))?;
+            // PostgreSQL's archiver: each ready file in order, marked done when its command returns.
+            let (m, rss) = sampled(&t.tool, || {
+                super::per_segment_loop(
+                    b,
+                    &repo,
+                    &wal,
+                    names,
+                    "archive-push",
+                    "mv \"$d/archive_status/$f.ready\" \"$d/archive_status/$f.done\";",
+                )
+            })?;
             let after = proxy.turns()?;
             b.results.record(
                 Row::timed(&push_case, "archive backlog", &t.label, 1, &m)
@@ -204,7 +194,9 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let out = b.dir(&format!("get-{tag}"))?;
             std::thread::sleep(Duration::from_secs(3)); // let idle workers exit
             let before = proxy.turns()?;
-            let (m, rss) = sampled(&t.tool, || recovery_loop(b, &repo, &out, names, t))?;
+            let (m, rss) = sampled(&t.tool, || {
+                super::per_segment_loop(b, &repo, &out, names, "archive-get", "")
+            })?;
             let after = proxy.turns()?;
             for name in names {
                 if std::fs::read(out.join(name)).ok() != std::fs::read(seg_dir.join(name)).ok() {
@@ -437,50 +429,6 @@ fn use_stand_in(b: &Bench, repo: &Repo, data: &Path) -> Result<(), String> {
         &format!("pg1-path={}", data.display()),
     );
     std::fs::write(&repo.config, text).map_err(|e| e.to_string())
-}
-
-/// PostgreSQL's archiver: archive_command for each ready file in order, marking it done
-/// when the command succeeds.
-fn archiver_loop(
-    b: &mut Bench,
-    repo: &Repo,
-    wal: &Path,
-    names: &[String],
-) -> Result<Measured, String> {
-    let script = format!(
-        "cd '{}' && for f in {}; do '{}' --config='{}' --stanza={STANZA} archive-push \"$PWD/$f\" || exit 1; mv \"archive_status/$f.ready\" \"archive_status/$f.done\"; done",
-        wal.display(),
-        names.join(" "),
-        repo.tool.bin.display(),
-        repo.config.display(),
-    );
-    b.run(
-        "archiver-loop",
-        std::process::Command::new("sh").args(["-c", &script]),
-        true,
-    )
-}
-
-/// Recovery's requests: restore_command for each segment in order.
-fn recovery_loop(
-    b: &mut Bench,
-    repo: &Repo,
-    out: &Path,
-    names: &[String],
-    _t: &Target,
-) -> Result<Measured, String> {
-    let script = format!(
-        "d='{}'; for f in {}; do '{}' --config='{}' --stanza={STANZA} archive-get \"$f\" \"$d/$f\" || exit 1; done",
-        out.display(),
-        names.join(" "),
-        repo.tool.bin.display(),
-        repo.config.display(),
-    );
-    b.run(
-        "recovery-loop",
-        std::process::Command::new("sh").args(["-c", &script]),
-        true,
-    )
 }
 
 /// Run `f`, sampling the summed resident set of every process running `tool`'s binary
