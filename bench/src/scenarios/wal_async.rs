@@ -166,7 +166,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let wal = data.join("pg_wal");
             let before = proxy.turns()?;
             // PostgreSQL's archiver: each ready file in order, marked done when its command returns.
-            let (m, rss) = sampled(&t.tool, || {
+            let (m, seen) = sampled(&t.tool, || {
                 super::per_segment_loop(
                     b,
                     &repo,
@@ -181,12 +181,13 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 Row::timed(&push_case, "archive backlog", &t.label, 1, &m)
                     .with_count(Some(after - before))
                     .note(format!(
-                        "{:.1} segments/s; {:.1} requests a segment ({}); peak RSS of all {} processes {} MB",
+                        "{:.1} segments/s; {:.1} requests a segment ({}); all {} processes: peak RSS {} MB, CPU {:.0} ms a segment",
                         names.len() as f64 / m.seconds,
                         (after - before) as f64 / names.len() as f64,
                         proxy.mix(before + 1, after),
                         t.tool.label,
-                        rss / 1024
+                        seen.peak_rss_kb / 1024,
+                        1000.0 * seen.cpu_seconds / names.len() as f64
                     )),
             )?;
             // Fetch back as recovery does; pgstrata asynchronous = with prefetch, its
@@ -194,7 +195,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let out = b.dir(&format!("get-{tag}"))?;
             std::thread::sleep(Duration::from_secs(3)); // let idle workers exit
             let before = proxy.turns()?;
-            let (m, rss) = sampled(&t.tool, || {
+            let (m, seen) = sampled(&t.tool, || {
                 super::per_segment_loop(b, &repo, &out, names, "archive-get", "")
             })?;
             let after = proxy.turns()?;
@@ -207,7 +208,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 Row::timed(&get_case, "restore_command", &t.label, 1, &m)
                     .with_count(Some(after - before))
                     .note(format!(
-                        "{:.1} segments/s, {:.0} ms a call; {}; peak RSS of all {} processes {} MB",
+                        "{:.1} segments/s, {:.0} ms a call; {}; all {} processes: peak RSS {} MB, CPU {:.0} ms a segment",
                         names.len() as f64 / m.seconds,
                         1000.0 * m.seconds / names.len() as f64,
                         if t.asynchronous {
@@ -216,7 +217,8 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                             "no prefetch"
                         },
                         t.tool.label,
-                        rss / 1024
+                        seen.peak_rss_kb / 1024,
+                        1000.0 * seen.cpu_seconds / names.len() as f64
                     )),
             )?;
             std::thread::sleep(Duration::from_secs(6)); // prefetch workers exit when idle
@@ -256,7 +258,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             crate::harness::settle();
             let before = proxy.turns()?;
             let t0 = std::time::Instant::now();
-            let ((), rss) = sampled(&t.tool, || {
+            let ((), seen) = sampled(&t.tool, || {
                 cluster.start()?;
                 cluster.wait_for_promotion(Duration::from_secs(3600))
             })?;
@@ -278,7 +280,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             }
             let m = Measured {
                 seconds,
-                max_rss_kb: rss,
+                max_rss_kb: seen.peak_rss_kb,
                 user: 0.0,
                 sys: 0.0,
                 stdout: String::new(),
@@ -288,7 +290,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 Row::timed(&replay_case, "restore + replay", &t.label, 1, &m)
                     .with_count(Some(after - before))
                     .note(format!(
-                        "{:.1} segments/s replayed; {}; peak RSS of all {} processes {} MB",
+                        "{:.1} segments/s replayed; {}; all {} processes: peak RSS {} MB, CPU {:.0} ms a segment",
                         names.len() as f64 / seconds,
                         if t.asynchronous {
                             "prefetch (default queue)"
@@ -296,7 +298,8 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                             "no prefetch"
                         },
                         t.tool.label,
-                        rss / 1024
+                        seen.peak_rss_kb / 1024,
+                        1000.0 * seen.cpu_seconds / names.len() as f64
                     )),
             )?;
             for d in [&data, &spool, &restored] {
@@ -431,15 +434,24 @@ fn use_stand_in(b: &Bench, repo: &Repo, data: &Path) -> Result<(), String> {
     std::fs::write(&repo.config, text).map_err(|e| e.to_string())
 }
 
-/// Run `f`, sampling the summed resident set of every process running `tool`'s binary
-/// (foreground calls and detached asynchronous workers alike): returns its result and the
-/// peak sum in KiB.
-fn sampled<T>(tool: &Tool, f: impl FnOnce() -> Result<T, String>) -> Result<(T, u64), String> {
+/// What the sampler saw of all the processes running a tool's binary during a step.
+#[derive(Default)]
+struct Sampled {
+    /// Largest sum of their resident sets, KiB.
+    peak_rss_kb: u64,
+    /// CPU time (user + system) they used, seconds; a process's last 10 ms may be missed.
+    cpu_seconds: f64,
+}
+
+/// Run `f`, sampling every 10 ms the processes running `tool`'s binary (foreground calls
+/// and detached asynchronous workers alike): their summed resident set and their CPU time.
+fn sampled<T>(tool: &Tool, f: impl FnOnce() -> Result<T, String>) -> Result<(T, Sampled), String> {
     let stop = Arc::new(AtomicBool::new(false));
     let bin = tool.bin.clone();
     let flag = stop.clone();
     let sampler = std::thread::spawn(move || {
         let mut peak = 0u64;
+        let mut ticks: std::collections::HashMap<String, u64> = Default::default();
         while !flag.load(Ordering::Relaxed) {
             let mut sum = 0u64;
             for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -452,14 +464,36 @@ fn sampled<T>(tool: &Tool, f: impl FnOnce() -> Result<T, String>) -> Result<(T, 
                     .find_map(|l| l.strip_prefix("VmRSS:"))
                     .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
                     .unwrap_or(0);
+                // utime and stime: fields 14 and 15, counted after the ')' closing comm.
+                let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+                let used: u64 = stat
+                    .rsplit_once(')')
+                    .map(|(_, rest)| {
+                        rest.split_whitespace()
+                            .skip(11)
+                            .take(2)
+                            .filter_map(|v| v.parse::<u64>().ok())
+                            .sum()
+                    })
+                    .unwrap_or(0);
+                let pid = e.file_name().to_string_lossy().to_string();
+                let seen = ticks.entry(pid).or_default();
+                *seen = (*seen).max(used);
             }
             peak = peak.max(sum);
             std::thread::sleep(Duration::from_millis(10));
         }
-        peak
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .unwrap_or(100) as f64;
+        Sampled {
+            peak_rss_kb: peak,
+            cpu_seconds: ticks.values().sum::<u64>() as f64 / hz,
+        }
     });
     let r = f();
     stop.store(true, Ordering::Relaxed);
-    let peak = sampler.join().unwrap_or(0);
-    Ok((r?, peak))
+    let seen = sampler.join().unwrap_or_default();
+    Ok((r?, seen))
 }
