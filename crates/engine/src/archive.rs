@@ -32,8 +32,42 @@ pub async fn archive_push(s: &Settings, wal_path: &Path) -> Result<PushOutcome> 
 /// is archived only when every repository has it: a failure in one fails the push, naming
 /// that repository, after the others stored it (so PostgreSQL's retry completes the set).
 pub async fn archive_push_all(repos: &[Settings], wal_path: &Path) -> Result<()> {
-    let results = futures::future::join_all(repos.iter().map(|s| archive_push(s, wal_path))).await;
-    first_failure(repos, results.into_iter().map(|r| r.map(|_| ())))
+    if let [only] = repos {
+        return archive_push(only, wal_path).await.map(|_| ());
+    }
+    let name = checked_wal_name(wal_path)?;
+    // The repositories that open get the file; one that does not fails the push (after
+    // the others stored it), naming it.
+    let opened = futures::future::join_all(repos.iter().map(open_stanza)).await;
+    let (mut open_repos, mut open_stanzas, mut failures) = (Vec::new(), Vec::new(), Vec::new());
+    for (s, o) in repos.iter().zip(opened) {
+        match o {
+            Ok(o) => {
+                open_repos.push(s.clone());
+                open_stanzas.push(o);
+            }
+            Err(e) => failures.push((
+                s.clone(),
+                Err(e.context(format!("repo{} ({})", s.repo_index, s.repo.path))),
+            )),
+        }
+    }
+    if !open_repos.is_empty() {
+        push_prepared_all(
+            &open_repos,
+            &open_stanzas,
+            &name,
+            wal_path,
+            compress_workers(),
+        )
+        .await?;
+    }
+    // Named already: reported as they are.
+    failures
+        .into_iter()
+        .map(|(_, r)| r)
+        .next()
+        .unwrap_or(Ok(()))
 }
 
 /// The first error of per-repository `results`, naming its repository when there are
@@ -109,28 +143,36 @@ pub(crate) fn checked_wal_name(wal_path: &Path) -> Result<String> {
     Ok(name)
 }
 
-/// Store one WAL file, already checked to be named like one, into an opened stanza, with
-/// `workers` threads compressing it. The asynchronous pusher opens the stanza once and
-/// pushes many files in parallel, one thread each.
-pub(crate) async fn push_opened(
+/// A WAL file read, checked, compressed, hashed and decoded once, ready to be stored in
+/// every repository of its stanza (each seals it with its own key, if any).
+pub(crate) struct PreparedWal {
+    name: String,
+    obj: bytes::Bytes,
+    hash: [u8; 32],
+    /// The decoded changes of a full segment, or why they could not be decoded.
+    decoded: Option<std::result::Result<SegmentChanges, String>>,
+    /// The segment's first pages, when it starts with the rest of a record.
+    head: Option<Vec<u8>>,
+}
+
+/// Read, check, compress (with `workers` threads) and decode WAL file `name` at
+/// `wal_path`, for the cluster of `stanza`.
+pub(crate) async fn prepare_push(
     s: &Settings,
-    storage: &pgstrata_repo::Storage,
     stanza: &pgstrata_repo::stanza::StanzaInfo,
     name: &str,
     wal_path: &Path,
     workers: u32,
-) -> Result<PushOutcome> {
-    let name = name.to_string();
+) -> Result<PreparedWal> {
     let raw = std::fs::read(wal_path)
         .map_err(|e| Error::io(format!("archive-push: read {}", wal_path.display()), e))?;
     let seg_size = stanza.cluster.wal_segment_size;
-    if lsn::is_segment_name(&name) || name.ends_with(".partial") {
-        check_segment(&raw, &name, seg_size, &stanza.cluster.system_identifier)?;
+    if lsn::is_segment_name(name) || name.ends_with(".partial") {
+        check_segment(&raw, name, seg_size, &stanza.cluster.system_identifier)?;
     }
-    let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), &name);
     let compression = s.compression;
     let major = stanza.cluster.major_version;
-    let decode = lsn::is_segment_name(&name) && raw.len() as u64 == seg_size;
+    let decode = lsn::is_segment_name(name) && raw.len() as u64 == seg_size;
     // The head of this segment, for completing a record cut at the previous one's end.
     let head: Option<Vec<u8>> = pgstrata_pg::wal::starts_with_continuation(&raw)
         .then(|| raw[..raw.len().min(CUT_RECORD_PAGES * 8192)].to_vec());
@@ -144,38 +186,80 @@ pub(crate) async fn push_opened(
             let obj = wal::encode(&raw, compression, workers);
             // A decoder panic (a bug) must not fail the push: archiving would stall and
             // pg_wal fill up. It becomes an unusable map, and backups hash instead.
-            let decoded = decoded.map(|t| t.join().map_err(|p| panic_reason(&*p)));
+            let decoded = decoded.map(|t| match t.join() {
+                Ok(Ok(changes)) => Ok(changes),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(p) => Err(panic_reason(&*p)),
+            });
             (obj, decoded)
         })
     })
     .await
     .expect("compress thread");
-    let hash = wal::parse_header(&obj, &key)?.hash;
-    let map = match decoded {
+    let hash = wal::parse_header(&obj, name)?.hash;
+    Ok(PreparedWal {
+        name: name.to_string(),
+        obj: obj.into(),
+        hash,
+        decoded,
+        head,
+    })
+}
+
+/// Store one WAL file into an opened stanza, with `workers` threads compressing it.
+pub(crate) async fn push_opened(
+    s: &Settings,
+    storage: &pgstrata_repo::Storage,
+    stanza: &pgstrata_repo::stanza::StanzaInfo,
+    name: &str,
+    wal_path: &Path,
+    workers: u32,
+) -> Result<PushOutcome> {
+    let prepared = prepare_push(s, stanza, name, wal_path, workers).await?;
+    store_prepared(s, storage, stanza, wal_path, &prepared).await
+}
+
+/// Store a prepared WAL file, and its block-change map, into one repository's stanza.
+pub(crate) async fn store_prepared(
+    s: &Settings,
+    storage: &pgstrata_repo::Storage,
+    stanza: &pgstrata_repo::stanza::StanzaInfo,
+    wal_path: &Path,
+    p: &PreparedWal,
+) -> Result<PushOutcome> {
+    let name = &p.name;
+    let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), name);
+    let map = match &p.decoded {
         None => None,
-        Some(Err(why)) => Some(unusable_map(&name, why)),
-        Some(Ok(Err(e))) => Some(unusable_map(&name, e.to_string())),
-        Some(Ok(Ok(mut changes))) => {
+        Some(Err(why)) => Some(unusable_map(name, why.clone())),
+        Some(Ok(changes)) => {
             // The previous segment's last record may have been cut inside its block headers:
             // read it whole now, while the previous segment is at hand, so that a backup
             // needs neither segment.
+            let mut changes = changes.clone();
             let mut completes_previous = false;
-            if let Some(head) = head {
-                if let Some((with, without)) =
-                    previous_cut_record(storage, &s.stanza, &stanza.cluster, &name, wal_path, head)
-                        .await
+            if let Some(head) = &p.head {
+                if let Some((with, without)) = previous_cut_record(
+                    storage,
+                    &s.stanza,
+                    &stanza.cluster,
+                    name,
+                    wal_path,
+                    head.clone(),
+                )
+                .await
                 {
                     changes.add_difference(&with, &without);
                     completes_previous = true;
                 }
             }
-            let mut m = change_map_of(&name, changes);
+            let mut m = change_map_of(name, changes);
             m.completes_previous = completes_previous;
             Some(m)
         }
     };
-    let stored_bytes = obj.len();
-    let outcome = match storage.put_new(&key, obj.into()).await {
+    let stored_bytes = p.obj.len();
+    let outcome = match storage.put_new(&key, p.obj.clone()).await {
         Ok(()) => {
             log::info!("archived {name} ({stored_bytes} bytes stored)");
             PushOutcome::Stored { stored_bytes }
@@ -188,7 +272,7 @@ pub(crate) async fn push_opened(
                 None => storage.get_range(&key, 0..wal::HEADER_LEN as u64).await?,
             };
             let header = wal::parse_header(&existing, &key)?;
-            if header.hash == hash {
+            if header.hash == p.hash {
                 log::info!("{name} is already in the archive with the same content");
                 PushOutcome::AlreadyArchived
             } else {
@@ -204,7 +288,7 @@ pub(crate) async fn push_opened(
     // The map goes after its segment: a map never describes WAL that is not archived. A
     // retry after a crash between the two writes finds the segment and writes the map.
     if let Some(map) = map {
-        let map_key = layout::change_map(&s.stanza, &stanza.cluster.archive_id(), &name);
+        let map_key = layout::change_map(&s.stanza, &stanza.cluster.archive_id(), name);
         match storage.put_new(&map_key, map.encode().into()).await {
             Ok(()) => {}
             Err(e) if e.kind == RepoKind::AlreadyExists => {}
@@ -217,6 +301,35 @@ pub(crate) async fn push_opened(
         }
     }
     Ok(outcome)
+}
+
+/// Store one WAL file into every opened repository (`opened`, in the order of `repos`),
+/// reading, compressing and decoding it once.
+pub(crate) async fn push_prepared_all(
+    repos: &[Settings],
+    opened: &[(pgstrata_repo::Storage, pgstrata_repo::stanza::StanzaInfo)],
+    name: &str,
+    wal_path: &Path,
+    workers: u32,
+) -> Result<()> {
+    let first = &opened[0].1.cluster;
+    for (s, (_, stanza)) in repos.iter().zip(opened).skip(1) {
+        if stanza.cluster.system_identifier != first.system_identifier {
+            return Err(Error::refused(format!(
+                "stanza '{}' belongs to cluster {} in repo{} but to cluster {} in repo{}: the repositories must hold the same cluster",
+                s.stanza, first.system_identifier, repos[0].repo_index, stanza.cluster.system_identifier, s.repo_index
+            )));
+        }
+    }
+    let prepared = prepare_push(&repos[0], &opened[0].1, name, wal_path, workers).await?;
+    let results = futures::future::join_all(
+        repos
+            .iter()
+            .zip(opened)
+            .map(|(s, (storage, stanza))| store_prepared(s, storage, stanza, wal_path, &prepared)),
+    )
+    .await;
+    first_failure(repos, results.into_iter().map(|r| r.map(|_| ())))
 }
 
 /// Threads compressing one WAL file: the host's cores, at most 4 (more gain little on one

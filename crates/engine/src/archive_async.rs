@@ -459,15 +459,10 @@ pub async fn push_worker(
         idle_since = Instant::now();
         let mut results = stream::iter(todo)
             .map(|(name, stamp)| async move {
-                // Every repository at once; acknowledged only when all have it.
+                // Read, compressed and decoded once, stored in every repository at once;
+                // acknowledged only when all have it.
                 let path = wal_dir.join(&name);
-                let results = futures::future::join_all(repos.iter().zip(opened).map(
-                    |(r, (storage, stanza))| {
-                        archive::push_opened(r, storage, stanza, &name, &path, 1)
-                    },
-                ))
-                .await;
-                let r = archive::first_failure(repos, results.into_iter().map(|r| r.map(|_| ())));
+                let r = archive::push_prepared_all(repos, opened, &name, &path, 1).await;
                 (name, stamp, r)
             })
             .buffer_unordered(o.process_max.max(1));
