@@ -6,6 +6,7 @@
 //! repository data, or corruption restore-test found in the restored cluster. archive-get
 //! outside standby mode adds 128 to 2, 3 and 4 (see [`archive_get_exit_code`]).
 
+mod agent;
 mod config;
 mod demo;
 mod generate;
@@ -20,7 +21,7 @@ use pgstrata_engine::restore::RestoreOptions;
 use pgstrata_engine::{Error, Settings};
 use pgstrata_repo::cipher::Passphrase;
 use pgstrata_repo::codec::Compression;
-use pgstrata_repo::storage::{AzureConfig, GcsConfig, RepoConfig, S3Config, Secret};
+use pgstrata_repo::storage::{AzureConfig, GcsConfig, RepoConfig, S3Config, Secret, SshTarget};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -443,6 +444,12 @@ fn repo_config(inv: &config::Invocation) -> RepoConfig {
         verify_tls: inv.flag("repo-storage-verify-tls"),
         timeout: Duration::from_secs(inv.int("repo-storage-timeout")),
         retries: inv.int("repo-storage-retries"),
+        remote: inv.get("repo-remote").map(|host| SshTarget {
+            host: host.to_string(),
+            port: inv.int_opt("repo-remote-port"),
+            ssh: inv.text("cmd-ssh").to_string(),
+            remote_cmd: inv.text("repo-remote-cmd").to_string(),
+        }),
     }
 }
 
@@ -461,7 +468,7 @@ fn archive_get_command(inv: &config::Invocation, s: &Settings) -> String {
     // Every repository's location (repoN-* for repository N), and archive-get's own options
     // given to restore. Secrets come from the config file or the server's environment,
     // never from here.
-    const CARRIED: &[&str] = &["repo", "spool-path", "archive-get-queue-max"];
+    const CARRIED: &[&str] = &["repo", "spool-path", "archive-get-queue-max", "cmd-ssh"];
     let carried = |o: &&options::OptionDef| !o.secret && o.applies_to("archive-get");
     for view in inv.repo_views() {
         for o in options::OPTIONS
@@ -509,7 +516,19 @@ fn shell_quote(s: &str) -> String {
 }
 
 fn run(inv: &config::Invocation) -> Result<i32, Error> {
+    if let Some(target) = agent::pg_remote(inv) {
+        let views: Vec<&config::Invocation> =
+            if inv.command == "backup" || inv.get("repo").is_some() {
+                vec![inv.selected_repo().map_err(Error::config)?]
+            } else {
+                let mut all: Vec<_> = inv.repo_views().collect();
+                all.sort_by_key(|v| v.repo_index);
+                all
+            };
+        return agent::run_on_pg_remote(inv, &target, &views);
+    }
     match inv.command.as_str() {
+        "agent" => agent::agent(inv, run),
         "help" => {
             match inv.args.first().map(String::as_str) {
                 None => print!("{}", options::general_help()),

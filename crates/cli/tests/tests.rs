@@ -15,6 +15,7 @@ mod monitoring;
 mod multi_repo;
 mod object_store;
 mod options;
+mod remote;
 mod restore_safety;
 mod restore_test;
 mod roundtrip;

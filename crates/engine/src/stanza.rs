@@ -4,7 +4,6 @@ use crate::db::{Db, ServerIdentity};
 use crate::{Error, Result, Settings};
 use pgstrata_pg::control::ControlData;
 use pgstrata_repo::stanza::{ClusterIdentity, StanzaInfo};
-use pgstrata_repo::storage::RepoKind;
 use pgstrata_repo::{ErrorKind as RepoErrorKind, Storage, FORMAT_VERSION};
 use std::path::PathBuf;
 
@@ -84,11 +83,7 @@ pub enum CreateOutcome {
 pub async fn stanza_create(s: &Settings) -> Result<CreateOutcome> {
     pgstrata_repo::layout::check_stanza_name(&s.stanza).map_err(Error::config)?;
     let cluster = cluster_identity(s).await?;
-    if s.repo.kind == RepoKind::Posix {
-        std::fs::create_dir_all(&s.repo.path)
-            .map_err(|e| Error::io(format!("create repository directory {}", s.repo.path), e))?;
-    }
-    let storage = Storage::open(&s.repo)?;
+    let storage = Storage::open_or_create(&s.repo)?;
     storage.check_create_only(&s.stanza).await?;
     if StanzaInfo::exists(&storage, &s.stanza).await? {
         return existing_stanza(s, &cluster).await;

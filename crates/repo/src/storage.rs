@@ -13,6 +13,7 @@
 //! layer covers whole operations and any backend, including fault-injecting test wrappers.
 
 use crate::cipher::Cipher;
+use crate::Named;
 use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -21,6 +22,8 @@ use object_store::path::Path as ObjPath;
 use object_store::{
     Attribute, Attributes, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
 };
+pub use pgstrata_remote::SshTarget;
+use pgstrata_remote::RemoteStore;
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
@@ -51,6 +54,9 @@ pub struct RepoConfig {
     pub timeout: Duration,
     /// Retries of an operation that failed in a way that may be transient.
     pub retries: u32,
+    /// A posix repository on another host (`repo-remote`): `path` is a directory there,
+    /// served by `pgstrata agent repo` started over SSH.
+    pub remote: Option<SshTarget>,
 }
 
 // Names as configured (`repo-type`).
@@ -114,6 +120,9 @@ pub struct AzureConfig {
     pub key: Option<Secret>,
     pub endpoint: Option<String>,
 }
+
+/// See [`Storage::serve_every_open_from`].
+static ORIGIN: std::sync::OnceLock<(Arc<dyn ObjectStore>, String)> = std::sync::OnceLock::new();
 
 #[derive(Clone, Debug)]
 pub struct Storage {
@@ -185,7 +194,26 @@ fn built(
 impl Storage {
     /// Open the repository `cfg` describes. A local repository directory must exist.
     pub fn open(cfg: &RepoConfig) -> Result<Storage> {
+        if let Some((store, description)) = ORIGIN.get() {
+            return Ok(Storage::from_store(store.clone(), description.clone())
+                .with_limits(cfg.timeout.max(Duration::from_secs(120)), cfg.retries));
+        }
         let (store, description): (Arc<dyn ObjectStore>, String) = match cfg.kind {
+            RepoKind::Posix if cfg.remote.is_some() => {
+                let target = cfg.remote.clone().expect("checked");
+                let description = format!("{}:{}", target.host, cfg.path);
+                let store = RemoteStore::ssh(target, cfg.path.clone());
+                (Arc::new(store), description)
+            }
+            _ if cfg.remote.is_some() => {
+                return Err(Error::new(
+                    ErrorKind::Invalid,
+                    format!(
+                        "repo-remote reaches a posix repository on another host; repo-type={} is reached directly",
+                        cfg.kind.name()
+                    ),
+                ))
+            }
             RepoKind::Posix => {
                 let dir = std::path::Path::new(&cfg.path);
                 if !dir.is_dir() {
@@ -297,7 +325,8 @@ impl Storage {
         Ok(Storage {
             store,
             description,
-            local_root: (cfg.kind == RepoKind::Posix).then(|| cfg.path.clone().into()),
+            local_root: (cfg.kind == RepoKind::Posix && cfg.remote.is_none())
+                .then(|| cfg.path.clone().into()),
             s3_compatible: cfg.kind == RepoKind::S3,
             put_attributes,
             timeout: if cfg.timeout.is_zero() {
@@ -308,6 +337,33 @@ impl Storage {
             retries: cfg.retries,
             cipher: None,
         })
+    }
+
+    /// Make every later [`Storage::open`] of this process open `store` instead of what
+    /// its configuration says. `pgstrata agent run` (pg-remote) calls it once, before the
+    /// command runs: its one repository is the one the backup host serves over the
+    /// agent's stdin and stdout. Fails when called twice.
+    pub fn serve_every_open_from(store: Arc<dyn ObjectStore>, description: String) -> Result<()> {
+        ORIGIN.set((store, description)).map_err(|_| {
+            Error::new(
+                ErrorKind::Invalid,
+                "this process's repository was already redirected",
+            )
+        })
+    }
+
+    /// [`Storage::open`], first making the directory of a local repository (stanza-create).
+    pub fn open_or_create(cfg: &RepoConfig) -> Result<Storage> {
+        if cfg.kind == RepoKind::Posix && cfg.remote.is_none() && ORIGIN.get().is_none() {
+            std::fs::create_dir_all(&cfg.path).map_err(|e| {
+                Error::with_source(
+                    ErrorKind::Storage,
+                    format!("create repository directory {}", cfg.path),
+                    e,
+                )
+            })?;
+        }
+        Storage::open(cfg)
     }
 
     /// A repository in a local directory, which must exist.

@@ -4,9 +4,11 @@
 //! benchmarks only, never by the binary.
 
 mod proxy;
+mod ssh;
 
 pub use pgstrata_cluster::*;
 pub use proxy::FaultProxy;
+pub use ssh::{SshServer, BACKUP_OS_USER};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,0 +1,233 @@
+//! Two hosts over real SSH: a database host (the `postgres` OS user) and a backup host
+//! (the `pgstrata-backup` OS user), neither able to read the other's files, joined only by
+//! a real sshd on a loopback port. The database host archives WAL and restores through
+//! `repo-remote`; the backup host runs stanza-create, check and backups through
+//! `pg-remote`, which run next to the data and send only frames over the link.
+
+use crate::common::*;
+use pgstrata_testkit::{give_to_pg_user, Cluster, SshServer, BACKUP_OS_USER, PG_OS_USER};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The database host and the backup host of one test.
+struct TwoHosts {
+    env: Env,
+    ssh: SshServer,
+    /// The repository, a directory only the backup user can read.
+    backup_repo: PathBuf,
+}
+
+fn chown_to_backup_user(p: &Path) {
+    let u = nix::unistd::User::from_name(BACKUP_OS_USER)
+        .unwrap()
+        .expect("the pgstrata-backup user (.ci/setup creates it)");
+    nix::unistd::chown(p, Some(u.uid), Some(u.gid)).unwrap();
+}
+
+impl TwoHosts {
+    fn new(name: &str) -> TwoHosts {
+        let ssh_dir = std::env::temp_dir().join(format!(
+            "pgstrata-sshd-{name}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&ssh_dir);
+        let ssh = SshServer::start(&ssh_dir).expect("start sshd");
+        let backup_repo = ssh_dir.join("backup-host-repo");
+        std::fs::create_dir_all(&backup_repo).unwrap();
+        chown_to_backup_user(&backup_repo);
+        std::fs::set_permissions(
+            &backup_repo,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .unwrap();
+        // The database host's configuration: its repository is on the backup host.
+        let env = Env::with_config(
+            name,
+            &format!(
+                "repo-remote = \"{BACKUP_OS_USER}@backup-host\"\nrepo-path = \"{}\"\nrepo-remote-cmd = \"{}\"\ncmd-ssh = \"{}\"\n",
+                backup_repo.display(),
+                exe().display(),
+                ssh.client(PG_OS_USER).display()
+            ),
+        );
+        TwoHosts {
+            env,
+            ssh,
+            backup_repo,
+        }
+    }
+
+    /// pgstrata on the backup host, reaching the database host with pg-remote.
+    fn backup_host(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("runuser");
+        c.args(["-u", BACKUP_OS_USER, "--"])
+            .arg(exe())
+            .arg(format!("--stanza={STANZA}"))
+            .arg(format!("--repo-path={}", self.backup_repo.display()))
+            .arg(format!("--pg-remote={PG_OS_USER}@db-host"))
+            .arg(format!("--pg-remote-cmd={}", exe().display()))
+            .arg(format!("--cmd-ssh={}", self.ssh.client(BACKUP_OS_USER).display()))
+            .arg(format!("--pg-path={}", self.env.cluster.data.display()))
+            .arg(format!("--pg-host={}", self.env.cluster.socket_dir.display()))
+            .arg(format!("--pg-port={}", self.env.cluster.port))
+            .arg("--pg-user=postgres")
+            .arg("--log-level-console=info")
+            .env(pgstrata_repo::cipher::TEST_KDF_MEMORY_ENV, TEST_KDF_MEMORY_KIB)
+            .current_dir("/")
+            .args(args);
+        c
+    }
+
+    /// Restore on the database host (through repo-remote), start it, wait for promotion.
+    fn restore_on_db_host(&self, name: &str, extra: &[&str]) -> Cluster {
+        let target = self.env.scratch.join(name);
+        let pg_path = format!("--pg-path={}", target.display());
+        let mut args = vec![
+            pg_path.as_str(),
+            "--process-max=2",
+            "--archive-mode=off",
+            "--target-action=promote",
+        ];
+        args.extend_from_slice(extra);
+        args.push("restore");
+        run_ok(self.env.cmd(&args));
+        let c = Cluster::adopt(&self.env.cluster.bin, &target, &self.env.scratch.path);
+        c.start().expect("start restored cluster");
+        c.wait_for_promotion(Duration::from_secs(180))
+            .expect("restored cluster recovers");
+        c
+    }
+
+    fn packs_of_running_backup(&self) -> usize {
+        tree(&self.backup_repo)
+            .keys()
+            .filter(|k| k.contains("/pack/") && !k.ends_with('/'))
+            .count()
+    }
+}
+
+#[test]
+fn backup_host_and_database_host_over_ssh() {
+    let h = TwoHosts::new("two-hosts");
+    let env = &h.env;
+
+    // The two users cannot read each other's files: only SSH joins them.
+    let peek = Command::new("runuser")
+        .args(["-u", PG_OS_USER, "--", "ls"])
+        .arg(&h.backup_repo)
+        .output()
+        .unwrap();
+    assert!(!peek.status.success(), "postgres can read the backup host's repository");
+    let peek = Command::new("runuser")
+        .args(["-u", BACKUP_OS_USER, "--", "ls"])
+        .arg(&env.cluster.data)
+        .output()
+        .unwrap();
+    assert!(!peek.status.success(), "the backup user can read the data directory");
+
+    // stanza-create and check from the backup host (pg-remote); the check's WAL switch is
+    // archived by the database host's archive_command through repo-remote.
+    let out = run_ok(h.backup_host(&["stanza-create"]));
+    assert!(out.contains("created"), "{out}");
+    run_ok(h.backup_host(&["check"]));
+
+    env.cluster
+        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
+        .unwrap();
+    let full = run_ok(h.backup_host(&["--start-fast", "--process-max=2", "--type=full", "backup"]));
+    let full_label = full.trim().to_string();
+    assert!(full_label.ends_with('F'), "backup prints its label on stdout: {full}");
+
+    // A WAL-tracked incremental: the agent reads the change maps (stored through
+    // repo-remote by archive-push) from the backup host's repository.
+    env.cluster
+        .pgbench(&["-t", "300", "-c", "2", "postgres"])
+        .unwrap();
+    env.sql("DELETE FROM pgbench_accounts WHERE aid % 100 = 0; CREATE TABLE added AS SELECT generate_series(1, 10000) AS x");
+    env.flush_wal();
+    let incr = h.backup_host(&[
+        "--start-fast",
+        "--process-max=2",
+        "--type=incr",
+        "--track=wal",
+        "backup",
+    ]).output().unwrap();
+    let incr_err = String::from_utf8_lossy(&incr.stderr);
+    assert!(incr.status.success(), "incremental failed: {incr_err}");
+    assert!(
+        incr_err.contains("changed blocks come from the block-change maps"),
+        "the incremental did not use the WAL: {incr_err}"
+    );
+    let incr_label = String::from_utf8_lossy(&incr.stdout).trim().to_string();
+    assert!(incr_label.ends_with('I'), "{incr_label}");
+    let expected = env.hashes();
+
+    // The objects are on the backup host, owned by its user.
+    let meta = std::fs::metadata(h.backup_repo.join(STANZA)).unwrap();
+    let backup_uid = nix::unistd::User::from_name(BACKUP_OS_USER).unwrap().unwrap().uid;
+    assert_eq!(meta.uid(), backup_uid.as_raw());
+
+    // info on the database host, through repo-remote.
+    let info = env.info_json();
+    let backups = info["backups"].as_array().expect("backups");
+    assert_eq!(backups.len(), 2, "{info}");
+
+    // An SSH connection dropped mid-backup fails the backup with a clear message and
+    // leaves nothing visible; the next backup succeeds.
+    env.cluster
+        .pgbench(&["-i", "-s", "6", "-q", "postgres"])
+        .unwrap();
+    let before = h.packs_of_running_backup();
+    let mut slow = h.backup_host(&[
+        "--start-fast",
+        "--process-max=1",
+        "--type=full",
+        "--compress-type=zst",
+        "--compress-level=19",
+        "backup",
+    ]);
+    let slow = slow
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while h.packs_of_running_backup() == before {
+        assert!(Instant::now() < deadline, "no pack written within 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    h.ssh.drop_connections();
+    let failed = slow.wait_with_output().unwrap();
+    let failed_err = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success(), "the backup survived a dropped link");
+    assert!(
+        failed_err.contains("did not finish"),
+        "no clear message: {failed_err}"
+    );
+    assert_eq!(
+        env.info_json()["backups"].as_array().unwrap().len(),
+        2,
+        "a half backup became visible"
+    );
+    let next = run_ok(h.backup_host(&["--start-fast", "--process-max=2", "--type=incr", "backup"]));
+    assert!(next.trim().ends_with('I'), "{next}");
+    let after_drop = env.hashes();
+
+    // Restore on the database host through repo-remote: the incremental equals the
+    // source as it was, replaying WAL fetched through repo-remote by restore_command.
+    let restored = h.restore_on_db_host(
+        "restored-incr",
+        &["--type=immediate", &format!("--set={incr_label}")],
+    );
+    let got = restored.content_hashes().unwrap();
+    restored.stop().unwrap();
+    assert_eq!(got, expected, "the incremental restored through repo-remote differs");
+    let restored = h.restore_on_db_host("restored-latest", &[]);
+    let got = restored.content_hashes().unwrap();
+    restored.stop().unwrap();
+    assert_eq!(got, after_drop, "the newest backup restored through repo-remote differs");
+    give_to_pg_user(&env.scratch.path);
+}
+
+use std::os::unix::fs::MetadataExt;

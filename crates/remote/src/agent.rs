@@ -1,0 +1,304 @@
+//! The side that holds a repository: serve it to one peer over a byte stream.
+//!
+//! [`serve_repo`] is `pgstrata agent repo` on the backup host (repo-remote): it serves the
+//! repository directory there, on the same local-directory store a local repository uses
+//! (`object_store`'s `LocalFileSystem` with fsync), so a write is on disk before it is
+//! acknowledged and a create-only write of an existing object is refused. [`serve`] is
+//! the loop itself, over any store: the backup host also runs it to serve its repository
+//! (local or an object store) to `pgstrata agent run` on the database host (pg-remote).
+//!
+//! Requests run concurrently (up to [`CONCURRENCY`]) and answers go back as they
+//! complete. Reading and writing the stream are blocking threads (pipes); the requests
+//! run on the caller's tokio runtime. When the peer closes the stream the agent finishes
+//! what it started and returns.
+
+use crate::client::hello;
+use crate::protocol::{self, Answer, Done, Failure, FailureKind, Message, Meta, Op, Request};
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjPath;
+use object_store::{
+    CopyMode, CopyOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt,
+    PutMode, PutOptions, PutPayload,
+};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::Arc;
+use tokio::sync::{mpsc, Semaphore};
+
+/// Requests served at once: enough to keep a disk and the link busy, few enough that a
+/// peer sending a restore's worth of reads does not make the agent hold them all.
+pub const CONCURRENCY: usize = 32;
+
+/// `pgstrata agent repo`: exchange hellos on stdin/stdout, then serve the repository in
+/// `root` (created, 0750, when missing) until the client closes the stream. Errors are
+/// for the agent's stderr, which SSH passes to the client's.
+pub async fn serve_repo(root: &Path) -> Result<(), String> {
+    let (mut input, mut output) = (std::io::stdin().lock(), std::io::stdout().lock());
+    hello(&mut input, &mut output, "the client", true)?;
+    drop((input, output));
+    create_repo_dir(root)?;
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        LocalFileSystem::new_with_prefix(root)
+            .map_err(|e| format!("agent: open repository {}: {e}", root.display()))?
+            .with_fsync(true)
+            .with_automatic_cleanup(true),
+    );
+    serve(store, std::io::stdin(), std::io::stdout()).await?;
+    Ok(())
+}
+
+/// Serve `store` to the peer at the other end of `input`/`output` (hellos already
+/// exchanged) until it closes the stream (`None`) or, in an `agent run`, sends the
+/// command's [`Done`].
+pub async fn serve(
+    store: Arc<dyn ObjectStore>,
+    input: impl Read + Send + 'static,
+    output: impl Write + Send + 'static,
+) -> Result<Option<Done>, String> {
+    // The reader thread hands frames to this task; the writer thread sends answers.
+    let (frames_in, mut incoming) = mpsc::channel::<std::io::Result<Option<(Message, Bytes)>>>(4);
+    std::thread::spawn(move || {
+        let mut input = std::io::BufReader::with_capacity(1 << 20, input);
+        loop {
+            let f = protocol::read_frame(&mut input);
+            let last = !matches!(f, Ok(Some(_)));
+            if frames_in.blocking_send(f).is_err() || last {
+                return;
+            }
+        }
+    });
+    let (answers, outgoing) = std::sync::mpsc::sync_channel::<Vec<u8>>(CONCURRENCY);
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, output);
+        loop {
+            let frame = match outgoing.try_recv() {
+                Ok(f) => f,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    out.flush()?;
+                    match outgoing.recv() {
+                        Ok(f) => f,
+                        Err(_) => break,
+                    }
+                }
+            };
+            out.write_all(&frame)?;
+        }
+        out.flush()
+    });
+
+    let slots = Arc::new(Semaphore::new(CONCURRENCY));
+    let mut tasks = tokio::task::JoinSet::new();
+    let outcome = loop {
+        let (message, body) = match incoming.recv().await {
+            Some(Ok(Some(f))) => f,
+            Some(Ok(None)) | None => break Ok(None),
+            Some(Err(e)) => break Err(format!("agent: read a request: {e}")),
+        };
+        let req = match message {
+            Message::Request(r) => r,
+            Message::Done(d) => break Ok(Some(d)),
+            other => break Err(format!("agent: unexpected message {other:?}")),
+        };
+        let permit = slots.clone().acquire_owned().await.expect("never closed");
+        let (store, answers) = (store.clone(), answers.clone());
+        tasks.spawn(async move {
+            let (answer, body) = handle(&*store, req, body).await;
+            let frame = protocol::frame(&Message::Answer(answer), &body);
+            // A blocking send on a bounded queue: answers wait for the link, not memory.
+            let _ = tokio::task::spawn_blocking(move || answers.send(frame)).await;
+            drop(permit);
+        });
+        // Reap finished tasks as we go so the set does not grow with the session.
+        while tasks.try_join_next().is_some() {}
+    };
+    while tasks.join_next().await.is_some() {}
+    drop(answers);
+    let written = tokio::task::spawn_blocking(move || writer.join())
+        .await
+        .map_err(|e| format!("agent: writer: {e}"))?;
+    match written {
+        Ok(Ok(())) => {}
+        // The peer is gone: nobody to tell.
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Ok(Err(e)) => return Err(format!("agent: write an answer: {e}")),
+        Err(_) => return Err("agent: the writer thread panicked".into()),
+    }
+    outcome
+}
+
+fn create_repo_dir(root: &Path) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(root)
+        .map_err(|e| format!("agent: create repository directory {}: {e}", root.display()))
+}
+
+fn meta_of(m: &ObjectMeta) -> Meta {
+    Meta {
+        key: m.location.to_string(),
+        size: m.size,
+        modified_ns: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
+        e_tag: m.e_tag.clone(),
+    }
+}
+
+fn failure(e: object_store::Error) -> Failure {
+    use object_store::Error as E;
+    let kind = match &e {
+        E::NotFound { .. } => FailureKind::NotFound,
+        E::AlreadyExists { .. } => FailureKind::AlreadyExists,
+        E::Precondition { .. } => FailureKind::Precondition,
+        E::NotSupported { .. } | E::NotImplemented { .. } => FailureKind::NotSupported,
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => FailureKind::PermissionDenied,
+        E::InvalidPath { .. } => FailureKind::InvalidPath,
+        _ => FailureKind::Other,
+    };
+    Failure {
+        kind,
+        message: e.to_string(),
+    }
+}
+
+async fn handle(store: &dyn ObjectStore, req: Request, body: Bytes) -> (Answer, Bytes) {
+    let id = req.id;
+    match serve_one(store, req, body).await {
+        Ok(r) => r,
+        Err(e) => (
+            Answer {
+                id,
+                error: Some(failure(e)),
+                ..Default::default()
+            },
+            Bytes::new(),
+        ),
+    }
+}
+
+async fn serve_one(
+    store: &dyn ObjectStore,
+    req: Request,
+    body: Bytes,
+) -> object_store::Result<(Answer, Bytes)> {
+    let path = |k: &str| ObjPath::parse(k).map_err(object_store::Error::from);
+    let mut answer = Answer {
+        id: req.id,
+        ..Default::default()
+    };
+    let key = path(&req.key)?;
+    match req.op {
+        Op::Put => {
+            let opts = PutOptions {
+                mode: if req.create_only {
+                    PutMode::Create
+                } else {
+                    PutMode::Overwrite
+                },
+                ..Default::default()
+            };
+            let r = store.put_opts(&key, PutPayload::from(body), opts).await?;
+            answer.e_tag = r.e_tag;
+            Ok((answer, Bytes::new()))
+        }
+        Op::Get => {
+            let opts = GetOptions {
+                head: req.head_only,
+                range: req.range.map(|[a, b]| GetRange::Bounded(a..b)),
+                ..Default::default()
+            };
+            let r = store.get_opts(&key, opts).await?;
+            answer.meta = Some(meta_of(&r.meta));
+            answer.range = Some([r.range.start, r.range.end]);
+            let bytes = if req.head_only {
+                Bytes::new()
+            } else {
+                r.bytes().await?
+            };
+            Ok((answer, bytes))
+        }
+        Op::List => {
+            let prefix = (!req.key.is_empty()).then_some(&key);
+            answer.objects = store
+                .list(prefix)
+                .map_ok(|m| meta_of(&m))
+                .try_collect()
+                .await?;
+            Ok((answer, Bytes::new()))
+        }
+        Op::ListDirs => {
+            let prefix = (!req.key.is_empty()).then_some(&key);
+            let r = store.list_with_delimiter(prefix).await?;
+            answer.objects = r.objects.iter().map(meta_of).collect();
+            answer.prefixes = r.common_prefixes.iter().map(|p| p.to_string()).collect();
+            Ok((answer, Bytes::new()))
+        }
+        Op::Delete => {
+            store.delete(&key).await?;
+            Ok((answer, Bytes::new()))
+        }
+        Op::Copy => {
+            let to = path(req.to.as_deref().unwrap_or_default())?;
+            let mode = if req.create_only {
+                CopyMode::Create
+            } else {
+                CopyMode::Overwrite
+            };
+            store
+                .copy_opts(&key, &to, CopyOptions::new().with_mode(mode))
+                .await?;
+            Ok((answer, Bytes::new()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::RemoteStore;
+    use object_store::ObjectStoreExt;
+
+    /// A RemoteStore talking to `serve` over two OS pipes: puts, create-only refusals,
+    /// ranged gets, lists and deletes arrive as the local store does them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_served_over_pipes_behaves_as_the_local_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let local: Arc<dyn ObjectStore> =
+            Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let (to_agent_r, to_agent_w) = std::io::pipe().unwrap();
+        let (to_client_r, to_client_w) = std::io::pipe().unwrap();
+        let server = tokio::spawn(serve(local, to_agent_r, to_client_w));
+        let remote = RemoteStore::origin(to_client_r, to_agent_w);
+        let p = ObjPath::from("stanza/obj");
+        remote.put(&p, PutPayload::from_static(b"0123456789")).await.unwrap();
+        let create = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        let again = remote
+            .put_opts(&p, PutPayload::from_static(b"x"), create)
+            .await
+            .unwrap_err();
+        assert!(matches!(again, object_store::Error::AlreadyExists { .. }), "{again}");
+        let part = remote.get_range(&p, 2..5).await.unwrap();
+        assert_eq!(&part[..], b"234");
+        let listed: Vec<_> = remote.list(None).try_collect().await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].size, 10);
+        remote.delete(&p).await.unwrap();
+        let gone = remote.get(&p).await.unwrap_err();
+        assert!(matches!(gone, object_store::Error::NotFound { .. }), "{gone}");
+        remote
+            .finish(Done {
+                exit_code: 7,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let done = server.await.unwrap().unwrap().unwrap();
+        assert_eq!(done.exit_code, 7);
+    }
+}

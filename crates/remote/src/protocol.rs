@@ -1,0 +1,293 @@
+//! The agent protocol: frames on a byte stream (the agent's stdin and stdout under SSH).
+//!
+//! A frame is `u32 LE length of the rest`, `u32 LE length of the header`, the header (one
+//! JSON object, a [`Message`] tagged by its `msg` field), then the body (raw bytes: an
+//! object's content). Both sides open with a hello frame naming the protocol version; a
+//! side that reads another version says so and stops, because the frames that follow
+//! would be misread. After the hellos the side that uses the repository sends requests,
+//! each with an `id` of its choosing, and the side that holds it answers each request
+//! once, with the same `id`, in whatever order they complete.
+//!
+//! Two sessions exist. `agent repo` (repo-remote): the client uses the repository the
+//! agent serves. `agent run` (pg-remote): the client (on the backup host) sends one
+//! [`Run`], then serves its repository to the agent (on the database host), which runs
+//! the command there and ends with one [`Done`].
+//!
+//! `docs/remote-protocol.md` specifies the messages; [`PROTOCOL_VERSION`] changes with any
+//! change an older peer would misread.
+
+use serde::{Deserialize, Serialize};
+use std::io::Read;
+
+/// Version of the frames and messages below.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The hello's `hello` field: what speaks.
+pub const HELLO: &str = "pgstrata-agent";
+
+/// Largest frame accepted: bounds what a corrupt or hostile length can make a side
+/// allocate. Objects are written whole (packs are far smaller than this).
+pub const MAX_FRAME: usize = 1 << 30;
+
+/// The first frame each side sends.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Hello {
+    pub hello: String,
+    pub protocol: u32,
+    /// The pgstrata version, for messages.
+    pub version: String,
+}
+
+impl Hello {
+    pub fn ours() -> Hello {
+        Hello {
+            hello: HELLO.to_string(),
+            protocol: PROTOCOL_VERSION,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+
+    /// Ok when `self` (the peer's hello) speaks our protocol; else why not, for the user.
+    pub fn check(&self, peer: &str) -> Result<(), String> {
+        if self.hello != HELLO {
+            return Err(format!(
+                "{peer} did not answer as a pgstrata agent (said '{}')",
+                self.hello
+            ));
+        }
+        if self.protocol != PROTOCOL_VERSION {
+            return Err(format!(
+                "{peer} speaks agent protocol {} (pgstrata {}), this pgstrata {} speaks {}: install the same pgstrata version on both hosts",
+                self.protocol,
+                self.version,
+                env!("CARGO_PKG_VERSION"),
+                PROTOCOL_VERSION
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Operations on the repository's objects.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// Write the body as `key`; `create_only` refuses when it exists.
+    Put,
+    /// Read `key` (or its `range`); `head_only` answers its metadata alone.
+    Get,
+    /// Every object under `key` (a prefix), recursively.
+    List,
+    /// The objects directly under `key` and the common prefixes one level down.
+    ListDirs,
+    Delete,
+    /// Copy `key` to `to`; `create_only` refuses when `to` exists.
+    Copy,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Request {
+    pub id: u64,
+    pub op: Op,
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<[u64; 2]>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub create_only: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub head_only: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// What went wrong, in the classes the client's object store reports (and pgstrata's
+/// retry logic tells apart: only `Other` is worth retrying).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    NotFound,
+    AlreadyExists,
+    Precondition,
+    NotSupported,
+    PermissionDenied,
+    InvalidPath,
+    Other,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Failure {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+/// One object's metadata.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Meta {
+    pub key: String,
+    pub size: u64,
+    /// Last modification, nanoseconds since the Unix epoch.
+    pub modified_ns: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e_tag: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Answer {
+    pub id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Failure>,
+    /// Get: the object's metadata; the body holds `range` of its bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<Meta>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<[u64; 2]>,
+    /// Put: the written object's e-tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e_tag: Option<String>,
+    /// List, ListDirs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<Meta>,
+    /// ListDirs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefixes: Vec<String>,
+}
+
+/// `agent run`: the command the backup host has the agent run on the database host
+/// (pg-remote). The agent then reaches the repository through requests back over the
+/// same stream, and ends with [`Done`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Run {
+    /// The command and its arguments (`backup`, `check`, `stanza-create`).
+    pub args: Vec<String>,
+    /// Option values as `PGSTRATA_*` variables: the backup host's resolved configuration
+    /// for the stanza. Sent in a frame, never on the remote command line, because it may
+    /// hold secrets (the cipher passphrase).
+    pub env: Vec<(String, String)>,
+}
+
+/// The end of an `agent run`: what the command printed on standard output, its exit code,
+/// and its error message when it failed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Done {
+    pub exit_code: i32,
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Every frame's header: one message, tagged by its `msg` field.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum Message {
+    Hello(Hello),
+    Request(Request),
+    Answer(Answer),
+    Run(Run),
+    Done(Done),
+}
+
+/// Encode one frame.
+pub fn frame(message: &Message, body: &[u8]) -> Vec<u8> {
+    let header = serde_json::to_vec(message).expect("protocol headers serialize");
+    let rest = 4 + header.len() + body.len();
+    let mut out = Vec::with_capacity(4 + rest);
+    out.extend_from_slice(&(rest as u32).to_le_bytes());
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(body);
+    out
+}
+
+/// Read one frame: its message and body. `Ok(None)` at a clean end of stream.
+pub fn read_frame<R: Read>(r: &mut R) -> std::io::Result<Option<(Message, bytes::Bytes)>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let rest = u32::from_le_bytes(len) as usize;
+    if !(4..=MAX_FRAME).contains(&rest) {
+        return Err(bad(format!("a frame of {rest} bytes")));
+    }
+    let mut buf = vec![0u8; rest];
+    r.read_exact(&mut buf)?;
+    let header_len = u32::from_le_bytes(buf[..4].try_into().unwrap()) as usize;
+    if header_len > rest - 4 {
+        return Err(bad(format!(
+            "a header of {header_len} bytes in a frame of {rest}"
+        )));
+    }
+    let mut buf = bytes::Bytes::from(buf);
+    let body = buf.split_off(4 + header_len);
+    Ok(Some((parse(&buf[4..])?, body)))
+}
+
+/// Parse a frame's header.
+fn parse(header: &[u8]) -> std::io::Result<Message> {
+    serde_json::from_slice(header).map_err(|e| {
+        bad(format!(
+            "unreadable header ({e}): {}",
+            String::from_utf8_lossy(&header[..header.len().min(200)])
+        ))
+    })
+}
+
+fn bad(what: String) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("agent protocol: {what}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_a_lying_length_is_refused() {
+        let req = Request {
+            id: 7,
+            op: Op::Put,
+            key: "a/b".into(),
+            to: None,
+            range: None,
+            create_only: true,
+            head_only: false,
+        };
+        let req = Message::Request(req);
+        let mut bytes = frame(&req, b"body bytes");
+        bytes.extend(frame(&Message::Hello(Hello::ours()), b""));
+        let mut r = &bytes[..];
+        let (m, body) = read_frame(&mut r).unwrap().unwrap();
+        assert_eq!(m, req);
+        assert_eq!(&body[..], b"body bytes");
+        let (m, body) = read_frame(&mut r).unwrap().unwrap();
+        assert_eq!(m, Message::Hello(Hello::ours()));
+        assert!(body.is_empty());
+        assert!(read_frame(&mut r).unwrap().is_none());
+
+        let mut lying = frame(&req, b"x");
+        lying[4..8].copy_from_slice(&1000u32.to_le_bytes());
+        let err = read_frame(&mut &lying[..]).unwrap_err();
+        assert!(err.to_string().contains("a header of 1000 bytes"), "{err}");
+        let huge = (u32::MAX).to_le_bytes();
+        assert!(read_frame(&mut &huge[..]).is_err());
+    }
+
+    #[test]
+    fn another_protocol_version_is_refused_with_both_versions_named() {
+        let mut theirs = Hello::ours();
+        theirs.protocol = PROTOCOL_VERSION + 1;
+        theirs.version = "9.9.9".into();
+        let msg = theirs.check("the agent on db1").unwrap_err();
+        assert!(msg.contains("the agent on db1 speaks agent protocol 2 (pgstrata 9.9.9)"), "{msg}");
+        assert!(msg.contains("install the same pgstrata version"), "{msg}");
+        assert!(Hello::ours().check("x").is_ok());
+    }
+}

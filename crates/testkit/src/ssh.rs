@@ -1,0 +1,211 @@
+//! A real sshd on a loopback port, for the two-host tests: its own host key, one client
+//! key per OS user, and an ssh client wrapper per user (what `cmd-ssh` names) that trusts
+//! exactly this server. Two OS users stand for the two hosts: [`crate::PG_OS_USER`]
+//! (the database host) and [`BACKUP_OS_USER`] (the backup host); neither can read the
+//! other's files, so only the SSH paths can work.
+//!
+//! sshd must start as root (it switches to the user that logs in), so these tests need
+//! root; .ci/setup installs openssh-server and creates the backup user.
+
+use crate::{free_port, is_root, PG_OS_USER};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The OS user standing for the backup host.
+pub const BACKUP_OS_USER: &str = "pgstrata-backup";
+
+pub struct SshServer {
+    pub port: u16,
+    dir: PathBuf,
+    sshd: Child,
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+fn chown_to(path: &Path, user: &str) -> Result<(), String> {
+    let u = nix::unistd::User::from_name(user)
+        .ok()
+        .flatten()
+        .ok_or_else(|| format!("no OS user {user} (run .ci/setup as root)"))?;
+    nix::unistd::chown(path, Some(u.uid), Some(u.gid)).map_err(|e| format!("chown {}: {e}", path.display()))
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
+}
+
+impl SshServer {
+    /// Start sshd in `dir` (a fresh directory, given to root) for [`PG_OS_USER`] and
+    /// [`BACKUP_OS_USER`].
+    pub fn start(dir: &Path) -> Result<SshServer, String> {
+        if !is_root() {
+            return Err("the SSH tests start sshd, which needs root (run them as root, as CI does)".into());
+        }
+        let sshd = Path::new("/usr/sbin/sshd");
+        if !sshd.exists() {
+            return Err("/usr/sbin/sshd not found: apt-get install openssh-server (.ci/setup does)".into());
+        }
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        set_mode(dir, 0o755);
+        // sshd's privilege separation directory.
+        std::fs::create_dir_all("/run/sshd").map_err(|e| format!("mkdir /run/sshd: {e}"))?;
+        set_mode(Path::new("/run/sshd"), 0o755);
+        let host_key = dir.join("host_key");
+        run(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(&host_key))?;
+        let auth_dir = dir.join("authorized_keys");
+        std::fs::create_dir_all(&auth_dir).map_err(|e| e.to_string())?;
+        set_mode(&auth_dir, 0o755);
+        let port = free_port();
+        let host_pub = std::fs::read_to_string(dir.join("host_key.pub")).map_err(|e| e.to_string())?;
+        let known_hosts = dir.join("known_hosts");
+        std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}")).map_err(|e| e.to_string())?;
+        set_mode(&known_hosts, 0o644);
+        for user in [PG_OS_USER, BACKUP_OS_USER] {
+            let home = dir.join(format!("client-{user}"));
+            std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
+            let key = home.join("id_ed25519");
+            run(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-C", user, "-f"]).arg(&key))?;
+            // Each host logs in to the other: this user's key lets it in as the other one.
+            let public = std::fs::read_to_string(home.join("id_ed25519.pub")).map_err(|e| e.to_string())?;
+            let other = if user == PG_OS_USER { BACKUP_OS_USER } else { PG_OS_USER };
+            let authorized = auth_dir.join(other);
+            std::fs::write(&authorized, public).map_err(|e| e.to_string())?;
+            set_mode(&authorized, 0o644);
+            let config = home.join("ssh_config");
+            std::fs::write(
+                &config,
+                format!(
+                    "Host *\n  HostName 127.0.0.1\n  Port {port}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n  BatchMode yes\n  LogLevel ERROR\n",
+                    key.display(),
+                    known_hosts.display()
+                ),
+            )
+            .map_err(|e| e.to_string())?;
+            let wrapper = home.join("ssh");
+            std::fs::write(
+                &wrapper,
+                format!("#!/bin/sh\nexec /usr/bin/ssh -F {} \"$@\"\n", config.display()),
+            )
+            .map_err(|e| e.to_string())?;
+            for p in [&home, &key, &config] {
+                chown_to(p, user)?;
+            }
+            set_mode(&home, 0o700);
+            set_mode(&key, 0o600);
+            set_mode(&config, 0o600);
+            chown_to(&wrapper, user)?;
+            set_mode(&wrapper, 0o700);
+        }
+        let config = dir.join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nPidFile {}\nAuthorizedKeysFile {}/%u\n\
+                 StrictModes no\nUsePAM yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+                 PubkeyAuthentication yes\nPermitRootLogin no\nAllowUsers {PG_OS_USER} {BACKUP_OS_USER}\n\
+                 PrintMotd no\nPrintLastLog no\nLogLevel ERROR\nMaxStartups 100\nMaxSessions 100\n",
+                host_key.display(),
+                dir.join("sshd.pid").display(),
+                auth_dir.display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let child = Command::new(sshd)
+            .arg("-D")
+            .arg("-e")
+            .arg("-f")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.join("sshd.log")).map_err(|e| e.to_string())?,
+            ))
+            .spawn()
+            .map_err(|e| format!("start sshd: {e}"))?;
+        let server = SshServer {
+            port,
+            dir: dir.to_path_buf(),
+            sshd: child,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                return Err(format!("sshd did not listen within 20 s: {}", server.log()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(server)
+    }
+
+    /// The ssh client wrapper for `user` (give it as `cmd-ssh`): it reaches this server
+    /// whatever host name it is given, with `user`'s key, trusting only this host key.
+    pub fn client(&self, user: &str) -> PathBuf {
+        self.dir.join(format!("client-{user}")).join("ssh")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sshd.log")).unwrap_or_default()
+    }
+
+    /// Kill every connection's sshd process (the listener stays): each SSH session
+    /// through this server drops as a broken link would drop it.
+    pub fn drop_connections(&self) {
+        // Each connection is a [priv] child of the listener and its unprivileged child,
+        // which holds the socket too: kill every descendant.
+        let listener = self.sshd.id() as i32;
+        let mut parents = std::collections::HashMap::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // Field 4, after the parenthesised command name.
+            if let Some(ppid) = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok())
+            {
+                parents.insert(pid, ppid);
+            }
+        }
+        let descends = |mut pid: i32| {
+            while let Some(&p) = parents.get(&pid) {
+                if p == listener {
+                    return true;
+                }
+                if p <= 1 {
+                    return false;
+                }
+                pid = p;
+            }
+            false
+        };
+        for &pid in parents.keys().filter(|&&p| p != listener && descends(p)) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+impl Drop for SshServer {
+    fn drop(&mut self) {
+        self.drop_connections();
+        let _ = self.sshd.kill();
+        let _ = self.sshd.wait();
+    }
+}
