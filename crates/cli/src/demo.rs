@@ -104,7 +104,8 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         bundle_limit: 2 << 20,
         cipher_type: Default::default(),
         cipher_pass: None,
-        cipher_key_cache: false,
+        standby: None,
+            cipher_key_cache: false,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -18,7 +18,7 @@ use pgstrata_engine::backup::BackupOptions;
 use pgstrata_engine::expire::ExpireOptions;
 use pgstrata_engine::metrics;
 use pgstrata_engine::restore::RestoreOptions;
-use pgstrata_engine::{Error, Settings};
+use pgstrata_engine::{Error, Settings, StandbySource};
 use pgstrata_repo::cipher::Passphrase;
 use pgstrata_repo::codec::Compression;
 use pgstrata_repo::storage::{AzureConfig, GcsConfig, RepoConfig, S3Config, Secret, SshTarget};
@@ -145,7 +145,25 @@ fn settings_of(inv: &config::Invocation) -> Result<Settings, Error> {
         cipher_type: inv.choice("repo-cipher-type"),
         cipher_pass: inv.get("repo-cipher-pass").map(Passphrase::new),
         cipher_key_cache: inv.flag("repo-cipher-key-cache"),
+        standby: standby_source(inv)?,
     })
+}
+
+/// backup-standby's standby, when it is on.
+fn standby_source(inv: &config::Invocation) -> Result<Option<StandbySource>, Error> {
+    if inv.command != "backup" || !inv.flag("backup-standby") {
+        return Ok(None);
+    }
+    Ok(Some(StandbySource {
+        path: inv
+            .get("standby-path")
+            .ok_or_else(|| {
+                Error::config("backup-standby needs standby-path: the standby's data directory")
+            })?
+            .into(),
+        host: inv.text("standby-host").to_string(),
+        port: inv.int("standby-port"),
+    }))
 }
 
 /// key-add's new passphrase: from PGSTRATA_NEW_CIPHER_PASS or the first line of

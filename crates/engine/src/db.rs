@@ -93,6 +93,10 @@ impl Db {
         self.version_num / 10000
     }
 
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
     pub fn target(&self) -> &str {
         &self.target
     }

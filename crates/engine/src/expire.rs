@@ -389,6 +389,7 @@ mod tests {
             bundle_limit: 0,
             cipher_type: Default::default(),
             cipher_pass: None,
+            standby: None,
             cipher_key_cache: false,
         };
         let o = ExpireOptions {

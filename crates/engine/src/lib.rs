@@ -39,7 +39,7 @@ pub mod verify;
 mod walk;
 
 pub use error::{Error, ErrorKind, Result};
-pub use settings::Settings;
+pub use settings::{Settings, StandbySource};
 
 /// Open the repository and load the stanza record, with its master key when it is
 /// encrypted (`keys`); the first step of most commands.

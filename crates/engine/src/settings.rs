@@ -50,6 +50,19 @@ pub struct Settings {
     pub cipher_pass: Option<Passphrase>,
     /// Keep the opened master key in the host's key cache (`repo-cipher-key-cache`).
     pub cipher_key_cache: bool,
+    /// backup: read relation files from this standby instead of the primary
+    /// (`backup-standby`).
+    pub standby: Option<StandbySource>,
+}
+
+/// A streaming standby of the primary a backup reads relation files from.
+#[derive(Debug, Clone)]
+pub struct StandbySource {
+    /// Its data directory (`standby-path`).
+    pub path: PathBuf,
+    /// Socket directory or host name (`standby-host`), as `pg_host`.
+    pub host: String,
+    pub port: u16,
 }
 
 impl Settings {

@@ -14,6 +14,7 @@
 mod assemble;
 mod copy;
 mod preflight;
+mod standby;
 
 pub use copy::block_size_for;
 
@@ -122,9 +123,16 @@ async fn copy_data_directory(
     let tree = {
         let p = pf.pg_path.clone();
         let (major, catver) = (pf.control.major_version()?, pf.control.catalog_version);
-        tokio::task::spawn_blocking(move || walk::walk(&p, major, catver))
-            .await
-            .expect("walk thread")?
+        let standby = pf.standby.as_ref().map(|sb| sb.source.path.clone());
+        tokio::task::spawn_blocking(move || -> Result<walk::Walk> {
+            let primary = walk::walk(&p, major, catver)?;
+            Ok(match standby {
+                Some(sp) => standby::merge_walks(primary, walk::walk(&sp, major, catver)?),
+                None => primary,
+            })
+        })
+        .await
+        .expect("walk thread")?
     };
     let plan = CopyPlan::new(tree.items, &pf.pg_path)?;
     let progress = Progress::start("backup", plan.total_bytes(), plan.jobs.len() as u64 + 1);

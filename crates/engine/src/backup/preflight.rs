@@ -29,6 +29,8 @@ pub(super) struct Preflight {
     pub prior: Option<Manifest>,
     pub label: String,
     pub start_time: chrono::DateTime<chrono::Utc>,
+    /// `backup-standby`: the standby relation files are read from.
+    pub standby: Option<super::standby::Standby>,
 }
 
 /// A started backup: where its WAL starts, and how it finds changed blocks.
@@ -48,6 +50,7 @@ pub(super) async fn preflight(
     stanza: &StanzaInfo,
 ) -> Result<Preflight> {
     let (pg_path, control, db) = check_server(s, stanza).await?;
+    let standby = super::standby::connect(s, &control).await?;
     let (backup_type, prior) = choose_prior(s, storage, opts.backup_type).await?;
     let (label, start_time) = unique_label(s, storage, backup_type).await?;
     log::info!(
@@ -69,6 +72,7 @@ pub(super) async fn preflight(
         prior,
         label,
         start_time,
+        standby,
     };
     if let (Some(p), Track::Wal, false) = (&pf.prior, opts.track, opts.delta) {
         refuse_untracked_window(s, storage, stanza, &pf, p).await?;
@@ -204,6 +208,11 @@ pub(super) async fn start(
         .db
         .backup_start(&format!("pgstrata {}", pf.label), s.start_fast)
         .await?;
+    if let Some(standby) = &pf.standby {
+        standby
+            .wait_for_replay(start_lsn, timeline, s.archive_timeout)
+            .await?;
+    }
     let seg_size = pf.control.wal_segment_size as u64;
     let start_wal = lsn::segment_name(timeline, start_lsn.segment(seg_size), seg_size);
     let delta_reason = pf

@@ -1,0 +1,166 @@
+//! Backups from a standby (`backup-standby`): the primary does not pay the reading.
+//!
+//! `pg_backup_start` and `pg_backup_stop` still run on the primary: the backup's start
+//! checkpoint, `backup_label` and stop LSN are the primary's, and so is the WAL that makes
+//! the copy consistent. Before copying, pgstrata waits until the standby has replayed past
+//! the start LSN; from then on every relation file on the standby holds at least what the
+//! primary's held at the start, and anything newer is replayed from the WAL at restore,
+//! exactly as for pages the primary changes while it is copied (full-page writes are on
+//! during a backup, and the standby's pages come from the primary's WAL). Every relation
+//! file (`base/`, `global/`, tablespaces) is read from the standby, and only what the
+//! standby cannot provide from the primary: configuration files, `pg_control` (copied last
+//! as ever), and the other small non-relation files.
+//!
+//! The standby must be this primary's: same system identifier, streaming from it now,
+//! on the same timeline. One that falls behind by more than `archive-timeout` fails the
+//! backup with how far it got.
+
+use crate::db::Db;
+use crate::walk::Walk;
+use crate::{Error, ErrorKind, Result, Settings, StandbySource};
+use pgstrata_pg::control::ControlData;
+use pgstrata_pg::layout;
+use pgstrata_pg::lsn::Lsn;
+use std::time::{Duration, Instant};
+
+/// A standby checked to replicate the primary, with its connection.
+pub(crate) struct Standby {
+    pub source: StandbySource,
+    db: Db,
+}
+
+/// Connect to the standby `s.standby` names and check it replicates the primary whose
+/// `pg_control` is `primary`.
+pub(crate) async fn connect(s: &Settings, primary: &ControlData) -> Result<Option<Standby>> {
+    let Some(source) = s.standby.clone() else {
+        return Ok(None);
+    };
+    let control = ControlData::read(&source.path)?;
+    if control.system_identifier != primary.system_identifier {
+        return Err(Error::refused(format!(
+            "standby-path {} holds cluster {}, not the primary's cluster {}",
+            source.path.display(),
+            control.system_identifier,
+            primary.system_identifier
+        )));
+    }
+    let mut via = s.clone();
+    via.pg_host = Some(source.host.clone());
+    via.pg_port = source.port;
+    via.pg_path = Some(source.path.clone());
+    let db = Db::connect(&via).await?;
+    let id = db.identity().await?;
+    if id.system_identifier != primary.system_identifier {
+        return Err(Error::refused(format!(
+            "the standby at {} is cluster {}, not the primary's cluster {}",
+            db.target(),
+            id.system_identifier,
+            primary.system_identifier
+        )));
+    }
+    if !id.in_recovery {
+        return Err(Error::refused(format!(
+            "backup-standby: the server at {} is not a standby (it is not in recovery)",
+            db.target()
+        )));
+    }
+    let standby = Standby { source, db };
+    standby.receiver().await?;
+    Ok(Some(standby))
+}
+
+impl Standby {
+    /// The WAL receiver's state: it must be streaming. Returns its timeline.
+    async fn receiver(&self) -> Result<u32> {
+        let row = self
+            .db
+            .client()
+            .query_opt(
+                "SELECT status, received_tli FROM pg_stat_wal_receiver",
+                &[],
+            )
+            .await
+            .map_err(crate::error::pg_err("query the standby's WAL receiver"))?;
+        match row {
+            Some(r) if r.get::<_, Option<String>>(0).as_deref() == Some("streaming") => {
+                Ok(r.get::<_, Option<i32>>(1).unwrap_or(0) as u32)
+            }
+            Some(r) => Err(Error::refused(format!(
+                "backup-standby: the standby at {} is not streaming from the primary (its WAL receiver is {})",
+                self.db.target(),
+                r.get::<_, Option<String>>(0).unwrap_or_else(|| "stopped".into())
+            ))),
+            None => Err(Error::refused(format!(
+                "backup-standby: the standby at {} is not streaming from the primary (no WAL receiver: is primary_conninfo set?)",
+                self.db.target()
+            ))),
+        }
+    }
+
+    /// Wait until the standby has replayed past `start_lsn` on `timeline`.
+    pub(crate) async fn wait_for_replay(
+        &self,
+        start_lsn: Lsn,
+        timeline: u32,
+        timeout: Duration,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        loop {
+            let tli = self.receiver().await?;
+            if tli != 0 && tli != timeline {
+                return Err(Error::refused(format!(
+                    "backup-standby: the standby at {} streams timeline {tli}, the primary is on timeline {timeline}",
+                    self.db.target()
+                )));
+            }
+            let row = self
+                .db
+                .client()
+                .query_one("SELECT pg_last_wal_replay_lsn()::text", &[])
+                .await
+                .map_err(crate::error::pg_err("query the standby's replay position"))?;
+            let replayed: Option<String> = row.get(0);
+            let replayed: Lsn = replayed.as_deref().unwrap_or("0/0").parse()?;
+            if replayed >= start_lsn {
+                log::info!(
+                    "standby at {} replayed to {replayed}, past the backup's start {start_lsn} (waited {:.1}s): reading relation files from {}",
+                    self.db.target(),
+                    started.elapsed().as_secs_f64(),
+                    self.source.path.display()
+                );
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "backup-standby: the standby at {} has replayed only to {replayed}, behind the backup's start {start_lsn}, after {}s (archive-timeout): is it lagging or disconnected?",
+                        self.db.target(),
+                        timeout.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// What a backup from a standby copies: the primary's walk, with every relation file
+/// taken from the standby's walk instead (relation files only the primary has were
+/// created after the point the standby replayed, and the WAL creates them at restore).
+pub(crate) fn merge_walks(primary: Walk, standby: Walk) -> Walk {
+    let is_relation = |rel: &str| layout::relation_file(rel).is_some();
+    let mut items: Vec<_> = primary
+        .items
+        .into_iter()
+        .filter(|i| !(is_relation(&i.rel) && matches!(i.kind, crate::walk::ItemKind::File { .. })))
+        .collect();
+    items.extend(standby.items.into_iter().filter(|i| {
+        is_relation(&i.rel) && matches!(i.kind, crate::walk::ItemKind::File { .. })
+    }));
+    Walk {
+        items,
+        tablespaces: primary.tablespaces,
+    }
+}
