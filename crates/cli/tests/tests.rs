@@ -19,6 +19,7 @@ mod remote;
 mod restore_safety;
 mod restore_test;
 mod roundtrip;
+mod standby;
 mod verify;
 mod wal_decoder;
 mod wal_tracking;

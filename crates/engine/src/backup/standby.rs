@@ -3,8 +3,9 @@
 //! `pg_backup_start` and `pg_backup_stop` still run on the primary: the backup's start
 //! checkpoint, `backup_label` and stop LSN are the primary's, and so is the WAL that makes
 //! the copy consistent. Before copying, pgstrata waits until the standby has replayed past
-//! the start LSN; from then on every relation file on the standby holds at least what the
-//! primary's held at the start, and anything newer is replayed from the WAL at restore,
+//! the start LSN and has made a restartpoint there (`CHECKPOINT` on the standby: replayed
+//! changes reach its files only at restartpoints); from then on every relation file on the
+//! standby holds at least what the primary's held at the start, and anything newer is replayed from the WAL at restore,
 //! exactly as for pages the primary changes while it is copied (full-page writes are on
 //! during a backup, and the standby's pages come from the primary's WAL). Every relation
 //! file (`base/`, `global/`, tablespaces) is read from the standby, and only what the
@@ -123,19 +124,25 @@ impl Standby {
             let replayed: Option<String> = row.get(0);
             let replayed: Lsn = replayed.as_deref().unwrap_or("0/0").parse()?;
             if replayed >= start_lsn {
-                log::info!(
-                    "standby at {} replayed to {replayed}, past the backup's start {start_lsn} (waited {:.1}s): reading relation files from {}",
-                    self.db.target(),
-                    started.elapsed().as_secs_f64(),
-                    self.source.path.display()
-                );
-                return Ok(());
+                // Replayed is not written: the standby's files hold what its last
+                // restartpoint flushed. A restartpoint at (or after) the primary's start
+                // checkpoint makes every change up to the start durable in its files.
+                let redo = self.restartpoint().await?;
+                if redo >= start_lsn {
+                    log::info!(
+                        "standby at {} replayed to {replayed} and made a restartpoint at {redo}, past the backup's start {start_lsn} (waited {:.1}s): reading relation files from {}",
+                        self.db.target(),
+                        started.elapsed().as_secs_f64(),
+                        self.source.path.display()
+                    );
+                    return Ok(());
+                }
             }
             if Instant::now() >= deadline {
                 return Err(Error::new(
                     ErrorKind::Timeout,
                     format!(
-                        "backup-standby: the standby at {} has replayed only to {replayed}, behind the backup's start {start_lsn}, after {}s (archive-timeout): is it lagging or disconnected?",
+                        "backup-standby: the standby at {} has replayed only to {replayed} (and restarted at an earlier point), behind the backup's start {start_lsn}, after {}s (archive-timeout): is it lagging or disconnected?",
                         self.db.target(),
                         timeout.as_secs()
                     ),
@@ -143,6 +150,27 @@ impl Standby {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+impl Standby {
+    /// Ask the standby for a restartpoint (`CHECKPOINT` on a standby) and return the redo
+    /// point of its newest one.
+    async fn restartpoint(&self) -> Result<Lsn> {
+        self.db
+            .client()
+            .batch_execute("CHECKPOINT")
+            .await
+            .map_err(crate::error::pg_err(
+                "CHECKPOINT on the standby (pg-user needs to be a superuser or have pg_checkpoint)",
+            ))?;
+        let row = self
+            .db
+            .client()
+            .query_one("SELECT redo_lsn::text FROM pg_control_checkpoint()", &[])
+            .await
+            .map_err(crate::error::pg_err("read the standby's restartpoint"))?;
+        Ok(row.get::<_, String>(0).parse()?)
     }
 }
 
