@@ -182,9 +182,8 @@ pub(crate) fn run_on_pg_remote(
             format!("--log-level-console={}", inv.text("log-level-console")),
         ];
         let t = target.clone();
-        let mut session = SshSession::start(&t, &agent_args).map_err(|m| {
-            Error::new(ErrorKind::Io, format!("{}: {m}", inv.command))
-        })?;
+        let mut session = SshSession::start(&t, &agent_args)
+            .map_err(|m| Error::new(ErrorKind::Io, format!("{}: {m}", inv.command)))?;
         session
             .output
             .write_all(&protocol::frame(&Message::Run(run), b""))
@@ -209,7 +208,9 @@ pub(crate) fn run_on_pg_remote(
         let done = match served {
             Ok(Some(done)) => done,
             Ok(None) | Err(_) => {
-                let why = served.err().unwrap_or_else(|| "it closed the connection".into());
+                let why = served
+                    .err()
+                    .unwrap_or_else(|| "it closed the connection".into());
                 return Err(Error::new(
                     ErrorKind::Io,
                     format!(

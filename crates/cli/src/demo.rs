@@ -105,7 +105,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         cipher_type: Default::default(),
         cipher_pass: None,
         standby: None,
-            cipher_key_cache: false,
+        cipher_key_cache: false,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

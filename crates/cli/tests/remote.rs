@@ -27,10 +27,8 @@ fn chown_to_backup_user(p: &Path) {
 
 impl TwoHosts {
     fn new(name: &str) -> TwoHosts {
-        let ssh_dir = std::env::temp_dir().join(format!(
-            "pgstrata-sshd-{name}-{}",
-            std::process::id()
-        ));
+        let ssh_dir =
+            std::env::temp_dir().join(format!("pgstrata-sshd-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&ssh_dir);
         let ssh = SshServer::start(&ssh_dir).expect("start sshd");
         let backup_repo = ssh_dir.join("backup-host-repo");
@@ -67,13 +65,22 @@ impl TwoHosts {
             .arg(format!("--repo-path={}", self.backup_repo.display()))
             .arg(format!("--pg-remote={PG_OS_USER}@db-host"))
             .arg(format!("--pg-remote-cmd={}", exe().display()))
-            .arg(format!("--cmd-ssh={}", self.ssh.client(BACKUP_OS_USER).display()))
+            .arg(format!(
+                "--cmd-ssh={}",
+                self.ssh.client(BACKUP_OS_USER).display()
+            ))
             .arg(format!("--pg-path={}", self.env.cluster.data.display()))
-            .arg(format!("--pg-host={}", self.env.cluster.socket_dir.display()))
+            .arg(format!(
+                "--pg-host={}",
+                self.env.cluster.socket_dir.display()
+            ))
             .arg(format!("--pg-port={}", self.env.cluster.port))
             .arg("--pg-user=postgres")
             .arg("--log-level-console=info")
-            .env(pgstrata_repo::cipher::TEST_KDF_MEMORY_ENV, TEST_KDF_MEMORY_KIB)
+            .env(
+                pgstrata_repo::cipher::TEST_KDF_MEMORY_ENV,
+                TEST_KDF_MEMORY_KIB,
+            )
             .current_dir("/")
             .args(args);
         c
@@ -118,13 +125,19 @@ fn backup_host_and_database_host_over_ssh() {
         .arg(&h.backup_repo)
         .output()
         .unwrap();
-    assert!(!peek.status.success(), "postgres can read the backup host's repository");
+    assert!(
+        !peek.status.success(),
+        "postgres can read the backup host's repository"
+    );
     let peek = Command::new("runuser")
         .args(["-u", BACKUP_OS_USER, "--", "ls"])
         .arg(&env.cluster.data)
         .output()
         .unwrap();
-    assert!(!peek.status.success(), "the backup user can read the data directory");
+    assert!(
+        !peek.status.success(),
+        "the backup user can read the data directory"
+    );
 
     // stanza-create and check from the backup host (pg-remote); the check's WAL switch is
     // archived by the database host's archive_command through repo-remote.
@@ -137,7 +150,10 @@ fn backup_host_and_database_host_over_ssh() {
         .unwrap();
     let full = run_ok(h.backup_host(&["--start-fast", "--process-max=2", "--type=full", "backup"]));
     let full_label = full.trim().to_string();
-    assert!(full_label.ends_with('F'), "backup prints its label on stdout: {full}");
+    assert!(
+        full_label.ends_with('F'),
+        "backup prints its label on stdout: {full}"
+    );
 
     // A WAL-tracked incremental: the agent reads the change maps (stored through
     // repo-remote by archive-push) from the backup host's repository.
@@ -146,13 +162,16 @@ fn backup_host_and_database_host_over_ssh() {
         .unwrap();
     env.sql("DELETE FROM pgbench_accounts WHERE aid % 100 = 0; CREATE TABLE added AS SELECT generate_series(1, 10000) AS x");
     env.flush_wal();
-    let incr = h.backup_host(&[
-        "--start-fast",
-        "--process-max=2",
-        "--type=incr",
-        "--track=wal",
-        "backup",
-    ]).output().unwrap();
+    let incr = h
+        .backup_host(&[
+            "--start-fast",
+            "--process-max=2",
+            "--type=incr",
+            "--track=wal",
+            "backup",
+        ])
+        .output()
+        .unwrap();
     let incr_err = String::from_utf8_lossy(&incr.stderr);
     assert!(incr.status.success(), "incremental failed: {incr_err}");
     assert!(
@@ -165,7 +184,10 @@ fn backup_host_and_database_host_over_ssh() {
 
     // The objects are on the backup host, owned by its user.
     let meta = std::fs::metadata(h.backup_repo.join(STANZA)).unwrap();
-    let backup_uid = nix::unistd::User::from_name(BACKUP_OS_USER).unwrap().unwrap().uid;
+    let backup_uid = nix::unistd::User::from_name(BACKUP_OS_USER)
+        .unwrap()
+        .unwrap()
+        .uid;
     assert_eq!(meta.uid(), backup_uid.as_raw());
 
     // info on the database host, through repo-remote.
@@ -200,7 +222,10 @@ fn backup_host_and_database_host_over_ssh() {
     h.ssh.drop_connections();
     let failed = slow.wait_with_output().unwrap();
     let failed_err = String::from_utf8_lossy(&failed.stderr);
-    assert!(!failed.status.success(), "the backup survived a dropped link");
+    assert!(
+        !failed.status.success(),
+        "the backup survived a dropped link"
+    );
     assert!(
         failed_err.contains("did not finish"),
         "no clear message: {failed_err}"
@@ -222,11 +247,17 @@ fn backup_host_and_database_host_over_ssh() {
     );
     let got = restored.content_hashes().unwrap();
     restored.stop().unwrap();
-    assert_eq!(got, expected, "the incremental restored through repo-remote differs");
+    assert_eq!(
+        got, expected,
+        "the incremental restored through repo-remote differs"
+    );
     let restored = h.restore_on_db_host("restored-latest", &[]);
     let got = restored.content_hashes().unwrap();
     restored.stop().unwrap();
-    assert_eq!(got, after_drop, "the newest backup restored through repo-remote differs");
+    assert_eq!(
+        got, after_drop,
+        "the newest backup restored through repo-remote differs"
+    );
     give_to_pg_user(&env.scratch.path);
 }
 

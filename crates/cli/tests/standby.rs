@@ -15,7 +15,9 @@ fn start_standby(env: &Env) -> Cluster {
         let mut c = env.cluster.bin.cmd("pg_basebackup");
         c.arg("-D")
             .arg(&data)
-            .args(["-R", "-S", "standby1", "-X", "stream", "-c", "fast", "-U", "postgres"])
+            .args([
+                "-R", "-S", "standby1", "-X", "stream", "-c", "fast", "-U", "postgres",
+            ])
             .arg("-h")
             .arg(&env.cluster.socket_dir)
             .arg("-p")
@@ -96,11 +98,19 @@ fn a_backup_from_a_standby_restores_equal_and_reads_no_primary_relation_file() {
             c.env(k, v);
         }
     }
-    c.args(&from_standby)
-        .args(["--start-fast", "--process-max=2", "--type=full", "--log-level-console=info", "backup"]);
+    c.args(&from_standby).args([
+        "--start-fast",
+        "--process-max=2",
+        "--type=full",
+        "--log-level-console=info",
+        "backup",
+    ]);
     let out = c.output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "backup from the standby failed: {err}");
+    assert!(
+        out.status.success(),
+        "backup from the standby failed: {err}"
+    );
     assert!(err.contains("reading relation files from"), "{err}");
     let trace = std::fs::read_to_string(&trace_file).unwrap();
     let primary_relations: Vec<String> = opened_under(&trace, &env.cluster.data)
@@ -130,13 +140,14 @@ fn a_backup_from_a_standby_restores_equal_and_reads_no_primary_relation_file() {
     let incr = env.backup(&args);
     assert!(incr.ends_with('I'), "{incr}");
     let expected = env.hashes();
-    let restored = env.restore_and_start(
-        "restored",
-        &["--type=immediate", &format!("--set={incr}")],
-    );
+    let restored =
+        env.restore_and_start("restored", &["--type=immediate", &format!("--set={incr}")]);
     let got = restored.content_hashes().unwrap();
     restored.stop().unwrap();
-    assert_eq!(got, expected, "the backup from the standby differs from the primary");
+    assert_eq!(
+        got, expected,
+        "the backup from the standby differs from the primary"
+    );
 
     // A standby that stops replaying: the backup waits archive-timeout, then says how far
     // the standby got.
@@ -145,7 +156,11 @@ fn a_backup_from_a_standby_restores_equal_and_reads_no_primary_relation_file() {
         .unwrap();
     env.sql("CREATE TABLE while_paused AS SELECT 1 AS x");
     let mut args: Vec<String> = from_standby.clone();
-    args.extend(["--archive-timeout=3".into(), "--start-fast".into(), "backup".into()]);
+    args.extend([
+        "--archive-timeout=3".into(),
+        "--start-fast".into(),
+        "backup".into(),
+    ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (code, err) = run_fail(env.cmd(&args));
     assert_eq!(code, 3, "{err}");
@@ -155,14 +170,14 @@ fn a_backup_from_a_standby_restores_equal_and_reads_no_primary_relation_file() {
         .unwrap();
 
     // The primary is not a standby: naming it as one is refused before anything starts.
-    let mut args = vec![
+    let args = [
         "--backup-standby".to_string(),
         format!("--standby-path={}", env.cluster.data.display()),
         format!("--standby-host={}", env.cluster.socket_dir.display()),
         format!("--standby-port={}", env.cluster.port),
         "backup".to_string(),
     ];
-    let refs: Vec<&str> = args.iter_mut().map(|s| s.as_str()).collect();
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let (_, err) = run_fail(env.cmd(&refs));
     assert!(err.contains("is not a standby"), "{err}");
     standby.stop().unwrap();

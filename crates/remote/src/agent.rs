@@ -19,8 +19,8 @@ use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjPath;
 use object_store::{
-    CopyMode, CopyOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt,
-    PutMode, PutOptions, PutPayload,
+    CopyMode, CopyOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode,
+    PutOptions, PutPayload,
 };
 use std::io::{Read, Write};
 use std::path::Path;
@@ -273,7 +273,10 @@ mod tests {
         let server = tokio::spawn(serve(local, to_agent_r, to_client_w));
         let remote = RemoteStore::origin(to_client_r, to_agent_w);
         let p = ObjPath::from("stanza/obj");
-        remote.put(&p, PutPayload::from_static(b"0123456789")).await.unwrap();
+        remote
+            .put(&p, PutPayload::from_static(b"0123456789"))
+            .await
+            .unwrap();
         let create = PutOptions {
             mode: PutMode::Create,
             ..Default::default()
@@ -282,7 +285,10 @@ mod tests {
             .put_opts(&p, PutPayload::from_static(b"x"), create)
             .await
             .unwrap_err();
-        assert!(matches!(again, object_store::Error::AlreadyExists { .. }), "{again}");
+        assert!(
+            matches!(again, object_store::Error::AlreadyExists { .. }),
+            "{again}"
+        );
         let part = remote.get_range(&p, 2..5).await.unwrap();
         assert_eq!(&part[..], b"234");
         let listed: Vec<_> = remote.list(None).try_collect().await.unwrap();
@@ -290,7 +296,10 @@ mod tests {
         assert_eq!(listed[0].size, 10);
         remote.delete(&p).await.unwrap();
         let gone = remote.get(&p).await.unwrap_err();
-        assert!(matches!(gone, object_store::Error::NotFound { .. }), "{gone}");
+        assert!(
+            matches!(gone, object_store::Error::NotFound { .. }),
+            "{gone}"
+        );
         remote
             .finish(Done {
                 exit_code: 7,

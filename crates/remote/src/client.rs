@@ -14,15 +14,17 @@
 //! one). When the connection breaks, every request in flight fails (retryably over SSH,
 //! for `pgstrata_repo::Storage` to retry on a new connection).
 
-use crate::protocol::{self, Answer, Done, Failure, FailureKind, Hello, Message, Meta, Op, Request};
+use crate::protocol::{
+    self, Answer, Done, Failure, FailureKind, Hello, Message, Meta, Op, Request,
+};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
 use object_store::path::Path;
 use object_store::{
     CopyMode, CopyOptions, GetOptions, GetRange, GetResult, GetResultPayload, ListResult,
-    MultipartUpload, ObjectMeta, ObjectStore, PutMode, PutMultipartOptions, PutOptions,
-    PutPayload, PutResult, Result,
+    MultipartUpload, ObjectMeta, ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload,
+    PutResult, Result,
 };
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -320,7 +322,11 @@ impl Channel {
     }
 
     /// Queue a frame; flushed when the writer has nothing else to send.
-    fn send(&self, frame: Vec<u8>, flush: bool) -> std::result::Result<Option<oneshot::Receiver<std::io::Result<()>>>, String> {
+    fn send(
+        &self,
+        frame: Vec<u8>,
+        flush: bool,
+    ) -> std::result::Result<Option<oneshot::Receiver<std::io::Result<()>>>, String> {
         let (ack, acked) = if flush {
             let (a, b) = oneshot::channel();
             (Some(a), Some(b))
@@ -376,8 +382,7 @@ impl RemoteStore {
     /// The repository in `path` on `target`. One connection per target and path for the
     /// whole process: every `Storage::open` of it shares it.
     pub fn ssh(target: SshTarget, path: String) -> RemoteStore {
-        static SHARED: OnceLock<Mutex<HashMap<(SshTarget, String), RemoteStore>>> =
-            OnceLock::new();
+        static SHARED: OnceLock<Mutex<HashMap<(SshTarget, String), RemoteStore>>> = OnceLock::new();
         let mut shared = SHARED.get_or_init(Default::default).lock().unwrap();
         shared
             .entry((target.clone(), path.clone()))
@@ -393,14 +398,11 @@ impl RemoteStore {
 
     /// The repository of the host that started this `agent run`, over the stream the
     /// hellos and the [`protocol::Run`] came on.
-    pub fn origin(input: impl Read + Send + 'static, output: impl Write + Send + 'static) -> RemoteStore {
-        let channel = Channel::start(
-            input,
-            output,
-            "the backup host".to_string(),
-            None,
-            false,
-        );
+    pub fn origin(
+        input: impl Read + Send + 'static,
+        output: impl Write + Send + 'static,
+    ) -> RemoteStore {
+        let channel = Channel::start(input, output, "the backup host".to_string(), None, false);
         RemoteStore {
             inner: Arc::new(Inner {
                 source: Source::Origin,
@@ -436,7 +438,11 @@ impl RemoteStore {
         };
         let (target, args) = (
             target.clone(),
-            vec!["agent".to_string(), "repo".to_string(), format!("--repo-path={path}")],
+            vec![
+                "agent".to_string(),
+                "repo".to_string(),
+                format!("--repo-path={path}"),
+            ],
         );
         let session = tokio::task::spawn_blocking(move || {
             SshSession::start(&target, &args).map(|s| (s, target))
@@ -667,7 +673,7 @@ impl ObjectStore for RemoteStore {
             common_prefixes: answer
                 .prefixes
                 .iter()
-                .map(|p| Path::parse(p))
+                .map(Path::parse)
                 .collect::<std::result::Result<_, _>>()?,
             extensions: Default::default(),
         })

@@ -286,7 +286,10 @@ mod tests {
         theirs.protocol = PROTOCOL_VERSION + 1;
         theirs.version = "9.9.9".into();
         let msg = theirs.check("the agent on db1").unwrap_err();
-        assert!(msg.contains("the agent on db1 speaks agent protocol 2 (pgstrata 9.9.9)"), "{msg}");
+        assert!(
+            msg.contains("the agent on db1 speaks agent protocol 2 (pgstrata 9.9.9)"),
+            "{msg}"
+        );
         assert!(msg.contains("install the same pgstrata version"), "{msg}");
         assert!(Hello::ours().check("x").is_ok());
     }

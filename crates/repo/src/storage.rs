@@ -22,8 +22,8 @@ use object_store::path::Path as ObjPath;
 use object_store::{
     Attribute, Attributes, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
 };
-pub use pgstrata_remote::SshTarget;
 use pgstrata_remote::RemoteStore;
+pub use pgstrata_remote::SshTarget;
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;

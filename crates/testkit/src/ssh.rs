@@ -40,7 +40,8 @@ fn chown_to(path: &Path, user: &str) -> Result<(), String> {
         .ok()
         .flatten()
         .ok_or_else(|| format!("no OS user {user} (run .ci/setup as root)"))?;
-    nix::unistd::chown(path, Some(u.uid), Some(u.gid)).map_err(|e| format!("chown {}: {e}", path.display()))
+    nix::unistd::chown(path, Some(u.uid), Some(u.gid))
+        .map_err(|e| format!("chown {}: {e}", path.display()))
 }
 
 fn set_mode(path: &Path, mode: u32) {
@@ -52,11 +53,15 @@ impl SshServer {
     /// [`BACKUP_OS_USER`].
     pub fn start(dir: &Path) -> Result<SshServer, String> {
         if !is_root() {
-            return Err("the SSH tests start sshd, which needs root (run them as root, as CI does)".into());
+            return Err(
+                "the SSH tests start sshd, which needs root (run them as root, as CI does)".into(),
+            );
         }
         let sshd = Path::new("/usr/sbin/sshd");
         if !sshd.exists() {
-            return Err("/usr/sbin/sshd not found: apt-get install openssh-server (.ci/setup does)".into());
+            return Err(
+                "/usr/sbin/sshd not found: apt-get install openssh-server (.ci/setup does)".into(),
+            );
         }
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         set_mode(dir, 0o755);
@@ -64,23 +69,34 @@ impl SshServer {
         std::fs::create_dir_all("/run/sshd").map_err(|e| format!("mkdir /run/sshd: {e}"))?;
         set_mode(Path::new("/run/sshd"), 0o755);
         let host_key = dir.join("host_key");
-        run(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(&host_key))?;
+        run(Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&host_key))?;
         let auth_dir = dir.join("authorized_keys");
         std::fs::create_dir_all(&auth_dir).map_err(|e| e.to_string())?;
         set_mode(&auth_dir, 0o755);
         let port = free_port();
-        let host_pub = std::fs::read_to_string(dir.join("host_key.pub")).map_err(|e| e.to_string())?;
+        let host_pub =
+            std::fs::read_to_string(dir.join("host_key.pub")).map_err(|e| e.to_string())?;
         let known_hosts = dir.join("known_hosts");
-        std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}")).map_err(|e| e.to_string())?;
+        std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}"))
+            .map_err(|e| e.to_string())?;
         set_mode(&known_hosts, 0o644);
         for user in [PG_OS_USER, BACKUP_OS_USER] {
             let home = dir.join(format!("client-{user}"));
             std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
             let key = home.join("id_ed25519");
-            run(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-C", user, "-f"]).arg(&key))?;
+            run(Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-C", user, "-f"])
+                .arg(&key))?;
             // Each host logs in to the other: this user's key lets it in as the other one.
-            let public = std::fs::read_to_string(home.join("id_ed25519.pub")).map_err(|e| e.to_string())?;
-            let other = if user == PG_OS_USER { BACKUP_OS_USER } else { PG_OS_USER };
+            let public =
+                std::fs::read_to_string(home.join("id_ed25519.pub")).map_err(|e| e.to_string())?;
+            let other = if user == PG_OS_USER {
+                BACKUP_OS_USER
+            } else {
+                PG_OS_USER
+            };
             let authorized = auth_dir.join(other);
             std::fs::write(&authorized, public).map_err(|e| e.to_string())?;
             set_mode(&authorized, 0o644);
@@ -97,7 +113,10 @@ impl SshServer {
             let wrapper = home.join("ssh");
             std::fs::write(
                 &wrapper,
-                format!("#!/bin/sh\nexec /usr/bin/ssh -F {} \"$@\"\n", config.display()),
+                format!(
+                    "#!/bin/sh\nexec /usr/bin/ssh -F {} \"$@\"\n",
+                    config.display()
+                ),
             )
             .map_err(|e| e.to_string())?;
             for p in [&home, &key, &config] {

@@ -76,10 +76,7 @@ impl Standby {
         let row = self
             .db
             .client()
-            .query_opt(
-                "SELECT status, received_tli FROM pg_stat_wal_receiver",
-                &[],
-            )
+            .query_opt("SELECT status, received_tli FROM pg_stat_wal_receiver", &[])
             .await
             .map_err(crate::error::pg_err("query the standby's WAL receiver"))?;
         match row {
@@ -184,9 +181,11 @@ pub(crate) fn merge_walks(primary: Walk, standby: Walk) -> Walk {
         .into_iter()
         .filter(|i| !(is_relation(&i.rel) && matches!(i.kind, crate::walk::ItemKind::File { .. })))
         .collect();
-    items.extend(standby.items.into_iter().filter(|i| {
-        is_relation(&i.rel) && matches!(i.kind, crate::walk::ItemKind::File { .. })
-    }));
+    items.extend(
+        standby.items.into_iter().filter(|i| {
+            is_relation(&i.rel) && matches!(i.kind, crate::walk::ItemKind::File { .. })
+        }),
+    );
     Walk {
         items,
         tablespaces: primary.tablespaces,
