@@ -117,12 +117,23 @@ impl Bench {
     /// Run a tool command as the PostgreSQL user with its output in the log directory.
     /// `timed` settles the page cache's writeback first.
     pub fn run(&mut self, name: &str, cmd: &mut Command, timed: bool) -> Result<Measured, String> {
+        self.run_as(PG_OS_USER, name, cmd, timed)
+    }
+
+    /// As [`Bench::run`], as another OS user (the backup host's, in the two-host scenarios).
+    pub fn run_as(
+        &mut self,
+        user: &str,
+        name: &str,
+        cmd: &mut Command,
+        timed: bool,
+    ) -> Result<Measured, String> {
         self.log_seq += 1;
         let base = self.log_dir.join(format!("{:04}-{name}", self.log_seq));
         let (out_path, err_path) = (base.with_extension("out"), base.with_extension("err"));
         let out = std::fs::File::create(&out_path).map_err(|e| e.to_string())?;
         let err = std::fs::File::create(&err_path).map_err(|e| e.to_string())?;
-        as_pg_user(cmd);
+        as_user(cmd, user);
         cmd.current_dir(&self.scratch.path)
             .stdin(Stdio::null())
             .stdout(out)
@@ -359,9 +370,9 @@ pub fn settle() {
     std::thread::sleep(Duration::from_secs(1));
 }
 
-fn as_pg_user(cmd: &mut Command) {
+fn as_user(cmd: &mut Command, user: &str) {
     if pgstrata_testkit::is_root() {
-        if let Ok(Some(u)) = nix::unistd::User::from_name(PG_OS_USER) {
+        if let Ok(Some(u)) = nix::unistd::User::from_name(user) {
             cmd.uid(u.uid.as_raw())
                 .gid(u.gid.as_raw())
                 .env("HOME", &u.dir);

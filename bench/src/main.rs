@@ -7,6 +7,8 @@
 mod args;
 mod harness;
 mod limits;
+mod link;
+mod procs;
 mod results;
 mod scenarios;
 mod tools;
@@ -20,7 +22,7 @@ usage: bench SCENARIO [options]      run one scenario (as root: the clusters run
        bench limits                  measure disk and codec limits only
 
 scenarios: full_backup incremental restore bundling s3_latency wal_tracking wal_archive wal_async
-           decode_overhead
+           decode_overhead remote_link
 
 options of every scenario:
   --pgstrata [LABEL=]BIN  pgstrata binary to measure; repeat to compare builds side by side

@@ -181,6 +181,12 @@ impl Results {
         })
     }
 
+    /// The version of a tool that is not a [`Tool`] (a PostgreSQL client program), shown
+    /// in the table's tools line for columns titled `LABEL` or `LABEL (...)`.
+    pub fn add_version(&mut self, label: &str, version: &str) {
+        self.versions.insert(label.to_string(), version.to_string());
+    }
+
     /// Declare table columns in this order (later declarations go after earlier ones).
     pub fn declare(&mut self, tools: &[&str]) {
         for t in tools {
@@ -375,8 +381,14 @@ pub fn render(records: &[Record]) -> String {
             let v = r
                 .num("bytes")
                 .map(|b| format!("{:.1} MB", b / 1048576.0))
+                .or_else(|| r.num("seconds").map(|s| format!("{s:.2} s")))
                 .unwrap_or_else(|| r.get("count").to_string());
-            context.push(format!("- source: {} {v}\n", r.get("step")));
+            let note = if r.get("note").is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", r.get("note"))
+            };
+            context.push(format!("- source: {} {v}{note}\n", r.get("step")));
             continue;
         }
         if !tools.contains(&r.get("tool").to_string()) {
@@ -497,6 +509,7 @@ pub fn render(records: &[Record]) -> String {
         .iter()
         .filter(|r| {
             !r.get("note").is_empty()
+                && r.get("tool") != "source"
                 && (r.num("seconds").is_some()
                     || r.num("bytes").is_some()
                     || r.num("count").is_some())

@@ -109,6 +109,8 @@ pub struct Setup {
 
 pub struct Repo {
     pub label: String,
+    /// The OS user its commands run as (the PostgreSQL user, but for a backup host's).
+    pub user: String,
     pub tool: Tool,
     /// Local repository directory (unused when remote).
     pub dir: PathBuf,
@@ -185,6 +187,7 @@ impl Repo {
         }
         Ok(Repo {
             label: label.to_string(),
+            user: pgstrata_testkit::PG_OS_USER.to_string(),
             tool: tool.clone(),
             dir,
             config,
@@ -224,7 +227,8 @@ impl Repo {
             let _ = std::fs::create_dir_all(b.scratch.join("lock"));
             chown_pg(&b.scratch.join("lock"));
         }
-        b.run(
+        b.run_as(
+            &self.user,
             &format!("stanza-create-{}", self.slug()),
             self.cmd().arg("stanza-create"),
             false,
@@ -248,7 +252,7 @@ impl Repo {
             c.args(&self.setup.incr_args);
         }
         c.args(extra).arg("backup");
-        let m = b.run(&format!("backup-{kind}-{}", self.slug()), &mut c, true)?;
+        let m = b.run_as(&self.user, &format!("backup-{kind}-{}", self.slug()), &mut c, true)?;
         let label = if self.is_pgstrata() {
             m.stdout
                 .lines()
@@ -287,7 +291,7 @@ impl Repo {
             c.arg(format!("--pg1-path={}", dir.display()));
         }
         c.args(args).arg("restore");
-        let m = b.run(&format!("restore-{}", self.slug()), &mut c, true)?;
+        let m = b.run_as(&self.user, &format!("restore-{}", self.slug()), &mut c, true)?;
         eprintln!(
             "[bench] {}: restore {args:?} in {:.2} s",
             self.label, m.seconds
@@ -296,7 +300,8 @@ impl Repo {
     }
 
     pub fn info(&self, b: &mut Bench) -> Result<serde_json::Value, String> {
-        let m = b.run(
+        let m = b.run_as(
+            &self.user,
             &format!("info-{}", self.slug()),
             self.cmd().args(["--output=json", "info"]),
             false,

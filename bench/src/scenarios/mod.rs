@@ -6,6 +6,7 @@ pub mod bundling;
 pub mod decode_overhead;
 pub mod full_backup;
 pub mod incremental;
+pub mod remote_link;
 pub mod restore;
 pub mod s3_latency;
 pub mod wal_archive;
@@ -36,6 +37,7 @@ pub fn run(name: &str, mut a: Args) -> Result<(), String> {
         "wal_archive" => scenario!(wal_archive),
         "wal_async" => scenario!(wal_async),
         "decode_overhead" => scenario!(decode_overhead),
+        "remote_link" => scenario!(remote_link),
         _ => Err(format!("unknown scenario '{name}' (see bench help)")),
     }
 }

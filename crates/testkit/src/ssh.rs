@@ -48,6 +48,43 @@ fn set_mode(path: &Path, mode: u32) {
     let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
 }
 
+/// Write `user`'s ssh client configuration and wrapper (`ssh_config{suffix}`,
+/// `ssh{suffix}`) in `home`, reaching 127.0.0.1:`port`; returns the wrapper.
+fn write_client(
+    home: &Path,
+    user: &str,
+    port: u16,
+    known_hosts: &Path,
+    suffix: &str,
+) -> Result<PathBuf, String> {
+    let key = home.join("id_ed25519");
+    let config = home.join(format!("ssh_config{suffix}"));
+    std::fs::write(
+        &config,
+        format!(
+            "Host *\n  HostName 127.0.0.1\n  Port {port}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n  BatchMode yes\n  LogLevel ERROR\n",
+            key.display(),
+            known_hosts.display()
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let wrapper = home.join(format!("ssh{suffix}"));
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec /usr/bin/ssh -F {} \"$@\"\n",
+            config.display()
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    for p in [&config, &wrapper] {
+        chown_to(p, user)?;
+    }
+    set_mode(&config, 0o600);
+    set_mode(&wrapper, 0o700);
+    Ok(wrapper)
+}
+
 impl SshServer {
     /// Start sshd in `dir` (a fresh directory, given to root) for [`PG_OS_USER`] and
     /// [`BACKUP_OS_USER`].
@@ -100,33 +137,12 @@ impl SshServer {
             let authorized = auth_dir.join(other);
             std::fs::write(&authorized, public).map_err(|e| e.to_string())?;
             set_mode(&authorized, 0o644);
-            let config = home.join("ssh_config");
-            std::fs::write(
-                &config,
-                format!(
-                    "Host *\n  HostName 127.0.0.1\n  Port {port}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n  BatchMode yes\n  LogLevel ERROR\n",
-                    key.display(),
-                    known_hosts.display()
-                ),
-            )
-            .map_err(|e| e.to_string())?;
-            let wrapper = home.join("ssh");
-            std::fs::write(
-                &wrapper,
-                format!(
-                    "#!/bin/sh\nexec /usr/bin/ssh -F {} \"$@\"\n",
-                    config.display()
-                ),
-            )
-            .map_err(|e| e.to_string())?;
-            for p in [&home, &key, &config] {
+            for p in [&home, &key] {
                 chown_to(p, user)?;
             }
             set_mode(&home, 0o700);
             set_mode(&key, 0o600);
-            set_mode(&config, 0o600);
-            chown_to(&wrapper, user)?;
-            set_mode(&wrapper, 0o700);
+            write_client(&home, user, port, &known_hosts, "")?;
         }
         let config = dir.join("sshd_config");
         std::fs::write(
@@ -173,6 +189,23 @@ impl SshServer {
     /// whatever host name it is given, with `user`'s key, trusting only this host key.
     pub fn client(&self, user: &str) -> PathBuf {
         self.dir.join(format!("client-{user}")).join("ssh")
+    }
+
+    /// Another ssh client wrapper for `user` that connects to 127.0.0.1:`port` instead of
+    /// this server's own port: a relay in front of the server (a throttled link, say) that
+    /// forwards to it. It trusts this server's host key at that port, and only it.
+    pub fn client_via(&self, user: &str, port: u16) -> Result<PathBuf, String> {
+        let home = self.dir.join(format!("client-{user}"));
+        if !home.is_dir() {
+            return Err(format!("no ssh client for {user} in {}", self.dir.display()));
+        }
+        let host_pub =
+            std::fs::read_to_string(self.dir.join("host_key.pub")).map_err(|e| e.to_string())?;
+        let known_hosts = self.dir.join(format!("known_hosts-via-{port}"));
+        std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}"))
+            .map_err(|e| e.to_string())?;
+        set_mode(&known_hosts, 0o644);
+        write_client(&home, user, port, &known_hosts, &format!("-via-{port}"))
     }
 
     pub fn log(&self) -> String {

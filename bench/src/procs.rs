@@ -1,0 +1,126 @@
+//! Memory and CPU of every process of a tool, wherever it runs: `wait4` sees only the
+//! command and the children it waited for, not the processes a tool starts on the other
+//! host over SSH, its detached workers, or the server backend that compresses for
+//! pg_basebackup. A sampler thread reads /proc every 10 ms during a step and sums, per
+//! group of processes, their resident sets (less shared memory: a PostgreSQL backend's
+//! RSS includes the shared buffers it touched) and keeps their CPU time.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Which processes belong to a group.
+#[derive(Clone, Debug)]
+pub enum Matcher {
+    /// Processes running one of these binaries.
+    Exe(Vec<PathBuf>),
+    /// Processes running `exe` whose command line (as the process shows it) starts with
+    /// `prefix`: "postgres: walsender" for the backends serving pg_basebackup.
+    ExeTitled { exe: PathBuf, prefix: String },
+    /// Processes any of these match.
+    Any(Vec<Matcher>),
+}
+
+impl Matcher {
+    fn matches(&self, exe: &Path, proc_dir: &Path) -> bool {
+        match self {
+            Matcher::Exe(bins) => bins.iter().any(|b| b == exe),
+            Matcher::ExeTitled { exe: e, prefix } => {
+                e == exe
+                    && std::fs::read(proc_dir.join("cmdline"))
+                        .map(|c| c.starts_with(prefix.as_bytes()))
+                        .unwrap_or(false)
+            }
+            Matcher::Any(all) => all.iter().any(|m| m.matches(exe, proc_dir)),
+        }
+    }
+}
+
+/// What the sampler saw of one group during a step.
+#[derive(Clone, Debug, Default)]
+pub struct Sampled {
+    /// Largest sum of the group's resident sets (less shared memory) at one instant, KiB.
+    pub peak_rss_kb: u64,
+    /// Most processes of the group at one instant.
+    pub peak_procs: u64,
+    /// CPU time (user + system) the group used, seconds (a process's last 10 ms may be
+    /// missed).
+    pub cpu_seconds: f64,
+}
+
+/// Run `f` while sampling each group of `groups`; a process counts in the first group it
+/// matches.
+pub fn sampled<T>(
+    groups: &[Matcher],
+    f: impl FnOnce() -> Result<T, String>,
+) -> Result<(T, Vec<Sampled>), String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let groups = groups.to_vec();
+    let sampler = std::thread::spawn(move || {
+        let mut out = vec![Sampled::default(); groups.len()];
+        // CPU ticks per (group, pid): the largest seen.
+        let mut ticks: HashMap<(usize, u32), u64> = HashMap::new();
+        while !flag.load(Ordering::Relaxed) {
+            let mut rss = vec![0u64; groups.len()];
+            let mut procs = vec![0u64; groups.len()];
+            for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                    continue;
+                };
+                let dir = e.path();
+                let Ok(exe) = std::fs::read_link(dir.join("exe")) else {
+                    continue;
+                };
+                let Some(g) = groups.iter().position(|m| m.matches(&exe, &dir)) else {
+                    continue;
+                };
+                let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+                let field = |name: &str| {
+                    status
+                        .lines()
+                        .find_map(|l| l.strip_prefix(name))
+                        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                rss[g] += field("VmRSS:").saturating_sub(field("RssShmem:"));
+                procs[g] += 1;
+                // utime and stime: fields 14 and 15, counted after the ')' closing comm.
+                let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+                let used: u64 = stat
+                    .rsplit_once(')')
+                    .map(|(_, rest)| {
+                        rest.split_whitespace()
+                            .skip(11)
+                            .take(2)
+                            .filter_map(|v| v.parse::<u64>().ok())
+                            .sum()
+                    })
+                    .unwrap_or(0);
+                let seen = ticks.entry((g, pid)).or_default();
+                *seen = (*seen).max(used);
+            }
+            for (i, o) in out.iter_mut().enumerate() {
+                o.peak_rss_kb = o.peak_rss_kb.max(rss[i]);
+                o.peak_procs = o.peak_procs.max(procs[i]);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .unwrap_or(100) as f64;
+        for ((g, _), t) in ticks {
+            out[g].cpu_seconds += t as f64 / hz;
+        }
+        out
+    });
+    let r = f();
+    stop.store(true, Ordering::Relaxed);
+    let seen = sampler
+        .join()
+        .map_err(|_| "the /proc sampler panicked".to_string())?;
+    Ok((r?, seen))
+}
