@@ -143,8 +143,7 @@ impl Link {
                 while !stop.load(Ordering::Relaxed) {
                     match listener.accept() {
                         Ok((client, _)) => {
-                            if let Err(e) = forward(client, &target, &up, &down, &counts, &open)
-                            {
+                            if let Err(e) = forward(client, &target, &up, &down, &counts, &open) {
                                 eprintln!("[bench] relay {port}: {e}");
                             }
                         }
@@ -394,6 +393,9 @@ mod tests {
         assert_eq!(back, vec![7u8; 1000]);
         assert!((0.45..1.0).contains(&s), "500 kB at 1 MB/s took {s:.3} s");
         let m = relay.moved();
-        assert_eq!((m.to_target, m.from_target, m.connections), (500_000, 1000, 1));
+        assert_eq!(
+            (m.to_target, m.from_target, m.connections),
+            (500_000, 1000, 1)
+        );
     }
 }

@@ -419,9 +419,23 @@ pub fn render(records: &[Record]) -> String {
         .filter_map(|r| r.get("run").parse::<u64>().ok())
         .max()
         .unwrap_or(1);
+    // Scenarios that sample every process of a tool (both hosts) say so in each timed note.
+    let timed: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.num("seconds").is_some() && r.get("tool") != "source")
+        .collect();
+    let all_processes = !timed.is_empty()
+        && timed
+            .iter()
+            .all(|r| r.get("note").starts_with("all processes"));
+    let rss = if all_processes {
+        "all the tool's processes summed, sampled from /proc"
+    } else {
+        "largest single process (wait4)"
+    };
     let mut out = format!(
         "{} `{}` — {} (commit {}; {})\n\n- tools: {}\n- times: wall clock of the command, best of {runs} run(s), sync + 1 s pause before each; \
-         ratio (×) = that tool / {} (> 1: {} is faster or smaller); peak RSS: largest single process (wait4)\n\n",
+         ratio (×) = that tool / {} (> 1: {} is faster or smaller); peak RSS: {rss}\n\n",
         first.get("run_id"),
         first.get("scenario"),
         first.get("params"),

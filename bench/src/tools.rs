@@ -252,7 +252,12 @@ impl Repo {
             c.args(&self.setup.incr_args);
         }
         c.args(extra).arg("backup");
-        let m = b.run_as(&self.user, &format!("backup-{kind}-{}", self.slug()), &mut c, true)?;
+        let m = b.run_as(
+            &self.user,
+            &format!("backup-{kind}-{}", self.slug()),
+            &mut c,
+            true,
+        )?;
         let label = if self.is_pgstrata() {
             m.stdout
                 .lines()
@@ -291,7 +296,12 @@ impl Repo {
             c.arg(format!("--pg1-path={}", dir.display()));
         }
         c.args(args).arg("restore");
-        let m = b.run_as(&self.user, &format!("restore-{}", self.slug()), &mut c, true)?;
+        let m = b.run_as(
+            &self.user,
+            &format!("restore-{}", self.slug()),
+            &mut c,
+            true,
+        )?;
         eprintln!(
             "[bench] {}: restore {args:?} in {:.2} s",
             self.label, m.seconds

@@ -94,7 +94,7 @@ impl Opts {
 enum Kind {
     /// A tool with a repository on the backup host: `bh` runs there (backup-host user),
     /// `db` on the database host (archive-push, restore).
-    Tool { bh: Repo, db: Repo },
+    Tool { bh: Box<Repo>, db: Box<Repo> },
     /// pg_basebackup with this server-side compression method.
     Basebackup(String),
 }
@@ -147,7 +147,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     let db_repos: Vec<&Repo> = cols
         .iter()
         .filter_map(|c| match &c.kind {
-            Kind::Tool { db, .. } => Some(db),
+            Kind::Tool { db, .. } => Some(&**db),
             Kind::Basebackup(_) => None,
         })
         .collect();
@@ -184,9 +184,8 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 }
                 Kind::Basebackup(method) => {
                     let out = pgbb_dir.join(format!("{method}-r{run}"));
-                    let (m, seen) = sampled(&groups(&c.procs), || {
-                        basebackup(b, &hosts, method, &out)
-                    })?;
+                    let (m, seen) =
+                        sampled(&groups(&c.procs), || basebackup(b, &hosts, method, &out))?;
                     let stored = b.du(&out);
                     let _ = std::fs::remove_dir_all(&out);
                     (m, seen, stored)
@@ -196,8 +195,14 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let arch = hosts.ssh_archive.moved().since(arch);
             record(b, &case, "full backup", &c.label, run, m.clone(), &seen)?;
             b.results.record(
-                Row::bytes(&case, "full backup: over the link", &c.label, run, Some(moved.total()))
-                    .note(moved_note(&moved, &arch, m.seconds, raw_rate)),
+                Row::bytes(
+                    &case,
+                    "full backup: over the link",
+                    &c.label,
+                    run,
+                    Some(moved.total()),
+                )
+                .note(moved_note(&moved, &arch, m.seconds, raw_rate)),
             )?;
             b.results.record(Row::bytes(
                 &case,
@@ -230,8 +235,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             };
             b.wal_switch_and_wait()?;
             let (before, arch) = (hosts.ssh_backup.moved(), hosts.ssh_archive.moved());
-            let ((m, label), seen) =
-                sampled(&groups(&c.procs), || bh.backup(b, "incr", &[]))?;
+            let ((m, label), seen) = sampled(&groups(&c.procs), || bh.backup(b, "incr", &[]))?;
             let moved = hosts.ssh_backup.moved().since(before);
             let arch = hosts.ssh_archive.moved().since(arch);
             let sizes = bh.backup_sizes(b, &label)?;
@@ -241,8 +245,14 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let stored = sizes.stored.unwrap_or(0);
             record(b, &case, "incr backup", &c.label, run, m.clone(), &seen)?;
             b.results.record(
-                Row::bytes(&case, "incr backup: over the link", &c.label, run, Some(moved.total()))
-                    .note(moved_note(&moved, &arch, m.seconds, raw_rate)),
+                Row::bytes(
+                    &case,
+                    "incr backup: over the link",
+                    &c.label,
+                    run,
+                    Some(moved.total()),
+                )
+                .note(moved_note(&moved, &arch, m.seconds, raw_rate)),
             )?;
             b.results.record(
                 Row::bytes(&case, "incr backup: stored", &c.label, run, Some(stored)).note(
@@ -284,7 +294,15 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let (m, seen) = sampled(&groups(&c.procs), || db.restore(b, &dir, &[&ssh]))?;
             let moved = hosts.ssh_db.moved().since(before);
             let restored = b.du(&dir);
-            record(b, &case, "restore of the incr", &c.label, run, m.clone(), &seen)?;
+            record(
+                b,
+                &case,
+                "restore of the incr",
+                &c.label,
+                run,
+                m.clone(),
+                &seen,
+            )?;
             b.results.record(
                 Row::bytes(
                     &case,
@@ -478,7 +496,10 @@ fn measure_link(b: &mut Bench, o: &Opts, h: &Hosts) -> Result<f64, String> {
     let rate = bytes as f64 / seconds;
     b.results.record(Row {
         case: "link".into(),
-        step: format!("line, raw TCP through the relay: {} MB of random data in", o.link_test_mb),
+        step: format!(
+            "line, raw TCP through the relay: {} MB of random data in",
+            o.link_test_mb
+        ),
         tool: "source".into(),
         run: 1,
         seconds: Some(seconds),
@@ -525,7 +546,7 @@ fn measure_link(b: &mut Bench, o: &Opts, h: &Hosts) -> Result<f64, String> {
         run: 1,
         seconds: Some(m.seconds),
         note: format!(
-            "{:.2} MB/s of data = {:.0} % of raw; {:.2} MB on the line (SSH framing and session setup included)",
+            "{:.2} MB/s of data = {:.0} % of raw; {:.2} MB on the line with SSH's framing and session setup",
             bytes as f64 / m.seconds / 1048576.0,
             100.0 * bytes as f64 / m.seconds / rate,
             moved.total() as f64 / 1048576.0
@@ -577,7 +598,10 @@ fn columns(b: &mut Bench, o: &Opts, h: &Hosts) -> Result<Vec<Column>, String> {
         let (bh, db) = pgstrata_repos(b, o, h, t, &format!("pgstrata{i}"))?;
         cols.push(Column {
             label: t.label.clone(),
-            kind: Kind::Tool { bh, db },
+            kind: Kind::Tool {
+                bh: Box::new(bh),
+                db: Box::new(db),
+            },
             procs: Matcher::Exe(vec![canonical(&t.bin)]),
         });
     }
@@ -608,7 +632,10 @@ fn columns(b: &mut Bench, o: &Opts, h: &Hosts) -> Result<Vec<Column>, String> {
         let (bh, db) = pgbr_repos(b, o, h, t, &label, &setup, &format!("pgbr{i}"))?;
         cols.push(Column {
             label,
-            kind: Kind::Tool { bh, db },
+            kind: Kind::Tool {
+                bh: Box::new(bh),
+                db: Box::new(db),
+            },
             procs: Matcher::Exe(vec![canonical(&t.bin)]),
         });
     }
@@ -757,16 +784,26 @@ fn pgbr_repos(
 /// pg_basebackup on the backup host, over TCP through the line into the cluster's socket.
 fn basebackup(b: &mut Bench, h: &Hosts, method: &str, out: &Path) -> Result<Measured, String> {
     let mut c = b.pg.client("pg_basebackup");
-    c.args(["-h", "127.0.0.1", "-p", &h.pg.port.to_string(), "-U", "postgres", "-w"])
-        .arg("-D")
-        .arg(out)
-        .args(["-Ft", "-X", "stream", "--checkpoint=fast"])
-        .arg(format!("--compress=server-{method}"));
-    let m = b.run_as(BACKUP_OS_USER, &format!("pg_basebackup-{method}"), &mut c, true)?;
-    eprintln!(
-        "[bench] pg_basebackup server-{method}: {:.2} s",
-        m.seconds
-    );
+    c.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &h.pg.port.to_string(),
+        "-U",
+        "postgres",
+        "-w",
+    ])
+    .arg("-D")
+    .arg(out)
+    .args(["-Ft", "-X", "stream", "--checkpoint=fast"])
+    .arg(format!("--compress=server-{method}"));
+    let m = b.run_as(
+        BACKUP_OS_USER,
+        &format!("pg_basebackup-{method}"),
+        &mut c,
+        true,
+    )?;
+    eprintln!("[bench] pg_basebackup server-{method}: {:.2} s", m.seconds);
     Ok(m)
 }
 
@@ -779,7 +816,10 @@ fn change(b: &Bench, tables: &[String], o: &Opts, n: u64) -> Result<(), String> 
     for (i, t) in tables.iter().enumerate() {
         let frac = (5 + 13 * i as u64 + 37 * n) % (100 - o.change_pct.min(99));
         let a = rows * frac / 100 + 1;
-        sql += &format!("DELETE FROM {t} WHERE aid BETWEEN {a} AND {}; ", a + chunk - 1);
+        sql += &format!(
+            "DELETE FROM {t} WHERE aid BETWEEN {a} AND {}; ",
+            a + chunk - 1
+        );
     }
     eprintln!("[bench] change #{n}: {sql}");
     b.sql(&sql)?;

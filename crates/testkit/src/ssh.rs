@@ -197,7 +197,10 @@ impl SshServer {
     pub fn client_via(&self, user: &str, port: u16) -> Result<PathBuf, String> {
         let home = self.dir.join(format!("client-{user}"));
         if !home.is_dir() {
-            return Err(format!("no ssh client for {user} in {}", self.dir.display()));
+            return Err(format!(
+                "no ssh client for {user} in {}",
+                self.dir.display()
+            ));
         }
         let host_pub =
             std::fs::read_to_string(self.dir.join("host_key.pub")).map_err(|e| e.to_string())?;
