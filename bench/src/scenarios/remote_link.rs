@@ -130,6 +130,8 @@ struct Best {
     seconds: f64,
     moved: u64,
     stored: u64,
+    /// Everything the backup wrote into the repository (data, manifests).
+    written: u64,
 }
 
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
@@ -180,7 +182,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let (m, seen, stored) = match &c.kind {
                 Kind::Tool { bh, .. } => {
                     let (r, seen) = sampled(&groups(&c.procs), || bh.backup(b, "full", &[]))?;
-                    (r.0, seen, b.du(&bh.backup_area()))
+                    (r.0.clone(), seen, b.du(&bh.backup_area().join(&r.1)))
                 }
                 Kind::Basebackup(method) => {
                     let out = pgbb_dir.join(format!("{method}-r{run}"));
@@ -218,6 +220,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                     seconds: m.seconds,
                     moved: moved.total(),
                     stored,
+                    written: stored,
                 },
             );
         }
@@ -243,6 +246,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 return Err(format!("{}: {label} is a {} backup", c.label, sizes.kind));
             }
             let stored = sizes.stored.unwrap_or(0);
+            let written = b.du(&bh.backup_area().join(&label));
             record(b, &case, "incr backup", &c.label, run, m.clone(), &seen)?;
             b.results.record(
                 Row::bytes(
@@ -274,8 +278,19 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                     seconds: m.seconds,
                     moved: moved.total(),
                     stored,
+                    written,
                 },
             );
+            b.results.record(
+                Row::bytes(
+                    &case,
+                    "incr backup: written to the repository",
+                    &c.label,
+                    run,
+                    Some(written),
+                )
+                .note("the backup's directory: its data and its manifests"),
+            )?;
         }
 
         // Restores of the incremental on the database host, over the line.
@@ -324,6 +339,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                     seconds: m.seconds,
                     moved: moved.total(),
                     stored: restored,
+                    written: 0,
                 },
             );
             if let (Some(check), true) = (&check, c.label == cols[0].label) {
@@ -361,9 +377,11 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             targets.push((
                 format!("{}: incr moved / stored (target <= 1.2x)", c.label),
                 format!(
-                    "{x:.2}x ({:.3} MB over the link, {:.3} MB stored){}",
+                    "{x:.2}x ({:.3} MB over the link, {:.3} MB stored; {:.2}x of the {:.3} MB written to the repository, manifests included){}",
                     i.moved as f64 / 1048576.0,
                     i.stored as f64 / 1048576.0,
+                    i.moved as f64 / i.written.max(1) as f64,
+                    i.written as f64 / 1048576.0,
                     if c.label == first {
                         if x <= 1.2 {
                             ": met"
