@@ -36,6 +36,9 @@ const NOT_FORWARDED: &[&str] = &[
     "pg-remote",
     "pg-remote-port",
     "pg-remote-cmd",
+    "standby-remote",
+    "standby-remote-port",
+    "standby-remote-cmd",
     "config",
     "repo",
     "log-path",
@@ -159,6 +162,22 @@ pub(crate) fn pg_remote(inv: &Invocation) -> Option<SshTarget> {
     })
 }
 
+/// The standby's host, when a backup from a standby on another host runs there
+/// (`standby-remote`): the bulk (every relation file) is read where it is, and the
+/// primary's few other files come over its database connection (so `pg-path` is not sent:
+/// the primary's data directory is not on that host).
+pub(crate) fn standby_remote(inv: &Invocation) -> Option<SshTarget> {
+    if inv.command != "backup" || !inv.flag("backup-standby") {
+        return None;
+    }
+    Some(SshTarget {
+        host: inv.get("standby-remote")?.to_string(),
+        port: inv.int_opt("standby-remote-port"),
+        ssh: inv.text("cmd-ssh").to_string(),
+        remote_cmd: inv.text("standby-remote-cmd").to_string(),
+    })
+}
+
 /// Run `inv` (with pg-remote set) on the database host, once for each repository it
 /// covers, serving each repository from here. Returns the exit code; the agent's errors
 /// are printed as they would be by a local run.
@@ -175,7 +194,7 @@ pub(crate) fn run_on_pg_remote(
         } else {
             settings.storage()?
         };
-        let run = run_message(inv, view);
+        let run = run_message(inv, view, target);
         let agent_args = vec![
             "agent".to_string(),
             "run".to_string(),
@@ -242,7 +261,9 @@ pub(crate) fn run_on_pg_remote(
 }
 
 /// The command and the options of repository view `view` as the agent gets them.
-fn run_message(inv: &Invocation, view: &Invocation) -> Run {
+fn run_message(inv: &Invocation, view: &Invocation, target: &SshTarget) -> Run {
+    // On the standby's host, the primary's data directory is not there.
+    let on_standby_host = standby_remote(inv).is_some_and(|t| t == *target);
     let mut args = vec![inv.command.clone()];
     for (name, values) in view.lists() {
         args.extend(values.iter().map(|v| format!("--{name}={v}")));
@@ -251,6 +272,7 @@ fn run_message(inv: &Invocation, view: &Invocation) -> Run {
     let env = view
         .values()
         .filter(|(name, _)| !NOT_FORWARDED.contains(name))
+        .filter(|(name, _)| !(on_standby_host && *name == "pg-path"))
         .map(|(name, value)| (options::env_name(name), value.to_string()))
         .collect();
     Run { args, env }

@@ -534,7 +534,7 @@ fn shell_quote(s: &str) -> String {
 }
 
 fn run(inv: &config::Invocation) -> Result<i32, Error> {
-    if let Some(target) = agent::pg_remote(inv) {
+    if let Some(target) = agent::standby_remote(inv).or_else(|| agent::pg_remote(inv)) {
         let views: Vec<&config::Invocation> =
             if inv.command == "backup" || inv.get("repo").is_some() {
                 vec![inv.selected_repo().map_err(Error::config)?]

@@ -262,3 +262,68 @@ fn backup_host_and_database_host_over_ssh() {
 }
 
 use std::os::unix::fs::MetadataExt;
+
+/// backup-standby with the standby on another host (standby-remote): the backup runs on
+/// the standby's host, reads relation files there, and reads the primary's other files
+/// through its connection; a WAL-tracked incremental finds the current segment in the
+/// standby's pg_wal. Both restore equal to the primary.
+#[test]
+fn a_backup_runs_on_the_standby_host_and_reads_the_primary_over_its_connection() {
+    let h = TwoHosts::new("standby-remote");
+    let env = &h.env;
+    run_ok(h.backup_host(&["stanza-create"]));
+    env.cluster
+        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
+        .unwrap();
+    let standby = crate::standby::start_standby(env);
+    let on_standby = [
+        "--backup-standby".to_string(),
+        format!("--standby-remote={PG_OS_USER}@standby-host"),
+        format!("--standby-remote-cmd={}", exe().display()),
+        format!("--standby-path={}", standby.data.display()),
+        format!("--standby-host={}", standby.socket_dir.display()),
+        format!("--standby-port={}", standby.port),
+        "--start-fast".to_string(),
+        "--process-max=2".to_string(),
+    ];
+    let backup = |extra: &[&str]| {
+        let mut args: Vec<&str> = on_standby.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra);
+        args.push("backup");
+        let out = h.backup_host(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            out.status.success(),
+            "backup on the standby host failed: {err}"
+        );
+        (String::from_utf8_lossy(&out.stdout).trim().to_string(), err)
+    };
+    let (full, err) = backup(&["--type=full"]);
+    assert!(full.ends_with('F'), "{full}");
+    assert!(err.contains("over its connection"), "{err}");
+    assert!(err.contains("reading relation files from"), "{err}");
+
+    env.cluster
+        .pgbench(&["-t", "300", "-c", "2", "postgres"])
+        .unwrap();
+    env.sql("DELETE FROM pgbench_accounts WHERE aid % 70 = 0; CREATE TABLE added AS SELECT generate_series(1, 5000) AS x");
+    env.flush_wal();
+    let (incr, err) = backup(&["--type=incr", "--track=wal"]);
+    assert!(incr.ends_with('I'), "{incr}");
+    assert!(
+        err.contains("changed blocks come from the block-change maps"),
+        "{err}"
+    );
+    let expected = env.hashes();
+    let restored = h.restore_on_db_host(
+        "restored-from-standby",
+        &["--type=immediate", &format!("--set={incr}")],
+    );
+    let got = restored.content_hashes().unwrap();
+    restored.stop().unwrap();
+    assert_eq!(
+        got, expected,
+        "the backup taken on the standby host differs"
+    );
+    standby.stop().unwrap();
+}

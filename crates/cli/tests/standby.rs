@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 /// A streaming standby of `env`'s cluster, on a replication slot.
-fn start_standby(env: &Env) -> Cluster {
+pub(crate) fn start_standby(env: &Env) -> Cluster {
     env.sql("SELECT pg_create_physical_replication_slot('standby1')");
     let data = env.scratch.join("standby");
     run_ok({

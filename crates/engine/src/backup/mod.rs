@@ -14,6 +14,7 @@
 mod assemble;
 mod copy;
 mod preflight;
+mod primary_sql;
 mod standby;
 
 pub use copy::block_size_for;
@@ -23,7 +24,7 @@ use crate::track::{Track, WalChanges};
 use crate::walk;
 use crate::{open_stanza, Error, ErrorKind, Result, Settings};
 use assemble::{Copied, Stopped};
-use copy::{CopyContext, CopyOutcome, CopyPlan, Prior};
+use copy::{CopyContext, CopyPlan, Prior};
 use pgstrata_pg::lsn;
 use pgstrata_repo::manifest::{BackupType, Manifest};
 use pgstrata_repo::stanza::StanzaInfo;
@@ -120,14 +121,25 @@ async fn copy_data_directory(
     started: &Started,
     wal: Option<WalChanges>,
 ) -> Result<Copied> {
+    if let Some(copy) = &pf.primary_copy {
+        let (files, bytes) = primary_sql::copy_non_relation_files(&pf.db, &copy.dir).await?;
+        log::info!(
+            "read {files} non-relation file(s), {} from the primary at {} over its connection",
+            human_bytes(bytes),
+            pf.db.target()
+        );
+    }
     let tree = {
         let p = pf.pg_path.clone();
         let (major, catver) = (pf.control.major_version()?, pf.control.catalog_version);
         let standby = pf.standby.as_ref().map(|sb| sb.source.path.clone());
+        let over_sql = pf.primary_copy.is_some();
         tokio::task::spawn_blocking(move || -> Result<walk::Walk> {
             let primary = walk::walk(&p, major, catver)?;
             Ok(match standby {
-                Some(sp) => standby::merge_walks(primary, walk::walk(&sp, major, catver)?),
+                Some(sp) => {
+                    standby::merge_walks(primary, walk::walk(&sp, major, catver)?, over_sql)
+                }
                 None => primary,
             })
         })
@@ -160,14 +172,26 @@ async fn copy_data_directory(
         wal,
     };
     let workers = s.process_max.max(1);
-    let (jobs, control) = (plan.jobs, plan.control);
-    let outcome = tokio::task::spawn_blocking(move || -> Result<CopyOutcome> {
-        let mut outcome = copy::copy_files(&ctx, jobs, workers, 0)?;
-        outcome.absorb(copy::copy_files(&ctx, vec![control], 1, workers)?);
-        Ok(outcome)
-    })
-    .await
-    .expect("copy threads")?;
+    let (jobs, mut control) = (plan.jobs, plan.control);
+    let ctx = std::sync::Arc::new(ctx);
+    let (c, more) = (ctx.clone(), workers);
+    let mut outcome = tokio::task::spawn_blocking(move || copy::copy_files(&c, jobs, more, 0))
+        .await
+        .expect("copy threads")?;
+    if let Some(copy) = &pf.primary_copy {
+        // pg_control last, as the primary has it now.
+        primary_sql::refresh_control(&pf.db, &copy.dir).await?;
+        let md = std::fs::metadata(&control.abs)
+            .map_err(|e| Error::io(format!("stat {}", control.abs.display()), e))?;
+        control.size = md.len();
+        control.mtime = std::os::unix::fs::MetadataExt::mtime(&md);
+    }
+    let c = ctx.clone();
+    outcome.absorb(
+        tokio::task::spawn_blocking(move || copy::copy_files(&c, vec![control], 1, workers))
+            .await
+            .expect("copy threads")?,
+    );
     progress.finish();
     Ok(Copied {
         entries: plan.entries,

@@ -31,6 +31,21 @@ pub(super) struct Preflight {
     pub start_time: chrono::DateTime<chrono::Utc>,
     /// `backup-standby`: the standby relation files are read from.
     pub standby: Option<super::standby::Standby>,
+    /// A standby backup with no `pg-path`: the primary's non-relation files, read over
+    /// its connection into `pg_path` (see `primary_sql`).
+    pub primary_copy: Option<super::primary_sql::PrimaryCopy>,
+}
+
+impl Preflight {
+    /// The data directory whose `pg_wal` holds the current segment: the primary's, or
+    /// the standby's when the primary's is not on this host (it has replayed past the
+    /// backup's start, so its copy of the segment reaches at least as far).
+    pub fn wal_dir_root(&self) -> &Path {
+        match (&self.primary_copy, &self.standby) {
+            (Some(_), Some(standby)) => &standby.source.path,
+            _ => &self.pg_path,
+        }
+    }
 }
 
 /// A started backup: where its WAL starts, and how it finds changed blocks.
@@ -49,7 +64,13 @@ pub(super) async fn preflight(
     storage: &Storage,
     stanza: &StanzaInfo,
 ) -> Result<Preflight> {
-    let (pg_path, control, db) = check_server(s, stanza).await?;
+    let (pg_path, control, db, primary_copy) = if s.pg_path.is_none() && s.standby.is_some() {
+        let (control, db, copy) = check_primary_over_sql(s, stanza).await?;
+        (copy.dir.clone(), control, db, Some(copy))
+    } else {
+        let (pg_path, control, db) = check_server(s, stanza).await?;
+        (pg_path, control, db, None)
+    };
     let standby = super::standby::connect(s, &control).await?;
     let (backup_type, prior) = choose_prior(s, storage, opts.backup_type).await?;
     let (label, start_time) = unique_label(s, storage, backup_type).await?;
@@ -73,6 +94,7 @@ pub(super) async fn preflight(
         label,
         start_time,
         standby,
+        primary_copy,
     };
     if let (Some(p), Track::Wal, false) = (&pf.prior, opts.track, opts.delta) {
         refuse_untracked_window(s, storage, stanza, &pf, p).await?;
@@ -100,6 +122,41 @@ async fn check_server(s: &Settings, stanza: &StanzaInfo) -> Result<(PathBuf, Con
     }
     same_directory(&pg_path, &id.data_directory)?;
     Ok((pg_path, control, db))
+}
+
+/// A primary whose data directory is not on this host (a standby backup without
+/// pg-path): its identity from its connection and its `pg_control` read over it.
+async fn check_primary_over_sql(
+    s: &Settings,
+    stanza: &StanzaInfo,
+) -> Result<(ControlData, Db, super::primary_sql::PrimaryCopy)> {
+    let db = Db::connect(s).await?;
+    let id = db.identity().await?;
+    let (_, control) = super::primary_sql::read_control(&db).await?;
+    let sysid = &stanza.cluster.system_identifier;
+    if control.system_identifier.to_string() != *sysid
+        || id.system_identifier != control.system_identifier
+    {
+        return Err(Error::refused(format!(
+            "the primary at {} is cluster {}, but stanza '{}' belongs to cluster {sysid}",
+            db.target(),
+            id.system_identifier,
+            s.stanza
+        )));
+    }
+    if id.in_recovery {
+        return Err(Error::refused(format!(
+            "the server at {} (pg-host) is a standby: pg-host names the primary; the standby is standby-host",
+            db.target()
+        )));
+    }
+    if id.archive_mode == "off" {
+        return Err(Error::refused(
+            "archive_mode is off on the primary: a backup needs its WAL archived",
+        ));
+    }
+    let copy = super::primary_sql::PrimaryCopy::new(&control.system_identifier.to_string())?;
+    Ok((control, db, copy))
 }
 
 fn same_directory(pg_path: &Path, server_dir: &str) -> Result<()> {
@@ -185,7 +242,7 @@ async fn refuse_untracked_window(
         prior,
         until,
         timeline,
-        &pf.pg_path,
+        pf.wal_dir_root(),
     )
     .await
     .map(|_| ())
@@ -286,7 +343,7 @@ async fn changes_from_wal(
         prior,
         start_lsn,
         timeline,
-        &pf.pg_path,
+        pf.wal_dir_root(),
     )
     .await;
     let mut w = match changes {

@@ -174,20 +174,26 @@ impl Standby {
 /// What a backup from a standby copies: the primary's walk, with every relation file
 /// taken from the standby's walk instead (relation files only the primary has were
 /// created after the point the standby replayed, and the WAL creates them at restore).
-pub(crate) fn merge_walks(primary: Walk, standby: Walk) -> Walk {
-    let is_relation = |rel: &str| layout::relation_file(rel).is_some();
+/// `tablespaces_from_standby`: the primary's side was read over its connection and has
+/// no tablespace links; the standby's links, directories and locations stand for them.
+pub(crate) fn merge_walks(primary: Walk, standby: Walk, tablespaces_from_standby: bool) -> Walk {
+    let is_file = |i: &crate::walk::Item| matches!(i.kind, crate::walk::ItemKind::File { .. });
+    let is_relation = |i: &crate::walk::Item| is_file(i) && layout::relation_file(&i.rel).is_some();
+    let in_tablespace = |i: &crate::walk::Item| i.rel.starts_with("pg_tblspc/");
     let mut items: Vec<_> = primary
         .items
         .into_iter()
-        .filter(|i| !(is_relation(&i.rel) && matches!(i.kind, crate::walk::ItemKind::File { .. })))
+        .filter(|i| !(is_relation(i) || (tablespaces_from_standby && in_tablespace(i))))
         .collect();
-    items.extend(
-        standby.items.into_iter().filter(|i| {
-            is_relation(&i.rel) && matches!(i.kind, crate::walk::ItemKind::File { .. })
-        }),
-    );
+    items.extend(standby.items.into_iter().filter(|i| {
+        is_relation(i) || (tablespaces_from_standby && in_tablespace(i) && !is_file(i))
+    }));
     Walk {
         items,
-        tablespaces: primary.tablespaces,
+        tablespaces: if tablespaces_from_standby {
+            standby.tablespaces
+        } else {
+            primary.tablespaces
+        },
     }
 }
