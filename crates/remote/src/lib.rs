@@ -1,20 +1,21 @@
 //! pgstrata across hosts.
 //!
-//! A deployment keeps its repository on a backup host and pushes WAL and backups to it from
-//! the database host (`repo-remote = "user@backup-host"`). pgstrata does not open a port
-//! for that: it runs the system `ssh` client (so `~/.ssh/config`, agents, known_hosts and
-//! `authorized_keys` restrictions apply) and starts `pgstrata agent repo` on the other
-//! side, which speaks the framed protocol of [`protocol`] on its stdin and stdout.
+//! A deployment keeps its repository on a backup host. pgstrata opens no port for that:
+//! it runs the system `ssh` client (so `~/.ssh/config`, agents, known_hosts and
+//! `authorized_keys` restrictions apply) and starts `pgstrata agent` on the other side,
+//! which speaks the framed protocol of [`protocol`] on its stdin and stdout
+//! (`docs/remote-protocol.md` specifies it).
 //!
-//! - [`protocol`]: frames, the version handshake, requests and answers (specified in
-//!   `docs/remote-protocol.md`).
-//! - [`client`]: [`RemoteStore`], an `object_store::ObjectStore` whose every operation is
-//!   a request to the agent. `pgstrata_repo::Storage` stacks on it exactly as on a local
-//!   directory or S3, so every command works through it unchanged, with the same
-//!   create-only writes, retries and timeouts.
-//! - [`agent`]: the agent's side: each request is served by the same local-directory store
-//!   a local repository uses (writes fsynced before they are acknowledged, create-only
-//!   writes refused when the object exists), many at a time.
+//! - `agent repo` (`repo-remote`, on the backup host): the database host's commands use
+//!   the repository there through [`RemoteStore`], an `object_store::ObjectStore` whose
+//!   every operation is a request to the agent. `pgstrata_repo::Storage` stacks on it as
+//!   on a local directory or S3, so every command works through it unchanged.
+//! - `agent run` (`pg-remote`, `standby-remote`, on the host with the data): the backup
+//!   host sends a command and serves its repository ([`agent::serve`]); the agent runs the
+//!   command there with [`RemoteStore::origin`] as its repository.
+//! - [`agent`]: the serving side, on the same local-directory store a local repository
+//!   uses (writes fsynced before they are acknowledged, create-only writes refused when
+//!   the object exists), many requests at a time.
 //!
 //! Why an object-store interface and not a file protocol: the repository is already
 //! written through one (write-once objects, ranged reads), so a remote repository is one
