@@ -27,7 +27,9 @@
 //! walsender backends; shared memory left out), which is what the RSS table shows. The
 //! `targets` rows compare with the targets: a full backup at least 1.5x faster
 //! than pg_basebackup server-lz4, an incremental moving at most 1.2x the bytes it stores,
-//! a restore within 1.2x of the time the line's raw rate needs for the bytes it moved.
+//! a restore within 1.2x of the time the line's raw rate needs for the bytes it moved
+//! (times from the best run; the incremental's bytes from every run, as they depend on the
+//! change and not on the machine's load).
 //!
 //! WAL archiving (`archive_command` on the database host) pushes to both tools'
 //! repositories over SSH through its own relay on the same line; every timed step starts
@@ -168,6 +170,9 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             *e = x;
         }
     };
+    // Every run's incremental: what it moves and stores depends on the change, not on the
+    // machine's load, so the target is judged on all of them.
+    let mut incr_runs: HashMap<String, Vec<Best>> = HashMap::new();
     let pgbb_dir = backup_host_dir(b, "pgbb")?;
     for run in 1..=b.runs {
         // Full backups, from the backup host.
@@ -271,16 +276,12 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                     ),
                 ),
             )?;
-            keep(
-                &c.label,
-                "incr",
-                Best {
-                    seconds: m.seconds,
-                    moved: moved.total(),
-                    stored,
-                    written,
-                },
-            );
+            incr_runs.entry(c.label.clone()).or_default().push(Best {
+                seconds: m.seconds,
+                moved: moved.total(),
+                stored,
+                written,
+            });
             b.results.record(
                 Row::bytes(
                     &case,
@@ -372,18 +373,23 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         ));
     }
     for c in cols.iter().filter(|c| matches!(c.kind, Kind::Tool { .. })) {
-        if let Some(i) = get(&c.label, "incr") {
-            let x = i.moved as f64 / i.stored.max(1) as f64;
+        if let Some(runs) = incr_runs.get(&c.label) {
+            let list =
+                |f: &dyn Fn(&Best) -> String| runs.iter().map(f).collect::<Vec<_>>().join(", ");
+            let worst = runs
+                .iter()
+                .map(|i| i.moved as f64 / i.stored.max(1) as f64)
+                .fold(0.0, f64::max);
             targets.push((
                 format!("{}: incr moved / stored (target <= 1.2x)", c.label),
                 format!(
-                    "{x:.2}x ({:.3} MB over the link, {:.3} MB stored; {:.2}x of the {:.3} MB written to the repository, manifests included){}",
-                    i.moved as f64 / 1048576.0,
-                    i.stored as f64 / 1048576.0,
-                    i.moved as f64 / i.written.max(1) as f64,
-                    i.written as f64 / 1048576.0,
+                    "{} (run by run; over the link {} MB, stored {} MB); moved / everything written to the repository, manifests included: {}{}",
+                    list(&|i| format!("{:.2}x", i.moved as f64 / i.stored.max(1) as f64)),
+                    list(&|i| format!("{:.3}", i.moved as f64 / 1048576.0)),
+                    list(&|i| format!("{:.3}", i.stored as f64 / 1048576.0)),
+                    list(&|i| format!("{:.2}x", i.moved as f64 / i.written.max(1) as f64)),
                     if c.label == first {
-                        if x <= 1.2 {
+                        if worst <= 1.2 {
                             ": met"
                         } else {
                             ": not met"
