@@ -377,6 +377,23 @@ impl<'a> FrameReader<'a> {
         }
     }
 
+    /// A second, empty reader of the same backup (to fetch one batch while another is
+    /// being written); [`FrameReader::absorb_counts`] adds its counts back.
+    pub fn sibling(&self) -> FrameReader<'a> {
+        FrameReader::new(self.storage, self.manifest)
+    }
+
+    /// Add what `other` fetched to this reader's counts.
+    pub fn absorb_counts(&mut self, other: &FrameReader) {
+        self.fetched += other.fetched;
+        self.requests += other.requests;
+    }
+
+    /// Whether loaded frames are being kept (`pin`).
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
+    }
+
     /// Drop decoded frames (call between batches to bound memory).
     pub fn clear(&mut self) {
         if !self.pinned {
