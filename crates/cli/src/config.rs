@@ -432,7 +432,11 @@ fn resolve_repo(
         ),
     };
     let mut warnings = Vec::new();
-    let table = if config_path.exists() {
+    // The agent takes everything from the host that started it (its command line, or
+    // the `run` frame): a config file here, perhaps of another user, is not its business.
+    let table = if command == "agent" {
+        None
+    } else if config_path.exists() {
         let (table, warning) = load_config(&config_path)?;
         warnings.extend(warning);
         Some(table)
@@ -552,6 +556,20 @@ mod tests {
 
     fn argv(s: &str) -> Vec<String> {
         s.split_whitespace().map(str::to_string).collect()
+    }
+
+    /// The agent runs as whatever user SSH logs in as, where the config file may belong
+    /// to someone else (the Debian package's is postgres's, 0600): it never reads one.
+    #[test]
+    fn the_agent_reads_no_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(&cfg, "this is [not toml").unwrap();
+        let env = HashMap::from([("PGSTRATA_CONFIG".to_string(), cfg.display().to_string())]);
+        let inv = resolve(&argv("agent repo --repo-path=/srv/repo"), &env).unwrap();
+        assert_eq!(inv.get("repo-path"), Some("/srv/repo"));
+        assert!(inv.config_file.is_none());
+        assert!(resolve(&argv("info --stanza=main"), &env).is_err());
     }
 
     #[test]
