@@ -16,6 +16,7 @@ struct TwoHosts {
     ssh: SshServer,
     /// The repository, a directory only the backup user can read.
     backup_repo: PathBuf,
+    backup_config: PathBuf,
 }
 
 fn chown_to_backup_user(p: &Path) {
@@ -39,6 +40,11 @@ impl TwoHosts {
             std::os::unix::fs::PermissionsExt::from_mode(0o700),
         )
         .unwrap();
+        // The backup host's own configuration file (this machine's /etc/pgstrata may hold
+        // the database host's, readable by postgres only, as the Debian package makes it).
+        let backup_config = ssh_dir.join("backup-host.toml");
+        std::fs::write(&backup_config, "[global]\nlog-level-file = \"off\"\n").unwrap();
+        chown_to_backup_user(&backup_config);
         // The database host's configuration: its repository is on the backup host.
         let env = Env::with_config(
             name,
@@ -53,6 +59,7 @@ impl TwoHosts {
             env,
             ssh,
             backup_repo,
+            backup_config,
         }
     }
 
@@ -61,6 +68,7 @@ impl TwoHosts {
         let mut c = Command::new("runuser");
         c.args(["-u", BACKUP_OS_USER, "--"])
             .arg(exe())
+            .arg(format!("--config={}", self.backup_config.display()))
             .arg(format!("--stanza={STANZA}"))
             .arg(format!("--repo-path={}", self.backup_repo.display()))
             .arg(format!("--pg-remote={PG_OS_USER}@db-host"))
