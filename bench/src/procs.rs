@@ -52,6 +52,20 @@ pub struct Sampled {
 
 /// Run `f` while sampling each group of `groups`; a process counts in the first group it
 /// matches.
+/// CPU time (utime + stime, in clock ticks) of a process from its `/proc/PID/stat`:
+/// fields 14 and 15, counted after the ')' closing its command name.
+pub fn cpu_ticks(stat: &str) -> u64 {
+    stat.rsplit_once(')')
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|v| v.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 pub fn sampled<T>(
     groups: &[Matcher],
     f: impl FnOnce() -> Result<T, String>,
@@ -87,18 +101,8 @@ pub fn sampled<T>(
                 };
                 rss[g] += field("VmRSS:").saturating_sub(field("RssShmem:"));
                 procs[g] += 1;
-                // utime and stime: fields 14 and 15, counted after the ')' closing comm.
                 let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
-                let used: u64 = stat
-                    .rsplit_once(')')
-                    .map(|(_, rest)| {
-                        rest.split_whitespace()
-                            .skip(11)
-                            .take(2)
-                            .filter_map(|v| v.parse::<u64>().ok())
-                            .sum()
-                    })
-                    .unwrap_or(0);
+                let used = crate::procs::cpu_ticks(&stat);
                 let seen = ticks.entry((g, pid)).or_default();
                 *seen = (*seen).max(used);
             }

@@ -464,18 +464,8 @@ fn sampled<T>(tool: &Tool, f: impl FnOnce() -> Result<T, String>) -> Result<(T, 
                     .find_map(|l| l.strip_prefix("VmRSS:"))
                     .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
                     .unwrap_or(0);
-                // utime and stime: fields 14 and 15, counted after the ')' closing comm.
                 let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-                let used: u64 = stat
-                    .rsplit_once(')')
-                    .map(|(_, rest)| {
-                        rest.split_whitespace()
-                            .skip(11)
-                            .take(2)
-                            .filter_map(|v| v.parse::<u64>().ok())
-                            .sum()
-                    })
-                    .unwrap_or(0);
+                let used = crate::procs::cpu_ticks(&stat);
                 let pid = e.file_name().to_string_lossy().to_string();
                 let seen = ticks.entry(pid).or_default();
                 *seen = (*seen).max(used);
