@@ -178,8 +178,8 @@ pub(crate) fn standby_remote(inv: &Invocation) -> Option<SshTarget> {
     })
 }
 
-/// Run `inv` (with pg-remote set) on the database host, once for each repository it
-/// covers, serving each repository from here. Returns the exit code; the agent's errors
+/// Run `inv` on `target` (the database host of pg-remote, or the standby's host of
+/// standby-remote), once for each repository it covers, serving each repository from here. Returns the exit code; the agent's errors
 /// are printed as they would be by a local run.
 pub(crate) fn run_on_pg_remote(
     inv: &Invocation,
@@ -194,14 +194,13 @@ pub(crate) fn run_on_pg_remote(
         } else {
             settings.storage()?
         };
-        let run = run_message(inv, view, target);
+        let run = run_message(inv, view);
         let agent_args = vec![
             "agent".to_string(),
             "run".to_string(),
             format!("--log-level-console={}", inv.text("log-level-console")),
         ];
-        let t = target.clone();
-        let mut session = SshSession::start(&t, &agent_args)
+        let mut session = SshSession::start(target, &agent_args)
             .map_err(|m| Error::new(ErrorKind::Io, format!("{}: {m}", inv.command)))?;
         session
             .output
@@ -261,9 +260,10 @@ pub(crate) fn run_on_pg_remote(
 }
 
 /// The command and the options of repository view `view` as the agent gets them.
-fn run_message(inv: &Invocation, view: &Invocation, target: &SshTarget) -> Run {
-    // On the standby's host, the primary's data directory is not there.
-    let on_standby_host = standby_remote(inv).is_some_and(|t| t == *target);
+fn run_message(inv: &Invocation, view: &Invocation) -> Run {
+    // standby-remote, when set, is where the command runs (it goes before pg-remote), and
+    // the primary's data directory is not there.
+    let on_standby_host = standby_remote(inv).is_some();
     let mut args = vec![inv.command.clone()];
     for (name, values) in view.lists() {
         args.extend(values.iter().map(|v| format!("--{name}={v}")));
