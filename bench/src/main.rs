@@ -8,6 +8,7 @@ mod args;
 mod harness;
 mod limits;
 mod link;
+mod manifest_scale;
 mod procs;
 mod results;
 mod scenarios;
@@ -22,7 +23,8 @@ usage: bench SCENARIO [options]      run one scenario (as root: the clusters run
        bench limits                  measure disk and codec limits only
 
 scenarios: full_backup incremental restore bundling s3_latency wal_tracking wal_archive wal_async
-           decode_overhead remote_link
+           decode_overhead remote_link many_files growth
+           manifest_scale (no PostgreSQL: the metadata of a 1 TB backup, formats 1 and 2)
 
 options of every scenario:
   --pgstrata [LABEL=]BIN  pgstrata binary to measure; repeat to compare builds side by side
@@ -174,6 +176,7 @@ fn run(raw: Vec<String>) -> Result<(), String> {
             println!("{}", limits::render(&r.records));
             Ok(())
         }
+        "manifest_scale" => manifest_scale::main(a),
         name => scenarios::run(name, a),
     }
 }

@@ -336,3 +336,136 @@ fn the_frozen_format_1_repository_still_restores() {
     let rows = cluster.psql("postgres", FIXTURE_ROWS).unwrap();
     assert_eq!(rows.trim(), FIXTURE_EXPECTED, "the incremental's content");
 }
+
+/// A format 1 repository extended by format 2 backups: the restored fixture archives into
+/// it again; an incremental on top of the fixture's format 1 incremental stores the maps
+/// of its larger files apart for the first time, a second carries them by reference, and
+/// each restores to what its source held.
+#[test]
+fn the_frozen_format_1_repository_is_extended_by_format_2_backups() {
+    let scratch = Scratch::new("format-1-extended");
+    let repo = scratch.join("repo");
+    copy_tree(&format_1_fixture(), &repo);
+    let bin = PgBin::default_install().expect("PostgreSQL 15");
+    let restore = |target: &Path, set: Option<&str>| {
+        let mut c = std::process::Command::new(exe());
+        c.env("PGSTRATA_REPO_PATH", &repo)
+            .env("PGSTRATA_STANZA", STANZA)
+            .arg(format!("--pg-path={}", target.display()))
+            .args(set.map(|s| format!("--set={s}")))
+            .args([
+                "--archive-mode=off",
+                "--type=immediate",
+                "--target-action=promote",
+                "restore",
+            ]);
+        run_ok(c);
+        let cluster = Cluster::adopt(&bin, target, &scratch.path);
+        cluster.start().expect("start the restored cluster");
+        cluster
+            .wait_for_promotion(Duration::from_secs(120))
+            .expect("the restored cluster recovers");
+        cluster
+    };
+    let source_dir = scratch.join("source");
+    let source = restore(&source_dir, None);
+    let archive_command = format!(
+        "{} --stanza={STANZA} --repo-path={} archive-push %p",
+        exe().display(),
+        repo.display()
+    );
+    source
+        .psql("postgres", "ALTER SYSTEM SET archive_mode = on")
+        .unwrap();
+    source
+        .psql(
+            "postgres",
+            &format!(
+                "ALTER SYSTEM SET archive_command = '{}'",
+                archive_command.replace('\'', "''")
+            ),
+        )
+        .unwrap();
+    source.stop().unwrap();
+    source.start().unwrap();
+    let on_source = |args: &[&str]| {
+        let mut c = pgstrata_testkit::pg_command(exe());
+        c.env("PGSTRATA_REPO_PATH", &repo)
+            .env("PGSTRATA_STANZA", STANZA)
+            .env("PGSTRATA_PG_PATH", &source_dir)
+            .env("PGSTRATA_PG_HOST", &source.socket_dir)
+            .env("PGSTRATA_PG_PORT", source.port.to_string())
+            .env("PGSTRATA_PG_USER", "postgres")
+            .args(args);
+        run_ok(c).trim().to_string()
+    };
+    // The promotion's history file was written while archiving was off.
+    let history = source_dir.join("pg_wal/00000002.history");
+    on_source(&["archive-push", history.to_str().unwrap()]);
+
+    source
+        .psql(
+            "postgres",
+            "UPDATE fixture SET v = 'format 2' WHERE id % 7 = 0",
+        )
+        .unwrap();
+    let first = on_source(&["--start-fast", "--type=incr", "backup"]);
+    let first_rows = source.psql("postgres", FIXTURE_ROWS).unwrap();
+    source
+        .psql(
+            "postgres",
+            "INSERT INTO fixture SELECT g, 'second' FROM generate_series(1101, 3000) g",
+        )
+        .unwrap();
+    let second = on_source(&["--start-fast", "--type=incr", "backup"]);
+    let second_rows = source.psql("postgres", FIXTURE_ROWS).unwrap();
+
+    let manifest = |label: &str| {
+        let key = repo
+            .join(STANZA)
+            .join("backup")
+            .join(label)
+            .join("backup.manifest");
+        Manifest::decode(&std::fs::read(&key).unwrap(), label).unwrap()
+    };
+    let (m1, m2) = (manifest(&first), manifest(&second));
+    assert_eq!(m1.format_version, 2);
+    let fixture_prior = m1.prior.clone().unwrap();
+    assert!(fixture_prior.ends_with('I') && fixture_prior < first);
+    // The first format 2 backup stores the maps of the large files it carried unread
+    // from the format 1 manifest; the second carries those references.
+    let stored_by_first: Vec<&FileEntry> = m1
+        .files()
+        .filter(|f| f.map.as_ref().is_some_and(|m| m.backup.is_none()))
+        .collect();
+    assert!(stored_by_first.len() > 10, "{} maps", stored_by_first.len());
+    assert!(stored_by_first.iter().all(|f| f.chunks.is_empty()));
+    let carried = m2
+        .files()
+        .filter(|f| f.map.as_ref().and_then(|m| m.backup.as_deref()) == Some(first.as_str()))
+        .count();
+    assert!(carried > 10, "{carried} maps carried by reference");
+    assert!(m1
+        .files()
+        .all(|f| f.map.is_some() || f.block_hashes.len() <= 8));
+
+    // Every backup of both formats reads back; each format 2 one restores as it was.
+    let pgstrata_ok = |args: &[&str]| {
+        let mut c = std::process::Command::new(exe());
+        c.env("PGSTRATA_REPO_PATH", &repo)
+            .env("PGSTRATA_STANZA", STANZA)
+            .args(args);
+        run_ok(c)
+    };
+    pgstrata_ok(&["verify"]);
+    source.stop().unwrap();
+    for (label, rows) in [(&first, &first_rows), (&second, &second_rows)] {
+        let restored = restore(&scratch.join(label), Some(label));
+        assert_eq!(
+            &restored.psql("postgres", FIXTURE_ROWS).unwrap(),
+            rows,
+            "backup {label}"
+        );
+        restored.stop().unwrap();
+    }
+}

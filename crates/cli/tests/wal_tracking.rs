@@ -18,8 +18,7 @@ impl Rng {
 }
 
 fn manifest(env: &Env, label: &str) -> Manifest {
-    let key = format!("{STANZA}/backup/{label}/backup.manifest");
-    Manifest::decode(&std::fs::read(env.repo.join(&key)).unwrap(), &key).unwrap()
+    manifest_with_maps(&env.repo, label)
 }
 
 /// Content hashes of every table except unlogged ones (their data is reset on recovery,

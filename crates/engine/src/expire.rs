@@ -189,18 +189,14 @@ pub(crate) async fn collect_garbage(
     kept: &[&Manifest],
     expired: Option<&BTreeSet<String>>,
 ) -> Result<PackUsage> {
-    // Referenced bytes per pack, counting each frame once.
-    let mut frames: HashSet<(String, String, u64)> = HashSet::new();
+    // Referenced bytes per pack: the most any one kept backup references in it (each
+    // manifest lists its packs' use without its maps being read; frames that different
+    // backups reference apart are not added up, so what is shown held may be more).
     let mut referenced: HashMap<(String, String), u64> = HashMap::new();
     for m in kept {
-        for f in m.files() {
-            for c in &f.chunks {
-                if let Some(k) = c.frame_key(&m.label) {
-                    if frames.insert(k.clone()) {
-                        *referenced.entry((k.0, k.1)).or_default() += c.stored as u64;
-                    }
-                }
-            }
+        for (pack, used) in m.pack_usage() {
+            let most = referenced.entry(pack).or_default();
+            *most = (*most).max(used);
         }
     }
     let with_manifest: HashSet<&str> = kept.iter().map(|m| m.label.as_str()).collect();

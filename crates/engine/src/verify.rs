@@ -74,6 +74,15 @@ pub struct WalVerdict {
 /// A file entry's identity for "already checked": what it reads and what it is checked
 /// against.
 fn entry_key(m: &Manifest, f: &FileEntry) -> String {
+    if let (Some(map), true) = (&f.map, f.map_unloaded()) {
+        // A stored map is written once and referenced unchanged: its frame names the
+        // extents and hashes it holds.
+        let (owner, pack, offset) = map.frame_key(&m.label).expect("a stored map");
+        return format!(
+            "{}|{}|map {owner}/{pack}@{offset}:{}",
+            f.size, f.hash, map.check
+        );
+    }
     let mut key = format!(
         "{}|{}|{}|{:x?}",
         f.size, f.hash, f.block_size, f.block_hashes
@@ -231,7 +240,7 @@ async fn check_files(
             files,
             |_| (FrameReader::new(&storage, &m), Vec::new()),
             |(reader, verdicts), (key, f)| {
-                let verdict = check_file(&runtime, reader, &f).map_err(|e| e.to_string());
+                let verdict = check_file(&runtime, &m, reader, &f).map_err(|e| e.to_string());
                 reader.clear();
                 counters.bytes.fetch_add(f.size, Ordering::Relaxed);
                 counters.files.fetch_add(1, Ordering::Relaxed);
@@ -248,9 +257,17 @@ async fn check_files(
 
 fn check_file(
     runtime: &tokio::runtime::Handle,
+    m: &Manifest,
     reader: &mut FrameReader,
     f: &FileEntry,
 ) -> Result<()> {
+    let loaded;
+    let f = if f.map_unloaded() {
+        loaded = runtime.block_on(m.load_map(reader, f))?;
+        &loaded
+    } else {
+        f
+    };
     let extents = extents_of(f);
     let covered: u64 = f.chunks.iter().map(|c| c.raw as u64).sum();
     if covered != f.size {

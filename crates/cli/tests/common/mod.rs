@@ -368,3 +368,20 @@ pub fn kill_midway(env: &Env, args: &[&str], marker: &str) {
     let _ = child.kill();
     child.wait().unwrap();
 }
+
+/// Backup `label`'s manifest in the local repository `repo`, checked, with every file's
+/// map loaded (format 2 stores those of larger files apart).
+pub fn manifest_with_maps(repo: &Path, label: &str) -> pgstrata_repo::manifest::Manifest {
+    let key = format!("{STANZA}/backup/{label}/backup.manifest");
+    let mut m =
+        pgstrata_repo::manifest::Manifest::decode(&std::fs::read(repo.join(&key)).unwrap(), &key)
+            .unwrap();
+    let storage = pgstrata_repo::Storage::local(repo).unwrap();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(m.load_maps(&storage))
+        .unwrap();
+    m
+}

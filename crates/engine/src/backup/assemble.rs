@@ -124,12 +124,12 @@ pub(super) fn build_manifest(
     manifest
 }
 
-/// (backup label, pack name) of every pack of another backup the manifest's files point
-/// into.
+/// (backup label, pack name) of every pack of another backup the manifest's files (and
+/// their maps) point into.
 fn referenced_packs(m: &Manifest) -> BTreeSet<(String, String)> {
-    m.files()
-        .flat_map(|f| f.chunks.iter())
-        .filter_map(|c| Some((c.backup.clone()?, c.pack.clone()?)))
+    m.pack_usage()
+        .into_keys()
+        .filter(|(owner, _)| *owner != m.label)
         .collect()
 }
 

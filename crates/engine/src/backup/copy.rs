@@ -15,8 +15,8 @@ use crate::{pool, Error, Result};
 use pgstrata_pg::layout;
 use pgstrata_pg::lsn::Lsn;
 use pgstrata_pg::page::{self, PageCheck};
-use pgstrata_repo::manifest::{block_hash, Entry, FileEntry, Owner};
-use pgstrata_repo::pack::{Chunk, PackWriter};
+use pgstrata_repo::manifest::{block_hash, Entry, FileEntry, Manifest, Owner};
+use pgstrata_repo::pack::{Chunk, FrameReader, PackWriter};
 use pgstrata_repo::Storage;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
@@ -24,15 +24,59 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-/// What an incremental compares against: the prior backup's files by path.
+/// What an incremental compares against: the prior backup's manifest, its files by path.
+/// Files whose maps are stored apart (format 2) are held without them: a map is loaded
+/// only for a file that changed.
 pub(super) struct Prior {
-    pub label: String,
-    pub start_epoch: i64,
-    pub files: HashMap<String, FileEntry>,
+    pub manifest: std::sync::Arc<Manifest>,
+    /// Index into the manifest's entries, by path.
+    files: HashMap<String, usize>,
+}
+
+impl Prior {
+    pub fn new(manifest: std::sync::Arc<Manifest>) -> Prior {
+        let files = manifest
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e, Entry::File(_)))
+            .map(|(i, e)| (e.path().to_string(), i))
+            .collect();
+        Prior { manifest, files }
+    }
+
+    fn label(&self) -> &str {
+        &self.manifest.label
+    }
+
+    fn get(&self, path: &str) -> Option<&FileEntry> {
+        match &self.manifest.entries[*self.files.get(path)?] {
+            Entry::File(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// The entry with its extents and block hashes, loading its map if it is stored apart.
+    fn loaded<'e>(
+        &self,
+        ctx: &CopyContext,
+        reader: &mut Option<FrameReader<'_>>,
+        e: &'e FileEntry,
+    ) -> Result<std::borrow::Cow<'e, FileEntry>> {
+        if !e.map_unloaded() {
+            return Ok(std::borrow::Cow::Borrowed(e));
+        }
+        let reader = reader
+            .as_mut()
+            .expect("a map reader when there is a prior backup");
+        Ok(std::borrow::Cow::Owned(
+            ctx.runtime.block_on(self.manifest.load_map(reader, e))?,
+        ))
+    }
 }
 
 /// Block size for a file's block map. Small blocks find small changes; large files get
-/// larger blocks so their maps stay small (16 hex digits per block in the manifest). A file keeps
+/// larger blocks so their maps stay small (8 bytes per block). A file keeps
 /// the block size of its prior backup so its blocks can be compared; it may differ between
 /// backups of the same file only when there is no prior map.
 pub fn block_size_for(size: u64, prior: Option<&FileEntry>) -> u32 {
@@ -184,15 +228,19 @@ pub(super) fn copy_files(
                 first_worker + i,
                 ctx.pack_size,
             );
-            (writer, CopyOutcome::default())
+            let maps = ctx
+                .prior
+                .as_ref()
+                .map(|p| FrameReader::new(&ctx.storage, &p.manifest));
+            (writer, CopyOutcome::default(), maps)
         },
-        |(writer, out), job| {
-            if let Some(f) = copy_file(ctx, &job, writer, out)? {
+        |(writer, out, maps), job| {
+            if let Some(f) = copy_file(ctx, &job, writer, out, maps)? {
                 out.files.push(f);
             }
             Ok(())
         },
-        |(mut writer, mut out)| {
+        |(mut writer, mut out, _)| {
             writer.finish()?;
             out.stored = writer.written;
             out.packs = writer.packs_written;
@@ -216,51 +264,58 @@ fn copy_file(
     job: &Job,
     writer: &mut PackWriter,
     out: &mut CopyOutcome,
+    maps: &mut Option<FrameReader<'_>>,
 ) -> Result<Option<FileEntry>> {
-    let prior = ctx
+    let Some((p, e)) = ctx
         .prior
         .as_ref()
-        .and_then(|p| p.files.get(&job.rel).map(|e| (p, e)));
-    if let Some((p, e)) = prior {
-        // mtime has one-second granularity here: a file written in the same second the
-        // prior backup started may have changed after it was read without moving its mtime.
-        if !ctx.delta && e.size == job.size && e.mtime == job.mtime && job.mtime < p.start_epoch {
-            return Ok(Some(carry_unchanged(ctx, job, p, e, out)));
-        }
-        if let Some(w) = &ctx.wal {
-            match w.pages_for(&job.rel, ctx.relseg_size, e) {
-                Ok(pages) => return copy_tracked(ctx, job, writer, out, p, e, &pages),
-                Err(why) => {
-                    log::debug!("{}: read and hashed: {}", job.rel, why.as_str());
-                    *out.files_hashed
-                        .entry(why.as_str().to_string())
-                        .or_default() += 1;
-                }
+        .and_then(|p| p.get(&job.rel).map(|e| (p, e)))
+    else {
+        return copy_whole(ctx, job, writer, out, None);
+    };
+    // mtime has one-second granularity here: a file written in the same second the
+    // prior backup started may have changed after it was read without moving its mtime.
+    let start_epoch = p.manifest.start.epoch;
+    if !ctx.delta && e.size == job.size && e.mtime == job.mtime && job.mtime < start_epoch {
+        return carry_unchanged(ctx, job, writer, p, e, out).map(Some);
+    }
+    let e = p.loaded(ctx, maps, e)?;
+    let e = e.as_ref();
+    if let Some(w) = &ctx.wal {
+        match w.pages_for(&job.rel, ctx.relseg_size, e) {
+            Ok(pages) => return copy_tracked(ctx, job, writer, out, p, e, &pages),
+            Err(why) => {
+                log::debug!("{}: read and hashed: {}", job.rel, why.as_str());
+                *out.files_hashed
+                    .entry(why.as_str().to_string())
+                    .or_default() += 1;
             }
         }
     }
-    copy_whole(ctx, job, writer, out, prior)
+    copy_whole(ctx, job, writer, out, Some((p, e)))
 }
 
 /// The prior backup's entry, pointing at the prior's storage.
 fn carry_unchanged(
     ctx: &CopyContext,
     job: &Job,
+    writer: &mut PackWriter,
     prior: &Prior,
     entry: &FileEntry,
     out: &mut CopyOutcome,
-) -> FileEntry {
+) -> Result<FileEntry> {
     let mut carried = entry.clone();
     carried.owner = job.owner.clone();
-    carried.chunks = entry
-        .chunks
-        .iter()
-        .map(|c| c.rebased(&prior.label, &ctx.label))
-        .collect();
+    carried.rebase(prior.label(), &ctx.label);
+    if carried.map.is_none() && !carried.inline_map() {
+        // Carried from a format 1 manifest, which held every map inline: stored apart
+        // once, so the backups after this one carry a reference.
+        store_map(ctx, writer, &mut carried)?;
+    }
     ctx.counters.bytes.fetch_add(job.size, Ordering::Relaxed);
     ctx.counters.files.fetch_add(1, Ordering::Relaxed);
     out.files_unchanged += 1;
-    carried
+    Ok(carried)
 }
 
 /// Open a job's file; `None` when it vanished.
@@ -286,7 +341,7 @@ fn copy_whole(
     let bs = block_size_for(job.size, prior.map(|(_, e)| e));
     let prior_blocks = prior
         .filter(|(_, e)| e.block_size == bs)
-        .map(|(p, e)| PriorBlocks::new(e, &p.label, &ctx.label));
+        .map(|(p, e)| PriorBlocks::new(e, p.label(), &ctx.label));
     let mut copier = BlockCopier::new(ctx, job, &f, bs, prior_blocks, job.size, true, writer)?;
     // A whole number of blocks per read, so blocks never straddle two reads.
     let read_size = (ctx.frame_size / bs as usize).max(1) * bs as usize;
@@ -332,7 +387,7 @@ fn copy_tracked(
     let nblocks = size.div_ceil(bs);
     let mut read: BTreeSet<u64> = pages.iter().map(|p| *p as u64 * page / bs).collect();
     read.extend(entry.size.min(size) / bs..nblocks);
-    let prior_blocks = PriorBlocks::new(entry, &prior.label, &ctx.label);
+    let prior_blocks = PriorBlocks::new(entry, prior.label(), &ctx.label);
     let mut copier = BlockCopier::new(
         ctx,
         job,
@@ -542,7 +597,7 @@ impl<'a> BlockCopier<'a> {
             }
             chunks.push(e);
         }
-        Ok(FileEntry {
+        let mut entry = FileEntry {
             path: self.job.rel.clone(),
             size: self.end,
             mtime: self.job.mtime,
@@ -555,8 +610,24 @@ impl<'a> BlockCopier<'a> {
             bad_pages: self.bad_pages,
             block_size: self.block_size,
             block_hashes: self.hashes,
-        })
+            map: None,
+            packs: Vec::new(),
+        };
+        if !entry.inline_map() {
+            store_map(self.ctx, writer, &mut entry)?;
+        }
+        Ok(entry)
     }
+}
+
+/// Store a file's extents and block hashes apart, in a frame after the file's own
+/// (format 2 `FileMap`), and make the entry refer to it.
+fn store_map(ctx: &CopyContext, writer: &mut PackWriter, entry: &mut FileEntry) -> Result<()> {
+    let map = entry.take_map();
+    let raw = map.encode();
+    let map_ref = writer.add(&ctx.compression.compress(&raw), raw.len())?;
+    entry.set_map(map_ref, &map, &ctx.label);
+    Ok(())
 }
 
 /// Where the prior backup stored each block of one file.
@@ -704,6 +775,8 @@ mod tests {
             bad_pages: Vec::new(),
             block_size: 8192,
             block_hashes: Vec::new(),
+            map: None,
+            packs: Vec::new(),
         }
     }
 

@@ -148,11 +148,7 @@ async fn copy_data_directory(
     };
     let plan = CopyPlan::new(tree.items, &pf.pg_path)?;
     let progress = Progress::start("backup", plan.total_bytes(), plan.jobs.len() as u64 + 1);
-    let prior = pf.prior.as_ref().map(|p| Prior {
-        label: p.label.clone(),
-        start_epoch: p.start.epoch,
-        files: p.files().map(|f| (f.path.clone(), f.clone())).collect(),
-    });
+    let prior = pf.prior.clone().map(Prior::new);
     let ctx = CopyContext {
         storage: storage.clone(),
         runtime: tokio::runtime::Handle::current(),

@@ -26,7 +26,7 @@ pub(super) struct Preflight {
     pub control: ControlData,
     pub db: Db,
     pub backup_type: BackupType,
-    pub prior: Option<Manifest>,
+    pub prior: Option<std::sync::Arc<Manifest>>,
     pub label: String,
     pub start_time: chrono::DateTime<chrono::Utc>,
     /// `backup-standby`: the standby relation files are read from.
@@ -180,7 +180,7 @@ async fn choose_prior(
     s: &Settings,
     storage: &Storage,
     asked: BackupType,
-) -> Result<(BackupType, Option<Manifest>)> {
+) -> Result<(BackupType, Option<std::sync::Arc<Manifest>>)> {
     if asked == BackupType::Full {
         return Ok((asked, None));
     }
@@ -188,7 +188,7 @@ async fn choose_prior(
     for l in labels.iter().rev() {
         let m = Manifest::load(storage, &s.stanza, l).await?;
         if asked == BackupType::Incr || m.backup_type == BackupType::Full {
-            return Ok((asked, Some(m)));
+            return Ok((asked, Some(std::sync::Arc::new(m))));
         }
     }
     log::warn!(

@@ -172,7 +172,9 @@ pub async fn plan(s: &Settings, o: &RestoreOptions) -> Result<(RestorePlan, Vec<
     }
     let pg_path = s.pg_path()?.to_path_buf();
     let (storage, _stanza) = open_stanza(s).await?;
-    let m = plan::choose_backup(&storage, s, o).await?;
+    let mut m = plan::choose_backup(&storage, s, o).await?;
+    // Every file's extents (a format 2 manifest stores those of larger files apart).
+    m.load_maps(&storage).await?;
     let plan = RestorePlan::new(m, &pg_path, o)?;
     plan.check_targets()?;
     let settings = match recovery::signal_file(o.recovery_type) {
@@ -271,7 +273,7 @@ fn execute(
     // PG_VERSION first: from here on the directory is a data directory to --delta.
     if let Some(f) = &plan.first {
         let mut w = Worker::new(&sh);
-        write::run_job(&sh, &mut w, RestoreJob::One(f.clone()))?;
+        write::run_job(&sh, &mut w, RestoreJob::One(Box::new(f.clone())))?;
         tree.root.sync()?;
         tallies.push(w.finish());
     }

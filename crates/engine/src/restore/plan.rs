@@ -48,7 +48,7 @@ pub(crate) struct TablespaceTarget {
 /// fetched with one ranged read (over an object store, one request instead of hundreds).
 #[derive(Debug)]
 pub(crate) enum RestoreJob {
-    One(FileEntry),
+    One(Box<FileEntry>),
     Group(Vec<FileEntry>),
 }
 
@@ -436,7 +436,10 @@ pub(super) fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
         groups.push(RestoreJob::Group(group));
     }
     alone.sort_by_key(|f| std::cmp::Reverse(f.size));
-    let mut jobs: Vec<RestoreJob> = alone.into_iter().map(RestoreJob::One).collect();
+    let mut jobs: Vec<RestoreJob> = alone
+        .into_iter()
+        .map(|f| RestoreJob::One(Box::new(f)))
+        .collect();
     jobs.extend(groups.into_iter().rev());
     jobs
 }

@@ -14,11 +14,13 @@ use crate::{layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
 use pgstrata_pg::lsn::Lsn;
 use serde::{Deserialize, Serialize};
 
+mod map;
 #[cfg(test)]
 pub(crate) mod tests;
 mod text;
 mod validate;
 
+pub use map::{FileMap, PackUse, INLINE_MAX_BLOCKS};
 pub use validate::check_annotation;
 
 const MAGIC: &[u8; 8] = b"PGSTRMAN";
@@ -212,6 +214,15 @@ pub struct FileEntry {
         with = "text::block_hashes"
     )]
     pub block_hashes: Vec<u64>,
+    /// Format 2: the frame holding the file's extents and block hashes ([`FileMap`]),
+    /// when they are not inline; `chunks` and `block_hashes` are then empty as stored
+    /// (and until the map is loaded).
+    /// Boxed: most entries have none, and every entry is held in memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map: Option<Box<Chunk>>,
+    /// Format 2, with `map`: the packs the map and the file's extents use.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packs: Vec<PackUse>,
 }
 
 impl FileEntry {

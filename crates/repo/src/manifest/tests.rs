@@ -43,6 +43,8 @@ fn file(path: &str, size: u64, chunks: Vec<Chunk>) -> Entry {
         bad_pages: vec![],
         block_size: 8192,
         block_hashes: vec![0x0123_4567_89ab_cdef; blocks],
+        map: None,
+        packs: Vec::new(),
     })
 }
 
@@ -443,4 +445,132 @@ fn databases_and_annotations_round_trip_and_are_bounded() {
     let mut bad = m;
     bad.annotations.insert("k".into(), "nul\0".into());
     assert!(decode_err(&bad).contains("annotation \"k\""));
+}
+
+#[test]
+fn a_file_map_round_trips_and_refuses_damage() {
+    let map = FileMap {
+        chunks: vec![
+            Chunk {
+                backup: Some("20250301-091500F".into()),
+                ..stored("0-0", 8192)
+            },
+            Chunk::zeros(100),
+        ],
+        block_hashes: vec![0x0123_4567_89ab_cdef, u64::MAX],
+    };
+    let bytes = map.encode();
+    assert_eq!(&bytes[..8], b"PGSTRMAP");
+    assert_eq!(u32::from_le_bytes(bytes[8..12].try_into().unwrap()), 2);
+    assert_eq!(&bytes[12..20], &0x0123_4567_89ab_cdef_u64.to_le_bytes());
+    assert_eq!(FileMap::decode(&bytes, "m").unwrap(), map);
+    for (bad, why) in [
+        (b"PGSTRMAQ".to_vec(), "bad header"),
+        (bytes[..19].to_vec(), "past its end"),
+        (bytes[..bytes.len() - 1].to_vec(), "extents"),
+    ] {
+        let e = FileMap::decode(&bad, "m").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Corrupt);
+        assert!(e.to_string().contains(why), "{why}: {e}");
+    }
+}
+
+/// `base/5/16384` of the sample with its map stored apart by the sample's own backup, in
+/// its pack `3-0`.
+fn with_stored_map(m: &mut Manifest) -> FileMap {
+    let label = m.label.clone();
+    let f = file_mut(m, "base/5/16384");
+    let map = f.take_map();
+    let map_ref = Chunk {
+        offset: 500,
+        stored: 60,
+        raw: map.encode().len() as u32,
+        ..stored("3-0", 0)
+    };
+    f.set_map(map_ref, &map, &label);
+    map
+}
+
+#[test]
+fn a_stored_map_is_referenced_with_the_packs_it_uses() {
+    let mut m = sample();
+    let map = with_stored_map(&mut m);
+    let f = file_mut(&mut m, "base/5/16384").clone();
+    assert!(f.chunks.is_empty() && f.block_hashes.is_empty() && f.map_unloaded());
+    // The prior's pack, this backup's data pack and the pack of the map itself; the
+    // frame two extents share is counted once.
+    let packs: Vec<(Option<&str>, &str, u64)> = f
+        .packs
+        .iter()
+        .map(|p| (p.backup.as_deref(), p.pack.as_str(), p.stored))
+        .collect();
+    assert_eq!(
+        packs,
+        vec![
+            (None, "0-0", 100),
+            (None, "3-0", 60),
+            (Some("20250301-091500F"), "0-0", 100)
+        ]
+    );
+    let back = Manifest::decode(&m.encode(), "m").unwrap();
+    let usage = back.pack_usage();
+    assert_eq!(usage[&("20250301-091500F".into(), "0-0".into())], 100);
+    assert_eq!(usage[&(m.label.clone(), "3-0".into())], 60);
+
+    // Loaded into a later manifest that carried the entry, the extents are seen from it.
+    let mut carried = f.clone();
+    carried.rebase(&m.label, "20250303-091500I");
+    assert_eq!(
+        carried.map.as_ref().unwrap().backup.as_deref(),
+        Some(m.label.as_str())
+    );
+    carried.attach_map(map.clone(), "20250303-091500I");
+    assert_eq!(
+        carried.chunks[0].backup.as_deref(),
+        Some("20250301-091500F")
+    );
+    assert_eq!(carried.chunks[2].backup.as_deref(), Some(m.label.as_str()));
+    assert_eq!(carried.block_hashes, map.block_hashes);
+    let mut later = sample();
+    later.label = "20250303-091500I".into();
+    later.pack_codecs.insert(m.label.clone(), CompressType::Zst);
+    super::validate::check_loaded_map(&later, &carried, "later").unwrap();
+}
+
+#[test]
+fn forged_map_references_are_refused() {
+    type Forge = fn(&mut FileEntry);
+    let cases: [(&str, Forge); 6] = [
+        ("both a map and inline", |f| f.chunks.push(Chunk::zeros(1))),
+        ("not a whole stored frame", |f| {
+            let map = f.map.as_mut().unwrap();
+            map.frame = map.raw + 1;
+        }),
+        ("listed twice", |f| f.packs.push(f.packs[0].clone())),
+        ("does not list the map's own pack", |f| {
+            f.packs.retain(|p| p.pack != "3-0")
+        }),
+        ("is not <worker>-<seq>", |f| f.packs[0].pack = "../x".into()),
+        ("packs without a map", |f| f.map = None),
+    ];
+    for (why, forge) in cases {
+        let mut m = sample();
+        with_stored_map(&mut m);
+        forge(file_mut(&mut m, "base/5/16384"));
+        let err = decode_err(&m);
+        assert!(err.contains(why), "{why}: {err}");
+    }
+    let mut m = sample();
+    with_stored_map(&mut m);
+    m.format_version = 1;
+    assert!(decode_err(&m).contains("format 1 manifest"));
+
+    // A loaded map whose extents reach a pack the entry does not list is damage.
+    let mut m = sample();
+    let mut map = with_stored_map(&mut m);
+    map.chunks[2].pack = Some("9-9".into());
+    let mut f = file_mut(&mut m, "base/5/16384").clone();
+    f.attach_map(map, &m.label);
+    let e = super::validate::check_loaded_map(&m, &f, "m").unwrap_err();
+    assert!(e.to_string().contains("does not list"), "{e}");
 }

@@ -362,6 +362,91 @@ fn check_file(m: &Manifest, f: &FileEntry) -> Check {
     if !(f.hash.is_empty() || is_lower_hex(&f.hash, 64)) {
         return Err("hash is neither empty nor 64 lowercase hex digits".into());
     }
+    let Some(map) = &f.map else {
+        if !f.packs.is_empty() {
+            return Err("packs without a map".into());
+        }
+        return check_file_content(m, f);
+    };
+    if m.format_version < 2 {
+        return Err("a map in a format 1 manifest".into());
+    }
+    if !f.chunks.is_empty() || !f.block_hashes.is_empty() {
+        return Err("both a map and inline extents or block hashes".into());
+    }
+    if !BLOCK_SIZES.contains(&f.block_size) {
+        return Err(format!(
+            "block_size {} is not one of {BLOCK_SIZES:?}",
+            f.block_size
+        ));
+    }
+    check_chunk(m, map).map_err(|r| format!("map: {r}"))?;
+    if map.is_zero() || map.at != 0 || map.frame != 0 {
+        return Err("map is not a whole stored frame".into());
+    }
+    let mut seen = std::collections::HashSet::new();
+    for p in &f.packs {
+        if !is_pack_name(&p.pack) {
+            return Err(format!(
+                "packs: pack name {:?} is not <worker>-<seq>",
+                p.pack
+            ));
+        }
+        if let Some(b) = &p.backup {
+            if !is_backup_label(b) || *b == m.label {
+                return Err(format!("packs: b {b:?} is not another backup's label"));
+            }
+        }
+        if !seen.insert((&p.backup, &p.pack)) {
+            return Err(format!("packs: pack {:?} is listed twice", p.pack));
+        }
+    }
+    if !seen.contains(&(&map.backup, map.pack.as_ref().expect("stored"))) {
+        return Err("packs does not list the map's own pack".into());
+    }
+    Ok(())
+}
+
+/// Every decoded manifest entry whose map was loaded (`Manifest::load_maps`): checked as
+/// an inline entry is, and its extents only in the packs its entry lists.
+pub(super) fn check_loaded_maps(m: &Manifest, what: &str) -> Result<()> {
+    for f in m.files().filter(|f| f.map.is_some()) {
+        check_loaded_map(m, f, what)?;
+    }
+    Ok(())
+}
+
+pub(super) fn check_loaded_map(m: &Manifest, f: &FileEntry, what: &str) -> Result<()> {
+    let listed: std::collections::HashSet<(&str, &str)> = f
+        .packs
+        .iter()
+        .map(|p| (p.owner(&m.label), p.pack.as_str()))
+        .collect();
+    check_file_content(m, f)
+        .and_then(|()| {
+            match f.chunks.iter().find(|c| {
+                c.pack
+                    .as_deref()
+                    .is_some_and(|p| !listed.contains(&(c.owner(&m.label), p)))
+            }) {
+                Some(c) => Err(format!(
+                    "an extent in pack {:?} of {}, which its entry does not list",
+                    c.pack.as_deref().unwrap_or_default(),
+                    c.owner(&m.label)
+                )),
+                None => Ok(()),
+            }
+        })
+        .map_err(|r| {
+            Error::corrupt(format!(
+                "{what}: entry {:?}: its map: {r}: the repository is damaged or was altered",
+                f.path
+            ))
+        })
+}
+
+/// The extents and block hashes of a file, inline or loaded from its map.
+fn check_file_content(m: &Manifest, f: &FileEntry) -> Check {
     if f.block_size == 0 {
         if !f.block_hashes.is_empty() {
             return Err("block_hashes without a block_size".into());
