@@ -32,7 +32,7 @@ mod tree;
 mod write;
 
 pub use plan::RestorePlan;
-pub(crate) use plan::{dir_is_empty, RestoreJob, WriteMode};
+pub(crate) use plan::{dir_is_empty, WriteMode};
 
 use crate::owner::{running_as_root, OwnerResolver};
 use crate::progress::{human_bytes, Progress};
@@ -173,8 +173,12 @@ pub async fn plan(s: &Settings, o: &RestoreOptions) -> Result<(RestorePlan, Vec<
     let pg_path = s.pg_path()?.to_path_buf();
     let (storage, _stanza) = open_stanza(s).await?;
     let mut m = plan::choose_backup(&storage, s, o).await?;
-    // Every file's extents (a format 2 manifest stores those of larger files apart).
-    m.load_maps(&storage).await?;
+    // The extents of small files, which are fetched in groups by pack (a format 2 manifest
+    // stores the maps of files over 8 blocks apart). A larger file's map is loaded by the
+    // worker that restores it, so what is held follows the files in flight, not the
+    // database's bytes.
+    m.load_maps_of(&storage, |f| f.size <= plan::SMALL_FILE)
+        .await?;
     let plan = RestorePlan::new(m, &pg_path, o)?;
     plan.check_targets()?;
     let settings = match recovery::signal_file(o.recovery_type) {
@@ -255,7 +259,7 @@ fn execute(
 
     let progress = Progress::start(
         "restore",
-        m.files().map(|f| f.size).sum(),
+        plan.files().map(|f| f.size).sum(),
         plan.file_count() as u64,
     );
     let counters = progress.counters.clone();
@@ -273,17 +277,13 @@ fn execute(
     // PG_VERSION first: from here on the directory is a data directory to --delta.
     if let Some(f) = &plan.first {
         let mut w = Worker::new(&sh);
-        write::run_job(&sh, &mut w, RestoreJob::One(Box::new(f.clone())))?;
+        write::restore_file(&sh, &mut w, f)?;
         tree.root.sync()?;
         tallies.push(w.finish());
     }
-    let jobs = plan.jobs.iter().map(|j| match j {
-        RestoreJob::One(f) => RestoreJob::One(f.clone()),
-        RestoreJob::Group(g) => RestoreJob::Group(g.clone()),
-    });
     let result = crate::pool::run(
         workers,
-        jobs,
+        plan.jobs.iter(),
         |_| Worker::new(&sh),
         |w, job| write::run_job(&sh, w, job),
         |w| Ok(w.finish()),
@@ -375,7 +375,13 @@ fn prepare_targets(plan: &RestorePlan, tree: &TargetTree) -> Result<u64> {
 /// tablespace location only this version's directory is walked: the rest belongs to
 /// other major versions (pg_upgrade) and is left alone.
 fn remove_extraneous(plan: &RestorePlan, tree: &TargetTree) -> Result<u64> {
-    let wanted: HashSet<&str> = plan.manifest.entries.iter().map(|e| e.path()).collect();
+    let wanted: HashSet<&str> = plan
+        .manifest
+        .entries
+        .iter()
+        .map(|e| e.path())
+        .chain(plan.files().map(|f| f.path.as_str()))
+        .collect();
     let mut removed = 0;
     walk_extraneous(plan, tree, &tree.root, "", &wanted, &mut removed)?;
     Ok(removed)

@@ -72,6 +72,8 @@ pub struct RestorePlan {
 }
 
 pub(super) const PG_VERSION: &str = "PG_VERSION";
+/// Files of at most this size are restored in groups, by the pack they are stored in.
+pub(super) const SMALL_FILE: u64 = 1 << 20;
 pub(super) const PG_CONTROL: &str = "global/pg_control";
 
 impl RestorePlan {
@@ -92,7 +94,16 @@ impl RestorePlan {
         }
         let tablespaces = tablespace_targets(&manifest, pg_path, &map)?;
         let selection = super::selective::select(&manifest, &o.db_include, &o.db_exclude)?;
-        let mut files: Vec<FileEntry> = manifest.files().cloned().collect();
+        // The file entries move into the jobs (one copy of each in memory); the manifest
+        // keeps its directories and links.
+        let mut manifest = manifest;
+        let mut files: Vec<FileEntry> = Vec::new();
+        for e in std::mem::take(&mut manifest.entries) {
+            match e {
+                Entry::File(f) => files.push(f),
+                other => manifest.entries.push(other),
+            }
+        }
         let take = |files: &mut Vec<FileEntry>, path: &str| {
             let i = files.iter().position(|f| f.path == path)?;
             Some(files.swap_remove(i))
@@ -169,17 +180,17 @@ impl RestorePlan {
         Ok(())
     }
 
+    /// Every file the plan restores.
+    pub(crate) fn files(&self) -> impl Iterator<Item = &FileEntry> {
+        let jobs = self.jobs.iter().flat_map(|j| match j {
+            RestoreJob::One(f) => std::slice::from_ref(f.as_ref()),
+            RestoreJob::Group(g) => g.as_slice(),
+        });
+        self.first.iter().chain(jobs).chain(self.control.iter())
+    }
+
     pub fn file_count(&self) -> usize {
-        self.first.iter().count()
-            + self.control.iter().count()
-            + self
-                .jobs
-                .iter()
-                .map(|j| match j {
-                    RestoreJob::One(_) => 1,
-                    RestoreJob::Group(g) => g.len(),
-                })
-                .sum::<usize>()
+        self.files().count()
     }
 }
 
@@ -397,7 +408,6 @@ fn refuse_if_running(pg_path: &Path) -> Result<()> {
 /// continue in the next pack, which the group's read covers too); larger files go alone,
 /// largest first so all workers stay busy to the end. Jobs are in the order to run them.
 pub(super) fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
-    const SMALL: u64 = 1 << 20;
     // A group's frames stay decoded in memory until its last file is written: bound both
     // what one read fetches and what the worker holds.
     const GROUP_BYTES: u64 = 8 << 20;
@@ -407,7 +417,7 @@ pub(super) fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
     let mut small: Vec<(String, String, u64, FileEntry)> = Vec::new();
     for f in files {
         match f.chunks.iter().find(|c| !c.is_zero()) {
-            Some(c) if f.size <= SMALL => {
+            Some(c) if f.size <= SMALL_FILE => {
                 let owner = c.backup.clone().unwrap_or_default();
                 small.push((owner, c.pack.clone().unwrap_or_default(), c.offset, f));
             }

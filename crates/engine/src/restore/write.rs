@@ -61,12 +61,9 @@ impl<'a> Worker<'a> {
 }
 
 /// Run one job.
-pub(super) fn run_job(sh: &Shared, w: &mut Worker, job: RestoreJob) -> Result<()> {
+pub(super) fn run_job(sh: &Shared, w: &mut Worker, job: &RestoreJob) -> Result<()> {
     match job {
-        RestoreJob::One(f) => {
-            let action = decide(sh, w, &f)?;
-            restore_one(sh, w, &f, action)
-        }
+        RestoreJob::One(f) => restore_file(sh, w, f),
         RestoreJob::Group(files) => {
             // Decide every file first (a delta restore compares local blocks), then fetch
             // what all of them need with one merged read.
@@ -92,6 +89,22 @@ pub(super) fn run_job(sh: &Shared, w: &mut Worker, job: RestoreJob) -> Result<()
             Ok(())
         }
     }
+}
+
+/// Restore one file on its own, loading its map first when it is stored apart (held only
+/// while the file is restored).
+pub(super) fn restore_file(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Result<()> {
+    let loaded;
+    let f = if f.map_unloaded() {
+        loaded = sh
+            .runtime
+            .block_on(sh.manifest.load_map(&mut w.reader, f))?;
+        &loaded
+    } else {
+        f
+    };
+    let action = decide(sh, w, f)?;
+    restore_one(sh, w, f, action)
 }
 
 /// What restoring one file takes, decided from the local file alone (nothing fetched yet).

@@ -219,17 +219,26 @@ impl Manifest {
         self.files().any(FileEntry::map_unloaded)
     }
 
-    /// Load every file's map frame into its entry (restore and verify need every extent),
-    /// checking each as the manifest's own entries were checked. Maps are fetched
-    /// `CONCURRENT_MAP_READS` at a time.
+    /// Load every file's map frame into its entry, checking each as the manifest's own
+    /// entries were checked.
     pub async fn load_maps(&mut self, storage: &Storage) -> Result<()> {
+        self.load_maps_of(storage, |_| true).await
+    }
+
+    /// Load the map frames of the files `wanted` picks, checked. Maps are fetched
+    /// `CONCURRENT_MAP_READS` at a time.
+    pub async fn load_maps_of(
+        &mut self,
+        storage: &Storage,
+        wanted: impl Fn(&FileEntry) -> bool,
+    ) -> Result<()> {
         use futures::{StreamExt, TryStreamExt};
         const CONCURRENT_MAP_READS: usize = 16;
         let wanted: Vec<usize> = self
             .entries
             .iter()
             .enumerate()
-            .filter(|(_, e)| matches!(e, super::Entry::File(f) if f.map_unloaded()))
+            .filter(|(_, e)| matches!(e, super::Entry::File(f) if f.map_unloaded() && wanted(f)))
             .map(|(i, _)| i)
             .collect();
         if wanted.is_empty() {

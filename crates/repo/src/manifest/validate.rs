@@ -407,10 +407,10 @@ fn check_file(m: &Manifest, f: &FileEntry) -> Check {
     Ok(())
 }
 
-/// Every decoded manifest entry whose map was loaded (`Manifest::load_maps`): checked as
+/// Every decoded manifest entry whose map has been loaded (`Manifest::load_maps`): checked as
 /// an inline entry is, and its extents only in the packs its entry lists.
 pub(super) fn check_loaded_maps(m: &Manifest, what: &str) -> Result<()> {
-    for f in m.files().filter(|f| f.map.is_some()) {
+    for f in m.files().filter(|f| f.map.is_some() && !f.map_unloaded()) {
         check_loaded_map(m, f, what)?;
     }
     Ok(())
