@@ -214,22 +214,65 @@ pub fn reader(kind: CompressType, stored: &[u8]) -> std::io::Result<Box<dyn Read
     })
 }
 
-/// Decode one zstd stream of JSON metadata (a manifest, a change map) holding at most
-/// `ratio` times its compressed size plus 64 MiB: a crafted stream must not exhaust memory.
+/// How much one zstd stream of JSON metadata may inflate to: `ratio` times its compressed
+/// size plus 64 MiB, so that a crafted stream cannot exhaust memory.
+fn inflation_limit(compressed: usize, ratio: u64) -> u64 {
+    (compressed as u64).saturating_mul(ratio) + (64 << 20)
+}
+
+/// Decode one zstd stream of JSON metadata (a change map) holding at most
+/// [`inflation_limit`] bytes.
 pub(crate) fn zstd_bounded(body: &[u8], ratio: u64, context: &str) -> Result<Vec<u8>> {
-    let limit = (body.len() as u64).saturating_mul(ratio) + (64 << 20);
     let mut out = Vec::new();
-    zstd::stream::read::Decoder::new(body)
-        .and_then(|d| d.take(limit + 1).read_to_end(&mut out))
-        .map_err(|e| {
+    zstd_bounded_reader(body, ratio, context).and_then(|mut r| {
+        r.read_to_end(&mut out).map_err(|e| {
             Error::with_source(ErrorKind::Corrupt, format!("{context}: cannot decode"), e)
-        })?;
-    if out.len() as u64 > limit {
-        return Err(Error::corrupt(format!(
-            "{context}: inflates beyond {limit} bytes: it is damaged or was altered"
-        )));
-    }
+        })
+    })?;
     Ok(out)
+}
+
+/// A reader of one zstd stream of JSON metadata that fails once it has produced more
+/// than [`inflation_limit`] bytes: a manifest is parsed from it as it is decoded, without
+/// holding its JSON text.
+pub(crate) fn zstd_bounded_reader<'a>(
+    body: &'a [u8],
+    ratio: u64,
+    context: &str,
+) -> Result<impl Read + 'a> {
+    let decoder = zstd::stream::read::Decoder::with_buffer(body).map_err(|e| {
+        Error::with_source(ErrorKind::Corrupt, format!("{context}: cannot decode"), e)
+    })?;
+    Ok(Bounded {
+        inner: decoder,
+        left: inflation_limit(body.len(), ratio),
+        limit: inflation_limit(body.len(), ratio),
+        context: context.to_string(),
+    })
+}
+
+struct Bounded<R> {
+    inner: R,
+    left: u64,
+    limit: u64,
+    context: String,
+}
+
+impl<R: Read> Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n as u64 > self.left {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{}: inflates beyond {} bytes: it is damaged or was altered",
+                    self.context, self.limit
+                ),
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 #[cfg(test)]

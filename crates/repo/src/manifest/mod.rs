@@ -267,13 +267,19 @@ pub struct Stats {
 }
 
 impl Manifest {
+    /// The stored form. The JSON is compressed as it is written, never held whole.
     pub fn encode(&self) -> Vec<u8> {
-        let json = serde_json::to_vec(self).expect("serialize manifest");
-        let body = zstd::bulk::compress(&json, 3).expect("zstd into memory");
-        let mut out = Vec::with_capacity(40 + body.len());
+        let mut out = Vec::with_capacity(64 << 10);
         out.extend_from_slice(MAGIC);
-        out.extend_from_slice(blake3::hash(&body).as_bytes());
-        out.extend_from_slice(&body);
+        out.extend_from_slice(&[0; 32]);
+        let mut enc = zstd::stream::write::Encoder::new(out, 3).expect("zstd encoder");
+        let mut json = std::io::BufWriter::with_capacity(256 << 10, &mut enc);
+        serde_json::to_writer(&mut json, self).expect("serialize manifest into memory");
+        std::io::Write::flush(&mut json).expect("compress into memory");
+        drop(json);
+        let mut out = enc.finish().expect("zstd into memory");
+        let hash = blake3::hash(&out[40..]);
+        out[8..40].copy_from_slice(hash.as_bytes());
         out
     }
 
@@ -288,10 +294,17 @@ impl Manifest {
                 "{what}: manifest fails its checksum: the repository is damaged"
             )));
         }
-        let json = crate::codec::zstd_bounded(&obj[40..], MAX_MANIFEST_RATIO, what)?;
-        let mut m: Manifest = serde_json::from_slice(&json).map_err(|e| {
-            Error::with_source(ErrorKind::Corrupt, format!("{what}: invalid manifest"), e)
-        })?;
+        // Parsed as it is decoded: the JSON text of a large manifest is never held whole.
+        let json = crate::codec::zstd_bounded_reader(&obj[40..], MAX_MANIFEST_RATIO, what)?;
+        let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(
+            256 << 10,
+            json,
+        ));
+        let mut m = Manifest::deserialize(&mut de)
+            .and_then(|m| de.end().map(|()| m))
+            .map_err(|e| {
+                Error::with_source(ErrorKind::Corrupt, format!("{what}: invalid manifest"), e)
+            })?;
         crate::error::check_format_version(what, m.format_version, FORMAT_VERSION)?;
         validate::validate(&mut m, what)?;
         Ok(m)
