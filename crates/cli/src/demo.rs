@@ -121,6 +121,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
             delta: false,
             track: pgstrata_engine::track::Track::Auto,
             annotations: Default::default(),
+            resume: true,
         },
     ))?;
     println!(
@@ -149,6 +150,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
             delta: false,
             track: pgstrata_engine::track::Track::Auto,
             annotations: Default::default(),
+            resume: true,
         },
     ))?;
     println!(

@@ -315,6 +315,7 @@ fn backup_options(inv: &config::Invocation) -> Result<BackupOptions, Error> {
         delta: inv.flag("delta"),
         track: inv.choice("track"),
         annotations,
+        resume: inv.flag("resume"),
     })
 }
 

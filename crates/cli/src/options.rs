@@ -236,6 +236,8 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "How an incremental finds changed blocks in changed files: wal reads only the blocks the block-change maps (written by archive-push) list, and fails (before the backup starts, when it can tell) if they have a gap; hash reads and hashes whole files; auto uses the maps when they cover the whole window and says why when they do not." },
     OptionDef { name: "annotation", kind: Kind::List, default: None, scope: Scope::CommandLine, secret: false, commands: &["backup"],
         help: "A note on the backup, KEY=VALUE (repeatable): recorded in its manifest and shown by info (e.g. --annotation=ticket=OPS-42)." },
+    OptionDef { name: "resume", kind: Kind::Bool, default: Some("true"), scope: Scope::Config, secret: false, commands: &["backup"],
+        help: "Reuse the frames an interrupted backup stored: the next backup reads and hashes every block as usual, but points the blocks that still match at the interrupted backup's frames instead of compressing and storing them again. While a backup runs it writes small checkpoint objects (under <label>/resume/) that make this possible; false writes none and reuses nothing." },
     OptionDef { name: "bundle", kind: Kind::Bool, default: Some("true"), scope: Scope::Config, secret: false, commands: &["backup"],
         help: "Bundle files smaller than bundle-limit into shared pack objects (false: every file gets pack objects of its own)." },
     OptionDef { name: "bundle-size", kind: Kind::Size { min: 1 << 20, max: 1 << 30 }, default: Some("16MiB"), scope: Scope::Config, secret: false, commands: &["backup"],

@@ -2,6 +2,8 @@
 //! repository fails loudly; a killed backup leaves no half backup.
 
 use crate::common::*;
+use pgstrata_repo::Named;
+use std::time::Duration;
 
 #[test]
 fn bad_input_is_refused_clearly_and_writes_nothing() {
@@ -133,5 +135,106 @@ fn killed_backup_leaves_no_half_backup_and_the_next_one_succeeds() {
     let info = env.info_json();
     assert_eq!(info["backups"][0]["label"], label.as_str());
     let c = env.restore_and_start("after-kill", &["--type=immediate"]);
+    assert_eq!(c.content_hashes().unwrap(), expected);
+}
+
+/// Every object under `dir` (a local repository's backup directory), made `age` old.
+fn age_objects(dir: &std::path::Path, age: Duration) {
+    let when = std::time::SystemTime::now() - age;
+    for (rel, _) in tree(dir) {
+        let p = dir.join(rel);
+        if p.is_file() {
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(when)
+                .unwrap();
+        }
+    }
+}
+
+/// A backup killed after some of its packs were stored is resumed by the next one: the
+/// blocks that still match point at the interrupted backup's frames (stored with another
+/// codec) instead of being compressed and stored again. expire keeps the interrupted
+/// backup's packs while it is the newest, and once a complete backup is newer removes its
+/// checkpoints and the packs nothing references, keeping those the resumed backup uses.
+#[test]
+fn an_interrupted_backup_is_resumed_and_expire_keeps_what_the_resumed_one_uses() {
+    let env = Env::new("resume");
+    env.cluster
+        .pgbench(&["-i", "-s", "30", "-q", "postgres"])
+        .unwrap();
+    env.stanza_create();
+    kill_midway(
+        &env,
+        &[
+            "--process-max=1",
+            "--start-fast",
+            "--compress-type=bz2",
+            "--bundle-size=4MiB",
+            "backup",
+        ],
+        "/resume/",
+    );
+    let backups = env.repo.join(format!("{STANZA}/backup"));
+    let interrupted: Vec<String> = std::fs::read_dir(&backups)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(interrupted.len(), 1, "{interrupted:?}");
+    let interrupted = &interrupted[0];
+    let objects = |label: &str, part: &str| {
+        tree(&backups.join(label))
+            .into_iter()
+            .filter(|(k, size)| k.starts_with(part) && *size > 0 && !k.ends_with('/'))
+            .count()
+    };
+    assert!(objects(interrupted, "resume/") >= 1);
+    let interrupted_packs = objects(interrupted, "pack/");
+
+    // Aged past the grace period, the interrupted backup is still kept: it is the newest.
+    age_objects(&backups.join(interrupted), Duration::from_secs(7200));
+    env.ok(&["--repo-retention-full=1", "expire"]);
+    assert_eq!(objects(interrupted, "pack/"), interrupted_packs);
+    assert!(objects(interrupted, "resume/") >= 1);
+
+    let expected = env.hashes();
+    let label = env.backup(&["--compress-type=zst"]);
+    let m = manifest_with_maps(&env.repo, &label);
+    assert!(
+        m.stats.resumed > 10 << 20,
+        "{} bytes resumed from {interrupted}",
+        m.stats.resumed
+    );
+    assert_eq!(
+        m.pack_codecs.get(interrupted.as_str()).map(|c| c.name()),
+        Some("bz2"),
+        "the interrupted backup's frames are bz2"
+    );
+    assert!(
+        m.stats.bytes_read >= m.stats.db_size / 2,
+        "every block is read"
+    );
+    assert_eq!(
+        objects(&label, "resume/"),
+        0,
+        "a complete backup's checkpoints go"
+    );
+    assert!(objects(interrupted, "resume/") > 0);
+
+    env.ok(&["--repo-retention-full=1", "expire"]);
+    assert_eq!(
+        objects(interrupted, "resume/"),
+        0,
+        "checkpoints go once resumed"
+    );
+    let kept = objects(interrupted, "pack/");
+    assert!(
+        kept > 0 && kept <= interrupted_packs,
+        "{kept} of {interrupted_packs} packs are still referenced"
+    );
+    env.ok(&["verify"]);
+    let c = env.restore_and_start("resumed", &["--type=immediate"]);
     assert_eq!(c.content_hashes().unwrap(), expected);
 }

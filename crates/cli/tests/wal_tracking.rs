@@ -244,7 +244,7 @@ fn wal_tracking_misses_no_changed_block() {
         "{info}"
     );
     let mut checked = 0;
-    for f in m.files().filter(|f| f.hash.is_empty()) {
+    for f in m.files().filter(|f| f.hash.is_none()) {
         let data = std::fs::read(env.cluster.data.join(&f.path)).unwrap();
         assert_eq!(data.len() as u64, f.size, "{}", f.path);
         for (i, block) in data.chunks(f.block_size as usize).enumerate() {
@@ -555,7 +555,7 @@ fn records_cut_at_a_segment_end_are_read_across_the_boundary() {
     let m = manifest(&env, &label);
     assert_eq!(m.track, Some(Tracking::Wal), "{:?}", m.track_reason);
     let mut checked = 0;
-    for f in m.files().filter(|f| f.hash.is_empty()) {
+    for f in m.files().filter(|f| f.hash.is_none()) {
         let data = std::fs::read(env.cluster.data.join(&f.path)).unwrap();
         for (i, block) in data.chunks(f.block_size as usize).enumerate() {
             assert_eq!(

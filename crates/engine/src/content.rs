@@ -129,7 +129,7 @@ impl<'a> ContentCheck<'a> {
     }
 
     pub(crate) fn update(&mut self, mut data: &[u8]) {
-        if !self.f.hash.is_empty() {
+        if self.f.hash.is_some() {
             self.blake.update(data);
             return;
         }
@@ -155,13 +155,13 @@ impl<'a> ContentCheck<'a> {
     }
 
     pub(crate) fn finish(mut self) -> Result<()> {
-        let ok = if self.f.hash.is_empty() {
+        let ok = if self.f.hash.is_none() {
             if !self.pending.is_empty() {
                 self.check_block();
             }
             self.bad_block.is_none() && self.block == self.f.block_count()
         } else {
-            self.blake.finalize().to_hex().as_str() == self.f.hash
+            Some(*self.blake.finalize().as_bytes()) == self.f.hash
         };
         if ok {
             Ok(())

@@ -99,7 +99,6 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
     .await
 }
 
-/// The labels to expire.
 /// The labels to expire. A damaged backup (`damaged`) goes only when `--set` names it.
 fn choose(manifests: &[Manifest], damaged: &[&str], o: &ExpireOptions) -> Result<BTreeSet<String>> {
     let mut doomed = BTreeSet::new();
@@ -182,7 +181,10 @@ pub(crate) struct PackUsage {
 
 /// Measure pack storage; with `expired` (labels whose manifests were just deleted), also
 /// delete the packs no kept manifest references. Packs of a label that never had a manifest
-/// (an interrupted backup, or one still running elsewhere) go only after a grace period.
+/// (an interrupted backup, or one still running elsewhere) go only after a grace period,
+/// and not while that backup can still be resumed (it is newer than every backup with a
+/// manifest). Resume checkpoints go once their backup is complete, or can no longer be
+/// resumed and is past the grace period.
 pub(crate) async fn collect_garbage(
     storage: &Storage,
     stanza: &str,
@@ -209,8 +211,26 @@ pub(crate) async fn collect_garbage(
         .iter()
         .filter_map(|o| o.key[root.len() + 1..].strip_suffix("/backup.manifest"))
         .collect();
+    // An interrupted backup newer than every backup with a manifest can still be resumed
+    // by the next backup: its packs and checkpoints stay whatever their age.
+    let newest_with_manifest = manifest_objects.iter().max().copied().unwrap_or("");
+    let resumable = |label: &str| {
+        !manifest_objects.contains(label)
+            && label > newest_with_manifest
+            && pgstrata_repo::manifest::is_backup_label(label)
+    };
     for obj in &objects {
         let rest = &obj.key[root.len() + 1..];
+        if let Some((label, _)) = rest.split_once("/resume/") {
+            // Checkpoints serve only a resume: garbage once the backup is complete, or
+            // once it can no longer be resumed and is past the grace period.
+            let stale = manifest_objects.contains(label)
+                || (!resumable(label) && now - obj.modified >= ORPHAN_GRACE_SECS);
+            if expired.is_some() && stale {
+                storage.delete(&obj.key).await?;
+            }
+            continue;
+        }
         if let Some(label) = rest.strip_suffix("/backup.manifest.copy") {
             // A copy without its manifest: a backup stopped between the two writes, or
             // an expire between the two deletes.
@@ -231,7 +251,7 @@ pub(crate) async fn collect_garbage(
             None => {
                 let young_orphan = !with_manifest.contains(label)
                     && !expired.is_some_and(|e| e.contains(label))
-                    && now - obj.modified < ORPHAN_GRACE_SECS;
+                    && (now - obj.modified < ORPHAN_GRACE_SECS || resumable(label));
                 let damaged = manifest_objects.contains(label) && !with_manifest.contains(label);
                 if expired.is_some() && !young_orphan && !damaged {
                     storage.delete(&obj.key).await?;

@@ -3,12 +3,13 @@
 use pgstrata_repo::manifest::Owner;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
 
 /// Caches uid/gid → name lookups while walking a data directory.
 #[derive(Default)]
 pub(crate) struct OwnerNames {
-    users: HashMap<u32, Option<String>>,
-    groups: HashMap<u32, Option<String>>,
+    users: HashMap<u32, Option<Arc<str>>>,
+    groups: HashMap<u32, Option<Arc<str>>>,
 }
 
 impl OwnerNames {
@@ -35,15 +36,18 @@ impl OwnerNames {
 
 /// The name of `id`, looked up once.
 fn cached(
-    names: &mut HashMap<u32, Option<String>>,
+    names: &mut HashMap<u32, Option<Arc<str>>>,
     id: u32,
     look_up: impl FnOnce(u32) -> Option<String>,
-) -> Option<String> {
-    names.entry(id).or_insert_with(|| look_up(id)).clone()
+) -> Option<Arc<str>> {
+    names
+        .entry(id)
+        .or_insert_with(|| look_up(id).map(|n| pgstrata_repo::manifest::intern(&n)))
+        .clone()
 }
 
 /// A recorded owner as a lookup key: (user name, group name, uid, gid).
-type OwnerKey = (Option<String>, Option<String>, u32, u32);
+type OwnerKey = (Option<Arc<str>>, Option<Arc<str>>, u32, u32);
 
 /// Resolves recorded owners to ids on this host (by name first, then by id).
 #[derive(Default)]

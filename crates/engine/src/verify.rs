@@ -71,6 +71,10 @@ pub struct WalVerdict {
     pub(crate) maps_damaged: Vec<String>,
 }
 
+fn hex_or_none(v: &Option<impl std::fmt::Debug>) -> String {
+    format!("{v:x?}")
+}
+
 /// A file entry's identity for "already checked": what it reads and what it is checked
 /// against.
 fn entry_key(m: &Manifest, f: &FileEntry) -> String {
@@ -80,18 +84,26 @@ fn entry_key(m: &Manifest, f: &FileEntry) -> String {
         let (owner, pack, offset) = map.frame_key(&m.label).expect("a stored map");
         return format!(
             "{}|{}|map {owner}/{pack}@{offset}:{}",
-            f.size, f.hash, map.check
+            f.size,
+            hex_or_none(&f.hash),
+            hex_or_none(&map.check)
         );
     }
     let mut key = format!(
         "{}|{}|{}|{:x?}",
-        f.size, f.hash, f.block_size, f.block_hashes
+        f.size,
+        hex_or_none(&f.hash),
+        f.block_size,
+        f.block_hashes
     );
     for c in &f.chunks {
         match c.frame_key(&m.label) {
             Some((owner, pack, offset)) => key.push_str(&format!(
                 "|{owner}/{pack}@{offset}+{}:{}:{}:{}",
-                c.stored, c.at, c.raw, c.check
+                c.stored,
+                c.at,
+                c.raw,
+                hex_or_none(&c.check)
             )),
             None => key.push_str(&format!("|0x{}", c.raw)),
         }

@@ -12,6 +12,7 @@
 //! - [`stanza`]: the record of which cluster a stanza belongs to.
 //! - [`pack`]: frames of compressed data grouped into pack objects, and reading them back.
 //! - [`manifest`]: a backup's manifest, the object that makes a backup exist.
+//! - [`resume`]: checkpoints of a running backup, which let the next one reuse its frames.
 //! - [`wal`]: archived WAL objects; [`changemap`]: the block-change map beside each segment.
 
 pub mod changemap;
@@ -26,6 +27,7 @@ pub mod named;
 pub mod pack;
 #[cfg(test)]
 mod props;
+pub mod resume;
 pub mod stanza;
 pub mod storage;
 pub mod wal;

@@ -17,6 +17,7 @@
 use crate::codec::decompress_into;
 use crate::{layout, Error, Result, Storage};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// Default raw bytes per frame: 128 pages of 8 KiB.
 pub const DEFAULT_FRAME_SIZE: usize = 1024 * 1024;
@@ -33,11 +34,21 @@ pub const DEFAULT_PACK_SIZE: usize = 16 * 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Chunk {
     /// Pack name within the backup that stored it; `None` for all-zero bytes.
-    #[serde(rename = "p", default, skip_serializing_if = "Option::is_none")]
-    pub pack: Option<String>,
+    #[serde(
+        rename = "p",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::manifest::text::interned"
+    )]
+    pub pack: Option<Arc<str>>,
     /// Label of the backup holding the pack when it is not the manifest's own backup.
-    #[serde(rename = "b", default, skip_serializing_if = "Option::is_none")]
-    pub backup: Option<String>,
+    #[serde(
+        rename = "b",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::manifest::text::interned"
+    )]
+    pub backup: Option<Arc<str>>,
     /// Byte offset of the frame in the pack.
     #[serde(rename = "o", default)]
     pub offset: u64,
@@ -47,9 +58,14 @@ pub struct Chunk {
     /// Bytes of the file this extent covers.
     #[serde(rename = "r")]
     pub raw: u32,
-    /// XXH3-64 of the stored frame bytes, hex.
-    #[serde(rename = "h", default, skip_serializing_if = "String::is_empty")]
-    pub check: String,
+    /// XXH3-64 of the stored frame bytes (stored as 16 hex digits); none for zeros.
+    #[serde(
+        rename = "h",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::manifest::text::frame_check"
+    )]
+    pub check: Option<u64>,
     /// Offset of the extent within the decoded frame.
     #[serde(rename = "a", default, skip_serializing_if = "is_zero")]
     pub at: u32,
@@ -60,6 +76,12 @@ pub struct Chunk {
 
 fn is_zero(v: &u32) -> bool {
     *v == 0
+}
+
+/// The (worker, sequence number) of pack name `<worker>-<seq>`.
+pub fn pack_seq(name: &str) -> Option<(usize, usize)> {
+    let (w, q) = name.split_once('-')?;
+    Some((w.parse().ok()?, q.parse().ok()?))
 }
 
 /// Identity of a stored frame: (backup label, pack, offset).
@@ -74,7 +96,7 @@ impl Chunk {
             offset: 0,
             stored: 0,
             raw: len,
-            check: String::new(),
+            check: None,
             at: 0,
             frame: 0,
         }
@@ -103,7 +125,7 @@ impl Chunk {
         self.pack.as_ref().map(|p| {
             (
                 self.owner(manifest_label).to_string(),
-                p.clone(),
+                p.to_string(),
                 self.offset,
             )
         })
@@ -156,7 +178,7 @@ impl Chunk {
             c.backup = if owner == new_label {
                 None
             } else {
-                Some(owner.to_string())
+                Some(crate::manifest::intern(owner))
             };
         }
         c
@@ -164,8 +186,8 @@ impl Chunk {
 }
 
 /// Frame checksum used in chunks.
-pub fn frame_check(stored: &[u8]) -> String {
-    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(stored))
+pub fn frame_check(stored: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(stored)
 }
 
 /// Accumulates frames into a pack and writes it when full. One writer per worker; names
@@ -179,8 +201,9 @@ pub struct PackWriter {
     seq: usize,
     pack_size: usize,
     buf: Vec<u8>,
-    /// Pack uploads still running: uploading overlaps with compressing the next pack.
-    in_flight: std::collections::VecDeque<tokio::task::JoinHandle<Result<()>>>,
+    /// Pack uploads still running (with their sequence numbers): uploading overlaps with
+    /// compressing the next pack.
+    in_flight: std::collections::VecDeque<(usize, tokio::task::JoinHandle<Result<()>>)>,
     /// Bytes written to the repository so far.
     pub written: u64,
     pub packs_written: u64,
@@ -214,6 +237,21 @@ impl PackWriter {
         format!("{}-{}", self.worker, self.seq)
     }
 
+    /// The worker number in this writer's pack names.
+    pub fn worker(&self) -> usize {
+        self.worker
+    }
+
+    /// Every pack of this writer numbered below the returned sequence number is stored
+    /// (its upload finished); a failed upload is returned as the error.
+    pub fn stored_below(&mut self) -> Result<usize> {
+        while self.in_flight.front().is_some_and(|(_, h)| h.is_finished()) {
+            let (_, h) = self.in_flight.pop_front().expect("non-empty");
+            self.runtime.block_on(h).expect("pack upload task")?;
+        }
+        Ok(self.in_flight.front().map_or(self.seq, |(seq, _)| *seq))
+    }
+
     /// Append one compressed frame (sealed first in an encrypted stanza); returns where it
     /// will be found.
     pub fn add(&mut self, compressed: &[u8], raw_len: usize) -> Result<Chunk> {
@@ -232,12 +270,12 @@ impl PackWriter {
         }
         let stored = &self.buf[offset..];
         Ok(Chunk {
-            pack: Some(self.current_name()),
+            pack: Some(crate::manifest::intern(&self.current_name())),
             backup: None,
             offset: offset as u64,
             stored: stored.len() as u32,
             raw: raw_len as u32,
-            check: frame_check(stored),
+            check: Some(frame_check(stored)),
             at: 0,
             frame: 0,
         })
@@ -250,7 +288,7 @@ impl PackWriter {
     /// is written.
     pub fn finish(&mut self) -> Result<()> {
         self.flush()?;
-        while let Some(h) = self.in_flight.pop_front() {
+        while let Some((_, h)) = self.in_flight.pop_front() {
             self.runtime.block_on(h).expect("pack upload task")?;
         }
         Ok(())
@@ -269,12 +307,13 @@ impl PackWriter {
         ));
         let len = data.len() as u64;
         let storage = self.storage.clone();
-        self.in_flight.push_back(
+        self.in_flight.push_back((
+            self.seq,
             self.runtime
                 .spawn(async move { storage.put_new_unsealed(&key, data).await }),
-        );
+        ));
         while self.in_flight.len() > Self::MAX_IN_FLIGHT {
-            let h = self.in_flight.pop_front().expect("non-empty");
+            let (_, h) = self.in_flight.pop_front().expect("non-empty");
             self.runtime.block_on(h).expect("pack upload task")?;
         }
         self.written += len;
@@ -441,7 +480,7 @@ impl<'a> FrameReader<'a> {
             for w in run {
                 let lo = (w.offset() - start) as usize;
                 let stored = &bytes[lo..lo + w.chunk.stored as usize];
-                if frame_check(stored) != w.chunk.check {
+                if Some(frame_check(stored)) != w.chunk.check {
                     return Err(Error::corrupt(format!(
                         "{file}: stored frame at {key} offset {} fails its checksum: the repository is damaged",
                         w.offset()
@@ -499,7 +538,7 @@ mod tests {
             offset,
             stored,
             raw: 8192,
-            check: String::new(),
+            check: None,
             at: 0,
             frame: 0,
         }

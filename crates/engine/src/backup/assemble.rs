@@ -47,6 +47,8 @@ pub(super) struct Copied {
     pub entries: Vec<Entry>,
     pub tablespaces: Vec<pgstrata_repo::manifest::Tablespace>,
     pub outcome: CopyOutcome,
+    /// The interrupted backup whose frames were offered (resume), and their codec.
+    pub resumed_from: Option<(String, pgstrata_repo::codec::CompressType)>,
 }
 
 pub(super) fn build_manifest(
@@ -96,6 +98,7 @@ pub(super) fn build_manifest(
             bytes_read: outcome.bytes_read,
             files_tracked: outcome.files_tracked,
             files_hashed: outcome.files_hashed,
+            resumed: outcome.resumed,
             packs: outcome.packs,
             pages_checked: outcome.pages_checked,
             page_errors,
@@ -119,6 +122,9 @@ pub(super) fn build_manifest(
         manifest
             .pack_codecs
             .insert(p.label.clone(), p.compression.kind);
+    }
+    if let Some((label, codec)) = copied.resumed_from {
+        manifest.pack_codecs.insert(label, codec);
     }
     manifest.pack_codecs.retain(|l, _| referenced.contains(l));
     manifest

@@ -8,6 +8,7 @@
 //! every block in order; the WAL-tracked path feeds it only the blocks the WAL says
 //! changed and tells it to carry the others from the prior backup unread.
 
+use super::resume::Checkpointer;
 use crate::content::read_full_at;
 use crate::track::WalChanges;
 use crate::walk::{Item, ItemKind};
@@ -18,31 +19,23 @@ use pgstrata_pg::page::{self, PageCheck};
 use pgstrata_repo::manifest::{block_hash, Entry, FileEntry, Manifest, Owner};
 use pgstrata_repo::pack::{Chunk, FrameReader, PackWriter};
 use pgstrata_repo::Storage;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-/// What an incremental compares against: the prior backup's manifest, its files by path.
-/// Files whose maps are stored apart (format 2) are held without them: a map is loaded
-/// only for a file that changed.
+/// What an incremental compares against: the prior backup's manifest, its files found by
+/// path (a binary search: entries are sorted by path, which decoding checked, so no index
+/// is held). Files whose maps are stored apart (format 2) are held without them: a map is
+/// loaded only for a file that changed.
 pub(super) struct Prior {
     pub manifest: std::sync::Arc<Manifest>,
-    /// Index into the manifest's entries, by path.
-    files: HashMap<String, usize>,
 }
 
 impl Prior {
     pub fn new(manifest: std::sync::Arc<Manifest>) -> Prior {
-        let files = manifest
-            .entries
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| matches!(e, Entry::File(_)))
-            .map(|(i, e)| (e.path().to_string(), i))
-            .collect();
-        Prior { manifest, files }
+        Prior { manifest }
     }
 
     fn label(&self) -> &str {
@@ -50,7 +43,11 @@ impl Prior {
     }
 
     fn get(&self, path: &str) -> Option<&FileEntry> {
-        match &self.manifest.entries[*self.files.get(path)?] {
+        let entries = &self.manifest.entries;
+        let i = entries
+            .binary_search_by(|e| e.path().as_bytes().cmp(path.as_bytes()))
+            .ok()?;
+        match &entries[i] {
             Entry::File(f) => Some(f),
             _ => None,
         }
@@ -112,6 +109,10 @@ pub(super) struct CopyContext {
     pub bundle_limit: u64,
     /// Blocks changed since the prior backup, learned from the WAL (None: hash files).
     pub wal: Option<WalChanges>,
+    /// An interrupted backup whose stored frames may be pointed at.
+    pub resume: Option<super::resume::Resumed>,
+    /// Write resume checkpoints as packs are stored.
+    pub checkpoints: bool,
 }
 
 #[derive(Debug)]
@@ -194,13 +195,18 @@ pub(super) struct CopyOutcome {
     pub files_tracked: u64,
     /// Changed files a WAL-tracked backup hashed instead, per reason.
     pub files_hashed: BTreeMap<String, u64>,
+    /// Bytes whose frames an interrupted backup had stored (resume).
+    pub resumed: u64,
+    /// Files with new frames, extents inline, for the worker's next resume checkpoint
+    /// (taken by the worker after each file; never absorbed).
+    pub new_files: Vec<FileEntry>,
 }
 
 impl CopyOutcome {
     /// Add another worker's (or pass's) outcome to this one.
     pub(crate) fn absorb(&mut self, o: CopyOutcome) {
         self.files.extend(o.files);
-        crate::add_fields!(self += o; stored, packs, pages_checked, files_unchanged, bytes_read, files_tracked);
+        crate::add_fields!(self += o; stored, packs, pages_checked, files_unchanged, bytes_read, files_tracked, resumed);
         for (reason, n) in o.files_hashed {
             *self.files_hashed.entry(reason).or_default() += n;
         }
@@ -232,16 +238,31 @@ pub(super) fn copy_files(
                 .prior
                 .as_ref()
                 .map(|p| FrameReader::new(&ctx.storage, &p.manifest));
-            (writer, CopyOutcome::default(), maps)
+            let checkpoints = Checkpointer::default();
+            (writer, CopyOutcome::default(), maps, checkpoints)
         },
-        |(writer, out, maps), job| {
+        |(writer, out, maps, checkpoints), job| {
             if let Some(f) = copy_file(ctx, &job, writer, out, maps)? {
                 out.files.push(f);
             }
+            if ctx.checkpoints {
+                for f in out.new_files.drain(..) {
+                    checkpoints.add(f);
+                }
+                checkpoints.write_due(ctx, writer, false)?;
+            }
             Ok(())
         },
-        |(mut writer, mut out, _)| {
+        |(mut writer, mut out, _, mut checkpoints)| {
             writer.finish()?;
+            if ctx.checkpoints {
+                // Everything is stored: the rest, in case the backup stops before its
+                // manifest is written (waiting for WAL, say).
+                for f in out.new_files.drain(..) {
+                    checkpoints.add(f);
+                }
+                checkpoints.write_due(ctx, &mut writer, true)?;
+            }
             out.stored = writer.written;
             out.packs = writer.packs_written;
             Ok(out)
@@ -359,7 +380,7 @@ fn copy_whole(
             break;
         }
     }
-    copier.finish(writer).map(Some)
+    copier.finish(writer, out).map(Some)
 }
 
 /// Copy a relation file reading only the blocks the WAL says changed (`pages`, numbered
@@ -420,7 +441,7 @@ fn copy_tracked(
         copier.add(writer, out, &mut buf[..n], off)?;
     }
     out.files_tracked += 1;
-    copier.finish(writer).map(Some)
+    copier.finish(writer, out).map(Some)
 }
 
 /// One file being copied: the one place where blocks are checked, hashed, compared with the
@@ -431,6 +452,8 @@ struct BlockCopier<'a> {
     file: &'a File,
     block_size: u32,
     prior: Option<PriorBlocks<'a>>,
+    /// The interrupted backup's frames of this file (resume), tried after the prior's.
+    resumed: Option<PriorBlocks<'a>>,
     /// Page number (within its relation) of the file's first page, when pages are checked.
     first_page: Option<u64>,
     /// The whole file's BLAKE3, when every byte passes through here.
@@ -472,6 +495,13 @@ impl<'a> BlockCopier<'a> {
             file,
             block_size,
             prior,
+            resumed: ctx.resume.as_ref().and_then(|r| {
+                let e = r
+                    .files
+                    .get(&job.rel)
+                    .filter(|e| e.block_size == block_size)?;
+                Some(PriorBlocks::new(e, &r.label, &ctx.label))
+            }),
             first_page,
             whole: whole_hash.then(blake3::Hasher::new),
             own_pack,
@@ -532,7 +562,17 @@ impl<'a> BlockCopier<'a> {
                 .prior
                 .as_ref()
                 .filter(|p| p.entry.block_hash(index) == Some(h))
-                .and_then(|p| p.locate(block_offset, len));
+                .and_then(|p| p.locate(block_offset, len))
+                .or_else(|| {
+                    // Stored by the interrupted backup, in its own packs only.
+                    let r = self.resumed.as_ref()?;
+                    if r.entry.block_hash(index) != Some(h) {
+                        return None;
+                    }
+                    let c = r.locate_own(block_offset, len)?;
+                    out.resumed += len as u64;
+                    Some(c)
+                });
             match unchanged {
                 Some(c) => self.extents.push(c),
                 None => {
@@ -577,7 +617,7 @@ impl<'a> BlockCopier<'a> {
     }
 
     /// Store what is pending and describe the file as copied.
-    fn finish(mut self, writer: &mut PackWriter) -> Result<FileEntry> {
+    fn finish(mut self, writer: &mut PackWriter, out: &mut CopyOutcome) -> Result<FileEntry> {
         self.new.flush(self.ctx, writer, &mut self.extents)?;
         if self.own_pack {
             writer.flush()?;
@@ -602,10 +642,7 @@ impl<'a> BlockCopier<'a> {
             size: self.end,
             mtime: self.job.mtime,
             owner: self.job.owner.clone(),
-            hash: self
-                .whole
-                .map(|h| h.finalize().to_hex().to_string())
-                .unwrap_or_default(),
+            hash: self.whole.map(|h| *h.finalize().as_bytes()),
             chunks,
             bad_pages: self.bad_pages,
             block_size: self.block_size,
@@ -613,6 +650,13 @@ impl<'a> BlockCopier<'a> {
             map: None,
             packs: Vec::new(),
         };
+        let new_frames = entry
+            .chunks
+            .iter()
+            .any(|c| c.pack.is_some() && c.backup.is_none());
+        if self.ctx.checkpoints && new_frames {
+            out.new_files.push(entry.clone());
+        }
         if !entry.inline_map() {
             store_map(self.ctx, writer, &mut entry)?;
         }
@@ -658,11 +702,28 @@ impl<'a> PriorBlocks<'a> {
     /// The prior extent for `[offset, offset+len)`, if one extent holds all of it, as seen
     /// from the new backup.
     fn locate(&self, offset: u64, len: u32) -> Option<Chunk> {
+        self.locate_where(offset, len, |_| true)
+    }
+
+    /// As `locate`, but only an extent stored by the entry's own backup.
+    fn locate_own(&self, offset: u64, len: u32) -> Option<Chunk> {
+        self.locate_where(offset, len, |c| c.backup.is_none() && c.pack.is_some())
+    }
+
+    fn locate_where(
+        &self,
+        offset: u64,
+        len: u32,
+        wanted: impl Fn(&Chunk) -> bool,
+    ) -> Option<Chunk> {
         let i = self
             .starts
             .partition_point(|s| *s <= offset)
             .checked_sub(1)?;
         let c = &self.entry.chunks[i];
+        if !wanted(c) {
+            return None;
+        }
         let skip = offset - self.starts[i];
         if skip + len as u64 > c.raw as u64 {
             return None;
@@ -753,11 +814,11 @@ mod tests {
     fn frame(pack: &str, backup: Option<&str>, offset: u64, raw: u32) -> Chunk {
         Chunk {
             pack: Some(pack.into()),
-            backup: backup.map(str::to_string),
+            backup: backup.map(Into::into),
             offset,
             stored: 100,
             raw,
-            check: "00".into(),
+            check: Some(0),
             at: 0,
             frame: 0,
         }
@@ -770,7 +831,7 @@ mod tests {
             size,
             mtime: 0,
             owner: owner(),
-            hash: String::new(),
+            hash: None,
             chunks,
             bad_pages: Vec::new(),
             block_size: 8192,

@@ -15,6 +15,7 @@ mod assemble;
 mod copy;
 mod preflight;
 mod primary_sql;
+mod resume;
 mod standby;
 
 pub use copy::block_size_for;
@@ -42,6 +43,9 @@ pub struct BackupOptions {
     pub track: Track,
     /// The operator's notes, recorded in the manifest and shown by `info`.
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// Reuse what an interrupted backup stored, and write checkpoints that let a later
+    /// backup reuse what this one stores (`resume`).
+    pub resume: bool,
 }
 
 pub(crate) fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: BackupType) -> String {
@@ -81,7 +85,7 @@ async fn backup_locked(
     );
     let wal = started.wal.take();
     let wal_tracked = wal.is_some();
-    let copied = copy_data_directory(s, storage, &pf, &started, wal).await?;
+    let copied = copy_data_directory(s, opts, storage, &pf, &started, wal).await?;
     if wal_tracked {
         log::info!(
             "WAL tracking: {} changed file(s) read block by block; read and hashed instead: {}",
@@ -94,6 +98,9 @@ async fn backup_locked(
         assemble::build_manifest(s, stanza, &pf, started, copied, stopped, started_at);
     manifest.annotations = opts.annotations.clone();
     assemble::publish(storage, &manifest).await?;
+    if opts.resume {
+        resume::remove_checkpoints(storage, &s.stanza, &manifest.label).await;
+    }
     let (st, label) = (&manifest.stats, &manifest.label);
     if st.page_errors > 0 {
         log::warn!("backup {label} found {} page(s) failing their checksum; they are listed by 'info --set={label} --output=json' (bad_pages) and were backed up as they are", st.page_errors);
@@ -116,6 +123,7 @@ async fn backup_locked(
 /// older than any file copied before it). `wal`: the blocks the WAL says changed.
 async fn copy_data_directory(
     s: &Settings,
+    opts: &BackupOptions,
     storage: &Storage,
     pf: &Preflight,
     started: &Started,
@@ -149,6 +157,21 @@ async fn copy_data_directory(
     let plan = CopyPlan::new(tree.items, &pf.pg_path)?;
     let progress = Progress::start("backup", plan.total_bytes(), plan.jobs.len() as u64 + 1);
     let prior = pf.prior.clone().map(Prior::new);
+    let resume = match opts.resume {
+        true => {
+            let complete = pgstrata_repo::manifest::list_backups(storage, &s.stanza).await?;
+            resume::find(storage, &s.stanza, &complete, pf.control.block_size).await?
+        }
+        false => None,
+    };
+    if let Some(r) = &resume {
+        log::info!(
+            "resuming: backup {} was interrupted; the frames it stored for {} file(s) are reused where their blocks still match",
+            r.label,
+            r.files.len()
+        );
+    }
+    let resumed_from = resume.as_ref().map(|r| (r.label.clone(), r.compression));
     let ctx = CopyContext {
         storage: storage.clone(),
         runtime: tokio::runtime::Handle::current(),
@@ -166,6 +189,8 @@ async fn copy_data_directory(
         delta: started.detection.delta_reason.is_some(),
         bundle_limit: s.bundle_limit,
         wal,
+        resume,
+        checkpoints: opts.resume,
     };
     let workers = s.process_max.max(1);
     let (jobs, mut control) = (plan.jobs, plan.control);
@@ -193,6 +218,7 @@ async fn copy_data_directory(
         entries: plan.entries,
         tablespaces: tree.tablespaces,
         outcome,
+        resumed_from,
     })
 }
 

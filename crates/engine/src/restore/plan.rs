@@ -19,6 +19,7 @@ use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest};
 use pgstrata_repo::Storage;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// How the targets are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -414,23 +415,23 @@ pub(super) fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
     const GROUP_RAW: u64 = 64 << 20;
     const GROUP_FILES: usize = 512;
     let mut alone = Vec::new();
-    let mut small: Vec<(String, String, u64, FileEntry)> = Vec::new();
+    type Pack = (Option<Arc<str>>, Option<Arc<str>>);
+    let mut small: Vec<(Pack, u64, FileEntry)> = Vec::new();
     for f in files {
         match f.chunks.iter().find(|c| !c.is_zero()) {
             Some(c) if f.size <= SMALL_FILE => {
-                let owner = c.backup.clone().unwrap_or_default();
-                small.push((owner, c.pack.clone().unwrap_or_default(), c.offset, f));
+                small.push(((c.backup.clone(), c.pack.clone()), c.offset, f));
             }
             _ => alone.push(f),
         }
     }
-    small.sort_by(|a, b| (&a.0, &a.1, a.2).cmp(&(&b.0, &b.1, b.2)));
+    small.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
     let mut groups: Vec<RestoreJob> = Vec::new();
     let mut group: Vec<FileEntry> = Vec::new();
-    let mut key: Option<(String, String)> = None;
+    let mut key: Option<Pack> = None;
     let (mut bytes, mut raw) = (0u64, 0u64);
-    for (owner, pack, _, f) in small {
-        let k = Some((owner, pack));
+    for (pack, _, f) in small {
+        let k = Some(pack);
         if !group.is_empty()
             && (k != key || bytes >= GROUP_BYTES || raw >= GROUP_RAW || group.len() >= GROUP_FILES)
         {

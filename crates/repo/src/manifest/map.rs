@@ -23,6 +23,7 @@ use crate::pack::{Chunk, FrameReader};
 use crate::{Error, Result, Storage};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 const MAGIC: &[u8; 8] = b"PGSTRMAP";
 
@@ -33,10 +34,15 @@ pub const INLINE_MAX_BLOCKS: usize = 8;
 /// they reference. `backup` is relative to the manifest, as a chunk's is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PackUse {
-    #[serde(rename = "b", default, skip_serializing_if = "Option::is_none")]
-    pub backup: Option<String>,
-    #[serde(rename = "p")]
-    pub pack: String,
+    #[serde(
+        rename = "b",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "super::text::interned"
+    )]
+    pub backup: Option<Arc<str>>,
+    #[serde(rename = "p", with = "super::text::interned_name")]
+    pub pack: Arc<str>,
     #[serde(rename = "s")]
     pub stored: u64,
 }
@@ -50,7 +56,7 @@ impl PackUse {
     pub fn rebased(&self, from_label: &str, new_label: &str) -> PackUse {
         let owner = self.owner(from_label);
         PackUse {
-            backup: (owner != new_label).then(|| owner.to_string()),
+            backup: (owner != new_label).then(|| super::intern(owner)),
             pack: self.pack.clone(),
             stored: self.stored,
         }
@@ -169,7 +175,7 @@ impl FileEntry {
 /// Stored bytes of the distinct frames `chunks` reference, per pack.
 fn pack_uses<'c>(chunks: impl Iterator<Item = &'c Chunk>, label: &str) -> Vec<PackUse> {
     let mut seen = HashSet::new();
-    let mut per_pack: BTreeMap<(Option<String>, String), u64> = BTreeMap::new();
+    let mut per_pack: BTreeMap<(Option<Arc<str>>, Arc<str>), u64> = BTreeMap::new();
     for c in chunks {
         let Some(pack) = &c.pack else { continue };
         if seen.insert((c.owner(label).to_string(), pack.clone(), c.offset)) {
@@ -198,7 +204,7 @@ impl Manifest {
             if f.map.is_some() {
                 for p in &f.packs {
                     *usage
-                        .entry((p.owner(&self.label).to_string(), p.pack.clone()))
+                        .entry((p.owner(&self.label).to_string(), p.pack.to_string()))
                         .or_default() += p.stored;
                 }
                 continue;

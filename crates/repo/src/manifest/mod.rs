@@ -17,11 +17,12 @@ use serde::{Deserialize, Serialize};
 mod map;
 #[cfg(test)]
 pub(crate) mod tests;
-mod text;
-mod validate;
+pub(crate) mod text;
+pub(crate) mod validate;
 
 pub use map::{FileMap, PackUse, INLINE_MAX_BLOCKS};
-pub use validate::check_annotation;
+pub use text::interned::intern;
+pub use validate::{check_annotation, is_backup_label};
 
 const MAGIC: &[u8; 8] = b"PGSTRMAN";
 
@@ -153,10 +154,10 @@ pub struct Owner {
     pub mode: u32,
     pub uid: u32,
     pub gid: u32,
-    #[serde(default)]
-    pub user: Option<String>,
-    #[serde(default)]
-    pub group: Option<String>,
+    #[serde(default, with = "text::interned")]
+    pub user: Option<std::sync::Arc<str>>,
+    #[serde(default, with = "text::interned")]
+    pub group: Option<std::sync::Arc<str>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -195,9 +196,11 @@ pub struct FileEntry {
     pub mtime: i64,
     #[serde(flatten)]
     pub owner: Owner,
-    /// BLAKE3 of the content, hex; empty when the file was copied by WAL tracking without
-    /// reading every block (then each block's hash in `block_hashes` is the check).
-    pub hash: String,
+    /// BLAKE3 of the content (stored as hex); none (stored as `""`) when the file was
+    /// copied by WAL tracking without reading every block (then each block's hash in
+    /// `block_hashes` is the check).
+    #[serde(with = "text::content_hash")]
+    pub hash: Option<[u8; 32]>,
     pub chunks: Vec<Chunk>,
     /// Blocks whose page checksum failed while backing up (real corruption, not torn reads).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -236,6 +239,10 @@ impl FileEntry {
     }
 }
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 /// The block hash used in manifests.
 pub fn block_hash(data: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(data)
@@ -260,6 +267,10 @@ pub struct Stats {
     /// In a WAL-tracked backup, changed files read and hashed instead, per reason.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub files_hashed: std::collections::BTreeMap<String, u64>,
+    /// Bytes read whose blocks an interrupted backup had already stored: pointed at its
+    /// frames instead of being compressed and stored again (resume).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resumed: u64,
     pub packs: u64,
     pub pages_checked: u64,
     pub page_errors: u64,

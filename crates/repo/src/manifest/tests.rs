@@ -25,7 +25,7 @@ fn stored(pack: &str, raw: u32) -> Chunk {
         offset: 0,
         stored: 100,
         raw,
-        check: "2d06800538d394c2".into(),
+        check: Some(0x2d06_8005_38d3_94c2),
         at: 0,
         frame: 0,
     }
@@ -38,7 +38,7 @@ fn file(path: &str, size: u64, chunks: Vec<Chunk>) -> Entry {
         size,
         mtime: 1_740_906_000,
         owner: owner(0o600),
-        hash: "ab".repeat(32),
+        hash: Some([0xab; 32]),
         chunks,
         bad_pages: vec![],
         block_size: 8192,
@@ -502,7 +502,7 @@ fn a_stored_map_is_referenced_with_the_packs_it_uses() {
     let packs: Vec<(Option<&str>, &str, u64)> = f
         .packs
         .iter()
-        .map(|p| (p.backup.as_deref(), p.pack.as_str(), p.stored))
+        .map(|p| (p.backup.as_deref(), &*p.pack, p.stored))
         .collect();
     assert_eq!(
         packs,
@@ -548,7 +548,7 @@ fn forged_map_references_are_refused() {
         }),
         ("listed twice", |f| f.packs.push(f.packs[0].clone())),
         ("does not list the map's own pack", |f| {
-            f.packs.retain(|p| p.pack != "3-0")
+            f.packs.retain(|p| &*p.pack != "3-0")
         }),
         ("is not <worker>-<seq>", |f| f.packs[0].pack = "../x".into()),
         ("packs without a map", |f| f.map = None),

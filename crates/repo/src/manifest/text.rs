@@ -81,3 +81,115 @@ pub(super) mod block_hashes {
         }
     }
 }
+
+/// Lowercase hex digits of `bytes`, exactly `digits` of them, decoded; `None` for anything
+/// else.
+fn lower_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    if text.len() != 2 * N || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    hex::decode_to_slice(text, &mut out).ok()?;
+    Some(out)
+}
+
+/// A frame's check (`h`): XXH3-64 of its stored bytes as 16 lowercase hex digits, held as
+/// the number (an extent of zeros has none).
+pub(crate) mod frame_check {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(check: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match check {
+            Some(h) => s.collect_str(&format_args!("{h:016x}")),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        super::lower_hex::<8>(&text)
+            .map(|b| Some(u64::from_be_bytes(b)))
+            .ok_or_else(|| {
+                de::Error::custom(format_args!("h {text:?} is not 16 lowercase hex digits"))
+            })
+    }
+}
+
+/// A file's content hash: BLAKE3 as 64 lowercase hex digits, or `""` when it was not
+/// computed (a WAL-tracked copy), held as the 32 bytes.
+pub(crate) mod content_hash {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(hash: &Option<[u8; 32]>, s: S) -> Result<S::Ok, S::Error> {
+        match hash {
+            Some(h) => s.serialize_str(&hex::encode(h)),
+            None => s.serialize_str(""),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<[u8; 32]>, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        if text.is_empty() {
+            return Ok(None);
+        }
+        super::lower_hex::<32>(&text)
+            .map(Some)
+            .ok_or_else(|| de::Error::custom("hash is neither empty nor 64 lowercase hex digits"))
+    }
+}
+
+/// Names that recur across thousands of entries (pack names, backup labels, user and group
+/// names), held once per thread: an entry holds a pointer, not a copy.
+pub(crate) mod interned {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::sync::Arc;
+
+    thread_local! {
+        static NAMES: std::cell::RefCell<std::collections::HashSet<Arc<str>>> =
+            Default::default();
+    }
+
+    /// The shared copy of `name`.
+    pub fn intern(name: &str) -> Arc<str> {
+        NAMES.with(|names| {
+            let mut names = names.borrow_mut();
+            if let Some(n) = names.get(name) {
+                return n.clone();
+            }
+            let n: Arc<str> = Arc::from(name);
+            // Bounded: a process sees few distinct names (labels, pack names of the
+            // backups it reads, users); a flood of distinct ones is not kept.
+            if names.len() < 1 << 20 {
+                names.insert(n.clone());
+            }
+            n
+        })
+    }
+
+    pub fn serialize<S: Serializer>(name: &Option<Arc<str>>, s: S) -> Result<S::Ok, S::Error> {
+        match name {
+            Some(n) => s.serialize_str(n),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Arc<str>>, D::Error> {
+        let name = <Option<std::borrow::Cow<'de, str>>>::deserialize(d)?;
+        Ok(name.map(|n| intern(&n)))
+    }
+}
+
+/// A required name, held as [`interned`] ones are.
+pub(crate) mod interned_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::sync::Arc;
+
+    pub fn serialize<S: Serializer>(name: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(name)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<str>, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Ok(super::interned::intern(&name))
+    }
+}

@@ -316,7 +316,7 @@ fn check_entry(
 }
 
 /// Relative, `/`-separated, no empty, `.` or `..` component, no NUL, bounded.
-fn check_path(path: &str) -> Check {
+pub(crate) fn check_path(path: &str) -> Check {
     if path.len() > MAX_PATH_LEN {
         return Err(format!("path longer than {MAX_PATH_LEN} bytes"));
     }
@@ -359,14 +359,11 @@ fn check_owner(o: &Owner, is_file: bool) -> Check {
 }
 
 fn check_file(m: &Manifest, f: &FileEntry) -> Check {
-    if !(f.hash.is_empty() || is_lower_hex(&f.hash, 64)) {
-        return Err("hash is neither empty nor 64 lowercase hex digits".into());
-    }
     let Some(map) = &f.map else {
         if !f.packs.is_empty() {
             return Err("packs without a map".into());
         }
-        return check_file_content(m, f);
+        return check_file_content(&m.label, m.cluster.block_size, f);
     };
     if m.format_version < 2 {
         return Err("a map in a format 1 manifest".into());
@@ -380,7 +377,7 @@ fn check_file(m: &Manifest, f: &FileEntry) -> Check {
             f.block_size
         ));
     }
-    check_chunk(m, map).map_err(|r| format!("map: {r}"))?;
+    check_chunk(&m.label, map).map_err(|r| format!("map: {r}"))?;
     if map.is_zero() || map.at != 0 || map.frame != 0 {
         return Err("map is not a whole stored frame".into());
     }
@@ -393,7 +390,7 @@ fn check_file(m: &Manifest, f: &FileEntry) -> Check {
             ));
         }
         if let Some(b) = &p.backup {
-            if !is_backup_label(b) || *b == m.label {
+            if !is_backup_label(b) || **b == m.label {
                 return Err(format!("packs: b {b:?} is not another backup's label"));
             }
         }
@@ -420,9 +417,9 @@ pub(super) fn check_loaded_map(m: &Manifest, f: &FileEntry, what: &str) -> Resul
     let listed: std::collections::HashSet<(&str, &str)> = f
         .packs
         .iter()
-        .map(|p| (p.owner(&m.label), p.pack.as_str()))
+        .map(|p| (p.owner(&m.label), &*p.pack))
         .collect();
-    check_file_content(m, f)
+    check_file_content(&m.label, m.cluster.block_size, f)
         .and_then(|()| {
             match f.chunks.iter().find(|c| {
                 c.pack
@@ -445,8 +442,9 @@ pub(super) fn check_loaded_map(m: &Manifest, f: &FileEntry, what: &str) -> Resul
         })
 }
 
-/// The extents and block hashes of a file, inline or loaded from its map.
-fn check_file_content(m: &Manifest, f: &FileEntry) -> Check {
+/// The extents and block hashes of a file, inline or loaded from its map, as manifest (or
+/// resume checkpoint) `label` of a cluster with pages of `page_size` bytes holds them.
+pub(crate) fn check_file_content(label: &str, page_size: u32, f: &FileEntry) -> Check {
     if f.block_size == 0 {
         if !f.block_hashes.is_empty() {
             return Err("block_hashes without a block_size".into());
@@ -466,7 +464,7 @@ fn check_file_content(m: &Manifest, f: &FileEntry) -> Check {
             ));
         }
     }
-    let pages = f.size.div_ceil(m.cluster.block_size as u64);
+    let pages = f.size.div_ceil(page_size.max(1) as u64);
     if f.bad_pages.len() as u64 > pages {
         return Err(format!(
             "{} bad pages in a file of {pages} pages",
@@ -475,7 +473,7 @@ fn check_file_content(m: &Manifest, f: &FileEntry) -> Check {
     }
     let mut covered: u64 = 0;
     for (i, c) in f.chunks.iter().enumerate() {
-        check_chunk(m, c).map_err(|r| format!("extent {i}: {r}"))?;
+        check_chunk(label, c).map_err(|r| format!("extent {i}: {r}"))?;
         covered += c.raw as u64;
         if covered > f.size {
             return Err(format!("extents cover more than its size {}", f.size));
@@ -490,13 +488,13 @@ fn check_file_content(m: &Manifest, f: &FileEntry) -> Check {
     Ok(())
 }
 
-fn check_chunk(m: &Manifest, c: &Chunk) -> Check {
+fn check_chunk(label: &str, c: &Chunk) -> Check {
     if c.raw == 0 {
         return Err("covers no bytes".into());
     }
     let Some(pack) = &c.pack else {
         let stray = c.backup.is_some()
-            || !c.check.is_empty()
+            || c.check.is_some()
             || c.offset != 0
             || c.stored != 0
             || c.at != 0
@@ -511,11 +509,11 @@ fn check_chunk(m: &Manifest, c: &Chunk) -> Check {
         return Err(format!("pack name {pack:?} is not <worker>-<seq>"));
     }
     if let Some(b) = &c.backup {
-        if !is_backup_label(b) || *b == m.label {
+        if !is_backup_label(b) || &**b == label {
             return Err(format!("b {b:?} is not another backup's label"));
         }
     }
-    if !is_lower_hex(&c.check, 16) {
+    if c.check.is_none() {
         return Err("h is not 16 lowercase hex digits".into());
     }
     if c.stored == 0 || c.stored > MAX_FRAME_LEN || c.frame_len() > MAX_FRAME_LEN {
@@ -540,7 +538,7 @@ fn check_chunk(m: &Manifest, c: &Chunk) -> Check {
 }
 
 /// `YYYYMMDD-HHMMSS` then `F`, `D` or `I`.
-pub(crate) fn is_backup_label(s: &str) -> bool {
+pub fn is_backup_label(s: &str) -> bool {
     let b = s.as_bytes();
     b.len() == 16
         && b[..8].iter().all(u8::is_ascii_digit)
@@ -556,9 +554,4 @@ fn is_pack_name(s: &str) -> bool {
             .iter()
             .all(|n| (1..=10).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
     })
-}
-
-/// Exactly `len` lowercase hex digits.
-fn is_lower_hex(s: &str, len: usize) -> bool {
-    s.len() == len && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }

@@ -1,0 +1,179 @@
+//! Resume (see `pgstrata_repo::resume` for the format and the why): the copy workers'
+//! checkpoints while a backup runs, and the interrupted backup the next one reuses.
+
+use super::copy::CopyContext;
+use crate::{Error, Result};
+use pgstrata_repo::codec::CompressType;
+use pgstrata_repo::manifest::{is_backup_label, FileEntry};
+use pgstrata_repo::pack::{pack_seq, PackWriter};
+use pgstrata_repo::resume::{self, Checkpoint};
+use pgstrata_repo::{layout, Storage, FORMAT_VERSION};
+use std::collections::HashMap;
+
+/// An interrupted backup whose stored frames this backup may point at.
+pub(crate) struct Resumed {
+    pub label: String,
+    pub compression: CompressType,
+    /// By path: extents and block hashes of files whose frames are all stored.
+    pub files: HashMap<String, FileEntry>,
+}
+
+/// The newest interrupted backup of the stanza, when it is newer than every complete one
+/// (`complete`, oldest first) and left checkpoints. Damaged checkpoints are passed over
+/// with a warning: resuming is an optimisation, never a reason to fail a backup.
+pub(crate) async fn find(
+    storage: &Storage,
+    stanza: &str,
+    complete: &[String],
+    page_size: u32,
+) -> Result<Option<Resumed>> {
+    use futures::{StreamExt, TryStreamExt};
+    let newest_complete = complete.last().map(String::as_str).unwrap_or("");
+    let dirs = storage.list_dirs(&layout::backup_root(stanza)).await?;
+    let Some(label) = dirs
+        .into_iter()
+        .filter(|d| is_backup_label(d) && d.as_str() > newest_complete && !complete.contains(d))
+        .max()
+    else {
+        return Ok(None);
+    };
+    let checkpoints = storage.list(&resume::dir(stanza, &label)).await?;
+    if checkpoints.is_empty() {
+        return Ok(None);
+    }
+    let packs: HashMap<String, u64> = storage
+        .list(&format!("{}/{label}/pack", layout::backup_root(stanza)))
+        .await?
+        .into_iter()
+        .filter_map(|o| Some((o.key.rsplit_once('/')?.1.to_string(), o.size)))
+        .collect();
+    let loaded: Vec<Option<Checkpoint>> = futures::stream::iter(checkpoints)
+        .map(|o| {
+            let label = label.clone();
+            async move {
+                let bytes = storage.get(&o.key).await?;
+                Ok::<_, Error>(
+                    match Checkpoint::decode(&bytes, &o.key, stanza, &label, page_size) {
+                        Ok(c) => Some(c),
+                        Err(e) => {
+                            log::warn!("not resuming from {}: {e}", o.key);
+                            None
+                        }
+                    },
+                )
+            }
+        })
+        .buffer_unordered(8)
+        .try_collect()
+        .await?;
+    let mut compression = None;
+    let mut files = HashMap::new();
+    for c in loaded.into_iter().flatten() {
+        if compression.is_some_and(|k| k != c.compression) {
+            log::warn!("not resuming from backup {label}: its checkpoints name different codecs");
+            return Ok(None);
+        }
+        compression = Some(c.compression);
+        for f in c.files {
+            // Only frames that are really there: a pack cut short is not trusted.
+            let stored = f.chunks.iter().all(|c| match (&c.pack, &c.backup) {
+                (Some(p), None) => packs
+                    .get(&**p)
+                    .is_some_and(|size| c.offset + c.stored as u64 <= *size),
+                _ => true,
+            });
+            if stored {
+                files.insert(f.path.clone(), f);
+            }
+        }
+    }
+    let Some(compression) = compression else {
+        return Ok(None);
+    };
+    Ok(Some(Resumed {
+        label,
+        compression,
+        files,
+    }))
+}
+
+/// One copy worker's checkpoints: files with new frames wait here until every pack they
+/// use is stored, then go into the next checkpoint object.
+#[derive(Default)]
+pub(super) struct Checkpointer {
+    /// Files with new frames, extents and block hashes inline.
+    pending: Vec<FileEntry>,
+    written: usize,
+    /// `stored_below` at the last checkpoint: a new one is due only when it moves.
+    stored_below: usize,
+}
+
+impl Checkpointer {
+    /// Remember a copied file whose new frames this worker wrote.
+    pub fn add(&mut self, inline: FileEntry) {
+        self.pending.push(inline);
+    }
+
+    /// Write a checkpoint of the files whose packs are all stored now (`all`: every
+    /// pending file, once the writer has finished).
+    pub fn write_due(
+        &mut self,
+        ctx: &CopyContext,
+        writer: &mut PackWriter,
+        all: bool,
+    ) -> Result<()> {
+        let below = writer.stored_below()?;
+        if self.pending.is_empty() || (!all && below == self.stored_below) {
+            return Ok(());
+        }
+        self.stored_below = below;
+        let own_max = |f: &FileEntry| {
+            f.chunks
+                .iter()
+                .filter(|c| c.backup.is_none())
+                .filter_map(|c| pack_seq(c.pack.as_deref()?))
+                .map(|(_, seq)| seq)
+                .max()
+        };
+        let (ready, waiting): (Vec<FileEntry>, Vec<FileEntry>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|f| all || own_max(f).is_none_or(|seq| seq < below));
+        self.pending = waiting;
+        if ready.is_empty() {
+            return Ok(());
+        }
+        let name = format!("{}-{}", writer.worker(), self.written);
+        self.written += 1;
+        let key = resume::key(&ctx.stanza, &ctx.label, &name);
+        let checkpoint = Checkpoint {
+            format_version: FORMAT_VERSION,
+            stanza: ctx.stanza.clone(),
+            label: ctx.label.clone(),
+            compression: ctx.compression.kind,
+            files: ready,
+        };
+        let bytes = bytes::Bytes::from(checkpoint.encode());
+        if let Err(e) = ctx.runtime.block_on(ctx.storage.put_new(&key, bytes)) {
+            // The backup does not need it; only a resume after a crash would.
+            log::warn!("resume checkpoint {key} not written: {e}");
+        }
+        Ok(())
+    }
+}
+
+/// Remove a complete backup's checkpoints: its manifest describes everything they did.
+pub(crate) async fn remove_checkpoints(storage: &Storage, stanza: &str, label: &str) {
+    let result = async {
+        let keys: Vec<String> = storage
+            .list(&resume::dir(stanza, label))
+            .await?
+            .into_iter()
+            .map(|o| o.key)
+            .collect();
+        storage.delete_many(&keys).await
+    }
+    .await;
+    if let Err(e) = result {
+        log::warn!("backup {label}: its resume checkpoints were not removed ({e}); expire will remove them");
+    }
+}
