@@ -158,8 +158,8 @@ fn header(label: &str, prior: Option<&str>) -> Manifest {
     }
 }
 
-fn check(rng: &mut Rng) -> String {
-    format!("{:016x}", rng.next())
+fn check(rng: &mut Rng) -> Option<u64> {
+    Some(rng.next())
 }
 
 /// Stored frames per pack (16 MiB packs of frames stored at 40 %).
@@ -176,7 +176,7 @@ fn full_map(i: u64, size: u64, bs: u64) -> FileMap {
             .map(|k| {
                 let n = i * frames + k;
                 Chunk {
-                    pack: Some(format!("0-{}", n / FRAMES_PER_PACK)),
+                    pack: Some(format!("0-{}", n / FRAMES_PER_PACK).into()),
                     backup: None,
                     offset: (n % FRAMES_PER_PACK) * stored,
                     stored: stored as u32,
@@ -194,7 +194,7 @@ fn full_map(i: u64, size: u64, bs: u64) -> FileMap {
 /// A map frame stored at `pack`, `offset`.
 fn map_ref(raw: usize, stored: usize, pack: String, offset: u64, rng: &mut Rng) -> Chunk {
     Chunk {
-        pack: Some(pack),
+        pack: Some(pack.into()),
         backup: None,
         offset,
         stored: stored as u32,
@@ -263,7 +263,7 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
             size,
             mtime: 1_795_000_000,
             owner: owner.clone(),
-            hash: format!("{:032x}{:032x}", rng.next(), rng.next()),
+            hash: Some(std::array::from_fn(|_| rng.next() as u8)),
             chunks: map.chunks.clone(),
             bad_pages: vec![],
             block_size: bs as u32,
