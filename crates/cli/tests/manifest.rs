@@ -468,4 +468,34 @@ fn the_frozen_format_1_repository_is_extended_by_format_2_backups() {
         );
         restored.stop().unwrap();
     }
+
+    // The fixture's format 1 full backup expired alone: the format 2 backups keep the
+    // frames of it they reference, and still verify.
+    let fixture_full = m1.pack_codecs.keys().find(|l| l.ends_with('F')).cloned();
+    let fixture_full = fixture_full.expect("the incremental references the fixture's full");
+    pgstrata_ok(&[&format!("--set={fixture_full}"), "expire"]);
+    pgstrata_ok(&["verify"]);
+    // A delta restore of the second format 2 backup over the first one's restore rewrites
+    // only what differs, and gives the second one's content.
+    let target = scratch.join(&first);
+    let mut c = std::process::Command::new(exe());
+    c.env("PGSTRATA_REPO_PATH", &repo)
+        .env("PGSTRATA_STANZA", STANZA)
+        .arg(format!("--pg-path={}", target.display()))
+        .arg(format!("--set={second}"))
+        .args([
+            "--delta",
+            "--archive-mode=off",
+            "--type=immediate",
+            "--target-action=promote",
+            "restore",
+        ]);
+    let out = run_ok(c);
+    assert!(out.contains("unchanged"), "{out}");
+    let cluster = Cluster::adopt(&bin, &target, &scratch.path);
+    cluster.start().expect("start the delta-restored cluster");
+    cluster
+        .wait_for_promotion(Duration::from_secs(120))
+        .expect("the delta-restored cluster recovers");
+    assert_eq!(cluster.psql("postgres", FIXTURE_ROWS).unwrap(), second_rows);
 }
