@@ -35,19 +35,31 @@ pub(crate) fn for_each_extent(
     file: &str,
     mut sink: impl FnMut(u64, &[u8]) -> Result<()>,
 ) -> Result<()> {
-    // Two batches are decoded at once: 4 MiB of stored bytes each bounds memory as one
-    // 8 MiB batch did.
+    // Two batches are held at once: 4 MiB of stored bytes each is what one read fetches,
+    // and 8 MiB of decoded frames each is what memory holds (frames of mostly empty pages
+    // compress 20-fold and more, so the stored bound alone would let a batch decode to
+    // hundreds of MiB).
     const BATCH: u64 = 4 * 1024 * 1024;
+    const BATCH_DECODED: u64 = 8 * 1024 * 1024;
     let mut batches: Vec<(usize, usize, Vec<&Chunk>)> = Vec::new();
     let mut i = 0;
     while i < extents.len() {
         let mut j = i;
-        let mut stored = 0u64;
+        let (mut stored, mut decoded) = (0u64, 0u64);
         let mut batch: Vec<&Chunk> = Vec::new();
-        while j < extents.len() && (stored < BATCH || batch.is_empty()) {
-            if !extents[j].1.is_zero() {
-                stored += extents[j].1.stored as u64;
-                batch.push(&extents[j].1);
+        while j < extents.len() && ((stored < BATCH && decoded < BATCH_DECODED) || batch.is_empty())
+        {
+            let c = &extents[j].1;
+            if !c.is_zero() {
+                // Extents of one frame follow each other: count each frame once.
+                let same_frame = batch.last().is_some_and(|p| {
+                    (&p.backup, &p.pack, p.offset) == (&c.backup, &c.pack, c.offset)
+                });
+                if !same_frame {
+                    stored += c.stored as u64;
+                    decoded += c.frame_len() as u64;
+                }
+                batch.push(c);
             }
             j += 1;
         }

@@ -410,9 +410,10 @@ fn refuse_if_running(pg_path: &Path) -> Result<()> {
 /// largest first so all workers stay busy to the end. Jobs are in the order to run them.
 pub(super) fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
     // A group's frames stay decoded in memory until its last file is written: bound both
-    // what one read fetches and what the worker holds.
+    // what one read fetches and what the worker holds. Decoded, not stored, bytes bound
+    // memory: bundled frames of small, mostly empty files compress 20-fold or more.
     const GROUP_BYTES: u64 = 8 << 20;
-    const GROUP_RAW: u64 = 64 << 20;
+    const GROUP_DECODED: u64 = 8 << 20;
     const GROUP_FILES: usize = 512;
     let mut alone = Vec::new();
     type Pack = (Option<Arc<str>>, Option<Arc<str>>);
@@ -429,18 +430,27 @@ pub(super) fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
     let mut groups: Vec<RestoreJob> = Vec::new();
     let mut group: Vec<FileEntry> = Vec::new();
     let mut key: Option<Pack> = None;
-    let (mut bytes, mut raw) = (0u64, 0u64);
+    let (mut bytes, mut decoded) = (0u64, 0u64);
+    let mut frames: std::collections::HashSet<(Pack, u64)> = Default::default();
     for (pack, _, f) in small {
         let k = Some(pack);
         if !group.is_empty()
-            && (k != key || bytes >= GROUP_BYTES || raw >= GROUP_RAW || group.len() >= GROUP_FILES)
+            && (k != key
+                || bytes >= GROUP_BYTES
+                || decoded >= GROUP_DECODED
+                || group.len() >= GROUP_FILES)
         {
             groups.push(RestoreJob::Group(std::mem::take(&mut group)));
-            (bytes, raw) = (0, 0);
+            (bytes, decoded) = (0, 0);
+            frames.clear();
         }
         key = k;
-        bytes += f.chunks.iter().map(|c| c.stored as u64).sum::<u64>();
-        raw += f.size;
+        for c in f.chunks.iter().filter(|c| !c.is_zero()) {
+            if frames.insert(((c.backup.clone(), c.pack.clone()), c.offset)) {
+                bytes += c.stored as u64;
+                decoded += c.frame_len() as u64;
+            }
+        }
         group.push(f);
     }
     if !group.is_empty() {
@@ -492,6 +502,26 @@ mod tests {
             shape,
             vec![vec!["bigger"], vec!["big"], vec!["c"], vec!["a", "b"]]
         );
+    }
+
+    #[test]
+    fn groups_are_bounded_in_decoded_frames() {
+        // 64 files, each in a frame of its own of 1 MiB decoded, stored in 100 bytes.
+        let files = (0..64)
+            .map(|i| {
+                let mut f = file(&format!("f{i}"), 10, "p1", i * 100);
+                f.chunks[0].frame = 1 << 20;
+                f
+            })
+            .collect();
+        let sizes: Vec<usize> = plan_jobs(files)
+            .iter()
+            .map(|j| match j {
+                RestoreJob::Group(g) => g.len(),
+                RestoreJob::One(_) => 1,
+            })
+            .collect();
+        assert_eq!(sizes, vec![8; 8], "8 MiB of decoded frames a group");
     }
 
     #[test]
