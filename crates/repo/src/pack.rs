@@ -226,7 +226,9 @@ impl PackWriter {
             worker,
             seq: 0,
             pack_size,
-            buf: Vec::with_capacity(pack_size + DEFAULT_FRAME_SIZE),
+            // Allocated by the first frame: a writer that stores nothing (a worker of an
+            // incremental that changed little) holds no pack buffer.
+            buf: Vec::new(),
             in_flight: Default::default(),
             written: 0,
             packs_written: 0,
@@ -259,6 +261,9 @@ impl PackWriter {
         let overhead = cipher.as_ref().map_or(0, |_| crate::cipher::FRAME_OVERHEAD);
         if self.buf.len() + compressed.len() + overhead > self.pack_size && !self.buf.is_empty() {
             self.flush()?;
+        }
+        if self.buf.capacity() == 0 {
+            self.buf.reserve(self.pack_size + DEFAULT_FRAME_SIZE);
         }
         let offset = self.buf.len();
         match cipher {
@@ -301,10 +306,7 @@ impl PackWriter {
             return Ok(());
         }
         let key = layout::pack(&self.stanza, &self.label, &self.current_name());
-        let data = bytes::Bytes::from(std::mem::replace(
-            &mut self.buf,
-            Vec::with_capacity(self.pack_size + DEFAULT_FRAME_SIZE),
-        ));
+        let data = bytes::Bytes::from(std::mem::take(&mut self.buf));
         let len = data.len() as u64;
         let storage = self.storage.clone();
         self.in_flight.push_back((
