@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 fn main() {
+    limit_malloc_arenas();
     // Whatever umask the caller had (022 from a shell, 077 under the postmaster), files are
     // created 0640 and directories 0750: the repository holds the whole database, password
     // hashes included, and must never be world-readable; the same modes whoever writes.
@@ -147,6 +148,21 @@ fn settings_of(inv: &config::Invocation) -> Result<Settings, Error> {
         cipher_key_cache: inv.flag("repo-cipher-key-cache"),
         standby: standby_source(inv)?,
     })
+}
+
+/// Two malloc arenas instead of glibc's eight per core: every worker and runtime thread
+/// would otherwise get an arena of its own, and memory freed in one is not reused by
+/// another, which on a backup of 90,000 files added a quarter to the peak RSS. Small
+/// allocations are served from per-thread caches anyway, so contention stays low. Called
+/// first, before any thread exists (`MALLOC_ARENA_MAX` in the environment still wins).
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets an allocator parameter; no thread runs yet.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+    }
 }
 
 /// backup-standby's standby, when it is on.
