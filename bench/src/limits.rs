@@ -17,41 +17,9 @@ const FRAME: usize = 1 << 20;
 /// sample of `sample` (a relation file of the source cluster) or synthetic rows.
 pub fn measure(results: &mut Results, dir: &Path, sample: Option<&Path>) -> Result<(), String> {
     eprintln!("[bench] measuring the physical limits (disk, page cache, codecs)");
-    let file = dir.join("limits.tmp");
-    let buf: Vec<u8> = (0..FRAME).map(|i| (i * 7919 % 251) as u8).collect();
-    let t = Instant::now();
-    {
-        let mut f = std::fs::File::create(&file).map_err(|e| e.to_string())?;
-        for _ in 0..FILE_MB {
-            f.write_all(&buf).map_err(|e| e.to_string())?;
-        }
-        f.sync_all().map_err(|e| e.to_string())?;
+    for (step, seconds, bytes) in disk(dir)? {
+        record(results, "disk", step, seconds, bytes)?;
     }
-    let bytes = (FILE_MB * FRAME) as u64;
-    record(
-        results,
-        "disk",
-        "write + fsync",
-        t.elapsed().as_secs_f64(),
-        bytes,
-    )?;
-    for (step, uncached) in [("read, uncached", true), ("read, page cache", false)] {
-        let mut f = std::fs::File::open(&file).map_err(|e| e.to_string())?;
-        if uncached {
-            nix::fcntl::posix_fadvise(
-                std::os::fd::AsRawFd::as_raw_fd(&f),
-                0,
-                0,
-                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-            )
-            .map_err(|e| e.to_string())?;
-        }
-        let mut b = vec![0u8; FRAME];
-        let t = Instant::now();
-        while f.read(&mut b).map_err(|e| e.to_string())? > 0 {}
-        record(results, "disk", step, t.elapsed().as_secs_f64(), bytes)?;
-    }
-    let _ = std::fs::remove_file(&file);
 
     let data = sample_data(sample);
     let cores = std::thread::available_parallelism()
@@ -79,6 +47,41 @@ pub fn measure(results: &mut Results, dir: &Path, sample: Option<&Path>) -> Resu
         record_per_core(results, codec, steps, data.len(), cores, &note)?;
     }
     aes_gcm(results, &data, cores)
+}
+
+/// The disk under `dir`: (step, seconds, bytes) of a sequential write + fsync of FILE_MB,
+/// and of reading it back uncached and from the page cache.
+pub fn disk(dir: &Path) -> Result<Vec<(&'static str, f64, u64)>, String> {
+    let file = dir.join("limits.tmp");
+    let buf: Vec<u8> = (0..FRAME).map(|i| (i * 7919 % 251) as u8).collect();
+    let t = Instant::now();
+    {
+        let mut f = std::fs::File::create(&file).map_err(|e| e.to_string())?;
+        for _ in 0..FILE_MB {
+            f.write_all(&buf).map_err(|e| e.to_string())?;
+        }
+        f.sync_all().map_err(|e| e.to_string())?;
+    }
+    let bytes = (FILE_MB * FRAME) as u64;
+    let mut out = vec![("write + fsync", t.elapsed().as_secs_f64(), bytes)];
+    for (step, uncached) in [("read, uncached", true), ("read, page cache", false)] {
+        let mut f = std::fs::File::open(&file).map_err(|e| e.to_string())?;
+        if uncached {
+            nix::fcntl::posix_fadvise(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+                0,
+                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        let mut b = vec![0u8; FRAME];
+        let t = Instant::now();
+        while f.read(&mut b).map_err(|e| e.to_string())? > 0 {}
+        out.push((step, t.elapsed().as_secs_f64(), bytes));
+    }
+    let _ = std::fs::remove_file(&file);
+    Ok(out)
 }
 
 /// AES-256-GCM as encrypted repositories use it: each 1 MiB frame sealed under its own

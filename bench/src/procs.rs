@@ -19,6 +19,9 @@ pub enum Matcher {
     /// Processes running `exe` whose command line (as the process shows it) starts with
     /// `prefix`: "postgres: walsender" for the backends serving pg_basebackup.
     ExeTitled { exe: PathBuf, prefix: String },
+    /// Processes running `exe` without the argument `arg` on their command line: a tool's
+    /// command and its workers, not the archive-push that PostgreSQL runs meanwhile.
+    ExeWithout { exe: PathBuf, arg: String },
     /// Processes any of these match.
     Any(Vec<Matcher>),
 }
@@ -32,6 +35,11 @@ impl Matcher {
                     && std::fs::read(proc_dir.join("cmdline"))
                         .map(|c| c.starts_with(prefix.as_bytes()))
                         .unwrap_or(false)
+            }
+            Matcher::ExeWithout { exe: e, arg } => {
+                e == exe
+                    && std::fs::read(proc_dir.join("cmdline"))
+                        .is_ok_and(|c| !c.split(|&b| b == 0).any(|a| a == arg.as_bytes()))
             }
             Matcher::Any(all) => all.iter().any(|m| m.matches(exe, proc_dir)),
         }

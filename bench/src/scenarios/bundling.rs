@@ -1,5 +1,5 @@
 //! Many small tables (seed 003, scaled down): TABLES tables `tI (id int)` with ROWS rows each
-//! (500 per transaction), VACUUM ANALYSE (a _fsm and a _vm fork each: about 3 small files per
+//! (1000 per transaction), VACUUM ANALYSE (a _fsm and a _vm fork each: about 3 small files per
 //! table), CHECKPOINT. Per bundling variant and run, fresh repositories: a full backup with
 //! each tool, the objects it added to the backup area, the area's size, and a restore.
 //! Variants apply to both tools: `off` (pgstrata --bundle=false, pgBackRest repo1-bundle=n),
@@ -63,19 +63,42 @@ fn is_size(s: &str) -> bool {
         && ["B", "KiB", "MiB", "GiB"].contains(&&s[digits.len()..])
 }
 
-/// Create the small tables, 500 per transaction.
+/// `max_locks_per_transaction` for TABLES tables: the content check reads every table in one
+/// transaction, and the shared lock table has this many slots per connection (100).
+pub fn locks_for(tables: u64) -> String {
+    format!("max_locks_per_transaction = {}", (tables / 40).max(1024))
+}
+
+/// Create the small tables: 1000 per transaction (a DO block each), 20 transactions per psql
+/// call; then VACUUM ANALYZE (the _fsm and _vm forks) and CHECKPOINT.
 pub fn create_small_tables(b: &Bench, tables: u64, rows: u64) -> Result<(), String> {
     eprintln!("[bench] creating {tables} tables with {rows} row(s) each");
-    for first in (1..=tables).step_by(500) {
-        let last = (first + 499).min(tables);
-        b.sql(&format!(
-            "DO $$ BEGIN FOR i IN {first}..{last} LOOP EXECUTE format('CREATE TABLE t%s (id int)', i); \
-             IF {rows} > 0 THEN EXECUTE format('INSERT INTO t%s SELECT generate_series(1, {rows})', i); END IF; \
-             END LOOP; END $$"
-        ))?;
+    let t0 = std::time::Instant::now();
+    let batches: Vec<String> = (1..=tables)
+        .step_by(1000)
+        .map(|first| {
+            let last = (first + 999).min(tables);
+            format!(
+                "BEGIN; DO $$ BEGIN FOR i IN {first}..{last} LOOP EXECUTE format('CREATE TABLE t%s (id int)', i); \
+                 IF {rows} > 0 THEN EXECUTE format('INSERT INTO t%s SELECT generate_series(1, {rows})', i); END IF; \
+                 END LOOP; END $$; COMMIT; "
+            )
+        })
+        .collect();
+    for (i, chunk) in batches.chunks(20).enumerate() {
+        b.sql(&chunk.concat())?;
+        eprintln!(
+            "[bench] {} tables created ({:.0} s)",
+            (((i + 1) * 20000) as u64).min(tables),
+            t0.elapsed().as_secs_f64()
+        );
     }
     b.sql("VACUUM ANALYZE")?;
     b.sql("CHECKPOINT")?;
+    eprintln!(
+        "[bench] small tables vacuumed ({:.0} s)",
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -85,6 +108,25 @@ const SMALL_TABLES_CHECK: &str = "CREATE FUNCTION bench_small_tables_check(OUT t
     FOR r IN SELECT relname FROM pg_class WHERE relkind = 'r' AND relname ~ '^t[0-9]+$' LOOP \
     EXECUTE format('SELECT count(*) FROM %I', r.relname) INTO n; tables := tables + 1; rows_total := rows_total + n; \
     END LOOP; END $$";
+
+/// The source of this scenario and `many_files` (on a started cluster): the small tables,
+/// the content check (the number of tables and rows), the database's size and its files
+/// recorded. Returns the source's check when restores are verified.
+pub fn small_tables_source(b: &mut Bench, tables: u64, rows: u64) -> Result<String, String> {
+    create_small_tables(b, tables, rows)?;
+    b.sql(SMALL_TABLES_CHECK)?;
+    b.check_sql = Some("SELECT * FROM bench_small_tables_check()".into());
+    let check = if b.verify {
+        b.source_check()?
+    } else {
+        String::new()
+    };
+    let files = file_count(&b.cluster().data);
+    record_database_size(b)?;
+    b.results
+        .record(Row::count("source", "files in PGDATA", "source", 0, files))?;
+    Ok(check)
+}
 
 fn repos_for(b: &Bench, variant: &str, case: &str, codec: &str) -> Result<Vec<Repo>, String> {
     let (pgs_args, pgbr_extra): (Vec<String>, Vec<String>) = match variant.split_once(':') {
@@ -140,18 +182,11 @@ fn repos_for(b: &Bench, variant: &str, case: &str, codec: &str) -> Result<Vec<Re
 }
 
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
-    b.start_cluster("max_locks_per_transaction = 1024")?;
+    b.start_cluster(&locks_for(o.tables))?;
     if o.scale > 0 {
         b.load_pgbench(o.scale, 0, "")?;
     }
-    create_small_tables(b, o.tables, o.rows)?;
-    b.sql(SMALL_TABLES_CHECK)?;
-    b.check_sql = Some("SELECT * FROM bench_small_tables_check()".into());
-    let check = b.source_check()?;
-    let files = file_count(&b.cluster().data);
-    record_database_size(b)?;
-    b.results
-        .record(Row::count("source", "files in PGDATA", "source", 0, files))?;
+    let check = small_tables_source(b, o.tables, o.rows)?;
     for (vi, variant) in o.variants.iter().enumerate() {
         let case = match variant.as_str() {
             "off" => "no bundling".to_string(),

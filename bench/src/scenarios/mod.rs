@@ -5,7 +5,9 @@
 pub mod bundling;
 pub mod decode_overhead;
 pub mod full_backup;
+pub mod growth;
 pub mod incremental;
+pub mod many_files;
 pub mod remote_link;
 pub mod restore;
 pub mod s3_latency;
@@ -14,7 +16,7 @@ pub mod wal_async;
 pub mod wal_tracking;
 
 use crate::args::Args;
-use crate::harness::Bench;
+use crate::harness::{Bench, Measured};
 use crate::results::Results;
 use crate::tools::{Kind, Repo, Setup, Tool};
 use crate::Common;
@@ -38,6 +40,8 @@ pub fn run(name: &str, mut a: Args) -> Result<(), String> {
         "wal_async" => scenario!(wal_async),
         "decode_overhead" => scenario!(decode_overhead),
         "remote_link" => scenario!(remote_link),
+        "many_files" => scenario!(many_files),
+        "growth" => scenario!(growth),
         _ => Err(format!("unknown scenario '{name}' (see bench help)")),
     }
 }
@@ -398,4 +402,46 @@ pub fn load_settled_pgbench(b: &mut Bench, scale: u64, copies: u64) -> Result<()
     b.sql("VACUUM ANALYZE")?;
     b.sql("CHECKPOINT")?;
     record_database_size(b)
+}
+
+/// Run a timed step of `repo`'s tool (`f` returns the command's cost and its result) while
+/// sampling every process running the tool's binary from /proc (pgBackRest's workers, any
+/// helper it starts), but for the archive-push that PostgreSQL's archiver runs meanwhile.
+/// The cost's peak RSS becomes their largest sum at one instant; the note ("all processes:
+/// ...") says so, with wait4's largest single process.
+pub fn all_processes<T>(
+    repo: &Repo,
+    f: impl FnOnce() -> Result<(Measured, T), String>,
+) -> Result<(Measured, T, String), String> {
+    let bin = std::fs::canonicalize(&repo.tool.bin).unwrap_or_else(|_| repo.tool.bin.clone());
+    let tool = crate::procs::Matcher::ExeWithout {
+        exe: bin,
+        arg: "archive-push".into(),
+    };
+    let ((mut m, x), seen) = crate::procs::sampled(&[tool], f)?;
+    let largest = m.max_rss_kb;
+    m.max_rss_kb = seen[0].peak_rss_kb;
+    let note = format!(
+        "all processes (archive-push aside): peak RSS {:.0} MB, up to {} at once, CPU {:.2} s; wait4 (largest process) {:.0} MB",
+        seen[0].peak_rss_kb as f64 / 1024.0,
+        seen[0].peak_procs,
+        seen[0].cpu_seconds,
+        largest as f64 / 1024.0
+    );
+    Ok((m, x, note))
+}
+
+/// Bytes of a backup's manifest in `repo`'s backup area: `backup.manifest`, and with every
+/// other `backup.manifest*` object of the backup (both tools write a `.copy`).
+pub fn manifest_bytes(repo: &Repo, label: &str) -> Result<(u64, u64), String> {
+    let dir = repo.backup_area().join(label);
+    let main = std::fs::metadata(dir.join("backup.manifest"))
+        .map_err(|e| format!("{}: {}/backup.manifest: {e}", repo.label, dir.display()))?
+        .len();
+    let all = crate::harness::dir_size(&dir, &mut |p| {
+        p.parent() == Some(dir.as_path())
+            && p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("backup.manifest"))
+    });
+    Ok((main, all))
 }

@@ -5,6 +5,9 @@
 //! per run and repository: (a) the incremental restored into an empty directory; (b) the
 //! full restored (not timed), then the incremental over it with `--delta`; (c) (b) compared
 //! with (a) file by file: a delta restore must give exactly the files of a full restore.
+//! Last, the disk's rates are measured on the scratch disk and the best times set against
+//! them: the full restore against writing and fsyncing what it restored, the delta restore
+//! against reading it uncached (a delta restore reads every file to compare it).
 //!
 //! This is the scenario for "does this change slow restore": give two builds with
 //! `--pgstrata before=BIN --pgstrata after=BIN --pgbackrest none --runs 5`.
@@ -119,12 +122,17 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     }
     b.archive_nowhere();
     let mut differ = Vec::new();
+    // Per repository, the best full and delta restore times; the bytes a restore writes.
+    let mut best = vec![(f64::MAX, f64::MAX); repos.len()];
+    let mut restored = 0;
     for run in 1..=b.runs {
         let idx: Vec<usize> = (0..repos.len()).collect();
         for &i in rotated(&idx, run as usize - 1) {
             let r = &repos[i];
             let full_dir = b.empty_data_dir("restore-full")?;
             let m = r.restore(b, &full_dir, &[&format!("--set={}", incr[i])])?;
+            best[i].0 = best[i].0.min(m.seconds);
+            restored = restored.max(b.du(&full_dir));
             b.results.record(Row::timed(
                 &case,
                 "full restore of the incr",
@@ -145,6 +153,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             } else {
                 pgbr_fetched(r, &incr[i], &delta_dir, &m.stdout)
             };
+            best[i].1 = best[i].1.min(m.seconds);
             b.results.record(Row::timed(
                 &case,
                 "delta restore of the incr",
@@ -181,11 +190,54 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         }
     }
     remove_repos(b, &repos);
+    against_disk(b, &case, &repos, &best, restored)?;
     if !differ.is_empty() {
         return Err(format!(
             "delta restore differs from the full restore of the same backup: {}",
             differ.join(", ")
         ));
+    }
+    Ok(())
+}
+
+/// The best restore times against the disk's rates, measured now on the scratch disk: a full
+/// restore writes and fsyncs `restored` bytes, a delta restore reads them all (to compare).
+fn against_disk(
+    b: &mut Bench,
+    case: &str,
+    repos: &[Repo],
+    best: &[(f64, f64)],
+    restored: u64,
+) -> Result<(), String> {
+    let disk = crate::limits::disk(&b.scratch.path)?;
+    let rate = |step: &str| {
+        disk.iter()
+            .find(|d| d.0 == step)
+            .map_or(f64::NAN, |d| d.2 as f64 / d.1)
+    };
+    let (write, read) = (rate("write + fsync"), rate("read, uncached"));
+    b.results.record(
+        Row::bytes(case, "restored by a full restore", "source", 0, Some(restored)).note(
+            format!(
+                "the scratch disk after the restores: write + fsync {:.0} MB/s, read uncached {:.0} MB/s",
+                write / 1048576.0,
+                read / 1048576.0
+            ),
+        ),
+    )?;
+    for (r, &(full, delta)) in repos.iter().zip(best) {
+        for (step, seconds, rate) in [
+            ("full restore ÷ disk write floor", full, write),
+            ("delta restore ÷ disk read floor", delta, read),
+        ] {
+            let floor = restored as f64 / rate;
+            b.results.record(Row::text(
+                case,
+                step,
+                &r.label,
+                &format!("{:.2}× (floor {floor:.2} s)", seconds / floor),
+            ))?;
+        }
     }
     Ok(())
 }

@@ -14,7 +14,10 @@
 //!          --pgbr-bundle n|y (n; 2.45's file-level incremental) --segments N (20; 0 skips)
 //!          --push-rounds N (3)
 
-use super::{database_size, remove_repos, repos, rotated, stanza_create_all, PgbrMode};
+use super::{
+    all_processes, database_size, manifest_bytes, remove_repos, repos, rotated, stanza_create_all,
+    PgbrMode,
+};
 use crate::args::Args;
 use crate::harness::Bench;
 use crate::results::Row;
@@ -93,6 +96,113 @@ fn spread_update(
     b.wal_switch_and_wait()
 }
 
+/// One database size of the incremental-against-size measurements (this scenario's and
+/// `growth`'s).
+pub struct Size<'a> {
+    pub scale: u64,
+    pub copies: u64,
+    pub rows_changed: u64,
+    pub codec: &'a str,
+    /// pgstrata's repositories: column suffix and setup.
+    pub variants: &'a [(&'a str, Setup)],
+    pub pgbr: &'a [PgbrMode],
+    /// Peak RSS of all the tool's processes (sampled from /proc), not wait4's largest one.
+    pub all_processes: bool,
+}
+
+/// A fresh cluster of `s.scale` (plus `s.copies` copies), a full backup into every
+/// repository, then per run the spread update and an incremental into each: their times,
+/// and of the first run's incrementals what they read and stored and their manifests'
+/// bytes. Returns the repositories, for the caller to remove or keep.
+pub fn at_size(b: &mut Bench, si: usize, s: &Size) -> Result<Vec<Repo>, String> {
+    b.drop_cluster()?;
+    b.start_cluster("")?;
+    let tables = b.load_pgbench(s.scale, s.copies, "test")?;
+    b.sql("VACUUM ANALYZE")?;
+    b.sql("CHECKPOINT")?;
+    let case = format!(
+        "{:.0} MB (scale {})",
+        database_size(b)? as f64 / 1048576.0,
+        s.scale
+    );
+    let repos = repos(
+        b,
+        &format!("s{}", s.scale),
+        s.codec,
+        s.variants,
+        s.pgbr,
+        &[],
+    )?;
+    stanza_create_all(b, &repos)?;
+    b.wal_switch_and_wait()?;
+    let backup = |b: &mut Bench, r: &Repo, kind: &str| {
+        if s.all_processes {
+            all_processes(r, || r.backup(b, kind, &[]))
+        } else {
+            r.backup(b, kind, &[]).map(|(m, l)| (m, l, String::new()))
+        }
+    };
+    for r in &repos {
+        let (m, _, note) = backup(b, r, "full")?;
+        b.results
+            .record(Row::timed(&case, "full backup", &r.label, 1, &m).note(note))?;
+    }
+    let mut last = Vec::new();
+    for run in 1..=b.runs {
+        spread_update(b, &tables, s.scale, s.rows_changed, si as u64 * 100 + run)?;
+        let after = if b.verify && run == b.runs {
+            b.source_check()?
+        } else {
+            String::new()
+        };
+        last.clear();
+        for r in rotated(&repos, si + run as usize) {
+            let (m, label, note) = backup(b, r, "incr")?;
+            let sizes = r.backup_sizes(b, &label)?;
+            let note = [note, sizes.track]
+                .into_iter()
+                .filter(|n| !n.is_empty())
+                .collect::<Vec<_>>()
+                .join("; ");
+            b.results
+                .record(Row::timed(&case, "incr backup", &r.label, run, &m).note(note))?;
+            if run == 1 {
+                b.results
+                    .record(Row::bytes(&case, "incr read", &r.label, 1, sizes.read))?;
+                b.results
+                    .record(Row::bytes(&case, "incr stored", &r.label, 1, sizes.stored))?;
+                let (manifest, with_copy) = manifest_bytes(r, &label)?;
+                b.results.record(
+                    Row::bytes(
+                        &case,
+                        "incr manifest (+ .copy)",
+                        &r.label,
+                        1,
+                        Some(with_copy),
+                    )
+                    .note(format!(
+                        "backup.manifest {:.3} MB",
+                        manifest as f64 / 1048576.0
+                    )),
+                )?;
+            }
+            last.push((r.label.clone(), label));
+        }
+        if b.verify && run == b.runs {
+            let (label, set) = last
+                .iter()
+                .find(|(l, _)| *l == repos[0].label)
+                .cloned()
+                .expect("first repo");
+            let dir = b.empty_data_dir("restore-verify")?;
+            repos[0].restore(b, &dir, &[&format!("--set={set}")])?;
+            b.verify_restore(&dir, &after, &format!("s{}-{label}", s.scale))?;
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    Ok(repos)
+}
+
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     let variants: Vec<(String, Setup)> = vec![track("wal"), track("hash")];
     let variants: Vec<(&str, Setup)> = variants
@@ -101,63 +211,20 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         .collect();
     let mut last_wal_repo: Option<Repo> = None;
     for (si, &scale) in o.scales.iter().enumerate() {
-        b.drop_cluster()?;
-        b.start_cluster("")?;
-        let tables = b.load_pgbench(scale, o.copies, "test")?;
-        b.sql("VACUUM ANALYZE")?;
-        b.sql("CHECKPOINT")?;
-        let case = format!(
-            "{:.0} MB (scale {scale})",
-            database_size(b)? as f64 / 1048576.0
-        );
-        let repos = repos(b, &format!("s{scale}"), &o.codec, &variants, &o.pgbr, &[])?;
-        stanza_create_all(b, &repos)?;
-        b.wal_switch_and_wait()?;
-        for r in &repos {
-            let (m, _) = r.backup(b, "full", &[])?;
-            b.results
-                .record(Row::timed(&case, "full backup", &r.label, 1, &m))?;
-        }
-        let mut last = Vec::new();
-        for run in 1..=b.runs {
-            spread_update(b, &tables, scale, o.rows_changed, si as u64 * 100 + run)?;
-            let after = if b.verify && run == b.runs {
-                b.source_check()?
-            } else {
-                String::new()
-            };
-            last.clear();
-            for r in rotated(&repos, si + run as usize) {
-                let (m, label) = r.backup(b, "incr", &[])?;
-                let s = r.backup_sizes(b, &label)?;
-                b.results.record(
-                    Row::timed(&case, "incr backup", &r.label, run, &m).note(s.track.clone()),
-                )?;
-                if run == 1 {
-                    b.results
-                        .record(Row::bytes(&case, "incr read", &r.label, 1, s.read))?;
-                    b.results
-                        .record(Row::bytes(&case, "incr stored", &r.label, 1, s.stored))?;
-                }
-                last.push((r.label.clone(), label));
-            }
-            if b.verify && run == b.runs {
-                let (label, set) = last
-                    .iter()
-                    .find(|(l, _)| *l == repos[0].label)
-                    .cloned()
-                    .expect("first repo");
-                let dir = b.empty_data_dir("restore-verify")?;
-                repos[0].restore(b, &dir, &[&format!("--set={set}")])?;
-                b.verify_restore(&dir, &after, &format!("s{scale}-{label}"))?;
-                let _ = std::fs::remove_dir_all(&dir);
-            }
-        }
+        let size = Size {
+            scale,
+            copies: o.copies,
+            rows_changed: o.rows_changed,
+            codec: &o.codec,
+            variants: &variants,
+            pgbr: &o.pgbr,
+            all_processes: false,
+        };
+        let mut repos = at_size(b, si, &size)?;
         b.archive_nowhere();
         if let Some(old) = last_wal_repo.take() {
             let _ = std::fs::remove_dir_all(&old.dir);
         }
-        let mut repos = repos;
         let wal_repo = repos.remove(0);
         remove_repos(b, &repos);
         b.archive_to(&[&wal_repo])?;
@@ -208,11 +275,10 @@ fn archive_push_cost(b: &mut Bench, o: &Opts, wal_repo: &Repo) -> Result<(), Str
     let seg_dir = b.dir("ap-seg")?;
     let partial_dir = b.dir("ap-partial")?;
     for name in super::fetch_segments(b, wal_repo, first, o.segments, &seg_dir)? {
-        std::fs::copy(
-            seg_dir.join(&name),
-            partial_dir.join(format!("{name}.partial")),
-        )
-        .map_err(|e| e.to_string())?;
+        // Copied as root: given to the PostgreSQL user, who reads it (archive-get wrote 0600).
+        let partial = partial_dir.join(format!("{name}.partial"));
+        std::fs::copy(seg_dir.join(&name), &partial).map_err(|e| e.to_string())?;
+        crate::harness::chown_pg(&partial);
     }
     for tool in b.pgstrata.clone() {
         for round in 1..=o.push_rounds {
