@@ -48,14 +48,9 @@ pub struct Checkpoint {
 const MAX_RATIO: u64 = 256;
 
 impl Checkpoint {
+    /// The stored form; the JSON is compressed as it is written, never held whole.
     pub fn encode(&self) -> Vec<u8> {
-        let json = serde_json::to_vec(self).expect("serialize checkpoint");
-        let body = zstd::bulk::compress(&json, 3).expect("zstd into memory");
-        let mut out = Vec::with_capacity(40 + body.len());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(blake3::hash(&body).as_bytes());
-        out.extend_from_slice(&body);
-        out
+        crate::manifest::encode_checked(MAGIC, self)
     }
 
     /// Decode the checkpoint stored at `key`, which must belong to backup `label` of

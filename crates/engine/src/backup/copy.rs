@@ -654,7 +654,7 @@ impl<'a> BlockCopier<'a> {
             .chunks
             .iter()
             .any(|c| c.pack.is_some() && c.backup.is_none());
-        if self.ctx.checkpoints && new_frames {
+        if self.ctx.checkpoints && new_frames && entry.size >= super::resume::MIN_FILE_SIZE {
             out.new_files.push(entry.clone());
         }
         if !entry.inline_map() {

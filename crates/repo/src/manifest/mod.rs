@@ -280,18 +280,7 @@ pub struct Stats {
 impl Manifest {
     /// The stored form. The JSON is compressed as it is written, never held whole.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 << 10);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&[0; 32]);
-        let mut enc = zstd::stream::write::Encoder::new(out, 3).expect("zstd encoder");
-        let mut json = std::io::BufWriter::with_capacity(256 << 10, &mut enc);
-        serde_json::to_writer(&mut json, self).expect("serialize manifest into memory");
-        std::io::Write::flush(&mut json).expect("compress into memory");
-        drop(json);
-        let mut out = enc.finish().expect("zstd into memory");
-        let hash = blake3::hash(&out[40..]);
-        out[8..40].copy_from_slice(hash.as_bytes());
-        out
+        encode_checked(MAGIC, self)
     }
 
     pub fn decode(obj: &[u8], what: &str) -> Result<Manifest> {
@@ -403,6 +392,23 @@ impl Manifest {
             _ => None,
         })
     }
+}
+
+/// `magic`, BLAKE3 of the rest, then `value` as zstd-compressed JSON: the stored form of
+/// manifests and resume checkpoints. The JSON is compressed as it is written.
+pub(crate) fn encode_checked(magic: &[u8; 8], value: &impl Serialize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 << 10);
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&[0; 32]);
+    let mut enc = zstd::stream::write::Encoder::new(out, 3).expect("zstd encoder");
+    let mut json = std::io::BufWriter::with_capacity(256 << 10, &mut enc);
+    serde_json::to_writer(&mut json, value).expect("serialize into memory");
+    std::io::Write::flush(&mut json).expect("compress into memory");
+    drop(json);
+    let mut out = enc.finish().expect("zstd into memory");
+    let hash = blake3::hash(&out[40..]);
+    out[8..40].copy_from_slice(hash.as_bytes());
+    out
 }
 
 /// How much larger than its compressed body a manifest's JSON may be. Real manifests
