@@ -459,7 +459,10 @@ struct BlockCopier<'a> {
     /// The whole file's BLAKE3, when every byte passes through here.
     whole: Option<blake3::Hasher>,
     own_pack: bool,
+    /// One extent per block as blocks arrive, merged from time to time (`compact`).
     extents: Vec<Chunk>,
+    /// `extents[..compacted]` are merged.
+    compacted: usize,
     hashes: Vec<u64>,
     new: NewData,
     bad_pages: Vec<u32>,
@@ -506,6 +509,7 @@ impl<'a> BlockCopier<'a> {
             whole: whole_hash.then(blake3::Hasher::new),
             own_pack,
             extents: Vec::new(),
+            compacted: 0,
             hashes: Vec::with_capacity(size.div_ceil(block_size as u64) as usize),
             new: NewData {
                 buf: Vec::with_capacity(ctx.frame_size),
@@ -530,7 +534,37 @@ impl<'a> BlockCopier<'a> {
         self.hashes.push(h);
         self.extents.push(c);
         self.end = offset + len as u64;
+        self.compact();
         true
+    }
+
+    /// Merge the extents up to the first one still waiting for its frame (a placeholder of
+    /// zeros that must not merge). Without this a large file would hold an extent of about
+    /// 100 bytes per block until it is done: 35 MB per worker for a 1 GB segment.
+    fn compact(&mut self) {
+        let upto = self.new.pending.first().map_or(self.extents.len(), |p| p.0);
+        if upto < self.compacted + 256 {
+            return;
+        }
+        let mut w = self.compacted;
+        for r in self.compacted..upto {
+            if w > 0 {
+                let (merged, rest) = self.extents.split_at_mut(r);
+                if merged[w - 1].try_merge(&rest[0]) {
+                    continue;
+                }
+            }
+            self.extents.swap(w, r);
+            w += 1;
+        }
+        let removed = upto - w;
+        if removed > 0 {
+            self.extents.drain(w..upto);
+            for p in &mut self.new.pending {
+                p.0 -= removed;
+            }
+        }
+        self.compacted = w;
     }
 
     /// Blocks read from the file at `offset`: a whole number of blocks, or the file's last.
@@ -591,6 +625,7 @@ impl<'a> BlockCopier<'a> {
         self.ctx.counters.bytes.fetch_add(n, Ordering::Relaxed);
         self.counted += n;
         self.end = offset + n;
+        self.compact();
         Ok(())
     }
 
