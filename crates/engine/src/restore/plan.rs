@@ -504,6 +504,15 @@ mod tests {
         );
     }
 
+    fn files_per_job(jobs: Vec<RestoreJob>) -> Vec<usize> {
+        jobs.iter()
+            .map(|j| match j {
+                RestoreJob::Group(g) => g.len(),
+                RestoreJob::One(_) => 1,
+            })
+            .collect()
+    }
+
     #[test]
     fn groups_are_bounded_in_decoded_frames() {
         // 64 files, each in a frame of its own of 1 MiB decoded, stored in 100 bytes.
@@ -514,13 +523,7 @@ mod tests {
                 f
             })
             .collect();
-        let sizes: Vec<usize> = plan_jobs(files)
-            .iter()
-            .map(|j| match j {
-                RestoreJob::Group(g) => g.len(),
-                RestoreJob::One(_) => 1,
-            })
-            .collect();
+        let sizes = files_per_job(plan_jobs(files));
         assert_eq!(sizes, vec![8; 8], "8 MiB of decoded frames a group");
     }
 
@@ -529,13 +532,7 @@ mod tests {
         let files = (0..1200)
             .map(|i| file(&format!("f{i}"), 10, "p1", i * 10))
             .collect();
-        let sizes: Vec<usize> = plan_jobs(files)
-            .iter()
-            .map(|j| match j {
-                RestoreJob::Group(g) => g.len(),
-                RestoreJob::One(_) => 1,
-            })
-            .collect();
+        let sizes = files_per_job(plan_jobs(files));
         assert_eq!(sizes.iter().sum::<usize>(), 1200);
         assert!(sizes.iter().all(|n| *n <= 512), "{sizes:?}");
     }
