@@ -215,9 +215,11 @@ pub(crate) async fn collect_garbage(
     // by the next backup: its packs and checkpoints stay whatever their age.
     let newest_with_manifest = manifest_objects.iter().max().copied().unwrap_or("");
     let resumable = |label: &str| {
-        !manifest_objects.contains(label)
-            && label > newest_with_manifest
-            && pgstrata_repo::manifest::is_backup_label(label)
+        pgstrata_repo::resume::resumable(
+            label,
+            manifest_objects.contains(label),
+            newest_with_manifest,
+        )
     };
     for obj in &objects {
         let rest = &obj.key[root.len() + 1..];

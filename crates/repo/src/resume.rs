@@ -100,6 +100,14 @@ impl Checkpoint {
     }
 }
 
+/// Whether directory `label` is an interrupted backup that a backup may still resume: a
+/// backup label without a manifest that sorts after `newest_with_manifest`, the greatest
+/// label that has one. Backup (which resumes the greatest such label) and expire (which
+/// keeps such a backup's data) go by this one rule.
+pub fn resumable(label: &str, has_manifest: bool, newest_with_manifest: &str) -> bool {
+    !has_manifest && label > newest_with_manifest && crate::manifest::is_backup_label(label)
+}
+
 /// Where worker checkpoint `name` of backup `label` is stored.
 pub fn key(stanza: &str, label: &str, name: &str) -> String {
     format!("{}/{name}", dir(stanza, label))

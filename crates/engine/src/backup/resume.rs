@@ -4,7 +4,7 @@
 use super::copy::CopyContext;
 use crate::{Error, Result};
 use pgstrata_repo::codec::CompressType;
-use pgstrata_repo::manifest::{is_backup_label, FileEntry};
+use pgstrata_repo::manifest::FileEntry;
 use pgstrata_repo::pack::{pack_seq, PackWriter};
 use pgstrata_repo::resume::{self, Checkpoint};
 use pgstrata_repo::{layout, Storage, FORMAT_VERSION};
@@ -38,7 +38,7 @@ pub(crate) async fn find(
     let dirs = storage.list_dirs(&layout::backup_root(stanza)).await?;
     let Some(label) = dirs
         .into_iter()
-        .filter(|d| is_backup_label(d) && d.as_str() > newest_complete && !complete.contains(d))
+        .filter(|d| resume::resumable(d, complete.contains(d), newest_complete))
         .max()
     else {
         return Ok(None);
