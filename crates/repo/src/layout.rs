@@ -80,7 +80,12 @@ pub fn manifest_copy(stanza: &str, label: &str) -> String {
 }
 
 pub fn pack(stanza: &str, label: &str, name: &str) -> String {
-    format!("{}/pack/{name}", backup_dir(stanza, label))
+    format!("{}/{name}", pack_dir(stanza, label))
+}
+
+/// The prefix of backup `label`'s packs.
+pub fn pack_dir(stanza: &str, label: &str) -> String {
+    format!("{}/pack", backup_dir(stanza, label))
 }
 
 /// Validate a stanza name: it becomes part of object names.

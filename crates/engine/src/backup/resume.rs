@@ -48,7 +48,7 @@ pub(crate) async fn find(
         return Ok(None);
     }
     let packs: HashMap<String, u64> = storage
-        .list(&format!("{}/{label}/pack", layout::backup_root(stanza)))
+        .list(&layout::pack_dir(stanza, &label))
         .await?
         .into_iter()
         .filter_map(|o| Some((o.key.rsplit_once('/')?.1.to_string(), o.size)))
@@ -128,8 +128,11 @@ impl Checkpointer {
         writer: &mut PackWriter,
         all: bool,
     ) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
         let below = writer.stored_below()?;
-        if self.pending.is_empty() || (!all && below == self.stored_below) {
+        if !all && below == self.stored_below {
             return Ok(());
         }
         self.stored_below = below;
