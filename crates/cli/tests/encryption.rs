@@ -249,6 +249,24 @@ fn wrong_passphrases_and_damage_are_refused() {
         &format!("backup/{incr}/backup.manifest"),
     );
 
+    // A flipped bit in the manifest alone: its copy holds the same sealed bytes (sealed
+    // under the manifest's name) and is read instead, with a warning naming both.
+    let copy = damaged_copy(&env, "manifest-alone");
+    let manifest = backup_dir(&copy, &incr).join("backup.manifest");
+    flip_byte(
+        &manifest,
+        std::fs::metadata(&manifest).unwrap().len() as usize / 2,
+    );
+    let mut c = env.cmd(&[&format!("--set={incr}"), "verify"]);
+    c.env("PGSTRATA_REPO_PATH", &copy);
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "verify with an intact copy: {err}");
+    assert!(
+        err.contains("backup.manifest.copy") && err.contains("intact"),
+        "{err}"
+    );
+
     // Two pack objects swapped.
     let copy = damaged_copy(&env, "swapped");
     let (a, b) = (

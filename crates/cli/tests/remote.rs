@@ -198,6 +198,17 @@ fn backup_host_and_database_host_over_ssh() {
         .uid;
     assert_eq!(meta.uid(), backup_uid.as_raw());
 
+    // The manifest's copy was made on the backup host from the manifest's bytes (they
+    // cross the line once), as a file of its own: a hard link would be no copy at all.
+    let incr_dir = h.backup_repo.join(STANZA).join("backup").join(&incr_label);
+    let manifest = std::fs::read(incr_dir.join("backup.manifest")).unwrap();
+    let manifest_copy = std::fs::read(incr_dir.join("backup.manifest.copy")).unwrap();
+    assert_eq!(manifest, manifest_copy);
+    for name in ["backup.manifest", "backup.manifest.copy"] {
+        let links = std::fs::metadata(incr_dir.join(name)).unwrap().nlink();
+        assert_eq!(links, 1, "{name} has {links} links");
+    }
+
     // info on the database host, through repo-remote.
     let info = env.info_json();
     let backups = info["backups"].as_array().expect("backups");

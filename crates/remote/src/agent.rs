@@ -19,8 +19,7 @@ use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjPath;
 use object_store::{
-    CopyMode, CopyOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode,
-    PutOptions, PutPayload,
+    GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
 };
 use std::io::{Read, Write};
 use std::path::Path;
@@ -240,16 +239,22 @@ async fn serve_one(
             store.delete(&key).await?;
             Ok((answer, Bytes::new()))
         }
+        // An independent object, never the store's own copy: a local directory's is a
+        // hard link, and the one caller (a manifest's second copy, `put_new_twice`) needs
+        // two files. It costs a read on this host, not the bytes crossing the line again.
         Op::Copy => {
             let to = path(req.to.as_deref().unwrap_or_default())?;
             let mode = if req.create_only {
-                CopyMode::Create
+                PutMode::Create
             } else {
-                CopyMode::Overwrite
+                PutMode::Overwrite
             };
-            store
-                .copy_opts(&key, &to, CopyOptions::new().with_mode(mode))
-                .await?;
+            let bytes = store.get(&key).await?.bytes().await?;
+            let opts = PutOptions {
+                mode,
+                ..Default::default()
+            };
+            store.put_opts(&to, PutPayload::from(bytes), opts).await?;
             Ok((answer, Bytes::new()))
         }
     }
@@ -259,7 +264,7 @@ async fn serve_one(
 mod tests {
     use super::*;
     use crate::client::RemoteStore;
-    use object_store::ObjectStoreExt;
+    use object_store::{CopyMode, CopyOptions, ObjectStoreExt};
 
     /// A RemoteStore talking to `serve` over two OS pipes: puts, create-only refusals,
     /// ranged gets, lists and deletes arrive as the local store does them.
@@ -294,6 +299,32 @@ mod tests {
         let listed: Vec<_> = remote.list(None).try_collect().await.unwrap();
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].size, 10);
+        // A copy is a file of its own (the local store's would be a hard link), and a
+        // create-only copy onto an existing object is refused.
+        let copied = ObjPath::from("stanza/copied");
+        let create_copy = CopyOptions::new().with_mode(CopyMode::Create);
+        remote
+            .copy_opts(&p, &copied, create_copy.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            &remote.get(&copied).await.unwrap().bytes().await.unwrap()[..],
+            b"0123456789"
+        );
+        use std::os::unix::fs::MetadataExt;
+        let links = std::fs::metadata(dir.path().join("stanza/copied"))
+            .unwrap()
+            .nlink();
+        assert_eq!(links, 1, "the copy is a hard link");
+        let again = remote
+            .copy_opts(&p, &copied, create_copy)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(again, object_store::Error::AlreadyExists { .. }),
+            "{again}"
+        );
+        remote.delete(&copied).await.unwrap();
         remote.delete(&p).await.unwrap();
         let gone = remote.get(&p).await.unwrap_err();
         assert!(

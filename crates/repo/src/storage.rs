@@ -20,7 +20,8 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjPath;
 use object_store::{
-    Attribute, Attributes, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    Attribute, Attributes, CopyMode, CopyOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    PutPayload,
 };
 use pgstrata_remote::RemoteStore;
 pub use pgstrata_remote::SshTarget;
@@ -139,6 +140,10 @@ pub struct Storage {
     /// An encrypted stanza's open master key: `put_new` seals and `get` opens whole
     /// objects with it; packs seal their frames themselves (see `cipher`).
     cipher: Option<Arc<Cipher>>,
+    /// The store's create-only copy makes an independent object where the store is,
+    /// without the bytes crossing between this process and it: a repository on another
+    /// host, whose agent copies on its own disk (see [`Storage::put_new_twice`]).
+    copies_independently: bool,
 }
 
 fn map_err(e: object_store::Error, what: String) -> Error {
@@ -195,8 +200,10 @@ impl Storage {
     /// Open the repository `cfg` describes. A local repository directory must exist.
     pub fn open(cfg: &RepoConfig) -> Result<Storage> {
         if let Some((store, description)) = ORIGIN.get() {
-            return Ok(Storage::from_store(store.clone(), description.clone())
-                .with_limits(cfg.timeout.max(Duration::from_secs(120)), cfg.retries));
+            let mut storage = Storage::from_store(store.clone(), description.clone())
+                .with_limits(cfg.timeout.max(Duration::from_secs(120)), cfg.retries);
+            storage.copies_independently = true;
+            return Ok(storage);
         }
         let (store, description): (Arc<dyn ObjectStore>, String) = match cfg.kind {
             RepoKind::Posix if cfg.remote.is_some() => {
@@ -336,6 +343,7 @@ impl Storage {
             },
             retries: cfg.retries,
             cipher: None,
+            copies_independently: cfg.remote.is_some(),
         })
     }
 
@@ -387,6 +395,7 @@ impl Storage {
             local_root: None,
             s3_compatible: false,
             cipher: None,
+            copies_independently: false,
         }
     }
 
@@ -480,27 +489,71 @@ impl Storage {
     /// Write a new object as given: packs (whose frames are sealed one by one), key files
     /// and probes. Fails with `AlreadyExists` if another one is there.
     ///
+    /// A lost answer is recognised as described at [`Storage::create_object`]. Callers
+    /// whose objects could be written identically by someone else make them unique (the
+    /// lock holds a random token).
+    pub async fn put_new_unsealed(&self, key: &str, data: Bytes) -> Result<()> {
+        self.create_object(key, &data, format!("write {key}"), |path| {
+            let opts = PutOptions {
+                mode: PutMode::Create,
+                attributes: self.put_attributes.clone(),
+                ..Default::default()
+            };
+            let payload = PutPayload::from(data.clone());
+            async move { self.store.put_opts(&path, payload, opts).await.map(|_| ()) }
+        })
+        .await
+    }
+
+    /// Store `data` twice, as the new objects `first` and then `second` (a manifest's copy,
+    /// then the manifest), each create-only and, in an encrypted stanza, both sealed under
+    /// `second`'s name so that they are the same bytes. Where the store copies an object
+    /// itself into an independent one (a repository on another host, whose agent copies
+    /// on its own disk), `second` is made from `first` there and the bytes cross the line
+    /// once. A local directory's copy is a hard link, which would make two names of one
+    /// file and no copy at all, so there (and on object stores) `data` is written again.
+    pub async fn put_new_twice(&self, first: &str, second: &str, data: Bytes) -> Result<()> {
+        let data = match &self.cipher {
+            Some(c) => Bytes::from(c.seal_object(second, &data)),
+            None => data,
+        };
+        self.put_new_unsealed(first, data.clone()).await?;
+        if !self.copies_independently {
+            return self.put_new_unsealed(second, data).await;
+        }
+        let from = Self::path(first)?;
+        self.create_object(second, &data, format!("copy {first} to {second}"), |to| {
+            let from = from.clone();
+            async move {
+                let opts = CopyOptions::new().with_mode(CopyMode::Create);
+                self.store.copy_opts(&from, &to, opts).await
+            }
+        })
+        .await
+    }
+
+    /// Run `create`, a create-only write of `data` as `key`, with retries.
+    ///
     /// A write can succeed on the server and lose its answer; whoever sends it again (this
     /// loop, or object_store's HTTP client within one attempt) then finds the object it
     /// wrote and is refused. So every refusal is checked against what this writer sent: an
-    /// object with the same bytes is ours and the write succeeded. Callers whose objects
-    /// could be written identically by someone else make them unique (the lock holds a
-    /// random token).
-    pub async fn put_new_unsealed(&self, key: &str, data: Bytes) -> Result<()> {
-        self.retry_object(key, format!("write {key}"), |path, what| {
-            let data = data.clone();
+    /// object with the same bytes is ours and the write succeeded.
+    async fn create_object<F, Fut>(
+        &self,
+        key: &str,
+        data: &Bytes,
+        what: String,
+        create: F,
+    ) -> Result<()>
+    where
+        F: Fn(ObjPath) -> Fut,
+        Fut: Future<Output = object_store::Result<()>>,
+    {
+        self.retry_object(key, what, |path, what| {
+            let attempt = create(path.clone());
             async move {
-                let opts = PutOptions {
-                    mode: PutMode::Create,
-                    attributes: self.put_attributes.clone(),
-                    ..Default::default()
-                };
-                let refused = match self
-                    .store
-                    .put_opts(&path, PutPayload::from(data.clone()), opts)
-                    .await
-                {
-                    Ok(_) => return Ok(()),
+                let refused = match attempt.await {
+                    Ok(()) => return Ok(()),
                     Err(e) => map_err(e, what.clone()),
                 };
                 if refused.kind != ErrorKind::AlreadyExists {
@@ -512,7 +565,7 @@ impl Storage {
                             .bytes()
                             .await
                             .map_err(|e| map_err(e, format!("{what}: read back")))?;
-                        if existing == data {
+                        if existing == *data {
                             log::info!(
                                 "{key} was written by this process (its first answer was lost)"
                             );
@@ -534,6 +587,20 @@ impl Storage {
         let stored = self.get_unsealed(key).await?;
         match &self.cipher {
             Some(c) => Ok(Bytes::from(c.open_object(key, &stored)?)),
+            None => Ok(stored),
+        }
+    }
+
+    /// [`Storage::get`] of an object written by [`Storage::put_new_twice`] under another
+    /// name: opened as sealed under `sealed_as`, or else under its own name (how such
+    /// objects were sealed before they were written twice with the same bytes).
+    pub async fn get_sealed_as(&self, key: &str, sealed_as: &str) -> Result<Bytes> {
+        let stored = self.get_unsealed(key).await?;
+        match &self.cipher {
+            Some(c) => c
+                .open_object(sealed_as, &stored)
+                .or_else(|_| c.open_object(key, &stored))
+                .map(Bytes::from),
             None => Ok(stored),
         }
     }

@@ -325,10 +325,12 @@ impl Manifest {
                     format!("backup '{label}' does not exist in stanza '{stanza}'"),
                 ))
             }
+            // A sealed manifest that fails authentication.
+            Err(e) if e.kind == ErrorKind::Corrupt => e,
             Err(e) => return Err(e),
         };
         let copy_key = layout::manifest_copy(stanza, label);
-        let copy = match storage.get(&copy_key).await {
+        let copy = match storage.get_sealed_as(&copy_key, &key).await {
             Ok(obj) => Manifest::decode_at(&obj, &copy_key, stanza, label),
             // Backups written before copies existed have none.
             Err(e) if e.is_not_found() => return Err(damage),
@@ -362,15 +364,12 @@ impl Manifest {
     /// itself, both create-only. A crash between the two leaves a copy without a manifest,
     /// which is not a backup (expire removes it).
     pub async fn publish(&self, storage: &Storage) -> Result<()> {
-        let bytes = bytes::Bytes::from(self.encode());
         storage
-            .put_new(
+            .put_new_twice(
                 &layout::manifest_copy(&self.stanza, &self.label),
-                bytes.clone(),
+                &layout::manifest(&self.stanza, &self.label),
+                bytes::Bytes::from(self.encode()),
             )
-            .await?;
-        storage
-            .put_new(&layout::manifest(&self.stanza, &self.label), bytes)
             .await
     }
 
