@@ -479,6 +479,8 @@ impl RemoteStore {
                 permanent(why)
             }
         };
+        let op = req.op;
+        let sent = body.len();
         let (tx, rx) = oneshot::channel();
         {
             let mut p = conn.pending.lock().unwrap();
@@ -494,6 +496,10 @@ impl RemoteStore {
             .await
             .map_err(|_| lost("the connection's reader is gone".into()))?
             .map_err(lost)?;
+        log::debug!(
+            "agent {op:?} {key}: {sent} bytes sent, {} bytes back",
+            body.len()
+        );
         match answer.error {
             Some(f) => Err(into_error(f, &key)),
             None => Ok((answer, body)),
