@@ -270,6 +270,7 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
             block_hashes: map.block_hashes.clone(),
             map: None,
             packs: vec![],
+            map_depth: 0,
         };
         if format2 && !f.inline_map() {
             let map = f.take_map();

@@ -429,7 +429,7 @@ fn the_frozen_format_1_repository_is_extended_by_format_2_backups() {
         Manifest::decode(&std::fs::read(&key).unwrap(), label).unwrap()
     };
     let (m1, m2) = (manifest(&first), manifest(&second));
-    assert_eq!(m1.format_version, 2);
+    assert_eq!(m1.format_version, pgstrata_repo::FORMAT_VERSION);
     let fixture_prior = m1.prior.clone().unwrap();
     assert!(fixture_prior.ends_with('I') && fixture_prior < first);
     // The first format 2 backup stores the maps of the large files it carried unread

@@ -611,3 +611,86 @@ fn wal_written_at_wal_level_minimal_falls_back_to_hashing() {
     env.flush_wal();
     refused_then_hashed(&env, "wal_level=minimal", "minimal");
 }
+
+/// A file that changed in a few blocks gets a delta map over its prior map, without that
+/// map being read; deltas chain, a file changed throughout gets a whole map again, and
+/// every backup of the chain restores (whole and as a delta restore), verifies, and
+/// survives the expiry of the full backup that holds the chain's whole map.
+#[test]
+fn few_changed_blocks_are_stored_as_delta_maps_that_chain() {
+    let env = Env::new("deltamaps");
+    env.sql("ALTER SYSTEM SET autovacuum = off");
+    env.sql("SELECT pg_reload_conf()");
+    env.sql("CREATE TABLE big (id int PRIMARY KEY, v text) WITH (fillfactor = 90)");
+    env.sql("INSERT INTO big SELECT g, md5(g::text) FROM generate_series(1, 150000) g");
+    // Hint bits set now, not by the first read after a backup (with page checksums, each
+    // page's first hint after a checkpoint is WAL-logged: a change of every block).
+    env.sql("VACUUM (FREEZE) big");
+    let path = env.sql("SELECT pg_relation_filepath('big')");
+    env.stanza_create();
+    let full = env.backup(&["--type=full"]);
+    let depth_of = |label: &str| {
+        let m = manifest(&env, label);
+        let f = m
+            .files()
+            .find(|f| f.path == path)
+            .expect("the table's file");
+        assert!(f.map.is_some(), "{path} has its map stored apart");
+        f.map_depth
+    };
+    assert_eq!(depth_of(&full), 0);
+
+    let mut backups: Vec<(String, BTreeMap<String, String>)> = Vec::new();
+    for round in 1..=3u8 {
+        env.sql(&format!(
+            "UPDATE big SET v = 'round {round}' WHERE id IN ({}, {}, {})",
+            round as u32 * 1000,
+            round as u32 * 40000,
+            149_990 + round as u32
+        ));
+        let label = env.backup(&["--type=incr", "--track=wal"]);
+        assert_eq!(depth_of(&label), round, "round {round}");
+        backups.push((label, env.hashes()));
+    }
+    // Every row changed: a whole map again.
+    env.sql("UPDATE big SET v = md5(v)");
+    let whole = env.backup(&["--type=incr", "--track=wal"]);
+    assert_eq!(depth_of(&whole), 0);
+    backups.push((whole, env.hashes()));
+
+    env.ok(&["verify"]);
+    env.ok(&[&format!("--set={full}"), "expire"]);
+    env.ok(&["verify"]);
+    for (label, expected) in &backups {
+        let c = env.restore_and_start(
+            &format!("r-{label}"),
+            &["--type=immediate", &format!("--set={label}")],
+        );
+        assert_eq!(&c.content_hashes().unwrap(), expected, "restore of {label}");
+        c.stop().unwrap();
+    }
+    // A delta restore of the deepest chain over the first delta's restore.
+    let (first, _) = &backups[0];
+    let (deepest, expected) = &backups[2];
+    let target = env.scratch.join(&format!("r-{first}"));
+    run_ok(env.cmd_as_invoker(&[
+        &format!("--pg-path={}", target.display()),
+        "--process-max=2",
+        "--archive-mode=off",
+        "--delta",
+        "--type=immediate",
+        "--target-action=promote",
+        &format!("--set={deepest}"),
+        "restore",
+    ]));
+    let c = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &target, &env.scratch.path);
+    c.start().unwrap();
+    c.wait_for_promotion(std::time::Duration::from_secs(180))
+        .unwrap();
+    assert_eq!(
+        &c.content_hashes().unwrap(),
+        expected,
+        "delta restore of {deepest}"
+    );
+    c.stop().unwrap();
+}

@@ -436,6 +436,11 @@ impl<'a> FrameReader<'a> {
     }
 
     /// Drop decoded frames (call between batches to bound memory).
+    /// The repository this reader reads.
+    pub fn storage(&self) -> &'a Storage {
+        self.storage
+    }
+
     pub fn clear(&mut self) {
         if !self.pinned {
             self.pool.extend(self.frames.drain().map(|(_, v)| v));

@@ -158,6 +158,7 @@ mod tests {
                 block_hashes: vec![1, 2],
                 map: None,
                 packs: vec![],
+                map_depth: 0,
             }],
         }
     }

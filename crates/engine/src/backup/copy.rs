@@ -16,7 +16,9 @@ use crate::{pool, Error, Result};
 use pgstrata_pg::layout;
 use pgstrata_pg::lsn::Lsn;
 use pgstrata_pg::page::{self, PageCheck};
-use pgstrata_repo::manifest::{block_hash, Entry, FileEntry, Manifest, Owner};
+use pgstrata_repo::manifest::{
+    block_hash, Entry, FileEntry, Manifest, MapDelta, MapRun, Owner, MAX_MAP_DEPTH,
+};
 use pgstrata_repo::pack::{Chunk, FrameReader, PackWriter};
 use pgstrata_repo::Storage;
 use std::collections::{BTreeMap, BTreeSet};
@@ -300,6 +302,17 @@ fn copy_file(
     if !ctx.delta && e.size == job.size && e.mtime == job.mtime && job.mtime < start_epoch {
         return carry_unchanged(ctx, job, writer, p, e, out).map(Some);
     }
+    if let Some(w) = &ctx.wal {
+        // A changed file with a stored map: a delta map, without reading the old map.
+        if e.map_unloaded() && e.map_depth < MAX_MAP_DEPTH {
+            if let Ok(pages) = w.pages_for(&job.rel, ctx.relseg_size, e) {
+                match copy_tracked_delta(ctx, job, writer, out, p, e, &pages)? {
+                    Tracked::Copied(entry) => return Ok(entry),
+                    Tracked::TooManyChanges => {}
+                }
+            }
+        }
+    }
     let e = p.loaded(ctx, maps, e)?;
     let e = e.as_ref();
     if let Some(w) = &ctx.wal {
@@ -444,6 +457,80 @@ fn copy_tracked(
     copier.finish(writer, out).map(Some)
 }
 
+/// What [`copy_tracked_delta`] did. (A return value, moved once: its size does not matter.)
+#[allow(clippy::large_enum_variant)]
+enum Tracked {
+    /// Copied (`None`: the file vanished).
+    Copied(Option<FileEntry>),
+    /// More than a quarter of the file's blocks changed: a whole map is smaller than a
+    /// delta over the old one, and the file is copied as before.
+    TooManyChanges,
+}
+
+/// [`copy_tracked`] for a file whose prior map is stored apart, without reading that map:
+/// only the changed blocks are read and stored, and the file gets a delta map
+/// (`pgstrata_repo::manifest::MapDelta`) over the prior one. Blocks are not compared with
+/// the prior's hashes (a block the WAL says changed rarely did not), and no resume
+/// checkpoint lists the file (what it stores is small by construction).
+fn copy_tracked_delta(
+    ctx: &CopyContext,
+    job: &Job,
+    writer: &mut PackWriter,
+    out: &mut CopyOutcome,
+    prior: &Prior,
+    entry: &FileEntry,
+    pages: &[u32],
+) -> Result<Tracked> {
+    let Some(f) = open_job(job)? else {
+        return Ok(Tracked::Copied(None));
+    };
+    let size = f
+        .metadata()
+        .map_err(|e| Error::io(format!("stat {}", job.abs.display()), e))?
+        .len();
+    let bs = entry.block_size as u64;
+    let page = ctx.page_size as u64;
+    let nblocks = size.div_ceil(bs);
+    let mut read: BTreeSet<u64> = pages
+        .iter()
+        .map(|p| *p as u64 * page / bs)
+        .filter(|b| *b < nblocks)
+        .collect();
+    read.extend(entry.size.min(size) / bs..nblocks);
+    if read.len() as u64 * 4 > nblocks {
+        return Ok(Tracked::TooManyChanges);
+    }
+    let mut copier = BlockCopier::new(ctx, job, &f, bs as u32, None, size, false, writer)?;
+    copier.merge_as_copied = false;
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    let mut buf = vec![0u8; bs as usize];
+    let mut end = size;
+    for i in read {
+        let off = i * bs;
+        if off >= end {
+            break;
+        }
+        let len = (end - off).min(bs) as usize;
+        let n = read_full_at(&f, &mut buf[..len], off)
+            .map_err(|e| Error::io(format!("read {}", job.abs.display()), e))?;
+        if n < len {
+            end = off + n as u64; // the file shrank while we read it: WAL replay redoes it
+            if n == 0 {
+                break;
+            }
+        }
+        copier.add(writer, out, &mut buf[..n], off)?;
+        match runs.last_mut() {
+            Some((first, count)) if (*first + *count) as u64 == i => *count += 1,
+            _ => runs.push((i as u32, 1)),
+        }
+    }
+    out.files_tracked += 1;
+    copier
+        .finish_delta(writer, prior, entry, &runs, end)
+        .map(|e| Tracked::Copied(Some(e)))
+}
+
 /// One file being copied: the one place where blocks are checked, hashed, compared with the
 /// prior backup and stored.
 struct BlockCopier<'a> {
@@ -463,6 +550,9 @@ struct BlockCopier<'a> {
     extents: Vec<Chunk>,
     /// `extents[..compacted]` are merged.
     compacted: usize,
+    /// Merge extents as blocks arrive (`compact`); off for a delta map, whose runs of
+    /// blocks must keep their own extents.
+    merge_as_copied: bool,
     hashes: Vec<u64>,
     new: NewData,
     bad_pages: Vec<u32>,
@@ -510,6 +600,7 @@ impl<'a> BlockCopier<'a> {
             own_pack,
             extents: Vec::new(),
             compacted: 0,
+            merge_as_copied: true,
             hashes: Vec::with_capacity(size.div_ceil(block_size as u64) as usize),
             new: NewData {
                 buf: Vec::with_capacity(ctx.frame_size),
@@ -542,6 +633,9 @@ impl<'a> BlockCopier<'a> {
     /// zeros that must not merge). Without this a large file would hold an extent of about
     /// 100 bytes per block until it is done: 35 MB per worker for a 1 GB segment.
     fn compact(&mut self) {
+        if !self.merge_as_copied {
+            return;
+        }
         let upto = self.new.pending.first().map_or(self.extents.len(), |p| p.0);
         if upto < self.compacted + 256 {
             return;
@@ -651,8 +745,8 @@ impl<'a> BlockCopier<'a> {
         }
     }
 
-    /// Store what is pending and describe the file as copied.
-    fn finish(mut self, writer: &mut PackWriter, out: &mut CopyOutcome) -> Result<FileEntry> {
+    /// Store what is pending and count the file as copied.
+    fn flush_all(&mut self, writer: &mut PackWriter) -> Result<()> {
         self.new.flush(self.ctx, writer, &mut self.extents)?;
         if self.own_pack {
             writer.flush()?;
@@ -663,15 +757,73 @@ impl<'a> BlockCopier<'a> {
         // copied) count too, so progress ends at 100 %.
         let uncounted = self.job.size.saturating_sub(self.counted);
         counters.bytes.fetch_add(uncounted, Ordering::Relaxed);
-        let mut chunks: Vec<Chunk> = Vec::with_capacity(self.extents.len() / 4 + 1);
-        for e in self.extents {
-            if let Some(last) = chunks.last_mut() {
-                if last.try_merge(&e) {
-                    continue;
-                }
-            }
-            chunks.push(e);
-        }
+        Ok(())
+    }
+
+    /// Finish a file copied for a delta map: `runs` (first block, count) are the blocks
+    /// added, in order, and the file is `size` bytes. Stores the delta map after the
+    /// file's frames and describes the file by it.
+    fn finish_delta(
+        mut self,
+        writer: &mut PackWriter,
+        prior: &Prior,
+        entry: &FileEntry,
+        runs: &[(u32, u32)],
+        size: u64,
+    ) -> Result<FileEntry> {
+        self.flush_all(writer)?;
+        debug_assert_eq!(
+            self.extents.len(),
+            self.hashes.len(),
+            "one extent per block"
+        );
+        let mut extents = self.extents.into_iter();
+        let runs = runs
+            .iter()
+            .map(|&(first, count)| MapRun {
+                first,
+                count,
+                chunks: merged(extents.by_ref().take(count as usize)),
+            })
+            .collect();
+        let mut base_entry = entry.clone();
+        base_entry.rebase(prior.label(), &self.ctx.label);
+        let delta = MapDelta {
+            size,
+            base: *base_entry.map.take().expect("a delta over a stored map"),
+            runs,
+            hashes: self.hashes,
+        };
+        let raw = delta.encode();
+        let map_ref = writer.add(&self.ctx.compression.compress(&raw), raw.len())?;
+        let mut new = FileEntry {
+            path: self.job.rel.clone(),
+            size,
+            mtime: self.job.mtime,
+            owner: self.job.owner.clone(),
+            hash: None,
+            chunks: Vec::new(),
+            bad_pages: self.bad_pages,
+            block_size: self.block_size,
+            block_hashes: Vec::new(),
+            map: None,
+            packs: Vec::new(),
+            map_depth: 0,
+        };
+        new.set_delta_map(
+            map_ref,
+            &delta,
+            base_entry.packs,
+            entry.map_depth + 1,
+            &self.ctx.label,
+        );
+        Ok(new)
+    }
+
+    /// Store what is pending and describe the file as copied.
+    fn finish(mut self, writer: &mut PackWriter, out: &mut CopyOutcome) -> Result<FileEntry> {
+        self.flush_all(writer)?;
+        let chunks = merged(self.extents.into_iter());
         let mut entry = FileEntry {
             path: self.job.rel.clone(),
             size: self.end,
@@ -684,6 +836,7 @@ impl<'a> BlockCopier<'a> {
             block_hashes: self.hashes,
             map: None,
             packs: Vec::new(),
+            map_depth: 0,
         };
         let new_frames = entry
             .chunks
@@ -697,6 +850,20 @@ impl<'a> BlockCopier<'a> {
         }
         Ok(entry)
     }
+}
+
+/// Extents in file order, each merged into the one before it where it continues it.
+fn merged(extents: impl Iterator<Item = Chunk>) -> Vec<Chunk> {
+    let mut chunks: Vec<Chunk> = Vec::new();
+    for e in extents {
+        if let Some(last) = chunks.last_mut() {
+            if last.try_merge(&e) {
+                continue;
+            }
+        }
+        chunks.push(e);
+    }
+    chunks
 }
 
 /// Store a file's extents and block hashes apart, in a frame after the file's own
@@ -873,6 +1040,7 @@ mod tests {
             block_hashes: Vec::new(),
             map: None,
             packs: Vec::new(),
+            map_depth: 0,
         }
     }
 

@@ -17,6 +17,14 @@
 //! Decoded map frame: `"PGSTRMAP"`, a u32 LE count N, N block hashes as u64 LE, then the
 //! JSON array of the file's extents (the same objects as a format 1 entry's `chunks`),
 //! whose `b` is relative to the backup that wrote the map frame.
+//!
+//! A file that changed in a few blocks, found by WAL tracking, gets a **delta map**
+//! ([`MapDelta`]) instead: its new blocks' hashes and extents, and a reference to the map
+//! it changes. Writing it needs neither the old map's bytes nor its reading (on a backup
+//! host, the old map of a changed 1 GB segment crossed the line for every incremental, and
+//! its new map was most of what the incremental stored). Readers follow the chain down to
+//! a whole map and apply each delta on the way back ([`Manifest::load_maps_of`]). A chain
+//! is at most [`MAX_MAP_DEPTH`] deltas long; the writer then stores a whole map again.
 
 use super::{FileEntry, Manifest};
 use crate::pack::{Chunk, FrameReader};
@@ -26,6 +34,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 const MAGIC: &[u8; 8] = b"PGSTRMAP";
+const DELTA_MAGIC: &[u8; 8] = b"PGSTRMDL";
+
+/// Deltas a chain may hold before a writer stores a whole map again: each is one more
+/// frame a restore of the file reads.
+pub const MAX_MAP_DEPTH: u8 = 8;
 
 /// Files of at most this many blocks keep their extents and block hashes in the manifest.
 pub const INLINE_MAX_BLOCKS: usize = 8;
@@ -85,20 +98,8 @@ impl FileMap {
 
     pub fn decode(bytes: &[u8], what: &str) -> Result<FileMap> {
         let bad = |why: &str| Error::corrupt(format!("{what}: not a file map ({why})"));
-        if bytes.len() < 12 || &bytes[..8] != MAGIC {
-            return Err(bad("bad header"));
-        }
-        let n = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
-        let hashes_end = n
-            .checked_mul(8)
-            .and_then(|l| l.checked_add(12))
-            .filter(|end| *end <= bytes.len())
-            .ok_or_else(|| bad("block count past its end"))?;
-        let block_hashes = bytes[12..hashes_end]
-            .chunks_exact(8)
-            .map(|h| u64::from_le_bytes(h.try_into().expect("8 bytes")))
-            .collect();
-        let chunks = serde_json::from_slice(&bytes[hashes_end..]).map_err(|e| {
+        let (block_hashes, rest) = hashes_after(bytes, MAGIC).map_err(bad)?;
+        let chunks = serde_json::from_slice(rest).map_err(|e| {
             Error::with_source(
                 crate::ErrorKind::Corrupt,
                 format!("{what}: not a file map (extents)"),
@@ -110,6 +111,244 @@ impl FileMap {
             block_hashes,
         })
     }
+}
+
+/// Consecutive blocks a delta map replaces: blocks `first .. first + count`, and the
+/// extents that hold their bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapRun {
+    #[serde(rename = "i")]
+    pub first: u32,
+    #[serde(rename = "n")]
+    pub count: u32,
+    #[serde(rename = "c")]
+    pub chunks: Vec<Chunk>,
+}
+
+/// A file's map as a change of another one (its `base`): the file is now `size` bytes,
+/// the blocks of `runs` hold what their extents say and hash as `hashes` (in run order),
+/// and every other block below the new size is the base's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapDelta {
+    pub size: u64,
+    pub base: Chunk,
+    pub runs: Vec<MapRun>,
+    #[serde(skip)]
+    pub hashes: Vec<u64>,
+}
+
+/// What a map frame holds.
+#[derive(Debug)]
+pub enum MapFrame {
+    Whole(FileMap),
+    Delta(MapDelta),
+}
+
+impl MapFrame {
+    pub fn decode(bytes: &[u8], what: &str) -> Result<MapFrame> {
+        if bytes.len() >= 8 && &bytes[..8] == DELTA_MAGIC {
+            return MapDelta::decode(bytes, what).map(MapFrame::Delta);
+        }
+        FileMap::decode(bytes, what).map(MapFrame::Whole)
+    }
+
+    /// The same frame with every extent (and a delta's base) as seen from manifest
+    /// `new_label`, read from a frame written by backup `owner`.
+    pub(crate) fn rebased(self, owner: &str, new_label: &str) -> MapFrame {
+        let rebase = |chunks: &mut Vec<Chunk>| {
+            for c in chunks {
+                *c = c.rebased(owner, new_label);
+            }
+        };
+        match self {
+            MapFrame::Whole(mut m) => {
+                rebase(&mut m.chunks);
+                MapFrame::Whole(m)
+            }
+            MapFrame::Delta(mut d) => {
+                d.base = d.base.rebased(owner, new_label);
+                for r in &mut d.runs {
+                    rebase(&mut r.chunks);
+                }
+                MapFrame::Delta(d)
+            }
+        }
+    }
+}
+
+impl MapDelta {
+    /// Decoded delta frame: `"PGSTRMDL"`, a u32 LE count M, M block hashes as u64 LE (the
+    /// runs' blocks in order), then the JSON object of `size`, `base` and `runs`.
+    pub fn encode(&self) -> Vec<u8> {
+        let json = serde_json::to_vec(self).expect("serialize a delta map");
+        let mut out = Vec::with_capacity(12 + self.hashes.len() * 8 + json.len());
+        out.extend_from_slice(DELTA_MAGIC);
+        out.extend_from_slice(&(self.hashes.len() as u32).to_le_bytes());
+        for h in &self.hashes {
+            out.extend_from_slice(&h.to_le_bytes());
+        }
+        out.extend_from_slice(&json);
+        out
+    }
+
+    pub fn decode(bytes: &[u8], what: &str) -> Result<MapDelta> {
+        let bad = |why: &str| Error::corrupt(format!("{what}: not a delta map ({why})"));
+        let (hashes, rest) = hashes_after(bytes, DELTA_MAGIC).map_err(bad)?;
+        let mut d: MapDelta = serde_json::from_slice(rest).map_err(|e| {
+            Error::with_source(
+                crate::ErrorKind::Corrupt,
+                format!("{what}: not a delta map (runs)"),
+                e,
+            )
+        })?;
+        d.hashes = hashes;
+        Ok(d)
+    }
+
+    /// Apply this delta to `base`, the map it changes (extents of both as seen from the
+    /// same manifest), for a file of blocks of `block_size` bytes.
+    pub fn apply(self, base: FileMap, block_size: u32, what: &str) -> Result<FileMap> {
+        let bad = |why: String| Error::corrupt(format!("{what}: delta map: {why}"));
+        let bs = block_size as u64;
+        if bs == 0 {
+            return Err(bad("a file without a block map".into()));
+        }
+        let blocks = self.size.div_ceil(bs);
+        if blocks > u32::MAX as u64 {
+            return Err(bad(format!("{} bytes is too large", self.size)));
+        }
+        let run_blocks: u64 = self.runs.iter().map(|r| r.count as u64).sum();
+        if run_blocks != self.hashes.len() as u64 {
+            return Err(bad(format!(
+                "{} hashes for {run_blocks} blocks of runs",
+                self.hashes.len()
+            )));
+        }
+        let base_size: u64 = base.chunks.iter().map(|c| c.raw as u64).sum();
+        let mut block_hashes = base.block_hashes;
+        block_hashes.resize(blocks as usize, 0);
+        let mut chunks = Vec::with_capacity(base.chunks.len() + self.runs.len() * 2);
+        let mut base_at = BaseCursor::new(&base.chunks);
+        let mut hashes = self.hashes.into_iter();
+        // Blocks the base did not have must all be in runs.
+        let mut covered_to = 0u64;
+        for run in self.runs {
+            let start = run.first as u64 * bs;
+            let end = ((run.first as u64 + run.count as u64) * bs).min(self.size);
+            if run.count == 0 || start < covered_to || start >= self.size {
+                return Err(bad(format!(
+                    "run at block {} out of order or place",
+                    run.first
+                )));
+            }
+            if start > base_size {
+                return Err(bad(format!(
+                    "blocks before {} are in neither map",
+                    run.first
+                )));
+            }
+            base_at.take(covered_to, start, &mut chunks);
+            let raw: u64 = run.chunks.iter().map(|c| c.raw as u64).sum();
+            if raw != end - start {
+                return Err(bad(format!(
+                    "run at block {} holds {raw} bytes, not {}",
+                    run.first,
+                    end - start
+                )));
+            }
+            for (i, h) in (run.first as usize..).zip(hashes.by_ref().take(run.count as usize)) {
+                block_hashes[i] = h;
+            }
+            chunks.extend(run.chunks);
+            covered_to = end;
+        }
+        if covered_to < self.size {
+            if self.size > base_size {
+                return Err(bad(format!(
+                    "bytes {base_size}..{} are in neither map",
+                    self.size
+                )));
+            }
+            base_at.take(covered_to, self.size, &mut chunks);
+        }
+        let mut merged: Vec<Chunk> = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            if let Some(last) = merged.last_mut() {
+                if last.try_merge(&c) {
+                    continue;
+                }
+            }
+            merged.push(c);
+        }
+        Ok(FileMap {
+            chunks: merged,
+            block_hashes,
+        })
+    }
+}
+
+/// Walks a map's extents by file offset, handing out the parts of them in a byte range.
+struct BaseCursor<'c> {
+    chunks: &'c [Chunk],
+    /// Index of the extent holding `start`, and the file offset where it begins.
+    i: usize,
+    start: u64,
+}
+
+impl<'c> BaseCursor<'c> {
+    fn new(chunks: &'c [Chunk]) -> Self {
+        BaseCursor {
+            chunks,
+            i: 0,
+            start: 0,
+        }
+    }
+
+    /// Append the extents of bytes `from..to` (`from` never below an earlier `to`).
+    fn take(&mut self, from: u64, to: u64, out: &mut Vec<Chunk>) {
+        while from < to && self.i < self.chunks.len() {
+            let c = &self.chunks[self.i];
+            let end = self.start + c.raw as u64;
+            if end <= from {
+                self.i += 1;
+                self.start = end;
+                continue;
+            }
+            if self.start >= to {
+                return;
+            }
+            let lo = from.max(self.start);
+            let hi = to.min(end);
+            out.push(c.slice((lo - self.start) as u32, (hi - lo) as u32));
+            if hi < end {
+                return;
+            }
+            self.i += 1;
+            self.start = end;
+        }
+    }
+}
+
+/// The block hashes after an 8-byte `magic` and their u32 LE count, and the bytes after;
+/// or why there are none.
+fn hashes_after<'b>(
+    bytes: &'b [u8],
+    magic: &[u8; 8],
+) -> std::result::Result<(Vec<u64>, &'b [u8]), &'static str> {
+    if bytes.len() < 12 || &bytes[..8] != magic {
+        return Err("bad header");
+    }
+    let n = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
+    let end = n
+        .checked_mul(8)
+        .and_then(|l| l.checked_add(12))
+        .filter(|e| *e <= bytes.len())
+        .ok_or("block count past its end")?;
+    let hashes = bytes[12..end]
+        .chunks_exact(8)
+        .map(|h| u64::from_le_bytes(h.try_into().expect("8 bytes")))
+        .collect();
+    Ok((hashes, &bytes[end..]))
 }
 
 impl FileEntry {
@@ -139,6 +378,39 @@ impl FileEntry {
         uses.sort_by(|a, b| (&a.backup, &a.pack).cmp(&(&b.backup, &b.pack)));
         self.packs = uses;
         self.map = Some(Box::new(map_ref));
+        self.map_depth = 0;
+    }
+
+    /// Refer to `map_ref`, the stored frame of `delta` (extents relative to the manifest
+    /// `label`), the `depth`th delta over the map of an entry that used `base_packs` (as
+    /// `label` sees them). The packs listed are the base's and the delta's: some of the
+    /// base's extents may be replaced, but its map frames are still read.
+    pub fn set_delta_map(
+        &mut self,
+        map_ref: Chunk,
+        delta: &MapDelta,
+        base_packs: Vec<PackUse>,
+        depth: u8,
+        label: &str,
+    ) {
+        let new = pack_uses(
+            delta.runs.iter().flat_map(|r| &r.chunks).chain([&map_ref]),
+            label,
+        );
+        let mut uses: BTreeMap<(Option<Arc<str>>, Arc<str>), u64> = BTreeMap::new();
+        for p in base_packs.into_iter().chain(new) {
+            *uses.entry((p.backup, p.pack)).or_default() += p.stored;
+        }
+        self.packs = uses
+            .into_iter()
+            .map(|((backup, pack), stored)| PackUse {
+                backup,
+                pack,
+                stored,
+            })
+            .collect();
+        self.map = Some(Box::new(map_ref));
+        self.map_depth = depth;
     }
 
     /// The entry as manifest `new_label` refers to it when carried from `from_label`.
@@ -152,23 +424,6 @@ impl FileEntry {
         for p in &mut self.packs {
             *p = p.rebased(from_label, new_label);
         }
-    }
-
-    /// Put a loaded map into the entry: its extents rebased from the backup that wrote it
-    /// to manifest `label`.
-    pub(crate) fn attach_map(&mut self, map: FileMap, label: &str) {
-        let owner = self
-            .map
-            .as_ref()
-            .expect("attach_map of an entry without a map")
-            .owner(label)
-            .to_string();
-        self.chunks = map
-            .chunks
-            .iter()
-            .map(|c| c.rebased(&owner, label))
-            .collect();
-        self.block_hashes = map.block_hashes;
     }
 }
 
@@ -232,14 +487,12 @@ impl Manifest {
     }
 
     /// Load the map frames of the files `wanted` picks, checked. Maps are fetched
-    /// `CONCURRENT_MAP_READS` at a time.
+    /// `CONCURRENT_MAP_READS` groups at a time.
     pub async fn load_maps_of(
         &mut self,
         storage: &Storage,
         wanted: impl Fn(&FileEntry) -> bool,
     ) -> Result<()> {
-        use futures::{StreamExt, TryStreamExt};
-        const CONCURRENT_MAP_READS: usize = 16;
         let wanted: Vec<usize> = self
             .entries
             .iter()
@@ -250,53 +503,97 @@ impl Manifest {
         if wanted.is_empty() {
             return Ok(());
         }
-        // Neighbouring maps often share a pack: one reader per group merges their reads.
-        let groups: Vec<&[usize]> = wanted.chunks(64).collect();
-        let this = &*self;
-        let loaded: Vec<Vec<(usize, FileMap)>> = futures::stream::iter(groups)
-            .map(|group| async move {
-                let mut reader = FrameReader::new(storage, this);
-                let refs: Vec<&Chunk> = group
-                    .iter()
-                    .filter_map(|i| this.file_at(*i).map.as_deref())
-                    .collect();
-                reader.load(&refs, "file maps").await?;
-                group
-                    .iter()
-                    .map(|i| {
-                        let f = this.file_at(*i);
-                        let map_ref = f.map.as_ref().expect("wanted maps only");
-                        let what = format!("{}: map of {}", this.label, f.path);
-                        FileMap::decode(reader.bytes(map_ref)?, &what).map(|m| (*i, m))
-                    })
-                    .collect::<Result<Vec<_>>>()
-            })
-            .buffer_unordered(CONCURRENT_MAP_READS)
-            .try_collect()
-            .await?;
-        let label = self.label.clone();
-        for (i, map) in loaded.into_iter().flatten() {
+        let files: Vec<&FileEntry> = wanted.iter().map(|i| self.file_at(*i)).collect();
+        let loaded = self.read_maps(storage, &files).await?;
+        for (i, map) in wanted.into_iter().zip(loaded) {
             let super::Entry::File(f) = &mut self.entries[i] else {
                 unreachable!("wanted files only")
             };
-            f.attach_map(map, &label);
+            f.chunks = map.chunks;
+            f.block_hashes = map.block_hashes;
         }
         let what = layout_key(self);
         super::validate::check_loaded_maps(self, &what)
     }
 
-    /// Load one file's map (the file must have one), checked.
+    /// Load one file's map (the file must have one), checked. `reader` names the
+    /// repository; its cache is left as it was.
     pub async fn load_map(&self, reader: &mut FrameReader<'_>, f: &FileEntry) -> Result<FileEntry> {
-        let map_ref = f.map.as_ref().expect("load_map of a file without a map");
-        reader.load(&[map_ref], &f.path).await?;
-        let what = format!("{}: map of {}", self.label, f.path);
-        let map = FileMap::decode(reader.bytes(map_ref)?, &what);
-        reader.clear();
+        let map = self
+            .read_maps(reader.storage(), &[f])
+            .await?
+            .pop()
+            .expect("one map read");
         let mut loaded = f.clone();
-        let map = map?;
-        loaded.attach_map(map, &self.label);
+        loaded.chunks = map.chunks;
+        loaded.block_hashes = map.block_hashes;
         super::validate::check_loaded_map(self, &loaded, &layout_key(self))?;
         Ok(loaded)
+    }
+
+    /// The whole maps of `files` (entries of this manifest with maps), in order, with
+    /// extents as this manifest sees them: each file's map frame is read, and each delta
+    /// map's base after it, level by level, until every chain reaches a whole map; the
+    /// deltas are then applied from the bottom up.
+    async fn read_maps(&self, storage: &Storage, files: &[&FileEntry]) -> Result<Vec<FileMap>> {
+        use futures::{StreamExt, TryStreamExt};
+        const CONCURRENT_MAP_READS: usize = 16;
+        let what = |f: &FileEntry| format!("{}: map of {}", self.label, f.path);
+        let mut whole: Vec<Option<FileMap>> = vec![None; files.len()];
+        let mut deltas: Vec<Vec<MapDelta>> = vec![Vec::new(); files.len()];
+        // (position in `files`, the frame to read next, as this manifest refers to it)
+        let mut pending: Vec<(usize, Chunk)> = files
+            .iter()
+            .enumerate()
+            .map(|(k, f)| (k, (**f.map.as_ref().expect("files with maps")).clone()))
+            .collect();
+        while !pending.is_empty() {
+            // Neighbouring maps often share a pack: one reader per group merges their reads.
+            let read: Vec<Vec<(usize, MapFrame)>> = futures::stream::iter(pending.chunks(64))
+                .map(|group| async move {
+                    let mut reader = FrameReader::new(storage, self);
+                    let refs: Vec<&Chunk> = group.iter().map(|(_, c)| c).collect();
+                    reader.load(&refs, "file maps").await?;
+                    group
+                        .iter()
+                        .map(|(k, c)| {
+                            let frame = MapFrame::decode(reader.bytes(c)?, &what(files[*k]))?;
+                            Ok((*k, frame.rebased(c.owner(&self.label), &self.label)))
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
+                .buffer_unordered(CONCURRENT_MAP_READS)
+                .try_collect()
+                .await?;
+            pending = Vec::new();
+            for (k, frame) in read.into_iter().flatten() {
+                match frame {
+                    MapFrame::Whole(m) => whole[k] = Some(m),
+                    MapFrame::Delta(d) => {
+                        if deltas[k].len() >= MAX_MAP_DEPTH as usize {
+                            return Err(Error::corrupt(format!(
+                                "{}: more than {MAX_MAP_DEPTH} delta maps in a chain",
+                                what(files[k])
+                            )));
+                        }
+                        pending.push((k, d.base.clone()));
+                        deltas[k].push(d);
+                    }
+                }
+            }
+        }
+        whole
+            .into_iter()
+            .zip(deltas)
+            .zip(files)
+            .map(|((m, chain), f)| {
+                let mut m = m.expect("every chain ends in a whole map");
+                for d in chain.into_iter().rev() {
+                    m = d.apply(m, f.block_size, &what(f))?;
+                }
+                Ok(m)
+            })
+            .collect()
     }
 
     fn file_at(&self, i: usize) -> &FileEntry {

@@ -20,7 +20,7 @@ pub(crate) mod tests;
 pub(crate) mod text;
 pub(crate) mod validate;
 
-pub use map::{FileMap, PackUse, INLINE_MAX_BLOCKS};
+pub use map::{FileMap, MapDelta, MapFrame, MapRun, PackUse, INLINE_MAX_BLOCKS, MAX_MAP_DEPTH};
 pub use text::interned::intern;
 pub use validate::{check_annotation, is_backup_label};
 
@@ -226,6 +226,14 @@ pub struct FileEntry {
     /// Format 2, with `map`: the packs the map and the file's extents use.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub packs: Vec<PackUse>,
+    /// Format 2, with `map`: how many delta maps ([`map::MapDelta`]) lead from `map` to
+    /// a whole map (0: `map` is whole).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub map_depth: u8,
+}
+
+fn is_zero_u8(v: &u8) -> bool {
+    *v == 0
 }
 
 impl FileEntry {

@@ -45,6 +45,7 @@ fn file(path: &str, size: u64, chunks: Vec<Chunk>) -> Entry {
         block_hashes: vec![0x0123_4567_89ab_cdef; blocks],
         map: None,
         packs: Vec::new(),
+        map_depth: 0,
     })
 }
 
@@ -491,6 +492,16 @@ fn with_stored_map(m: &mut Manifest) -> FileMap {
     map
 }
 
+/// Put `map`, as read from `f`'s map frame, into `f` as manifest `label` sees it.
+fn attach(f: &mut FileEntry, map: FileMap, label: &str) {
+    let owner = f.map.as_ref().unwrap().owner(label).to_string();
+    let super::MapFrame::Whole(map) = super::MapFrame::Whole(map).rebased(&owner, label) else {
+        unreachable!()
+    };
+    f.chunks = map.chunks;
+    f.block_hashes = map.block_hashes;
+}
+
 #[test]
 fn a_stored_map_is_referenced_with_the_packs_it_uses() {
     let mut m = sample();
@@ -524,7 +535,7 @@ fn a_stored_map_is_referenced_with_the_packs_it_uses() {
         carried.map.as_ref().unwrap().backup.as_deref(),
         Some(m.label.as_str())
     );
-    carried.attach_map(map.clone(), "20250303-091500I");
+    attach(&mut carried, map.clone(), "20250303-091500I");
     assert_eq!(
         carried.chunks[0].backup.as_deref(),
         Some("20250301-091500F")
@@ -540,7 +551,7 @@ fn a_stored_map_is_referenced_with_the_packs_it_uses() {
 #[test]
 fn forged_map_references_are_refused() {
     type Forge = fn(&mut FileEntry);
-    let cases: [(&str, Forge); 6] = [
+    let cases: [(&str, Forge); 7] = [
         ("both a map and inline", |f| f.chunks.push(Chunk::zeros(1))),
         ("not a whole stored frame", |f| {
             let map = f.map.as_mut().unwrap();
@@ -551,7 +562,8 @@ fn forged_map_references_are_refused() {
             f.packs.retain(|p| &*p.pack != "3-0")
         }),
         ("is not <worker>-<seq>", |f| f.packs[0].pack = "../x".into()),
-        ("packs without a map", |f| f.map = None),
+        ("map_depth 9 is more than 8", |f| f.map_depth = 9),
+        ("packs or map_depth without a map", |f| f.map = None),
     ];
     for (why, forge) in cases {
         let mut m = sample();
@@ -570,7 +582,96 @@ fn forged_map_references_are_refused() {
     let mut map = with_stored_map(&mut m);
     map.chunks[2].pack = Some("9-9".into());
     let mut f = file_mut(&mut m, "base/5/16384").clone();
-    f.attach_map(map, &m.label);
+    attach(&mut f, map, &m.label);
     let e = super::validate::check_loaded_map(&m, &f, "m").unwrap_err();
     assert!(e.to_string().contains("does not list"), "{e}");
+}
+
+/// Where each byte of a file comes from under `chunks`: (pack, byte of the decoded frame),
+/// or `None` for zeros.
+fn byte_sources(chunks: &[Chunk]) -> Vec<Option<(String, u32)>> {
+    chunks
+        .iter()
+        .flat_map(|c| (0..c.raw).map(move |j| c.pack.as_ref().map(|p| (p.to_string(), c.at + j))))
+        .collect()
+}
+
+#[test]
+fn a_delta_map_changes_grows_and_cuts_its_base() {
+    let frame = |pack: &str, at: u32, raw: u32, frame: u32| Chunk {
+        at,
+        frame,
+        ..stored(pack, raw)
+    };
+    // Blocks of 4 bytes: 12 bytes in frame A, then 8 zero bytes.
+    let base = FileMap {
+        chunks: vec![frame("0-0", 0, 12, 0), Chunk::zeros(8)],
+        block_hashes: vec![1, 2, 3, 4, 5],
+    };
+    let a = |at: u32| Some(("0-0".to_string(), at));
+    let b = |at: u32| Some(("1-0".to_string(), at));
+
+    // Block 1 changed; blocks 5 and 6 (2 bytes) added, all from frame B.
+    let grown = MapDelta {
+        size: 26,
+        base: stored("9-9", 50),
+        runs: vec![
+            MapRun {
+                first: 1,
+                count: 1,
+                chunks: vec![frame("1-0", 0, 4, 10)],
+            },
+            MapRun {
+                first: 5,
+                count: 2,
+                chunks: vec![frame("1-0", 4, 6, 10)],
+            },
+        ],
+        hashes: vec![20, 60, 70],
+    };
+    let bytes = grown.encode();
+    assert_eq!(&bytes[..8], b"PGSTRMDL");
+    let MapFrame::Delta(decoded) = MapFrame::decode(&bytes, "d").unwrap() else {
+        panic!("not read as a delta")
+    };
+    assert_eq!(decoded, grown);
+    let m = decoded.apply(base.clone(), 4, "d").unwrap();
+    assert_eq!(m.block_hashes, vec![1, 20, 3, 4, 5, 60, 70]);
+    let mut expected: Vec<_> = (0..4).map(a).collect();
+    expected.extend((0..4).map(b));
+    expected.extend((8..12).map(a));
+    expected.extend((0..8).map(|_| None));
+    expected.extend((4..10).map(b));
+    assert_eq!(byte_sources(&m.chunks), expected);
+
+    // Cut to 10 bytes, its last (partial) block changed.
+    let cut = MapDelta {
+        size: 10,
+        base: stored("9-9", 50),
+        runs: vec![MapRun {
+            first: 2,
+            count: 1,
+            chunks: vec![frame("1-0", 0, 2, 10)],
+        }],
+        hashes: vec![30],
+    };
+    let m = cut.apply(base.clone(), 4, "d").unwrap();
+    assert_eq!(m.block_hashes, vec![1, 2, 30]);
+    let mut expected: Vec<_> = (0..8).map(a).collect();
+    expected.extend((0..2).map(b));
+    assert_eq!(byte_sources(&m.chunks), expected);
+
+    // Damage: bytes in neither map, runs that do not hold their blocks, hashes missing.
+    let damaged = |edit: fn(&mut MapDelta), why: &str| {
+        let mut d = grown.clone();
+        edit(&mut d);
+        let e = d.apply(base.clone(), 4, "d").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Corrupt);
+        assert!(e.to_string().contains(why), "{why}: {e}");
+    };
+    damaged(|d| d.runs[1].first = 6, "in neither map");
+    damaged(|d| d.size = 40, "holds 6 bytes, not 8");
+    damaged(|d| d.runs[0].chunks[0].raw = 3, "holds 3 bytes, not 4");
+    damaged(|d| d.hashes.pop().map(drop).unwrap_or(()), "hashes for");
+    damaged(|d| d.runs.swap(0, 1), "out of order");
 }

@@ -360,8 +360,8 @@ fn check_owner(o: &Owner, is_file: bool) -> Check {
 
 fn check_file(m: &Manifest, f: &FileEntry) -> Check {
     let Some(map) = &f.map else {
-        if !f.packs.is_empty() {
-            return Err("packs without a map".into());
+        if !f.packs.is_empty() || f.map_depth != 0 {
+            return Err("packs or map_depth without a map".into());
         }
         return check_file_content(&m.label, m.cluster.block_size, f);
     };
@@ -375,6 +375,16 @@ fn check_file(m: &Manifest, f: &FileEntry) -> Check {
         return Err(format!(
             "block_size {} is not one of {BLOCK_SIZES:?}",
             f.block_size
+        ));
+    }
+    if f.map_depth > 0 && m.format_version < 3 {
+        return Err("a delta map in a format 2 manifest".into());
+    }
+    if f.map_depth > super::MAX_MAP_DEPTH {
+        return Err(format!(
+            "map_depth {} is more than {}",
+            f.map_depth,
+            super::MAX_MAP_DEPTH
         ));
     }
     check_chunk(&m.label, map).map_err(|r| format!("map: {r}"))?;
