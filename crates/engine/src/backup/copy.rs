@@ -396,6 +396,34 @@ fn copy_whole(
     copier.finish(writer, out).map(Some)
 }
 
+/// A WAL-tracked file opened, its size, and the blocks of `entry.block_size` to read: those
+/// holding the `pages` the WAL names, and every block from its prior size on. `None` when
+/// the file vanished.
+fn tracked_blocks(
+    ctx: &CopyContext,
+    job: &Job,
+    entry: &FileEntry,
+    pages: &[u32],
+) -> Result<Option<(File, u64, BTreeSet<u64>)>> {
+    let Some(f) = open_job(job)? else {
+        return Ok(None);
+    };
+    let size = f
+        .metadata()
+        .map_err(|e| Error::io(format!("stat {}", job.abs.display()), e))?
+        .len();
+    let bs = entry.block_size as u64;
+    let page = ctx.page_size as u64;
+    let nblocks = size.div_ceil(bs);
+    let mut read: BTreeSet<u64> = pages
+        .iter()
+        .map(|p| *p as u64 * page / bs)
+        .filter(|b| *b < nblocks)
+        .collect();
+    read.extend(entry.size.min(size) / bs..nblocks);
+    Ok(Some((f, size, read)))
+}
+
 /// Copy a relation file reading only the blocks the WAL says changed (`pages`, numbered
 /// within this file), plus any block around a change of size; every other block points
 /// where the prior backup stored it. The whole-file hash is left empty: without reading
@@ -409,18 +437,11 @@ fn copy_tracked(
     entry: &FileEntry,
     pages: &[u32],
 ) -> Result<Option<FileEntry>> {
-    let Some(f) = open_job(job)? else {
+    let Some((f, size, read)) = tracked_blocks(ctx, job, entry, pages)? else {
         return Ok(None);
     };
-    let size = f
-        .metadata()
-        .map_err(|e| Error::io(format!("stat {}", job.abs.display()), e))?
-        .len();
     let bs = entry.block_size as u64;
-    let page = ctx.page_size as u64;
     let nblocks = size.div_ceil(bs);
-    let mut read: BTreeSet<u64> = pages.iter().map(|p| *p as u64 * page / bs).collect();
-    read.extend(entry.size.min(size) / bs..nblocks);
     let prior_blocks = PriorBlocks::new(entry, prior.label(), &ctx.label);
     let mut copier = BlockCopier::new(
         ctx,
@@ -481,22 +502,11 @@ fn copy_tracked_delta(
     entry: &FileEntry,
     pages: &[u32],
 ) -> Result<Tracked> {
-    let Some(f) = open_job(job)? else {
+    let Some((f, size, read)) = tracked_blocks(ctx, job, entry, pages)? else {
         return Ok(Tracked::Copied(None));
     };
-    let size = f
-        .metadata()
-        .map_err(|e| Error::io(format!("stat {}", job.abs.display()), e))?
-        .len();
     let bs = entry.block_size as u64;
-    let page = ctx.page_size as u64;
     let nblocks = size.div_ceil(bs);
-    let mut read: BTreeSet<u64> = pages
-        .iter()
-        .map(|p| *p as u64 * page / bs)
-        .filter(|b| *b < nblocks)
-        .collect();
-    read.extend(entry.size.min(size) / bs..nblocks);
     if read.len() as u64 * 4 > nblocks {
         return Ok(Tracked::TooManyChanges);
     }
