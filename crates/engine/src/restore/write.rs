@@ -233,7 +233,7 @@ pub(super) fn write_control(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Resul
 /// checked; returns it open.
 fn write_file(sh: &Shared, w: &mut Worker, f: &FileEntry, rel: &str, path: &Path) -> Result<File> {
     let fh = sh.tree.create_file(rel, &mut w.cache)?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, fh);
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, WriteBehind::new(fh));
     let mut check = ContentCheck::new(f);
     for_each_extent(
         &sh.runtime,
@@ -248,9 +248,77 @@ fn write_file(sh: &Shared, w: &mut Worker, f: &FileEntry, rel: &str, path: &Path
     )?;
     let fh = out
         .into_inner()
-        .map_err(|e| Error::io(format!("write {}", path.display()), e.into_error()))?;
+        .map_err(|e| Error::io(format!("write {}", path.display()), e.into_error()))?
+        .finish();
     check.finish()?;
     Ok(fh)
+}
+
+/// A file being written front to back whose bytes are handed to the disk as they come,
+/// every [`WriteBehind::EVERY`] bytes and at the end, without waiting for them
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, as PostgreSQL's `checkpoint_flush_after`).
+///
+/// Why: restore makes everything durable with one `syncfs` at the end (`Tree::
+/// sync_filesystems`). Without this the kernel starts writing back only when dirty pages
+/// pass its background threshold (gigabytes on a large host), so the whole restore's data
+/// went to disk after the last byte had arrived: 0.4 s of a 2.4 s restore over a
+/// 100 Mbit/s line, and the tail of every large local restore. With it, writing to disk
+/// overlaps fetching and decompressing, and the final `syncfs` finds little left to do.
+/// A hint: where the call fails (not Linux, a filesystem without it) nothing changes.
+struct WriteBehind {
+    file: File,
+    written: u64,
+    /// Bytes before this offset have been handed to the disk.
+    started: u64,
+}
+
+impl WriteBehind {
+    const EVERY: u64 = 8 << 20;
+
+    fn new(file: File) -> WriteBehind {
+        WriteBehind {
+            file,
+            written: 0,
+            started: 0,
+        }
+    }
+
+    fn start_writeback(&mut self) {
+        if self.written > self.started {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a plain syscall on an open descriptor; no memory is passed.
+            unsafe {
+                libc::sync_file_range(
+                    self.file.as_raw_fd(),
+                    self.started as libc::off64_t,
+                    (self.written - self.started) as libc::off64_t,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                );
+            }
+            self.started = self.written;
+        }
+    }
+
+    /// The file, its last bytes handed to the disk.
+    fn finish(mut self) -> File {
+        self.start_writeback();
+        self.file
+    }
+}
+
+impl std::io::Write for WriteBehind {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        if self.written - self.started >= Self::EVERY {
+            self.start_writeback();
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
 }
 
 /// Delta restore of a file with a block map: hash the local blocks and find the extents
