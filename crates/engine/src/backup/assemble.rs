@@ -51,23 +51,45 @@ pub(super) struct Copied {
     pub resumed_from: Option<(String, pgstrata_repo::codec::CompressType)>,
 }
 
+/// Build the manifest. `prior` is the prior backup's manifest, whose entries of the files
+/// carried unchanged are moved into the new one (the rest of it is left as it was).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn build_manifest(
     s: &Settings,
     stanza: &StanzaInfo,
     pf: &Preflight,
+    mut prior: Option<Manifest>,
     started: Started,
     copied: Copied,
     stopped: Stopped,
     started_at: std::time::Instant,
 ) -> Manifest {
-    let outcome = copied.outcome;
+    let mut outcome = copied.outcome;
+    if let Some(p) = prior.as_mut() {
+        for (i, owner) in std::mem::take(&mut outcome.carried) {
+            let moved = std::mem::replace(
+                &mut p.entries[i],
+                Entry::Dir {
+                    path: String::new(),
+                    owner: owner.clone(),
+                },
+            );
+            let Entry::File(mut f) = moved else {
+                unreachable!("a carried entry is a file, moved once")
+            };
+            f.owner = owner;
+            f.rebase(&p.label, &pf.label);
+            outcome.files.push(f);
+        }
+    }
+    assert!(outcome.carried.is_empty(), "files carried without a prior");
     let page_errors: u64 = outcome.files.iter().map(|f| f.bad_pages.len() as u64).sum();
     let db_size: u64 = outcome.files.iter().map(|f| f.size).sum();
     let file_count = outcome.files.len() as u64;
     let mut entries = copied.entries;
     entries.extend(outcome.files.into_iter().map(Entry::File));
     entries.sort_by(|a, b| a.path().cmp(b.path()));
-    let prior = pf.prior.as_ref();
+    let prior = prior.as_ref();
     let mut manifest = Manifest {
         format_version: FORMAT_VERSION,
         label: pf.label.clone(),

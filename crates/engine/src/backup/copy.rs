@@ -44,13 +44,14 @@ impl Prior {
         &self.manifest.label
     }
 
-    fn get(&self, path: &str) -> Option<&FileEntry> {
+    /// The file at `path`, and its index in the manifest's entries.
+    fn get(&self, path: &str) -> Option<(usize, &FileEntry)> {
         let entries = &self.manifest.entries;
         let i = entries
             .binary_search_by(|e| e.path().as_bytes().cmp(path.as_bytes()))
             .ok()?;
         match &entries[i] {
-            Entry::File(f) => Some(f),
+            Entry::File(f) => Some((i, f)),
             _ => None,
         }
     }
@@ -188,6 +189,11 @@ impl CopyPlan {
 #[derive(Default)]
 pub(super) struct CopyOutcome {
     pub files: Vec<FileEntry>,
+    /// Files carried unchanged: the index of their entry in the prior manifest and their
+    /// owner now. Their entries are moved out of the prior manifest when the new one is
+    /// built (`assemble`), not copied while the backup runs: with many files, a second
+    /// copy of every unchanged entry was a large part of an incremental's memory.
+    pub carried: Vec<(usize, Owner)>,
     pub stored: u64,
     pub packs: u64,
     pub pages_checked: u64,
@@ -208,6 +214,7 @@ impl CopyOutcome {
     /// Add another worker's (or pass's) outcome to this one.
     pub(crate) fn absorb(&mut self, o: CopyOutcome) {
         self.files.extend(o.files);
+        self.carried.extend(o.carried);
         crate::add_fields!(self += o; stored, packs, pages_checked, files_unchanged, bytes_read, files_tracked, resumed);
         for (reason, n) in o.files_hashed {
             *self.files_hashed.entry(reason).or_default() += n;
@@ -281,7 +288,7 @@ pub(super) fn copy_files(
 /// modified within the second the prior backup started) are carried by reference without
 /// reading them; files the WAL tracks are read only where it says they changed; others are
 /// read whole. Returns `None` when the file vanished before it could be opened (a dropped
-/// relation: WAL replay removes it anyway).
+/// relation: WAL replay removes it anyway) or was carried (`CopyOutcome::carried`).
 fn copy_file(
     ctx: &CopyContext,
     job: &Job,
@@ -289,7 +296,7 @@ fn copy_file(
     out: &mut CopyOutcome,
     maps: &mut Option<FrameReader<'_>>,
 ) -> Result<Option<FileEntry>> {
-    let Some((p, e)) = ctx
+    let Some((p, (index, e))) = ctx
         .prior
         .as_ref()
         .and_then(|p| p.get(&job.rel).map(|e| (p, e)))
@@ -300,7 +307,7 @@ fn copy_file(
     // prior backup started may have changed after it was read without moving its mtime.
     let start_epoch = p.manifest.start.epoch;
     if !ctx.delta && e.size == job.size && e.mtime == job.mtime && job.mtime < start_epoch {
-        return carry_unchanged(ctx, job, writer, p, e, out).map(Some);
+        return carry_unchanged(ctx, job, writer, p, index, e, out);
     }
     if let Some(w) = &ctx.wal {
         // A changed file with a stored map: a delta map, without reading the old map.
@@ -329,27 +336,31 @@ fn copy_file(
     copy_whole(ctx, job, writer, out, Some((p, e)))
 }
 
-/// The prior backup's entry, pointing at the prior's storage.
+/// The prior backup's entry, pointing at the prior's storage: recorded in `out.carried`
+/// (and `None` returned), or, for an entry of a format 1 manifest that held its map
+/// inline, returned with its map stored apart once, so the backups after this one carry a
+/// reference.
 fn carry_unchanged(
     ctx: &CopyContext,
     job: &Job,
     writer: &mut PackWriter,
     prior: &Prior,
+    index: usize,
     entry: &FileEntry,
     out: &mut CopyOutcome,
-) -> Result<FileEntry> {
-    let mut carried = entry.clone();
-    carried.owner = job.owner.clone();
-    carried.rebase(prior.label(), &ctx.label);
-    if carried.map.is_none() && !carried.inline_map() {
-        // Carried from a format 1 manifest, which held every map inline: stored apart
-        // once, so the backups after this one carry a reference.
-        store_map(ctx, writer, &mut carried)?;
-    }
+) -> Result<Option<FileEntry>> {
     ctx.counters.bytes.fetch_add(job.size, Ordering::Relaxed);
     ctx.counters.files.fetch_add(1, Ordering::Relaxed);
     out.files_unchanged += 1;
-    Ok(carried)
+    if entry.map.is_some() || entry.inline_map() {
+        out.carried.push((index, job.owner.clone()));
+        return Ok(None);
+    }
+    let mut carried = entry.clone();
+    carried.owner = job.owner.clone();
+    carried.rebase(prior.label(), &ctx.label);
+    store_map(ctx, writer, &mut carried)?;
+    Ok(Some(carried))
 }
 
 /// Open a job's file; `None` when it vanished.

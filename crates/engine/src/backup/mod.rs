@@ -76,7 +76,7 @@ async fn backup_locked(
     stanza: &StanzaInfo,
 ) -> Result<Manifest> {
     let started_at = Instant::now();
-    let pf = preflight::preflight(s, opts, storage, stanza).await?;
+    let mut pf = preflight::preflight(s, opts, storage, stanza).await?;
     let mut started = preflight::start(s, opts, storage, stanza, &pf).await?;
     log::info!(
         "backup start LSN {}, WAL {}",
@@ -94,8 +94,14 @@ async fn backup_locked(
         );
     }
     let stopped = stop(s, storage, stanza, &pf, &started).await?;
+    // The copy is done and held the only other reference: the carried entries can be
+    // moved out of the prior manifest instead of copied.
+    let prior = pf
+        .prior
+        .take()
+        .map(|p| std::sync::Arc::try_unwrap(p).unwrap_or_else(|p| (*p).clone()));
     let mut manifest =
-        assemble::build_manifest(s, stanza, &pf, started, copied, stopped, started_at);
+        assemble::build_manifest(s, stanza, &pf, prior, started, copied, stopped, started_at);
     manifest.annotations = opts.annotations.clone();
     assemble::publish(storage, &manifest).await?;
     if opts.resume {
