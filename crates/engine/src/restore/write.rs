@@ -255,7 +255,8 @@ fn write_file(sh: &Shared, w: &mut Worker, f: &FileEntry, rel: &str, path: &Path
 }
 
 /// A file being written front to back whose bytes are handed to the disk as they come,
-/// every [`WriteBehind::EVERY`] bytes and at the end, without waiting for them
+/// every [`WriteBehind::EVERY`] bytes and at the end (files of 1 MiB or more), without
+/// waiting for them
 /// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, as PostgreSQL's `checkpoint_flush_after`).
 ///
 /// Why: restore makes everything durable with one `syncfs` at the end (`Tree::
@@ -274,6 +275,7 @@ struct WriteBehind {
 
 impl WriteBehind {
     const EVERY: u64 = 8 << 20;
+    const SMALL: u64 = 1 << 20;
 
     fn new(file: File) -> WriteBehind {
         WriteBehind {
@@ -299,9 +301,13 @@ impl WriteBehind {
         }
     }
 
-    /// The file, its last bytes handed to the disk.
+    /// The file, its last bytes handed to the disk unless it is small: tens of thousands
+    /// of small files each sent to the disk alone would cost more than the final `syncfs`
+    /// writing them together.
     fn finish(mut self) -> File {
-        self.start_writeback();
+        if self.written >= Self::SMALL {
+            self.start_writeback();
+        }
         self.file
     }
 }
