@@ -86,14 +86,7 @@ pub struct FileMap {
 impl FileMap {
     pub fn encode(&self) -> Vec<u8> {
         let json = serde_json::to_vec(&self.chunks).expect("serialize extents");
-        let mut out = Vec::with_capacity(12 + self.block_hashes.len() * 8 + json.len());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&(self.block_hashes.len() as u32).to_le_bytes());
-        for h in &self.block_hashes {
-            out.extend_from_slice(&h.to_le_bytes());
-        }
-        out.extend_from_slice(&json);
-        out
+        hashes_then(MAGIC, &self.block_hashes, &json)
     }
 
     pub fn decode(bytes: &[u8], what: &str) -> Result<FileMap> {
@@ -181,14 +174,7 @@ impl MapDelta {
     /// runs' blocks in order), then the JSON object of `size`, `base` and `runs`.
     pub fn encode(&self) -> Vec<u8> {
         let json = serde_json::to_vec(self).expect("serialize a delta map");
-        let mut out = Vec::with_capacity(12 + self.hashes.len() * 8 + json.len());
-        out.extend_from_slice(DELTA_MAGIC);
-        out.extend_from_slice(&(self.hashes.len() as u32).to_le_bytes());
-        for h in &self.hashes {
-            out.extend_from_slice(&h.to_le_bytes());
-        }
-        out.extend_from_slice(&json);
-        out
+        hashes_then(DELTA_MAGIC, &self.hashes, &json)
     }
 
     pub fn decode(bytes: &[u8], what: &str) -> Result<MapDelta> {
@@ -327,6 +313,19 @@ impl<'c> BaseCursor<'c> {
             self.start = end;
         }
     }
+}
+
+/// `magic`, the count of `hashes` as u32 LE, the hashes as u64 LE, then `rest`: the
+/// decoded form of both kinds of map frame ([`hashes_after`] reads it back).
+fn hashes_then(magic: &[u8; 8], hashes: &[u64], rest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(12 + hashes.len() * 8 + rest.len());
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&(hashes.len() as u32).to_le_bytes());
+    for h in hashes {
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+    out.extend_from_slice(rest);
+    out
 }
 
 /// The block hashes after an 8-byte `magic` and their u32 LE count, and the bytes after;
