@@ -275,7 +275,7 @@ fn check_file(
 ) -> Result<()> {
     let loaded;
     let f = if f.map_unloaded() {
-        loaded = runtime.block_on(m.load_map(reader, f))?;
+        loaded = runtime.block_on(m.load_map(reader.storage(), f))?;
         &loaded
     } else {
         f

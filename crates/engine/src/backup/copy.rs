@@ -19,7 +19,7 @@ use pgstrata_pg::page::{self, PageCheck};
 use pgstrata_repo::manifest::{
     block_hash, Entry, FileEntry, Manifest, MapDelta, MapRun, Owner, MAX_MAP_DEPTH,
 };
-use pgstrata_repo::pack::{Chunk, FrameReader, PackWriter};
+use pgstrata_repo::pack::{Chunk, PackWriter};
 use pgstrata_repo::Storage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -60,17 +60,14 @@ impl Prior {
     fn loaded<'e>(
         &self,
         ctx: &CopyContext,
-        reader: &mut Option<FrameReader<'_>>,
         e: &'e FileEntry,
     ) -> Result<std::borrow::Cow<'e, FileEntry>> {
         if !e.map_unloaded() {
             return Ok(std::borrow::Cow::Borrowed(e));
         }
-        let reader = reader
-            .as_mut()
-            .expect("a map reader when there is a prior backup");
         Ok(std::borrow::Cow::Owned(
-            ctx.runtime.block_on(self.manifest.load_map(reader, e))?,
+            ctx.runtime
+                .block_on(self.manifest.load_map(&ctx.storage, e))?,
         ))
     }
 }
@@ -243,16 +240,11 @@ pub(super) fn copy_files(
                 first_worker + i,
                 ctx.pack_size,
             );
-            let maps = ctx
-                .prior
-                .as_ref()
-                .map(|p| FrameReader::new(&ctx.storage, &p.manifest));
-            let checkpoints = Checkpointer::default();
-            (writer, CopyOutcome::default(), maps, checkpoints)
+            (writer, CopyOutcome::default(), Checkpointer::default())
         },
-        |(writer, out, maps, checkpoints), group| {
+        |(writer, out, checkpoints), group| {
             for job in group {
-                if let Some(f) = copy_file(ctx, &job, writer, out, maps)? {
+                if let Some(f) = copy_file(ctx, &job, writer, out)? {
                     out.files.push(f);
                 }
             }
@@ -264,7 +256,7 @@ pub(super) fn copy_files(
             }
             Ok(())
         },
-        |(mut writer, mut out, _, mut checkpoints)| {
+        |(mut writer, mut out, mut checkpoints)| {
             writer.finish()?;
             if ctx.checkpoints {
                 // Everything is stored: the rest, in case the backup stops before its
@@ -324,7 +316,6 @@ fn copy_file(
     job: &Job,
     writer: &mut PackWriter,
     out: &mut CopyOutcome,
-    maps: &mut Option<FrameReader<'_>>,
 ) -> Result<Option<FileEntry>> {
     let Some((p, (index, e))) = ctx
         .prior
@@ -350,7 +341,7 @@ fn copy_file(
             }
         }
     }
-    let e = p.loaded(ctx, maps, e)?;
+    let e = p.loaded(ctx, e)?;
     let e = e.as_ref();
     if let Some(w) = &ctx.wal {
         match w.pages_for(&job.rel, ctx.relseg_size, e) {

@@ -98,7 +98,7 @@ pub(super) fn restore_file(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Result
     let f = if f.map_unloaded() {
         loaded = sh
             .runtime
-            .block_on(sh.manifest.load_map(&mut w.reader, f))?;
+            .block_on(sh.manifest.load_map(w.reader.storage(), f))?;
         &loaded
     } else {
         f

@@ -515,11 +515,10 @@ impl Manifest {
         super::validate::check_loaded_maps(self, &what)
     }
 
-    /// Load one file's map (the file must have one), checked. `reader` names the
-    /// repository; its cache is left as it was.
-    pub async fn load_map(&self, reader: &mut FrameReader<'_>, f: &FileEntry) -> Result<FileEntry> {
+    /// Load one file's map (the file must have one), checked.
+    pub async fn load_map(&self, storage: &Storage, f: &FileEntry) -> Result<FileEntry> {
         let map = self
-            .read_maps(reader.storage(), &[f])
+            .read_maps(storage, &[f])
             .await?
             .pop()
             .expect("one map read");
