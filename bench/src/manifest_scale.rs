@@ -286,7 +286,7 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
             );
             f.set_map(r, &map, full_label);
         }
-        full.entries.push(Entry::File(f));
+        full.entries.push(Entry::File(Box::new(f)));
     }
     let full_bytes = full.encode().len();
 

@@ -30,7 +30,7 @@ fn file_at(m: &Manifest, path: &str) -> Entry {
         .expect("PG_VERSION")
         .clone();
     f.path = path.to_string();
-    Entry::File(f)
+    Entry::File(Box::new(f))
 }
 
 fn link_at(m: &Manifest, path: &str, target: &Path) -> Entry {

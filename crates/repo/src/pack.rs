@@ -262,9 +262,7 @@ impl PackWriter {
         if self.buf.len() + compressed.len() + overhead > self.pack_size && !self.buf.is_empty() {
             self.flush()?;
         }
-        if self.buf.capacity() == 0 {
-            self.buf.reserve(self.pack_size + DEFAULT_FRAME_SIZE);
-        }
+        self.make_room(compressed.len() + overhead);
         let offset = self.buf.len();
         match cipher {
             Some(c) => {
@@ -284,6 +282,20 @@ impl PackWriter {
             at: 0,
             frame: 0,
         })
+    }
+
+    /// Grow the pack buffer for `more` bytes: doubling from 256 KiB, never past what a
+    /// full pack holds. Reserving a whole pack up front cost every worker of an
+    /// incremental that stored a few kilobytes 17 MiB; growing by `Vec`'s own doubling
+    /// would let a full pack's buffer reach twice the pack size.
+    fn make_room(&mut self, more: usize) {
+        let needed = self.buf.len() + more;
+        if needed <= self.buf.capacity() {
+            return;
+        }
+        let full = self.pack_size + DEFAULT_FRAME_SIZE;
+        let target = (self.buf.capacity() * 2).clamp(256 << 10, full).max(needed);
+        self.buf.reserve_exact(target - self.buf.len());
     }
 
     /// Uploads allowed to run behind the writer.

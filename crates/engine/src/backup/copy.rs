@@ -185,7 +185,9 @@ impl CopyPlan {
 /// Result of copying files on a set of workers.
 #[derive(Default)]
 pub(super) struct CopyOutcome {
-    pub files: Vec<FileEntry>,
+    /// Boxed as the manifest holds them: they move into it by pointer.
+    #[allow(clippy::vec_box)]
+    pub files: Vec<Box<FileEntry>>,
     /// Files carried unchanged: the index of their entry in the prior manifest and their
     /// owner now. Their entries are moved out of the prior manifest when the new one is
     /// built (`assemble`), not copied while the backup runs: with many files, a second
@@ -245,7 +247,7 @@ pub(super) fn copy_files(
         |(writer, out, checkpoints), group| {
             for job in group {
                 if let Some(f) = copy_file(ctx, &job, writer, out)? {
-                    out.files.push(f);
+                    out.files.push(Box::new(f));
                 }
             }
             if ctx.checkpoints {

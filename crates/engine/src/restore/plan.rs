@@ -48,9 +48,10 @@ pub(crate) struct TablespaceTarget {
 /// A unit of restore work: one file, or small files stored next to each other in one pack,
 /// fetched with one ranged read (over an object store, one request instead of hundreds).
 #[derive(Debug)]
+#[allow(clippy::vec_box)] // entries move from the manifest to the jobs by pointer
 pub(crate) enum RestoreJob {
     One(Box<FileEntry>),
-    Group(Vec<FileEntry>),
+    Group(Vec<Box<FileEntry>>),
 }
 
 /// Everything restore will do, decided before it writes anything.
@@ -98,16 +99,18 @@ impl RestorePlan {
         // The file entries move into the jobs (one copy of each in memory); the manifest
         // keeps its directories and links.
         let mut manifest = manifest;
-        let mut files: Vec<FileEntry> = Vec::new();
+        // Boxed entries move by pointer: with many files, lists of whole entries (and
+        // their growth) were most of a restore's memory.
+        let mut files: Vec<Box<FileEntry>> = Vec::new();
         for e in std::mem::take(&mut manifest.entries) {
             match e {
                 Entry::File(f) => files.push(f),
                 other => manifest.entries.push(other),
             }
         }
-        let take = |files: &mut Vec<FileEntry>, path: &str| {
+        let take = |files: &mut Vec<Box<FileEntry>>, path: &str| {
             let i = files.iter().position(|f| f.path == path)?;
-            Some(files.swap_remove(i))
+            Some(*files.swap_remove(i))
         };
         let first = take(&mut files, PG_VERSION);
         let control = take(&mut files, PG_CONTROL);
@@ -183,10 +186,14 @@ impl RestorePlan {
 
     /// Every file the plan restores.
     pub(crate) fn files(&self) -> impl Iterator<Item = &FileEntry> {
-        let jobs = self.jobs.iter().flat_map(|j| match j {
-            RestoreJob::One(f) => std::slice::from_ref(f.as_ref()),
-            RestoreJob::Group(g) => g.as_slice(),
-        });
+        let jobs = self
+            .jobs
+            .iter()
+            .flat_map(|j| match j {
+                RestoreJob::One(f) => std::slice::from_ref(f),
+                RestoreJob::Group(g) => g.as_slice(),
+            })
+            .map(|f| &**f);
         self.first.iter().chain(jobs).chain(self.control.iter())
     }
 
@@ -408,7 +415,8 @@ fn refuse_if_running(pg_path: &Path) -> Result<()> {
 /// Small files are grouped by the pack their first frame is in (frames of one file may
 /// continue in the next pack, which the group's read covers too); larger files go alone,
 /// largest first so all workers stay busy to the end. Jobs are in the order to run them.
-pub(super) fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
+#[allow(clippy::vec_box)] // entries move from the manifest to the jobs by pointer
+pub(super) fn plan_jobs(files: Vec<Box<FileEntry>>) -> Vec<RestoreJob> {
     // A group's frames stay decoded in memory until its last file is written: bound both
     // what one read fetches and what the worker holds. Decoded, not stored, bytes bound
     // memory: bundled frames of small, mostly empty files compress 20-fold or more.
@@ -417,7 +425,7 @@ pub(super) fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
     const GROUP_FILES: usize = 512;
     let mut alone = Vec::new();
     type Pack = (Option<Arc<str>>, Option<Arc<str>>);
-    let mut small: Vec<(Pack, u64, FileEntry)> = Vec::new();
+    let mut small: Vec<(Pack, u64, Box<FileEntry>)> = Vec::new();
     for f in files {
         match f.chunks.iter().find(|c| !c.is_zero()) {
             Some(c) if f.size <= SMALL_FILE => {
@@ -428,7 +436,7 @@ pub(super) fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
     }
     small.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
     let mut groups: Vec<RestoreJob> = Vec::new();
-    let mut group: Vec<FileEntry> = Vec::new();
+    let mut group: Vec<Box<FileEntry>> = Vec::new();
     let mut key: Option<Pack> = None;
     let (mut bytes, mut decoded) = (0u64, 0u64);
     let mut frames: std::collections::HashSet<(Pack, u64)> = Default::default();
@@ -457,10 +465,7 @@ pub(super) fn plan_jobs(files: Vec<FileEntry>) -> Vec<RestoreJob> {
         groups.push(RestoreJob::Group(group));
     }
     alone.sort_by_key(|f| std::cmp::Reverse(f.size));
-    let mut jobs: Vec<RestoreJob> = alone
-        .into_iter()
-        .map(|f| RestoreJob::One(Box::new(f)))
-        .collect();
+    let mut jobs: Vec<RestoreJob> = alone.into_iter().map(RestoreJob::One).collect();
     jobs.extend(groups.into_iter().rev());
     jobs
 }
@@ -470,7 +475,7 @@ mod tests {
     use super::*;
     use pgstrata_repo::pack::Chunk;
 
-    fn file(path: &str, size: u64, pack: &str, offset: u64) -> FileEntry {
+    fn file(path: &str, size: u64, pack: &str, offset: u64) -> Box<FileEntry> {
         let chunk: Chunk = serde_json::from_value(serde_json::json!({
             "p": pack, "o": offset, "s": 100, "r": size,
         }))

@@ -174,7 +174,10 @@ pub enum Entry {
         #[serde(flatten)]
         owner: Owner,
     },
-    File(FileEntry),
+    /// Boxed: a manifest holds one entry per file, and a file's entry is three times the
+    /// size of a directory's; unboxed, every slot of the entry list (and its growth) would
+    /// pay for the largest.
+    File(Box<FileEntry>),
 }
 
 impl Entry {
@@ -395,7 +398,7 @@ impl Manifest {
 
     pub fn files(&self) -> impl Iterator<Item = &FileEntry> {
         self.entries.iter().filter_map(|e| match e {
-            Entry::File(f) => Some(f),
+            Entry::File(f) => Some(&**f),
             _ => None,
         })
     }

@@ -33,7 +33,7 @@ fn stored(pack: &str, raw: u32) -> Chunk {
 
 fn file(path: &str, size: u64, chunks: Vec<Chunk>) -> Entry {
     let blocks = size.div_ceil(8192) as usize;
-    Entry::File(FileEntry {
+    Entry::File(Box::new(FileEntry {
         path: path.into(),
         size,
         mtime: 1_740_906_000,
@@ -46,7 +46,7 @@ fn file(path: &str, size: u64, chunks: Vec<Chunk>) -> Entry {
         map: None,
         packs: Vec::new(),
         map_depth: 0,
-    })
+    }))
 }
 
 /// A small manifest as a backup writes it: root, a database file, a tablespace.
