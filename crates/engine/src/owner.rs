@@ -1,15 +1,14 @@
 //! File ownership: names recorded at backup, applied at restore when running as root.
 
-use pgstrata_repo::manifest::Owner;
+use pgstrata_repo::manifest::{Owner, OwnerName};
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
-use std::sync::Arc;
 
 /// Caches uid/gid → name lookups while walking a data directory.
 #[derive(Default)]
 pub(crate) struct OwnerNames {
-    users: HashMap<u32, Option<Arc<str>>>,
-    groups: HashMap<u32, Option<Arc<str>>>,
+    users: HashMap<u32, Option<OwnerName>>,
+    groups: HashMap<u32, Option<OwnerName>>,
 }
 
 impl OwnerNames {
@@ -36,18 +35,17 @@ impl OwnerNames {
 
 /// The name of `id`, looked up once.
 fn cached(
-    names: &mut HashMap<u32, Option<Arc<str>>>,
+    names: &mut HashMap<u32, Option<OwnerName>>,
     id: u32,
     look_up: impl FnOnce(u32) -> Option<String>,
-) -> Option<Arc<str>> {
-    names
+) -> Option<OwnerName> {
+    *names
         .entry(id)
-        .or_insert_with(|| look_up(id).map(|n| pgstrata_repo::manifest::intern(&n)))
-        .clone()
+        .or_insert_with(|| look_up(id).map(|n| OwnerName::new(&n)))
 }
 
 /// A recorded owner as a lookup key: (user name, group name, uid, gid).
-type OwnerKey = (Option<Arc<str>>, Option<Arc<str>>, u32, u32);
+type OwnerKey = (Option<OwnerName>, Option<OwnerName>, u32, u32);
 
 /// Resolves recorded owners to ids on this host (by name first, then by id).
 #[derive(Default)]
@@ -59,7 +57,7 @@ impl OwnerResolver {
     pub fn ids(&mut self, o: &Owner) -> (u32, u32) {
         *self
             .cache
-            .entry((o.user.clone(), o.group.clone(), o.uid, o.gid))
+            .entry((o.user, o.group, o.uid, o.gid))
             .or_insert_with(|| {
                 let uid = o.user.as_deref().and_then(|n| {
                     nix::unistd::User::from_name(n)

@@ -20,26 +20,51 @@ use pgstrata_repo::manifest::{Owner, Tablespace};
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(Debug, Clone)]
 pub(crate) enum ItemKind {
     Dir,
-    File { size: u64, mtime: i64 },
     Link { target: String },
 }
 
+/// A directory or link the walk found.
 #[derive(Debug, Clone)]
 pub struct Item {
     /// Path as recorded in the manifest (relative to the data directory).
     pub rel: String,
-    pub abs: PathBuf,
     pub kind: ItemKind,
     pub owner: Owner,
+}
+
+/// A regular file the walk found: what a backup copies.
+///
+/// Files are most of what a walk finds, and a backup holds every one until it is copied:
+/// they are kept apart from directories so that the copy plan takes them as they are, and
+/// their absolute path is made when the file is opened, not stored.
+#[derive(Debug, Clone)]
+pub struct WalkedFile {
+    /// Path as recorded in the manifest (relative to the data directory).
+    pub rel: String,
+    /// The directory walked, which `rel` is relative to (a standby's data directory for
+    /// the files a backup from a standby reads there). Tablespace files are reached
+    /// through their `pg_tblspc/<oid>` link.
+    pub root: Arc<Path>,
+    pub owner: Owner,
+    pub mtime: i64,
+    pub size: u64,
+}
+
+impl WalkedFile {
+    pub fn abs(&self) -> PathBuf {
+        self.root.join(&self.rel)
+    }
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct Walk {
     pub items: Vec<Item>,
+    pub files: Vec<WalkedFile>,
     pub tablespaces: Vec<Tablespace>,
 }
 
@@ -49,17 +74,19 @@ pub(crate) fn tablespace_version_dir(major: u32, catalog_version: u32) -> String
 
 pub fn walk(pg_path: &Path, major: u32, catalog_version: u32) -> Result<Walk> {
     let mut w = Walk::default();
-    let mut names = OwnerNames::default();
     let md = std::fs::metadata(pg_path)
         .map_err(|e| Error::io(format!("read data directory {}", pg_path.display()), e))?;
+    let mut at = At {
+        root: Arc::from(pg_path),
+        names: OwnerNames::default(),
+    };
     w.items.push(Item {
         rel: String::new(),
-        abs: pg_path.to_path_buf(),
         kind: ItemKind::Dir,
-        owner: names.owner_of(&md),
+        owner: at.names.owner_of(&md),
     });
     let root = dir_id(&md);
-    walk_dir(pg_path, "", &mut w, &mut names, &mut vec![root])?;
+    walk_dir(pg_path, "", &mut w, &mut at, &mut vec![root])?;
 
     // Tablespaces: pg_tblspc/<oid> links, or in-place directories.
     let tblspc = pg_path.join("pg_tblspc");
@@ -92,9 +119,8 @@ pub fn walk(pg_path: &Path, major: u32, catalog_version: u32) -> Result<Walk> {
             };
             w.items.push(Item {
                 rel: rel.clone(),
-                abs: path.clone(),
                 kind,
-                owner: names.owner_of(&lmd),
+                owner: at.names.owner_of(&lmd),
             });
             let vdir = path.join(&version_dir);
             let vmd = match std::fs::metadata(&vdir) {
@@ -105,12 +131,11 @@ pub fn walk(pg_path: &Path, major: u32, catalog_version: u32) -> Result<Walk> {
             let vrel = format!("{rel}/{version_dir}");
             w.items.push(Item {
                 rel: vrel.clone(),
-                abs: vdir.clone(),
                 kind: ItemKind::Dir,
-                owner: names.owner_of(&vmd),
+                owner: at.names.owner_of(&vmd),
             });
             let mut ancestors = vec![root, dir_id(&vmd)];
-            walk_dir(&vdir, &vrel, &mut w, &mut names, &mut ancestors)?;
+            walk_dir(&vdir, &vrel, &mut w, &mut at, &mut ancestors)?;
         }
     }
     w.tablespaces.sort_by_key(|t| t.oid);
@@ -174,13 +199,20 @@ fn read_entries(dir: &Path) -> Result<Option<Vec<std::fs::DirEntry>>> {
     Ok(Some(entries))
 }
 
+/// What every level of a walk shares.
+struct At {
+    /// The directory walked.
+    root: Arc<Path>,
+    names: OwnerNames,
+}
+
 /// Walk `dir` (`rel` in the manifest). `ancestors` holds the directories from the walk's
 /// root down to `dir`: a link back to one of them is a loop.
 fn walk_dir(
     dir: &Path,
     rel: &str,
     w: &mut Walk,
-    names: &mut OwnerNames,
+    at: &mut At,
     ancestors: &mut Vec<(u64, u64)>,
 ) -> Result<()> {
     let Some(entries) = read_entries(dir)? else {
@@ -217,9 +249,8 @@ fn walk_dir(
             Disposition::KeepEmpty => {
                 w.items.push(Item {
                     rel: child_rel.clone(),
-                    abs: abs.clone(),
                     kind: ItemKind::Dir,
-                    owner: names.owner_of(&md),
+                    owner: at.names.owner_of(&md),
                 });
                 // pg_wal/archive_status must exist for the server to start.
                 if child_rel == "pg_wal" {
@@ -227,9 +258,8 @@ fn walk_dir(
                     if let Ok(smd) = std::fs::metadata(&st) {
                         w.items.push(Item {
                             rel: "pg_wal/archive_status".into(),
-                            abs: st,
                             kind: ItemKind::Dir,
-                            owner: names.owner_of(&smd),
+                            owner: at.names.owner_of(&smd),
                         });
                     }
                 }
@@ -247,12 +277,11 @@ fn walk_dir(
             }
             w.items.push(Item {
                 rel: child_rel.clone(),
-                abs: abs.clone(),
                 kind: ItemKind::Dir,
-                owner: names.owner_of(&md),
+                owner: at.names.owner_of(&md),
             });
             ancestors.push(dir_id(&md));
-            walk_dir(&abs, &child_rel, w, names, ancestors)?;
+            walk_dir(&abs, &child_rel, w, at, ancestors)?;
             ancestors.pop();
         } else if md.is_file() {
             if let Some(r) = layout::relation_file(&child_rel) {
@@ -262,14 +291,12 @@ fn walk_dir(
             } else if layout::in_relation_dir(&child_rel) && is_temp_relation(&name) {
                 continue;
             }
-            w.items.push(Item {
+            w.files.push(WalkedFile {
                 rel: child_rel,
-                abs,
-                kind: ItemKind::File {
-                    size: md.len(),
-                    mtime: md.mtime(),
-                },
-                owner: names.owner_of(&md),
+                root: at.root.clone(),
+                owner: at.names.owner_of(&md),
+                mtime: md.mtime(),
+                size: md.len(),
             });
         }
     }
@@ -306,7 +333,12 @@ mod tests {
     }
 
     fn rels(w: &Walk) -> Vec<&str> {
-        w.items.iter().map(|i| i.rel.as_str()).collect()
+        let files = w.files.iter().map(|f| f.rel.as_str());
+        w.items
+            .iter()
+            .map(|i| i.rel.as_str())
+            .chain(files)
+            .collect()
     }
 
     #[test]
@@ -353,20 +385,17 @@ mod tests {
                 .find(|i| i.rel == rel)
                 .map(|i| i.kind.clone())
         };
-        assert!(matches!(
-            kind("extra.conf"),
-            Some(ItemKind::File { size: 6, .. })
-        ));
+        let file = |rel: &str| w.files.iter().find(|f| f.rel == rel);
+        let extra = file("extra.conf").expect("extra.conf");
+        assert_eq!(extra.size, 6);
+        assert_eq!(extra.abs(), d.path().join("extra.conf"));
         assert!(matches!(kind("conf.d"), Some(ItemKind::Dir)));
-        assert!(matches!(
-            kind("conf.d/extra.conf"),
-            Some(ItemKind::File { .. })
-        ));
-        assert!(matches!(
-            kind("base/1/again/extra.conf"),
-            Some(ItemKind::File { .. })
-        ));
-        assert!(kind("gone").is_none(), "a link to nothing is left out");
+        assert!(file("conf.d/extra.conf").is_some());
+        assert!(file("base/1/again/extra.conf").is_some());
+        assert!(
+            kind("gone").is_none() && file("gone").is_none(),
+            "a link to nothing is left out"
+        );
     }
 
     #[test]

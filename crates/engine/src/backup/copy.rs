@@ -11,7 +11,9 @@
 use super::resume::Checkpointer;
 use crate::content::read_full_at;
 use crate::track::WalChanges;
-use crate::walk::{Item, ItemKind};
+/// A file to copy, as the walk found it.
+pub(super) use crate::walk::WalkedFile as Job;
+use crate::walk::{ItemKind, Walk};
 use crate::{pool, Error, Result};
 use pgstrata_pg::layout;
 use pgstrata_pg::lsn::Lsn;
@@ -24,7 +26,7 @@ use pgstrata_repo::Storage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 
 /// What an incremental compares against: the prior backup's manifest, its files found by
@@ -115,15 +117,6 @@ pub(super) struct CopyContext {
     pub checkpoints: bool,
 }
 
-#[derive(Debug)]
-pub(super) struct Job {
-    pub rel: String,
-    pub abs: PathBuf,
-    pub owner: Owner,
-    pub mtime: i64,
-    pub size: u64,
-}
-
 /// What the walk of the data directory turns into: entries recorded as they are
 /// (directories, tablespace links), files to copy, and `global/pg_control`, copied last.
 #[derive(Debug)]
@@ -135,41 +128,34 @@ pub(super) struct CopyPlan {
 }
 
 impl CopyPlan {
-    pub fn new(items: Vec<Item>, pg_path: &Path) -> Result<CopyPlan> {
-        let mut jobs = Vec::new();
-        let mut entries = Vec::new();
-        let mut control = None;
-        for item in items {
-            match item.kind {
-                ItemKind::Dir => entries.push(Entry::Dir {
+    /// Directories and links become entries as they are; files become jobs (the walk's own
+    /// list, reordered), `global/pg_control` apart.
+    pub fn new(walk: Walk, pg_path: &Path) -> Result<CopyPlan> {
+        let entries = walk
+            .items
+            .into_iter()
+            .map(|item| match item.kind {
+                ItemKind::Dir => Entry::Dir {
                     path: item.rel,
                     owner: item.owner,
-                }),
-                ItemKind::Link { target } => entries.push(Entry::Link {
+                },
+                ItemKind::Link { target } => Entry::Link {
                     path: item.rel,
                     target,
                     owner: item.owner,
-                }),
-                ItemKind::File { size, mtime } => {
-                    let job = Job {
-                        rel: item.rel,
-                        abs: item.abs,
-                        owner: item.owner,
-                        mtime,
-                        size,
-                    };
-                    if job.rel == "global/pg_control" {
-                        control = Some(job);
-                    } else {
-                        jobs.push(job);
-                    }
-                }
-            }
-        }
-        let control = control.ok_or_else(|| {
-            Error::refused(format!("{} has no global/pg_control", pg_path.display()))
-        })?;
-        jobs.sort_by_key(|j| std::cmp::Reverse(j.size));
+                },
+            })
+            .collect();
+        let mut jobs = walk.files;
+        let control = jobs
+            .iter()
+            .position(|j| j.rel == "global/pg_control")
+            .map(|i| jobs.swap_remove(i))
+            .ok_or_else(|| {
+                Error::refused(format!("{} has no global/pg_control", pg_path.display()))
+            })?;
+        // Unstable (a stable sort borrows room for half the list), the path breaking ties.
+        jobs.sort_unstable_by(|a, b| b.size.cmp(&a.size).then_with(|| a.rel.cmp(&b.rel)));
         Ok(CopyPlan {
             entries,
             jobs,
@@ -287,22 +273,23 @@ pub(super) fn copy_files(
 /// of many files is mostly files carried in a microsecond each, and one hand-over per file
 /// made the threads spend a quarter of their time switching (61,000 files: `perf`,
 /// `finish_task_switch` and spin-lock release at the top).
-fn groups(jobs: Vec<Job>) -> Vec<Vec<Job>> {
-    let mut groups: Vec<Vec<Job>> = Vec::new();
-    let mut bytes = 0u64;
-    for job in jobs {
-        match groups.last_mut() {
-            Some(g) if g.len() < GROUP_FILES && bytes + job.size <= GROUP_BYTES => {
-                bytes += job.size;
-                g.push(job);
-            }
-            _ => {
-                bytes = job.size;
-                groups.push(vec![job]);
-            }
+///
+/// Lazy: a group is made when a worker can take it, so the jobs are not held twice.
+fn groups(jobs: Vec<Job>) -> impl Iterator<Item = Vec<Job>> {
+    let mut jobs = jobs.into_iter().peekable();
+    std::iter::from_fn(move || {
+        let first = jobs.next()?;
+        let mut bytes = first.size;
+        let mut group = vec![first];
+        while group.len() < GROUP_FILES {
+            let Some(job) = jobs.next_if(|j| bytes + j.size <= GROUP_BYTES) else {
+                break;
+            };
+            bytes += job.size;
+            group.push(job);
         }
-    }
-    groups
+        Some(group)
+    })
 }
 
 const GROUP_FILES: usize = 64;
@@ -388,10 +375,10 @@ fn carry_unchanged(
 
 /// Open a job's file; `None` when it vanished.
 fn open_job(job: &Job) -> Result<Option<File>> {
-    match File::open(&job.abs) {
+    match File::open(job.abs()) {
         Ok(f) => Ok(Some(f)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(format!("open {}", job.abs.display()), e)),
+        Err(e) => Err(Error::io(format!("open {}", job.abs().display()), e)),
     }
 }
 
@@ -417,7 +404,7 @@ fn copy_whole(
     let mut offset = 0u64;
     loop {
         let n = read_full_at(&f, &mut buf, offset)
-            .map_err(|e| Error::io(format!("read {}", job.abs.display()), e))?;
+            .map_err(|e| Error::io(format!("read {}", job.abs().display()), e))?;
         if n == 0 {
             break;
         }
@@ -444,7 +431,7 @@ fn tracked_blocks(
     };
     let size = f
         .metadata()
-        .map_err(|e| Error::io(format!("stat {}", job.abs.display()), e))?
+        .map_err(|e| Error::io(format!("stat {}", job.abs().display()), e))?
         .len();
     let bs = entry.block_size as u64;
     let page = ctx.page_size as u64;
@@ -499,7 +486,7 @@ fn copy_tracked(
             continue;
         }
         let n = read_full_at(&f, &mut buf[..len as usize], off)
-            .map_err(|e| Error::io(format!("read {}", job.abs.display()), e))?;
+            .map_err(|e| Error::io(format!("read {}", job.abs().display()), e))?;
         if n < len as usize {
             end = off + n as u64; // the file shrank while we read it: WAL replay redoes it
             if n == 0 {
@@ -556,7 +543,7 @@ fn copy_tracked_delta(
         }
         let len = (end - off).min(bs) as usize;
         let n = read_full_at(&f, &mut buf[..len], off)
-            .map_err(|e| Error::io(format!("read {}", job.abs.display()), e))?;
+            .map_err(|e| Error::io(format!("read {}", job.abs().display()), e))?;
         if n < len {
             end = off + n as u64; // the file shrank while we read it: WAL replay redoes it
             if n == 0 {
@@ -907,6 +894,9 @@ fn merged(extents: impl Iterator<Item = Chunk>) -> Vec<Chunk> {
         }
         chunks.push(e);
     }
+    // Kept in the manifest until the backup ends: a one-extent file would otherwise keep
+    // room for four.
+    chunks.shrink_to_fit();
     chunks
 }
 
@@ -1061,7 +1051,7 @@ mod tests {
     fn small_files_are_handed_over_in_groups_and_large_ones_alone() {
         let job = |i: usize, size: u64| Job {
             rel: format!("base/1/{i}"),
-            abs: PathBuf::from(format!("/x/{i}")),
+            root: Path::new("/x").into(),
             owner: owner(),
             mtime: 0,
             size,
@@ -1070,7 +1060,7 @@ mod tests {
         jobs.extend((1..=100).map(|i| job(i, 1024)));
         jobs.push(job(101, 5 << 20));
         jobs.push(job(102, 5 << 20));
-        let groups = groups(jobs);
+        let groups: Vec<Vec<Job>> = groups(jobs).collect();
         let lens: Vec<usize> = groups.iter().map(Vec::len).collect();
         assert_eq!(lens, [1, 64, 37, 1]);
         // In the order given.
@@ -1151,43 +1141,52 @@ mod tests {
         assert_eq!(own.locate(24576, 8192).unwrap().backup, None);
     }
 
-    fn item(rel: &str, kind: ItemKind) -> Item {
-        Item {
-            rel: rel.into(),
-            abs: PathBuf::from("/pg").join(rel),
-            kind,
-            owner: owner(),
-        }
-    }
-
-    fn regular(size: u64) -> ItemKind {
-        ItemKind::File { size, mtime: 1 }
-    }
-
     #[test]
     fn the_plan_copies_largest_files_first_and_pg_control_apart() {
-        let items = vec![
-            item("", ItemKind::Dir),
-            item("base/1/small", regular(10)),
-            item("global/pg_control", regular(8192)),
-            item("base/1/large", regular(1 << 30)),
-            item(
-                "pg_tblspc/16400",
-                ItemKind::Link {
-                    target: "/ts".into(),
-                },
-            ),
-            item("base/1/medium", regular(1 << 20)),
-        ];
-        let plan = CopyPlan::new(items, Path::new("/pg")).unwrap();
+        let root: std::sync::Arc<Path> = Path::new("/pg").into();
+        let file = |rel: &str, size: u64| Job {
+            rel: rel.into(),
+            root: root.clone(),
+            owner: owner(),
+            mtime: 1,
+            size,
+        };
+        let dir = |rel: &str, kind: ItemKind| crate::walk::Item {
+            rel: rel.into(),
+            kind,
+            owner: owner(),
+        };
+        let walk = Walk {
+            items: vec![
+                dir("", ItemKind::Dir),
+                dir(
+                    "pg_tblspc/16400",
+                    ItemKind::Link {
+                        target: "/ts".into(),
+                    },
+                ),
+            ],
+            files: vec![
+                file("base/1/small", 10),
+                file("global/pg_control", 8192),
+                file("base/1/large", 1 << 30),
+                file("base/1/medium", 1 << 20),
+            ],
+            tablespaces: vec![],
+        };
+        let plan = CopyPlan::new(walk, Path::new("/pg")).unwrap();
         let jobs: Vec<&str> = plan.jobs.iter().map(|j| j.rel.as_str()).collect();
         assert_eq!(jobs, ["base/1/large", "base/1/medium", "base/1/small"]);
         assert_eq!(plan.control.rel, "global/pg_control");
+        assert_eq!(plan.control.abs(), Path::new("/pg/global/pg_control"));
         let entries: Vec<&str> = plan.entries.iter().map(|e| e.path()).collect();
         assert_eq!(entries, ["", "pg_tblspc/16400"]);
         assert_eq!(plan.total_bytes(), (1 << 30) + (1 << 20) + 10 + 8192);
 
-        let no_control = vec![item("base/1/small", regular(10))];
+        let no_control = Walk {
+            files: vec![file("base/1/small", 10)],
+            ..Default::default()
+        };
         let e = CopyPlan::new(no_control, Path::new("/pg")).unwrap_err();
         assert_eq!(e.message, "/pg has no global/pg_control");
     }

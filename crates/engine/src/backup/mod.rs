@@ -143,7 +143,7 @@ async fn copy_data_directory(
             pf.db.target()
         );
     }
-    let tree = {
+    let mut tree = {
         let p = pf.pg_path.clone();
         let (major, catver) = (pf.control.major_version()?, pf.control.catalog_version);
         let standby = pf.standby.as_ref().map(|sb| sb.source.path.clone());
@@ -160,7 +160,8 @@ async fn copy_data_directory(
         .await
         .expect("walk thread")?
     };
-    let plan = CopyPlan::new(tree.items, &pf.pg_path)?;
+    let tablespaces = std::mem::take(&mut tree.tablespaces);
+    let plan = CopyPlan::new(tree, &pf.pg_path)?;
     let progress = Progress::start("backup", plan.total_bytes(), plan.jobs.len() as u64 + 1);
     let prior = pf.prior.clone().map(Prior::new);
     let resume = match opts.resume {
@@ -208,8 +209,8 @@ async fn copy_data_directory(
     if let Some(copy) = &pf.primary_copy {
         // pg_control last, as the primary has it now.
         primary_sql::refresh_control(&pf.db, &copy.dir).await?;
-        let md = std::fs::metadata(&control.abs)
-            .map_err(|e| Error::io(format!("stat {}", control.abs.display()), e))?;
+        let md = std::fs::metadata(control.abs())
+            .map_err(|e| Error::io(format!("stat {}", control.abs().display()), e))?;
         control.size = md.len();
         control.mtime = std::os::unix::fs::MetadataExt::mtime(&md);
     }
@@ -222,7 +223,7 @@ async fn copy_data_directory(
     progress.finish();
     Ok(Copied {
         entries: plan.entries,
-        tablespaces: tree.tablespaces,
+        tablespaces,
         outcome,
         resumed_from,
     })

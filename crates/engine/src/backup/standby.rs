@@ -17,7 +17,7 @@
 //! backup with how far it got.
 
 use crate::db::Db;
-use crate::walk::Walk;
+use crate::walk::{Walk, WalkedFile};
 use crate::{Error, ErrorKind, Result, Settings, StandbySource};
 use pgstrata_pg::control::ControlData;
 use pgstrata_pg::layout;
@@ -177,19 +177,22 @@ impl Standby {
 /// `tablespaces_from_standby`: the primary's side was read over its connection and has
 /// no tablespace links; the standby's links, directories and locations stand for them.
 pub(crate) fn merge_walks(primary: Walk, standby: Walk, tablespaces_from_standby: bool) -> Walk {
-    let is_file = |i: &crate::walk::Item| matches!(i.kind, crate::walk::ItemKind::File { .. });
-    let is_relation = |i: &crate::walk::Item| is_file(i) && layout::relation_file(&i.rel).is_some();
-    let in_tablespace = |i: &crate::walk::Item| i.rel.starts_with("pg_tblspc/");
-    let mut items: Vec<_> = primary
-        .items
+    let is_relation = |f: &WalkedFile| layout::relation_file(&f.rel).is_some();
+    let in_tablespace = |rel: &str| rel.starts_with("pg_tblspc/");
+    let mut files: Vec<WalkedFile> = primary
+        .files
         .into_iter()
-        .filter(|i| !(is_relation(i) || (tablespaces_from_standby && in_tablespace(i))))
+        .filter(|f| !(is_relation(f) || (tablespaces_from_standby && in_tablespace(&f.rel))))
         .collect();
-    items.extend(standby.items.into_iter().filter(|i| {
-        is_relation(i) || (tablespaces_from_standby && in_tablespace(i) && !is_file(i))
-    }));
+    files.extend(standby.files.into_iter().filter(is_relation));
+    let mut items = primary.items;
+    if tablespaces_from_standby {
+        items.retain(|i| !in_tablespace(&i.rel));
+        items.extend(standby.items.into_iter().filter(|i| in_tablespace(&i.rel)));
+    }
     Walk {
         items,
+        files,
         tablespaces: if tablespaces_from_standby {
             standby.tablespaces
         } else {

@@ -675,3 +675,26 @@ fn a_delta_map_changes_grows_and_cuts_its_base() {
     damaged(|d| d.hashes.pop().map(drop).unwrap_or(()), "hashes for");
     damaged(|d| d.runs.swap(0, 1), "out of order");
 }
+
+#[test]
+fn owner_names_are_held_once_and_read_back_as_written() {
+    let a = OwnerName::new("pgstrata-test-owner");
+    let b: OwnerName = "pgstrata-test-owner".into();
+    assert_eq!(a, b, "one name, one index");
+    assert_ne!(a, OwnerName::new("pgstrata-test-other"));
+    assert_eq!(&*a, "pgstrata-test-owner");
+    assert_eq!(format!("{a:?}"), "\"pgstrata-test-owner\"");
+    let o = Owner {
+        mode: 0o600,
+        uid: 7,
+        gid: 8,
+        user: Some(a),
+        group: None,
+    };
+    let json = serde_json::to_string(&o).unwrap();
+    assert!(json.contains("\"user\":\"pgstrata-test-owner\""), "{json}");
+    assert!(json.contains("\"group\":null"), "{json}");
+    assert_eq!(serde_json::from_str::<Owner>(&json).unwrap(), o);
+    // Four bytes where a shared string took sixteen: the owner of every entry.
+    assert!(std::mem::size_of::<Owner>() <= 20);
+}
