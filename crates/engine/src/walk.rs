@@ -178,9 +178,10 @@ fn stat_following(abs: &Path) -> Result<Option<std::fs::Metadata>> {
     }
 }
 
-/// The entries of `dir`; `None` when it was dropped while being read (DROP DATABASE: WAL
-/// replay redoes it).
-fn read_entries(dir: &Path) -> Result<Option<Vec<std::fs::DirEntry>>> {
+/// The names in `dir`; `None` when it was dropped while being read (DROP DATABASE: WAL
+/// replay redoes it). Names only: a database directory can hold a million files, and each
+/// `DirEntry` holds more than its name.
+fn read_names(dir: &Path) -> Result<Option<Vec<std::ffi::OsString>>> {
     let failed = |e| Error::io(format!("read directory {}", dir.display()), e);
     let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     let rd = match std::fs::read_dir(dir) {
@@ -188,15 +189,15 @@ fn read_entries(dir: &Path) -> Result<Option<Vec<std::fs::DirEntry>>> {
         Err(e) if gone(&e) => return Ok(None),
         Err(e) => return Err(failed(e)),
     };
-    let mut entries = Vec::new();
+    let mut names = Vec::new();
     for ent in rd {
         match ent {
-            Ok(e) => entries.push(e),
+            Ok(e) => names.push(e.file_name()),
             Err(e) if gone(&e) => return Ok(None),
             Err(e) => return Err(failed(e)),
         }
     }
-    Ok(Some(entries))
+    Ok(Some(names))
 }
 
 /// What every level of a walk shares.
@@ -215,30 +216,27 @@ fn walk_dir(
     at: &mut At,
     ancestors: &mut Vec<(u64, u64)>,
 ) -> Result<()> {
-    let Some(entries) = read_entries(dir)? else {
+    let Some(names_here) = read_names(dir)? else {
         return Ok(());
     };
-    let names_here: Vec<String> = entries
-        .iter()
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .collect();
     // Relations with an _init fork are unlogged: their other forks are not copied.
     let unlogged: HashSet<u32> = if layout::in_relation_dir(&join_rel(rel, "x")) {
         names_here
             .iter()
-            .filter_map(|n| layout::RelFile::parse(n))
+            .filter_map(|n| layout::RelFile::parse(n.to_str()?))
             .filter(|r| r.fork == layout::Fork::Init)
             .map(|r| r.relnumber)
             .collect()
     } else {
         HashSet::new()
     };
-    for (ent, name) in entries.into_iter().zip(names_here) {
+    for os_name in names_here {
+        let name = os_name.to_string_lossy();
         let child_rel = join_rel(rel, &name);
         if rel == "pg_tblspc" {
             continue; // handled by the tablespace pass
         }
-        let abs = ent.path();
+        let abs = dir.join(&os_name);
         // Follow links (other than tablespaces): copy what they point to.
         let Some(md) = stat_following(&abs)? else {
             continue;
