@@ -139,6 +139,8 @@ pub fn walk(pg_path: &Path, major: u32, catalog_version: u32) -> Result<Walk> {
         }
     }
     w.tablespaces.sort_by_key(|t| t.oid);
+    // Held until the files are copied: not the doubling's spare room with it.
+    w.files.shrink_to_fit();
     Ok(w)
 }
 

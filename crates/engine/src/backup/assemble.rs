@@ -52,7 +52,7 @@ pub(super) struct Copied {
 }
 
 /// Build the manifest. `prior` is the prior backup's manifest, whose entries of the files
-/// carried unchanged are moved into the new one (the rest of it is left as it was).
+/// carried unchanged are moved into the new one (its other entries are dropped).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn build_manifest(
     s: &Settings,
@@ -81,12 +81,15 @@ pub(super) fn build_manifest(
             f.rebase(&p.label, &pf.label);
             outcome.files.push(f);
         }
+        // Its entries are moved or not needed: free them before the new list is made.
+        p.entries = Vec::new();
     }
     assert!(outcome.carried.is_empty(), "files carried without a prior");
     let page_errors: u64 = outcome.files.iter().map(|f| f.bad_pages.len() as u64).sum();
     let db_size: u64 = outcome.files.iter().map(|f| f.size).sum();
     let file_count = outcome.files.len() as u64;
     let mut entries = copied.entries;
+    entries.reserve_exact(outcome.files.len());
     entries.extend(outcome.files.into_iter().map(Entry::File));
     entries.sort_by(|a, b| a.path().cmp(b.path()));
     let prior = prior.as_ref();

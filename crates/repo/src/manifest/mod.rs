@@ -407,6 +407,9 @@ impl Manifest {
             })?;
         crate::error::check_format_version(what, m.format_version, FORMAT_VERSION)?;
         validate::validate(&mut m, what)?;
+        // The list grew by doubling while it was parsed: up to twice the room it needs,
+        // held as long as the manifest is.
+        m.entries.shrink_to_fit();
         Ok(m)
     }
 
