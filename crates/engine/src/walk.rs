@@ -76,17 +76,17 @@ pub fn walk(pg_path: &Path, major: u32, catalog_version: u32) -> Result<Walk> {
     let mut w = Walk::default();
     let md = std::fs::metadata(pg_path)
         .map_err(|e| Error::io(format!("read data directory {}", pg_path.display()), e))?;
-    let mut at = At {
+    let mut shared = WalkShared {
         root: Arc::from(pg_path),
         names: OwnerNames::default(),
     };
     w.items.push(Item {
         rel: String::new(),
         kind: ItemKind::Dir,
-        owner: at.names.owner_of(&md),
+        owner: shared.names.owner_of(&md),
     });
     let root = dir_id(&md);
-    walk_dir(pg_path, "", &mut w, &mut at, &mut vec![root])?;
+    walk_dir(pg_path, "", &mut w, &mut shared, &mut vec![root])?;
 
     // Tablespaces: pg_tblspc/<oid> links, or in-place directories.
     let tblspc = pg_path.join("pg_tblspc");
@@ -120,7 +120,7 @@ pub fn walk(pg_path: &Path, major: u32, catalog_version: u32) -> Result<Walk> {
             w.items.push(Item {
                 rel: rel.clone(),
                 kind,
-                owner: at.names.owner_of(&lmd),
+                owner: shared.names.owner_of(&lmd),
             });
             let vdir = path.join(&version_dir);
             let vmd = match std::fs::metadata(&vdir) {
@@ -132,10 +132,10 @@ pub fn walk(pg_path: &Path, major: u32, catalog_version: u32) -> Result<Walk> {
             w.items.push(Item {
                 rel: vrel.clone(),
                 kind: ItemKind::Dir,
-                owner: at.names.owner_of(&vmd),
+                owner: shared.names.owner_of(&vmd),
             });
             let mut ancestors = vec![root, dir_id(&vmd)];
-            walk_dir(&vdir, &vrel, &mut w, &mut at, &mut ancestors)?;
+            walk_dir(&vdir, &vrel, &mut w, &mut shared, &mut ancestors)?;
         }
     }
     w.tablespaces.sort_by_key(|t| t.oid);
@@ -203,7 +203,7 @@ fn read_names(dir: &Path) -> Result<Option<Vec<std::ffi::OsString>>> {
 }
 
 /// What every level of a walk shares.
-struct At {
+struct WalkShared {
     /// The directory walked.
     root: Arc<Path>,
     names: OwnerNames,
@@ -215,7 +215,7 @@ fn walk_dir(
     dir: &Path,
     rel: &str,
     w: &mut Walk,
-    at: &mut At,
+    shared: &mut WalkShared,
     ancestors: &mut Vec<(u64, u64)>,
 ) -> Result<()> {
     let Some(names_here) = read_names(dir)? else {
@@ -250,7 +250,7 @@ fn walk_dir(
                 w.items.push(Item {
                     rel: child_rel.clone(),
                     kind: ItemKind::Dir,
-                    owner: at.names.owner_of(&md),
+                    owner: shared.names.owner_of(&md),
                 });
                 // pg_wal/archive_status must exist for the server to start.
                 if child_rel == "pg_wal" {
@@ -259,7 +259,7 @@ fn walk_dir(
                         w.items.push(Item {
                             rel: "pg_wal/archive_status".into(),
                             kind: ItemKind::Dir,
-                            owner: at.names.owner_of(&smd),
+                            owner: shared.names.owner_of(&smd),
                         });
                     }
                 }
@@ -278,10 +278,10 @@ fn walk_dir(
             w.items.push(Item {
                 rel: child_rel.clone(),
                 kind: ItemKind::Dir,
-                owner: at.names.owner_of(&md),
+                owner: shared.names.owner_of(&md),
             });
             ancestors.push(dir_id(&md));
-            walk_dir(&abs, &child_rel, w, at, ancestors)?;
+            walk_dir(&abs, &child_rel, w, shared, ancestors)?;
             ancestors.pop();
         } else if md.is_file() {
             if let Some(r) = layout::relation_file(&child_rel) {
@@ -293,8 +293,8 @@ fn walk_dir(
             }
             w.files.push(WalkedFile {
                 rel: child_rel,
-                root: at.root.clone(),
-                owner: at.names.owner_of(&md),
+                root: shared.root.clone(),
+                owner: shared.names.owner_of(&md),
                 mtime: md.mtime(),
                 size: md.len(),
             });

@@ -157,8 +157,8 @@ pub(crate) mod interned {
                 return n.clone();
             }
             let n: Arc<str> = Arc::from(name);
-            // Bounded: a process sees few distinct names (labels, pack names of the
-            // backups it reads, users); a flood of distinct ones is not kept.
+            // Bounded: a process sees few distinct names (labels and pack names of the
+            // backups it reads; owner names are `OwnerName`s); a flood is not kept.
             if names.len() < 1 << 20 {
                 names.insert(n.clone());
             }
