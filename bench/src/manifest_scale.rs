@@ -249,27 +249,24 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
         user: Some("postgres".into()),
         group: Some("postgres".into()),
     };
-    let dir = |path: &str| Entry::Dir {
-        path: path.into(),
-        owner: owner.clone(),
-    };
+    let dir = |path: &str| Entry::dir(path, owner.clone());
     let mut full = header(full_label, None);
     full.entries = vec![dir(""), dir("base"), dir("base/16384")];
     let mut full_maps = 0u64;
     for i in 0..o.files {
         let map = full_map(i, size, bs);
         let mut f = FileEntry {
-            path: format!("base/16384/{}", 20000 + i),
+            path: format!("base/16384/{}", 20000 + i).into(),
             size,
             mtime: 1_795_000_000,
             owner: owner.clone(),
             hash: Some(std::array::from_fn(|_| rng.next() as u8)),
             chunks: map.chunks.clone(),
-            bad_pages: vec![],
+            bad_pages: Default::default(),
             block_size: bs as u32,
             block_hashes: map.block_hashes.clone(),
             map: None,
-            packs: vec![],
+            packs: Default::default(),
             map_depth: 0,
         };
         if format2 && !f.inline_map() {

@@ -16,7 +16,7 @@ fn file_mut<'a>(m: &'a mut Manifest, path: &str) -> &'a mut FileEntry {
     m.entries
         .iter_mut()
         .find_map(|e| match e {
-            Entry::File(f) if f.path == path => Some(f),
+            Entry::File(f) if &*f.path == path => Some(f),
             _ => None,
         })
         .unwrap_or_else(|| panic!("no file {path} in the manifest"))
@@ -26,22 +26,18 @@ fn file_mut<'a>(m: &'a mut Manifest, path: &str) -> &'a mut FileEntry {
 fn file_at(m: &Manifest, path: &str) -> Entry {
     let mut f = m
         .files()
-        .find(|f| f.path == "PG_VERSION")
+        .find(|f| &*f.path == "PG_VERSION")
         .expect("PG_VERSION")
         .clone();
-    f.path = path.to_string();
+    f.path = path.into();
     Entry::File(Box::new(f))
 }
 
 fn link_at(m: &Manifest, path: &str, target: &Path) -> Entry {
-    let Entry::Dir { owner, .. } = &m.entries[0] else {
+    let Entry::Dir(root) = &m.entries[0] else {
         panic!("the root entry is a directory")
     };
-    Entry::Link {
-        path: path.to_string(),
-        target: target.display().to_string(),
-        owner: owner.clone(),
-    }
+    Entry::link(path, target.display().to_string(), root.owner.clone())
 }
 
 #[test]

@@ -245,7 +245,7 @@ fn wal_tracking_misses_no_changed_block() {
     );
     let mut checked = 0;
     for f in m.files().filter(|f| f.hash.is_none()) {
-        let data = std::fs::read(env.cluster.data.join(&f.path)).unwrap();
+        let data = std::fs::read(env.cluster.data.join(&*f.path)).unwrap();
         assert_eq!(data.len() as u64, f.size, "{}", f.path);
         for (i, block) in data.chunks(f.block_size as usize).enumerate() {
             assert_eq!(
@@ -556,7 +556,7 @@ fn records_cut_at_a_segment_end_are_read_across_the_boundary() {
     assert_eq!(m.track, Some(Tracking::Wal), "{:?}", m.track_reason);
     let mut checked = 0;
     for f in m.files().filter(|f| f.hash.is_none()) {
-        let data = std::fs::read(env.cluster.data.join(&f.path)).unwrap();
+        let data = std::fs::read(env.cluster.data.join(&*f.path)).unwrap();
         for (i, block) in data.chunks(f.block_size as usize).enumerate() {
             assert_eq!(
                 f.block_hash(i),
@@ -633,7 +633,7 @@ fn few_changed_blocks_are_stored_as_delta_maps_that_chain() {
         let m = manifest(&env, label);
         let f = m
             .files()
-            .find(|f| f.path == path)
+            .find(|f| *f.path == *path)
             .expect("the table's file");
         assert!(f.map.is_some(), "{path} has its map stored apart");
         f.map_depth

@@ -121,8 +121,8 @@ pub(crate) fn summarize(m: &Manifest) -> BackupInfo {
             .files()
             .filter(|f| !f.bad_pages.is_empty())
             .map(|f| BadPages {
-                path: f.path.clone(),
-                blocks: f.bad_pages.clone(),
+                path: f.path.to_string(),
+                blocks: f.bad_pages.to_vec(),
             })
             .collect(),
         annotations: m.annotations.clone(),

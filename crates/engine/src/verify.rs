@@ -173,7 +173,7 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         }
         for (f, key) in keyed {
             if let Some(Err(why)) = verdicts.get(key) {
-                v.errors.push(if why.contains(&f.path) {
+                v.errors.push(if why.contains(&*f.path) {
                     why.clone()
                 } else {
                     format!("{}: {why}", f.path)

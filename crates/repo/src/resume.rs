@@ -153,11 +153,11 @@ mod tests {
                 },
                 hash: Some([7; 32]),
                 chunks: vec![frame],
-                bad_pages: vec![],
+                bad_pages: Default::default(),
                 block_size: 8192,
                 block_hashes: vec![1, 2],
                 map: None,
-                packs: vec![],
+                packs: Default::default(),
                 map_depth: 0,
             }],
         }

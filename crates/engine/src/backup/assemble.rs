@@ -66,23 +66,22 @@ pub(super) fn build_manifest(
 ) -> Manifest {
     let mut outcome = copied.outcome;
     if let Some(p) = prior.as_mut() {
-        for (i, owner) in std::mem::take(&mut outcome.carried) {
-            let moved = std::mem::replace(
-                &mut p.entries[i],
-                Entry::Dir {
-                    path: String::new(),
-                    owner: owner.clone(),
-                },
-            );
-            let Entry::File(mut f) = moved else {
-                unreachable!("a carried entry is a file, moved once")
+        // Each carried entry moves out of the prior list, which goes as it is walked: the
+        // prior's other entries are freed before the new list is made.
+        let mut carried = std::mem::take(&mut outcome.carried);
+        carried.sort_unstable_by_key(|(i, _)| *i);
+        let mut carried = carried.into_iter().peekable();
+        for (i, e) in std::mem::take(&mut p.entries).into_iter().enumerate() {
+            let Some((_, owner)) = carried.next_if(|(j, _)| *j == i) else {
+                continue;
+            };
+            let Entry::File(mut f) = e else {
+                unreachable!("a carried entry is a file")
             };
             f.owner = owner;
             f.rebase(&p.label, &pf.label);
             outcome.files.push(f);
         }
-        // Its entries are moved or not needed: free them before the new list is made.
-        p.entries = Vec::new();
     }
     assert!(outcome.carried.is_empty(), "files carried without a prior");
     let page_errors: u64 = outcome.files.iter().map(|f| f.bad_pages.len() as u64).sum();

@@ -19,7 +19,7 @@ use pgstrata_pg::layout;
 use pgstrata_pg::lsn::Lsn;
 use pgstrata_pg::page::{self, PageCheck};
 use pgstrata_repo::manifest::{
-    block_hash, Entry, FileEntry, Manifest, MapDelta, MapRun, Owner, MAX_MAP_DEPTH,
+    block_hash, Entry, FileEntry, Manifest, MapDelta, MapRun, Owner, ThinVec, MAX_MAP_DEPTH,
 };
 use pgstrata_repo::pack::{Chunk, PackWriter};
 use pgstrata_repo::Storage;
@@ -135,15 +135,8 @@ impl CopyPlan {
             .items
             .into_iter()
             .map(|item| match item.kind {
-                ItemKind::Dir => Entry::Dir {
-                    path: item.rel,
-                    owner: item.owner,
-                },
-                ItemKind::Link { target } => Entry::Link {
-                    path: item.rel,
-                    target,
-                    owner: item.owner,
-                },
+                ItemKind::Dir => Entry::dir(item.rel, item.owner),
+                ItemKind::Link { target } => Entry::link(item.rel, target, item.owner),
             })
             .collect();
         let mut jobs = walk.files;
@@ -586,7 +579,7 @@ struct BlockCopier<'a> {
     merge_as_copied: bool,
     hashes: Vec<u64>,
     new: NewData,
-    bad_pages: Vec<u32>,
+    bad_pages: ThinVec<u32>,
     /// Bytes of the file covered so far, and those counted in the progress.
     end: u64,
     counted: u64,
@@ -637,7 +630,7 @@ impl<'a> BlockCopier<'a> {
                 buf: Vec::with_capacity(ctx.frame_size),
                 pending: Vec::new(),
             },
-            bad_pages: Vec::new(),
+            bad_pages: ThinVec::new(),
             end: 0,
             counted: 0,
         })
@@ -828,7 +821,7 @@ impl<'a> BlockCopier<'a> {
         let raw = delta.encode();
         let map_ref = writer.add(&self.ctx.compression.compress(&raw), raw.len())?;
         let mut new = FileEntry {
-            path: self.job.rel.clone(),
+            path: self.job.rel.as_str().into(),
             size,
             mtime: self.job.mtime,
             owner: self.job.owner.clone(),
@@ -838,7 +831,7 @@ impl<'a> BlockCopier<'a> {
             block_size: self.block_size,
             block_hashes: Vec::new(),
             map: None,
-            packs: Vec::new(),
+            packs: ThinVec::new(),
             map_depth: 0,
         };
         new.set_delta_map(
@@ -856,7 +849,7 @@ impl<'a> BlockCopier<'a> {
         self.flush_all(writer)?;
         let chunks = merged(self.extents.into_iter());
         let mut entry = FileEntry {
-            path: self.job.rel.clone(),
+            path: self.job.rel.as_str().into(),
             size: self.end,
             mtime: self.job.mtime,
             owner: self.job.owner.clone(),
@@ -866,7 +859,7 @@ impl<'a> BlockCopier<'a> {
             block_size: self.block_size,
             block_hashes: self.hashes,
             map: None,
-            packs: Vec::new(),
+            packs: ThinVec::new(),
             map_depth: 0,
         };
         let new_frames = entry
@@ -1091,11 +1084,11 @@ mod tests {
             owner: owner(),
             hash: None,
             chunks,
-            bad_pages: Vec::new(),
+            bad_pages: ThinVec::new(),
             block_size: 8192,
             block_hashes: Vec::new(),
             map: None,
-            packs: Vec::new(),
+            packs: ThinVec::new(),
             map_depth: 0,
         }
     }

@@ -96,7 +96,7 @@ pub(crate) async fn find(
                 _ => true,
             });
             if stored {
-                files.insert(f.path.clone(), f);
+                files.insert(f.path.to_string(), f);
             }
         }
     }

@@ -298,7 +298,7 @@ fn execute(
 
     layout.finish_dirs()?;
     let root_owner = m.entries.iter().find_map(|e| match e {
-        Entry::Dir { path, owner } if path.is_empty() => Some(owner.clone()),
+        Entry::Dir(d) if d.path.is_empty() => Some(d.owner.clone()),
         _ => None,
     });
     let root_ids = root_owner.and_then(|owner| layout.ids(&owner));
@@ -380,7 +380,7 @@ fn remove_extraneous(plan: &RestorePlan, tree: &TargetTree) -> Result<u64> {
         .entries
         .iter()
         .map(|e| e.path())
-        .chain(plan.files().map(|f| f.path.as_str()))
+        .chain(plan.files().map(|f| &*f.path))
         .collect();
     let mut removed = 0;
     walk_extraneous(plan, tree, &tree.root, "", &wanted, &mut removed)?;
@@ -448,8 +448,9 @@ impl Layout<'_> {
         let (plan, tree) = (self.plan, self.tree);
         for e in &plan.manifest.entries {
             match e {
-                Entry::Dir { path, .. } => tree.ensure_dir(path, &mut self.cache)?,
-                Entry::Link { path, owner, .. } => {
+                Entry::Dir(d) => tree.ensure_dir(&d.path, &mut self.cache)?,
+                Entry::Link(l) => {
+                    let (path, owner) = (&l.path, &l.owner);
                     let oid = path
                         .strip_prefix("pg_tblspc/")
                         .and_then(|o| o.parse::<u32>().ok());
@@ -478,7 +479,8 @@ impl Layout<'_> {
     fn finish_dirs(&mut self) -> Result<()> {
         let (plan, tree) = (self.plan, self.tree);
         for e in plan.manifest.entries.iter().rev() {
-            if let Entry::Dir { path, owner } = e {
+            if let Entry::Dir(d) = e {
+                let (path, owner) = (&d.path, &d.owner);
                 let dir = tree.open_dir(path, &mut self.cache)?;
                 let ids = self.ids(owner);
                 set_attributes(dir.fd.as_fd(), owner.mode, ids, None, &dir.path)?;

@@ -109,7 +109,7 @@ impl RestorePlan {
             }
         }
         let take = |files: &mut Vec<Box<FileEntry>>, path: &str| {
-            let i = files.iter().position(|f| f.path == path)?;
+            let i = files.iter().position(|f| &*f.path == path)?;
             Some(*files.swap_remove(i))
         };
         let first = take(&mut files, PG_VERSION);
@@ -361,7 +361,7 @@ fn tablespace_targets(
             .entries
             .iter()
             .filter_map(|e| match e {
-                Entry::Dir { path, .. } => path.strip_prefix(&prefix),
+                Entry::Dir(d) => d.path.strip_prefix(&prefix),
                 _ => None,
             })
             .filter(|rest| !rest.contains('/'))
@@ -499,8 +499,8 @@ mod tests {
         let shape: Vec<Vec<&str>> = jobs
             .iter()
             .map(|j| match j {
-                RestoreJob::One(f) => vec![f.path.as_str()],
-                RestoreJob::Group(g) => g.iter().map(|f| f.path.as_str()).collect(),
+                RestoreJob::One(f) => vec![&*f.path],
+                RestoreJob::Group(g) => g.iter().map(|f| &*f.path).collect(),
             })
             .collect();
         assert_eq!(

@@ -86,7 +86,7 @@ pub(crate) fn select(m: &Manifest, include: &[String], exclude: &[String]) -> Re
     for f in m.files() {
         if let Some((oid, name)) = database_file(&f.path) {
             if oids.contains(&oid) && !KEPT_WHOLE.contains(&name) {
-                selection.zeroed.insert(f.path.clone());
+                selection.zeroed.insert(f.path.to_string());
                 selection.zeroed_bytes += f.size;
             }
         }

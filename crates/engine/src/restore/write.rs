@@ -131,7 +131,7 @@ impl Action {
 }
 
 fn decide(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Result<Action> {
-    if sh.zeroed.contains(&f.path) {
+    if sh.zeroed.contains(&*f.path) {
         return Ok(Action::Zero);
     }
     if !sh.delta {

@@ -26,7 +26,7 @@
 //! a whole map and apply each delta on the way back ([`Manifest::load_maps_of`]). A chain
 //! is at most [`MAX_MAP_DEPTH`] deltas long; the writer then stores a whole map again.
 
-use super::{FileEntry, Manifest};
+use super::{FileEntry, Manifest, ThinVec};
 use crate::pack::{Chunk, FrameReader};
 use crate::{Error, Result, Storage};
 use serde::{Deserialize, Serialize};
@@ -375,7 +375,7 @@ impl FileEntry {
     pub fn set_map(&mut self, map_ref: Chunk, map: &FileMap, label: &str) {
         let mut uses = pack_uses(map.chunks.iter().chain([&map_ref]), label);
         uses.sort_by(|a, b| (&a.backup, &a.pack).cmp(&(&b.backup, &b.pack)));
-        self.packs = uses;
+        self.packs = uses.into();
         self.map = Some(Box::new(map_ref));
         self.map_depth = 0;
     }
@@ -388,7 +388,7 @@ impl FileEntry {
         &mut self,
         map_ref: Chunk,
         delta: &MapDelta,
-        base_packs: Vec<PackUse>,
+        base_packs: ThinVec<PackUse>,
         depth: u8,
         label: &str,
     ) {

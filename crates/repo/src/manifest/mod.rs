@@ -13,6 +13,7 @@ use crate::stanza::ClusterIdentity;
 use crate::{layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
 use pgstrata_pg::lsn::Lsn;
 use serde::{Deserialize, Serialize};
+pub use thin_vec::{thin_vec, ThinVec};
 
 mod map;
 #[cfg(test)]
@@ -249,40 +250,81 @@ impl<'de> Deserialize<'de> for OwnerName {
     }
 }
 
+/// One path of the backup. Every variant is boxed: a manifest holds one entry per path,
+/// and with the data inline every slot of the entry list (and its growth by doubling)
+/// would pay for the largest variant (72 bytes, not 16).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Entry {
-    Dir {
-        path: String,
-        #[serde(flatten)]
-        owner: Owner,
-    },
-    Link {
-        path: String,
-        target: String,
-        #[serde(flatten)]
-        owner: Owner,
-    },
-    /// Boxed: a manifest holds one entry per file, and a file's entry is three times the
-    /// size of a directory's; unboxed, every slot of the entry list (and its growth) would
-    /// pay for the largest.
+    Dir(Box<DirEntry>),
+    Link(Box<LinkEntry>),
     File(Box<FileEntry>),
 }
 
 impl Entry {
+    pub fn dir(path: impl Into<String>, owner: Owner) -> Entry {
+        Entry::Dir(Box::new(DirEntry {
+            path: path.into(),
+            owner,
+        }))
+    }
+
+    pub fn link(path: impl Into<String>, target: impl Into<String>, owner: Owner) -> Entry {
+        Entry::Link(Box::new(LinkEntry {
+            path: path.into(),
+            target: target.into(),
+            owner,
+        }))
+    }
+
     pub fn path(&self) -> &str {
         match self {
-            Entry::Dir { path, .. } | Entry::Link { path, .. } => path,
+            Entry::Dir(d) => &d.path,
+            Entry::Link(l) => &l.path,
             Entry::File(f) => &f.path,
         }
     }
+
+    pub fn owner(&self) -> &Owner {
+        match self {
+            Entry::Dir(d) => &d.owner,
+            Entry::Link(l) => &l.owner,
+            Entry::File(f) => &f.owner,
+        }
+    }
+
+    pub fn owner_mut(&mut self) -> &mut Owner {
+        match self {
+            Entry::Dir(d) => &mut d.owner,
+            Entry::Link(l) => &mut l.owner,
+            Entry::File(f) => &mut f.owner,
+        }
+    }
+}
+
+/// A directory (the data directory itself has the path `""`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DirEntry {
+    pub path: String,
+    #[serde(flatten)]
+    pub owner: Owner,
+}
+
+/// A symbolic link: a tablespace's `pg_tblspc/<oid>`, or a link in the data directory.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LinkEntry {
+    pub path: String,
+    pub target: String,
+    #[serde(flatten)]
+    pub owner: Owner,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FileEntry {
     /// Path relative to the data directory, '/'-separated; tablespace files are under
-    /// `pg_tblspc/<oid>/`.
-    pub path: String,
+    /// `pg_tblspc/<oid>/`. Boxed rather than a `String`: set once, and one word less in
+    /// every entry.
+    pub path: Box<str>,
     pub size: u64,
     /// Modification time, unix seconds.
     pub mtime: i64,
@@ -295,8 +337,9 @@ pub struct FileEntry {
     pub hash: Option<[u8; 32]>,
     pub chunks: Vec<Chunk>,
     /// Blocks whose page checksum failed while backing up (real corruption, not torn reads).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub bad_pages: Vec<u32>,
+    /// A thin list (one pointer, no allocation while empty): almost every file has none.
+    #[serde(default, skip_serializing_if = "ThinVec::is_empty")]
+    pub bad_pages: ThinVec<u32>,
     /// Size of the blocks `block_hashes` describes (the last block may be shorter).
     #[serde(default)]
     pub block_size: u32,
@@ -315,9 +358,10 @@ pub struct FileEntry {
     /// Boxed: most entries have none, and every entry is held in memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub map: Option<Box<Chunk>>,
-    /// Format 2, with `map`: the packs the map and the file's extents use.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub packs: Vec<PackUse>,
+    /// Format 2, with `map`: the packs the map and the file's extents use. Thin, as
+    /// `bad_pages`: files without a map (most, with many small files) have none.
+    #[serde(default, skip_serializing_if = "ThinVec::is_empty")]
+    pub packs: ThinVec<PackUse>,
     /// Format 2, with `map`: how many delta maps ([`map::MapDelta`]) lead from `map` to
     /// a whole map (0: `map` is whole).
     #[serde(default, skip_serializing_if = "is_zero_u8")]

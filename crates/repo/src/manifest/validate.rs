@@ -71,11 +71,7 @@ pub(super) fn validate(m: &mut Manifest, what: &str) -> Result<()> {
         }
     }
     for e in &mut m.entries {
-        let owner = match e {
-            Entry::Dir { owner, .. } | Entry::Link { owner, .. } => owner,
-            Entry::File(f) => &mut f.owner,
-        };
-        owner.mode &= PERMISSION_BITS;
+        e.owner_mut().mode &= PERMISSION_BITS;
     }
     Ok(())
 }
@@ -288,8 +284,9 @@ fn check_entry(
         }
     }
     match e {
-        Entry::Dir { owner, .. } => check_owner(owner, false),
-        Entry::Link { target, owner, .. } => {
+        Entry::Dir(d) => check_owner(&d.owner, false),
+        Entry::Link(l) => {
+            let (target, owner) = (&l.target, &l.owner);
             let oid = path
                 .strip_prefix("pg_tblspc/")
                 .and_then(|o| o.parse::<u32>().ok().filter(|n| n.to_string() == o))
