@@ -14,7 +14,7 @@
 use crate::args::Args;
 use pgstrata_repo::codec::{CompressType, Compression};
 use pgstrata_repo::manifest::{
-    BackupType, Entry, FileEntry, FileMap, Manifest, Owner, Stats, WalPoint,
+    BackupType, Entry, FileEntry, FileMap, Manifest, Name, Owner, Stats, WalPoint,
 };
 use pgstrata_repo::pack::Chunk;
 use pgstrata_repo::stanza::ClusterIdentity;
@@ -176,7 +176,7 @@ fn full_map(i: u64, size: u64, bs: u64) -> FileMap {
             .map(|k| {
                 let n = i * frames + k;
                 Chunk {
-                    pack: Some(format!("0-{}", n / FRAMES_PER_PACK).into()),
+                    pack: Some(Name::new(&format!("0-{}", n / FRAMES_PER_PACK))),
                     backup: None,
                     offset: (n % FRAMES_PER_PACK) * stored,
                     stored: stored as u32,
@@ -194,7 +194,7 @@ fn full_map(i: u64, size: u64, bs: u64) -> FileMap {
 /// A map frame stored at `pack`, `offset`.
 fn map_ref(raw: usize, stored: usize, pack: String, offset: u64, rng: &mut Rng) -> Chunk {
     Chunk {
-        pack: Some(pack.into()),
+        pack: Some(Name::new(&pack)),
         backup: None,
         offset,
         stored: stored as u32,

@@ -1,14 +1,14 @@
 //! File ownership: names recorded at backup, applied at restore when running as root.
 
-use pgstrata_repo::manifest::{Owner, OwnerName};
+use pgstrata_repo::manifest::{Name, Owner};
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 
 /// Caches uid/gid → name lookups while walking a data directory.
 #[derive(Default)]
 pub(crate) struct OwnerNames {
-    users: HashMap<u32, Option<OwnerName>>,
-    groups: HashMap<u32, Option<OwnerName>>,
+    users: HashMap<u32, Option<Name>>,
+    groups: HashMap<u32, Option<Name>>,
 }
 
 impl OwnerNames {
@@ -35,17 +35,17 @@ impl OwnerNames {
 
 /// The name of `id`, looked up once.
 fn cached(
-    names: &mut HashMap<u32, Option<OwnerName>>,
+    names: &mut HashMap<u32, Option<Name>>,
     id: u32,
     look_up: impl FnOnce(u32) -> Option<String>,
-) -> Option<OwnerName> {
+) -> Option<Name> {
     *names
         .entry(id)
-        .or_insert_with(|| look_up(id).map(|n| OwnerName::new(&n)))
+        .or_insert_with(|| look_up(id).map(|n| Name::new(&n)))
 }
 
 /// A recorded owner as a lookup key: (user name, group name, uid, gid).
-type OwnerKey = (Option<OwnerName>, Option<OwnerName>, u32, u32);
+type OwnerKey = (Option<Name>, Option<Name>, u32, u32);
 
 /// Resolves recorded owners to ids on this host (by name first, then by id).
 #[derive(Default)]

@@ -15,9 +15,9 @@
 //! length and the XXH3-64 are of the sealed bytes.
 
 use crate::codec::decompress_into;
+use crate::manifest::Name;
 use crate::{layout, Error, Result, Storage};
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
 
 /// Default raw bytes per frame: 128 pages of 8 KiB.
 pub const DEFAULT_FRAME_SIZE: usize = 1024 * 1024;
@@ -34,21 +34,11 @@ pub const DEFAULT_PACK_SIZE: usize = 16 * 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Chunk {
     /// Pack name within the backup that stored it; `None` for all-zero bytes.
-    #[serde(
-        rename = "p",
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "crate::manifest::text::interned"
-    )]
-    pub pack: Option<Arc<str>>,
+    #[serde(rename = "p", default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<Name>,
     /// Label of the backup holding the pack when it is not the manifest's own backup.
-    #[serde(
-        rename = "b",
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "crate::manifest::text::interned"
-    )]
-    pub backup: Option<Arc<str>>,
+    #[serde(rename = "b", default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<Name>,
     /// Byte offset of the frame in the pack.
     #[serde(rename = "o", default)]
     pub offset: u64,
@@ -178,7 +168,7 @@ impl Chunk {
             c.backup = if owner == new_label {
                 None
             } else {
-                Some(crate::manifest::intern(owner))
+                Some(Name::new(owner))
             };
         }
         c
@@ -273,7 +263,7 @@ impl PackWriter {
         }
         let stored = &self.buf[offset..];
         Ok(Chunk {
-            pack: Some(crate::manifest::intern(&self.current_name())),
+            pack: Some(Name::new(&self.current_name())),
             backup: None,
             offset: offset as u64,
             stored: stored.len() as u32,

@@ -15,11 +15,10 @@
 use super::{RecoveryType, RestoreOptions};
 use crate::progress::human_bytes;
 use crate::{Error, Result, Settings};
-use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest};
+use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest, Name};
 use pgstrata_repo::Storage;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// How the targets are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -424,12 +423,12 @@ pub(super) fn plan_jobs(files: Vec<Box<FileEntry>>) -> Vec<RestoreJob> {
     const GROUP_DECODED: u64 = 8 << 20;
     const GROUP_FILES: usize = 512;
     let mut alone = Vec::new();
-    type Pack = (Option<Arc<str>>, Option<Arc<str>>);
+    type Pack = (Option<Name>, Option<Name>);
     let mut small: Vec<(Pack, u64, Box<FileEntry>)> = Vec::new();
     for f in files {
         match f.chunks.iter().find(|c| !c.is_zero()) {
             Some(c) if f.size <= SMALL_FILE => {
-                small.push(((c.backup.clone(), c.pack.clone()), c.offset, f));
+                small.push(((c.backup, c.pack), c.offset, f));
             }
             _ => alone.push(f),
         }
@@ -454,7 +453,7 @@ pub(super) fn plan_jobs(files: Vec<Box<FileEntry>>) -> Vec<RestoreJob> {
         }
         key = k;
         for c in f.chunks.iter().filter(|c| !c.is_zero()) {
-            if frames.insert(((c.backup.clone(), c.pack.clone()), c.offset)) {
+            if frames.insert(((c.backup, c.pack), c.offset)) {
                 bytes += c.stored as u64;
                 decoded += c.frame_len() as u64;
             }

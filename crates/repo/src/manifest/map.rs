@@ -26,12 +26,11 @@
 //! a whole map and apply each delta on the way back ([`Manifest::load_maps_of`]). A chain
 //! is at most [`MAX_MAP_DEPTH`] deltas long; the writer then stores a whole map again.
 
-use super::{FileEntry, Manifest, ThinVec};
+use super::{FileEntry, Manifest, Name, ThinVec};
 use crate::pack::{Chunk, FrameReader};
 use crate::{Error, Result, Storage};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
 
 const MAGIC: &[u8; 8] = b"PGSTRMAP";
 const DELTA_MAGIC: &[u8; 8] = b"PGSTRMDL";
@@ -47,15 +46,10 @@ pub const INLINE_MAX_BLOCKS: usize = 8;
 /// they reference. `backup` is relative to the manifest, as a chunk's is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PackUse {
-    #[serde(
-        rename = "b",
-        default,
-        skip_serializing_if = "Option::is_none",
-        with = "super::text::interned"
-    )]
-    pub backup: Option<Arc<str>>,
-    #[serde(rename = "p", with = "super::text::interned_name")]
-    pub pack: Arc<str>,
+    #[serde(rename = "b", default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<Name>,
+    #[serde(rename = "p")]
+    pub pack: Name,
     #[serde(rename = "s")]
     pub stored: u64,
 }
@@ -69,8 +63,8 @@ impl PackUse {
     pub fn rebased(&self, from_label: &str, new_label: &str) -> PackUse {
         let owner = self.owner(from_label);
         PackUse {
-            backup: (owner != new_label).then(|| super::intern(owner)),
-            pack: self.pack.clone(),
+            backup: (owner != new_label).then(|| Name::new(owner)),
+            pack: self.pack,
             stored: self.stored,
         }
     }
@@ -396,7 +390,7 @@ impl FileEntry {
             delta.runs.iter().flat_map(|r| &r.chunks).chain([&map_ref]),
             label,
         );
-        let mut uses: BTreeMap<(Option<Arc<str>>, Arc<str>), u64> = BTreeMap::new();
+        let mut uses: BTreeMap<(Option<Name>, Name), u64> = BTreeMap::new();
         for p in base_packs.into_iter().chain(new) {
             *uses.entry((p.backup, p.pack)).or_default() += p.stored;
         }
@@ -429,13 +423,11 @@ impl FileEntry {
 /// Stored bytes of the distinct frames `chunks` reference, per pack.
 fn pack_uses<'c>(chunks: impl Iterator<Item = &'c Chunk>, label: &str) -> Vec<PackUse> {
     let mut seen = HashSet::new();
-    let mut per_pack: BTreeMap<(Option<Arc<str>>, Arc<str>), u64> = BTreeMap::new();
+    let mut per_pack: BTreeMap<(Option<Name>, Name), u64> = BTreeMap::new();
     for c in chunks {
         let Some(pack) = &c.pack else { continue };
-        if seen.insert((c.owner(label).to_string(), pack.clone(), c.offset)) {
-            *per_pack
-                .entry((c.backup.clone(), pack.clone()))
-                .or_default() += c.stored as u64;
+        if seen.insert((c.owner(label).to_string(), *pack, c.offset)) {
+            *per_pack.entry((c.backup, *pack)).or_default() += c.stored as u64;
         }
     }
     per_pack

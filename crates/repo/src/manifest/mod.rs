@@ -11,18 +11,19 @@ use crate::codec::Compression;
 use crate::pack::Chunk;
 use crate::stanza::ClusterIdentity;
 use crate::{layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
+pub use name::Name;
 use pgstrata_pg::lsn::Lsn;
 use serde::{Deserialize, Serialize};
-pub use thin_vec::{thin_vec, ThinVec};
+pub use thin_vec::ThinVec;
 
 mod map;
+mod name;
 #[cfg(test)]
 pub(crate) mod tests;
 pub(crate) mod text;
 pub(crate) mod validate;
 
 pub use map::{FileMap, MapDelta, MapFrame, MapRun, PackUse, INLINE_MAX_BLOCKS, MAX_MAP_DEPTH};
-pub use text::interned::intern;
 pub use validate::{check_annotation, is_backup_label};
 
 const MAGIC: &[u8; 8] = b"PGSTRMAN";
@@ -156,103 +157,11 @@ pub struct Owner {
     pub uid: u32,
     pub gid: u32,
     #[serde(default)]
-    pub user: Option<OwnerName>,
+    pub user: Option<Name>,
     #[serde(default)]
-    pub group: Option<OwnerName>,
+    pub group: Option<Name>,
 }
 
-/// The name of a user or group, held once for the life of the process.
-///
-/// A manifest records two names for every path, and a data directory has one or two
-/// distinct ones: four bytes an entry (an index into the process's table of names) in
-/// place of a shared string's sixteen.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct OwnerName(std::num::NonZeroU32);
-
-#[derive(Default)]
-struct OwnerNames {
-    by_index: Vec<&'static str>,
-    index: std::collections::HashMap<&'static str, OwnerName>,
-}
-
-static OWNER_NAMES: std::sync::LazyLock<std::sync::RwLock<OwnerNames>> =
-    std::sync::LazyLock::new(Default::default);
-
-/// Distinct names a process takes from manifests: far beyond any real system's users and
-/// groups, and a bound on what a forged manifest can make it keep.
-const MAX_OWNER_NAMES: usize = 1 << 20;
-
-impl OwnerName {
-    /// The name `name`, recorded in the table if it is new.
-    pub fn new(name: &str) -> OwnerName {
-        Self::lookup(name, usize::MAX).expect("no bound")
-    }
-
-    /// As [`OwnerName::new`], but `None` when `name` is new and the table holds `bound`
-    /// names already.
-    fn lookup(name: &str, bound: usize) -> Option<OwnerName> {
-        if let Some(n) = OWNER_NAMES.read().expect("owner names").index.get(name) {
-            return Some(*n);
-        }
-        let mut names = OWNER_NAMES.write().expect("owner names");
-        if let Some(n) = names.index.get(name) {
-            return Some(*n);
-        }
-        if names.by_index.len() >= bound {
-            return None;
-        }
-        // Kept for the life of the process (bounded above): references to it are 'static.
-        let kept: &'static str = Box::leak(name.into());
-        names.by_index.push(kept);
-        let n = OwnerName(std::num::NonZeroU32::new(names.by_index.len() as u32).expect("from 1"));
-        names.index.insert(kept, n);
-        Some(n)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        OWNER_NAMES.read().expect("owner names").by_index[self.0.get() as usize - 1]
-    }
-}
-
-impl std::ops::Deref for OwnerName {
-    type Target = str;
-    fn deref(&self) -> &str {
-        self.as_str()
-    }
-}
-
-impl From<&str> for OwnerName {
-    fn from(name: &str) -> OwnerName {
-        OwnerName::new(name)
-    }
-}
-
-impl std::fmt::Debug for OwnerName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(self.as_str(), f)
-    }
-}
-
-impl Serialize for OwnerName {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> Deserialize<'de> for OwnerName {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let name = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        OwnerName::lookup(&name, MAX_OWNER_NAMES).ok_or_else(|| {
-            serde::de::Error::custom(format_args!(
-                "more than {MAX_OWNER_NAMES} distinct owner names"
-            ))
-        })
-    }
-}
-
-/// One path of the backup. Every variant is boxed: a manifest holds one entry per path,
-/// and with the data inline every slot of the entry list (and its growth by doubling)
-/// would pay for the largest variant (72 bytes, not 16).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Entry {

@@ -665,10 +665,10 @@ fn a_delta_map_changes_grows_and_cuts_its_base() {
 
 #[test]
 fn owner_names_are_held_once_and_read_back_as_written() {
-    let a = OwnerName::new("pgstrata-test-owner");
-    let b: OwnerName = "pgstrata-test-owner".into();
+    let a = Name::new("pgstrata-test-owner");
+    let b: Name = "pgstrata-test-owner".into();
     assert_eq!(a, b, "one name, one index");
-    assert_ne!(a, OwnerName::new("pgstrata-test-other"));
+    assert_ne!(a, Name::new("pgstrata-test-other"));
     assert_eq!(&*a, "pgstrata-test-owner");
     assert_eq!(format!("{a:?}"), "\"pgstrata-test-owner\"");
     let o = Owner {
@@ -710,4 +710,6 @@ fn entries_keep_their_json_form_and_cost_one_pointer_a_slot() {
     // lists made thin.
     assert_eq!(std::mem::size_of::<Entry>(), 16);
     assert!(std::mem::size_of::<FileEntry>() <= 168);
+    // An extent names its pack and backup by `Name`s: 48 bytes, not 72.
+    assert!(std::mem::size_of::<Chunk>() <= 48);
 }

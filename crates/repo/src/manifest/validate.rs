@@ -516,7 +516,7 @@ fn check_chunk(label: &str, c: &Chunk) -> Check {
         return Err(format!("pack name {pack:?} is not <worker>-<seq>"));
     }
     if let Some(b) = &c.backup {
-        if !is_backup_label(b) || &**b == label {
+        if !is_backup_label(b) || b.as_str() == label {
             return Err(format!("b {b:?} is not another backup's label"));
         }
     }
