@@ -261,10 +261,10 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
             mtime: 1_795_000_000,
             owner: owner.clone(),
             hash: Some(std::array::from_fn(|_| rng.next() as u8)),
-            chunks: map.chunks.clone(),
+            chunks: map.chunks.clone().into(),
             bad_pages: Default::default(),
             block_size: bs as u32,
-            block_hashes: map.block_hashes.clone(),
+            block_hashes: map.block_hashes.clone().into(),
             map: None,
             packs: Default::default(),
             map_depth: 0,
@@ -322,8 +322,8 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
                 let r = map_ref(raw.len(), stored, "1-1".into(), i, &mut rng);
                 f.set_map(r, &map, incr_label);
             } else {
-                f.chunks = map.chunks;
-                f.block_hashes = map.block_hashes;
+                f.chunks = map.chunks.into();
+                f.block_hashes = map.block_hashes.into();
             }
         }
         incr.entries.push(Entry::File(f));

@@ -152,10 +152,10 @@ mod tests {
                     group: None,
                 },
                 hash: Some([7; 32]),
-                chunks: vec![frame],
+                chunks: smallvec::smallvec![frame],
                 bad_pages: Default::default(),
                 block_size: 8192,
-                block_hashes: vec![1, 2],
+                block_hashes: smallvec::smallvec![1, 2],
                 map: None,
                 packs: Default::default(),
                 map_depth: 0,
@@ -173,7 +173,7 @@ mod tests {
         let back = decode(&c).unwrap();
         assert_eq!(back.files.len(), 1);
         assert_eq!(back.files[0].chunks, c.files[0].chunks);
-        assert_eq!(back.files[0].block_hashes, vec![1, 2]);
+        assert_eq!(back.files[0].block_hashes.as_slice(), [1, 2]);
     }
 
     #[test]

@@ -19,7 +19,8 @@ use pgstrata_pg::layout;
 use pgstrata_pg::lsn::Lsn;
 use pgstrata_pg::page::{self, PageCheck};
 use pgstrata_repo::manifest::{
-    block_hash, Entry, FileEntry, Manifest, MapDelta, MapRun, Owner, ThinVec, MAX_MAP_DEPTH,
+    block_hash, BlockHashes, Chunks, Entry, FileEntry, Manifest, MapDelta, MapRun, Owner, ThinVec,
+    MAX_MAP_DEPTH,
 };
 use pgstrata_repo::pack::{Chunk, PackWriter};
 use pgstrata_repo::Storage;
@@ -587,7 +588,7 @@ struct BlockCopier<'a> {
     /// Merge extents as blocks arrive (`compact`); off for a delta map, whose runs of
     /// blocks must keep their own extents.
     merge_as_copied: bool,
-    hashes: Vec<u64>,
+    hashes: BlockHashes,
     new: NewData,
     bad_pages: ThinVec<u32>,
     /// Bytes of the file covered so far, and those counted in the progress.
@@ -635,7 +636,7 @@ impl<'a> BlockCopier<'a> {
             extents: Vec::new(),
             compacted: 0,
             merge_as_copied: true,
-            hashes: Vec::with_capacity(size.div_ceil(block_size as u64) as usize),
+            hashes: BlockHashes::with_capacity(size.div_ceil(block_size as u64) as usize),
             new: NewData {
                 buf: Vec::with_capacity(ctx.frame_size),
                 pending: Vec::new(),
@@ -817,7 +818,7 @@ impl<'a> BlockCopier<'a> {
             .map(|&(first, count)| MapRun {
                 first,
                 count,
-                chunks: merged(extents.by_ref().take(count as usize)),
+                chunks: merged(extents.by_ref().take(count as usize)).into_vec(),
             })
             .collect();
         let mut base_entry = entry.clone();
@@ -826,7 +827,7 @@ impl<'a> BlockCopier<'a> {
             size,
             base: *base_entry.map.take().expect("a delta over a stored map"),
             runs,
-            hashes: self.hashes,
+            hashes: self.hashes.into_vec(),
         };
         let raw = delta.encode();
         let map_ref = writer.add(&self.ctx.compression.compress(&raw), raw.len())?;
@@ -836,10 +837,10 @@ impl<'a> BlockCopier<'a> {
             mtime: self.job.mtime,
             owner: self.job.owner.clone(),
             hash: None,
-            chunks: Vec::new(),
+            chunks: Chunks::new(),
             bad_pages: self.bad_pages,
             block_size: self.block_size,
-            block_hashes: Vec::new(),
+            block_hashes: BlockHashes::new(),
             map: None,
             packs: ThinVec::new(),
             map_depth: 0,
@@ -887,8 +888,8 @@ impl<'a> BlockCopier<'a> {
 }
 
 /// Extents in file order, each merged into the one before it where it continues it.
-fn merged(extents: impl Iterator<Item = Chunk>) -> Vec<Chunk> {
-    let mut chunks: Vec<Chunk> = Vec::new();
+fn merged(extents: impl Iterator<Item = Chunk>) -> Chunks {
+    let mut chunks = Chunks::new();
     for e in extents {
         if let Some(last) = chunks.last_mut() {
             if last.try_merge(&e) {
@@ -897,8 +898,8 @@ fn merged(extents: impl Iterator<Item = Chunk>) -> Vec<Chunk> {
         }
         chunks.push(e);
     }
-    // Kept in the manifest until the backup ends: a one-extent file would otherwise keep
-    // room for four.
+    // Kept in the manifest until the backup ends: room for what it holds (a one-extent
+    // file's extent in the entry itself).
     chunks.shrink_to_fit();
     chunks
 }
@@ -1093,10 +1094,10 @@ mod tests {
             mtime: 0,
             owner: owner(),
             hash: None,
-            chunks,
+            chunks: chunks.into(),
             bad_pages: ThinVec::new(),
             block_size: 8192,
-            block_hashes: Vec::new(),
+            block_hashes: BlockHashes::new(),
             map: None,
             packs: ThinVec::new(),
             map_depth: 0,

@@ -463,7 +463,7 @@ mod tests {
             "block_size": block_size,
         }))
         .unwrap();
-        f.block_hashes = block_hashes;
+        f.block_hashes = block_hashes.into();
         f
     }
 

@@ -359,8 +359,8 @@ impl FileEntry {
     /// frame), leaving the packs they use.
     pub fn take_map(&mut self) -> FileMap {
         FileMap {
-            chunks: std::mem::take(&mut self.chunks),
-            block_hashes: std::mem::take(&mut self.block_hashes),
+            chunks: std::mem::take(&mut self.chunks).into_vec(),
+            block_hashes: std::mem::take(&mut self.block_hashes).into_vec(),
         }
     }
 
@@ -500,8 +500,8 @@ impl Manifest {
             let super::Entry::File(f) = &mut self.entries[i] else {
                 unreachable!("wanted files only")
             };
-            f.chunks = map.chunks;
-            f.block_hashes = map.block_hashes;
+            f.chunks = map.chunks.into();
+            f.block_hashes = map.block_hashes.into();
         }
         let what = layout_key(self);
         super::validate::check_loaded_maps(self, &what)
@@ -515,8 +515,8 @@ impl Manifest {
             .pop()
             .expect("one map read");
         let mut loaded = f.clone();
-        loaded.chunks = map.chunks;
-        loaded.block_hashes = map.block_hashes;
+        loaded.chunks = map.chunks.into();
+        loaded.block_hashes = map.block_hashes.into();
         super::validate::check_loaded_map(self, &loaded, &layout_key(self))?;
         Ok(loaded)
     }

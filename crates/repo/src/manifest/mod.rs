@@ -14,7 +14,15 @@ use crate::{layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
 pub use name::Name;
 use pgstrata_pg::lsn::Lsn;
 use serde::{Deserialize, Serialize};
+pub use smallvec::SmallVec;
 pub use thin_vec::ThinVec;
+
+/// A file's extents: held in its entry when there is one (a small file's), allocated
+/// apart when there are more.
+pub type Chunks = SmallVec<[Chunk; 1]>;
+/// A file's block hashes: held in its entry for files of up to two blocks (most files of a
+/// cluster of many small tables).
+pub type BlockHashes = SmallVec<[u64; 2]>;
 
 mod map;
 mod name;
@@ -244,7 +252,7 @@ pub struct FileEntry {
     /// `block_hashes` is the check).
     #[serde(with = "text::content_hash")]
     pub hash: Option<[u8; 32]>,
-    pub chunks: Vec<Chunk>,
+    pub chunks: Chunks,
     /// Blocks whose page checksum failed while backing up (real corruption, not torn reads).
     /// A thin list (one pointer, no allocation while empty): almost every file has none.
     #[serde(default, skip_serializing_if = "ThinVec::is_empty")]
@@ -257,10 +265,10 @@ pub struct FileEntry {
     /// compares local blocks.
     #[serde(
         default,
-        skip_serializing_if = "Vec::is_empty",
+        skip_serializing_if = "BlockHashes::is_empty",
         with = "text::block_hashes"
     )]
-    pub block_hashes: Vec<u64>,
+    pub block_hashes: BlockHashes,
     /// Format 2: the frame holding the file's extents and block hashes ([`FileMap`]),
     /// when they are not inline; `chunks` and `block_hashes` are then empty as stored
     /// (and until the map is loaded).

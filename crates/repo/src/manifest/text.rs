@@ -35,6 +35,7 @@ pub(super) mod lsn {
 /// A block map: 16 lowercase hex digits (the big-endian digits of the u64) per block,
 /// concatenated in block order.
 pub(super) mod block_hashes {
+    use crate::manifest::BlockHashes;
     use serde::{de, Deserializer, Serializer};
     use std::fmt::Write;
 
@@ -48,20 +49,20 @@ pub(super) mod block_hashes {
         s.serialize_str(&text)
     }
 
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BlockHashes, D::Error> {
         d.deserialize_str(Visitor)
     }
 
     struct Visitor;
 
     impl de::Visitor<'_> for Visitor {
-        type Value = Vec<u64>;
+        type Value = BlockHashes;
 
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("block_hashes: 16 lowercase hex digits for each block")
         }
 
-        fn visit_str<E: de::Error>(self, text: &str) -> Result<Vec<u64>, E> {
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<BlockHashes, E> {
             let well_formed = text.len().is_multiple_of(DIGITS)
                 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
             if !well_formed {
