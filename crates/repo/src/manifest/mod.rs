@@ -170,6 +170,9 @@ pub struct Owner {
     pub group: Option<Name>,
 }
 
+/// One path of the backup. Every variant is boxed: a manifest holds one entry per path,
+/// and with the data inline every slot of the entry list (and its growth by doubling)
+/// would pay for the largest variant (72 bytes, not 16).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Entry {
@@ -227,7 +230,7 @@ pub struct DirEntry {
     pub owner: Owner,
 }
 
-/// A symbolic link: a tablespace's `pg_tblspc/<oid>`, or a link in the data directory.
+/// A symbolic link: a tablespace's `pg_tblspc/<oid>` (the only links a manifest holds).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LinkEntry {
     pub path: String,
