@@ -92,12 +92,6 @@ impl AsRef<str> for Name {
     }
 }
 
-impl std::borrow::Borrow<str> for Name {
-    fn borrow(&self) -> &str {
-        self.as_str()
-    }
-}
-
 impl Ord for Name {
     fn cmp(&self, other: &Name) -> std::cmp::Ordering {
         if self == other {
