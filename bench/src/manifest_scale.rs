@@ -281,7 +281,7 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
                 i % 1000,
                 &mut rng,
             );
-            f.set_map(r, &map, full_label);
+            f.set_map(r, &map);
         }
         full.entries.push(Entry::File(Box::new(f)));
     }
@@ -320,7 +320,7 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
                 let stored = codec.compress(&raw).len();
                 incr_maps += stored as u64;
                 let r = map_ref(raw.len(), stored, "1-1".into(), i, &mut rng);
-                f.set_map(r, &map, incr_label);
+                f.set_map(r, &map);
             } else {
                 f.chunks = map.chunks.into();
                 f.block_hashes = map.block_hashes.into();

@@ -68,6 +68,11 @@ fn is_zero(v: &u32) -> bool {
     *v == 0
 }
 
+/// Pack name `<worker>-<seq>`.
+fn pack_name(worker: usize, seq: usize) -> Name {
+    Name::new(&format!("{worker}-{seq}"))
+}
+
 /// The (worker, sequence number) of pack name `<worker>-<seq>`.
 pub fn pack_seq(name: &str) -> Option<(usize, usize)> {
     let (w, q) = name.split_once('-')?;
@@ -164,14 +169,22 @@ impl Chunk {
     pub fn rebased(&self, from_label: &str, new_label: &str) -> Chunk {
         let mut c = self.clone();
         if c.pack.is_some() {
-            let owner = self.owner(from_label);
-            c.backup = if owner == new_label {
-                None
-            } else {
-                Some(Name::new(owner))
-            };
+            c.backup = rebased_owner(self.backup, from_label, new_label);
         }
         c
+    }
+}
+
+/// The `b` of an extent or pack use whose `b` is `backup` in the manifest labelled
+/// `from_label`, as the manifest labelled `new_label` writes it.
+pub(crate) fn rebased_owner(
+    backup: Option<Name>,
+    from_label: &str,
+    new_label: &str,
+) -> Option<Name> {
+    match backup {
+        Some(b) => (b.as_str() != new_label).then_some(b),
+        None => (from_label != new_label).then(|| Name::new(from_label)),
     }
 }
 
@@ -189,6 +202,8 @@ pub struct PackWriter {
     label: String,
     worker: usize,
     seq: usize,
+    /// `<worker>-<seq>`, named once per pack (every frame's extent refers to it).
+    name: Name,
     pack_size: usize,
     buf: Vec<u8>,
     /// Pack uploads still running (with their sequence numbers): uploading overlaps with
@@ -215,6 +230,7 @@ impl PackWriter {
             label: label.to_string(),
             worker,
             seq: 0,
+            name: pack_name(worker, 0),
             pack_size,
             // Allocated by the first frame: a writer that stores nothing (a worker of an
             // incremental that changed little) holds no pack buffer.
@@ -225,8 +241,8 @@ impl PackWriter {
         }
     }
 
-    fn current_name(&self) -> String {
-        format!("{}-{}", self.worker, self.seq)
+    fn current_name(&self) -> &str {
+        self.name.as_str()
     }
 
     /// The worker number in this writer's pack names.
@@ -256,14 +272,14 @@ impl PackWriter {
         let offset = self.buf.len();
         match cipher {
             Some(c) => {
-                let key = layout::pack(&self.stanza, &self.label, &self.current_name());
+                let key = layout::pack(&self.stanza, &self.label, self.current_name());
                 c.seal_frame_into(&key, offset as u64, compressed, &mut self.buf);
             }
             None => self.buf.extend_from_slice(compressed),
         }
         let stored = &self.buf[offset..];
         Ok(Chunk {
-            pack: Some(Name::new(&self.current_name())),
+            pack: Some(self.name),
             backup: None,
             offset: offset as u64,
             stored: stored.len() as u32,
@@ -307,7 +323,7 @@ impl PackWriter {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let key = layout::pack(&self.stanza, &self.label, &self.current_name());
+        let key = layout::pack(&self.stanza, &self.label, self.current_name());
         let data = bytes::Bytes::from(std::mem::take(&mut self.buf));
         let len = data.len() as u64;
         let storage = self.storage.clone();
@@ -323,6 +339,7 @@ impl PackWriter {
         self.written += len;
         self.packs_written += 1;
         self.seq += 1;
+        self.name = pack_name(self.worker, self.seq);
         Ok(())
     }
 }

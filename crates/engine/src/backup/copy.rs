@@ -274,23 +274,19 @@ pub(super) fn copy_files(
 /// of them: with a million files that was 80 MB at the end of the copy.
 fn groups(mut jobs: Vec<Job>) -> impl Iterator<Item = Vec<Job>> {
     jobs.reverse();
-    let mut next_if = move |take: &dyn Fn(&Job) -> bool| {
-        let job = jobs.pop_if(|j| take(j))?;
-        if jobs.len() < jobs.capacity() / 2 {
-            jobs.shrink_to_fit();
-        }
-        Some(job)
-    };
     std::iter::from_fn(move || {
-        let first = next_if(&|_| true)?;
+        let first = jobs.pop()?;
         let mut bytes = first.size;
         let mut group = vec![first];
         while group.len() < GROUP_FILES {
-            let Some(job) = next_if(&|j| bytes + j.size <= GROUP_BYTES) else {
+            let Some(job) = jobs.pop_if(|j| bytes + j.size <= GROUP_BYTES) else {
                 break;
             };
             bytes += job.size;
             group.push(job);
+        }
+        if jobs.len() < jobs.capacity() / 2 {
+            jobs.shrink_to_fit();
         }
         Some(group)
     })
@@ -845,13 +841,7 @@ impl<'a> BlockCopier<'a> {
             packs: ThinVec::new(),
             map_depth: 0,
         };
-        new.set_delta_map(
-            map_ref,
-            &delta,
-            base_entry.packs,
-            entry.map_depth + 1,
-            &self.ctx.label,
-        );
+        new.set_delta_map(map_ref, &delta, base_entry.packs, entry.map_depth + 1);
         Ok(new)
     }
 
@@ -910,7 +900,7 @@ fn store_map(ctx: &CopyContext, writer: &mut PackWriter, entry: &mut FileEntry) 
     let map = entry.take_map();
     let raw = map.encode();
     let map_ref = writer.add(&ctx.compression.compress(&raw), raw.len())?;
-    entry.set_map(map_ref, &map, &ctx.label);
+    entry.set_map(map_ref, &map);
     Ok(())
 }
 

@@ -61,9 +61,8 @@ impl PackUse {
 
     /// The same use as seen from manifest `new_label`, read from manifest `from_label`.
     pub fn rebased(&self, from_label: &str, new_label: &str) -> PackUse {
-        let owner = self.owner(from_label);
         PackUse {
-            backup: (owner != new_label).then(|| Name::new(owner)),
+            backup: crate::pack::rebased_owner(self.backup, from_label, new_label),
             pack: self.pack,
             stored: self.stored,
         }
@@ -364,32 +363,26 @@ impl FileEntry {
         }
     }
 
-    /// Refer to `map_ref`, the stored frame of `map` (extents relative to the manifest
-    /// `label`), and record the packs both use.
-    pub fn set_map(&mut self, map_ref: Chunk, map: &FileMap, label: &str) {
-        let mut uses = pack_uses(map.chunks.iter().chain([&map_ref]), label);
-        uses.sort_by(|a, b| (&a.backup, &a.pack).cmp(&(&b.backup, &b.pack)));
-        self.packs = uses.into();
+    /// Refer to `map_ref`, the stored frame of `map` (extents relative to this entry's
+    /// manifest), and record the packs both use.
+    pub fn set_map(&mut self, map_ref: Chunk, map: &FileMap) {
+        self.packs = pack_uses(map.chunks.iter().chain([&map_ref])).into();
         self.map = Some(Box::new(map_ref));
         self.map_depth = 0;
     }
 
-    /// Refer to `map_ref`, the stored frame of `delta` (extents relative to the manifest
-    /// `label`), the `depth`th delta over the map of an entry that used `base_packs` (as
-    /// `label` sees them). The packs listed are the base's and the delta's: some of the
-    /// base's extents may be replaced, but its map frames are still read.
+    /// Refer to `map_ref`, the stored frame of `delta` (extents relative to this entry's
+    /// manifest), the `depth`th delta over the map of an entry that used `base_packs` (as
+    /// this manifest sees them). The packs listed are the base's and the delta's: some of
+    /// the base's extents may be replaced, but its map frames are still read.
     pub fn set_delta_map(
         &mut self,
         map_ref: Chunk,
         delta: &MapDelta,
         base_packs: ThinVec<PackUse>,
         depth: u8,
-        label: &str,
     ) {
-        let new = pack_uses(
-            delta.runs.iter().flat_map(|r| &r.chunks).chain([&map_ref]),
-            label,
-        );
+        let new = pack_uses(delta.runs.iter().flat_map(|r| &r.chunks).chain([&map_ref]));
         let mut uses: BTreeMap<(Option<Name>, Name), u64> = BTreeMap::new();
         for p in base_packs.into_iter().chain(new) {
             *uses.entry((p.backup, p.pack)).or_default() += p.stored;
@@ -420,13 +413,15 @@ impl FileEntry {
     }
 }
 
-/// Stored bytes of the distinct frames `chunks` reference, per pack.
-fn pack_uses<'c>(chunks: impl Iterator<Item = &'c Chunk>, label: &str) -> Vec<PackUse> {
+/// Stored bytes of the distinct frames `chunks` reference, per pack, ordered by (backup,
+/// pack).
+fn pack_uses<'c>(chunks: impl Iterator<Item = &'c Chunk>) -> Vec<PackUse> {
     let mut seen = HashSet::new();
     let mut per_pack: BTreeMap<(Option<Name>, Name), u64> = BTreeMap::new();
     for c in chunks {
         let Some(pack) = &c.pack else { continue };
-        if seen.insert((c.owner(label).to_string(), *pack, c.offset)) {
+        // (`b`, pack, offset) names the frame: `b` absent is the manifest's own backup.
+        if seen.insert((c.backup, *pack, c.offset)) {
             *per_pack.entry((c.backup, *pack)).or_default() += c.stored as u64;
         }
     }

@@ -7,8 +7,9 @@
 //! into a process-wide table, in place of a string or a shared pointer's sixteen.
 //!
 //! The table only grows. Reading a name takes no lock: slots live in segments of doubling
-//! size that never move once made. Names read from manifests are bounded
-//! ([`MAX_NAMES_READ`]), so a forged manifest cannot make a process keep unbounded memory.
+//! size that never move once made. A name read from a manifest costs memory as the rest of
+//! the manifest does (it is in it, within the decoder's limits), but is kept for the life
+//! of the process; pgstrata's processes that read manifests are one command each.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;
@@ -19,9 +20,10 @@ use std::sync::{Mutex, OnceLock};
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Name(NonZeroU32);
 
-/// Distinct names a process takes from manifests: far beyond any repository's owners,
-/// pack names and labels, and a bound on what a forged manifest can make it keep.
-pub(crate) const MAX_NAMES_READ: usize = 1 << 20;
+/// Distinct names a process takes from manifests: what the 32-bit index holds, with room
+/// to spare for the names the process makes itself. Not lower: pack names are
+/// `<worker>-<seq>`, and a backup of tens of terabytes has millions of packs.
+pub(crate) const MAX_NAMES_READ: usize = 1 << 31;
 
 /// Segment `s` holds the names of indexes `2^s ..= 2^(s+1) - 1`.
 const SEGMENTS: usize = 32;

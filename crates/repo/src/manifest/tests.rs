@@ -467,7 +467,6 @@ fn a_file_map_round_trips_and_refuses_damage() {
 /// `base/5/16384` of the sample with its map stored apart by the sample's own backup, in
 /// its pack `3-0`.
 fn with_stored_map(m: &mut Manifest) -> FileMap {
-    let label = m.label.clone();
     let f = file_mut(m, "base/5/16384");
     let map = f.take_map();
     let map_ref = Chunk {
@@ -476,7 +475,7 @@ fn with_stored_map(m: &mut Manifest) -> FileMap {
         raw: map.encode().len() as u32,
         ..stored("3-0", 0)
     };
-    f.set_map(map_ref, &map, &label);
+    f.set_map(map_ref, &map);
     map
 }
 
