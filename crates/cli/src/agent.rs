@@ -23,6 +23,7 @@ use crate::options;
 use pgstrata_engine::{Error, ErrorKind};
 use pgstrata_remote::protocol::{self, Done, Message, Run};
 use pgstrata_remote::{RemoteStore, SshSession, SshTarget};
+use pgstrata_repo::manifest::patch::Rebuilder;
 use pgstrata_repo::Storage;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -54,7 +55,10 @@ pub(crate) fn agent(
         Some("repo") => {
             let root = std::path::PathBuf::from(inv.text("repo-path"));
             runtime()
-                .block_on(pgstrata_remote::agent::serve_repo(&root))
+                .block_on(pgstrata_remote::agent::serve_repo(
+                    &root,
+                    Some(Arc::new(Rebuilder::without_key())),
+                ))
                 .map_err(|m| Error::new(ErrorKind::Io, m))?;
             Ok(0)
         }
@@ -108,10 +112,7 @@ fn agent_run(run_command: fn(&Invocation) -> Result<i32, Error>) -> Result<i32, 
         Err(e) => return Err(io_err("read the command", e)),
     };
     let origin = RemoteStore::origin(std::io::stdin(), protocol_out);
-    Storage::serve_every_open_from(
-        Arc::new(origin.clone()),
-        "the backup host's repository".to_string(),
-    )?;
+    Storage::serve_every_open_from(origin.clone(), "the backup host's repository".to_string())?;
 
     let mut argv = vec!["--config=/dev/null".to_string()];
     argv.extend(run.args.iter().cloned());
@@ -217,8 +218,26 @@ pub(crate) fn run_on_pg_remote(
             input,
             output,
         } = session;
+        // The agent sends a backup's manifest as a patch against the prior one; rebuilding
+        // an encrypted stanza's needs its key, opened here (Argon2id) while the agent works.
+        let key = (inv.command == "backup").then(|| {
+            rt.spawn(async move {
+                pgstrata_engine::keys::stanza_cipher(&settings)
+                    .await
+                    .inspect_err(|e| log::info!("manifest patches are sent whole: {e}"))
+                    .ok()
+                    .flatten()
+            })
+        });
+        let rebuilder = Rebuilder::with_key(async move {
+            match key {
+                Some(k) => k.await.ok().flatten(),
+                None => None,
+            }
+        });
         let served = rt.block_on(pgstrata_remote::agent::serve(
             storage.object_store(),
+            Some(Arc::new(rebuilder)),
             input,
             output,
         ));

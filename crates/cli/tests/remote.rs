@@ -176,6 +176,7 @@ fn backup_host_and_database_host_over_ssh() {
             "--process-max=2",
             "--type=incr",
             "--track=wal",
+            "--log-level-console=debug",
             "backup",
         ])
         .output()
@@ -188,6 +189,27 @@ fn backup_host_and_database_host_over_ssh() {
     );
     let incr_label = String::from_utf8_lossy(&incr.stdout).trim().to_string();
     assert!(incr_label.ends_with('I'), "{incr_label}");
+    // Neither manifest crossed the line whole: the agent still held the full's manifest
+    // it wrote (its object cache, in the postgres user's ~/.cache), and sent the new one
+    // as a patch against it, which the backup host rebuilt.
+    let full_manifest = format!("{STANZA}/backup/{full_label}/backup.manifest");
+    assert!(
+        incr_err.contains(&format!(
+            "{full_manifest}: unchanged; read from the object cache"
+        )),
+        "the prior manifest crossed the line: {incr_err}"
+    );
+    let sent = incr_err
+        .lines()
+        .find_map(|l| {
+            l.split_once("backup.manifest: sent as a patch of ")?
+                .1
+                .split_once(' ')
+        })
+        .unwrap_or_else(|| panic!("the manifest was not sent as a patch: {incr_err}"))
+        .0;
+    let sent: usize = sent.parse().unwrap();
+    assert!(sent < 8 << 10, "a {sent}-byte patch for a small change");
     let expected = env.hashes();
 
     // The objects are on the backup host, owned by its user.

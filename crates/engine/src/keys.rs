@@ -42,6 +42,18 @@ pub(crate) async fn open_stanza(s: &Settings) -> Result<(Storage, StanzaInfo)> {
     Ok((storage, info))
 }
 
+/// The master key of stanza `s.stanza` when it is encrypted (`None` when not): for the
+/// backup host of `pg-remote`, which rebuilds and seals the manifests the agent sends as
+/// patches (`pgstrata_repo::manifest::patch::Rebuilder`).
+pub async fn stanza_cipher(s: &Settings) -> Result<Option<Arc<Cipher>>> {
+    let storage = s.storage()?;
+    let keys = KeyFile::list(&storage, &s.stanza).await?;
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    open_master(s, &storage, keys).await.map(Some)
+}
+
 /// The passphrase of an encrypted stanza, or a configuration error saying where to set it.
 fn passphrase(s: &Settings) -> Result<&Passphrase> {
     s.cipher_pass.as_ref().ok_or_else(|| {

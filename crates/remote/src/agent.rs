@@ -30,10 +30,34 @@ use tokio::sync::{mpsc, Semaphore};
 /// peer sending a restore's worth of reads does not make the agent hold them all.
 pub const CONCURRENCY: usize = 32;
 
+/// What a holder needs to serve [`Op::PutPatch`]: the object a patch makes from an object
+/// it holds. The protocol does not know what objects are; pgstrata's repository crate
+/// implements this for manifests (a new manifest sent as its difference from the prior
+/// one, which the holder rebuilds, compresses and seals itself).
+#[async_trait::async_trait]
+pub trait Rebuild: Send + Sync {
+    /// The bytes to store from `patch` and `base` (the object stored as `base_key`); the
+    /// result is sealed, when the repository is encrypted, under the name `seal_as`.
+    /// An error says why the patch cannot be applied here: the requester then sends the
+    /// object whole.
+    async fn rebuild(
+        &self,
+        base_key: &str,
+        base: Bytes,
+        seal_as: &str,
+        patch: Bytes,
+    ) -> Result<Bytes, String>;
+}
+
+/// BLAKE3 of an object's bytes as the protocol carries it (hex).
+pub fn object_hash(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
+}
+
 /// `pgstrata agent repo`: exchange hellos on stdin/stdout, then serve the repository in
 /// `root` (created, 0750, when missing) until the client closes the stream. Errors are
 /// for the agent's stderr, which SSH passes to the client's.
-pub async fn serve_repo(root: &Path) -> Result<(), String> {
+pub async fn serve_repo(root: &Path, rebuild: Option<Arc<dyn Rebuild>>) -> Result<(), String> {
     let (mut input, mut output) = (std::io::stdin().lock(), std::io::stdout().lock());
     hello(&mut input, &mut output, "the client", true)?;
     drop((input, output));
@@ -44,15 +68,16 @@ pub async fn serve_repo(root: &Path) -> Result<(), String> {
             .with_fsync(true)
             .with_automatic_cleanup(true),
     );
-    serve(store, std::io::stdin(), std::io::stdout()).await?;
+    serve(store, rebuild, std::io::stdin(), std::io::stdout()).await?;
     Ok(())
 }
 
 /// Serve `store` to the peer at the other end of `input`/`output` (hellos already
 /// exchanged) until it closes the stream (`None`) or, in an `agent run`, sends the
-/// command's [`Done`].
+/// command's [`Done`]. `rebuild` serves `put_patch` (without it: `not_supported`).
 pub async fn serve(
     store: Arc<dyn ObjectStore>,
+    rebuild: Option<Arc<dyn Rebuild>>,
     input: impl Read + Send + 'static,
     output: impl Write + Send + 'static,
 ) -> Result<Option<Done>, String> {
@@ -102,9 +127,9 @@ pub async fn serve(
             other => break Err(format!("agent: unexpected message {other:?}")),
         };
         let permit = slots.clone().acquire_owned().await.expect("never closed");
-        let (store, answers) = (store.clone(), answers.clone());
+        let (store, rebuild, answers) = (store.clone(), rebuild.clone(), answers.clone());
         tasks.spawn(async move {
-            let (answer, body) = handle(&*store, req, body).await;
+            let (answer, body) = handle(&*store, rebuild.as_deref(), req, body).await;
             let frame = protocol::frame(&Message::Answer(answer), &body);
             // A blocking send on a bounded queue: answers wait for the link, not memory.
             let _ = tokio::task::spawn_blocking(move || answers.send(frame)).await;
@@ -163,9 +188,14 @@ fn failure(e: object_store::Error) -> Failure {
     }
 }
 
-async fn handle(store: &dyn ObjectStore, req: Request, body: Bytes) -> (Answer, Bytes) {
+async fn handle(
+    store: &dyn ObjectStore,
+    rebuild: Option<&dyn Rebuild>,
+    req: Request,
+    body: Bytes,
+) -> (Answer, Bytes) {
     let id = req.id;
-    match serve_one(store, req, body).await {
+    match serve_one(store, rebuild, req, body).await {
         Ok(r) => r,
         Err(e) => (
             Answer {
@@ -180,6 +210,7 @@ async fn handle(store: &dyn ObjectStore, req: Request, body: Bytes) -> (Answer, 
 
 async fn serve_one(
     store: &dyn ObjectStore,
+    rebuild: Option<&dyn Rebuild>,
     req: Request,
     body: Bytes,
 ) -> object_store::Result<(Answer, Bytes)> {
@@ -209,6 +240,7 @@ async fn serve_one(
                 range: req.range.map(|[a, b]| GetRange::Bounded(a..b)),
                 ..Default::default()
             };
+            let whole = opts.range.is_none() && !opts.head;
             let r = store.get_opts(&key, opts).await?;
             answer.meta = Some(meta_of(&r.meta));
             answer.range = Some([r.range.start, r.range.end]);
@@ -217,6 +249,11 @@ async fn serve_one(
             } else {
                 r.bytes().await?
             };
+            // The requester holds these bytes already: say so instead of sending them.
+            if whole && req.unless_hash.as_deref() == Some(&object_hash(&bytes)) {
+                answer.unchanged = true;
+                return Ok((answer, Bytes::new()));
+            }
             Ok((answer, bytes))
         }
         Op::List => {
@@ -257,6 +294,31 @@ async fn serve_one(
             store.put_opts(&to, PutPayload::from(bytes), opts).await?;
             Ok((answer, Bytes::new()))
         }
+        Op::PutPatch => {
+            let (Some(rebuild), Some(base), Some(to)) = (rebuild, &req.base, &req.to) else {
+                return Err(object_store::Error::NotSupported {
+                    source: "this agent rebuilds no patched objects: send the object whole".into(),
+                });
+            };
+            let to = path(to)?;
+            let base_bytes = store.get(&path(base)?).await?.bytes().await?;
+            let bytes = rebuild
+                .rebuild(base, base_bytes, to.as_ref(), body)
+                .await
+                .map_err(|m| object_store::Error::NotSupported { source: m.into() })?;
+            let create = || PutOptions {
+                mode: PutMode::Create,
+                ..Default::default()
+            };
+            store
+                .put_opts(&key, PutPayload::from(bytes.clone()), create())
+                .await?;
+            store
+                .put_opts(&to, PutPayload::from(bytes.clone()), create())
+                .await?;
+            answer.hash = Some(object_hash(&bytes));
+            Ok((answer, Bytes::new()))
+        }
     }
 }
 
@@ -275,7 +337,7 @@ mod tests {
             Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
         let (to_agent_r, to_agent_w) = std::io::pipe().unwrap();
         let (to_client_r, to_client_w) = std::io::pipe().unwrap();
-        let server = tokio::spawn(serve(local, to_agent_r, to_client_w));
+        let server = tokio::spawn(serve(local, None, to_agent_r, to_client_w));
         let remote = RemoteStore::origin(to_client_r, to_agent_w);
         let p = ObjPath::from("stanza/obj");
         remote
@@ -340,5 +402,121 @@ mod tests {
             .unwrap();
         let done = server.await.unwrap().unwrap().unwrap();
         assert_eq!(done.exit_code, 7);
+    }
+
+    /// Appends the patch to the base: enough to see what the holder was given.
+    struct Append;
+
+    #[async_trait::async_trait]
+    impl Rebuild for Append {
+        async fn rebuild(
+            &self,
+            base_key: &str,
+            base: Bytes,
+            seal_as: &str,
+            patch: Bytes,
+        ) -> Result<Bytes, String> {
+            if &patch[..] == b"refuse" {
+                return Err("cannot".into());
+            }
+            Ok(Bytes::from(
+                [
+                    &base[..],
+                    b"+",
+                    &patch[..],
+                    b" from ",
+                    base_key.as_bytes(),
+                    b" as ",
+                    seal_as.as_bytes(),
+                ]
+                .concat(),
+            ))
+        }
+    }
+
+    /// A get that names the hash of the bytes the requester holds moves no body while they
+    /// are the object's; a patched put writes both objects with what the holder rebuilt,
+    /// and a holder without a rebuilder, or one that cannot, writes nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unchanged_objects_and_patches_do_not_cross_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let local: Arc<dyn ObjectStore> =
+            Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let (to_agent_r, to_agent_w) = std::io::pipe().unwrap();
+        let (to_client_r, to_client_w) = std::io::pipe().unwrap();
+        let server = tokio::spawn(serve(
+            local.clone(),
+            Some(Arc::new(Append)),
+            to_agent_r,
+            to_client_w,
+        ));
+        let remote = RemoteStore::origin(to_client_r, to_agent_w);
+        let base = ObjPath::from("s/base");
+        remote
+            .put(&base, PutPayload::from_static(b"BASE"))
+            .await
+            .unwrap();
+
+        let same = remote
+            .get_unless_hash(&base, &object_hash(b"BASE"))
+            .await
+            .unwrap();
+        assert!(same.is_none(), "unchanged bytes were sent");
+        let other = remote
+            .get_unless_hash(&base, &object_hash(b"old"))
+            .await
+            .unwrap();
+        assert_eq!(other.as_deref(), Some(&b"BASE"[..]));
+
+        let (first, second) = (ObjPath::from("s/new.copy"), ObjPath::from("s/new"));
+        let hash = remote
+            .put_patch(&first, &second, &base, b"DELTA")
+            .await
+            .unwrap();
+        let want = b"BASE+DELTA from s/base as s/new";
+        for p in [&first, &second] {
+            let got = local.get(p).await.unwrap().bytes().await.unwrap();
+            assert_eq!(&got[..], want);
+        }
+        assert_eq!(hash, object_hash(want));
+        // Create-only: a second patched write of the same objects is refused.
+        let again = remote
+            .put_patch(&first, &second, &base, b"DELTA")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(again, object_store::Error::AlreadyExists { .. }),
+            "{again}"
+        );
+        // A rebuild that fails writes nothing and says the patch is not supported.
+        let (f2, s2) = (ObjPath::from("s/n2.copy"), ObjPath::from("s/n2"));
+        let refused = remote
+            .put_patch(&f2, &s2, &base, b"refuse")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, object_store::Error::NotSupported { .. }),
+            "{refused}"
+        );
+        assert!(local.head(&f2).await.is_err() && local.head(&s2).await.is_err());
+        remote.finish(Done::default()).await.unwrap();
+        server.await.unwrap().unwrap();
+
+        // Without a rebuilder: not supported, nothing written.
+        let (to_agent_r, to_agent_w) = std::io::pipe().unwrap();
+        let (to_client_r, to_client_w) = std::io::pipe().unwrap();
+        let server = tokio::spawn(serve(local.clone(), None, to_agent_r, to_client_w));
+        let remote = RemoteStore::origin(to_client_r, to_agent_w);
+        let refused = remote
+            .put_patch(&f2, &s2, &base, b"DELTA")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, object_store::Error::NotSupported { .. }),
+            "{refused}"
+        );
+        assert!(local.head(&f2).await.is_err());
+        remote.finish(Done::default()).await.unwrap();
+        server.await.unwrap().unwrap();
     }
 }

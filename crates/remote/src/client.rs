@@ -426,6 +426,46 @@ impl RemoteStore {
         }
     }
 
+    /// The whole object `location`, unless its bytes still hash to `hash` (the requester
+    /// holds them): then `None`, and they did not cross the line.
+    pub async fn get_unless_hash(&self, location: &Path, hash: &str) -> Result<Option<Bytes>> {
+        let mut req = request(Op::Get, location);
+        req.unless_hash = Some(hash.to_string());
+        let (answer, body) = self.call(req, b"").await?;
+        if answer.unchanged {
+            return Ok(None);
+        }
+        let size = answer.meta.map_or(0, |m| m.size);
+        if body.len() as u64 != size {
+            return Err(generic(format!(
+                "{location}: short read ({} of {size} bytes)",
+                body.len()
+            )));
+        }
+        Ok(Some(body))
+    }
+
+    /// Write `first` and then `second`, both create-only, with the object the holder
+    /// rebuilds from `patch` and the object `base` it holds. Returns the BLAKE3 (hex) of
+    /// the bytes written. A holder that cannot rebuild answers `NotSupported` before
+    /// writing anything.
+    pub async fn put_patch(
+        &self,
+        first: &Path,
+        second: &Path,
+        base: &Path,
+        patch: &[u8],
+    ) -> Result<String> {
+        let mut req = request(Op::PutPatch, first);
+        req.to = Some(second.to_string());
+        req.base = Some(base.to_string());
+        req.create_only = true;
+        let (answer, _) = self.call(req, patch).await?;
+        answer
+            .hash
+            .ok_or_else(|| generic(format!("{first}: the agent did not say what it wrote")))
+    }
+
     async fn conn(&self) -> Result<Arc<Channel>> {
         let mut slot = self.inner.conn.lock().await;
         if let Some(c) = slot.as_ref() {
@@ -516,6 +556,8 @@ fn request(op: Op, key: &Path) -> Request {
         range: None,
         create_only: false,
         head_only: false,
+        base: None,
+        unless_hash: None,
     }
 }
 

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use std::io::Read;
 
 /// Version of the frames and messages below.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The hello's `hello` field: what speaks.
 pub const HELLO: &str = "pgstrata-agent";
@@ -83,6 +83,10 @@ pub enum Op {
     Delete,
     /// Copy `key` to `to`; `create_only` refuses when `to` exists.
     Copy,
+    /// Write `key` and then `to`, both create-only, with the object the holder rebuilds
+    /// from the body (a patch) and the object `base` it already holds; the answer's `hash`
+    /// is the written object's. Holders without a rebuilder answer `not_supported`.
+    PutPatch,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -98,6 +102,13 @@ pub struct Request {
     pub create_only: bool,
     #[serde(default, skip_serializing_if = "is_false")]
     pub head_only: bool,
+    /// PutPatch: the object the patch is against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    /// Get: the requester holds the object's bytes with this BLAKE3 (hex); when they are
+    /// still the object's, the answer says `unchanged` and carries no body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unless_hash: Option<String>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -148,6 +159,12 @@ pub struct Answer {
     /// Put: the written object's e-tag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub e_tag: Option<String>,
+    /// Get with `unless_hash`: the object's bytes have that hash; no body follows.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unchanged: bool,
+    /// PutPatch: BLAKE3 (hex) of the bytes written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<String>,
     /// List, ListDirs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<Meta>,
@@ -259,6 +276,8 @@ mod tests {
             range: None,
             create_only: true,
             head_only: false,
+            base: None,
+            unless_hash: Some("ab".into()),
         };
         let req = Message::Request(req);
         let mut bytes = frame(&req, b"body bytes");
@@ -287,7 +306,7 @@ mod tests {
         theirs.version = "9.9.9".into();
         let msg = theirs.check("the agent on db1").unwrap_err();
         assert!(
-            msg.contains("the agent on db1 speaks agent protocol 2 (pgstrata 9.9.9)"),
+            msg.contains("the agent on db1 speaks agent protocol 3 (pgstrata 9.9.9)"),
             "{msg}"
         );
         assert!(msg.contains("install the same pgstrata version"), "{msg}");

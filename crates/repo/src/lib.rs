@@ -15,6 +15,7 @@
 //! - [`resume`]: checkpoints of a running backup, which let the next one reuse its frames.
 //! - [`wal`]: archived WAL objects; [`changemap`]: the block-change map beside each segment.
 
+pub mod cache;
 pub mod changemap;
 pub mod cipher;
 pub mod codec;

@@ -12,6 +12,7 @@
 //! with the object's name. object_store's HTTP client retries individual requests too; this
 //! layer covers whole operations and any backend, including fault-injecting test wrappers.
 
+use crate::cache::{stored_hash, ObjectCache};
 use crate::cipher::Cipher;
 use crate::Named;
 use crate::{Error, ErrorKind, Result};
@@ -123,7 +124,13 @@ pub struct AzureConfig {
 }
 
 /// See [`Storage::serve_every_open_from`].
-static ORIGIN: std::sync::OnceLock<(Arc<dyn ObjectStore>, String)> = std::sync::OnceLock::new();
+static ORIGIN: std::sync::OnceLock<(RemoteStore, String)> = std::sync::OnceLock::new();
+
+/// This OS user's [`ObjectCache`], opened on first use by a repository on another host.
+fn object_cache() -> Option<&'static ObjectCache> {
+    static CACHE: std::sync::OnceLock<Option<ObjectCache>> = std::sync::OnceLock::new();
+    CACHE.get_or_init(ObjectCache::open_default).as_ref()
+}
 
 #[derive(Clone, Debug)]
 pub struct Storage {
@@ -144,6 +151,10 @@ pub struct Storage {
     /// without the bytes crossing between this process and it: a repository on another
     /// host, whose agent copies on its own disk (see [`Storage::put_new_twice`]).
     copies_independently: bool,
+    /// The repository is on another host, reached through this agent connection: objects
+    /// it holds can be read from [`object_cache`] unless changed, and manifests written
+    /// as patches ([`Storage::put_new_twice_against`]).
+    remote: Option<RemoteStore>,
 }
 
 fn map_err(e: object_store::Error, what: String) -> Error {
@@ -200,16 +211,19 @@ impl Storage {
     /// Open the repository `cfg` describes. A local repository directory must exist.
     pub fn open(cfg: &RepoConfig) -> Result<Storage> {
         if let Some((store, description)) = ORIGIN.get() {
-            let mut storage = Storage::from_store(store.clone(), description.clone())
+            let mut storage = Storage::from_store(Arc::new(store.clone()), description.clone())
                 .with_limits(cfg.timeout.max(Duration::from_secs(120)), cfg.retries);
             storage.copies_independently = true;
+            storage.remote = Some(store.clone());
             return Ok(storage);
         }
+        let mut remote = None;
         let (store, description): (Arc<dyn ObjectStore>, String) = match cfg.kind {
             RepoKind::Posix if cfg.remote.is_some() => {
                 let target = cfg.remote.clone().expect("checked");
                 let description = format!("{}:{}", target.host, cfg.path);
                 let store = RemoteStore::ssh(target, cfg.path.clone());
+                remote = Some(store.clone());
                 (Arc::new(store), description)
             }
             _ if cfg.remote.is_some() => {
@@ -344,6 +358,7 @@ impl Storage {
             retries: cfg.retries,
             cipher: None,
             copies_independently: cfg.remote.is_some(),
+            remote,
         })
     }
 
@@ -351,7 +366,7 @@ impl Storage {
     /// its configuration says. `pgstrata agent run` (pg-remote) calls it once, before the
     /// command runs: its one repository is the one the backup host serves over the
     /// agent's stdin and stdout. Fails when called twice.
-    pub fn serve_every_open_from(store: Arc<dyn ObjectStore>, description: String) -> Result<()> {
+    pub fn serve_every_open_from(store: RemoteStore, description: String) -> Result<()> {
         ORIGIN.set((store, description)).map_err(|_| {
             Error::new(
                 ErrorKind::Invalid,
@@ -396,6 +411,7 @@ impl Storage {
             s3_compatible: false,
             cipher: None,
             copies_independently: false,
+            remote: None,
         }
     }
 
@@ -513,23 +529,96 @@ impl Storage {
     /// once. A local directory's copy is a hard link, which would make two names of one
     /// file and no copy at all, so there (and on object stores) `data` is written again.
     pub async fn put_new_twice(&self, first: &str, second: &str, data: Bytes) -> Result<()> {
-        let data = match &self.cipher {
+        let sealed = match &self.cipher {
             Some(c) => Bytes::from(c.seal_object(second, &data)),
-            None => data,
+            None => data.clone(),
         };
-        self.put_new_unsealed(first, data.clone()).await?;
+        self.put_new_unsealed(first, sealed.clone()).await?;
         if !self.copies_independently {
-            return self.put_new_unsealed(second, data).await;
+            self.put_new_unsealed(second, sealed.clone()).await?;
+        } else {
+            let from = Self::path(first)?;
+            self.create_object(second, &sealed, format!("copy {first} to {second}"), |to| {
+                let from = from.clone();
+                async move {
+                    let opts = CopyOptions::new().with_mode(CopyMode::Create);
+                    self.store.copy_opts(&from, &to, opts).await
+                }
+            })
+            .await?;
         }
-        let from = Self::path(first)?;
-        self.create_object(second, &data, format!("copy {first} to {second}"), |to| {
-            let from = from.clone();
-            async move {
-                let opts = CopyOptions::new().with_mode(CopyMode::Create);
-                self.store.copy_opts(&from, &to, opts).await
+        if let (Some(_), Some(cache)) = (&self.remote, object_cache()) {
+            cache.put(second, stored_hash(&sealed), &data);
+        }
+        Ok(())
+    }
+
+    /// [`Storage::put_new_twice`] of `data`, which is most likely much like the object
+    /// `base` (a manifest and its prior one). Through a repository on another host that
+    /// this host holds `base` of (in the object cache), `diff(base, data)` makes the
+    /// object to store (possibly other bytes of the same meaning) and a patch, and only
+    /// the patch crosses the line: the holder rebuilds, seals and stores the object
+    /// (`put_patch`, docs/remote-protocol.md). Everywhere else, and when the holder cannot
+    /// rebuild it, `data` is written whole as `put_new_twice` does.
+    pub async fn put_new_twice_against(
+        &self,
+        first: &str,
+        second: &str,
+        base: &str,
+        data: Bytes,
+        diff: impl FnOnce(&[u8], &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>>,
+    ) -> Result<()> {
+        let (Some(remote), Some(cache)) = (&self.remote, object_cache()) else {
+            return self.put_new_twice(first, second, data).await;
+        };
+        let Some(held) = cache.get(base) else {
+            return self.put_new_twice(first, second, data).await;
+        };
+        let (stored, patch) = match diff(&held.bytes, &data) {
+            Ok(Some((stored, patch))) => (Bytes::from(stored), patch),
+            Ok(None) => return self.put_new_twice(first, second, data).await,
+            Err(e) => {
+                log::info!("{second}: not sent as a patch against {base}: {e}");
+                return self.put_new_twice(first, second, data).await;
             }
-        })
-        .await
+        };
+        let (to_first, to_second, from) =
+            (Self::path(first)?, Self::path(second)?, Self::path(base)?);
+        let what = format!("write {second} as a patch against {base}");
+        let sent = self
+            .retry(&what, || async {
+                remote
+                    .put_patch(&to_first, &to_second, &from, &patch)
+                    .await
+                    .map_err(|e| map_err(e, what.clone()))
+            })
+            .await;
+        match sent {
+            Ok(hash) => {
+                log::debug!(
+                    "{second}: sent as a patch of {} bytes against {base} (whole: {} bytes)",
+                    patch.len(),
+                    stored.len()
+                );
+                match blake3::Hash::from_hex(&hash) {
+                    Ok(h) => cache.put(second, *h.as_bytes(), &stored),
+                    Err(_) => log::debug!("{second}: the holder's hash '{hash}' is not BLAKE3"),
+                }
+                Ok(())
+            }
+            // The holder cannot rebuild it (no key for this stanza, a manifest too large,
+            // another zstd): it wrote nothing.
+            Err(e) if e.kind == ErrorKind::Invalid => {
+                log::info!("{e}; sending it whole");
+                self.put_new_twice(first, second, stored).await
+            }
+            // A retry of a write whose answer was lost: ours if the manifest holds it.
+            Err(e) if e.kind == ErrorKind::AlreadyExists => match self.get(second).await {
+                Ok(written) if written == stored => Ok(()),
+                _ => Err(e),
+            },
+            Err(e) => Err(e),
+        }
     }
 
     /// Run `create`, a create-only write of `data` as `key`, with retries.
@@ -585,9 +674,55 @@ impl Storage {
     /// Read a whole object, opened (and authenticated) when the stanza is encrypted.
     pub async fn get(&self, key: &str) -> Result<Bytes> {
         let stored = self.get_unsealed(key).await?;
+        self.open_sealed(key, stored)
+    }
+
+    /// An object as stored, opened when the stanza is encrypted.
+    fn open_sealed(&self, key: &str, stored: Bytes) -> Result<Bytes> {
         match &self.cipher {
             Some(c) => Ok(Bytes::from(c.open_object(key, &stored)?)),
             None => Ok(stored),
+        }
+    }
+
+    /// [`Storage::get`] of an object written once and read again later (a manifest).
+    /// Through a repository on another host, the object is kept in this host's object
+    /// cache and, on later reads, crosses the line only if its bytes are not the ones
+    /// kept (the holder compares hashes).
+    pub async fn get_cached(&self, key: &str) -> Result<Bytes> {
+        let (Some(remote), Some(cache)) = (&self.remote, object_cache()) else {
+            return self.get(key).await;
+        };
+        let Some(held) = cache.get(key) else {
+            let stored = self.get_unsealed(key).await?;
+            let hash = stored_hash(&stored);
+            let plain = self.open_sealed(key, stored)?;
+            cache.put(key, hash, &plain);
+            return Ok(plain);
+        };
+        let hash = blake3::Hash::from(held.stored_hash).to_hex().to_string();
+        let fetched = self
+            .retry_object(key, format!("read {key}"), |path, what| {
+                let hash = hash.clone();
+                async move {
+                    remote
+                        .get_unless_hash(&path, &hash)
+                        .await
+                        .map_err(|e| map_err(e, what))
+                }
+            })
+            .await?;
+        match fetched {
+            None => {
+                log::debug!("{key}: unchanged; read from the object cache");
+                Ok(held.bytes)
+            }
+            Some(stored) => {
+                let hash = stored_hash(&stored);
+                let plain = self.open_sealed(key, stored)?;
+                cache.put(key, hash, &plain);
+                Ok(plain)
+            }
         }
     }
 

@@ -26,6 +26,7 @@ pub type BlockHashes = SmallVec<[u64; 2]>;
 
 mod map;
 mod name;
+pub mod patch;
 #[cfg(test)]
 pub(crate) mod tests;
 pub(crate) mod text;
@@ -381,7 +382,7 @@ impl Manifest {
     /// error of a backup whose manifest and copy are both damaged has kind `Corrupt`.
     pub async fn load(storage: &Storage, stanza: &str, label: &str) -> Result<Manifest> {
         let key = layout::manifest(stanza, label);
-        let damage = match storage.get(&key).await {
+        let damage = match storage.get_cached(&key).await {
             Ok(obj) => match Manifest::decode_at(&obj, &key, stanza, label) {
                 Err(e) if e.kind == ErrorKind::Corrupt => e,
                 other => return other,
@@ -429,15 +430,24 @@ impl Manifest {
 
     /// Write the manifest, making the backup visible: first its copy, then the manifest
     /// itself, both create-only. A crash between the two leaves a copy without a manifest,
-    /// which is not a backup (expire removes it).
+    /// which is not a backup (expire removes it). Through a repository on another host,
+    /// the manifest of a backup with a prior one crosses the line as a patch against the
+    /// prior's (`patch`).
     pub async fn publish(&self, storage: &Storage) -> Result<()> {
-        storage
-            .put_new_twice(
-                &layout::manifest_copy(&self.stanza, &self.label),
-                &layout::manifest(&self.stanza, &self.label),
-                bytes::Bytes::from(self.encode()),
-            )
-            .await
+        let (copy, manifest) = (
+            layout::manifest_copy(&self.stanza, &self.label),
+            layout::manifest(&self.stanza, &self.label),
+        );
+        let data = bytes::Bytes::from(self.encode());
+        match &self.prior {
+            Some(prior) => {
+                let base = layout::manifest(&self.stanza, prior);
+                storage
+                    .put_new_twice_against(&copy, &manifest, &base, data, patch::make)
+                    .await
+            }
+            None => storage.put_new_twice(&copy, &manifest, data).await,
+        }
     }
 
     /// Codec of the frames stored by backup `owner` (this one or one it references).
