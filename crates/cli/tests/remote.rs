@@ -28,6 +28,12 @@ fn chown_to_backup_user(p: &Path) {
 
 impl TwoHosts {
     fn new(name: &str) -> TwoHosts {
+        TwoHosts::configured(name, "")
+    }
+
+    /// The two hosts with `extra` in the database host's configuration and the backup
+    /// host's (each line an option for both).
+    fn configured(name: &str, extra: &str) -> TwoHosts {
         let ssh_dir =
             std::env::temp_dir().join(format!("pgstrata-sshd-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&ssh_dir);
@@ -43,13 +49,17 @@ impl TwoHosts {
         // The backup host's own configuration file (this machine's /etc/pgstrata may hold
         // the database host's, readable by postgres only, as the Debian package makes it).
         let backup_config = ssh_dir.join("backup-host.toml");
-        std::fs::write(&backup_config, "[global]\nlog-level-file = \"off\"\n").unwrap();
+        std::fs::write(
+            &backup_config,
+            format!("[global]\nlog-level-file = \"off\"\n{extra}"),
+        )
+        .unwrap();
         chown_to_backup_user(&backup_config);
         // The database host's configuration: its repository is on the backup host.
         let env = Env::with_config(
             name,
             &format!(
-                "repo-remote = \"{BACKUP_OS_USER}@backup-host\"\nrepo-path = \"{}\"\nrepo-remote-cmd = \"{}\"\ncmd-ssh = \"{}\"\n",
+                "repo-remote = \"{BACKUP_OS_USER}@backup-host\"\nrepo-path = \"{}\"\nrepo-remote-cmd = \"{}\"\ncmd-ssh = \"{}\"\n{extra}",
                 backup_repo.display(),
                 exe().display(),
                 ssh.client(PG_OS_USER).display()
@@ -303,6 +313,71 @@ fn backup_host_and_database_host_over_ssh() {
 }
 
 use std::os::unix::fs::MetadataExt;
+
+/// An encrypted stanza across the two hosts: the agent on the database host reads the
+/// prior manifest from its object cache and sends the new one as a patch, which the
+/// backup host opens the stanza's key to rebuild and seal; the manifests in the repository
+/// are sealed, and the incremental restores equal to the source.
+#[test]
+fn an_encrypted_stanzas_manifests_cross_as_patches_sealed_by_the_backup_host() {
+    let h = TwoHosts::configured(
+        "two-hosts-encrypted",
+        "repo-cipher-type = \"aes-256-gcm\"\nrepo-cipher-pass = \"correct horse battery\"\n",
+    );
+    let env = &h.env;
+    run_ok(h.backup_host(&["stanza-create"]));
+    env.cluster
+        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
+        .unwrap();
+    let full = run_ok(h.backup_host(&["--start-fast", "--type=full", "backup"]));
+    let full_label = full.trim().to_string();
+    env.cluster
+        .pgbench(&["-t", "200", "-c", "2", "postgres"])
+        .unwrap();
+    let incr = h
+        .backup_host(&[
+            "--start-fast",
+            "--type=incr",
+            "--log-level-console=debug",
+            "backup",
+        ])
+        .output()
+        .unwrap();
+    let incr_err = String::from_utf8_lossy(&incr.stderr);
+    assert!(incr.status.success(), "incremental failed: {incr_err}");
+    let incr_label = String::from_utf8_lossy(&incr.stdout).trim().to_string();
+    assert!(
+        incr_err.contains(&format!(
+            "{STANZA}/backup/{full_label}/backup.manifest: unchanged; read from the object cache"
+        )),
+        "the prior manifest crossed the line: {incr_err}"
+    );
+    assert!(
+        incr_err.contains(&format!(
+            "{STANZA}/backup/{incr_label}/backup.manifest: sent as a patch of"
+        )),
+        "the manifest was not sent as a patch: {incr_err}"
+    );
+    // Sealed on the backup host, as every object of an encrypted stanza.
+    let stored = std::fs::read(
+        h.backup_repo
+            .join(STANZA)
+            .join("backup")
+            .join(&incr_label)
+            .join("backup.manifest"),
+    )
+    .unwrap();
+    assert!(
+        pgstrata_repo::cipher::is_sealed(&stored),
+        "the rebuilt manifest is stored in the clear"
+    );
+    let expected = env.hashes();
+    let restored = h.restore_on_db_host("restored", &["--type=immediate"]);
+    let got = restored.content_hashes().unwrap();
+    restored.stop().unwrap();
+    assert_eq!(got, expected, "the encrypted incremental restored differs");
+    give_to_pg_user(&env.scratch.path);
+}
 
 /// backup-standby with the standby on another host (standby-remote): the backup runs on
 /// the standby's host, reads relation files there, and reads the primary's other files
