@@ -104,6 +104,11 @@ pub fn decode_to(obj: &[u8], what: &str, out: &mut (impl std::io::Write + Send))
     const PIECE: usize = 1 << 20;
     const PIECES_IN_FLIGHT: usize = 3;
     let h = parse_header(obj, what)?;
+    if h.codec == CompressType::Zst {
+        if let Some(frames) = zstd_frames(&obj[HEADER_LEN..]) {
+            return decode_frames_to(&frames, &h, what, out);
+        }
+    }
     let cannot_decode = |e: std::io::Error| {
         Error::with_source(
             crate::ErrorKind::Corrupt,
@@ -166,6 +171,142 @@ pub fn decode_to(obj: &[u8], what: &str, out: &mut (impl std::io::Write + Send))
     })
 }
 
+/// The frames of a zstd stream of several, each with its decoded size, when every frame
+/// states a size of at most [`MAX_FRAME_RAW`]: a WAL object written as independent frames
+/// ([`Compression::compress_parallel`]). `None` for one frame (objects written before) or
+/// anything else, which is decoded as one stream.
+fn zstd_frames(body: &[u8]) -> Option<Vec<(&[u8], usize)>> {
+    use zstd::zstd_safe;
+    let mut frames = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let len = zstd_safe::find_frame_compressed_size(rest).ok()?;
+        let size = zstd_safe::get_frame_content_size(&rest[..len]).ok()??;
+        if size > MAX_FRAME_RAW as u64 {
+            return None;
+        }
+        frames.push((&rest[..len], size as usize));
+        rest = &rest[len..];
+    }
+    (frames.len() > 1).then_some(frames)
+}
+
+/// Largest decoded frame [`decode_frames_to`] takes: each decoder holds one.
+const MAX_FRAME_RAW: usize = 4 << 20;
+
+/// [`decode_to`] of a WAL object written as independent zstd frames: the frames are
+/// decoded on up to four threads (the cores there are) while this thread hashes and writes
+/// them in order. A decoder takes a buffer before it claims the next frame, and frames are
+/// claimed in order, so the frame the writer waits for always has its buffer: a few
+/// buffers bound the memory, whatever the object's length.
+fn decode_frames_to(
+    frames: &[(&[u8], usize)],
+    h: &WalHeader,
+    what: &str,
+    out: &mut (impl std::io::Write + Send),
+) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::mpsc::{channel, sync_channel};
+    let total: u64 = frames.iter().map(|f| f.1 as u64).sum();
+    if total != h.raw_len {
+        return Err(Error::corrupt(format!(
+            "{what}: its frames hold {total} bytes, expected {}",
+            h.raw_len
+        )));
+    }
+    let decoders = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4)
+        .min(frames.len());
+    let buffers = decoders + 2;
+    let (free_tx, free_rx) = sync_channel::<Vec<u8>>(buffers);
+    for _ in 0..buffers {
+        free_tx.send(Vec::new()).expect("room for every buffer");
+    }
+    let free_rx = std::sync::Mutex::new(free_rx);
+    let (done_tx, done_rx) = channel::<(usize, std::io::Result<Vec<u8>>)>();
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for _ in 0..decoders {
+            let done_tx = done_tx.clone();
+            let (free_rx, next, stop) = (&free_rx, &next, &stop);
+            scope.spawn(move || {
+                let mut d = match zstd::bulk::Decompressor::new() {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let _ = done_tx.send((usize::MAX, Err(e)));
+                        return;
+                    }
+                };
+                loop {
+                    let Ok(mut buf) = free_rx.lock().expect("no panics while held").recv() else {
+                        return;
+                    };
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let Some(&(frame, size)) = frames.get(i) else {
+                        return;
+                    };
+                    buf.clear();
+                    buf.reserve(size);
+                    let decoded = d.decompress_to_buffer(frame, &mut buf).and_then(|n| {
+                        if n == size {
+                            Ok(buf)
+                        } else {
+                            Err(std::io::Error::other(format!(
+                                "frame {i} decoded to {n} bytes, its header says {size}"
+                            )))
+                        }
+                    });
+                    if done_tx.send((i, decoded)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(done_tx);
+        let written = (|| {
+            let mut hasher = blake3::Hasher::new();
+            let mut waiting = std::collections::BTreeMap::new();
+            let mut want = 0;
+            while want < frames.len() {
+                let Ok((i, decoded)) = done_rx.recv() else {
+                    return Err(Error::corrupt(format!("{what}: a frame decoder stopped")));
+                };
+                let buf = decoded.map_err(|e| {
+                    Error::with_source(
+                        crate::ErrorKind::Corrupt,
+                        format!("{what}: cannot decode zst data"),
+                        e,
+                    )
+                })?;
+                waiting.insert(i, buf);
+                while let Some(buf) = waiting.remove(&want) {
+                    hasher.update(&buf);
+                    out.write_all(&buf).map_err(|e| {
+                        Error::with_source(crate::ErrorKind::Storage, format!("{what}: write"), e)
+                    })?;
+                    let _ = free_tx.try_send(buf);
+                    want += 1;
+                }
+            }
+            if *hasher.finalize().as_bytes() != h.hash {
+                return Err(Error::corrupt(format!(
+                    "{what}: content does not match its recorded BLAKE3 hash"
+                )));
+            }
+            Ok(())
+        })();
+        // Decoders waiting for a buffer see the channel closed; the others, `stop`.
+        stop.store(true, Ordering::Relaxed);
+        drop(free_tx);
+        written
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,5 +326,45 @@ mod tests {
             assert!(decode(&bad, "x").is_err(), "{kind:?}");
             assert!(decode_to(&bad, "x", &mut Vec::new()).is_err(), "{kind:?}");
         }
+    }
+
+    /// A segment-sized zstd object is independent frames, one standard stream (decoded
+    /// whole by any zstd reader), decoded in parallel by archive-get; damage in any frame,
+    /// a missing frame, or objects written as one frame before all behave as they should.
+    #[test]
+    fn segments_are_frames_decoded_in_parallel_and_one_frame_objects_still_read() {
+        let raw: Vec<u8> = (0..(5 << 20) + 12345u32)
+            .map(|i| {
+                (i.wrapping_mul(2654435761) >> 24) as u8 & if i % 3 == 0 { 0xff } else { 0x0f }
+            })
+            .collect();
+        let zst = Compression::new(CompressType::Zst, None).unwrap();
+        let obj = encode(&raw, zst, 2);
+        let frames = zstd_frames(&obj[HEADER_LEN..]).expect("several frames");
+        assert_eq!(frames.len(), 6);
+        assert!(frames.iter().all(|f| f.1 <= crate::codec::WAL_FRAME));
+        assert_eq!(zstd::decode_all(&obj[HEADER_LEN..]).unwrap(), raw);
+        let mut streamed = Vec::new();
+        decode_to(&obj, "x", &mut streamed).unwrap();
+        assert!(streamed == raw);
+        assert!(decode(&obj, "x").unwrap() == raw);
+
+        // A flipped byte inside the third frame.
+        let third = HEADER_LEN + frames[0].0.len() + frames[1].0.len() + 100;
+        let mut bad = obj.clone();
+        bad[third] ^= 0x10;
+        assert!(decode_to(&bad, "x", &mut Vec::new()).is_err());
+        // The last frame gone: the frames no longer add up to the header's length.
+        let cut = obj.len() - frames[5].0.len();
+        let err = decode_to(&obj[..cut], "x", &mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("expected"), "{err}");
+
+        // Written as one frame (before frames): read as one stream.
+        let mut old = obj[..HEADER_LEN].to_vec();
+        old.extend_from_slice(&zst.compress(&raw));
+        assert!(zstd_frames(&old[HEADER_LEN..]).is_none());
+        let mut streamed = Vec::new();
+        decode_to(&old, "x", &mut streamed).unwrap();
+        assert!(streamed == raw);
     }
 }
