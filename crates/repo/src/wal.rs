@@ -13,7 +13,7 @@
 //! The hash in the header lets archive-push compare a resubmitted file with the stored one
 //! without decoding it, and lets archive-get prove what it returns is what was pushed.
 
-use crate::codec::{decompress, CompressType, Compression};
+use crate::codec::{decompress, CompressType, Compression, WAL_FRAME};
 use crate::{Error, Named, Result};
 
 const MAGIC: &[u8; 8] = b"PGSTRWAL";
@@ -191,6 +191,37 @@ fn zstd_frames(body: &[u8]) -> Option<Vec<(&[u8], usize)>> {
     (frames.len() > 1).then_some(frames)
 }
 
+/// The chaining value of frame `i`, `data`, as a subtree of its file's BLAKE3 tree: it
+/// starts `i` frames of [`WAL_FRAME`] bytes (a power of two of BLAKE3 chunks) into the
+/// file, which is longer than one frame, so `data` is a whole subtree of that tree.
+fn subtree_hash(data: &[u8], i: usize) -> blake3::hazmat::ChainingValue {
+    use blake3::hazmat::HasherExt;
+    blake3::Hasher::new()
+        .set_input_offset((i * WAL_FRAME) as u64)
+        .update(data)
+        .finalize_non_root()
+}
+
+/// The BLAKE3 hash of a file from the chaining values of its frames ([`subtree_hash`];
+/// at least two). BLAKE3 splits an input at the largest power of two of chunks below its
+/// length, recursively; above one frame those splits fall on frame boundaries, so the
+/// split of `n` frames is the largest power of two below `n`.
+fn root_of_subtrees(cvs: &[blake3::hazmat::ChainingValue]) -> blake3::Hash {
+    use blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, Mode};
+    fn split(n: usize) -> usize {
+        1 << (usize::BITS - 1 - (n - 1).leading_zeros())
+    }
+    fn non_root(cvs: &[blake3::hazmat::ChainingValue]) -> blake3::hazmat::ChainingValue {
+        if cvs.len() == 1 {
+            return cvs[0];
+        }
+        let (l, r) = cvs.split_at(split(cvs.len()));
+        merge_subtrees_non_root(&non_root(l), &non_root(r), Mode::Hash)
+    }
+    let (l, r) = cvs.split_at(split(cvs.len()));
+    merge_subtrees_root(&non_root(l), &non_root(r), Mode::Hash)
+}
+
 /// Largest decoded frame [`decode_frames_to`] takes: each decoder holds one.
 const MAX_FRAME_RAW: usize = 4 << 20;
 
@@ -214,6 +245,12 @@ fn decode_frames_to(
             h.raw_len
         )));
     }
+    // Frames of exactly WAL_FRAME bytes (the last one at most that) are whole subtrees of
+    // the file's BLAKE3 tree: the decoders hash them too, and the writer only writes.
+    let subtrees = frames.len() > 1
+        && frames.iter().all(|f| f.1 <= WAL_FRAME)
+        && frames[..frames.len() - 1].iter().all(|f| f.1 == WAL_FRAME)
+        && frames[frames.len() - 1].1 > 0;
     let decoders = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, 4)
@@ -224,7 +261,11 @@ fn decode_frames_to(
         free_tx.send(Vec::new()).expect("room for every buffer");
     }
     let free_rx = std::sync::Mutex::new(free_rx);
-    let (done_tx, done_rx) = channel::<(usize, std::io::Result<Vec<u8>>)>();
+    type Decoded = (
+        usize,
+        std::io::Result<(Vec<u8>, Option<blake3::hazmat::ChainingValue>)>,
+    );
+    let (done_tx, done_rx) = channel::<Decoded>();
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
@@ -254,7 +295,8 @@ fn decode_frames_to(
                     buf.reserve(size);
                     let decoded = d.decompress_to_buffer(frame, &mut buf).and_then(|n| {
                         if n == size {
-                            Ok(buf)
+                            let cv = subtrees.then(|| subtree_hash(&buf, i));
+                            Ok((buf, cv))
                         } else {
                             Err(std::io::Error::other(format!(
                                 "frame {i} decoded to {n} bytes, its header says {size}"
@@ -270,22 +312,28 @@ fn decode_frames_to(
         drop(done_tx);
         let written = (|| {
             let mut hasher = blake3::Hasher::new();
+            let mut subtree_cvs = Vec::with_capacity(if subtrees { frames.len() } else { 0 });
             let mut waiting = std::collections::BTreeMap::new();
             let mut want = 0;
             while want < frames.len() {
                 let Ok((i, decoded)) = done_rx.recv() else {
                     return Err(Error::corrupt(format!("{what}: a frame decoder stopped")));
                 };
-                let buf = decoded.map_err(|e| {
+                let decoded = decoded.map_err(|e| {
                     Error::with_source(
                         crate::ErrorKind::Corrupt,
                         format!("{what}: cannot decode zst data"),
                         e,
                     )
                 })?;
-                waiting.insert(i, buf);
-                while let Some(buf) = waiting.remove(&want) {
-                    hasher.update(&buf);
+                waiting.insert(i, decoded);
+                while let Some((buf, cv)) = waiting.remove(&want) {
+                    match cv {
+                        Some(cv) => subtree_cvs.push(cv),
+                        None => {
+                            hasher.update(&buf);
+                        }
+                    }
                     out.write_all(&buf).map_err(|e| {
                         Error::with_source(crate::ErrorKind::Storage, format!("{what}: write"), e)
                     })?;
@@ -293,7 +341,12 @@ fn decode_frames_to(
                     want += 1;
                 }
             }
-            if *hasher.finalize().as_bytes() != h.hash {
+            let hash = if subtrees {
+                root_of_subtrees(&subtree_cvs)
+            } else {
+                hasher.finalize()
+            };
+            if *hash.as_bytes() != h.hash {
                 return Err(Error::corrupt(format!(
                     "{what}: content does not match its recorded BLAKE3 hash"
                 )));
@@ -325,6 +378,33 @@ mod tests {
             bad[last] ^= 0x40;
             assert!(decode(&bad, "x").is_err(), "{kind:?}");
             assert!(decode_to(&bad, "x", &mut Vec::new()).is_err(), "{kind:?}");
+        }
+    }
+
+    /// The hash assembled from frames' subtrees is BLAKE3's, at lengths around the tree's
+    /// splits.
+    #[test]
+    fn frame_subtrees_make_the_files_blake3_hash() {
+        for len in [
+            WAL_FRAME + 1,
+            2 * WAL_FRAME,
+            2 * WAL_FRAME + 1,
+            3 * WAL_FRAME,
+            4 * WAL_FRAME + 7,
+            5 * WAL_FRAME + 12345,
+            8 * WAL_FRAME,
+            9 * WAL_FRAME - 1,
+            16 * WAL_FRAME,
+        ] {
+            let data: Vec<u8> = (0..len)
+                .map(|i| (i as u32).wrapping_mul(2654435761) as u8)
+                .collect();
+            let cvs: Vec<_> = data
+                .chunks(WAL_FRAME)
+                .enumerate()
+                .map(|(i, c)| subtree_hash(c, i))
+                .collect();
+            assert_eq!(root_of_subtrees(&cvs), blake3::hash(&data), "length {len}");
         }
     }
 
