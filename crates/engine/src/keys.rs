@@ -25,9 +25,15 @@ static OPENED: OnceLock<Mutex<Opened>> = OnceLock::new();
 /// when it is encrypted.
 pub(crate) async fn open_stanza(s: &Settings) -> Result<(Storage, StanzaInfo)> {
     let storage = s.storage()?;
-    let keys = KeyFile::list(&storage, &s.stanza).await?;
+    // Both at once: on an object store each is a round trip, and archive-push pays them
+    // for every WAL segment.
+    let (keys, stored) = tokio::join!(
+        KeyFile::list(&storage, &s.stanza),
+        StanzaInfo::fetch(&storage, &s.stanza)
+    );
+    let keys = keys?;
     if keys.is_empty() {
-        let info = StanzaInfo::load(&storage, &s.stanza).await?;
+        let info = StanzaInfo::decode(&storage, &s.stanza, stored?)?;
         if s.cipher_pass.is_some() {
             return Err(Error::config(format!(
                 "repo-cipher-pass is set but stanza '{}' is not encrypted (it has no key files): remove the passphrase from this stanza's configuration",
@@ -38,7 +44,7 @@ pub(crate) async fn open_stanza(s: &Settings) -> Result<(Storage, StanzaInfo)> {
     }
     let master = open_master(s, &storage, keys).await?;
     let storage = storage.with_cipher(master);
-    let info = StanzaInfo::load(&storage, &s.stanza).await?;
+    let info = StanzaInfo::decode(&storage, &s.stanza, stored?)?;
     Ok((storage, info))
 }
 

@@ -34,8 +34,16 @@ pub struct StanzaInfo {
 
 impl StanzaInfo {
     pub async fn load(storage: &Storage, stanza: &str) -> Result<StanzaInfo> {
+        let stored = StanzaInfo::fetch(storage, stanza).await?;
+        StanzaInfo::decode(storage, stanza, stored)
+    }
+
+    /// The stanza record of `stanza` as stored (sealed, in an encrypted stanza): fetched
+    /// before the stanza's key is open, beside the listing of its key files, so that a
+    /// command on an object store waits one round trip for both.
+    pub async fn fetch(storage: &Storage, stanza: &str) -> Result<bytes::Bytes> {
         let key = layout::stanza_info(stanza);
-        let bytes = storage.get(&key).await.map_err(|e| {
+        storage.get_unsealed(&key).await.map_err(|e| {
             if e.is_not_found() {
                 Error::new(
                     ErrorKind::NotFound,
@@ -47,7 +55,14 @@ impl StanzaInfo {
             } else {
                 e
             }
-        })?;
+        })
+    }
+
+    /// [`StanzaInfo::load`] of a record [`StanzaInfo::fetch`] returned, opened with
+    /// `storage`'s key when the stanza is encrypted.
+    pub fn decode(storage: &Storage, stanza: &str, stored: bytes::Bytes) -> Result<StanzaInfo> {
+        let key = layout::stanza_info(stanza);
+        let bytes = storage.open_stored(&key, stored)?;
         if storage.cipher().is_none() && crate::cipher::is_sealed(&bytes) {
             // Its key files are gone (an encrypted stanza is recognized by them).
             return Err(Error::corrupt(format!(

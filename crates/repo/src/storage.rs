@@ -674,11 +674,12 @@ impl Storage {
     /// Read a whole object, opened (and authenticated) when the stanza is encrypted.
     pub async fn get(&self, key: &str) -> Result<Bytes> {
         let stored = self.get_unsealed(key).await?;
-        self.open_sealed(key, stored)
+        self.open_stored(key, stored)
     }
 
-    /// An object as stored, opened when the stanza is encrypted.
-    fn open_sealed(&self, key: &str, stored: Bytes) -> Result<Bytes> {
+    /// An object as stored ([`Storage::get_unsealed`]), opened when the stanza is
+    /// encrypted: what [`Storage::get`] returns.
+    pub fn open_stored(&self, key: &str, stored: Bytes) -> Result<Bytes> {
         match &self.cipher {
             Some(c) => Ok(Bytes::from(c.open_object(key, &stored)?)),
             None => Ok(stored),
@@ -696,7 +697,7 @@ impl Storage {
         let Some(held) = cache.get(key) else {
             let stored = self.get_unsealed(key).await?;
             let hash = stored_hash(&stored);
-            let plain = self.open_sealed(key, stored)?;
+            let plain = self.open_stored(key, stored)?;
             cache.put(key, hash, &plain);
             return Ok(plain);
         };
@@ -719,7 +720,7 @@ impl Storage {
             }
             Some(stored) => {
                 let hash = stored_hash(&stored);
-                let plain = self.open_sealed(key, stored)?;
+                let plain = self.open_stored(key, stored)?;
                 cache.put(key, hash, &plain);
                 Ok(plain)
             }
