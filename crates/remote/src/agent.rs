@@ -328,6 +328,19 @@ mod tests {
     use crate::client::RemoteStore;
     use object_store::{CopyMode, CopyOptions, ObjectStoreExt};
 
+    type Served = tokio::task::JoinHandle<Result<Option<Done>, String>>;
+
+    /// `store` served by [`serve`] over two OS pipes, and the RemoteStore at their other end.
+    fn served(
+        store: Arc<dyn ObjectStore>,
+        rebuild: Option<Arc<dyn Rebuild>>,
+    ) -> (Served, RemoteStore) {
+        let (to_agent_r, to_agent_w) = std::io::pipe().unwrap();
+        let (to_client_r, to_client_w) = std::io::pipe().unwrap();
+        let server = tokio::spawn(serve(store, rebuild, to_agent_r, to_client_w));
+        (server, RemoteStore::origin(to_client_r, to_agent_w))
+    }
+
     /// A RemoteStore talking to `serve` over two OS pipes: puts, create-only refusals,
     /// ranged gets, lists and deletes arrive as the local store does them.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -335,10 +348,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let local: Arc<dyn ObjectStore> =
             Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-        let (to_agent_r, to_agent_w) = std::io::pipe().unwrap();
-        let (to_client_r, to_client_w) = std::io::pipe().unwrap();
-        let server = tokio::spawn(serve(local, None, to_agent_r, to_client_w));
-        let remote = RemoteStore::origin(to_client_r, to_agent_w);
+        let (server, remote) = served(local, None);
         let p = ObjPath::from("stanza/obj");
         remote
             .put(&p, PutPayload::from_static(b"0123456789"))
@@ -442,15 +452,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let local: Arc<dyn ObjectStore> =
             Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-        let (to_agent_r, to_agent_w) = std::io::pipe().unwrap();
-        let (to_client_r, to_client_w) = std::io::pipe().unwrap();
-        let server = tokio::spawn(serve(
-            local.clone(),
-            Some(Arc::new(Append)),
-            to_agent_r,
-            to_client_w,
-        ));
-        let remote = RemoteStore::origin(to_client_r, to_agent_w);
+        let (server, remote) = served(local.clone(), Some(Arc::new(Append)));
         let base = ObjPath::from("s/base");
         remote
             .put(&base, PutPayload::from_static(b"BASE"))
@@ -503,10 +505,7 @@ mod tests {
         server.await.unwrap().unwrap();
 
         // Without a rebuilder: not supported, nothing written.
-        let (to_agent_r, to_agent_w) = std::io::pipe().unwrap();
-        let (to_client_r, to_client_w) = std::io::pipe().unwrap();
-        let server = tokio::spawn(serve(local.clone(), None, to_agent_r, to_client_w));
-        let remote = RemoteStore::origin(to_client_r, to_agent_w);
+        let (server, remote) = served(local.clone(), None);
         let refused = remote
             .put_patch(&f2, &s2, &base, b"DELTA")
             .await
