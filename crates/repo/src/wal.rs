@@ -95,9 +95,10 @@ pub fn decode(obj: &[u8], what: &str) -> Result<Vec<u8>> {
 /// Decode stored WAL object `obj` into `out` piece by piece, and check its length and hash
 /// at the end. Decompression runs on this thread while a second one hashes and writes the
 /// pieces before it, so archive-get waits for about the slower of the two; memory stays at a
-/// few small buffers (no 16 MiB buffer to fault in and free per segment). What was written
-/// to `out` is not the WAL file unless this returns `Ok`: write it somewhere PostgreSQL does
-/// not look until then.
+/// few small buffers (no 16 MiB buffer to fault in and free per segment). A zstd object of
+/// independent frames (as archive-push writes them) is decoded frame by frame on several
+/// threads instead ([`decode_frames_to`]). What was written to `out` is not the WAL file
+/// unless this returns `Ok`: write it somewhere PostgreSQL does not look until then.
 pub fn decode_to(obj: &[u8], what: &str, out: &mut (impl std::io::Write + Send)) -> Result<()> {
     use std::io::Read;
     use std::sync::mpsc::sync_channel;
