@@ -522,15 +522,22 @@ fn records_cut_at_a_segment_end_are_read_across_the_boundary() {
         panic!("no segment ended inside a record's block headers");
     };
 
-    // 1. archive-push completed the cut records.
+    // 1. archive-push completed the cut records. `check` (flush_wal) returns once the
+    // switched segment is stored; archive-push writes its map just after it, so the map
+    // that completes the cut record may still be on its way.
     let full_start = manifest(&env, &full).start.wal;
     write_until_cut(&full_start);
-    assert!(
-        maps_since(&full_start)
-            .iter()
-            .any(|(_, m)| m.completes_previous),
-        "archive-push read a cut record whole"
-    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !maps_since(&full_start)
+        .iter()
+        .any(|(_, m)| m.completes_previous)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "archive-push read a cut record whole"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     env.sql("CHECKPOINT");
     let first = env.backup(&["--type=incr", "--track=wal"]);
     let m = manifest(&env, &first);
