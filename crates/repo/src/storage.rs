@@ -147,13 +147,11 @@ pub struct Storage {
     /// An encrypted stanza's open master key: `put_new` seals and `get` opens whole
     /// objects with it; packs seal their frames themselves (see `cipher`).
     cipher: Option<Arc<Cipher>>,
-    /// The store's create-only copy makes an independent object where the store is,
-    /// without the bytes crossing between this process and it: a repository on another
-    /// host, whose agent copies on its own disk (see [`Storage::put_new_twice`]).
-    copies_independently: bool,
-    /// The repository is on another host, reached through this agent connection: objects
-    /// it holds can be read from [`object_cache`] unless changed, and manifests written
-    /// as patches ([`Storage::put_new_twice_against`]).
+    /// The repository is on another host, reached through this agent connection. Its
+    /// create-only copy makes an independent object there, without the bytes crossing
+    /// the line ([`Storage::put_new_twice`]); objects it holds can be read from
+    /// [`object_cache`] unless changed, and manifests written as patches
+    /// ([`Storage::put_new_twice_against`]).
     remote: Option<RemoteStore>,
 }
 
@@ -213,7 +211,6 @@ impl Storage {
         if let Some((store, description)) = ORIGIN.get() {
             let mut storage = Storage::from_store(Arc::new(store.clone()), description.clone())
                 .with_limits(cfg.timeout.max(Duration::from_secs(120)), cfg.retries);
-            storage.copies_independently = true;
             storage.remote = Some(store.clone());
             return Ok(storage);
         }
@@ -357,7 +354,6 @@ impl Storage {
             },
             retries: cfg.retries,
             cipher: None,
-            copies_independently: cfg.remote.is_some(),
             remote,
         })
     }
@@ -410,7 +406,6 @@ impl Storage {
             local_root: None,
             s3_compatible: false,
             cipher: None,
-            copies_independently: false,
             remote: None,
         }
     }
@@ -534,7 +529,7 @@ impl Storage {
             None => data.clone(),
         };
         self.put_new_unsealed(first, sealed.clone()).await?;
-        if !self.copies_independently {
+        if self.remote.is_none() {
             self.put_new_unsealed(second, sealed.clone()).await?;
         } else {
             let from = Self::path(first)?;
