@@ -139,7 +139,8 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             })
         })
         .collect();
-    let labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
+    let mut labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
+    labels.push(FLOOR);
     b.results.declare(&labels);
 
     for &n in &o.segments {
@@ -227,57 +228,21 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let spool = b.dir(&format!("spool-{tag}"))?;
             // Recovery for real: the base backup replaying every segment through the tool's
             // restore_command, from start to promotion at the end of the archive.
-            let restored = b.empty_data_dir(&format!("replay-{tag}"))?;
-            src.restore(
-                b,
-                &restored,
-                &[&format!("--set={base}"), "--archive-mode=off"],
-            )?;
-            let conf = restored.join("postgresql.auto.conf");
-            let text = std::fs::read_to_string(&conf).map_err(|e| e.to_string())?;
-            let text: String = text
-                .lines()
-                .filter(|l| !l.starts_with("restore_command"))
-                .map(|l| format!("{l}\n"))
-                .collect::<String>()
-                + &format!(
-                    "restore_command = '{} --config={} --stanza={STANZA}{} archive-get %f \"%p\"'\n",
-                    t.tool.bin.display(),
-                    repo.config.display(),
-                    // pgBackRest insists that pg1-path is the server's data directory.
-                    if t.tool.is_pgstrata() {
-                        String::new()
-                    } else {
-                        format!(" --pg1-path={}", restored.display())
-                    }
-                );
-            std::fs::write(&conf, text).map_err(|e| e.to_string())?;
-            crate::harness::append(&restored.join("postgresql.conf"), "\narchive_mode = off\n")?;
-            let sock = b.dir(&format!("sock-{tag}"))?;
-            let cluster = pgstrata_testkit::Cluster::adopt(&b.pg, &restored, &sock);
-            crate::harness::settle();
+            let restore_command = format!(
+                "{} --config={} --stanza={STANZA}{} archive-get %f \"%p\"",
+                t.tool.bin.display(),
+                repo.config.display(),
+                // pgBackRest insists that pg1-path is the server's data directory.
+                if t.tool.is_pgstrata() {
+                    String::new()
+                } else {
+                    " --pg1-path=@DATA@".to_string()
+                }
+            );
             let before = proxy.turns()?;
-            let t0 = std::time::Instant::now();
-            let ((), seen) = sampled(&t.tool, || {
-                cluster.start()?;
-                cluster.wait_for_promotion(Duration::from_secs(3600))
-            })?;
-            let seconds = t0.elapsed().as_secs_f64();
+            let (seconds, seen) =
+                replay(b, &src, &base, &tag, &restore_command, Some(&t.tool), names)?;
             let after = proxy.turns()?;
-            let last = cluster.psql(
-                "postgres",
-                "SELECT pg_walfile_name(pg_last_wal_replay_lsn())",
-            )?;
-            cluster.stop()?;
-            let replayed_to = names.last().map(|n| n[8..].to_string()).unwrap_or_default();
-            if last.trim().get(8..) < Some(replayed_to.as_str()) {
-                return Err(format!(
-                    "{}: recovery ended at {} before the last archived segment {}",
-                    t.label,
-                    last.trim(),
-                    names.last().unwrap()
-                ));
-            }
             let m = Measured {
                 seconds,
                 max_rss_kb: seen.peak_rss_kb,
@@ -302,12 +267,106 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                         1000.0 * seen.cpu_seconds / names.len() as f64
                     )),
             )?;
-            for d in [&data, &spool, &restored] {
+            for d in [&data, &spool] {
                 let _ = std::fs::remove_dir_all(d);
             }
         }
+        // The limit: PostgreSQL replaying the same segments copied from a local directory
+        // of plain segments, no tool in the way.
+        let restore_command = format!("cp \"{}/%f\" \"%p\"", seg_dir.display());
+        let (seconds, _) = replay(
+            b,
+            &src,
+            &base,
+            &format!("floor-{n}"),
+            &restore_command,
+            None,
+            names,
+        )?;
+        let m = Measured {
+            seconds,
+            max_rss_kb: 0,
+            user: 0.0,
+            sys: 0.0,
+            stdout: String::new(),
+            stderr: String::new(),
+        };
+        b.results.record(
+            Row::timed(&replay_case, "restore + replay", FLOOR, 1, &m).note(format!(
+                "{:.1} segments/s replayed; restore_command cp from a local directory (PostgreSQL's apply rate)",
+                names.len() as f64 / seconds
+            )),
+        )?;
     }
     Ok(())
+}
+
+/// Column of the replay without any tool: what recovery itself costs.
+const FLOOR: &str = "cp from local disk";
+
+/// Restore the base backup `base` from `src` into a new data directory, start it with
+/// `restore_command` (`@DATA@` stands for the data directory) and time it from start to
+/// promotion at the end of the archive; checks that it replayed every one of `names`.
+/// Samples `tool`'s processes meanwhile.
+fn replay(
+    b: &mut Bench,
+    src: &Repo,
+    base: &str,
+    tag: &str,
+    restore_command: &str,
+    tool: Option<&Tool>,
+    names: &[String],
+) -> Result<(f64, Sampled), String> {
+    let restored = b.empty_data_dir(&format!("replay-{tag}"))?;
+    src.restore(
+        b,
+        &restored,
+        &[&format!("--set={base}"), "--archive-mode=off"],
+    )?;
+    let conf = restored.join("postgresql.auto.conf");
+    let text = std::fs::read_to_string(&conf).map_err(|e| e.to_string())?;
+    let text: String = text
+        .lines()
+        .filter(|l| !l.starts_with("restore_command"))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        + &format!(
+            "restore_command = '{}'\n",
+            restore_command.replace("@DATA@", &restored.display().to_string())
+        );
+    std::fs::write(&conf, text).map_err(|e| e.to_string())?;
+    crate::harness::append(&restored.join("postgresql.conf"), "\narchive_mode = off\n")?;
+    let sock = b.dir(&format!("sock-{tag}"))?;
+    let cluster = pgstrata_testkit::Cluster::adopt(&b.pg, &restored, &sock);
+    crate::harness::settle();
+    let t0 = std::time::Instant::now();
+    let run = || {
+        cluster.start()?;
+        cluster.wait_for_promotion(Duration::from_secs(3600))
+    };
+    let seen = match tool {
+        Some(tool) => sampled(tool, run)?.1,
+        None => {
+            run()?;
+            Sampled::default()
+        }
+    };
+    let seconds = t0.elapsed().as_secs_f64();
+    let last = cluster.psql(
+        "postgres",
+        "SELECT pg_walfile_name(pg_last_wal_replay_lsn())",
+    )?;
+    cluster.stop()?;
+    let _ = std::fs::remove_dir_all(&restored);
+    let replayed_to = names.last().map(|n| n[8..].to_string()).unwrap_or_default();
+    if last.trim().get(8..) < Some(replayed_to.as_str()) {
+        return Err(format!(
+            "{tag}: recovery ended at {} before the last archived segment {}",
+            last.trim(),
+            names.last().unwrap()
+        ));
+    }
+    Ok((seconds, seen))
 }
 
 /// A directory standing in for the data directory: the cluster's pg_control and a pg_wal
