@@ -808,14 +808,19 @@ mod tests {
         let seg = "000000010000000000000003";
         let dest = inbox.path().join("RECOVERYXLOG");
         // Unsynced segments of another boot may be torn: skipped, left for the worker.
-        let stale = inbox.path().join("16-1@00000000-0000-0000-0000-000000000000");
+        let stale = inbox
+            .path()
+            .join("16-1@00000000-0000-0000-0000-000000000000");
         fs::create_dir_all(&stale).unwrap();
         fs::write(stale.join(seg), b"torn?").unwrap();
         assert!(!serve_spooled(inbox.path(), seg, &dest, Duration::ZERO));
         assert!(!dest.exists());
         // This boot's queue is served, by a move.
         let (name, durable) = queue_name("16-1");
-        assert_eq!((name.as_str(), durable), (format!("16-1@{boot}").as_str(), false));
+        assert_eq!(
+            (name.as_str(), durable),
+            (format!("16-1@{boot}").as_str(), false)
+        );
         let current = inbox.path().join(name);
         fs::create_dir_all(&current).unwrap();
         fs::write(current.join(seg), b"whole").unwrap();

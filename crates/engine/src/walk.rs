@@ -221,6 +221,9 @@ fn walk_dir(
     let Some(names_here) = read_names(dir)? else {
         return Ok(());
     };
+    // Room for this directory's files at once: a database directory of a million files
+    // would otherwise leave the list with up to twice the room it needs (doubling).
+    w.files.reserve(names_here.len());
     // Relations with an _init fork are unlogged: their other forks are not copied.
     let unlogged: HashSet<u32> = if layout::in_relation_dir(&join_rel(rel, "x")) {
         names_here

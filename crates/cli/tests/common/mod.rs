@@ -20,6 +20,16 @@ pub const TEST_KDF_MEMORY_KIB: &str = "1024";
 pub fn exe() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
+        // Copies left by earlier runs (a test binary has no exit hook): 250 MB each.
+        for e in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(pid) = name.strip_prefix("pgstrata-bin-") else {
+                continue;
+            };
+            if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
         let dir = std::env::temp_dir().join(format!("pgstrata-bin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         give_to_pg_user(&dir);

@@ -9,7 +9,9 @@
 
 use super::plan::RestoreJob;
 use super::tree::{set_attributes, ParentCache, TargetTree};
-use crate::content::{check_reader, extents_of, for_each_extent, read_full_at, ContentCheck};
+use crate::content::{
+    check_reader, extents_of, for_each_extent, read_buffer_len, read_full_at, ContentCheck,
+};
 use crate::owner::OwnerResolver;
 use crate::{Error, Result};
 use pgstrata_repo::manifest::{block_hash, FileEntry, Manifest};
@@ -233,7 +235,9 @@ pub(super) fn write_control(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Resul
 /// checked; returns it open.
 fn write_file(sh: &Shared, w: &mut Worker, f: &FileEntry, rel: &str, path: &Path) -> Result<File> {
     let fh = sh.tree.create_file(rel, &mut w.cache)?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, WriteBehind::new(fh));
+    // Sized to the file: a 1 MiB buffer for each of a million one-page files was most of
+    // what writing them cost.
+    let mut out = std::io::BufWriter::with_capacity(read_buffer_len(f.size), WriteBehind::new(fh));
     let mut check = ContentCheck::new(f);
     for_each_extent(
         &sh.runtime,
@@ -412,7 +416,7 @@ fn patch_file(
     fh.set_len(f.size)
         .map_err(|e| Error::io(format!("truncate {}", path.display()), e))?;
     let mut check = ContentCheck::new(f);
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = vec![0u8; read_buffer_len(f.size)];
     let mut offset = 0u64;
     loop {
         let n = read_full_at(fh, &mut buf, offset)

@@ -440,7 +440,10 @@ impl Manifest {
     /// pack): what its backup needs to exist, without reading any map.
     pub fn pack_usage(&self) -> BTreeMap<(String, String), u64> {
         let mut usage: BTreeMap<(String, String), u64> = BTreeMap::new();
-        let mut inline_frames = HashSet::new();
+        // Frames by interned names (16 bytes a key): a manifest of a million small files
+        // references about as many frames, and strings here cost more than the entries.
+        let mut inline_frames: HashSet<(Option<Name>, Name, u64)> = HashSet::new();
+        let mut inline_usage: BTreeMap<(Option<Name>, Name), u64> = BTreeMap::new();
         for f in self.files() {
             if f.map.is_some() {
                 for p in &f.packs {
@@ -451,12 +454,17 @@ impl Manifest {
                 continue;
             }
             for c in &f.chunks {
-                if let Some(k) = c.frame_key(&self.label) {
-                    if inline_frames.insert(k.clone()) {
-                        *usage.entry((k.0, k.1)).or_default() += c.stored as u64;
-                    }
+                let Some(pack) = c.pack else { continue };
+                if inline_frames.insert((c.backup, pack, c.offset)) {
+                    *inline_usage.entry((c.backup, pack)).or_default() += c.stored as u64;
                 }
             }
+        }
+        for ((backup, pack), stored) in inline_usage {
+            let owner = backup.map_or(self.label.as_str(), |b| b.as_str());
+            *usage
+                .entry((owner.to_string(), pack.as_str().to_string()))
+                .or_default() += stored;
         }
         usage
     }
