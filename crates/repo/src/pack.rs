@@ -415,6 +415,9 @@ fn merged_reads<'w, 'c>(wanted: &'w [WantedFrame<'c>]) -> Vec<&'w [WantedFrame<'
     runs
 }
 
+/// Decode buffers a [`FrameReader`] keeps for reuse.
+const POOL_MAX: usize = 8;
+
 /// Merged reads never exceed this many stored bytes (plus the last frame).
 pub(crate) const MAX_READ: u64 = 16 * 1024 * 1024;
 /// Frames of one pack at most this far apart are fetched with one read.
@@ -462,7 +465,11 @@ impl<'a> FrameReader<'a> {
 
     pub fn clear(&mut self) {
         if !self.pinned {
-            self.pool.extend(self.frames.drain().map(|(_, v)| v));
+            // Enough for a batch of frames to come; a group of small files may have had
+            // hundreds, and kept they would stay for the rest of the restore.
+            let room = POOL_MAX.saturating_sub(self.pool.len());
+            self.pool
+                .extend(self.frames.drain().map(|(_, v)| v).take(room));
         }
     }
 

@@ -21,7 +21,11 @@ pub fn exe() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| {
         // Copies left by earlier runs (a test binary has no exit hook): 250 MB each.
-        for e in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(std::env::temp_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let name = e.file_name().to_string_lossy().to_string();
             let Some(pid) = name.strip_prefix("pgstrata-bin-") else {
                 continue;
