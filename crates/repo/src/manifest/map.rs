@@ -444,6 +444,8 @@ impl Manifest {
         // references about as many frames, and strings here cost more than the entries.
         let mut inline_frames: HashSet<(Option<Name>, Name, u64)> = HashSet::new();
         let mut inline_usage: BTreeMap<(Option<Name>, Name), u64> = BTreeMap::new();
+        // An extent naming this manifest's own label is the same frame as one naming none.
+        let own = Name::new(&self.label);
         for f in self.files() {
             if f.map.is_some() {
                 for p in &f.packs {
@@ -455,8 +457,9 @@ impl Manifest {
             }
             for c in &f.chunks {
                 let Some(pack) = c.pack else { continue };
-                if inline_frames.insert((c.backup, pack, c.offset)) {
-                    *inline_usage.entry((c.backup, pack)).or_default() += c.stored as u64;
+                let backup = c.backup.filter(|b| *b != own);
+                if inline_frames.insert((backup, pack, c.offset)) {
+                    *inline_usage.entry((backup, pack)).or_default() += c.stored as u64;
                 }
             }
         }

@@ -714,3 +714,41 @@ fn entries_keep_their_json_form_and_cost_one_pointer_a_slot() {
     // An extent names its pack and backup by `Name`s: 48 bytes, not 72.
     assert!(std::mem::size_of::<Chunk>() <= 48);
 }
+
+#[test]
+fn pack_usage_counts_each_inline_frame_once_per_owner_and_pack() {
+    let mut m = sample();
+    // Two more files bundled into frames already used: "1-0" at 0 (PG_VERSION's) and the
+    // prior backup's "0-0" at 0; the second names the manifest's own label explicitly,
+    // which is the same frame as naming none.
+    let own = m.label.clone();
+    m.entries
+        .push(file("base/5/16385", 3, vec![stored("1-0", 3)]));
+    m.entries.push(file(
+        "base/5/16386",
+        3,
+        vec![Chunk {
+            backup: Some(own.as_str().into()),
+            ..stored("1-0", 3)
+        }],
+    ));
+    m.entries.push(file(
+        "base/5/16387",
+        8192,
+        vec![Chunk {
+            backup: Some("20250301-091500F".into()),
+            frame: 16384,
+            ..stored("0-0", 8192)
+        }],
+    ));
+    let usage = m.pack_usage();
+    let stored_of = |owner: &str, pack: &str| usage[&(owner.to_string(), pack.to_string())];
+    // Every frame here is stored in 100 bytes. "0-0" of the prior backup: the one frame at
+    // offset 0, however many files use it.
+    assert_eq!(stored_of("20250301-091500F", "0-0"), 100);
+    // This backup's "0-0" (offset 100), "1-0" (once for three files) and "2-0".
+    assert_eq!(stored_of(&own, "0-0"), 100);
+    assert_eq!(stored_of(&own, "1-0"), 100);
+    assert_eq!(stored_of(&own, "2-0"), 100);
+    assert_eq!(usage.len(), 4);
+}
