@@ -26,7 +26,7 @@ use crate::{open_stanza, Error, Result, Settings};
 use futures::StreamExt;
 use pgstrata_pg::lsn;
 use pgstrata_repo::changemap::ChangeMap;
-use pgstrata_repo::manifest::{scan_backups, FileEntry, Manifest};
+use pgstrata_repo::manifest::{scan_backups, Entry, FileEntry, Manifest};
 use pgstrata_repo::pack::FrameReader;
 use pgstrata_repo::{layout, wal, Storage};
 use serde::Serialize;
@@ -75,21 +75,30 @@ fn hex_or_none(v: &Option<impl std::fmt::Debug>) -> String {
     format!("{v:x?}")
 }
 
-/// A file entry's identity for "already checked": what it reads and what it is checked
-/// against.
-fn entry_key(m: &Manifest, f: &FileEntry) -> String {
+/// A file entry's identity for "already checked": the BLAKE3 of what it reads and what it
+/// is checked against. 32 bytes, not the text: verify holds one for every file of every
+/// backup (2.4 M for eight backups of 300,000 files).
+type EntryKey = [u8; 32];
+
+/// [`EntryKey`] of `f` in `m`, the text written into `text` (reused across calls).
+fn entry_key(m: &Manifest, f: &FileEntry, text: &mut String) -> EntryKey {
+    use std::fmt::Write;
+    text.clear();
     if let (Some(map), true) = (&f.map, f.map_unloaded()) {
         // A stored map is written once and referenced unchanged: its frame names the
         // extents and hashes it holds.
         let (owner, pack, offset) = map.frame_key(&m.label).expect("a stored map");
-        return format!(
+        let _ = write!(
+            text,
             "{}|{}|map {owner}/{pack}@{offset}:{}",
             f.size,
             hex_or_none(&f.hash),
             hex_or_none(&map.check)
         );
+        return *blake3::hash(text.as_bytes()).as_bytes();
     }
-    let mut key = format!(
+    let _ = write!(
+        text,
         "{}|{}|{}|{:x?}",
         f.size,
         hex_or_none(&f.hash),
@@ -97,24 +106,52 @@ fn entry_key(m: &Manifest, f: &FileEntry) -> String {
         f.block_hashes
     );
     for c in &f.chunks {
-        match c.frame_key(&m.label) {
-            Some((owner, pack, offset)) => key.push_str(&format!(
-                "|{owner}/{pack}@{offset}+{}:{}:{}:{}",
+        let _ = match (c.pack, c.owner(&m.label)) {
+            (Some(pack), owner) => write!(
+                text,
+                "|{owner}/{}@{}+{}:{}:{}:{}",
+                pack.as_str(),
+                c.offset,
                 c.stored,
                 c.at,
                 c.raw,
                 hex_or_none(&c.check)
-            )),
-            None => key.push_str(&format!("|0x{}", c.raw)),
-        }
+            ),
+            (None, _) => write!(text, "|0x{}", c.raw),
+        };
     }
-    key
+    *blake3::hash(text.as_bytes()).as_bytes()
+}
+
+/// A backup to verify, with its file entries' keys ([`keyed_files`]).
+type Keyed<'a> = (&'a Arc<Manifest>, Vec<(usize, EntryKey)>);
+
+/// The file entries of `m` with their keys, by index in `m.entries`.
+fn keyed_files(m: &Manifest) -> Vec<(usize, EntryKey)> {
+    let mut text = String::new();
+    m.entries
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match e {
+            Entry::File(f) => Some((i, entry_key(m, f, &mut text))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The file entry at index `i` of `m.entries` (one [`keyed_files`] listed).
+fn file_at(m: &Manifest, i: usize) -> &FileEntry {
+    match &m.entries[i] {
+        Entry::File(f) => f,
+        _ => unreachable!("keyed_files lists file entries only"),
+    }
 }
 
 pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     let (storage, stanza) = open_stanza(s).await?;
     let scan = scan_backups(&storage, &s.stanza).await?;
-    let all = scan.manifests;
+    // Shared with the threads that read files back, not copied for them.
+    let all: Vec<Arc<Manifest>> = scan.manifests.into_iter().map(Arc::new).collect();
     if let Some(want) = set {
         if !all.iter().any(|m| m.label == want) && !scan.damaged.iter().any(|d| d.label == want) {
             return Err(Error::config(format!(
@@ -127,14 +164,14 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     let seg_size = stanza.cluster.wal_segment_size;
     let (wal, archived) = verify_archive(&storage, &s.stanza, &archive_id, &all, seg_size).await?;
 
-    let selected: Vec<(&Manifest, Vec<(&FileEntry, String)>)> = all
+    let selected: Vec<Keyed> = all
         .iter()
         .filter(|m| set.is_none_or(|w| w == m.label))
-        .map(|m| (m, m.files().map(|f| (f, entry_key(m, f))).collect()))
+        .map(|m| (m, keyed_files(m)))
         .collect();
     let (total_bytes, total_files) = distinct_totals(&selected);
     let progress = Progress::start("verify", total_bytes, total_files);
-    let mut verdicts: HashMap<String, std::result::Result<(), String>> = HashMap::new();
+    let mut verdicts: HashMap<EntryKey, std::result::Result<(), String>> = HashMap::new();
     let mut backups = Vec::new();
     for (m, keyed) in &selected {
         let mut v = BackupVerdict {
@@ -160,18 +197,19 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         v.files = keyed.len() as u64;
         let mut todo = Vec::new();
         let mut queued = std::collections::HashSet::new();
-        for (f, key) in keyed {
+        for (i, key) in keyed {
             if !verdicts.contains_key(key) && queued.insert(key) {
-                todo.push((key.clone(), (*f).clone()));
+                todo.push((*key, *i));
             }
         }
         v.files_read = todo.len() as u64;
-        v.bytes_read = todo.iter().map(|(_, f)| f.size).sum();
+        v.bytes_read = todo.iter().map(|(_, i)| file_at(m, *i).size).sum();
         let workers = s.process_max.max(1);
         for (key, result) in check_files(&storage, m, todo, workers, &progress.counters).await? {
             verdicts.insert(key, result);
         }
-        for (f, key) in keyed {
+        for (i, key) in keyed {
+            let f = file_at(m, *i);
             if let Some(Err(why)) = verdicts.get(key) {
                 v.errors.push(if why.contains(&*f.path) {
                     why.clone()
@@ -225,13 +263,15 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
 }
 
 /// Bytes and files verify reads back: each distinct file entry once.
-fn distinct_totals(selected: &[(&Manifest, Vec<(&FileEntry, String)>)]) -> (u64, u64) {
+fn distinct_totals(selected: &[Keyed]) -> (u64, u64) {
     let mut seen = std::collections::HashSet::new();
     let distinct = selected
         .iter()
-        .flat_map(|(_, keyed)| keyed)
-        .filter(|(_, key)| seen.insert(key));
-    distinct.fold((0, 0), |(bytes, files), (f, _)| (bytes + f.size, files + 1))
+        .flat_map(|(m, keyed)| keyed.iter().map(move |k| (m, k)))
+        .filter(|(_, (_, key))| seen.insert(key));
+    distinct.fold((0, 0), |(bytes, files), (m, (i, _))| {
+        (bytes + file_at(m, *i).size, files + 1)
+    })
 }
 
 /// Read back `files` of backup `m` on `workers` threads of the pool; each file's verdict by
@@ -239,11 +279,11 @@ fn distinct_totals(selected: &[(&Manifest, Vec<(&FileEntry, String)>)]) -> (u64,
 /// pool goes on with the others.
 async fn check_files(
     storage: &Storage,
-    m: &Manifest,
-    files: Vec<(String, FileEntry)>,
+    m: &Arc<Manifest>,
+    files: Vec<(EntryKey, usize)>,
     workers: usize,
     counters: &Arc<Counters>,
-) -> Result<Vec<(String, std::result::Result<(), String>)>> {
+) -> Result<Vec<(EntryKey, std::result::Result<(), String>)>> {
     let runtime = tokio::runtime::Handle::current();
     let (storage, m, counters) = (storage.clone(), m.clone(), counters.clone());
     let per_worker = tokio::task::spawn_blocking(move || {
@@ -251,8 +291,9 @@ async fn check_files(
             workers,
             files,
             |_| (FrameReader::new(&storage, &m), Vec::new()),
-            |(reader, verdicts), (key, f)| {
-                let verdict = check_file(&runtime, &m, reader, &f).map_err(|e| e.to_string());
+            |(reader, verdicts), (key, i)| {
+                let f = file_at(&m, i);
+                let verdict = check_file(&runtime, &m, reader, f).map_err(|e| e.to_string());
                 reader.clear();
                 counters.bytes.fetch_add(f.size, Ordering::Relaxed);
                 counters.files.fetch_add(1, Ordering::Relaxed);
@@ -302,7 +343,7 @@ async fn verify_archive(
     storage: &Storage,
     stanza: &str,
     archive_id: &str,
-    backups: &[Manifest],
+    backups: &[Arc<Manifest>],
     seg_size: u64,
 ) -> Result<(WalVerdict, BTreeSet<String>)> {
     let objects = storage
