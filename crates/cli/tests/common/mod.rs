@@ -375,12 +375,29 @@ pub fn kill_midway(env: &Env, args: &[&str], marker: &str) {
         .args(["-f", &pattern])
         .output()
         .unwrap();
-    for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+    let killed: Vec<String> = String::from_utf8_lossy(&pids.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    for pid in &killed {
         let pid = nix::unistd::Pid::from_raw(pid.parse().unwrap());
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
     }
     let _ = child.kill();
     child.wait().unwrap();
+    // Killed is not yet gone: until the process is reaped (by init, once runuser is gone)
+    // its pid is alive, and the stanza lock it held is rightly taken as held.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while killed
+        .iter()
+        .any(|pid| Path::new("/proc").join(pid).exists())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the killed pgstrata ({killed:?}) is still not reaped after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Backup `label`'s manifest in the local repository `repo`, checked, with every file's
