@@ -246,10 +246,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let m = Measured {
                 seconds,
                 max_rss_kb: seen.peak_rss_kb,
-                user: 0.0,
-                sys: 0.0,
-                stdout: String::new(),
-                stderr: String::new(),
+                ..Measured::default()
             };
             b.results.record(
                 Row::timed(&replay_case, "restore + replay", &t.label, 1, &m)
@@ -285,11 +282,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         )?;
         let m = Measured {
             seconds,
-            max_rss_kb: 0,
-            user: 0.0,
-            sys: 0.0,
-            stdout: String::new(),
-            stderr: String::new(),
+            ..Measured::default()
         };
         b.results.record(
             Row::timed(&replay_case, "restore + replay", FLOOR, 1, &m).note(format!(
