@@ -25,7 +25,7 @@ use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_pg::lsn;
 use pgstrata_repo::manifest::{scan_backups, BackupType, Manifest};
 use pgstrata_repo::{layout, Storage};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 // Names as configured (`repo-retention-full-type`).
 pgstrata_repo::named! {
@@ -61,10 +61,11 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
     let (storage, stanza) = open_stanza(s).await?;
     let storage2 = storage.clone();
     with_lock(&storage2, &s.stanza, &s.lock_path, "expire", async move {
-        let scan = scan_backups(&storage, &s.stanza).await?;
-        let manifests = scan.manifests;
+        // Each backup's header and the packs it uses; never every manifest at once.
+        let scan = scan_backups(&storage, &s.stanza, Manifest::pack_usage).await?;
+        let headers = scan.headers();
         let damaged: Vec<&str> = scan.damaged.iter().map(|d| d.label.as_str()).collect();
-        let doomed = choose(&manifests, &damaged, o)?;
+        let doomed = choose(&headers, &damaged, o)?;
         for d in scan.damaged.iter().filter(|d| !doomed.contains(&d.label)) {
             log::warn!(
                 "backup {} is damaged and is kept with its packs ({}); expire it with --set={}",
@@ -79,8 +80,14 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
             log::info!("expired backup {label}");
             report.expired.push(label.clone());
         }
-        let kept: Vec<&Manifest> = manifests.iter().filter(|m| !doomed.contains(&m.label)).collect();
-        let usage = collect_garbage(&storage, &s.stanza, &kept, Some(&doomed)).await?;
+        let kept: Vec<&Manifest> = headers.iter().copied().filter(|m| !doomed.contains(&m.label)).collect();
+        let kept_usage: Vec<(&str, &PackUses)> = scan
+            .listed
+            .iter()
+            .filter(|l| !doomed.contains(&l.header.label))
+            .map(|l| (l.header.label.as_str(), &l.digest))
+            .collect();
+        let usage = collect_garbage(&storage, &s.stanza, &kept_usage, Some(&doomed)).await?;
         report.packs_deleted = usage.deleted;
         report.bytes_freed = usage.freed;
         report.bytes_held = usage.held;
@@ -100,7 +107,11 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
 }
 
 /// The labels to expire. A damaged backup (`damaged`) goes only when `--set` names it.
-fn choose(manifests: &[Manifest], damaged: &[&str], o: &ExpireOptions) -> Result<BTreeSet<String>> {
+fn choose(
+    manifests: &[&Manifest],
+    damaged: &[&str],
+    o: &ExpireOptions,
+) -> Result<BTreeSet<String>> {
     let mut doomed = BTreeSet::new();
     if let Some(set) = &o.set {
         if !manifests.iter().any(|m| &m.label == set) && !damaged.contains(&set.as_str()) {
@@ -122,6 +133,7 @@ fn choose(manifests: &[Manifest], damaged: &[&str], o: &ExpireOptions) -> Result
     }
     let fulls: Vec<&Manifest> = manifests
         .iter()
+        .copied()
         .filter(|m| m.backup_type == BackupType::Full)
         .collect();
     if let Some(n) = o.retention_full {
@@ -144,6 +156,7 @@ fn choose(manifests: &[Manifest], damaged: &[&str], o: &ExpireOptions) -> Result
     if let Some(n) = o.retention_diff {
         let diffs: Vec<&Manifest> = manifests
             .iter()
+            .copied()
             .filter(|m| m.backup_type == BackupType::Diff && !doomed.contains(&m.label))
             .collect();
         for m in diffs
@@ -170,6 +183,9 @@ fn choose(manifests: &[Manifest], damaged: &[&str], o: &ExpireOptions) -> Result
     Ok(doomed)
 }
 
+/// Stored bytes a backup references, per (owner label, pack): [`Manifest::pack_usage`].
+pub(crate) type PackUses = BTreeMap<(String, String), u64>;
+
 /// How the stanza's pack storage is used.
 #[derive(Debug, Default)]
 pub(crate) struct PackUsage {
@@ -179,7 +195,7 @@ pub(crate) struct PackUsage {
     pub total: u64,
 }
 
-/// Measure pack storage; with `expired` (labels whose manifests were just deleted), also
+/// Measure pack storage, given each kept backup's label and pack use; with `expired` (labels whose manifests were just deleted), also
 /// delete the packs no kept manifest references. Packs of a label that never had a manifest
 /// (an interrupted backup, or one still running elsewhere) go only after a grace period,
 /// and not while that backup can still be resumed (it is newer than every backup with a
@@ -188,20 +204,20 @@ pub(crate) struct PackUsage {
 pub(crate) async fn collect_garbage(
     storage: &Storage,
     stanza: &str,
-    kept: &[&Manifest],
+    kept: &[(&str, &PackUses)],
     expired: Option<&BTreeSet<String>>,
 ) -> Result<PackUsage> {
     // Referenced bytes per pack: the most any one kept backup references in it (each
     // manifest lists its packs' use without its maps being read; frames that different
     // backups reference apart are not added up, so what is shown held may be more).
     let mut referenced: HashMap<(String, String), u64> = HashMap::new();
-    for m in kept {
-        for (pack, used) in m.pack_usage() {
-            let most = referenced.entry(pack).or_default();
-            *most = (*most).max(used);
+    for (_, uses) in kept {
+        for (pack, used) in *uses {
+            let most = referenced.entry(pack.clone()).or_default();
+            *most = (*most).max(*used);
         }
     }
-    let with_manifest: HashSet<&str> = kept.iter().map(|m| m.label.as_str()).collect();
+    let with_manifest: HashSet<&str> = kept.iter().map(|(label, _)| *label).collect();
     let now = chrono::Utc::now().timestamp();
     let mut usage = PackUsage::default();
     let root = layout::backup_root(stanza);

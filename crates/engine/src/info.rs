@@ -132,8 +132,8 @@ pub(crate) fn summarize(m: &Manifest) -> BackupInfo {
 
 pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
     let (storage, stanza) = open_stanza(s).await?;
-    let scan = scan_backups(&storage, &s.stanza).await?;
-    let manifests = scan.manifests;
+    // Each backup's header, summary and pack use; never every manifest at once.
+    let scan = scan_backups(&storage, &s.stanza, |m| (summarize(m), m.pack_usage())).await?;
     let damaged: Vec<DamagedBackup> = scan
         .damaged
         .iter()
@@ -143,13 +143,26 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
             error: d.error.to_string(),
         })
         .collect();
-    let backups: Vec<_> = manifests
+    let kept: Vec<(&str, &crate::expire::PackUses)> = scan
+        .listed
         .iter()
-        .filter(|m| set.is_none_or(|want| want == m.label))
-        .map(summarize)
+        .map(|l| (l.header.label.as_str(), &l.digest.1))
         .collect();
-    let refs: Vec<&Manifest> = manifests.iter().collect();
-    let usage = crate::expire::collect_garbage(&storage, &s.stanza, &refs, None).await?;
+    let usage = crate::expire::collect_garbage(&storage, &s.stanza, &kept, None).await?;
+    let seg_size = stanza.cluster.wal_segment_size;
+    let oldest_start = scan
+        .listed
+        .iter()
+        .filter_map(|l| {
+            pgstrata_pg::lsn::parse_segment_name(&l.header.start.wal, seg_size).map(|(_, n)| n)
+        })
+        .min();
+    let backups: Vec<BackupInfo> = scan
+        .listed
+        .into_iter()
+        .filter(|l| set.is_none_or(|want| want == l.header.label))
+        .map(|l| l.digest.0)
+        .collect();
     let repo_size: u64 = storage.list(&s.stanza).await?.iter().map(|o| o.size).sum();
     if let Some(want) = set {
         if backups.is_empty() && damaged.is_empty() {
@@ -159,14 +172,7 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
             )));
         }
     }
-    let seg_size = stanza.cluster.wal_segment_size;
     let range = archive_range(&storage, &s.stanza, &stanza.cluster.archive_id(), seg_size).await?;
-    let oldest_start = manifests
-        .iter()
-        .filter_map(|m| {
-            pgstrata_pg::lsn::parse_segment_name(&m.start.wal, seg_size).map(|(_, n)| n)
-        })
-        .min();
     let empty = crate::archive::ArchivedSegments::new();
     let archived = range.as_ref().map_or(&empty, |r| &r.segments);
     let archive_gaps = crate::archive::archive_gaps(archived, oldest_start, seg_size);

@@ -53,6 +53,8 @@ pub struct Counters {
 
 pub(crate) struct Progress {
     pub counters: Arc<Counters>,
+    /// What the work will come to; it may grow as the work finds more ([`Progress::grow`]).
+    totals: Arc<Counters>,
     done: Arc<AtomicBool>,
     /// Set before `done` when the work completed (not on an error's way out).
     completed: Arc<AtomicBool>,
@@ -123,12 +125,17 @@ impl Progress {
     /// the work adds to [`Progress::counters`].
     pub fn start(what: &'static str, total_bytes: u64, total_files: u64) -> Progress {
         let counters = Arc::new(Counters::default());
+        let totals = Arc::new(Counters {
+            bytes: AtomicU64::new(total_bytes),
+            files: AtomicU64::new(total_files),
+        });
         let done = Arc::new(AtomicBool::new(false));
         let completed = Arc::new(AtomicBool::new(false));
         let live = match mode() {
             ProgressMode::Off => {
                 return Progress {
                     counters,
+                    totals,
                     done,
                     completed,
                     thread: None,
@@ -137,7 +144,12 @@ impl Progress {
             ProgressMode::On => true,
             ProgressMode::Auto => std::io::stderr().is_terminal(),
         };
-        let (c, d, ok) = (counters.clone(), done.clone(), completed.clone());
+        let (c, t, d, ok) = (
+            counters.clone(),
+            totals.clone(),
+            done.clone(),
+            completed.clone(),
+        );
         let thread = std::thread::spawn(move || {
             let started = Instant::now();
             let mut last_log = Instant::now();
@@ -153,8 +165,14 @@ impl Progress {
                 }
                 let line = progress_line(
                     what,
-                    (c.bytes.load(Ordering::Relaxed), total_bytes),
-                    (c.files.load(Ordering::Relaxed), total_files),
+                    (
+                        c.bytes.load(Ordering::Relaxed),
+                        t.bytes.load(Ordering::Relaxed),
+                    ),
+                    (
+                        c.files.load(Ordering::Relaxed),
+                        t.files.load(Ordering::Relaxed),
+                    ),
                     started.elapsed(),
                     finished,
                 );
@@ -177,10 +195,17 @@ impl Progress {
         });
         Progress {
             counters,
+            totals,
             done,
             completed,
             thread: Some(thread),
         }
+    }
+
+    /// Add work found after the start (verify learns each backup's files as it reaches it).
+    pub fn grow(&self, bytes: u64, files: u64) {
+        self.totals.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.totals.files.fetch_add(files, Ordering::Relaxed);
     }
 
     /// Stop: a live line is drawn a last time, complete.

@@ -16,21 +16,25 @@
 //! to hashing.
 //!
 //! verify takes no lock and changes nothing; it reads the whole repository once per distinct
-//! file entry, so it costs about as much as restoring each distinct backup. Its progress
-//! (`progress`) counts those distinct entries' bytes; the WAL check before them is not
-//! counted.
+//! file entry, so it costs about as much as restoring each distinct backup. Backups are
+//! taken one at a time, oldest first, with only that backup's manifest in memory (and one
+//! key and verdict per distinct entry checked so far): a stanza of many backups of many
+//! files is verified in the memory of one. Its progress (`progress`) counts the distinct
+//! entries' bytes; each backup's new entries join the total when verify reaches it, and
+//! the WAL check before them is not counted.
 
+use crate::archive::ArchivedSegments;
 use crate::content::{extents_of, for_each_extent, ContentCheck};
 use crate::progress::{Counters, Progress};
 use crate::{open_stanza, Error, Result, Settings};
 use futures::StreamExt;
 use pgstrata_pg::lsn;
 use pgstrata_repo::changemap::ChangeMap;
-use pgstrata_repo::manifest::{scan_backups, Entry, FileEntry, Manifest};
+use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest};
 use pgstrata_repo::pack::FrameReader;
 use pgstrata_repo::{layout, wal, Storage};
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -123,9 +127,6 @@ fn entry_key(m: &Manifest, f: &FileEntry, text: &mut String) -> EntryKey {
     *blake3::hash(text.as_bytes()).as_bytes()
 }
 
-/// A backup to verify, with its file entries' keys ([`keyed_files`]).
-type Keyed<'a> = (&'a Arc<Manifest>, Vec<(usize, EntryKey)>);
-
 /// The file entries of `m` with their keys, by index in `m.entries`.
 fn keyed_files(m: &Manifest) -> Vec<(usize, EntryKey)> {
     let mut text = String::new();
@@ -149,11 +150,9 @@ fn file_at(m: &Manifest, i: usize) -> &FileEntry {
 
 pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     let (storage, stanza) = open_stanza(s).await?;
-    let scan = scan_backups(&storage, &s.stanza).await?;
-    // Shared with the threads that read files back, not copied for them.
-    let all: Vec<Arc<Manifest>> = scan.manifests.into_iter().map(Arc::new).collect();
+    let labels = list_backups(&storage, &s.stanza).await?;
     if let Some(want) = set {
-        if !all.iter().any(|m| m.label == want) && !scan.damaged.iter().any(|d| d.label == want) {
+        if !labels.iter().any(|l| l == want) {
             return Err(Error::config(format!(
                 "backup '{want}' does not exist in stanza '{}'",
                 s.stanza
@@ -162,18 +161,47 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     }
     let archive_id = stanza.cluster.archive_id();
     let seg_size = stanza.cluster.wal_segment_size;
-    let (wal, archived) = verify_archive(&storage, &s.stanza, &archive_id, &all, seg_size).await?;
+    let (mut wal, archived, segments) =
+        verify_archive(&storage, &s.stanza, &archive_id, seg_size).await?;
 
-    let selected: Vec<Keyed> = all
-        .iter()
-        .filter(|m| set.is_none_or(|w| w == m.label))
-        .map(|m| (m, keyed_files(m)))
-        .collect();
-    let (total_bytes, total_files) = distinct_totals(&selected);
-    let progress = Progress::start("verify", total_bytes, total_files);
+    // One backup at a time, oldest first, each manifest alone in memory: its new file
+    // entries are added to the progress total when it is reached.
+    let progress = Progress::start("verify", 0, 0);
     let mut verdicts: HashMap<EntryKey, std::result::Result<(), String>> = HashMap::new();
     let mut backups = Vec::new();
-    for (m, keyed) in &selected {
+    let mut oldest_start: Option<u64> = None;
+    for label in &labels {
+        let m = match Manifest::load(&storage, &s.stanza, label).await {
+            Ok(m) => Arc::new(m),
+            Err(e) if e.is_not_found() => {
+                log::warn!("backup {label} was expired while verify ran");
+                continue;
+            }
+            // A backup whose manifest and its copy are damaged cannot be restored; the
+            // others are still checked.
+            Err(e) if e.kind == pgstrata_repo::ErrorKind::Corrupt => {
+                if set.is_none_or(|w| w == label) {
+                    log::error!("backup {label}: {e}");
+                    backups.push(BackupVerdict {
+                        label: label.clone(),
+                        ok: false,
+                        files: 0,
+                        files_read: 0,
+                        bytes_read: 0,
+                        errors: vec![e.to_string()],
+                    });
+                }
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some((_, segno)) = lsn::parse_segment_name(&m.start.wal, seg_size) {
+            oldest_start = Some(oldest_start.map_or(segno, |o| o.min(segno)));
+        }
+        if set.is_some_and(|w| w != m.label) {
+            continue;
+        }
+        let keyed = keyed_files(&m);
         let mut v = BackupVerdict {
             label: m.label.clone(),
             ok: true,
@@ -196,20 +224,21 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         }
         v.files = keyed.len() as u64;
         let mut todo = Vec::new();
-        let mut queued = std::collections::HashSet::new();
-        for (i, key) in keyed {
+        let mut queued = HashSet::new();
+        for (i, key) in &keyed {
             if !verdicts.contains_key(key) && queued.insert(key) {
                 todo.push((*key, *i));
             }
         }
         v.files_read = todo.len() as u64;
-        v.bytes_read = todo.iter().map(|(_, i)| file_at(m, *i).size).sum();
+        v.bytes_read = todo.iter().map(|(_, i)| file_at(&m, *i).size).sum();
+        progress.grow(v.bytes_read, v.files_read);
         let workers = s.process_max.max(1);
-        for (key, result) in check_files(&storage, m, todo, workers, &progress.counters).await? {
+        for (key, result) in check_files(&storage, &m, todo, workers, &progress.counters).await? {
             verdicts.insert(key, result);
         }
-        for (i, key) in keyed {
-            let f = file_at(m, *i);
+        for (i, key) in &keyed {
+            let f = file_at(&m, *i);
             if let Some(Err(why)) = verdicts.get(key) {
                 v.errors.push(if why.contains(&*f.path) {
                     why.clone()
@@ -231,23 +260,7 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         }
         backups.push(v);
     }
-    // A backup whose manifest and its copy are damaged cannot be restored; the others are
-    // still checked.
-    for d in scan
-        .damaged
-        .iter()
-        .filter(|d| set.is_none_or(|w| w == d.label))
-    {
-        log::error!("backup {}: {}", d.label, d.error);
-        backups.push(BackupVerdict {
-            label: d.label.clone(),
-            ok: false,
-            files: 0,
-            files_read: 0,
-            bytes_read: 0,
-            errors: vec![d.error.to_string()],
-        });
-    }
+    wal.gaps = crate::archive::archive_gaps(&segments, oldest_start, seg_size);
     progress.finish();
     backups.sort_by(|a, b| a.label.cmp(&b.label));
     // A gap is a failure even when every backup is consistent: point-in-time recovery
@@ -259,18 +272,6 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         ok,
         backups,
         wal,
-    })
-}
-
-/// Bytes and files verify reads back: each distinct file entry once.
-fn distinct_totals(selected: &[Keyed]) -> (u64, u64) {
-    let mut seen = std::collections::HashSet::new();
-    let distinct = selected
-        .iter()
-        .flat_map(|(m, keyed)| keyed.iter().map(move |k| (m, k)))
-        .filter(|(_, (_, key))| seen.insert(key));
-    distinct.fold((0, 0), |(bytes, files), (m, (i, _))| {
-        (bytes + file_at(m, *i).size, files + 1)
     })
 }
 
@@ -343,9 +344,8 @@ async fn verify_archive(
     storage: &Storage,
     stanza: &str,
     archive_id: &str,
-    backups: &[Arc<Manifest>],
     seg_size: u64,
-) -> Result<(WalVerdict, BTreeSet<String>)> {
+) -> Result<(WalVerdict, BTreeSet<String>, ArchivedSegments)> {
     let objects = storage
         .list(&layout::archive_root(stanza, archive_id))
         .await?;
@@ -371,7 +371,7 @@ async fn verify_archive(
         })
         .buffer_unordered(8);
     let results: Vec<(String, std::result::Result<(), String>)> = checks.collect().await;
-    let mut segments: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+    let mut segments = ArchivedSegments::new();
     let mut archived = BTreeSet::new();
     for (name, verdict) in results {
         if let Some(segment) = name.strip_suffix(".map") {
@@ -396,12 +396,7 @@ async fn verify_archive(
     }
     out.damaged.sort();
     out.maps_damaged.sort();
-    let oldest = backups
-        .iter()
-        .filter_map(|m| lsn::parse_segment_name(&m.start.wal, seg_size).map(|(_, s)| s))
-        .min();
-    out.gaps = crate::archive::archive_gaps(&segments, oldest, seg_size);
-    Ok((out, archived))
+    Ok((out, archived, segments))
 }
 
 /// The report as text, for people.

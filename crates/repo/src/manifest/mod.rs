@@ -462,6 +462,12 @@ impl Manifest {
         }
     }
 
+    /// This manifest without its entries: what listing backups keeps of each.
+    pub fn into_header(mut self) -> Manifest {
+        self.entries = Vec::new();
+        self
+    }
+
     pub fn files(&self) -> impl Iterator<Item = &FileEntry> {
         self.entries.iter().filter_map(|e| match e {
             Entry::File(f) => Some(&**f),
@@ -514,14 +520,35 @@ pub async fn list_backups(storage: &Storage, stanza: &str) -> Result<Vec<String>
     Ok(labels)
 }
 
+/// How many manifests [`scan_backups`] holds decoded at once. Each is about 240 bytes a
+/// file in memory: a stanza of thirty backups of a million files each must not be held
+/// whole (7 GB), and two keep a fetch overlapping a decode.
+const MANIFESTS_AT_ONCE: usize = 2;
+
+/// A backup as [`scan_backups`] lists it: the header of its manifest (the manifest with no
+/// entries: labels, times, WAL points, stats, never something to restore from) and the
+/// digest the caller took from its entries while they were loaded.
+#[derive(Debug)]
+pub struct Listed<T> {
+    pub header: Manifest,
+    pub digest: T,
+}
+
 /// The backups of a stanza: those whose manifest (or its copy) reads, and those whose
 /// manifest and copy are both damaged.
-#[derive(Debug, Default)]
-pub struct Backups {
+#[derive(Debug)]
+pub struct Backups<T> {
     /// Oldest first.
-    pub manifests: Vec<Manifest>,
+    pub listed: Vec<Listed<T>>,
     /// Oldest first.
     pub damaged: Vec<Damaged>,
+}
+
+impl<T> Backups<T> {
+    /// The headers of the backups that read, oldest first.
+    pub fn headers(&self) -> Vec<&Manifest> {
+        self.listed.iter().map(|l| &l.header).collect()
+    }
 }
 
 /// A backup whose manifest exists but cannot be read.
@@ -531,26 +558,42 @@ pub struct Damaged {
     pub error: Error,
 }
 
-/// Every backup of a stanza, damaged ones apart. Any other failure (storage, a manifest of
-/// a newer format) fails the scan.
-pub async fn scan_backups(storage: &Storage, stanza: &str) -> Result<Backups> {
+/// Every backup of a stanza, damaged ones apart, each reduced to its header and what
+/// `digest` takes from its whole manifest: at most [`MANIFESTS_AT_ONCE`] manifests are held
+/// decoded, whatever the number of backups. Any other failure (storage, a manifest of a
+/// newer format) fails the scan.
+pub async fn scan_backups<T>(
+    storage: &Storage,
+    stanza: &str,
+    digest: impl Fn(&Manifest) -> T,
+) -> Result<Backups<T>> {
     use futures::{StreamExt, TryStreamExt};
     let labels = list_backups(storage, stanza).await?;
-    let loaded: Vec<(String, Result<Manifest>)> = futures::stream::iter(labels)
+    let digest = &digest;
+    // The fetches overlap; the decoding is one at a time (two at once on two cores was
+    // 1.6 times as fast and took 1.8 times the memory).
+    let loaded: Vec<(String, Result<Listed<T>>)> = futures::stream::iter(labels)
         .map(|label| async move {
-            let m = Manifest::load(storage, stanza, &label).await;
-            match m {
+            match Manifest::load(storage, stanza, &label).await {
                 Err(e) if e.kind != ErrorKind::Corrupt => Err(e),
-                m => Ok((label, m)),
+                Err(e) => Ok((label, Err(e))),
+                Ok(m) => {
+                    let digest = digest(&m);
+                    let header = m.into_header();
+                    Ok((label, Ok(Listed { header, digest })))
+                }
             }
         })
-        .buffered(8)
+        .buffered(MANIFESTS_AT_ONCE)
         .try_collect()
         .await?;
-    let mut out = Backups::default();
+    let mut out = Backups {
+        listed: Vec::new(),
+        damaged: Vec::new(),
+    };
     for (label, m) in loaded {
         match m {
-            Ok(m) => out.manifests.push(m),
+            Ok(listed) => out.listed.push(listed),
             Err(error) => out.damaged.push(Damaged { label, error }),
         }
     }
