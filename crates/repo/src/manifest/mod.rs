@@ -31,6 +31,7 @@ pub mod patch;
 pub(crate) mod tests;
 pub(crate) mod text;
 pub(crate) mod validate;
+mod wire;
 
 pub use map::{FileMap, MapDelta, MapFrame, MapRun, PackUse, INLINE_MAX_BLOCKS, MAX_MAP_DEPTH};
 pub use validate::{check_annotation, is_backup_label};
@@ -174,7 +175,10 @@ pub struct Owner {
 /// One path of the backup. Every variant is boxed: a manifest holds one entry per path,
 /// and with the data inline every slot of the entry list (and its growth by doubling)
 /// would pay for the largest variant (72 bytes, not 16).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+///
+/// Stored as one JSON object with its `kind` (`dir`, `link`, `file`) and the variant's
+/// fields; read by [`wire`], which takes `kind` first when it comes first (as written).
+#[derive(Debug, Clone, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Entry {
     Dir(Box<DirEntry>),
@@ -241,6 +245,7 @@ pub struct LinkEntry {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(from = "wire::FileWire")]
 pub struct FileEntry {
     /// Path relative to the data directory, '/'-separated; tablespace files are under
     /// `pg_tblspc/<oid>/`. Boxed rather than a `String`: set once, and one word less in

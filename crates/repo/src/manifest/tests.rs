@@ -154,6 +154,27 @@ fn a_valid_manifest_round_trips() {
     );
 }
 
+/// Entries are read with `kind` first (as written) without serde's buffering; an entry
+/// whose keys come in another order is the same entry, and an unknown kind is damage.
+#[test]
+fn entries_read_the_same_whatever_their_key_order() {
+    let m = sample();
+    let mut json: serde_json::Value = serde_json::from_str(&json_of(&m)).unwrap();
+    for entry in json["entries"].as_array_mut().unwrap() {
+        let object = entry.as_object_mut().unwrap();
+        let kind = object.remove("kind").unwrap();
+        object.insert("kind".into(), kind); // now the last key
+    }
+    let reordered = serde_json::to_string(&json).unwrap();
+    assert!(reordered.contains(r#""path":"base/5/16384""#) && !reordered.contains(r#"{"kind""#));
+    let back = Manifest::decode(&encode_json(&reordered), "m").unwrap();
+    assert_eq!(json_of(&back), json_of(&m));
+
+    let bad = json_of(&m).replacen(r#""kind":"file""#, r#""kind":"socket""#, 1);
+    let err = Manifest::decode(&encode_json(&bad), "m").unwrap_err().to_string();
+    assert!(err.contains("invalid manifest"), "{err}");
+}
+
 /// The JSON inside an encoded manifest.
 fn json_of(m: &Manifest) -> String {
     let enc = m.encode();

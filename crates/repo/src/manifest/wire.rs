@@ -1,0 +1,128 @@
+//! Reading entries without serde's buffering.
+//!
+//! `Entry` is an internally tagged enum and a file entry's owner is flattened into it:
+//! derived, both make serde read every entry into a buffer of its own values first (the
+//! tag may come anywhere; a flattened struct takes what the others leave) and then read
+//! that buffer again. For a manifest of 300,000 files that buffering was about a third of
+//! its decoding. Here an entry whose first key is `kind` (as pgstrata writes them) is read
+//! straight into its variant, and a file entry is read through [`FileWire`], the same
+//! fields with the owner's spelled out. An entry with `kind` elsewhere is still read (as
+//! a JSON value first): the stored form is JSON, and key order is not part of it.
+
+use super::{text, BlockHashes, Chunks, DirEntry, Entry, FileEntry, LinkEntry, Name, Owner};
+use super::{PackUse, ThinVec};
+use serde::de::{self, value::MapAccessDeserializer, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Kind {
+    Dir,
+    Link,
+    File,
+}
+
+impl<'de> Deserialize<'de> for Entry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Entry, D::Error> {
+        d.deserialize_map(EntryVisitor)
+    }
+}
+
+struct EntryVisitor;
+
+impl<'de> Visitor<'de> for EntryVisitor {
+    type Value = Entry;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a manifest entry (an object with a kind)")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entry, A::Error> {
+        let first: Option<String> = map.next_key()?;
+        let Some(first) = first else {
+            return Err(de::Error::missing_field("kind"));
+        };
+        if first == "kind" {
+            let kind: Kind = map.next_value()?;
+            let rest = MapAccessDeserializer::new(map);
+            return Ok(match kind {
+                Kind::Dir => Entry::Dir(Box::new(DirEntry::deserialize(rest)?)),
+                Kind::Link => Entry::Link(Box::new(LinkEntry::deserialize(rest)?)),
+                Kind::File => Entry::File(Box::new(FileEntry::deserialize(rest)?)),
+            });
+        }
+        // `kind` comes later: read the whole object, then its variant from it.
+        let mut object = serde_json::Map::new();
+        object.insert(first, map.next_value()?);
+        while let Some((key, value)) = map.next_entry::<String, serde_json::Value>()? {
+            object.insert(key, value);
+        }
+        let kind = object
+            .remove("kind")
+            .ok_or_else(|| de::Error::missing_field("kind"))?;
+        let kind = Kind::deserialize(kind).map_err(de::Error::custom)?;
+        let rest = serde_json::Value::Object(object);
+        let entry = match kind {
+            Kind::Dir => DirEntry::deserialize(rest).map(|d| Entry::Dir(Box::new(d))),
+            Kind::Link => LinkEntry::deserialize(rest).map(|l| Entry::Link(Box::new(l))),
+            Kind::File => FileEntry::deserialize(rest).map(|f| Entry::File(Box::new(f))),
+        };
+        entry.map_err(de::Error::custom)
+    }
+}
+
+/// A [`FileEntry`] as stored: its fields with the owner's among them (see `FileEntry`
+/// for what each is).
+#[derive(Deserialize)]
+pub(super) struct FileWire {
+    path: Box<str>,
+    size: u64,
+    mtime: i64,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    #[serde(default)]
+    user: Option<Name>,
+    #[serde(default)]
+    group: Option<Name>,
+    #[serde(with = "text::content_hash")]
+    hash: Option<[u8; 32]>,
+    chunks: Chunks,
+    #[serde(default)]
+    bad_pages: ThinVec<u32>,
+    #[serde(default)]
+    block_size: u32,
+    #[serde(default, with = "text::block_hashes")]
+    block_hashes: BlockHashes,
+    #[serde(default)]
+    map: Option<Box<crate::pack::Chunk>>,
+    #[serde(default)]
+    packs: ThinVec<PackUse>,
+    #[serde(default)]
+    map_depth: u8,
+}
+
+impl From<FileWire> for FileEntry {
+    fn from(w: FileWire) -> FileEntry {
+        FileEntry {
+            path: w.path,
+            size: w.size,
+            mtime: w.mtime,
+            owner: Owner {
+                mode: w.mode,
+                uid: w.uid,
+                gid: w.gid,
+                user: w.user,
+                group: w.group,
+            },
+            hash: w.hash,
+            chunks: w.chunks,
+            bad_pages: w.bad_pages,
+            block_size: w.block_size,
+            block_hashes: w.block_hashes,
+            map: w.map,
+            packs: w.packs,
+            map_depth: w.map_depth,
+        }
+    }
+}
