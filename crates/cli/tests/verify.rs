@@ -126,6 +126,59 @@ fn verify_passes_a_sound_repository_and_names_damage_and_missing_wal() {
     assert_eq!(code == 0, r["backups"][0]["ok"] == true);
     std::fs::write(&pack, &original).unwrap();
 
+    // A flipped bit in the frame of a small file whose pack holds other small files
+    // (verify reads those a group at a time, with one read, as restore does): that file
+    // is named, no other file is.
+    let key = format!("{STANZA}/backup/{full}/backup.manifest");
+    let m = pgstrata_repo::manifest::Manifest::decode(
+        &std::fs::read(env.repo.join(&key)).unwrap(),
+        &key,
+    )
+    .unwrap();
+    let mut packs: std::collections::BTreeMap<String, Vec<(String, u64, u32)>> = Default::default();
+    for f in m.files().filter(|f| f.size > 0 && f.size <= 1 << 20) {
+        if let [c] = &f.chunks[..] {
+            if let (Some(pack), None) = (c.pack, c.backup) {
+                let file = (f.path.to_string(), c.offset, c.stored);
+                packs
+                    .entry(pack.as_str().to_string())
+                    .or_default()
+                    .push(file);
+            }
+        }
+    }
+    let (shared_pack, small) = packs
+        .into_iter()
+        .find(|(_, files)| files.len() >= 3)
+        .expect("a pack of small files");
+    let (damaged, offset, stored) = small[small.len() / 2].clone();
+    let pack = env
+        .repo
+        .join(format!("{STANZA}/backup/{full}/pack/{shared_pack}"));
+    let original = std::fs::read(&pack).unwrap();
+    let mut bytes = original.clone();
+    bytes[(offset + stored as u64 / 2) as usize] ^= 0x01;
+    std::fs::write(&pack, &bytes).unwrap();
+    let (code, out, err) = verify(&env, &["--output=json", "--process-max=2"]);
+    assert_eq!(code, 4, "{out}\n{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let errors: Vec<&str> = r["backups"][0]["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with(&format!("{damaged}:")) && errors[0].contains("checksum"),
+        "{errors:?}"
+    );
+    assert_eq!(
+        r["backups"][1]["ok"], false,
+        "the incremental carries them: {r}"
+    );
+    std::fs::write(&pack, &original).unwrap();
+
     // A WAL segment the incremental needs to become consistent is gone: the incremental is
     // invalid and the segment named; the hole is reported as a gap.
     let start_wal = env.info_json()["backups"][1]["start_wal"]

@@ -1,12 +1,88 @@
-//! What restore and verify share: a file's extents and how to fetch them in bounded
-//! batches, the check of restored bytes against the hashes recorded at backup time, and
+//! What restore and verify share: the order and grouping of their work on files, a file's
+//! extents and how to fetch them in bounded batches, the check of restored bytes against the hashes recorded at backup time, and
 //! positional reads that fill a buffer.
 
 use crate::{Error, Result};
-use pgstrata_repo::manifest::{block_hash, FileEntry};
+use pgstrata_repo::manifest::{block_hash, FileEntry, Name};
 use pgstrata_repo::pack::{Chunk, FrameReader};
 use std::io::Read;
 use std::path::Path;
+
+/// Files of at most this size are read in groups, by the pack they are stored in.
+pub(crate) const SMALL_FILE: u64 = 1 << 20;
+
+/// Work on one file, or on small files stored next to each other in one pack, whose frames
+/// are fetched with one ranged read (over an object store, one request instead of
+/// hundreds) and held decoded until the group's last file is done.
+#[derive(Debug)]
+pub(crate) enum FileJob<T> {
+    One(T),
+    Group(Vec<T>),
+}
+
+/// The jobs for `files` (each item's entry given by `entry`), in the order to run them:
+/// larger files alone, largest first so all workers stay busy to the end, then small files
+/// grouped by the pack their first frame is in (frames of one file may continue in the
+/// next pack, which the group's read covers too). Files whose extents are not loaded (a
+/// map stored apart) go alone.
+pub(crate) fn plan_file_jobs<T>(
+    files: impl IntoIterator<Item = T>,
+    entry: impl Fn(&T) -> &FileEntry,
+) -> Vec<FileJob<T>> {
+    // A group's frames stay decoded in memory until its last file is done: bound both
+    // what one read fetches and what the worker holds. Decoded, not stored, bytes bound
+    // memory: bundled frames of small, mostly empty files compress 20-fold or more.
+    const GROUP_BYTES: u64 = 8 << 20;
+    const GROUP_DECODED: u64 = 8 << 20;
+    const GROUP_FILES: usize = 512;
+    type Pack = (Option<Name>, Option<Name>);
+    let mut alone = Vec::new();
+    let mut small: Vec<(Pack, u64, T)> = Vec::new();
+    for item in files {
+        let f = entry(&item);
+        match f.chunks.iter().find(|c| !c.is_zero()) {
+            Some(c) if f.size <= SMALL_FILE => {
+                let (pack, offset) = ((c.backup, c.pack), c.offset);
+                small.push((pack, offset, item));
+            }
+            _ => alone.push(item),
+        }
+    }
+    small.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    let mut groups: Vec<FileJob<T>> = Vec::new();
+    let mut group: Vec<T> = Vec::new();
+    let mut key: Option<Pack> = None;
+    let (mut bytes, mut decoded) = (0u64, 0u64);
+    let mut frames: std::collections::HashSet<(Pack, u64)> = Default::default();
+    for (pack, _, item) in small {
+        let k = Some(pack);
+        if !group.is_empty()
+            && (k != key
+                || bytes >= GROUP_BYTES
+                || decoded >= GROUP_DECODED
+                || group.len() >= GROUP_FILES)
+        {
+            groups.push(FileJob::Group(std::mem::take(&mut group)));
+            (bytes, decoded) = (0, 0);
+            frames.clear();
+        }
+        key = k;
+        for c in entry(&item).chunks.iter().filter(|c| !c.is_zero()) {
+            if frames.insert(((c.backup, c.pack), c.offset)) {
+                bytes += c.stored as u64;
+                decoded += c.frame_len() as u64;
+            }
+        }
+        group.push(item);
+    }
+    if !group.is_empty() {
+        groups.push(FileJob::Group(group));
+    }
+    alone.sort_by_key(|item| std::cmp::Reverse(entry(item).size));
+    let mut jobs: Vec<FileJob<T>> = alone.into_iter().map(FileJob::One).collect();
+    jobs.extend(groups.into_iter().rev());
+    jobs
+}
 
 /// A file's extents with the file offset each one starts at.
 pub(crate) fn extents_of(f: &FileEntry) -> Vec<(u64, Chunk)> {

@@ -24,14 +24,14 @@
 //! the WAL check before them is not counted.
 
 use crate::archive::ArchivedSegments;
-use crate::content::{extents_of, for_each_extent, ContentCheck};
+use crate::content::{extents_of, for_each_extent, plan_file_jobs, ContentCheck, FileJob};
 use crate::progress::{Counters, Progress};
 use crate::{open_stanza, Error, Result, Settings};
 use futures::StreamExt;
 use pgstrata_pg::lsn;
 use pgstrata_repo::changemap::ChangeMap;
 use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest};
-use pgstrata_repo::pack::FrameReader;
+use pgstrata_repo::pack::{Chunk, FrameReader};
 use pgstrata_repo::{layout, wal, Storage};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -277,7 +277,8 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
 
 /// Read back `files` of backup `m` on `workers` threads of the pool; each file's verdict by
 /// key, counted in `counters` as it is read. A damaged file is a verdict, not an error: the
-/// pool goes on with the others.
+/// pool goes on with the others. Small files stored side by side are read as restore reads
+/// them, a group at a time with one read ([`plan_file_jobs`]).
 async fn check_files(
     storage: &Storage,
     m: &Arc<Manifest>,
@@ -288,17 +289,41 @@ async fn check_files(
     let runtime = tokio::runtime::Handle::current();
     let (storage, m, counters) = (storage.clone(), m.clone(), counters.clone());
     let per_worker = tokio::task::spawn_blocking(move || {
-        crate::pool::run(
-            workers,
-            files,
-            |_| (FrameReader::new(&storage, &m), Vec::new()),
-            |(reader, verdicts), (key, i)| {
-                let f = file_at(&m, i);
+        let files = files.into_iter().map(|(key, i)| (key, file_at(&m, i)));
+        let jobs = plan_file_jobs(files, |(_, f)| *f);
+        let check =
+            |reader: &mut FrameReader, verdicts: &mut Vec<_>, (key, f): (EntryKey, &FileEntry)| {
                 let verdict = check_file(&runtime, &m, reader, f).map_err(|e| e.to_string());
-                reader.clear();
+                reader.clear(); // kept while a group is pinned
                 counters.bytes.fetch_add(f.size, Ordering::Relaxed);
                 counters.files.fetch_add(1, Ordering::Relaxed);
                 verdicts.push((key, verdict));
+            };
+        crate::pool::run(
+            workers,
+            jobs,
+            |_| (FrameReader::new(&storage, &m), Vec::new()),
+            |(reader, verdicts), job| {
+                match job {
+                    FileJob::One(file) => check(reader, verdicts, file),
+                    FileJob::Group(files) => {
+                        let chunks: Vec<&Chunk> = files
+                            .iter()
+                            .flat_map(|(_, f)| &f.chunks)
+                            .filter(|c| !c.is_zero())
+                            .collect();
+                        reader.pin();
+                        let first = &files[0].1.path;
+                        // A failed read (a damaged frame stops it there) is not the
+                        // verdict: each file's own check loads what is still missing, and
+                        // fails for the file whose frame is damaged.
+                        let _ = runtime.block_on(reader.load(&chunks, first));
+                        for file in files {
+                            check(reader, verdicts, file);
+                        }
+                        reader.unpin();
+                    }
+                }
                 Ok(())
             },
             |(_, verdicts)| Ok(verdicts),

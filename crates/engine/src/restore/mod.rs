@@ -177,7 +177,7 @@ pub async fn plan(s: &Settings, o: &RestoreOptions) -> Result<(RestorePlan, Vec<
     // stores the maps of files over 8 blocks apart). A larger file's map is loaded by the
     // worker that restores it, so what is held follows the files in flight, not the
     // database's bytes.
-    m.load_maps_of(&storage, |f| f.size <= plan::SMALL_FILE)
+    m.load_maps_of(&storage, |f| f.size <= crate::content::SMALL_FILE)
         .await?;
     let plan = RestorePlan::new(m, &pg_path, o)?;
     plan.check_targets()?;

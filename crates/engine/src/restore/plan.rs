@@ -13,9 +13,10 @@
 //! only this major version's `PG_<major>_<catver>` directory in it is ever pruned.
 
 use super::{RecoveryType, RestoreOptions};
+use crate::content::{plan_file_jobs, FileJob};
 use crate::progress::human_bytes;
 use crate::{Error, Result, Settings};
-use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest, Name};
+use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest};
 use pgstrata_repo::Storage;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -46,12 +47,8 @@ pub(crate) struct TablespaceTarget {
 
 /// A unit of restore work: one file, or small files stored next to each other in one pack,
 /// fetched with one ranged read (over an object store, one request instead of hundreds).
-#[derive(Debug)]
-#[allow(clippy::vec_box)] // entries move from the manifest to the jobs by pointer
-pub(crate) enum RestoreJob {
-    One(Box<FileEntry>),
-    Group(Vec<Box<FileEntry>>),
-}
+/// Entries move from the manifest to the jobs by pointer.
+pub(crate) type RestoreJob = FileJob<Box<FileEntry>>;
 
 /// Everything restore will do, decided before it writes anything.
 #[derive(Debug)]
@@ -73,8 +70,6 @@ pub struct RestorePlan {
 }
 
 pub(super) const PG_VERSION: &str = "PG_VERSION";
-/// Files of at most this size are restored in groups, by the pack they are stored in.
-pub(super) const SMALL_FILE: u64 = 1 << 20;
 pub(super) const PG_CONTROL: &str = "global/pg_control";
 
 impl RestorePlan {
@@ -411,62 +406,10 @@ fn refuse_if_running(pg_path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Small files are grouped by the pack their first frame is in (frames of one file may
-/// continue in the next pack, which the group's read covers too); larger files go alone,
-/// largest first so all workers stay busy to the end. Jobs are in the order to run them.
+/// The restore's jobs, in the order to run them ([`plan_file_jobs`]).
 #[allow(clippy::vec_box)] // entries move from the manifest to the jobs by pointer
 pub(super) fn plan_jobs(files: Vec<Box<FileEntry>>) -> Vec<RestoreJob> {
-    // A group's frames stay decoded in memory until its last file is written: bound both
-    // what one read fetches and what the worker holds. Decoded, not stored, bytes bound
-    // memory: bundled frames of small, mostly empty files compress 20-fold or more.
-    const GROUP_BYTES: u64 = 8 << 20;
-    const GROUP_DECODED: u64 = 8 << 20;
-    const GROUP_FILES: usize = 512;
-    let mut alone = Vec::new();
-    type Pack = (Option<Name>, Option<Name>);
-    let mut small: Vec<(Pack, u64, Box<FileEntry>)> = Vec::new();
-    for f in files {
-        match f.chunks.iter().find(|c| !c.is_zero()) {
-            Some(c) if f.size <= SMALL_FILE => {
-                small.push(((c.backup, c.pack), c.offset, f));
-            }
-            _ => alone.push(f),
-        }
-    }
-    small.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-    let mut groups: Vec<RestoreJob> = Vec::new();
-    let mut group: Vec<Box<FileEntry>> = Vec::new();
-    let mut key: Option<Pack> = None;
-    let (mut bytes, mut decoded) = (0u64, 0u64);
-    let mut frames: std::collections::HashSet<(Pack, u64)> = Default::default();
-    for (pack, _, f) in small {
-        let k = Some(pack);
-        if !group.is_empty()
-            && (k != key
-                || bytes >= GROUP_BYTES
-                || decoded >= GROUP_DECODED
-                || group.len() >= GROUP_FILES)
-        {
-            groups.push(RestoreJob::Group(std::mem::take(&mut group)));
-            (bytes, decoded) = (0, 0);
-            frames.clear();
-        }
-        key = k;
-        for c in f.chunks.iter().filter(|c| !c.is_zero()) {
-            if frames.insert(((c.backup, c.pack), c.offset)) {
-                bytes += c.stored as u64;
-                decoded += c.frame_len() as u64;
-            }
-        }
-        group.push(f);
-    }
-    if !group.is_empty() {
-        groups.push(RestoreJob::Group(group));
-    }
-    alone.sort_by_key(|f| std::cmp::Reverse(f.size));
-    let mut jobs: Vec<RestoreJob> = alone.into_iter().map(RestoreJob::One).collect();
-    jobs.extend(groups.into_iter().rev());
-    jobs
+    plan_file_jobs(files, |f| f)
 }
 
 #[cfg(test)]

@@ -171,7 +171,9 @@ fn entries_read_the_same_whatever_their_key_order() {
     assert_eq!(json_of(&back), json_of(&m));
 
     let bad = json_of(&m).replacen(r#""kind":"file""#, r#""kind":"socket""#, 1);
-    let err = Manifest::decode(&encode_json(&bad), "m").unwrap_err().to_string();
+    let err = Manifest::decode(&encode_json(&bad), "m")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("invalid manifest"), "{err}");
 }
 
