@@ -155,6 +155,7 @@ fn header(label: &str, prior: Option<&str>) -> Manifest {
         delta_reason: None,
         databases: None,
         annotations: Default::default(),
+        packs_used: None,
     }
 }
 
@@ -285,6 +286,7 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
         }
         full.entries.push(Entry::File(Box::new(f)));
     }
+    full.set_packs_used(); // as a backup writes it
     let full_bytes = full.encode().len();
 
     // The incremental: changed files get new blocks (and, in format 2, a new map); the
@@ -330,6 +332,7 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
     }
     drop(full);
     let t = Instant::now();
+    incr.set_packs_used();
     let encoded = incr.encode();
     let encode_ms = t.elapsed().as_millis();
     drop(incr);

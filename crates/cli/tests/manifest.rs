@@ -331,6 +331,19 @@ fn the_frozen_format_1_repository_still_restores() {
         .expect("the restored fixture recovers");
     let rows = cluster.psql("postgres", FIXTURE_ROWS).unwrap();
     assert_eq!(rows.trim(), FIXTURE_EXPECTED, "the incremental's content");
+
+    // Manifests without packs_used: expire reads them whole for it, and deletes no pack
+    // the two kept backups use.
+    let packs = || -> Vec<String> {
+        tree(&repo)
+            .into_keys()
+            .filter(|k| k.contains("/pack/"))
+            .collect()
+    };
+    let before = packs();
+    assert!(!before.is_empty());
+    run_ok(pgstrata(&["--repo-retention-full=1", "expire"]));
+    assert_eq!(packs(), before);
 }
 
 /// A format 1 repository extended by format 2 backups: the restored fixture archives into

@@ -23,9 +23,9 @@ use crate::lock::with_lock;
 use crate::progress::human_bytes;
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_pg::lsn;
-use pgstrata_repo::manifest::{scan_backups, BackupType, Manifest};
+use pgstrata_repo::manifest::{scan_headers, BackupType, Manifest};
 use pgstrata_repo::{layout, Storage};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 // Names as configured (`repo-retention-full-type`).
 pgstrata_repo::named! {
@@ -61,9 +61,9 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
     let (storage, stanza) = open_stanza(s).await?;
     let storage2 = storage.clone();
     with_lock(&storage2, &s.stanza, &s.lock_path, "expire", async move {
-        // Each backup's header and the packs it uses; never every manifest at once.
-        let scan = scan_backups(&storage, &s.stanza, Manifest::pack_usage).await?;
-        let headers = scan.headers();
+        // Each backup's header, with the packs it uses: no manifest is read whole.
+        let scan = scan_headers(&storage, &s.stanza).await?;
+        let headers: Vec<&Manifest> = scan.headers.iter().collect();
         let damaged: Vec<&str> = scan.damaged.iter().map(|d| d.label.as_str()).collect();
         let doomed = choose(&headers, &damaged, o)?;
         for d in scan.damaged.iter().filter(|d| !doomed.contains(&d.label)) {
@@ -81,13 +81,7 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
             report.expired.push(label.clone());
         }
         let kept: Vec<&Manifest> = headers.iter().copied().filter(|m| !doomed.contains(&m.label)).collect();
-        let kept_usage: Vec<(&str, &PackUses)> = scan
-            .listed
-            .iter()
-            .filter(|l| !doomed.contains(&l.header.label))
-            .map(|l| (l.header.label.as_str(), &l.digest))
-            .collect();
-        let usage = collect_garbage(&storage, &s.stanza, &kept_usage, Some(&doomed)).await?;
+        let usage = collect_garbage(&storage, &s.stanza, &kept, Some(&doomed)).await?;
         report.packs_deleted = usage.deleted;
         report.bytes_freed = usage.freed;
         report.bytes_held = usage.held;
@@ -183,9 +177,6 @@ fn choose(
     Ok(doomed)
 }
 
-/// Stored bytes a backup references, per (owner label, pack): [`Manifest::pack_usage`].
-pub(crate) type PackUses = BTreeMap<(String, String), u64>;
-
 /// How the stanza's pack storage is used.
 #[derive(Debug, Default)]
 pub(crate) struct PackUsage {
@@ -195,8 +186,9 @@ pub(crate) struct PackUsage {
     pub total: u64,
 }
 
-/// Measure pack storage, given each kept backup's label and pack use; with `expired` (labels whose manifests were just deleted), also
-/// delete the packs no kept manifest references. Packs of a label that never had a manifest
+/// Measure pack storage, given the kept backups' headers (what each uses in packs is in
+/// its header: `packs_used`); with `expired` (labels whose manifests were just deleted),
+/// also delete the packs no kept manifest references. Packs of a label that never had a manifest
 /// (an interrupted backup, or one still running elsewhere) go only after a grace period,
 /// and not while that backup can still be resumed (it is newer than every backup with a
 /// manifest). Resume checkpoints go once their backup is complete, or can no longer be
@@ -204,20 +196,20 @@ pub(crate) struct PackUsage {
 pub(crate) async fn collect_garbage(
     storage: &Storage,
     stanza: &str,
-    kept: &[(&str, &PackUses)],
+    kept: &[&Manifest],
     expired: Option<&BTreeSet<String>>,
 ) -> Result<PackUsage> {
     // Referenced bytes per pack: the most any one kept backup references in it (each
     // manifest lists its packs' use without its maps being read; frames that different
     // backups reference apart are not added up, so what is shown held may be more).
     let mut referenced: HashMap<(String, String), u64> = HashMap::new();
-    for (_, uses) in kept {
-        for (pack, used) in *uses {
-            let most = referenced.entry(pack.clone()).or_default();
-            *most = (*most).max(*used);
+    for m in kept {
+        for (pack, used) in m.packs_used() {
+            let most = referenced.entry(pack).or_default();
+            *most = (*most).max(used);
         }
     }
-    let with_manifest: HashSet<&str> = kept.iter().map(|(label, _)| *label).collect();
+    let with_manifest: HashSet<&str> = kept.iter().map(|m| m.label.as_str()).collect();
     let now = chrono::Utc::now().timestamp();
     let mut usage = PackUsage::default();
     let root = layout::backup_root(stanza);

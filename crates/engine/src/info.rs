@@ -4,7 +4,7 @@ use crate::archive::archive_range;
 use crate::progress::human_bytes;
 use crate::track::ChangeDetection;
 use crate::{open_stanza, Result, Settings};
-use pgstrata_repo::manifest::{scan_backups, Manifest, Tracking};
+use pgstrata_repo::manifest::{scan_headers, Manifest, Tracking};
 use pgstrata_repo::Named;
 use serde::Serialize;
 
@@ -132,8 +132,8 @@ pub(crate) fn summarize(m: &Manifest) -> BackupInfo {
 
 pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
     let (storage, stanza) = open_stanza(s).await?;
-    // Each backup's header, summary and pack use; never every manifest at once.
-    let scan = scan_backups(&storage, &s.stanza, |m| (summarize(m), m.pack_usage())).await?;
+    // Each backup's header (with what it uses in packs): no manifest is read whole.
+    let scan = scan_headers(&storage, &s.stanza).await?;
     let damaged: Vec<DamagedBackup> = scan
         .damaged
         .iter()
@@ -143,26 +143,29 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
             error: d.error.to_string(),
         })
         .collect();
-    let kept: Vec<(&str, &crate::expire::PackUses)> = scan
-        .listed
-        .iter()
-        .map(|l| (l.header.label.as_str(), &l.digest.1))
-        .collect();
-    let usage = crate::expire::collect_garbage(&storage, &s.stanza, &kept, None).await?;
+    let headers: Vec<&Manifest> = scan.headers.iter().collect();
+    let usage = crate::expire::collect_garbage(&storage, &s.stanza, &headers, None).await?;
     let seg_size = stanza.cluster.wal_segment_size;
     let oldest_start = scan
-        .listed
+        .headers
         .iter()
-        .filter_map(|l| {
-            pgstrata_pg::lsn::parse_segment_name(&l.header.start.wal, seg_size).map(|(_, n)| n)
+        .filter_map(|m| {
+            pgstrata_pg::lsn::parse_segment_name(&m.start.wal, seg_size).map(|(_, n)| n)
         })
         .min();
-    let backups: Vec<BackupInfo> = scan
-        .listed
-        .into_iter()
-        .filter(|l| set.is_none_or(|want| want == l.header.label))
-        .map(|l| l.digest.0)
-        .collect();
+    let mut backups = Vec::new();
+    for header in scan
+        .headers
+        .iter()
+        .filter(|m| set.is_none_or(|w| w == m.label))
+    {
+        backups.push(if header.stats.page_errors > 0 {
+            // Which pages failed is in the file entries.
+            summarize(&Manifest::load(&storage, &s.stanza, &header.label).await?)
+        } else {
+            summarize(header)
+        });
+    }
     let repo_size: u64 = storage.list(&s.stanza).await?.iter().map(|o| o.size).sum();
     if let Some(want) = set {
         if backups.is_empty() && damaged.is_empty() {

@@ -135,7 +135,9 @@ pub(super) fn build_manifest(
         track: started.detection.track,
         track_reason: started.detection.track_reason,
         summary_check: started.detection.summary_check,
+        packs_used: None,
     };
+    manifest.set_packs_used();
     // Codecs of the backups whose frames this one references, and only those.
     let referenced: BTreeSet<String> = referenced_packs(&manifest)
         .into_iter()
@@ -157,7 +159,7 @@ pub(super) fn build_manifest(
 /// (backup label, pack name) of every pack of another backup the manifest's files (and
 /// their maps) point into.
 fn referenced_packs(m: &Manifest) -> BTreeSet<(String, String)> {
-    m.pack_usage()
+    m.packs_used()
         .into_keys()
         .filter(|(owner, _)| *owner != m.label)
         .collect()

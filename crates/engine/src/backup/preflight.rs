@@ -186,10 +186,16 @@ async fn choose_prior(
     }
     let labels = list_backups(storage, &s.stanza).await?;
     for l in labels.iter().rev() {
-        let m = Manifest::load(storage, &s.stanza, l).await?;
-        if asked == BackupType::Incr || m.backup_type == BackupType::Full {
-            return Ok((asked, Some(std::sync::Arc::new(m))));
+        // An incremental's prior is the newest backup, a differential's the newest full:
+        // headers tell which, and only that manifest is read whole.
+        if asked == BackupType::Diff {
+            let header = Manifest::load_header(storage, &s.stanza, l).await?;
+            if header.backup_type != BackupType::Full {
+                continue;
+            }
         }
+        let m = Manifest::load(storage, &s.stanza, l).await?;
+        return Ok((asked, Some(std::sync::Arc::new(m))));
     }
     log::warn!(
         "no prior backup exists: taking a full backup instead of {}",

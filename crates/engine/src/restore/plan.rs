@@ -288,10 +288,11 @@ pub(super) async fn choose_backup(
             ))
         })?;
         for label in labels.iter().rev() {
-            let m = Manifest::load(storage, &s.stanza, label).await?;
-            if m.stop.epoch < t.timestamp() {
+            // Headers until one ended early enough; only that manifest is read whole.
+            let header = Manifest::load_header(storage, &s.stanza, label).await?;
+            if header.stop.epoch < t.timestamp() {
                 log::info!("backup {label} is the newest that ended before {target}");
-                return Ok(m);
+                return Ok(Manifest::load(storage, &s.stanza, label).await?);
             }
         }
         return Err(Error::refused(format!(

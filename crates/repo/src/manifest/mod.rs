@@ -15,6 +15,7 @@ pub use name::Name;
 use pgstrata_pg::lsn::Lsn;
 use serde::{Deserialize, Serialize};
 pub use smallvec::SmallVec;
+use std::collections::BTreeMap;
 pub use thin_vec::ThinVec;
 
 /// A file's extents: held in its entry when there is one (a small file's), allocated
@@ -69,7 +70,6 @@ pub struct Manifest {
     pub frame_size: u32,
     pub data_checksums: bool,
     pub tablespaces: Vec<Tablespace>,
-    pub entries: Vec<Entry>,
     pub stats: Stats,
     /// Compression of the other backups whose packs this manifest's chunks reference
     /// (chunks with `b` set), by label.
@@ -97,6 +97,15 @@ pub struct Manifest {
     /// The operator's notes on this backup (`backup --annotation=key=value`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// What the backup references in packs: `[owner label, pack, stored bytes]` for every
+    /// pack, as [`Manifest::pack_usage`] counts it from the entries (and checked against
+    /// them when they are read). Stored so that the header alone tells it
+    /// ([`Manifest::load_header`]); absent in manifests written before it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packs_used: Option<Vec<(String, String, u64)>>,
+    /// Last, so that a reader of the header stops before it (pgstrata writes fields in
+    /// this order; manifests written before `packs_used` have `stats` and more after it).
+    pub entries: Vec<Entry>,
 }
 
 /// A database of the backed-up cluster. Its files are under `base/<oid>/` and
@@ -353,7 +362,8 @@ impl Manifest {
         encode_checked(MAGIC, self)
     }
 
-    pub fn decode(obj: &[u8], what: &str) -> Result<Manifest> {
+    /// Check the stored form's magic and checksum.
+    fn check_stored(obj: &[u8], what: &str) -> Result<()> {
         if obj.len() < 40 || &obj[..8] != MAGIC {
             return Err(Error::corrupt(format!(
                 "{what}: not a pgstrata manifest (bad header)"
@@ -364,6 +374,42 @@ impl Manifest {
                 "{what}: manifest fails its checksum: the repository is damaged"
             )));
         }
+        Ok(())
+    }
+
+    /// The header of a stored manifest: everything but its entries, read without
+    /// decompressing or parsing them (the checksum still covers the whole object). `None`
+    /// when the header does not come whole before the entries (a manifest written before
+    /// `packs_used`, or one a reader should decode whole to learn what is wrong with it).
+    pub fn decode_header(obj: &[u8], what: &str) -> Result<Option<Manifest>> {
+        Manifest::check_stored(obj, what)?;
+        let json = crate::codec::zstd_bounded_reader(&obj[40..], MAX_MANIFEST_RATIO, what)?;
+        let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::new(json));
+        let mut header = serde_json::Map::new();
+        // Stopping at "entries" leaves the object unfinished, so the parse always ends in
+        // an error; whether the header was reached is what counts.
+        let mut reached = false;
+        let _ = serde::de::DeserializeSeed::deserialize(
+            wire::HeaderSeed {
+                header: &mut header,
+                reached: &mut reached,
+            },
+            &mut de,
+        );
+        if !reached || !header.contains_key("stats") || !header.contains_key("packs_used") {
+            return Ok(None);
+        }
+        header.insert("entries".into(), serde_json::Value::Array(Vec::new()));
+        let Ok(m) = Manifest::deserialize(serde_json::Value::Object(header)) else {
+            return Ok(None);
+        };
+        crate::error::check_format_version(what, m.format_version, FORMAT_VERSION)?;
+        validate::validate_header(&m, what)?;
+        Ok(Some(m))
+    }
+
+    pub fn decode(obj: &[u8], what: &str) -> Result<Manifest> {
+        Manifest::check_stored(obj, what)?;
         // Parsed as it is decoded: the JSON text of a large manifest is never held whole.
         let json = crate::codec::zstd_bounded_reader(&obj[40..], MAX_MANIFEST_RATIO, what)?;
         let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(
@@ -386,9 +432,39 @@ impl Manifest {
     /// Load backup `label`'s manifest; when it is damaged, its copy (with a warning). The
     /// error of a backup whose manifest and copy are both damaged has kind `Corrupt`.
     pub async fn load(storage: &Storage, stanza: &str, label: &str) -> Result<Manifest> {
+        Manifest::load_as(storage, stanza, label, |obj, key| {
+            Manifest::decode_at(obj, key, stanza, label)
+        })
+        .await
+    }
+
+    /// The header of backup `label`'s manifest ([`Manifest::into_header`]) with
+    /// `packs_used` set, read as [`Manifest::load`] reads the manifest. Manifests written
+    /// before `packs_used` are decoded whole for it.
+    pub async fn load_header(storage: &Storage, stanza: &str, label: &str) -> Result<Manifest> {
+        Manifest::load_as(storage, stanza, label, |obj, key| {
+            if let Some(header) = Manifest::decode_header(obj, key)? {
+                Manifest::check_identity(&header, key, stanza, label)?;
+                return Ok(header);
+            }
+            let mut m = Manifest::decode_at(obj, key, stanza, label)?;
+            m.set_packs_used();
+            Ok(m.into_header())
+        })
+        .await
+    }
+
+    /// What `decode` makes of the manifest of `label`, or of its copy when the manifest is
+    /// damaged.
+    async fn load_as<T>(
+        storage: &Storage,
+        stanza: &str,
+        label: &str,
+        decode: impl Fn(&[u8], &str) -> Result<T>,
+    ) -> Result<T> {
         let key = layout::manifest(stanza, label);
         let damage = match storage.get_cached(&key).await {
-            Ok(obj) => match Manifest::decode_at(&obj, &key, stanza, label) {
+            Ok(obj) => match decode(&obj, &key) {
                 Err(e) if e.kind == ErrorKind::Corrupt => e,
                 other => return other,
             },
@@ -404,7 +480,7 @@ impl Manifest {
         };
         let copy_key = layout::manifest_copy(stanza, label);
         let copy = match storage.get_sealed_as(&copy_key, &key).await {
-            Ok(obj) => Manifest::decode_at(&obj, &copy_key, stanza, label),
+            Ok(obj) => decode(&obj, &copy_key),
             // Backups written before copies existed have none.
             Err(e) if e.is_not_found() => return Err(damage),
             Err(e) => return Err(e),
@@ -424,13 +500,19 @@ impl Manifest {
     /// Decode the manifest stored at `key`, which must be backup `label` of `stanza`.
     fn decode_at(obj: &[u8], key: &str, stanza: &str, label: &str) -> Result<Manifest> {
         let m = Manifest::decode(obj, key)?;
+        Manifest::check_identity(&m, key, stanza, label)?;
+        Ok(m)
+    }
+
+    /// A manifest read from `key` must be that of backup `label` of `stanza`.
+    fn check_identity(m: &Manifest, key: &str, stanza: &str, label: &str) -> Result<()> {
         if m.label != label || m.stanza != stanza {
             return Err(Error::corrupt(format!(
                 "{key}: holds the manifest of backup '{}' of stanza '{}': the manifest is damaged or was altered",
                 m.label, m.stanza
             )));
         }
-        Ok(m)
+        Ok(())
     }
 
     /// Write the manifest, making the backup visible: first its copy, then the manifest
@@ -464,6 +546,25 @@ impl Manifest {
                 .get(owner)
                 .copied()
                 .unwrap_or(self.compression.kind)
+        }
+    }
+
+    /// Record [`Manifest::pack_usage`] in `packs_used` (a backup does, before it writes
+    /// the manifest).
+    pub fn set_packs_used(&mut self) {
+        let usage = self.pack_usage();
+        self.packs_used = Some(usage.into_iter().map(|((o, p), n)| (o, p, n)).collect());
+    }
+
+    /// What the backup references in packs, per (owner label, pack): from `packs_used`
+    /// when it is there (a header has no entries to count), from the entries otherwise.
+    pub fn packs_used(&self) -> BTreeMap<(String, String), u64> {
+        match &self.packs_used {
+            Some(list) => list
+                .iter()
+                .map(|(o, p, n)| ((o.clone(), p.clone()), *n))
+                .collect(),
+            None => self.pack_usage(),
         }
     }
 
@@ -525,35 +626,19 @@ pub async fn list_backups(storage: &Storage, stanza: &str) -> Result<Vec<String>
     Ok(labels)
 }
 
-/// How many manifests [`scan_backups`] holds decoded at once. Each is about 240 bytes a
-/// file in memory: a stanza of thirty backups of a million files each must not be held
-/// whole (7 GB), and two keep a fetch overlapping a decode.
+/// How many manifests [`scan_headers`] reads at once: each is held as stored (compressed;
+/// about 74 bytes a file) while its header is read, or decoded whole when it was written
+/// before `packs_used` (about 240 bytes a file).
 const MANIFESTS_AT_ONCE: usize = 2;
 
-/// A backup as [`scan_backups`] lists it: the header of its manifest (the manifest with no
-/// entries: labels, times, WAL points, stats, never something to restore from) and the
-/// digest the caller took from its entries while they were loaded.
+/// The backups of a stanza: the headers of those whose manifest (or its copy) reads, and
+/// those whose manifest and copy are both damaged.
 #[derive(Debug)]
-pub struct Listed<T> {
-    pub header: Manifest,
-    pub digest: T,
-}
-
-/// The backups of a stanza: those whose manifest (or its copy) reads, and those whose
-/// manifest and copy are both damaged.
-#[derive(Debug)]
-pub struct Backups<T> {
-    /// Oldest first.
-    pub listed: Vec<Listed<T>>,
+pub struct Backups {
+    /// Oldest first: headers ([`Manifest::into_header`]), never something to restore from.
+    pub headers: Vec<Manifest>,
     /// Oldest first.
     pub damaged: Vec<Damaged>,
-}
-
-impl<T> Backups<T> {
-    /// The headers of the backups that read, oldest first.
-    pub fn headers(&self) -> Vec<&Manifest> {
-        self.listed.iter().map(|l| &l.header).collect()
-    }
 }
 
 /// A backup whose manifest exists but cannot be read.
@@ -563,42 +648,29 @@ pub struct Damaged {
     pub error: Error,
 }
 
-/// Every backup of a stanza, damaged ones apart, each reduced to its header and what
-/// `digest` takes from its whole manifest: at most [`MANIFESTS_AT_ONCE`] manifests are held
-/// decoded, whatever the number of backups. Any other failure (storage, a manifest of a
-/// newer format) fails the scan.
-pub async fn scan_backups<T>(
-    storage: &Storage,
-    stanza: &str,
-    digest: impl Fn(&Manifest) -> T,
-) -> Result<Backups<T>> {
+/// The header of every backup of a stanza ([`Manifest::load_header`]: neither the entries
+/// of a manifest nor all its JSON are read), damaged ones apart: what `info` and `expire`
+/// need. Any other failure (storage, a manifest of a newer format) fails the scan.
+pub async fn scan_headers(storage: &Storage, stanza: &str) -> Result<Backups> {
     use futures::{StreamExt, TryStreamExt};
     let labels = list_backups(storage, stanza).await?;
-    let digest = &digest;
-    // The fetches overlap; the decoding is one at a time (two at once on two cores was
-    // 1.6 times as fast and took 1.8 times the memory).
-    let loaded: Vec<(String, Result<Listed<T>>)> = futures::stream::iter(labels)
+    let loaded: Vec<(String, Result<Manifest>)> = futures::stream::iter(labels)
         .map(|label| async move {
-            match Manifest::load(storage, stanza, &label).await {
+            match Manifest::load_header(storage, stanza, &label).await {
                 Err(e) if e.kind != ErrorKind::Corrupt => Err(e),
-                Err(e) => Ok((label, Err(e))),
-                Ok(m) => {
-                    let digest = digest(&m);
-                    let header = m.into_header();
-                    Ok((label, Ok(Listed { header, digest })))
-                }
+                header => Ok((label, header)),
             }
         })
         .buffered(MANIFESTS_AT_ONCE)
         .try_collect()
         .await?;
     let mut out = Backups {
-        listed: Vec::new(),
+        headers: Vec::new(),
         damaged: Vec::new(),
     };
-    for (label, m) in loaded {
-        match m {
-            Ok(listed) => out.listed.push(listed),
+    for (label, header) in loaded {
+        match header {
+            Ok(header) => out.headers.push(header),
             Err(error) => out.damaged.push(Damaged { label, error }),
         }
     }

@@ -121,6 +121,7 @@ pub(crate) fn sample() -> Manifest {
         delta_reason: None,
         databases: None,
         annotations: Default::default(),
+        packs_used: None,
     }
 }
 
@@ -175,6 +176,58 @@ fn entries_read_the_same_whatever_their_key_order() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("invalid manifest"), "{err}");
+}
+
+/// The header (everything but the entries, with what the backup uses in packs) reads
+/// without the entries; manifests written before `packs_used`, or with their entries
+/// before other fields, are decoded whole instead; `packs_used` must match the entries.
+#[test]
+fn a_header_reads_without_its_entries() {
+    let mut m = sample();
+    assert_eq!(
+        Manifest::decode_header(&m.encode(), "m")
+            .unwrap()
+            .map(|h| h.label),
+        None
+    );
+    m.set_packs_used();
+    assert!(!m.packs_used.as_ref().unwrap().is_empty());
+    let h = Manifest::decode_header(&m.encode(), "m")
+        .unwrap()
+        .expect("a header");
+    assert!(h.entries.is_empty());
+    assert_eq!(
+        serde_json::to_value(&h).unwrap(),
+        serde_json::to_value(m.clone().into_header()).unwrap()
+    );
+    assert_eq!(h.packs_used(), m.pack_usage());
+    assert_eq!(
+        json_of(&m).rfind(r#""entries":"#),
+        json_of(&m).find(r#""entries":"#)
+    );
+    assert!(json_of(&m).find(r#""entries":"#) > json_of(&m).find(r#""stats":"#));
+
+    // Keys in another order (alphabetical: entries before stats): read whole.
+    let value: serde_json::Value = serde_json::from_str(&json_of(&m)).unwrap();
+    let reordered = encode_json(&serde_json::to_string(&value).unwrap());
+    assert!(Manifest::decode_header(&reordered, "m").unwrap().is_none());
+    assert_eq!(
+        Manifest::decode(&reordered, "m").unwrap().packs_used,
+        m.packs_used
+    );
+
+    // A header that does not match the entries is damage; so is a bad checksum.
+    let mut wrong = m.clone();
+    wrong.packs_used.as_mut().unwrap()[0].2 += 1;
+    let err = decode_err(&wrong);
+    assert!(err.contains("packs_used does not match"), "{err}");
+    let mut damaged = m.encode();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 1;
+    let err = Manifest::decode_header(&damaged, "m")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("checksum"), "{err}");
 }
 
 /// The JSON inside an encoded manifest.

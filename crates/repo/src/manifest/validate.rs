@@ -29,14 +29,24 @@ pub(crate) const MAX_OWNER_NAME_LEN: usize = 256;
 pub(crate) const PERMISSION_BITS: u32 = 0o777;
 
 /// Check `m` (decoded from `what`) and mask its modes to permission bits.
+/// What is checked of a manifest read without its entries ([`Manifest::decode_header`]).
+pub(super) fn validate_header(m: &Manifest, what: &str) -> Result<()> {
+    check_header(m)
+        .and_then(|()| check_databases_and_annotations(m))
+        .map_err(|msg| {
+            Error::corrupt(format!(
+                "{what}: {msg}: the manifest is damaged or was altered"
+            ))
+        })
+}
+
 pub(super) fn validate(m: &mut Manifest, what: &str) -> Result<()> {
     let fail = |msg: String| {
         Error::corrupt(format!(
             "{what}: {msg}: the manifest is damaged or was altered"
         ))
     };
-    check_header(m).map_err(fail)?;
-    check_databases_and_annotations(m).map_err(fail)?;
+    validate_header(m, what)?;
     if m.entries.len() > MAX_ENTRIES {
         return Err(fail(format!(
             "{} entries (at most {MAX_ENTRIES})",
@@ -69,6 +79,9 @@ pub(super) fn validate(m: &mut Manifest, what: &str) -> Result<()> {
                 t.oid, t.oid
             )));
         }
+    }
+    if m.packs_used.is_some() && m.packs_used() != m.pack_usage() {
+        return Err(fail("packs_used does not match the entries".into()));
     }
     for e in &mut m.entries {
         e.owner_mut().mode &= PERMISSION_BITS;

@@ -126,3 +126,39 @@ impl From<FileWire> for FileEntry {
         }
     }
 }
+
+/// Reads a manifest's fields up to its `entries` (which pgstrata writes last) into
+/// `header`, and stops there: `reached` tells that it got there. The stop is an error to
+/// the JSON parser (the object is left unfinished), which the caller expects.
+pub(super) struct HeaderSeed<'a> {
+    pub header: &'a mut serde_json::Map<String, serde_json::Value>,
+    pub reached: &'a mut bool,
+}
+
+impl<'de> de::DeserializeSeed<'de> for HeaderSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for HeaderSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a manifest")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "entries" {
+                *self.reached = true;
+                return Err(de::Error::custom("stopped at the entries"));
+            }
+            let value: serde_json::Value = map.next_value()?;
+            self.header.insert(key, value);
+        }
+        Ok(())
+    }
+}
