@@ -262,5 +262,11 @@ impl Drop for SshServer {
         self.drop_connections();
         let _ = self.sshd.kill();
         let _ = self.sshd.wait();
+        // Its keys, configuration and whatever the test kept there (a backup host's
+        // repository): 30 MB a test, left in the temporary directory by every run
+        // before. Kept like a test's scratch directory when asked to.
+        if std::env::var_os("PGSTRATA_KEEP_SCRATCH").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
