@@ -18,8 +18,9 @@
 //! verify takes no lock and changes nothing; it reads the whole repository once per distinct
 //! file entry, so it costs about as much as restoring each distinct backup. Backups are
 //! taken one at a time, oldest first, with only that backup's manifest in memory (and the
-//! key of every distinct entry checked so far, with the reasons of those that failed): a stanza of many backups of many
-//! files is verified in the memory of one. Its progress (`progress`) counts the distinct
+//! key of every distinct entry checked so far, with the reasons of those that failed): a
+//! stanza of many backups of many files is verified in the memory of one. With `--set`,
+//! the other backups' headers alone are read (for the oldest start, where gaps count). Its progress (`progress`) counts the distinct
 //! entries' bytes; each backup's new entries join the total when verify reaches it, and
 //! the WAL check before them is not counted.
 
@@ -175,7 +176,13 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     let mut backups = Vec::new();
     let mut oldest_start: Option<u64> = None;
     for label in &labels {
-        let m = match Manifest::load(&storage, &s.stanza, label).await {
+        let selected = set.is_none_or(|w| w == label);
+        let loaded = if selected {
+            Manifest::load(&storage, &s.stanza, label).await
+        } else {
+            Manifest::load_header(&storage, &s.stanza, label).await
+        };
+        let m = match loaded {
             Ok(m) => Arc::new(m),
             Err(e) if e.is_not_found() => {
                 log::warn!("backup {label} was expired while verify ran");
@@ -184,7 +191,7 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
             // A backup whose manifest and its copy are damaged cannot be restored; the
             // others are still checked.
             Err(e) if e.kind == pgstrata_repo::ErrorKind::Corrupt => {
-                if set.is_none_or(|w| w == label) {
+                if selected {
                     log::error!("backup {label}: {e}");
                     backups.push(BackupVerdict {
                         label: label.clone(),
@@ -202,7 +209,7 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         if let Some((_, segno)) = lsn::parse_segment_name(&m.start.wal, seg_size) {
             oldest_start = Some(oldest_start.map_or(segno, |o| o.min(segno)));
         }
-        if set.is_some_and(|w| w != m.label) {
+        if !selected {
             continue;
         }
         let keyed = keyed_files(&m);
