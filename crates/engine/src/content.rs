@@ -1,6 +1,6 @@
 //! What restore and verify share: the order and grouping of their work on files, a file's
-//! extents and how to fetch them in bounded batches, the check of restored bytes against the hashes recorded at backup time, and
-//! positional reads that fill a buffer.
+//! extents and how to fetch them in bounded batches, the check of restored bytes against
+//! the hashes recorded at backup time, and positional reads that fill a buffer.
 
 use crate::{Error, Result};
 use pgstrata_repo::manifest::{block_hash, FileEntry, Name};

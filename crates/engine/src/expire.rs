@@ -188,11 +188,11 @@ pub(crate) struct PackUsage {
 
 /// Measure pack storage, given the kept backups' headers (what each uses in packs is in
 /// its header: `packs_used`); with `expired` (labels whose manifests were just deleted),
-/// also delete the packs no kept manifest references. Packs of a label that never had a manifest
-/// (an interrupted backup, or one still running elsewhere) go only after a grace period,
-/// and not while that backup can still be resumed (it is newer than every backup with a
-/// manifest). Resume checkpoints go once their backup is complete, or can no longer be
-/// resumed and is past the grace period.
+/// also delete the packs no kept manifest references. Packs of a label that never had a
+/// manifest (an interrupted backup, or one still running elsewhere) go only after a grace
+/// period, and not while that backup can still be resumed (it is newer than every backup
+/// with a manifest). Resume checkpoints go once their backup is complete, or can no longer
+/// be resumed and is past the grace period.
 pub(crate) async fn collect_garbage(
     storage: &Storage,
     stanza: &str,

@@ -35,7 +35,7 @@ use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest};
 use pgstrata_repo::pack::{Chunk, FrameReader};
 use pgstrata_repo::{layout, wal, Storage};
 use serde::Serialize;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -163,8 +163,11 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     }
     let archive_id = stanza.cluster.archive_id();
     let seg_size = stanza.cluster.wal_segment_size;
-    let (mut wal, archived, segments) =
-        verify_archive(&storage, &s.stanza, &archive_id, seg_size).await?;
+    let (mut wal, segments) = verify_archive(&storage, &s.stanza, &archive_id, seg_size).await?;
+    let archived = |name: &str| {
+        lsn::parse_segment_name(name, seg_size)
+            .is_some_and(|(tli, segno)| segments.get(&tli).is_some_and(|s| s.contains(&segno)))
+    };
 
     // One backup at a time, oldest first, each manifest alone in memory: its new file
     // entries are added to the progress total when it is reached.
@@ -183,7 +186,7 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
             Manifest::load_header(&storage, &s.stanza, label).await
         };
         let m = match loaded {
-            Ok(m) => Arc::new(m),
+            Ok(m) => m,
             Err(e) if e.is_not_found() => {
                 log::warn!("backup {label} was expired while verify ran");
                 continue;
@@ -212,6 +215,8 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         if !selected {
             continue;
         }
+        // Shared with the threads that read files back, not copied for them.
+        let m = Arc::new(m);
         let keyed = keyed_files(&m);
         let mut v = BackupVerdict {
             label: m.label.clone(),
@@ -223,7 +228,7 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         };
         // The WAL this backup needs to become consistent.
         for name in lsn::segments_between(m.start.timeline, m.start.lsn, m.stop.lsn, seg_size) {
-            if !archived.contains(&name) {
+            if !archived(&name) {
                 v.errors.push(format!(
                     "WAL segment {name}, needed to make the backup consistent, is not archived"
                 ));
@@ -372,14 +377,14 @@ fn check_file(
     check.finish()
 }
 
-/// Check every archived WAL object and change map, and find holes after the oldest
-/// backup's start. Also returns the names of the archived full segments.
+/// Check every archived WAL object and change map. Also returns the archived full segments
+/// (the caller finds the holes after the oldest backup's start in them).
 async fn verify_archive(
     storage: &Storage,
     stanza: &str,
     archive_id: &str,
     seg_size: u64,
-) -> Result<(WalVerdict, BTreeSet<String>, ArchivedSegments)> {
+) -> Result<(WalVerdict, ArchivedSegments)> {
     let objects = storage
         .list(&layout::archive_root(stanza, archive_id))
         .await?;
@@ -406,7 +411,6 @@ async fn verify_archive(
         .buffer_unordered(8);
     let results: Vec<(String, std::result::Result<(), String>)> = checks.collect().await;
     let mut segments = ArchivedSegments::new();
-    let mut archived = BTreeSet::new();
     for (name, verdict) in results {
         if let Some(segment) = name.strip_suffix(".map") {
             out.maps += 1;
@@ -418,7 +422,6 @@ async fn verify_archive(
         }
         if lsn::is_segment_name(&name) {
             out.segments += 1;
-            archived.insert(name.clone());
             if let Some((tli, segno)) = lsn::parse_segment_name(&name, seg_size) {
                 segments.entry(tli).or_default().insert(segno);
             }
@@ -430,7 +433,7 @@ async fn verify_archive(
     }
     out.damaged.sort();
     out.maps_damaged.sort();
-    Ok((out, archived, segments))
+    Ok((out, segments))
 }
 
 /// The report as text, for people.

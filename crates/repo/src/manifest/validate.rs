@@ -28,24 +28,23 @@ pub(crate) const MAX_OWNER_NAME_LEN: usize = 256;
 /// The mode bits restore applies: permissions only, never setuid, setgid or sticky.
 pub(crate) const PERMISSION_BITS: u32 = 0o777;
 
-/// Check `m` (decoded from `what`) and mask its modes to permission bits.
+/// The error of manifest `what` failing a check.
+fn damaged(what: &str, msg: String) -> Error {
+    Error::corrupt(format!(
+        "{what}: {msg}: the manifest is damaged or was altered"
+    ))
+}
+
 /// What is checked of a manifest read without its entries ([`Manifest::decode_header`]).
 pub(super) fn validate_header(m: &Manifest, what: &str) -> Result<()> {
     check_header(m)
         .and_then(|()| check_databases_and_annotations(m))
-        .map_err(|msg| {
-            Error::corrupt(format!(
-                "{what}: {msg}: the manifest is damaged or was altered"
-            ))
-        })
+        .map_err(|msg| damaged(what, msg))
 }
 
+/// Check `m` (decoded from `what`) and mask its modes to permission bits.
 pub(super) fn validate(m: &mut Manifest, what: &str) -> Result<()> {
-    let fail = |msg: String| {
-        Error::corrupt(format!(
-            "{what}: {msg}: the manifest is damaged or was altered"
-        ))
-    };
+    let fail = |msg: String| damaged(what, msg);
     validate_header(m, what)?;
     if m.entries.len() > MAX_ENTRIES {
         return Err(fail(format!(

@@ -22,6 +22,17 @@ enum Kind {
     File,
 }
 
+impl Kind {
+    /// The entry of this kind that `d` holds (the object's other fields).
+    fn read<'de, D: Deserializer<'de>>(self, d: D) -> Result<Entry, D::Error> {
+        Ok(match self {
+            Kind::Dir => Entry::Dir(Box::new(DirEntry::deserialize(d)?)),
+            Kind::Link => Entry::Link(Box::new(LinkEntry::deserialize(d)?)),
+            Kind::File => Entry::File(Box::new(FileEntry::deserialize(d)?)),
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for Entry {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Entry, D::Error> {
         d.deserialize_map(EntryVisitor)
@@ -44,12 +55,7 @@ impl<'de> Visitor<'de> for EntryVisitor {
         };
         if first == "kind" {
             let kind: Kind = map.next_value()?;
-            let rest = MapAccessDeserializer::new(map);
-            return Ok(match kind {
-                Kind::Dir => Entry::Dir(Box::new(DirEntry::deserialize(rest)?)),
-                Kind::Link => Entry::Link(Box::new(LinkEntry::deserialize(rest)?)),
-                Kind::File => Entry::File(Box::new(FileEntry::deserialize(rest)?)),
-            });
+            return kind.read(MapAccessDeserializer::new(map));
         }
         // `kind` comes later: read the whole object, then its variant from it.
         let mut object = serde_json::Map::new();
@@ -61,13 +67,8 @@ impl<'de> Visitor<'de> for EntryVisitor {
             .remove("kind")
             .ok_or_else(|| de::Error::missing_field("kind"))?;
         let kind = Kind::deserialize(kind).map_err(de::Error::custom)?;
-        let rest = serde_json::Value::Object(object);
-        let entry = match kind {
-            Kind::Dir => DirEntry::deserialize(rest).map(|d| Entry::Dir(Box::new(d))),
-            Kind::Link => LinkEntry::deserialize(rest).map(|l| Entry::Link(Box::new(l))),
-            Kind::File => FileEntry::deserialize(rest).map(|f| Entry::File(Box::new(f))),
-        };
-        entry.map_err(de::Error::custom)
+        kind.read(serde_json::Value::Object(object))
+            .map_err(de::Error::custom)
     }
 }
 
