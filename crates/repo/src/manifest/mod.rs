@@ -28,6 +28,7 @@ pub type BlockHashes = SmallVec<[u64; 2]>;
 mod map;
 mod name;
 pub mod patch;
+mod stream;
 #[cfg(test)]
 pub(crate) mod tests;
 pub(crate) mod text;
@@ -35,6 +36,7 @@ pub(crate) mod validate;
 mod wire;
 
 pub use map::{FileMap, MapDelta, MapFrame, MapRun, PackUse, INLINE_MAX_BLOCKS, MAX_MAP_DEPTH};
+pub use stream::StoredManifest;
 pub use validate::{check_annotation, is_backup_label};
 
 const MAGIC: &[u8; 8] = b"PGSTRMAN";
@@ -460,7 +462,7 @@ impl Manifest {
         storage: &Storage,
         stanza: &str,
         label: &str,
-        decode: impl Fn(&[u8], &str) -> Result<T>,
+        decode: impl Fn(&bytes::Bytes, &str) -> Result<T>,
     ) -> Result<T> {
         let key = layout::manifest(stanza, label);
         let damage = match storage.get_cached(&key).await {

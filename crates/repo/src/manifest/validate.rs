@@ -45,47 +45,105 @@ pub(super) fn validate_header(m: &Manifest, what: &str) -> Result<()> {
 /// Check `m` (decoded from `what`) and mask its modes to permission bits.
 pub(super) fn validate(m: &mut Manifest, what: &str) -> Result<()> {
     let fail = |msg: String| damaged(what, msg);
-    validate_header(m, what)?;
-    if m.entries.len() > MAX_ENTRIES {
-        return Err(fail(format!(
-            "{} entries (at most {MAX_ENTRIES})",
-            m.entries.len()
-        )));
-    }
-    check_tablespaces(m).map_err(fail)?;
-    let version_dir = format!(
-        "PG_{}_{}",
-        m.cluster.major_version, m.cluster.catalog_version
-    );
-    let mut kinds: HashMap<&str, Kind> = HashMap::with_capacity(m.entries.len());
-    let mut previous: Option<&str> = None;
-    for (i, e) in m.entries.iter().enumerate() {
-        let path = e.path();
-        check_entry(m, e, i, previous, &kinds, &version_dir)
-            .map_err(|r| fail(format!("entry {path:?}: {r}")))?;
-        kinds.insert(path, Kind::of(e));
-        previous = Some(path);
-    }
-    if m.entries.is_empty() {
-        return Err(fail(
-            "no entries (the data directory itself is missing)".into(),
-        ));
-    }
-    for t in &m.tablespaces {
-        if kinds.get(format!("pg_tblspc/{}", t.oid).as_str()) != Some(&Kind::Link) {
-            return Err(fail(format!(
-                "tablespace {} has no link entry pg_tblspc/{}",
-                t.oid, t.oid
-            )));
+    let mut entries = std::mem::take(&mut m.entries);
+    let checked = EntryChecker::new(m, what).and_then(|mut checker| {
+        for e in &mut entries {
+            checker.check(e)?;
         }
-    }
+        checker.finish()
+    });
+    m.entries = entries;
+    checked?;
     if m.packs_used.is_some() && m.packs_used() != m.pack_usage() {
         return Err(fail("packs_used does not match the entries".into()));
     }
-    for e in &mut m.entries {
-        e.owner_mut().mode &= PERMISSION_BITS;
-    }
     Ok(())
+}
+
+/// The checks of [`validate`] one entry at a time, in the manifest's order, for a reader
+/// that never holds the entries together ([`super::StoredManifest`]). What it keeps is
+/// the kind of every directory and link (a file has no children): memory follows the
+/// directories, not the files.
+///
+/// Whether `packs_used` matches the entries is not checked here: it needs every frame the
+/// entries reference, and only `expire` and `info` go by it (a whole decode checks it).
+pub(super) struct EntryChecker<'m> {
+    m: &'m Manifest,
+    what: &'m str,
+    version_dir: String,
+    /// Directories and links seen so far, by path.
+    kinds: HashMap<Box<str>, Kind>,
+    previous: String,
+    count: usize,
+}
+
+impl<'m> EntryChecker<'m> {
+    /// A checker of the entries of `m` (its header, which is checked here).
+    pub fn new(m: &'m Manifest, what: &'m str) -> Result<EntryChecker<'m>> {
+        validate_header(m, what)?;
+        check_tablespaces(m).map_err(|msg| damaged(what, msg))?;
+        Ok(EntryChecker {
+            m,
+            what,
+            version_dir: format!(
+                "PG_{}_{}",
+                m.cluster.major_version, m.cluster.catalog_version
+            ),
+            kinds: HashMap::new(),
+            previous: String::new(),
+            count: 0,
+        })
+    }
+
+    /// Check the next entry, and mask its mode to permission bits.
+    pub fn check(&mut self, e: &mut Entry) -> Result<()> {
+        let path = e.path();
+        let previous = (self.count > 0).then_some(self.previous.as_str());
+        check_entry(
+            self.m,
+            e,
+            self.count,
+            previous,
+            &self.kinds,
+            &self.version_dir,
+        )
+        .map_err(|r| damaged(self.what, format!("entry {path:?}: {r}")))?;
+        self.count += 1;
+        if self.count > MAX_ENTRIES {
+            return Err(damaged(
+                self.what,
+                format!("more than {MAX_ENTRIES} entries"),
+            ));
+        }
+        let kind = Kind::of(e);
+        if kind != Kind::File {
+            self.kinds.insert(path.into(), kind);
+        }
+        self.previous.clear();
+        self.previous.push_str(path);
+        e.owner_mut().mode &= PERMISSION_BITS;
+        Ok(())
+    }
+
+    /// What is checked once every entry has been: there were some, and every tablespace
+    /// has its link.
+    pub fn finish(self) -> Result<()> {
+        if self.count == 0 {
+            return Err(damaged(
+                self.what,
+                "no entries (the data directory itself is missing)".into(),
+            ));
+        }
+        for t in &self.m.tablespaces {
+            if self.kinds.get(format!("pg_tblspc/{}", t.oid).as_str()) != Some(&Kind::Link) {
+                return Err(damaged(
+                    self.what,
+                    format!("tablespace {} has no link entry pg_tblspc/{}", t.oid, t.oid),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,7 +320,7 @@ fn check_entry(
     e: &Entry,
     index: usize,
     previous: Option<&str>,
-    kinds: &HashMap<&str, Kind>,
+    kinds: &HashMap<Box<str>, Kind>,
     version_dir: &str,
 ) -> Check {
     let path = e.path();
@@ -291,8 +349,12 @@ fn check_entry(
                     "lies under the link {parent:?}: only {parent}/{version_dir} may"
                 ))
             }
-            Some(Kind::File) => return Err(format!("lies under the file {parent:?}")),
-            None => return Err(format!("its directory {parent:?} is not in the manifest")),
+            // Files are not kept: a path under a file finds no directory either.
+            Some(Kind::File) | None => {
+                return Err(format!(
+                    "its directory {parent:?} is not a directory of the manifest"
+                ))
+            }
         }
     }
     match e {

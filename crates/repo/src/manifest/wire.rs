@@ -163,3 +163,77 @@ impl<'de> Visitor<'de> for HeaderSeed<'_> {
         Ok(())
     }
 }
+
+/// Reads a manifest's `entries` one at a time, handing each to `each`, and skips every
+/// other field: a manifest read as a stream ([`super::StoredManifest`]). When `each`
+/// fails, the parse stops and its error waits in `failed` (the parser's own error only
+/// says that it stopped).
+pub(super) struct EntriesSeed<'a, F, E> {
+    pub each: &'a mut F,
+    pub failed: &'a mut Option<E>,
+    /// Whether the manifest had its `entries`.
+    pub found: &'a mut bool,
+}
+
+impl<'de, F: FnMut(Entry) -> Result<(), E>, E> de::DeserializeSeed<'de> for EntriesSeed<'_, F, E> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, F: FnMut(Entry) -> Result<(), E>, E> Visitor<'de> for EntriesSeed<'_, F, E> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a manifest")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            if key != "entries" {
+                map.next_value::<de::IgnoredAny>()?;
+                continue;
+            }
+            *self.found = true;
+            map.next_value_seed(EachEntry {
+                each: &mut *self.each,
+                failed: &mut *self.failed,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The `entries` array of [`EntriesSeed`].
+struct EachEntry<'a, F, E> {
+    each: &'a mut F,
+    failed: &'a mut Option<E>,
+}
+
+impl<'de, F: FnMut(Entry) -> Result<(), E>, E> de::DeserializeSeed<'de> for EachEntry<'_, F, E> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, F: FnMut(Entry) -> Result<(), E>, E> Visitor<'de> for EachEntry<'_, F, E> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of entries")
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(e) = seq.next_element::<Entry>()? {
+            if let Err(e) = (self.each)(e) {
+                *self.failed = Some(e);
+                return Err(de::Error::custom("stopped"));
+            }
+        }
+        Ok(())
+    }
+}
