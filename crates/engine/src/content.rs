@@ -87,6 +87,63 @@ pub(crate) fn plan_file_jobs<T>(
     jobs
 }
 
+/// Most files in a window of [`with_streamed_jobs`], and most extents and block hashes
+/// its entries may hold inline (entries of manifests before format 2 hold a large file's
+/// whole map).
+const WINDOW_FILES: usize = 8192;
+const WINDOW_ITEMS: usize = 1 << 18;
+
+/// Run `work` with jobs ([`plan_file_jobs`]) for the files `read` sends, a window at a
+/// time, so that what is held follows the files in flight, not the number of files.
+///
+/// `read` runs on a thread of its own (reading a manifest as a stream,
+/// [`pgstrata_repo::manifest::StoredManifest::for_each_entry`]) and sends into a bounded
+/// channel; when the jobs are dropped (the workers stopped on an error) its sends fail,
+/// and it should stop. The feeder takes a window of files, gives it to `prepare` (restore
+/// loads the maps of small files stored apart) and cuts it into jobs. Files of one pack lie
+/// next to each other in path order, as the backup wrote them, so a window groups small
+/// files almost as well as the whole list would. A window `prepare` fails on comes as an
+/// error job, for the worker that takes it to stop with.
+///
+/// Returns what `work` returns, once `read` has returned too: a reading that ended early
+/// would leave files out of what looks complete.
+pub(crate) fn with_streamed_jobs<T: Send, R>(
+    read: impl FnOnce(std::sync::mpsc::SyncSender<T>) -> Result<()> + Send,
+    entry: impl Fn(&T) -> &FileEntry,
+    mut prepare: impl FnMut(&mut [T]) -> Result<()>,
+    work: impl FnOnce(&mut dyn Iterator<Item = Result<FileJob<T>>>) -> Result<R>,
+) -> Result<R> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<T>(WINDOW_FILES);
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(move || read(tx));
+        let mut ready = std::collections::VecDeque::new();
+        let mut jobs = std::iter::from_fn(move || {
+            if ready.is_empty() {
+                let mut window = Vec::new();
+                let mut items = 0;
+                while window.len() < WINDOW_FILES && items < WINDOW_ITEMS {
+                    let Ok(item) = rx.recv() else { break };
+                    let f = entry(&item);
+                    items += f.chunks.len() + f.block_hashes.len();
+                    window.push(item);
+                }
+                if let Err(e) = prepare(&mut window) {
+                    return Some(Err(e));
+                }
+                ready.extend(plan_file_jobs(window, &entry));
+            }
+            ready.pop_front().map(Ok)
+        });
+        let done = work(&mut jobs);
+        // The receiver goes first: a reader blocked on a full channel then fails its send.
+        drop(jobs);
+        let read = reader.join().expect("manifest reader thread");
+        let done = done?;
+        read?;
+        Ok(done)
+    })
+}
+
 /// A file's extents with the file offset each one starts at.
 pub(crate) fn extents_of(f: &FileEntry) -> Vec<(u64, Chunk)> {
     let mut offset = 0u64;

@@ -51,9 +51,16 @@ pub struct Counters {
     pub files: AtomicU64,
 }
 
+impl Counters {
+    pub fn add(&self, bytes: u64, files: u64) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.files.fetch_add(files, Ordering::Relaxed);
+    }
+}
+
 pub(crate) struct Progress {
     pub counters: Arc<Counters>,
-    /// What the work will come to; it may grow as the work finds more ([`Progress::grow`]).
+    /// What the work will come to; it may grow as the work finds more ([`Progress::totals`]).
     totals: Arc<Counters>,
     done: Arc<AtomicBool>,
     /// Set before `done` when the work completed (not on an error's way out).
@@ -202,10 +209,10 @@ impl Progress {
         }
     }
 
-    /// Add work found after the start (verify learns each backup's files as it reaches it).
-    pub fn grow(&self, bytes: u64, files: u64) {
-        self.totals.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.totals.files.fetch_add(files, Ordering::Relaxed);
+    /// The totals, to add work found after the start to (verify learns each backup's
+    /// files as it reads its manifest).
+    pub fn totals(&self) -> Arc<Counters> {
+        self.totals.clone()
     }
 
     /// Stop: a live line is drawn a last time, complete.

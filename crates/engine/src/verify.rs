@@ -17,26 +17,29 @@
 //!
 //! verify takes no lock and changes nothing; it reads the whole repository once per distinct
 //! file entry, so it costs about as much as restoring each distinct backup. Backups are
-//! taken one at a time, oldest first, with only that backup's manifest in memory (and the
-//! key of every distinct entry checked so far, with the reasons of those that failed): a
-//! stanza of many backups of many files is verified in the memory of one. With `--set`,
-//! the other backups' headers alone are read (for the oldest start, where gaps count). Its progress (`progress`) counts the distinct
-//! entries' bytes; each backup's new entries join the total when verify reaches it, and
-//! the WAL check before them is not counted.
+//! taken one at a time, oldest first, each manifest read as a stream as restore reads it
+//! (held as stored, checked entry by entry, then its files checked a window at a time),
+//! plus the key of every distinct entry checked so far, with the reasons of those that
+//! failed. It also checks that `packs_used` matches the entries, which opening a manifest
+//! as a stream does not. With `--set`, the other backups' headers alone are read (for the
+//! oldest start, where gaps count). Its progress (`progress`) counts the distinct entries'
+//! bytes; each entry joins the total as verify reads it from its manifest, and the WAL
+//! check before them is not counted.
 
 use crate::archive::ArchivedSegments;
-use crate::content::{extents_of, for_each_extent, plan_file_jobs, ContentCheck, FileJob};
+use crate::content::{extents_of, for_each_extent, with_streamed_jobs, ContentCheck, FileJob};
 use crate::progress::{Counters, Progress};
 use crate::{open_stanza, Error, Result, Settings};
 use futures::StreamExt;
 use pgstrata_pg::lsn;
 use pgstrata_repo::changemap::ChangeMap;
-use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest};
+use pgstrata_repo::manifest::{
+    list_backups, Entry, FileEntry, Manifest, PackUsage, StoredManifest,
+};
 use pgstrata_repo::pack::{Chunk, FrameReader};
 use pgstrata_repo::{layout, wal, Storage};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 #[derive(Debug, Serialize)]
@@ -128,28 +131,6 @@ fn entry_key(m: &Manifest, f: &FileEntry, text: &mut String) -> EntryKey {
     *blake3::hash(text.as_bytes()).as_bytes()
 }
 
-/// The file entries of `m` with their keys, by index in `m.entries`.
-fn keyed_files(m: &Manifest) -> Vec<(usize, EntryKey)> {
-    let mut text = String::new();
-    // Room for all at once (a filtered list grows by doubling: 40 MB at its peak for
-    // 300,000 files, not 12).
-    let mut keyed = Vec::with_capacity(m.entries.len());
-    for (i, e) in m.entries.iter().enumerate() {
-        if let Entry::File(f) = e {
-            keyed.push((i, entry_key(m, f, &mut text)));
-        }
-    }
-    keyed
-}
-
-/// The file entry at index `i` of `m.entries` (one [`keyed_files`] listed).
-fn file_at(m: &Manifest, i: usize) -> &FileEntry {
-    match &m.entries[i] {
-        Entry::File(f) => f,
-        _ => unreachable!("keyed_files lists file entries only"),
-    }
-}
-
 pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     let (storage, stanza) = open_stanza(s).await?;
     let labels = list_backups(&storage, &s.stanza).await?;
@@ -180,13 +161,19 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     let mut oldest_start: Option<u64> = None;
     for label in &labels {
         let selected = set.is_none_or(|w| w == label);
-        let loaded = if selected {
-            Manifest::load(&storage, &s.stanza, label).await
+        // The selected backups' manifests are read as a stream, checked entry by entry
+        // first (never decoded whole); the others' headers alone.
+        let opened = if selected {
+            Manifest::open(&storage, &s.stanza, label)
+                .await
+                .map(|m| (m.header().clone(), Some(Arc::new(m))))
         } else {
-            Manifest::load_header(&storage, &s.stanza, label).await
+            Manifest::load_header(&storage, &s.stanza, label)
+                .await
+                .map(|h| (h, None))
         };
-        let m = match loaded {
-            Ok(m) => m,
+        let (m, stored) = match opened {
+            Ok(opened) => opened,
             Err(e) if e.is_not_found() => {
                 log::warn!("backup {label} was expired while verify ran");
                 continue;
@@ -212,12 +199,7 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         if let Some((_, segno)) = lsn::parse_segment_name(&m.start.wal, seg_size) {
             oldest_start = Some(oldest_start.map_or(segno, |o| o.min(segno)));
         }
-        if !selected {
-            continue;
-        }
-        // Shared with the threads that read files back, not copied for them.
-        let m = Arc::new(m);
-        let keyed = keyed_files(&m);
+        let Some(stored) = stored else { continue };
         let mut v = BackupVerdict {
             label: m.label.clone(),
             ok: true,
@@ -238,26 +220,40 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
                 ));
             }
         }
-        v.files = keyed.len() as u64;
-        let todo: Vec<(EntryKey, usize)> = keyed
-            .iter()
-            .filter(|(_, key)| checked.insert(*key))
-            .map(|(i, key)| (*key, *i))
-            .collect();
-        v.files_read = todo.len() as u64;
-        v.bytes_read = todo.iter().map(|(_, i)| file_at(&m, *i).size).sum();
-        progress.grow(v.bytes_read, v.files_read);
         let workers = s.process_max.max(1);
-        failed.extend(check_files(&storage, &m, todo, workers, &progress.counters).await?);
-        for (i, key) in &keyed {
-            let f = file_at(&m, *i);
-            if let Some(why) = failed.get(key) {
-                v.errors.push(if why.contains(&*f.path) {
-                    why.clone()
-                } else {
-                    format!("{}: {why}", f.path)
-                });
-            }
+        let read = check_files(
+            &storage,
+            &stored,
+            checked,
+            workers,
+            progress.counters.clone(),
+            progress.totals(),
+        )
+        .await?;
+        checked = read.checked;
+        (v.files, v.files_read, v.bytes_read) = (read.files, read.files_read, read.bytes_read);
+        failed.extend(read.failed);
+        if m.packs_used.is_some() && m.packs_used() != read.pack_usage {
+            v.errors.push(format!(
+                "{}: packs_used does not match the entries: the manifest is damaged or was altered",
+                pgstrata_repo::layout::manifest(&s.stanza, &m.label)
+            ));
+        }
+        if !failed.is_empty() {
+            // The entries again, for the paths of those that failed (here or before).
+            let mut text = String::new();
+            stored.for_each_entry::<Error>(|e| {
+                if let Entry::File(f) = e {
+                    if let Some(why) = failed.get(&entry_key(&m, &f, &mut text)) {
+                        v.errors.push(if why.contains(&*f.path) {
+                            why.clone()
+                        } else {
+                            format!("{}: {why}", f.path)
+                        });
+                    }
+                }
+                Ok(())
+            })?;
         }
         v.ok = v.errors.is_empty();
         if v.ok {
@@ -287,65 +283,114 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     })
 }
 
-/// Read back `files` of backup `m` on `workers` threads of the pool, counted in `counters`
-/// as they are read; what failed, by key, and why. A damaged file is a verdict, not an
-/// error: the pool goes on with the others. Small files stored side by side are read as restore reads
-/// them, a group at a time with one read ([`plan_file_jobs`]).
+/// What [`check_files`] found in one backup.
+struct Checked {
+    /// Every entry checked so far (given, and returned with this backup's added).
+    checked: HashSet<EntryKey>,
+    /// What failed here, by key, and why.
+    failed: Vec<(EntryKey, String)>,
+    files: u64,
+    files_read: u64,
+    bytes_read: u64,
+    /// What the entries reference in packs ([`PackUsage`]).
+    pack_usage: std::collections::BTreeMap<(String, String), u64>,
+}
+
+/// Read back the files of backup `m` whose entries are not in `checked`, on `workers`
+/// threads of the pool, as the manifest is read ([`with_streamed_jobs`]); each joins
+/// `totals` as it is read from the manifest and `counters` as it is checked. A
+/// damaged file is a verdict, not an error: the pool goes on with the others. Small files
+/// stored side by side are read as restore reads them, a group at a time with one read.
 async fn check_files(
     storage: &Storage,
-    m: &Arc<Manifest>,
-    files: Vec<(EntryKey, usize)>,
+    m: &Arc<StoredManifest>,
+    checked: HashSet<EntryKey>,
     workers: usize,
-    counters: &Arc<Counters>,
-) -> Result<Vec<(EntryKey, String)>> {
+    counters: Arc<Counters>,
+    totals: Arc<Counters>,
+) -> Result<Checked> {
     let runtime = tokio::runtime::Handle::current();
-    let (storage, m, counters) = (storage.clone(), m.clone(), counters.clone());
-    let per_worker = tokio::task::spawn_blocking(move || {
-        let files = files.into_iter().map(|(key, i)| (key, file_at(&m, i)));
-        let jobs = plan_file_jobs(files, |(_, f)| *f);
-        let check =
-            |reader: &mut FrameReader, failed: &mut Vec<_>, (key, f): (EntryKey, &FileEntry)| {
-                let verdict = check_file(&runtime, &m, reader, f);
-                reader.clear(); // kept while a group is pinned
-                counters.bytes.fetch_add(f.size, Ordering::Relaxed);
-                counters.files.fetch_add(1, Ordering::Relaxed);
-                if let Err(e) = verdict {
-                    failed.push((key, e.to_string()));
+    let (storage, m) = (storage.clone(), m.clone());
+    tokio::task::spawn_blocking(move || {
+        let header = m.header();
+        let mut out = Checked {
+            checked,
+            failed: Vec::new(),
+            files: 0,
+            files_read: 0,
+            bytes_read: 0,
+            pack_usage: Default::default(),
+        };
+        let mut usage = PackUsage::new(&header.label);
+        let read = |files: std::sync::mpsc::SyncSender<(EntryKey, Box<FileEntry>)>| {
+            let mut text = String::new();
+            m.for_each_entry::<Error>(|e| {
+                let Entry::File(f) = e else { return Ok(()) };
+                usage.add(&f);
+                out.files += 1;
+                let key = entry_key(header, &f, &mut text);
+                if !out.checked.insert(key) {
+                    return Ok(());
                 }
-            };
-        crate::pool::run(
-            workers,
-            jobs,
-            |_| (FrameReader::new(&storage, &m), Vec::new()),
-            |(reader, failed), job| {
-                match job {
-                    FileJob::One(file) => check(reader, failed, file),
-                    FileJob::Group(files) => {
-                        let chunks: Vec<&Chunk> = files
-                            .iter()
-                            .flat_map(|(_, f)| &f.chunks)
-                            .filter(|c| !c.is_zero())
-                            .collect();
-                        reader.pin();
-                        let first = &files[0].1.path;
-                        // A failed read (a damaged frame stops it there) is not the
-                        // verdict: each file's own check loads what is still missing, and
-                        // fails for the file whose frame is damaged.
-                        let _ = runtime.block_on(reader.load(&chunks, first));
-                        for file in files {
-                            check(reader, failed, file);
+                (out.files_read, out.bytes_read) = (out.files_read + 1, out.bytes_read + f.size);
+                totals.add(f.size, 1);
+                files
+                    .send((key, f))
+                    .map_err(|_| Error::new(crate::ErrorKind::Io, "verify stopped"))
+            })
+        };
+        let check = |reader: &mut FrameReader,
+                     failed: &mut Vec<_>,
+                     (key, f): (EntryKey, Box<FileEntry>)| {
+            let verdict = check_file(&runtime, header, reader, &f);
+            reader.clear(); // kept while a group is pinned
+            counters.add(f.size, 1);
+            if let Err(e) = verdict {
+                failed.push((key, e.to_string()));
+            }
+        };
+        let per_worker = with_streamed_jobs(
+            read,
+            |(_, f)| f,
+            |_| Ok(()),
+            |jobs| {
+                crate::pool::run(
+                    workers,
+                    jobs,
+                    |_| (FrameReader::new(&storage, header), Vec::new()),
+                    |(reader, failed), job| {
+                        match job? {
+                            FileJob::One(file) => check(reader, failed, file),
+                            FileJob::Group(files) => {
+                                let chunks: Vec<&Chunk> = files
+                                    .iter()
+                                    .flat_map(|(_, f)| &f.chunks)
+                                    .filter(|c| !c.is_zero())
+                                    .collect();
+                                reader.pin();
+                                let first = &files[0].1.path;
+                                // A failed read (a damaged frame stops it there) is not the
+                                // verdict: each file's own check loads what is still
+                                // missing, and fails for the file whose frame is damaged.
+                                let _ = runtime.block_on(reader.load(&chunks, first));
+                                for file in files {
+                                    check(reader, failed, file);
+                                }
+                                reader.unpin();
+                            }
                         }
-                        reader.unpin();
-                    }
-                }
-                Ok(())
+                        Ok(())
+                    },
+                    |(_, failed)| Ok(failed),
+                )
             },
-            |(_, failed)| Ok(failed),
-        )
+        )?;
+        out.failed = per_worker.into_iter().flatten().collect();
+        out.pack_usage = usage.finish();
+        Ok(out)
     })
     .await
-    .expect("verify threads")?;
-    Ok(per_worker.into_iter().flatten().collect())
+    .expect("verify threads")
 }
 
 fn check_file(

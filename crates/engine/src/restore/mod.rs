@@ -8,8 +8,11 @@
 //!
 //! The command is a plan, then its execution:
 //!
-//! - [`plan`]: choose the backup, map tablespaces, check that the targets may be written,
-//!   order the jobs. Nothing is written; `--dry-run` prints the plan and stops.
+//! - [`plan`]: choose the backup, map tablespaces, check that the targets may be written.
+//!   Nothing is written; `--dry-run` prints the plan and stops.
+//!   The workers' jobs are made from the manifest as it is read a last time
+//!   ([`crate::content::with_streamed_jobs`]): it is held as stored, never decoded whole,
+//!   so memory follows the files in flight.
 //! - [`tree`]: the targets as directory handles; every write is relative to one and never
 //!   follows a link, so neither the repository nor the target's owner can turn a root
 //!   restore against its host.
@@ -37,7 +40,7 @@ pub(crate) use plan::{dir_is_empty, WriteMode};
 use crate::owner::{running_as_root, OwnerResolver};
 use crate::progress::{human_bytes, Progress};
 use crate::{open_stanza, Error, Result, Settings};
-use pgstrata_repo::manifest::Entry;
+use pgstrata_repo::manifest::{Entry, FileEntry};
 use pgstrata_repo::Storage;
 use std::collections::HashSet;
 use std::os::fd::AsFd;
@@ -172,18 +175,12 @@ pub async fn plan(s: &Settings, o: &RestoreOptions) -> Result<(RestorePlan, Vec<
     }
     let pg_path = s.pg_path()?.to_path_buf();
     let (storage, _stanza) = open_stanza(s).await?;
-    let mut m = plan::choose_backup(&storage, s, o).await?;
-    // The extents of small files, which are fetched in groups by pack (a format 2 manifest
-    // stores the maps of files over 8 blocks apart). A larger file's map is loaded by the
-    // worker that restores it, so what is held follows the files in flight, not the
-    // database's bytes.
-    m.load_maps_of(&storage, |f| f.size <= crate::content::SMALL_FILE)
-        .await?;
+    let m = plan::choose_backup(&storage, s, o).await?;
     let plan = RestorePlan::new(m, &pg_path, o)?;
     plan.check_targets()?;
     let settings = match recovery::signal_file(o.recovery_type) {
         Some(signal) => {
-            let mut lines = recovery::recovery_settings(&plan.manifest.label, o);
+            let mut lines = recovery::recovery_settings(&plan.header().label, o);
             lines.push(format!("(and {signal})"));
             lines
         }
@@ -199,9 +196,9 @@ pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> 
     let (storage, _) = open_stanza(s).await?;
     log::info!(
         "restoring backup {} ({} files, {}) into {}",
-        plan.manifest.label,
-        plan.manifest.stats.files,
-        human_bytes(plan.manifest.stats.db_size),
+        plan.header().label,
+        plan.files,
+        human_bytes(plan.bytes),
         plan.pg_path.display()
     );
     let runtime = tokio::runtime::Handle::current();
@@ -233,7 +230,7 @@ fn execute(
     o: &RestoreOptions,
     workers: usize,
 ) -> Result<RestoreReport> {
-    let m = &plan.manifest;
+    let m = plan.header();
     let mut report = RestoreReport {
         label: m.label.clone(),
         pg_version: m.server_version_num / 10000,
@@ -257,11 +254,7 @@ fn execute(
     };
     layout.make_dirs_and_links()?;
 
-    let progress = Progress::start(
-        "restore",
-        plan.files().map(|f| f.size).sum(),
-        plan.file_count() as u64,
-    );
+    let progress = Progress::start("restore", plan.bytes, plan.files);
     let counters = progress.counters.clone();
     let sh = Shared {
         storage,
@@ -269,7 +262,7 @@ fn execute(
         manifest: m,
         tree: &tree,
         delta: plan.mode == WriteMode::Delta,
-        zeroed: &plan.selection.zeroed,
+        selection: &plan.selection,
         chown,
         counters: &counters,
     };
@@ -281,12 +274,29 @@ fn execute(
         tree.root.sync()?;
         tallies.push(w.finish());
     }
-    let result = crate::pool::run(
-        workers,
-        plan.jobs.iter(),
-        |_| Worker::new(&sh),
-        |w, job| write::run_job(&sh, w, job),
-        |w| Ok(w.finish()),
+    let result = crate::content::with_streamed_jobs(
+        |files| read_files(&plan.manifest, files),
+        |f| f,
+        |window| {
+            // The extents of small files, which are fetched in groups by pack (format 2+
+            // stores the maps of files over 8 blocks apart). A larger file's map is
+            // loaded by the worker that restores it.
+            let mut small: Vec<&mut FileEntry> = window
+                .iter_mut()
+                .filter(|f| f.size <= crate::content::SMALL_FILE)
+                .map(|f| &mut **f)
+                .collect();
+            Ok(sh.runtime.block_on(m.load_maps_into(storage, &mut small))?)
+        },
+        |jobs| {
+            crate::pool::run(
+                workers,
+                jobs,
+                |_| Worker::new(&sh),
+                |w, job| write::run_job(&sh, w, &job?),
+                |w| Ok(w.finish()),
+            )
+        },
     );
     progress.finish();
     tallies.extend(result.map_err(|mut e| {
@@ -297,7 +307,7 @@ fn execute(
     })?);
 
     layout.finish_dirs()?;
-    let root_owner = m.entries.iter().find_map(|e| match e {
+    let root_owner = plan.layout.iter().find_map(|e| match e {
         Entry::Dir(d) if d.path.is_empty() => Some(d.owner.clone()),
         _ => None,
     });
@@ -315,6 +325,23 @@ fn execute(
         report.counts.add(t);
     }
     Ok(report)
+}
+
+/// Send every file of `manifest` but `PG_VERSION` and `global/pg_control` (written first
+/// and last, on their own) to `files`, in order.
+fn read_files(
+    manifest: &pgstrata_repo::manifest::StoredManifest,
+    files: std::sync::mpsc::SyncSender<Box<FileEntry>>,
+) -> Result<()> {
+    manifest.for_each_entry::<Error>(|e| match e {
+        Entry::File(f) if &*f.path != plan::PG_VERSION && &*f.path != plan::PG_CONTROL => {
+            // The jobs are gone: the workers stopped on an error, which they report.
+            files
+                .send(f)
+                .map_err(|_| Error::new(crate::ErrorKind::Io, "restore stopped"))
+        }
+        _ => Ok(()),
+    })
 }
 
 /// Create the data directory and tablespace locations if absent, and open them.
@@ -375,13 +402,11 @@ fn prepare_targets(plan: &RestorePlan, tree: &TargetTree) -> Result<u64> {
 /// tablespace location only this version's directory is walked: the rest belongs to
 /// other major versions (pg_upgrade) and is left alone.
 fn remove_extraneous(plan: &RestorePlan, tree: &TargetTree) -> Result<u64> {
-    let wanted: HashSet<&str> = plan
-        .manifest
-        .entries
-        .iter()
-        .map(|e| e.path())
-        .chain(plan.files().map(|f| &*f.path))
-        .collect();
+    let mut wanted = Wanted::default();
+    plan.manifest.for_each_entry::<Error>(|e| {
+        wanted.insert(e.path());
+        Ok(())
+    })?;
     let mut removed = 0;
     walk_extraneous(plan, tree, &tree.root, "", &wanted, &mut removed)?;
     Ok(removed)
@@ -392,7 +417,7 @@ fn walk_extraneous(
     tree: &TargetTree,
     dir: &DirHandle,
     rel: &str,
-    wanted: &HashSet<&str>,
+    wanted: &Wanted,
     removed: &mut u64,
 ) -> Result<()> {
     let names = list(dir.fd.as_fd()).map_err(|e| tree::io_err("read", &dir.path, e))?;
@@ -402,7 +427,7 @@ fn walk_extraneous(
         } else {
             format!("{rel}/{name}")
         };
-        if !wanted.contains(child.as_str()) {
+        if !wanted.contains(&child) {
             remove_at(dir.fd.as_fd(), &name)
                 .map_err(|e| tree::io_err("remove", &dir.path.join(&name), e))?;
             *removed += 1;
@@ -427,6 +452,23 @@ fn walk_extraneous(
     Ok(())
 }
 
+/// The paths of a backup, as a delta restore looks them up: by a 128-bit hash, 16 bytes
+/// a path whatever its length (a chance collision, which would keep one stray file, is
+/// about n²/2¹²⁹: 10⁻²⁶ at a million paths).
+#[derive(Default)]
+struct Wanted(HashSet<u128>);
+
+impl Wanted {
+    fn insert(&mut self, path: &str) {
+        self.0.insert(xxhash_rust::xxh3::xxh3_128(path.as_bytes()));
+    }
+
+    fn contains(&self, path: &str) -> bool {
+        self.0
+            .contains(&xxhash_rust::xxh3::xxh3_128(path.as_bytes()))
+    }
+}
+
 /// The directory layer of a restore: directories and tablespace links before the files,
 /// their modes, owners and fsyncs after them.
 struct Layout<'a> {
@@ -446,7 +488,7 @@ impl Layout<'_> {
     /// first (manifest order).
     fn make_dirs_and_links(&mut self) -> Result<()> {
         let (plan, tree) = (self.plan, self.tree);
-        for e in &plan.manifest.entries {
+        for e in &plan.layout {
             match e {
                 Entry::Dir(d) => tree.ensure_dir(&d.path, &mut self.cache)?,
                 Entry::Link(l) => {
@@ -457,7 +499,7 @@ impl Layout<'_> {
                     let Some(t) = plan.tablespaces.iter().find(|t| Some(t.oid) == oid) else {
                         return Err(Error::integrity(format!(
                             "backup {}: link entry {path} has no tablespace record",
-                            plan.manifest.label
+                            plan.header().label
                         )));
                     };
                     tree.ensure_link(path, &t.location, &mut self.cache)?;
@@ -478,7 +520,7 @@ impl Layout<'_> {
     /// The entries inside the targets are made durable by `sync_filesystems`.
     fn finish_dirs(&mut self) -> Result<()> {
         let (plan, tree) = (self.plan, self.tree);
-        for e in plan.manifest.entries.iter().rev() {
+        for e in plan.layout.iter().rev() {
             if let Entry::Dir(d) = e {
                 let (path, owner) = (&d.path, &d.owner);
                 let dir = tree.open_dir(path, &mut self.cache)?;

@@ -1,7 +1,8 @@
 //! The restore plan: which backup, where each part of it goes, whether the targets may be
-//! written, and the jobs the workers will run. Everything here is decided before anything
-//! is written, and the plan can be printed (`restore --dry-run`) and tested without a
-//! cluster.
+//! written, and what the workers will do. Everything here is decided before anything is
+//! written, and the plan can be printed (`restore --dry-run`) and tested without a
+//! cluster. The workers' jobs themselves are made as the manifest is read again
+//! ([`crate::content::with_streamed_jobs`]).
 //!
 //! Targets must prove they are what restore is about to overwrite. A non-empty data
 //! directory is written only with `--delta` or `--force` and only when it holds a
@@ -13,10 +14,10 @@
 //! only this major version's `PG_<major>_<catver>` directory in it is ever pruned.
 
 use super::{RecoveryType, RestoreOptions};
-use crate::content::{plan_file_jobs, FileJob};
+use crate::content::{FileJob, SMALL_FILE};
 use crate::progress::human_bytes;
 use crate::{Error, Result, Settings};
-use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest};
+use pgstrata_repo::manifest::{list_backups, Entry, FileEntry, Manifest, StoredManifest};
 use pgstrata_repo::Storage;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -47,77 +48,105 @@ pub(crate) struct TablespaceTarget {
 
 /// A unit of restore work: one file, or small files stored next to each other in one pack,
 /// fetched with one ranged read (over an object store, one request instead of hundreds).
-/// Entries move from the manifest to the jobs by pointer.
 pub(crate) type RestoreJob = FileJob<Box<FileEntry>>;
 
 /// Everything restore will do, decided before it writes anything.
+///
+/// The files are not held: the workers' jobs are made from the manifest as it is read
+/// again ([`crate::content::with_streamed_jobs`]), so a restore's memory follows what is in flight, not the
+/// number of files. What the plan keeps is what the directory layer and the order need.
 #[derive(Debug)]
 pub struct RestorePlan {
-    pub(crate) manifest: Manifest,
+    pub(crate) manifest: StoredManifest,
     pub(crate) pg_path: PathBuf,
     pub(crate) mode: WriteMode,
     pub(crate) tablespaces: Vec<TablespaceTarget>,
+    /// The directories and tablespace links, in manifest order (parents first).
+    pub(crate) layout: Vec<Entry>,
     /// Written first, alone: a directory holding it is a data directory to `--delta`, so a
     /// restore interrupted at any later point can be resumed with `--delta`.
     pub(crate) first: Option<FileEntry>,
-    /// For the workers, in the order they take them.
-    pub(crate) jobs: Vec<RestoreJob>,
     /// Written last, after everything else is durable: while it is missing the directory
     /// cannot be started by mistake.
     pub(crate) control: Option<FileEntry>,
     /// Databases left out (`--db-include`, `--db-exclude`): their files written zeroed.
     pub(crate) selection: super::selective::Selection,
+    /// Files restored (`first` and `control` among them), and their bytes.
+    pub(crate) files: u64,
+    pub(crate) bytes: u64,
+    /// Files that go to a worker alone, and small files read in groups by pack.
+    alone: u64,
+    small: u64,
 }
 
 pub(super) const PG_VERSION: &str = "PG_VERSION";
 pub(super) const PG_CONTROL: &str = "global/pg_control";
 
 impl RestorePlan {
-    /// Plan the restore of `manifest` into `pg_path` (the manifest is validated already).
-    pub fn new(manifest: Manifest, pg_path: &Path, o: &RestoreOptions) -> Result<RestorePlan> {
+    /// Plan the restore of `manifest` into `pg_path`: one reading of its entries.
+    pub fn new(
+        manifest: StoredManifest,
+        pg_path: &Path,
+        o: &RestoreOptions,
+    ) -> Result<RestorePlan> {
         let mode = match (o.delta, o.force) {
             (true, _) => WriteMode::Delta,
             (false, true) => WriteMode::Force,
             (false, false) => WriteMode::Fresh,
         };
+        let header = manifest.header();
+        let mut selection = super::selective::select(header, &o.db_include, &o.db_exclude)?;
+        let (mut layout, mut first, mut control) = (Vec::new(), None, None);
+        let (mut files, mut bytes, mut alone, mut small) = (0, 0, 0, 0);
+        manifest.for_each_entry::<Error>(|e| {
+            let f = match e {
+                Entry::File(f) => f,
+                other => {
+                    layout.push(other);
+                    return Ok(());
+                }
+            };
+            (files, bytes) = (files + 1, bytes + f.size);
+            if selection.is_zeroed(&f.path) {
+                selection.zeroed_files += 1;
+                selection.zeroed_bytes += f.size;
+            }
+            match &*f.path {
+                PG_VERSION => first = Some(*f),
+                PG_CONTROL => control = Some(*f),
+                _ if is_small(&f) => small += 1,
+                _ => alone += 1,
+            }
+            Ok(())
+        })?;
         let mut map = o.tablespace_map.clone();
         if let Some(root) = &o.tablespace_root {
-            for t in &manifest.tablespaces {
+            for t in &header.tablespaces {
                 if !map.iter().any(|(oid, _)| *oid == t.oid) {
                     map.push((t.oid, root.join(t.oid.to_string())));
                 }
             }
         }
-        let tablespaces = tablespace_targets(&manifest, pg_path, &map)?;
-        let selection = super::selective::select(&manifest, &o.db_include, &o.db_exclude)?;
-        // The file entries move into the jobs (one copy of each in memory); the manifest
-        // keeps its directories and links.
-        let mut manifest = manifest;
-        // Boxed entries move by pointer: with many files, lists of whole entries (and
-        // their growth) were most of a restore's memory.
-        let mut files: Vec<Box<FileEntry>> = Vec::new();
-        for e in std::mem::take(&mut manifest.entries) {
-            match e {
-                Entry::File(f) => files.push(f),
-                other => manifest.entries.push(other),
-            }
-        }
-        let take = |files: &mut Vec<Box<FileEntry>>, path: &str| {
-            let i = files.iter().position(|f| &*f.path == path)?;
-            Some(*files.swap_remove(i))
-        };
-        let first = take(&mut files, PG_VERSION);
-        let control = take(&mut files, PG_CONTROL);
+        let tablespaces = tablespace_targets(header, &layout, pg_path, &map)?;
         Ok(RestorePlan {
+            manifest,
             pg_path: pg_path.to_path_buf(),
             mode,
             tablespaces,
+            layout,
             first,
-            jobs: plan_jobs(files),
             control,
             selection,
-            manifest,
+            files,
+            bytes,
+            alone,
+            small,
         })
+    }
+
+    /// The backup's manifest without its entries.
+    pub(crate) fn header(&self) -> &Manifest {
+        self.manifest.header()
     }
 
     /// Refuse targets restore must not write (see the module docs). Reads, never writes.
@@ -177,35 +206,18 @@ impl RestorePlan {
         }
         Ok(())
     }
-
-    /// Every file the plan restores.
-    pub(crate) fn files(&self) -> impl Iterator<Item = &FileEntry> {
-        let jobs = self
-            .jobs
-            .iter()
-            .flat_map(|j| match j {
-                RestoreJob::One(f) => std::slice::from_ref(f),
-                RestoreJob::Group(g) => g.as_slice(),
-            })
-            .map(|f| &**f);
-        self.first.iter().chain(jobs).chain(self.control.iter())
-    }
-
-    pub fn file_count(&self) -> usize {
-        self.files().count()
-    }
 }
 
 impl fmt::Display for RestorePlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let m = &self.manifest;
+        let m = self.header();
         writeln!(
             f,
             "backup {} ({:?}, PostgreSQL {}, {} files, {}) into {}",
             m.label,
             m.backup_type,
             m.server_version_num / 10000,
-            self.file_count(),
+            self.files,
             human_bytes(m.stats.db_size),
             self.pg_path.display()
         )?;
@@ -241,28 +253,25 @@ impl fmt::Display for RestorePlan {
                 f,
                 "  databases not restored: {}: {} files written as sparse zeroed files, {} not fetched; drop them once the cluster is up",
                 names.join(", "),
-                self.selection.zeroed.len(),
+                self.selection.zeroed_files,
                 human_bytes(self.selection.zeroed_bytes)
             )?;
         }
-        let (groups, alone) = self.jobs.iter().fold((0, 0), |(g, a), j| match j {
-            RestoreJob::Group(_) => (g + 1, a),
-            RestoreJob::One(_) => (g, a + 1),
-        });
         writeln!(
             f,
-            "  jobs: {alone} files alone, {groups} groups of small files read together; PG_VERSION first, global/pg_control last"
+            "  jobs: {} files alone, {} small files read in groups by pack; PG_VERSION first, global/pg_control last",
+            self.alone, self.small
         )
     }
 }
 
 /// Pick the backup: `--set`, else for `--type=time` the newest that ended before the
-/// target, else the newest.
+/// target, else the newest. Its manifest is checked whole, then held as stored.
 pub(super) async fn choose_backup(
     storage: &Storage,
     s: &Settings,
     o: &RestoreOptions,
-) -> Result<Manifest> {
+) -> Result<StoredManifest> {
     let labels = list_backups(storage, &s.stanza).await?;
     if labels.is_empty() {
         return Err(Error::refused(format!(
@@ -278,7 +287,7 @@ pub(super) async fn choose_backup(
                 labels.join(", ")
             )));
         }
-        return Ok(Manifest::load(storage, &s.stanza, set).await?);
+        return Ok(Manifest::open(storage, &s.stanza, set).await?);
     }
     if o.recovery_type == RecoveryType::Time {
         let target = o.target.as_deref().unwrap_or_default();
@@ -292,7 +301,7 @@ pub(super) async fn choose_backup(
             let header = Manifest::load_header(storage, &s.stanza, label).await?;
             if header.stop.epoch < t.timestamp() {
                 log::info!("backup {label} is the newest that ended before {target}");
-                return Ok(Manifest::load(storage, &s.stanza, label).await?);
+                return Ok(Manifest::open(storage, &s.stanza, label).await?);
             }
         }
         return Err(Error::refused(format!(
@@ -300,12 +309,14 @@ pub(super) async fn choose_backup(
             s.stanza
         )));
     }
-    Ok(Manifest::load(storage, &s.stanza, labels.last().unwrap()).await?)
+    Ok(Manifest::open(storage, &s.stanza, labels.last().unwrap()).await?)
 }
 
 /// Each tablespace's location: the operator's mapping, else the source's location.
+/// `layout`: the manifest's directories and links.
 fn tablespace_targets(
     m: &Manifest,
+    layout: &[Entry],
     pg_path: &Path,
     map: &[(u32, PathBuf)],
 ) -> Result<Vec<TablespaceTarget>> {
@@ -352,8 +363,7 @@ fn tablespace_targets(
             )));
         }
         let prefix = format!("pg_tblspc/{}/", t.oid);
-        let version_dirs = m
-            .entries
+        let version_dirs = layout
             .iter()
             .filter_map(|e| match e {
                 Entry::Dir(d) => d.path.strip_prefix(&prefix),
@@ -407,16 +417,22 @@ fn refuse_if_running(pg_path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The restore's jobs, in the order to run them ([`plan_file_jobs`]).
-#[allow(clippy::vec_box)] // entries move from the manifest to the jobs by pointer
-pub(super) fn plan_jobs(files: Vec<Box<FileEntry>>) -> Vec<RestoreJob> {
-    plan_file_jobs(files, |f| f)
+/// Whether `f` is read in a group of small files (as [`plan_file_jobs`] decides, for a
+/// file whose extents are at hand).
+fn is_small(f: &FileEntry) -> bool {
+    f.size <= SMALL_FILE && (f.map.is_some() || f.chunks.iter().any(|c| !c.is_zero()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::content::plan_file_jobs;
     use pgstrata_repo::pack::Chunk;
+
+    #[allow(clippy::vec_box)] // as restore's windows hold them
+    fn plan_jobs(files: Vec<Box<FileEntry>>) -> Vec<RestoreJob> {
+        plan_file_jobs(files, |f| f)
+    }
 
     fn file(path: &str, size: u64, pack: &str, offset: u64) -> Box<FileEntry> {
         let chunk: Chunk = serde_json::from_value(serde_json::json!({

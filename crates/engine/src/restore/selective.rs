@@ -20,15 +20,27 @@ const KEPT_WHOLE: [&str; 2] = ["PG_VERSION", "pg_filenode.map"];
 /// What a selective restore leaves out.
 #[derive(Debug, Default)]
 pub(crate) struct Selection {
-    /// The databases whose relation files are zeroed, by OID.
+    /// The databases whose relation files are zeroed.
     pub excluded: Vec<Database>,
-    /// Paths (manifest form) written as sparse zeroed files.
-    pub zeroed: HashSet<String>,
-    /// Bytes of those files: what is not fetched.
+    /// Their OIDs.
+    oids: HashSet<u32>,
+    /// Files written as sparse zeroed files, and their bytes (what is not fetched):
+    /// counted by the restore plan as it reads the entries.
+    pub zeroed_files: u64,
     pub zeroed_bytes: u64,
 }
 
-/// The selection `--db-include`/`--db-exclude` make on backup `m` (empty: everything).
+impl Selection {
+    /// Whether the file at `path` (manifest form) is written as a sparse zeroed file.
+    pub fn is_zeroed(&self, path: &str) -> bool {
+        !self.oids.is_empty()
+            && database_file(path)
+                .is_some_and(|(oid, name)| self.oids.contains(&oid) && !KEPT_WHOLE.contains(&name))
+    }
+}
+
+/// The selection `--db-include`/`--db-exclude` make on backup `m` (its header; empty:
+/// everything).
 pub(crate) fn select(m: &Manifest, include: &[String], exclude: &[String]) -> Result<Selection> {
     if include.is_empty() && exclude.is_empty() {
         return Ok(Selection::default());
@@ -78,20 +90,11 @@ pub(crate) fn select(m: &Manifest, include: &[String], exclude: &[String]) -> Re
         })
         .cloned()
         .collect();
-    let oids: HashSet<u32> = excluded.iter().map(|d| d.oid).collect();
-    let mut selection = Selection {
+    Ok(Selection {
+        oids: excluded.iter().map(|d| d.oid).collect(),
         excluded,
         ..Default::default()
-    };
-    for f in m.files() {
-        if let Some((oid, name)) = database_file(&f.path) {
-            if oids.contains(&oid) && !KEPT_WHOLE.contains(&name) {
-                selection.zeroed.insert(f.path.to_string());
-                selection.zeroed_bytes += f.size;
-            }
-        }
-    }
-    Ok(selection)
+    })
 }
 
 /// The database OID and file name of a file directly in a database directory:
@@ -150,8 +153,13 @@ mod tests {
     }
 
     fn zeroed(include: &[&str], exclude: &[&str]) -> Vec<String> {
-        let s = select(&manifest(true), &strings(include), &strings(exclude)).unwrap();
-        let mut z: Vec<String> = s.zeroed.into_iter().collect();
+        let m = manifest(true);
+        let s = select(&m, &strings(include), &strings(exclude)).unwrap();
+        let mut z: Vec<String> = m
+            .files()
+            .filter(|f| s.is_zeroed(&f.path))
+            .map(|f| f.path.to_string())
+            .collect();
         z.sort();
         z
     }

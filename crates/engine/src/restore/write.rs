@@ -30,8 +30,9 @@ pub(super) struct Shared<'a> {
     pub manifest: &'a Manifest,
     pub tree: &'a TargetTree,
     pub delta: bool,
-    /// Files of databases left out of a selective restore: written as sparse zeroed files.
-    pub zeroed: &'a std::collections::HashSet<String>,
+    /// Databases left out of a selective restore: their files written as sparse zeroed
+    /// files.
+    pub selection: &'a super::selective::Selection,
     /// Running as root: give files to their recorded owners.
     pub chown: bool,
     pub counters: &'a crate::progress::Counters,
@@ -133,7 +134,7 @@ impl Action {
 }
 
 fn decide(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Result<Action> {
-    if sh.zeroed.contains(&*f.path) {
+    if sh.selection.is_zeroed(&f.path) {
         return Ok(Action::Zero);
     }
     if !sh.delta {

@@ -435,41 +435,74 @@ fn pack_uses<'c>(chunks: impl Iterator<Item = &'c Chunk>) -> Vec<PackUse> {
         .collect()
 }
 
-impl Manifest {
-    /// Stored bytes of the distinct frames this manifest references, per (owner label,
-    /// pack): what its backup needs to exist, without reading any map.
-    pub fn pack_usage(&self) -> BTreeMap<(String, String), u64> {
-        let mut usage: BTreeMap<(String, String), u64> = BTreeMap::new();
-        // Frames by interned names (16 bytes a key): a manifest of a million small files
-        // references about as many frames, and strings here cost more than the entries.
-        let mut inline_frames: HashSet<(Option<Name>, Name, u64)> = HashSet::new();
-        let mut inline_usage: BTreeMap<(Option<Name>, Name), u64> = BTreeMap::new();
-        // An extent naming this manifest's own label is the same frame as one naming none.
-        let own = Name::new(&self.label);
-        for f in self.files() {
-            if f.map.is_some() {
-                for p in &f.packs {
-                    *usage
-                        .entry((p.owner(&self.label).to_string(), p.pack.to_string()))
-                        .or_default() += p.stored;
-                }
-                continue;
+/// Stored bytes of the distinct frames the file entries of one manifest reference, per
+/// (owner label, pack), counted one entry at a time ([`Manifest::pack_usage`], or a reader
+/// of a [`super::StoredManifest`]).
+pub struct PackUsage {
+    label: String,
+    own: Name,
+    usage: BTreeMap<(String, String), u64>,
+    // Frames by interned names (16 bytes a key): a manifest of a million small files
+    // references about as many frames, and strings here cost more than the entries.
+    inline_frames: HashSet<(Option<Name>, Name, u64)>,
+    inline_usage: BTreeMap<(Option<Name>, Name), u64>,
+}
+
+impl PackUsage {
+    /// For the entries of backup `label`'s manifest.
+    pub fn new(label: &str) -> PackUsage {
+        PackUsage {
+            label: label.to_string(),
+            own: Name::new(label),
+            usage: BTreeMap::new(),
+            inline_frames: HashSet::new(),
+            inline_usage: BTreeMap::new(),
+        }
+    }
+
+    /// Count the frames `f` references (each distinct frame once).
+    pub fn add(&mut self, f: &FileEntry) {
+        if f.map.is_some() {
+            for p in &f.packs {
+                *self
+                    .usage
+                    .entry((p.owner(&self.label).to_string(), p.pack.to_string()))
+                    .or_default() += p.stored;
             }
-            for c in &f.chunks {
-                let Some(pack) = c.pack else { continue };
-                let backup = c.backup.filter(|b| *b != own);
-                if inline_frames.insert((backup, pack, c.offset)) {
-                    *inline_usage.entry((backup, pack)).or_default() += c.stored as u64;
-                }
+            return;
+        }
+        for c in &f.chunks {
+            let Some(pack) = c.pack else { continue };
+            // An extent naming this manifest's own label is the same frame as one naming
+            // none.
+            let backup = c.backup.filter(|b| *b != self.own);
+            if self.inline_frames.insert((backup, pack, c.offset)) {
+                *self.inline_usage.entry((backup, pack)).or_default() += c.stored as u64;
             }
         }
-        for ((backup, pack), stored) in inline_usage {
+    }
+
+    pub fn finish(self) -> BTreeMap<(String, String), u64> {
+        let mut usage = self.usage;
+        for ((backup, pack), stored) in self.inline_usage {
             let owner = backup.map_or(self.label.as_str(), |b| b.as_str());
             *usage
                 .entry((owner.to_string(), pack.as_str().to_string()))
                 .or_default() += stored;
         }
         usage
+    }
+}
+
+impl Manifest {
+    /// Stored bytes of the distinct frames this manifest references, per (owner label,
+    /// pack): what its backup needs to exist, without reading any map.
+    pub fn pack_usage(&self) -> BTreeMap<(String, String), u64> {
+        let mut usage = PackUsage::new(&self.label);
+        for f in self.files() {
+            usage.add(f);
+        }
+        usage.finish()
     }
 
     /// Whether any file's map is still to be loaded.
@@ -490,27 +523,45 @@ impl Manifest {
         storage: &Storage,
         wanted: impl Fn(&FileEntry) -> bool,
     ) -> Result<()> {
-        let wanted: Vec<usize> = self
-            .entries
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| matches!(e, super::Entry::File(f) if f.map_unloaded() && wanted(f)))
-            .map(|(i, _)| i)
+        let mut entries = std::mem::take(&mut self.entries);
+        let mut files: Vec<&mut FileEntry> = entries
+            .iter_mut()
+            .filter_map(|e| match e {
+                super::Entry::File(f) if wanted(f) => Some(&mut **f),
+                _ => None,
+            })
             .collect();
-        if wanted.is_empty() {
+        let loaded = self.load_maps_into(storage, &mut files).await;
+        drop(files);
+        self.entries = entries;
+        loaded
+    }
+
+    /// Load the map frames of those of `files` (entries of this manifest, held apart
+    /// from it as a reader of a [`super::StoredManifest`] holds them) whose map is still
+    /// to load, checked.
+    pub async fn load_maps_into(
+        &self,
+        storage: &Storage,
+        files: &mut [&mut FileEntry],
+    ) -> Result<()> {
+        let mut files: Vec<&mut FileEntry> = files
+            .iter_mut()
+            .filter(|f| f.map_unloaded())
+            .map(|f| &mut **f)
+            .collect();
+        if files.is_empty() {
             return Ok(());
         }
-        let files: Vec<&FileEntry> = wanted.iter().map(|i| self.file_at(*i)).collect();
-        let loaded = self.read_maps(storage, &files).await?;
-        for (i, map) in wanted.into_iter().zip(loaded) {
-            let super::Entry::File(f) = &mut self.entries[i] else {
-                unreachable!("wanted files only")
-            };
+        let refs: Vec<&FileEntry> = files.iter().map(|f| &**f).collect();
+        let loaded = self.read_maps(storage, &refs).await?;
+        let what = layout_key(self);
+        for (f, map) in files.iter_mut().zip(loaded) {
             f.chunks = map.chunks.into();
             f.block_hashes = map.block_hashes.into();
+            super::validate::check_loaded_map(self, f, &what)?;
         }
-        let what = layout_key(self);
-        super::validate::check_loaded_maps(self, &what)
+        Ok(())
     }
 
     /// Load one file's map (the file must have one), checked.
@@ -590,13 +641,6 @@ impl Manifest {
                 Ok(m)
             })
             .collect()
-    }
-
-    fn file_at(&self, i: usize) -> &FileEntry {
-        match &self.entries[i] {
-            super::Entry::File(f) => f,
-            _ => unreachable!("an index of a file entry"),
-        }
     }
 }
 

@@ -35,7 +35,9 @@ pub(crate) mod text;
 pub(crate) mod validate;
 mod wire;
 
-pub use map::{FileMap, MapDelta, MapFrame, MapRun, PackUse, INLINE_MAX_BLOCKS, MAX_MAP_DEPTH};
+pub use map::{
+    FileMap, MapDelta, MapFrame, MapRun, PackUsage, PackUse, INLINE_MAX_BLOCKS, MAX_MAP_DEPTH,
+};
 pub use stream::StoredManifest;
 pub use validate::{check_annotation, is_backup_label};
 

@@ -487,13 +487,6 @@ fn check_file(m: &Manifest, f: &FileEntry) -> Check {
 
 /// Every decoded manifest entry whose map has been loaded (`Manifest::load_maps`): checked as
 /// an inline entry is, and its extents only in the packs its entry lists.
-pub(super) fn check_loaded_maps(m: &Manifest, what: &str) -> Result<()> {
-    for f in m.files().filter(|f| f.map.is_some() && !f.map_unloaded()) {
-        check_loaded_map(m, f, what)?;
-    }
-    Ok(())
-}
-
 pub(super) fn check_loaded_map(m: &Manifest, f: &FileEntry, what: &str) -> Result<()> {
     let listed: std::collections::HashSet<(&str, &str)> = f
         .packs
