@@ -364,3 +364,95 @@ pub(crate) fn read_full_at(
     }
     Ok(n)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small file bundled at `offset` of pack `pack`.
+    fn small_file(i: usize, pack: usize, offset: u64) -> Box<FileEntry> {
+        serde_json::from_value(serde_json::json!({
+            "path": format!("base/5/{i}"), "size": 100, "mtime": 0, "mode": 0o600,
+            "uid": 0, "gid": 0, "hash": "",
+            "chunks": [{"p": format!("0-{pack}"), "o": offset, "s": 100, "r": 100}],
+        }))
+        .unwrap()
+    }
+
+    /// Every file sent comes out in exactly one job, over several windows, each group of
+    /// one pack; the work's error comes first, and a work that stops early does not leave
+    /// the reader blocked.
+    #[test]
+    fn streamed_jobs_hold_every_file_once_over_many_windows() {
+        let n = 3 * WINDOW_FILES + 17;
+        let send_all = |files: std::sync::mpsc::SyncSender<Box<FileEntry>>| {
+            for i in 0..n {
+                files
+                    .send(small_file(i, i / 1000, (i % 1000) as u64 * 100))
+                    .map_err(|_| Error::new(crate::ErrorKind::Io, "stopped"))?;
+            }
+            Ok(())
+        };
+        let mut windows = 0;
+        let seen = with_streamed_jobs(
+            send_all,
+            |f| f,
+            |w| {
+                windows += 1;
+                assert!(w.len() <= WINDOW_FILES);
+                Ok(())
+            },
+            |jobs| {
+                let mut seen = Vec::new();
+                for job in jobs {
+                    match job? {
+                        FileJob::Group(g) => {
+                            let pack = g[0].chunks[0].pack;
+                            assert!(g.iter().all(|f| f.chunks[0].pack == pack));
+                            seen.extend(g.iter().map(|f| f.path.to_string()));
+                        }
+                        FileJob::One(f) => panic!("a small file alone: {}", f.path),
+                    }
+                }
+                Ok(seen)
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            windows, 5,
+            "four windows of files and the empty one at the end"
+        );
+        let mut seen = seen;
+        seen.sort();
+        let mut want: Vec<String> = (0..n).map(|i| format!("base/5/{i}")).collect();
+        want.sort();
+        assert_eq!(seen, want);
+
+        // The work stops after one job: its error is returned and the reader, blocked on
+        // a full channel, is released.
+        let err = with_streamed_jobs(
+            send_all,
+            |f| f,
+            |_| Ok(()),
+            |jobs| {
+                jobs.next();
+                Err::<(), _>(Error::new(crate::ErrorKind::Io, "worker failed"))
+            },
+        )
+        .unwrap_err();
+        assert!(err.message.contains("worker failed"), "{err}");
+
+        // A reading that fails after some files fails the whole, though the work is done.
+        let err = with_streamed_jobs(
+            |files: std::sync::mpsc::SyncSender<Box<FileEntry>>| {
+                files.send(small_file(0, 0, 0)).unwrap();
+                Err(Error::new(crate::ErrorKind::Io, "manifest unreadable"))
+            },
+            |f| f,
+            |_| Ok(()),
+            |jobs| Ok(jobs.count()),
+        )
+        .unwrap_err();
+        assert!(err.message.contains("manifest unreadable"), "{err}");
+    }
+}
