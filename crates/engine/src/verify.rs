@@ -164,7 +164,7 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         // The selected backups' manifests are read as a stream, checked entry by entry
         // first (never decoded whole); the others' headers alone.
         let opened = if selected {
-            Manifest::open(&storage, &s.stanza, label)
+            Manifest::open(&storage, &s.stanza, label, &[])
                 .await
                 .map(|m| (m.header().clone(), Some(Arc::new(m))))
         } else {

@@ -197,8 +197,8 @@ pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> 
     log::info!(
         "restoring backup {} ({} files, {}) into {}",
         plan.header().label,
-        plan.files,
-        human_bytes(plan.bytes),
+        plan.manifest.files().0,
+        human_bytes(plan.manifest.files().1),
         plan.pg_path.display()
     );
     let runtime = tokio::runtime::Handle::current();
@@ -254,7 +254,8 @@ fn execute(
     };
     layout.make_dirs_and_links()?;
 
-    let progress = Progress::start("restore", plan.bytes, plan.files);
+    let (files, bytes) = plan.manifest.files();
+    let progress = Progress::start("restore", bytes, files);
     let counters = progress.counters.clone();
     let sh = Shared {
         storage,
@@ -307,7 +308,7 @@ fn execute(
     })?);
 
     layout.finish_dirs()?;
-    let root_owner = plan.layout.iter().find_map(|e| match e {
+    let root_owner = plan.manifest.layout().iter().find_map(|e| match e {
         Entry::Dir(d) if d.path.is_empty() => Some(d.owner.clone()),
         _ => None,
     });
@@ -488,7 +489,7 @@ impl Layout<'_> {
     /// first (manifest order).
     fn make_dirs_and_links(&mut self) -> Result<()> {
         let (plan, tree) = (self.plan, self.tree);
-        for e in &plan.layout {
+        for e in plan.manifest.layout() {
             match e {
                 Entry::Dir(d) => tree.ensure_dir(&d.path, &mut self.cache)?,
                 Entry::Link(l) => {
@@ -520,7 +521,7 @@ impl Layout<'_> {
     /// The entries inside the targets are made durable by `sync_filesystems`.
     fn finish_dirs(&mut self) -> Result<()> {
         let (plan, tree) = (self.plan, self.tree);
-        for e in plan.layout.iter().rev() {
+        for e in plan.manifest.layout().iter().rev() {
             if let Entry::Dir(d) = e {
                 let (path, owner) = (&d.path, &d.owner);
                 let dir = tree.open_dir(path, &mut self.cache)?;

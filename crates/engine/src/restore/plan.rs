@@ -61,8 +61,6 @@ pub struct RestorePlan {
     pub(crate) pg_path: PathBuf,
     pub(crate) mode: WriteMode,
     pub(crate) tablespaces: Vec<TablespaceTarget>,
-    /// The directories and tablespace links, in manifest order (parents first).
-    pub(crate) layout: Vec<Entry>,
     /// Written first, alone: a directory holding it is a data directory to `--delta`, so a
     /// restore interrupted at any later point can be resumed with `--delta`.
     pub(crate) first: Option<FileEntry>,
@@ -71,19 +69,16 @@ pub struct RestorePlan {
     pub(crate) control: Option<FileEntry>,
     /// Databases left out (`--db-include`, `--db-exclude`): their files written zeroed.
     pub(crate) selection: super::selective::Selection,
-    /// Files restored (`first` and `control` among them), and their bytes.
-    pub(crate) files: u64,
-    pub(crate) bytes: u64,
-    /// Files that go to a worker alone, and small files read in groups by pack.
-    alone: u64,
-    small: u64,
 }
 
 pub(super) const PG_VERSION: &str = "PG_VERSION";
 pub(super) const PG_CONTROL: &str = "global/pg_control";
+/// The files restore writes on their own, first and last: kept as the manifest is checked.
+const KEPT: [&str; 2] = [PG_VERSION, PG_CONTROL];
 
 impl RestorePlan {
-    /// Plan the restore of `manifest` into `pg_path`: one reading of its entries.
+    /// Plan the restore of `manifest` into `pg_path`, from what checking it kept (a
+    /// selective restore reads the entries once more, to count what it leaves out).
     pub fn new(
         manifest: StoredManifest,
         pg_path: &Path,
@@ -96,29 +91,19 @@ impl RestorePlan {
         };
         let header = manifest.header();
         let mut selection = super::selective::select(header, &o.db_include, &o.db_exclude)?;
-        let (mut layout, mut first, mut control) = (Vec::new(), None, None);
-        let (mut files, mut bytes, mut alone, mut small) = (0, 0, 0, 0);
-        manifest.for_each_entry::<Error>(|e| {
-            let f = match e {
-                Entry::File(f) => f,
-                other => {
-                    layout.push(other);
-                    return Ok(());
+        if !selection.excluded.is_empty() {
+            manifest.for_each_entry::<Error>(|e| {
+                if let Entry::File(f) = e {
+                    if selection.is_zeroed(&f.path) {
+                        selection.zeroed_files += 1;
+                        selection.zeroed_bytes += f.size;
+                    }
                 }
-            };
-            (files, bytes) = (files + 1, bytes + f.size);
-            if selection.is_zeroed(&f.path) {
-                selection.zeroed_files += 1;
-                selection.zeroed_bytes += f.size;
-            }
-            match &*f.path {
-                PG_VERSION => first = Some(*f),
-                PG_CONTROL => control = Some(*f),
-                _ if is_small(&f) => small += 1,
-                _ => alone += 1,
-            }
-            Ok(())
-        })?;
+                Ok(())
+            })?;
+        }
+        let kept = |path: &str| manifest.kept().iter().find(|f| &*f.path == path).cloned();
+        let (first, control) = (kept(PG_VERSION), kept(PG_CONTROL));
         let mut map = o.tablespace_map.clone();
         if let Some(root) = &o.tablespace_root {
             for t in &header.tablespaces {
@@ -127,20 +112,15 @@ impl RestorePlan {
                 }
             }
         }
-        let tablespaces = tablespace_targets(header, &layout, pg_path, &map)?;
+        let tablespaces = tablespace_targets(header, manifest.layout(), pg_path, &map)?;
         Ok(RestorePlan {
             manifest,
             pg_path: pg_path.to_path_buf(),
             mode,
             tablespaces,
-            layout,
             first,
             control,
             selection,
-            files,
-            bytes,
-            alone,
-            small,
         })
     }
 
@@ -217,7 +197,7 @@ impl fmt::Display for RestorePlan {
             m.label,
             m.backup_type,
             m.server_version_num / 10000,
-            self.files,
+            self.manifest.files().0,
             human_bytes(m.stats.db_size),
             self.pg_path.display()
         )?;
@@ -259,8 +239,8 @@ impl fmt::Display for RestorePlan {
         }
         writeln!(
             f,
-            "  jobs: {} files alone, {} small files read in groups by pack; PG_VERSION first, global/pg_control last",
-            self.alone, self.small
+            "  order: PG_VERSION first; files of up to {} read in groups by pack, larger ones alone; global/pg_control last",
+            human_bytes(SMALL_FILE)
         )
     }
 }
@@ -287,7 +267,7 @@ pub(super) async fn choose_backup(
                 labels.join(", ")
             )));
         }
-        return Ok(Manifest::open(storage, &s.stanza, set).await?);
+        return Ok(Manifest::open(storage, &s.stanza, set, &KEPT).await?);
     }
     if o.recovery_type == RecoveryType::Time {
         let target = o.target.as_deref().unwrap_or_default();
@@ -301,7 +281,7 @@ pub(super) async fn choose_backup(
             let header = Manifest::load_header(storage, &s.stanza, label).await?;
             if header.stop.epoch < t.timestamp() {
                 log::info!("backup {label} is the newest that ended before {target}");
-                return Ok(Manifest::open(storage, &s.stanza, label).await?);
+                return Ok(Manifest::open(storage, &s.stanza, label, &KEPT).await?);
             }
         }
         return Err(Error::refused(format!(
@@ -309,7 +289,7 @@ pub(super) async fn choose_backup(
             s.stanza
         )));
     }
-    Ok(Manifest::open(storage, &s.stanza, labels.last().unwrap()).await?)
+    Ok(Manifest::open(storage, &s.stanza, labels.last().unwrap(), &KEPT).await?)
 }
 
 /// Each tablespace's location: the operator's mapping, else the source's location.
@@ -415,12 +395,6 @@ fn refuse_if_running(pg_path: &Path) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Whether `f` is read in a group of small files (as [`plan_file_jobs`] decides, for a
-/// file whose extents are at hand).
-fn is_small(f: &FileEntry) -> bool {
-    f.size <= SMALL_FILE && (f.map.is_some() || f.chunks.iter().any(|c| !c.is_zero()))
 }
 
 #[cfg(test)]

@@ -12,38 +12,68 @@
 //! then reads the entries again, as often as the caller needs.
 
 use super::validate::EntryChecker;
-use super::{wire, Entry, Manifest, MAX_MANIFEST_RATIO};
+use super::{wire, Entry, FileEntry, Manifest, MAX_MANIFEST_RATIO};
 use crate::{Error, ErrorKind, Result, Storage};
 use bytes::Bytes;
 
-/// A checked manifest, as stored, with its header decoded.
+/// A checked manifest, as stored, with its header decoded and what the check kept of its
+/// entries: the directories and links (few), the files asked for, and counts.
 #[derive(Debug, Clone)]
 pub struct StoredManifest {
     header: Manifest,
     obj: Bytes,
     /// Where it was read from (the manifest or its copy), for messages.
     key: String,
+    layout: Vec<Entry>,
+    kept: Vec<FileEntry>,
+    files: u64,
+    bytes: u64,
 }
 
 impl Manifest {
     /// Backup `label`'s manifest (or, when it is damaged, its copy), checked entry by
-    /// entry, for reading as a stream. Manifests written before `packs_used` are decoded
-    /// whole once, for their header.
-    pub async fn open(storage: &Storage, stanza: &str, label: &str) -> Result<StoredManifest> {
+    /// entry, for reading as a stream. The check keeps the directories and links, and the
+    /// file entries at the paths in `keep` ([`StoredManifest::kept`]). Manifests written
+    /// before `packs_used` are decoded whole once, for their header.
+    pub async fn open(
+        storage: &Storage,
+        stanza: &str,
+        label: &str,
+        keep: &[&str],
+    ) -> Result<StoredManifest> {
         Manifest::load_as(storage, stanza, label, |obj, key| {
             let header = match Manifest::decode_header(obj, key)? {
                 Some(header) => header,
                 None => Manifest::decode(obj, key)?.into_header(),
             };
             Manifest::check_identity(&header, key, stanza, label)?;
-            let stored = StoredManifest {
+            let mut stored = StoredManifest {
                 header,
                 obj: obj.clone(),
                 key: key.to_string(),
+                layout: Vec::new(),
+                kept: Vec::new(),
+                files: 0,
+                bytes: 0,
             };
             let mut checker = EntryChecker::new(&stored.header, key)?;
-            stored.read_entries::<Error>(|mut e| checker.check(&mut e))?;
+            let (mut layout, mut kept, mut files, mut bytes) = (Vec::new(), Vec::new(), 0, 0);
+            stored.read_entries::<Error>(|mut e| {
+                checker.check(&mut e)?;
+                match e {
+                    Entry::File(f) => {
+                        (files, bytes) = (files + 1, bytes + f.size);
+                        if keep.contains(&&*f.path) {
+                            kept.push(*f);
+                        }
+                    }
+                    other => layout.push(other),
+                }
+                Ok(())
+            })?;
             checker.finish()?;
+            (stored.layout, stored.kept) = (layout, kept);
+            (stored.files, stored.bytes) = (files, bytes);
             Ok(stored)
         })
         .await
@@ -56,9 +86,21 @@ impl StoredManifest {
         &self.header
     }
 
-    /// Bytes of the manifest as stored (what holding it costs).
-    pub fn stored_len(&self) -> usize {
-        self.obj.len()
+    /// The directories and links, in order (the data directory first, parents before
+    /// their children).
+    pub fn layout(&self) -> &[Entry] {
+        &self.layout
+    }
+
+    /// The file entries [`Manifest::open`] was asked to keep, in manifest order (modes
+    /// masked to permission bits).
+    pub fn kept(&self) -> &[FileEntry] {
+        &self.kept
+    }
+
+    /// How many files the manifest lists, and their bytes.
+    pub fn files(&self) -> (u64, u64) {
+        (self.files, self.bytes)
     }
 
     /// Hand every entry, in order (sorted by path, the data directory first), to `each`,

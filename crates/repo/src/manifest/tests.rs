@@ -243,8 +243,29 @@ async fn a_stored_manifest_streams_the_entries_of_a_whole_decode() {
     let key = layout::manifest(&stanza, &label);
     storage.put_new(&key, m.encode().into()).await.unwrap();
 
-    let stored = Manifest::open(&storage, &stanza, &label).await.unwrap();
+    let stored = Manifest::open(&storage, &stanza, &label, &["global/pg_control", "nowhere"])
+        .await
+        .unwrap();
     let whole = Manifest::load(&storage, &stanza, &label).await.unwrap();
+    // What the check kept: directories and links, the files asked for, counts.
+    let layout: Vec<&Entry> = whole
+        .entries
+        .iter()
+        .filter(|e| !matches!(e, Entry::File(_)))
+        .collect();
+    assert_eq!(
+        serde_json::to_value(stored.layout()).unwrap(),
+        serde_json::to_value(&layout).unwrap()
+    );
+    let kept: Vec<&str> = stored.kept().iter().map(|f| &*f.path).collect();
+    assert_eq!(kept, vec!["global/pg_control"]);
+    assert_eq!(
+        stored.files(),
+        (
+            whole.files().count() as u64,
+            whole.files().map(|f| f.size).sum()
+        )
+    );
     assert_eq!(
         serde_json::to_value(stored.header()).unwrap(),
         serde_json::to_value(whole.clone().into_header()).unwrap()
@@ -283,7 +304,7 @@ async fn a_stored_manifest_streams_the_entries_of_a_whole_decode() {
         .put_new(&bad_key, bad.encode().into())
         .await
         .unwrap();
-    let err = Manifest::open(&storage, &stanza, &bad.label)
+    let err = Manifest::open(&storage, &stanza, &bad.label, &[])
         .await
         .unwrap_err();
     assert_eq!(err.kind, ErrorKind::Corrupt, "{err}");
@@ -297,7 +318,9 @@ async fn a_stored_manifest_streams_the_entries_of_a_whole_decode() {
         )
         .await
         .unwrap();
-    let from_copy = Manifest::open(&storage, &stanza, &bad.label).await.unwrap();
+    let from_copy = Manifest::open(&storage, &stanza, &bad.label, &[])
+        .await
+        .unwrap();
     let mut paths = Vec::new();
     from_copy
         .for_each_entry::<crate::Error>(|e| {
