@@ -135,6 +135,23 @@ fn forged_manifests_are_refused_before_restore_writes_anything() {
             "{what}: nothing written outside the target"
         );
     }
+
+    // `packs_used` that does not match the entries (what expire frees packs by): restore,
+    // which does not go by it, reads the manifest as a stream and does not check it;
+    // verify counts the frames as it reads and fails the backup.
+    let mut m = genuine.clone();
+    m.set_packs_used();
+    m.packs_used.as_mut().unwrap()[0].2 += 1;
+    std::fs::write(&key, m.encode()).unwrap();
+    std::fs::write(key.with_extension("manifest.copy"), m.encode()).unwrap();
+    let out = env.cmd(&["verify"]).output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{text}");
+    assert!(
+        text.contains("packs_used does not match the entries"),
+        "{text}"
+    );
 }
 
 /// Flip one bit in the middle of a repository file.

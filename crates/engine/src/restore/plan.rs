@@ -53,8 +53,9 @@ pub(crate) type RestoreJob = FileJob<Box<FileEntry>>;
 /// Everything restore will do, decided before it writes anything.
 ///
 /// The files are not held: the workers' jobs are made from the manifest as it is read
-/// again ([`crate::content::with_streamed_jobs`]), so a restore's memory follows what is in flight, not the
-/// number of files. What the plan keeps is what the directory layer and the order need.
+/// again ([`crate::content::with_streamed_jobs`]), so a restore's memory follows what is
+/// in flight, not the number of files. What the plan keeps is what the directory layer
+/// and the order need.
 #[derive(Debug)]
 pub struct RestorePlan {
     pub(crate) manifest: StoredManifest,
