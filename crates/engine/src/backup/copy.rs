@@ -1,8 +1,7 @@
 //! Copying the data directory's files: the plan (which entries and jobs the walk yields),
 //! the worker pool that runs the jobs, and the one block copier.
 //!
-//! A file is carried by reference when its size and mtime say it is unchanged (decided
-//! before the copy, as the prior manifest is read: [`carry_unchanged_files`]); otherwise
+//! A file is carried by reference when its size and mtime say it is unchanged; otherwise
 //! it goes through [`BlockCopier`], which checks page checksums, hashes each block, points
 //! blocks equal to the prior backup's at the prior's storage, stores nothing for zero
 //! blocks and compresses only changed blocks into frames. The whole-file path feeds it
@@ -12,14 +11,16 @@
 use super::resume::Checkpointer;
 use crate::content::read_full_at;
 use crate::track::WalChanges;
+/// A file to copy, as the walk found it.
 use crate::walk::{ItemKind, Walk, WalkedFile};
 use crate::{pool, Error, Result};
 use pgstrata_pg::layout;
 use pgstrata_pg::lsn::Lsn;
 use pgstrata_pg::page::{self, PageCheck};
+use pgstrata_repo::manifest::StoredManifest;
 use pgstrata_repo::manifest::{
-    block_hash, BlockHashes, Chunks, Entry, EntrySorter, FileEntry, MapDelta, MapRun,
-    StoredManifest, ThinVec, MAX_MAP_DEPTH,
+    block_hash, BlockHashes, Chunks, Entry, EntrySorter, FileEntry, MapDelta, MapRun, ThinVec,
+    MAX_MAP_DEPTH,
 };
 use pgstrata_repo::pack::{Chunk, PackWriter};
 use pgstrata_repo::Storage;

@@ -4,10 +4,7 @@
 //! 1. Check the server is the stanza's cluster, then `pg_backup_start`.
 //! 2. Walk the data directory and copy every file but `global/pg_control` on
 //!    `process-max` worker threads, each cutting files into frames, checking page checksums,
-//!    hashing, compressing, and appending frames to its own pack objects. An incremental or
-//!    differential first reads its prior manifest once, beside the walked files: unchanged
-//!    files are carried by reference without a job. The new entries are held sorted and
-//!    compressed (`EntrySorter`), never decoded all at once.
+//!    hashing, compressing, and appending frames to its own pack objects.
 //! 3. Copy `global/pg_control` last, then `pg_backup_stop`.
 //! 4. Wait until every WAL segment from the start to the stop LSN is in the archive: without
 //!    them the backup cannot be made consistent.
