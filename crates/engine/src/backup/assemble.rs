@@ -12,7 +12,7 @@ use super::preflight::{Preflight, Started};
 use crate::{Error, Result, Settings};
 use futures::StreamExt;
 use pgstrata_pg::lsn::Lsn;
-use pgstrata_repo::manifest::{Entry, EntrySorter, Manifest, PackUsage, Stats, WalPoint};
+use pgstrata_repo::manifest::{Entry, Manifest, Stats, WalPoint};
 use pgstrata_repo::stanza::StanzaInfo;
 use pgstrata_repo::{layout, Storage, FORMAT_VERSION};
 use std::collections::{BTreeMap, BTreeSet};
@@ -51,33 +51,47 @@ pub(super) struct Copied {
     pub resumed_from: Option<(String, pgstrata_repo::codec::CompressType)>,
 }
 
-/// Build the manifest: its header, from a reading of the entries in path order (counts,
-/// page errors, what they reference in packs), and its entries (the directories and links
-/// of the walk, and every file's), held sorted and compressed until [`publish`] writes them.
+/// Build the manifest. `prior` is the prior backup's manifest, whose entries of the files
+/// carried unchanged are moved into the new one (its other entries are dropped).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn build_manifest(
     s: &Settings,
     stanza: &StanzaInfo,
     pf: &Preflight,
+    mut prior: Option<Manifest>,
     started: Started,
     copied: Copied,
     stopped: Stopped,
     started_at: std::time::Instant,
-) -> Result<(Manifest, EntrySorter)> {
-    let outcome = copied.outcome;
-    let mut entries = outcome.files;
-    for e in copied.entries {
-        entries.push(e);
-    }
-    let (mut files, mut db_size, mut page_errors) = (0u64, 0u64, 0u64);
-    let mut usage = PackUsage::new(&pf.label);
-    for e in entries.sorted() {
-        if let Entry::File(f) = e? {
-            (files, db_size) = (files + 1, db_size + f.size);
-            page_errors += f.bad_pages.len() as u64;
-            usage.add(&f);
+) -> Manifest {
+    let mut outcome = copied.outcome;
+    if let Some(p) = prior.as_mut() {
+        // Each carried entry moves out of the prior list, which goes as it is walked: the
+        // prior's other entries are freed before the new list is made.
+        let mut carried = std::mem::take(&mut outcome.carried);
+        carried.sort_unstable_by_key(|(i, _)| *i);
+        let mut carried = carried.into_iter().peekable();
+        for (i, e) in std::mem::take(&mut p.entries).into_iter().enumerate() {
+            let Some((_, owner)) = carried.next_if(|(j, _)| *j == i) else {
+                continue;
+            };
+            let Entry::File(mut f) = e else {
+                unreachable!("a carried entry is a file")
+            };
+            f.owner = owner;
+            f.rebase(&p.label, &pf.label);
+            outcome.files.push(f);
         }
     }
-    let prior = pf.prior.as_deref().map(|p| p.header());
+    assert!(outcome.carried.is_empty(), "files carried without a prior");
+    let page_errors: u64 = outcome.files.iter().map(|f| f.bad_pages.len() as u64).sum();
+    let db_size: u64 = outcome.files.iter().map(|f| f.size).sum();
+    let file_count = outcome.files.len() as u64;
+    let mut entries = copied.entries;
+    entries.reserve_exact(outcome.files.len());
+    entries.extend(outcome.files.into_iter().map(Entry::File));
+    entries.sort_by(|a, b| a.path().cmp(b.path()));
+    let prior = prior.as_ref();
     let mut manifest = Manifest {
         format_version: FORMAT_VERSION,
         label: pf.label.clone(),
@@ -99,11 +113,11 @@ pub(super) fn build_manifest(
         frame_size: s.frame_size as u32,
         data_checksums: pf.control.data_checksums,
         tablespaces: copied.tablespaces,
-        entries: Vec::new(),
+        entries,
         stats: Stats {
             db_size,
             stored_size: outcome.stored,
-            files,
+            files: file_count,
             files_unchanged: outcome.files_unchanged,
             bytes_read: outcome.bytes_read,
             files_tracked: outcome.files_tracked,
@@ -121,14 +135,9 @@ pub(super) fn build_manifest(
         track: started.detection.track,
         track_reason: started.detection.track_reason,
         summary_check: started.detection.summary_check,
-        packs_used: Some(
-            usage
-                .finish()
-                .into_iter()
-                .map(|((o, p), n)| (o, p, n))
-                .collect(),
-        ),
+        packs_used: None,
     };
+    manifest.set_packs_used();
     // Codecs of the backups whose frames this one references, and only those.
     let referenced: BTreeSet<String> = referenced_packs(&manifest)
         .into_iter()
@@ -144,7 +153,7 @@ pub(super) fn build_manifest(
         manifest.pack_codecs.insert(label, codec);
     }
     manifest.pack_codecs.retain(|l, _| referenced.contains(l));
-    Ok((manifest, entries))
+    manifest
 }
 
 /// (backup label, pack name) of every pack of another backup the manifest's files (and
@@ -156,13 +165,9 @@ fn referenced_packs(m: &Manifest) -> BTreeSet<(String, String)> {
         .collect()
 }
 
-/// Write the manifest (`m` its header, `entries` its entries), once the prior backup and
-/// every pack of another backup it references are known to still exist.
-pub(super) async fn publish(
-    storage: &Storage,
-    m: &Manifest,
-    entries: &mut EntrySorter,
-) -> Result<()> {
+/// Write the manifest, once the prior backup and every pack of another backup it
+/// references are known to still exist.
+pub(super) async fn publish(storage: &Storage, m: &Manifest) -> Result<()> {
     let refuse = |what: String| {
         Error::refused(format!(
             "backup {} not written: {what} was deleted while the backup ran (did an expire run without the stanza lock?); run the backup again",
@@ -187,6 +192,5 @@ pub(super) async fn publish(
             return Err(refuse(format!("pack {key}, which it references,")));
         }
     }
-    let data = m.encode_streamed(entries.sorted())?;
-    Ok(m.publish_encoded(storage, data.into()).await?)
+    Ok(m.publish(storage).await?)
 }

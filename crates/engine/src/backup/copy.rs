@@ -12,14 +12,14 @@ use super::resume::Checkpointer;
 use crate::content::read_full_at;
 use crate::track::WalChanges;
 /// A file to copy, as the walk found it.
-use crate::walk::{ItemKind, Walk, WalkedFile};
+pub(super) use crate::walk::WalkedFile as Job;
+use crate::walk::{ItemKind, Walk};
 use crate::{pool, Error, Result};
 use pgstrata_pg::layout;
 use pgstrata_pg::lsn::Lsn;
 use pgstrata_pg::page::{self, PageCheck};
-use pgstrata_repo::manifest::StoredManifest;
 use pgstrata_repo::manifest::{
-    block_hash, BlockHashes, Chunks, Entry, EntrySorter, FileEntry, MapDelta, MapRun, ThinVec,
+    block_hash, BlockHashes, Chunks, Entry, FileEntry, Manifest, MapDelta, MapRun, Owner, ThinVec,
     MAX_MAP_DEPTH,
 };
 use pgstrata_repo::pack::{Chunk, PackWriter};
@@ -30,31 +30,33 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-/// What an incremental compares against: the prior backup's manifest, held as stored.
-/// Before the copy, [`carry_unchanged_files`] reads its entries once: the files that did
-/// not change go straight into the new manifest's entries, and each other file's job takes
-/// its prior entry along ([`Job::prior`]). Files whose maps are stored apart (format 2+)
-/// are held without them: a map is loaded only for a file that changed.
+/// What an incremental compares against: the prior backup's manifest, its files found by
+/// path (a binary search: entries are sorted by path, which decoding checked, so no index
+/// is held). Files whose maps are stored apart (format 2) are held without them: a map is
+/// loaded only for a file that changed.
 pub(super) struct Prior {
-    pub manifest: std::sync::Arc<StoredManifest>,
+    pub manifest: std::sync::Arc<Manifest>,
 }
 
 impl Prior {
-    pub fn new(manifest: std::sync::Arc<StoredManifest>) -> Prior {
+    pub fn new(manifest: std::sync::Arc<Manifest>) -> Prior {
         Prior { manifest }
     }
 
     fn label(&self) -> &str {
-        &self.manifest.header().label
+        &self.manifest.label
     }
 
-    /// Whether `job` can be carried from entry `e` without reading it: same size and
-    /// mtime, and not modified within the second the prior backup started (mtime has
-    /// one-second granularity here: a file written in that second may have changed after
-    /// it was read without moving its mtime).
-    fn unchanged(&self, ctx: &CopyContext, job: &WalkedFile, e: &FileEntry) -> bool {
-        let start_epoch = self.manifest.header().start.epoch;
-        !ctx.delta && e.size == job.size && e.mtime == job.mtime && job.mtime < start_epoch
+    /// The file at `path`, and its index in the manifest's entries.
+    fn get(&self, path: &str) -> Option<(usize, &FileEntry)> {
+        let entries = &self.manifest.entries;
+        let i = entries
+            .binary_search_by(|e| e.path().as_bytes().cmp(path.as_bytes()))
+            .ok()?;
+        match &entries[i] {
+            Entry::File(f) => Some((i, f)),
+            _ => None,
+        }
     }
 
     /// The entry with its extents and block hashes, loading its map if it is stored apart.
@@ -66,86 +68,11 @@ impl Prior {
         if !e.map_unloaded() {
             return Ok(std::borrow::Cow::Borrowed(e));
         }
-        Ok(std::borrow::Cow::Owned(ctx.runtime.block_on(
-            self.manifest.header().load_map(&ctx.storage, e),
-        )?))
+        Ok(std::borrow::Cow::Owned(
+            ctx.runtime
+                .block_on(self.manifest.load_map(&ctx.storage, e))?,
+        ))
     }
-}
-
-/// A file to copy, and its entry in the prior backup when it has one.
-#[derive(Debug)]
-pub(super) struct Job {
-    pub file: WalkedFile,
-    pub prior: Option<Box<FileEntry>>,
-}
-
-impl std::ops::Deref for Job {
-    type Target = WalkedFile;
-
-    fn deref(&self) -> &WalkedFile {
-        &self.file
-    }
-}
-
-impl From<WalkedFile> for Job {
-    fn from(file: WalkedFile) -> Job {
-        Job { file, prior: None }
-    }
-}
-
-/// Read the prior manifest's entries once, beside the walked files: an unchanged file
-/// whose entry can be carried by reference (its map stored apart, or inline) goes into
-/// `out.files` with its owner now, and its job is dropped; every other job that has a
-/// prior entry takes it along. What is held is the entries of the files to copy, not of
-/// every file.
-pub(super) fn carry_unchanged_files(
-    ctx: &CopyContext,
-    jobs: &mut Vec<Job>,
-    out: &mut CopyOutcome,
-) -> Result<()> {
-    let Some(prior) = &ctx.prior else {
-        return Ok(());
-    };
-    jobs.sort_unstable_by(|a, b| a.rel.cmp(&b.rel));
-    let mut carried = vec![false; jobs.len()];
-    let mut next = 0;
-    prior.manifest.for_each_entry::<Error>(|e| {
-        let Entry::File(mut f) = e else { return Ok(()) };
-        while next < jobs.len() && *jobs[next].rel < *f.path {
-            next += 1;
-        }
-        let Some(job) = jobs.get_mut(next).filter(|j| *j.rel == *f.path) else {
-            return Ok(());
-        };
-        if prior.unchanged(ctx, job, &f) && carries_by_reference(&f) {
-            ctx.counters.add(job.size, 1);
-            out.files_unchanged += 1;
-            f.owner = job.owner.clone();
-            f.rebase(prior.label(), &ctx.label);
-            out.files.push(Entry::File(f));
-            carried[next] = true;
-        } else {
-            job.prior = Some(f);
-        }
-        Ok(())
-    })?;
-    let mut carried = carried.into_iter();
-    jobs.retain(|_| !carried.next().expect("one flag a job"));
-    sort_largest_first(jobs);
-    Ok(())
-}
-
-/// Whether an unchanged file's entry is carried as it is: its map is stored apart or
-/// inline. An entry of a format 1 manifest that holds a large map inline is copied by a
-/// worker instead, which stores its map apart once ([`carry_unchanged`]).
-fn carries_by_reference(e: &FileEntry) -> bool {
-    e.map.is_some() || e.inline_map()
-}
-
-/// Largest first, which keeps every worker busy until the end. Unstable (a stable sort
-/// borrows room for half the list), the path breaking ties.
-fn sort_largest_first(jobs: &mut [Job]) {
-    jobs.sort_unstable_by(|a, b| b.size.cmp(&a.size).then_with(|| a.rel.cmp(&b.rel)));
 }
 
 /// Block size for a file's block map. Small blocks find small changes; large files get
@@ -213,7 +140,7 @@ impl CopyPlan {
                 ItemKind::Link { target } => Entry::link(item.rel, target, item.owner),
             })
             .collect();
-        let mut jobs: Vec<Job> = walk.files.into_iter().map(Job::from).collect();
+        let mut jobs = walk.files;
         let control = jobs
             .iter()
             .position(|j| j.rel == "global/pg_control")
@@ -221,7 +148,8 @@ impl CopyPlan {
             .ok_or_else(|| {
                 Error::refused(format!("{} has no global/pg_control", pg_path.display()))
             })?;
-        sort_largest_first(&mut jobs);
+        // Unstable (a stable sort borrows room for half the list), the path breaking ties.
+        jobs.sort_unstable_by(|a, b| b.size.cmp(&a.size).then_with(|| a.rel.cmp(&b.rel)));
         Ok(CopyPlan {
             entries,
             jobs,
@@ -237,9 +165,14 @@ impl CopyPlan {
 /// Result of copying files on a set of workers.
 #[derive(Default)]
 pub(super) struct CopyOutcome {
-    /// The new manifest's file entries, held sorted and compressed ([`EntrySorter`]):
-    /// decoded, they were most of a backup's memory.
-    pub files: EntrySorter,
+    /// Boxed as the manifest holds them: they move into it by pointer.
+    #[allow(clippy::vec_box)]
+    pub files: Vec<Box<FileEntry>>,
+    /// Files carried unchanged: the index of their entry in the prior manifest and their
+    /// owner now. Their entries are moved out of the prior manifest when the new one is
+    /// built (`assemble`), not copied while the backup runs: with many files, a second
+    /// copy of every unchanged entry was a large part of an incremental's memory.
+    pub carried: Vec<(usize, Owner)>,
     pub stored: u64,
     pub packs: u64,
     pub pages_checked: u64,
@@ -259,7 +192,8 @@ pub(super) struct CopyOutcome {
 impl CopyOutcome {
     /// Add another worker's (or pass's) outcome to this one.
     pub(crate) fn absorb(&mut self, o: CopyOutcome) {
-        self.files.absorb(o.files);
+        self.files.extend(o.files);
+        self.carried.extend(o.carried);
         crate::add_fields!(self += o; stored, packs, pages_checked, files_unchanged, bytes_read, files_tracked, resumed);
         for (reason, n) in o.files_hashed {
             *self.files_hashed.entry(reason).or_default() += n;
@@ -293,7 +227,7 @@ pub(super) fn copy_files(
         |(writer, out, checkpoints), group| {
             for job in group {
                 if let Some(f) = copy_file(ctx, &job, writer, out)? {
-                    out.files.push(Entry::File(Box::new(f)));
+                    out.files.push(Box::new(f));
                 }
             }
             if ctx.checkpoints {
@@ -372,11 +306,18 @@ fn copy_file(
     writer: &mut PackWriter,
     out: &mut CopyOutcome,
 ) -> Result<Option<FileEntry>> {
-    let (Some(p), Some(e)) = (&ctx.prior, job.prior.as_deref()) else {
+    let Some((p, (index, e))) = ctx
+        .prior
+        .as_ref()
+        .and_then(|p| p.get(&job.rel).map(|e| (p, e)))
+    else {
         return copy_whole(ctx, job, writer, out, None);
     };
-    if p.unchanged(ctx, job, e) {
-        return carry_unchanged(ctx, job, writer, p, e, out);
+    // mtime has one-second granularity here: a file written in the same second the
+    // prior backup started may have changed after it was read without moving its mtime.
+    let start_epoch = p.manifest.start.epoch;
+    if !ctx.delta && e.size == job.size && e.mtime == job.mtime && job.mtime < start_epoch {
+        return carry_unchanged(ctx, job, writer, p, index, e, out);
     }
     if let Some(w) = &ctx.wal {
         // A changed file with a stored map: a delta map, without reading the old map.
@@ -405,21 +346,26 @@ fn copy_file(
     copy_whole(ctx, job, writer, out, Some((p, e)))
 }
 
-/// The prior backup's entry of an unchanged file that [`carry_unchanged_files`] left to
-/// the workers (an entry of a format 1 manifest that held its map inline), pointing at
-/// the prior's storage, with its map stored apart once, so the backups after this one
-/// carry a reference.
+/// The prior backup's entry, pointing at the prior's storage: recorded in `out.carried`
+/// (and `None` returned), or, for an entry of a format 1 manifest that held its map
+/// inline, returned with its map stored apart once, so the backups after this one carry a
+/// reference.
 fn carry_unchanged(
     ctx: &CopyContext,
     job: &Job,
     writer: &mut PackWriter,
     prior: &Prior,
+    index: usize,
     entry: &FileEntry,
     out: &mut CopyOutcome,
 ) -> Result<Option<FileEntry>> {
-    debug_assert!(!carries_by_reference(entry), "carried before the copy");
-    ctx.counters.add(job.size, 1);
+    ctx.counters.bytes.fetch_add(job.size, Ordering::Relaxed);
+    ctx.counters.files.fetch_add(1, Ordering::Relaxed);
     out.files_unchanged += 1;
+    if entry.map.is_some() || entry.inline_map() {
+        out.carried.push((index, job.owner.clone()));
+        return Ok(None);
+    }
     let mut carried = entry.clone();
     carried.owner = job.owner.clone();
     carried.rebase(prior.label(), &ctx.label);
@@ -1084,7 +1030,6 @@ fn check_page(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pgstrata_repo::manifest::Owner;
 
     fn owner() -> Owner {
         Owner {
@@ -1098,14 +1043,12 @@ mod tests {
 
     #[test]
     fn small_files_are_handed_over_in_groups_and_large_ones_alone() {
-        let job = |i: usize, size: u64| {
-            Job::from(WalkedFile {
-                rel: format!("base/1/{i}"),
-                root: Path::new("/x").into(),
-                owner: owner(),
-                mtime: 0,
-                size,
-            })
+        let job = |i: usize, size: u64| Job {
+            rel: format!("base/1/{i}"),
+            root: Path::new("/x").into(),
+            owner: owner(),
+            mtime: 0,
+            size,
         };
         let mut jobs = vec![job(0, 100 << 20)];
         jobs.extend((1..=100).map(|i| job(i, 1024)));
@@ -1195,7 +1138,7 @@ mod tests {
     #[test]
     fn the_plan_copies_largest_files_first_and_pg_control_apart() {
         let root: std::sync::Arc<Path> = Path::new("/pg").into();
-        let file = |rel: &str, size: u64| WalkedFile {
+        let file = |rel: &str, size: u64| Job {
             rel: rel.into(),
             root: root.clone(),
             owner: owner(),

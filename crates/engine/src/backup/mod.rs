@@ -76,7 +76,7 @@ async fn backup_locked(
     stanza: &StanzaInfo,
 ) -> Result<Manifest> {
     let started_at = Instant::now();
-    let pf = preflight::preflight(s, opts, storage, stanza).await?;
+    let mut pf = preflight::preflight(s, opts, storage, stanza).await?;
     let mut started = preflight::start(s, opts, storage, stanza, &pf).await?;
     log::info!(
         "backup start LSN {}, WAL {}",
@@ -94,10 +94,16 @@ async fn backup_locked(
         );
     }
     let stopped = stop(s, storage, stanza, &pf, &started).await?;
-    let (mut manifest, mut entries) =
-        assemble::build_manifest(s, stanza, &pf, started, copied, stopped, started_at)?;
+    // The copy is done and held the only other reference: the carried entries can be
+    // moved out of the prior manifest instead of copied.
+    let prior = pf
+        .prior
+        .take()
+        .map(|p| std::sync::Arc::try_unwrap(p).unwrap_or_else(|p| (*p).clone()));
+    let mut manifest =
+        assemble::build_manifest(s, stanza, &pf, prior, started, copied, stopped, started_at);
     manifest.annotations = opts.annotations.clone();
-    assemble::publish(storage, &manifest, &mut entries).await?;
+    assemble::publish(storage, &manifest).await?;
     if opts.resume {
         resume::remove_checkpoints(storage, &s.stanza, &manifest.label).await;
     }
@@ -194,25 +200,19 @@ async fn copy_data_directory(
         checkpoints: opts.resume,
     };
     let workers = s.process_max.max(1);
+    let (jobs, mut control) = (plan.jobs, plan.control);
     let ctx = std::sync::Arc::new(ctx);
     let (c, more) = (ctx.clone(), workers);
-    let (mut jobs, mut control) = (plan.jobs, plan.control);
-    let mut outcome = tokio::task::spawn_blocking(move || {
-        let mut carried = copy::CopyOutcome::default();
-        copy::carry_unchanged_files(&c, &mut jobs, &mut carried)?;
-        let mut copied = copy::copy_files(&c, jobs, more, 0)?;
-        copied.absorb(carried);
-        Ok::<_, Error>(copied)
-    })
-    .await
-    .expect("copy threads")?;
+    let mut outcome = tokio::task::spawn_blocking(move || copy::copy_files(&c, jobs, more, 0))
+        .await
+        .expect("copy threads")?;
     if let Some(copy) = &pf.primary_copy {
         // pg_control last, as the primary has it now.
         primary_sql::refresh_control(&pf.db, &copy.dir).await?;
         let md = std::fs::metadata(control.abs())
             .map_err(|e| Error::io(format!("stat {}", control.abs().display()), e))?;
-        control.file.size = md.len();
-        control.file.mtime = std::os::unix::fs::MetadataExt::mtime(&md);
+        control.size = md.len();
+        control.mtime = std::os::unix::fs::MetadataExt::mtime(&md);
     }
     let c = ctx.clone();
     outcome.absorb(

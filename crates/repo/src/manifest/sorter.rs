@@ -5,7 +5,7 @@
 //! in the path order a manifest stores them in. Held decoded until the end, they were most
 //! of a backup's memory (about 250 bytes a file). Here they are gathered in runs: every
 //! [`RUN_ENTRIES`] entries are sorted by path and kept as compressed JSON (about 77 bytes
-//! a file); [`EntrySorter::sorted`] merges the runs into one stream in path order,
+//! a file); [`EntrySorter::into_sorted`] merges the runs into one stream in path order,
 //! from which [`Manifest::encode_streamed`] writes the manifest.
 
 use super::{Entry, Manifest, MAGIC};
@@ -20,7 +20,7 @@ const RUN_ENTRIES: usize = 8192;
 #[derive(Default)]
 pub struct EntrySorter {
     pending: Vec<Entry>,
-    runs: Vec<bytes::Bytes>,
+    runs: Vec<Vec<u8>>,
 }
 
 impl EntrySorter {
@@ -47,17 +47,15 @@ impl EntrySorter {
         for e in &pending {
             serde_json::to_writer(&mut enc, e).expect("serialize into memory");
         }
-        self.runs
-            .push(enc.finish().expect("zstd into memory").into());
+        self.runs.push(enc.finish().expect("zstd into memory"));
         self.pending = pending;
         self.pending.clear();
     }
 
-    /// Every entry, in path order (a path given twice comes twice); as often as needed
-    /// (each time the runs are decoded again).
-    pub fn sorted(&mut self) -> impl Iterator<Item = Result<Entry>> + use<> {
+    /// Every entry, in path order (a path given twice comes twice).
+    pub fn into_sorted(mut self) -> impl Iterator<Item = Result<Entry>> {
         self.flush();
-        let mut readers: Vec<RunReader> = self.runs.iter().cloned().map(run_reader).collect();
+        let mut readers: Vec<RunReader> = self.runs.into_iter().map(run_reader).collect();
         let mut heads = BinaryHeap::new();
         let mut failed = None;
         for (run, r) in readers.iter_mut().enumerate() {
@@ -86,12 +84,12 @@ impl EntrySorter {
 type RunReader = serde_json::StreamDeserializer<
     'static,
     serde_json::de::IoRead<
-        zstd::stream::read::Decoder<'static, std::io::BufReader<std::io::Cursor<bytes::Bytes>>>,
+        zstd::stream::read::Decoder<'static, std::io::BufReader<std::io::Cursor<Vec<u8>>>>,
     >,
     Entry,
 >;
 
-fn run_reader(run: bytes::Bytes) -> RunReader {
+fn run_reader(run: Vec<u8>) -> RunReader {
     let dec = zstd::stream::read::Decoder::new(std::io::Cursor::new(run)).expect("zstd decoder");
     serde_json::Deserializer::from_reader(dec).into_iter::<Entry>()
 }
