@@ -28,7 +28,6 @@ pub type BlockHashes = SmallVec<[u64; 2]>;
 mod map;
 mod name;
 pub mod patch;
-mod sorter;
 mod stream;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -39,7 +38,6 @@ mod wire;
 pub use map::{
     FileMap, MapDelta, MapFrame, MapRun, PackUsage, PackUse, INLINE_MAX_BLOCKS, MAX_MAP_DEPTH,
 };
-pub use sorter::EntrySorter;
 pub use stream::StoredManifest;
 pub use validate::{check_annotation, is_backup_label};
 
@@ -527,16 +525,11 @@ impl Manifest {
     /// the manifest of a backup with a prior one crosses the line as a patch against the
     /// prior's (`patch`).
     pub async fn publish(&self, storage: &Storage) -> Result<()> {
-        self.publish_encoded(storage, self.encode().into()).await
-    }
-
-    /// [`Manifest::publish`] of this manifest's stored form `data` (as
-    /// [`Manifest::encode_streamed`] writes it, this being its header).
-    pub async fn publish_encoded(&self, storage: &Storage, data: bytes::Bytes) -> Result<()> {
         let (copy, manifest) = (
             layout::manifest_copy(&self.stanza, &self.label),
             layout::manifest(&self.stanza, &self.label),
         );
+        let data = bytes::Bytes::from(self.encode());
         match &self.prior {
             Some(prior) => {
                 let base = layout::manifest(&self.stanza, prior);

@@ -334,47 +334,6 @@ async fn a_stored_manifest_streams_the_entries_of_a_whole_decode() {
     );
 }
 
-/// Entries pushed in any order, over several runs and from two sorters, come back in path
-/// order; a manifest written from them as a stream is the manifest encoded whole.
-#[test]
-fn sorted_entries_encode_as_the_whole_manifest_does() {
-    let m = sample();
-    let mut files: Vec<Entry> = (0..20_000)
-        .map(|i| file(&format!("base/5/x{i}"), 3, vec![stored("1-0", 3)]))
-        .collect();
-    files.extend(m.entries.iter().cloned());
-    // A fixed shuffle: reversed, then odd positions first.
-    files.reverse();
-    let (odd, even): (Vec<_>, Vec<_>) =
-        files.into_iter().enumerate().partition(|(i, _)| i % 2 == 1);
-    let (mut a, mut b) = (EntrySorter::default(), EntrySorter::default());
-    for (_, e) in odd {
-        a.push(e);
-    }
-    for (_, e) in even {
-        b.push(e);
-    }
-    a.absorb(b);
-    let sorted: Vec<Entry> = a.into_sorted().collect::<Result<_>>().unwrap();
-    let paths: Vec<&str> = sorted.iter().map(|e| e.path()).collect();
-    let mut want = paths.clone();
-    want.sort();
-    assert_eq!(paths, want);
-    let count = paths.len();
-    assert_eq!(count, 20_000 + m.entries.len());
-
-    let mut whole = m.clone();
-    whole.entries = sorted.clone();
-    whole.set_packs_used();
-    let header = whole.clone().into_header();
-    let streamed = header.encode_streamed(sorted.into_iter().map(Ok)).unwrap();
-    assert_eq!(streamed, whole.encode());
-    assert_eq!(
-        Manifest::decode(&streamed, "m").unwrap().entries.len(),
-        count
-    );
-}
-
 /// The JSON inside an encoded manifest.
 fn json_of(m: &Manifest) -> String {
     let enc = m.encode();
