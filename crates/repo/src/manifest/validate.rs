@@ -66,7 +66,8 @@ pub(super) fn validate(m: &mut Manifest, what: &str) -> Result<()> {
 /// directories, not the files.
 ///
 /// Whether `packs_used` matches the entries is not checked here: it needs every frame the
-/// entries reference, and only `expire` and `info` go by it (a whole decode checks it).
+/// entries reference, and only `expire` and `info` go by it (a whole decode checks it, and
+/// verify counts it as it reads, [`super::PackUsage`]).
 pub(super) struct EntryChecker<'m> {
     m: &'m Manifest,
     what: &'m str,
