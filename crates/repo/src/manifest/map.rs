@@ -23,7 +23,7 @@
 //! it changes. Writing it needs neither the old map's bytes nor its reading (on a backup
 //! host, the old map of a changed 1 GB segment crossed the line for every incremental, and
 //! its new map was most of what the incremental stored). Readers follow the chain down to
-//! a whole map and apply each delta on the way back ([`Manifest::load_maps_of`]). A chain
+//! a whole map and apply each delta on the way back ([`Manifest::load_maps_into`]). A chain
 //! is at most [`MAX_MAP_DEPTH`] deltas long; the writer then stores a whole map again.
 
 use super::{FileEntry, Manifest, Name, ThinVec};
@@ -513,21 +513,11 @@ impl Manifest {
     /// Load every file's map frame into its entry, checking each as the manifest's own
     /// entries were checked.
     pub async fn load_maps(&mut self, storage: &Storage) -> Result<()> {
-        self.load_maps_of(storage, |_| true).await
-    }
-
-    /// Load the map frames of the files `wanted` picks, checked. Maps are fetched
-    /// `CONCURRENT_MAP_READS` groups at a time.
-    pub async fn load_maps_of(
-        &mut self,
-        storage: &Storage,
-        wanted: impl Fn(&FileEntry) -> bool,
-    ) -> Result<()> {
         let mut entries = std::mem::take(&mut self.entries);
         let mut files: Vec<&mut FileEntry> = entries
             .iter_mut()
             .filter_map(|e| match e {
-                super::Entry::File(f) if wanted(f) => Some(&mut **f),
+                super::Entry::File(f) => Some(&mut **f),
                 _ => None,
             })
             .collect();

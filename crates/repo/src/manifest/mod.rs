@@ -387,8 +387,7 @@ impl Manifest {
     /// `packs_used`, or one a reader should decode whole to learn what is wrong with it).
     pub fn decode_header(obj: &[u8], what: &str) -> Result<Option<Manifest>> {
         Manifest::check_stored(obj, what)?;
-        let json = crate::codec::zstd_bounded_reader(&obj[40..], MAX_MANIFEST_RATIO, what)?;
-        let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::new(json));
+        let mut de = json_of(obj, what)?;
         let mut header = serde_json::Map::new();
         // Stopping at "entries" leaves the object unfinished, so the parse always ends in
         // an error; whether the header was reached is what counts.
@@ -414,12 +413,7 @@ impl Manifest {
 
     pub fn decode(obj: &[u8], what: &str) -> Result<Manifest> {
         Manifest::check_stored(obj, what)?;
-        // Parsed as it is decoded: the JSON text of a large manifest is never held whole.
-        let json = crate::codec::zstd_bounded_reader(&obj[40..], MAX_MANIFEST_RATIO, what)?;
-        let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(
-            256 << 10,
-            json,
-        ));
+        let mut de = json_of(obj, what)?;
         let mut m = Manifest::deserialize(&mut de)
             .and_then(|m| de.end().map(|()| m))
             .map_err(|e| {
@@ -601,6 +595,18 @@ pub(crate) fn encode_checked(magic: &[u8; 8], value: &impl Serialize) -> Vec<u8>
     let hash = blake3::hash(&out[40..]);
     out[8..40].copy_from_slice(hash.as_bytes());
     out
+}
+
+/// The JSON of stored manifest `obj` (its checksum already checked), to parse as it is
+/// decompressed: the JSON text of a large manifest is never held whole.
+fn json_of<'a>(
+    obj: &'a [u8],
+    what: &str,
+) -> Result<serde_json::Deserializer<serde_json::de::IoRead<impl std::io::Read + 'a>>> {
+    let json = crate::codec::zstd_bounded_reader(&obj[40..], MAX_MANIFEST_RATIO, what)?;
+    Ok(serde_json::Deserializer::from_reader(
+        std::io::BufReader::with_capacity(256 << 10, json),
+    ))
 }
 
 /// How much larger than its compressed body a manifest's JSON may be. Real manifests

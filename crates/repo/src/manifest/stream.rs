@@ -12,7 +12,7 @@
 //! then reads the entries again, as often as the caller needs.
 
 use super::validate::EntryChecker;
-use super::{wire, Entry, FileEntry, Manifest, MAX_MANIFEST_RATIO};
+use super::{wire, Entry, FileEntry, Manifest};
 use crate::{Error, ErrorKind, Result, Storage};
 use bytes::Bytes;
 
@@ -47,18 +47,9 @@ impl Manifest {
                 None => Manifest::decode(obj, key)?.into_header(),
             };
             Manifest::check_identity(&header, key, stanza, label)?;
-            let mut stored = StoredManifest {
-                header,
-                obj: obj.clone(),
-                key: key.to_string(),
-                layout: Vec::new(),
-                kept: Vec::new(),
-                files: 0,
-                bytes: 0,
-            };
-            let mut checker = EntryChecker::new(&stored.header, key)?;
+            let mut checker = EntryChecker::new(&header, key)?;
             let (mut layout, mut kept, mut files, mut bytes) = (Vec::new(), Vec::new(), 0, 0);
-            stored.read_entries::<Error>(|mut e| {
+            read_entries::<Error>(obj, key, |mut e| {
                 checker.check(&mut e)?;
                 match e {
                     Entry::File(f) => {
@@ -72,9 +63,15 @@ impl Manifest {
                 Ok(())
             })?;
             checker.finish()?;
-            (stored.layout, stored.kept) = (layout, kept);
-            (stored.files, stored.bytes) = (files, bytes);
-            Ok(stored)
+            Ok(StoredManifest {
+                header,
+                obj: obj.clone(),
+                key: key.to_string(),
+                layout,
+                kept,
+                files,
+                bytes,
+            })
         })
         .await
     }
@@ -110,43 +107,39 @@ impl StoredManifest {
         &self,
         mut each: impl FnMut(Entry) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
-        self.read_entries(|mut e| {
+        read_entries(&self.obj, &self.key, |mut e| {
             e.owner_mut().mode &= super::validate::PERMISSION_BITS;
             each(e)
         })
     }
+}
 
-    fn read_entries<E: From<Error>>(
-        &self,
-        mut each: impl FnMut(Entry) -> std::result::Result<(), E>,
-    ) -> std::result::Result<(), E> {
-        let what = &self.key;
-        let json = crate::codec::zstd_bounded_reader(&self.obj[40..], MAX_MANIFEST_RATIO, what)?;
-        let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(
-            256 << 10,
-            json,
-        ));
-        let (mut failed, mut found) = (None, false);
-        let parsed = serde::de::DeserializeSeed::deserialize(
-            wire::EntriesSeed {
-                each: &mut each,
-                failed: &mut failed,
-                found: &mut found,
-            },
-            &mut de,
-        )
-        .and_then(|()| de.end());
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        parsed.map_err(|e| {
-            Error::with_source(ErrorKind::Corrupt, format!("{what}: invalid manifest"), e)
-        })?;
-        if !found {
-            return Err(
-                Error::corrupt(format!("{what}: invalid manifest: it has no entries")).into(),
-            );
-        }
-        Ok(())
+/// Hand every entry of stored manifest `obj` (read from `what`), in order, to `each`,
+/// skipping every other field; an error from `each` stops the reading and is returned.
+fn read_entries<E: From<Error>>(
+    obj: &[u8],
+    what: &str,
+    mut each: impl FnMut(Entry) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    let mut de = super::json_of(obj, what)?;
+    let (mut failed, mut found) = (None, false);
+    let parsed = serde::de::DeserializeSeed::deserialize(
+        wire::EntriesSeed {
+            each: &mut each,
+            failed: &mut failed,
+            found: &mut found,
+        },
+        &mut de,
+    )
+    .and_then(|()| de.end());
+    if let Some(e) = failed {
+        return Err(e);
     }
+    parsed.map_err(|e| {
+        Error::with_source(ErrorKind::Corrupt, format!("{what}: invalid manifest"), e)
+    })?;
+    if !found {
+        return Err(Error::corrupt(format!("{what}: invalid manifest: it has no entries")).into());
+    }
+    Ok(())
 }
