@@ -156,6 +156,7 @@ fn header(label: &str, prior: Option<&str>) -> Manifest {
         databases: None,
         annotations: Default::default(),
         packs_used: None,
+        parts: Vec::new(),
     }
 }
 

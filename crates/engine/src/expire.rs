@@ -74,7 +74,8 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
         }
         let mut report = ExpireReport::default();
         for label in &doomed {
-            // The manifest first: the backup no longer exists. Then its copy.
+            // The manifest first: the backup no longer exists. Then its copy; its parts
+            // (format 4) go with the garbage below.
             storage.delete(&layout::manifest(&s.stanza, label)).await?;
             storage.delete(&layout::manifest_copy(&s.stanza, label)).await?;
             log::info!("expired backup {label}");
@@ -241,9 +242,12 @@ pub(crate) async fn collect_garbage(
             }
             continue;
         }
-        if let Some(label) = rest.strip_suffix("/backup.manifest.copy") {
-            // A copy without its manifest: a backup stopped between the two writes, or
-            // an expire between the two deletes.
+        let stray_of = rest
+            .strip_suffix("/backup.manifest.copy")
+            .or_else(|| rest.split_once("/manifest/").map(|(label, _)| label));
+        if let Some(label) = stray_of {
+            // A copy or a part (format 4) without its manifest: a backup stopped before
+            // its last write, or expired (the manifest goes first).
             let stray = !manifest_objects.contains(label)
                 && (expired.is_some_and(|e| e.contains(label))
                     || now - obj.modified >= ORPHAN_GRACE_SECS);

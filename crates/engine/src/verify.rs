@@ -242,18 +242,20 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         if !failed.is_empty() {
             // The entries again, for the paths of those that failed (here or before).
             let mut text = String::new();
-            stored.for_each_entry::<Error>(|e| {
-                if let Entry::File(f) = e {
-                    if let Some(why) = failed.get(&entry_key(&m, &f, &mut text)) {
-                        v.errors.push(if why.contains(&*f.path) {
-                            why.clone()
-                        } else {
-                            format!("{}: {why}", f.path)
-                        });
+            stored
+                .for_each_entry::<Error>(|e| {
+                    if let Entry::File(f) = e {
+                        if let Some(why) = failed.get(&entry_key(&m, &f, &mut text)) {
+                            v.errors.push(if why.contains(&*f.path) {
+                                why.clone()
+                            } else {
+                                format!("{}: {why}", f.path)
+                            });
+                        }
                     }
-                }
-                Ok(())
-            })?;
+                    Ok(())
+                })
+                .await?;
         }
         v.ok = v.errors.is_empty();
         if v.ok {
@@ -324,7 +326,7 @@ async fn check_files(
         let mut usage = PackUsage::new(&header.label);
         let read = |files: std::sync::mpsc::SyncSender<(EntryKey, Box<FileEntry>)>| {
             let mut text = String::new();
-            m.for_each_entry::<Error>(|e| {
+            runtime.block_on(m.for_each_entry::<Error>(|e| {
                 let Entry::File(f) = e else { return Ok(()) };
                 usage.add(&f);
                 out.files += 1;
@@ -337,7 +339,7 @@ async fn check_files(
                 files
                     .send((key, f))
                     .map_err(|_| Error::new(crate::ErrorKind::Io, "verify stopped"))
-            })
+            }))
         };
         let check = |reader: &mut FrameReader,
                      failed: &mut Vec<_>,

@@ -7,6 +7,8 @@
 //! <stanza>/archive/<archive-id>/<first 16>/<segment>.map    its block-change map
 //! <stanza>/archive/<archive-id>/<name>.history          timeline history files
 //! <stanza>/backup/<label>/pack/<worker>-<seq>           pack objects holding file data
+//! <stanza>/backup/<label>/manifest/<n>                  part n of its entries (format 4)
+//! <stanza>/backup/<label>/manifest/<n>.copy             that part's copy, written just before it
 //! <stanza>/backup/<label>/backup.manifest.copy          its copy, written just before it
 //! <stanza>/backup/<label>/backup.manifest               the manifest, written last
 //! <stanza>/lock/backup.lock                             held while a backup or expire runs
@@ -77,6 +79,25 @@ pub fn manifest(stanza: &str, label: &str) -> String {
 /// The manifest's second copy, written just before it and read when it is damaged.
 pub fn manifest_copy(stanza: &str, label: &str) -> String {
     format!("{}/backup.manifest.copy", backup_dir(stanza, label))
+}
+
+/// Part `n` (from 0) of the entries of backup `label`'s manifest (format 4).
+pub fn manifest_part(stanza: &str, label: &str, n: usize) -> String {
+    format!("{}/manifest/{n}", backup_dir(stanza, label))
+}
+
+/// The copy of part `n`, written just before it and read when it is damaged.
+pub fn manifest_part_copy(stanza: &str, label: &str, n: usize) -> String {
+    format!("{}.copy", manifest_part(stanza, label, n))
+}
+
+/// Whether `key` names a manifest or a part of one (not a copy): what a manifest patch
+/// may rebuild.
+pub fn is_manifest_object(key: &str) -> bool {
+    key.ends_with("/backup.manifest")
+        || key.rsplit_once("/manifest/").is_some_and(|(_, n)| {
+            !n.is_empty() && n.len() <= 10 && n.bytes().all(|b| b.is_ascii_digit())
+        })
 }
 
 pub fn pack(stanza: &str, label: &str, name: &str) -> String {

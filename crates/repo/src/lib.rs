@@ -39,4 +39,4 @@ pub use storage::Storage;
 
 /// Version of the repository format written by this code. Bumped on any change that an
 /// older reader would misread; readers refuse versions they do not know.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;

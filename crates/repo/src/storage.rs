@@ -554,7 +554,8 @@ impl Storage {
     /// object to store (possibly other bytes of the same meaning) and a patch, and only
     /// the patch crosses the line: the holder rebuilds, seals and stores the object
     /// (`put_patch`, docs/remote-protocol.md). Everywhere else, and when the holder cannot
-    /// rebuild it, `data` is written whole as `put_new_twice` does.
+    /// rebuild it, `data` is written whole as `put_new_twice` does. Returns the object
+    /// written (unsealed): `data`, or the other bytes of the same meaning the patch made.
     pub async fn put_new_twice_against(
         &self,
         first: &str,
@@ -562,19 +563,23 @@ impl Storage {
         base: &str,
         data: Bytes,
         diff: impl FnOnce(&[u8], &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>>,
-    ) -> Result<()> {
+    ) -> Result<Bytes> {
+        let whole = |data: Bytes| async move {
+            self.put_new_twice(first, second, data.clone()).await?;
+            Ok(data)
+        };
         let (Some(remote), Some(cache)) = (&self.remote, object_cache()) else {
-            return self.put_new_twice(first, second, data).await;
+            return whole(data).await;
         };
         let Some(held) = cache.get(base) else {
-            return self.put_new_twice(first, second, data).await;
+            return whole(data).await;
         };
         let (stored, patch) = match diff(&held.bytes, &data) {
             Ok(Some((stored, patch))) => (Bytes::from(stored), patch),
-            Ok(None) => return self.put_new_twice(first, second, data).await,
+            Ok(None) => return whole(data).await,
             Err(e) => {
                 log::info!("{second}: not sent as a patch against {base}: {e}");
-                return self.put_new_twice(first, second, data).await;
+                return whole(data).await;
             }
         };
         let (to_first, to_second, from) =
@@ -599,17 +604,17 @@ impl Storage {
                     Ok(h) => cache.put(second, *h.as_bytes(), &stored),
                     Err(_) => log::debug!("{second}: the holder's hash '{hash}' is not BLAKE3"),
                 }
-                Ok(())
+                Ok(stored)
             }
             // The holder cannot rebuild it (no key for this stanza, a manifest too large,
             // another zstd): it wrote nothing.
             Err(e) if e.kind == ErrorKind::Invalid => {
                 log::info!("{e}; sending it whole");
-                self.put_new_twice(first, second, stored).await
+                whole(stored).await
             }
             // A retry of a write whose answer was lost: ours if the manifest holds it.
             Err(e) if e.kind == ErrorKind::AlreadyExists => match self.get(second).await {
-                Ok(written) if written == stored => Ok(()),
+                Ok(written) if written == stored => Ok(stored),
                 _ => Err(e),
             },
             Err(e) => Err(e),

@@ -136,6 +136,7 @@ pub(super) fn build_manifest(
         track_reason: started.detection.track_reason,
         summary_check: started.detection.summary_check,
         packs_used: None,
+        parts: Vec::new(),
     };
     manifest.set_packs_used();
     // Codecs of the backups whose frames this one references, and only those.
@@ -167,7 +168,7 @@ fn referenced_packs(m: &Manifest) -> BTreeSet<(String, String)> {
 
 /// Write the manifest, once the prior backup and every pack of another backup it
 /// references are known to still exist.
-pub(super) async fn publish(storage: &Storage, m: &Manifest) -> Result<()> {
+pub(super) async fn publish(storage: &Storage, m: &mut Manifest) -> Result<()> {
     let refuse = |what: String| {
         Error::refused(format!(
             "backup {} not written: {what} was deleted while the backup ran (did an expire run without the stanza lock?); run the backup again",
@@ -180,9 +181,11 @@ pub(super) async fn publish(storage: &Storage, m: &Manifest) -> Result<()> {
         }
     }
     let packs = referenced_packs(m);
+    let stanza = m.stanza.clone();
+    let stanza = &stanza;
     let mut checks = futures::stream::iter(packs)
         .map(|(owner, pack)| async move {
-            let key = layout::pack(&m.stanza, &owner, &pack);
+            let key = layout::pack(stanza, &owner, &pack);
             storage.exists(&key).await.map(|found| (found, key))
         })
         .buffer_unordered(16);
@@ -192,5 +195,6 @@ pub(super) async fn publish(storage: &Storage, m: &Manifest) -> Result<()> {
             return Err(refuse(format!("pack {key}, which it references,")));
         }
     }
+    drop(checks);
     Ok(m.publish(storage).await?)
 }

@@ -103,7 +103,7 @@ async fn backup_locked(
     let mut manifest =
         assemble::build_manifest(s, stanza, &pf, prior, started, copied, stopped, started_at);
     manifest.annotations = opts.annotations.clone();
-    assemble::publish(storage, &manifest).await?;
+    assemble::publish(storage, &mut manifest).await?;
     if opts.resume {
         resume::remove_checkpoints(storage, &s.stanza, &manifest.label).await;
     }

@@ -176,7 +176,7 @@ pub async fn plan(s: &Settings, o: &RestoreOptions) -> Result<(RestorePlan, Vec<
     let pg_path = s.pg_path()?.to_path_buf();
     let (storage, _stanza) = open_stanza(s).await?;
     let m = plan::choose_backup(&storage, s, o).await?;
-    let plan = RestorePlan::new(m, &pg_path, o)?;
+    let plan = RestorePlan::new(m, &pg_path, o).await?;
     plan.check_targets()?;
     let settings = match recovery::signal_file(o.recovery_type) {
         Some(signal) => {
@@ -244,7 +244,7 @@ fn execute(
         ..Default::default()
     };
     let tree = open_targets(plan)?;
-    report.removed += prepare_targets(plan, &tree)?;
+    report.removed += prepare_targets(plan, &tree, &runtime)?;
     let chown = running_as_root();
     let mut layout = Layout {
         plan,
@@ -276,7 +276,7 @@ fn execute(
         tallies.push(w.finish());
     }
     let result = crate::content::with_streamed_jobs(
-        |files| read_files(&plan.manifest, files),
+        |files| read_files(&sh.runtime, &plan.manifest, files),
         |f| f,
         |window| {
             // The extents of small files, which are fetched in groups by pack (format 2+
@@ -331,10 +331,11 @@ fn execute(
 /// Send every file of `manifest` but `PG_VERSION` and `global/pg_control` (written first
 /// and last, on their own) to `files`, in order.
 fn read_files(
+    runtime: &tokio::runtime::Handle,
     manifest: &pgstrata_repo::manifest::StoredManifest,
     files: std::sync::mpsc::SyncSender<Box<FileEntry>>,
 ) -> Result<()> {
-    manifest.for_each_entry::<Error>(|e| match e {
+    runtime.block_on(manifest.for_each_entry::<Error>(|e| match e {
         Entry::File(f) if &*f.path != plan::PG_VERSION && &*f.path != plan::PG_CONTROL => {
             // The jobs are gone: the workers stopped on an error, which they report.
             files
@@ -342,7 +343,7 @@ fn read_files(
                 .map_err(|_| Error::new(crate::ErrorKind::Io, "restore stopped"))
         }
         _ => Ok(()),
-    })
+    }))
 }
 
 /// Create the data directory and tablespace locations if absent, and open them.
@@ -365,7 +366,11 @@ fn open_targets(plan: &RestorePlan) -> Result<TargetTree> {
 
 /// Make the targets unstartable, then empty them (`--force`) or remove what the backup
 /// lacks (`--delta`). Returns how many entries were removed.
-fn prepare_targets(plan: &RestorePlan, tree: &TargetTree) -> Result<u64> {
+fn prepare_targets(
+    plan: &RestorePlan,
+    tree: &TargetTree,
+    runtime: &tokio::runtime::Handle,
+) -> Result<u64> {
     let mut cache = ParentCache::default();
     if plan.mode == WriteMode::Fresh {
         return Ok(0);
@@ -393,7 +398,7 @@ fn prepare_targets(plan: &RestorePlan, tree: &TargetTree) -> Result<u64> {
             }
         }
     } else {
-        removed += remove_extraneous(plan, tree)?;
+        removed += remove_extraneous(plan, tree, runtime)?;
     }
     tree.root.sync()?;
     Ok(removed)
@@ -402,12 +407,16 @@ fn prepare_targets(plan: &RestorePlan, tree: &TargetTree) -> Result<u64> {
 /// Delete what the backup does not have (delta restore), walking through handles. In a
 /// tablespace location only this version's directory is walked: the rest belongs to
 /// other major versions (pg_upgrade) and is left alone.
-fn remove_extraneous(plan: &RestorePlan, tree: &TargetTree) -> Result<u64> {
+fn remove_extraneous(
+    plan: &RestorePlan,
+    tree: &TargetTree,
+    runtime: &tokio::runtime::Handle,
+) -> Result<u64> {
     let mut wanted = Wanted::default();
-    plan.manifest.for_each_entry::<Error>(|e| {
+    runtime.block_on(plan.manifest.for_each_entry::<Error>(|e| {
         wanted.insert(e.path());
         Ok(())
-    })?;
+    }))?;
     let mut removed = 0;
     walk_extraneous(plan, tree, &tree.root, "", &wanted, &mut removed)?;
     Ok(removed)

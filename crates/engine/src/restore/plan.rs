@@ -80,7 +80,7 @@ const KEPT: [&str; 2] = [PG_VERSION, PG_CONTROL];
 impl RestorePlan {
     /// Plan the restore of `manifest` into `pg_path`, from what checking it kept (a
     /// selective restore reads the entries once more, to count what it leaves out).
-    pub fn new(
+    pub async fn new(
         manifest: StoredManifest,
         pg_path: &Path,
         o: &RestoreOptions,
@@ -93,15 +93,17 @@ impl RestorePlan {
         let header = manifest.header();
         let mut selection = super::selective::select(header, &o.db_include, &o.db_exclude)?;
         if !selection.excluded.is_empty() {
-            manifest.for_each_entry::<Error>(|e| {
-                if let Entry::File(f) = e {
-                    if selection.is_zeroed(&f.path) {
-                        selection.zeroed_files += 1;
-                        selection.zeroed_bytes += f.size;
+            manifest
+                .for_each_entry::<Error>(|e| {
+                    if let Entry::File(f) = e {
+                        if selection.is_zeroed(&f.path) {
+                            selection.zeroed_files += 1;
+                            selection.zeroed_bytes += f.size;
+                        }
                     }
-                }
-                Ok(())
-            })?;
+                    Ok(())
+                })
+                .await?;
         }
         let kept = |path: &str| manifest.kept().iter().find(|f| &*f.path == path).cloned();
         let (first, control) = (kept(PG_VERSION), kept(PG_CONTROL));

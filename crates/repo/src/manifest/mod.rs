@@ -27,6 +27,7 @@ pub type BlockHashes = SmallVec<[u64; 2]>;
 
 mod map;
 mod name;
+mod parts;
 pub mod patch;
 mod stream;
 #[cfg(test)]
@@ -107,10 +108,32 @@ pub struct Manifest {
     /// ([`Manifest::load_header`]); absent in manifests written before it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub packs_used: Option<Vec<(String, String, u64)>>,
+    /// Format 4: where the entries are, the manifest's parts in order (see [`PartRef`]).
+    /// Empty in a manifest before format 4, which holds its entries itself; such a
+    /// manifest's `entries` are filled in from the parts when it is read whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<PartRef>,
     /// Last, so that a reader of the header stops before it (pgstrata writes fields in
     /// this order; manifests written before `packs_used` have `stats` and more after it).
+    /// Stored empty in format 4, whose entries are in its parts.
     pub entries: Vec<Entry>,
 }
+
+/// One part of a format 4 manifest: a stored object of up to [`PART_ENTRIES`] entries
+/// (`<label>/manifest/<n>`, written with its copy before the manifest), checked against
+/// this reference before any of its entries is read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartRef {
+    /// How many entries the part holds.
+    pub entries: u32,
+    /// BLAKE3 of the part object's body (its bytes 40..end, as its own bytes 8..40).
+    #[serde(with = "text::hash32")]
+    pub hash: [u8; 32],
+}
+
+/// Most entries in one part of a manifest: about 2.5 MB stored and 10 MB of JSON for
+/// files of one to three blocks, which is what a reader of a part holds at once.
+pub const PART_ENTRIES: usize = 32_768;
 
 /// A database of the backed-up cluster. Its files are under `base/<oid>/` and
 /// `pg_tblspc/<tablespace>/PG_<major>_<catalog_version>/<oid>/`.
@@ -411,6 +434,8 @@ impl Manifest {
         Ok(Some(m))
     }
 
+    /// Decode and check stored manifest `obj`, read from `what`. A manifest of format 4
+    /// comes without its entries (they are in its parts, which [`Manifest::load`] reads).
     pub fn decode(obj: &[u8], what: &str) -> Result<Manifest> {
         Manifest::check_stored(obj, what)?;
         let mut de = json_of(obj, what)?;
@@ -420,6 +445,11 @@ impl Manifest {
                 Error::with_source(ErrorKind::Corrupt, format!("{what}: invalid manifest"), e)
             })?;
         crate::error::check_format_version(what, m.format_version, FORMAT_VERSION)?;
+        if m.format_version >= 4 {
+            // The entries are in the parts (`Manifest::load` reads them).
+            validate::validate_parted(&m, what)?;
+            return Ok(m);
+        }
         validate::validate(&mut m, what)?;
         // The list grew by doubling while it was parsed: up to twice the room it needs,
         // held as long as the manifest is.
@@ -430,10 +460,22 @@ impl Manifest {
     /// Load backup `label`'s manifest; when it is damaged, its copy (with a warning). The
     /// error of a backup whose manifest and copy are both damaged has kind `Corrupt`.
     pub async fn load(storage: &Storage, stanza: &str, label: &str) -> Result<Manifest> {
-        Manifest::load_as(storage, stanza, label, |obj, key| {
+        let mut m = Manifest::load_as(storage, stanza, label, |obj, key| {
             Manifest::decode_at(obj, key, stanza, label)
         })
-        .await
+        .await?;
+        if !m.parts.is_empty() {
+            let total = m.parts.iter().map(|p| p.entries as usize).sum();
+            let mut entries = Vec::with_capacity(total);
+            m.for_each_part_entry::<Error>(storage, |e| {
+                entries.push(e);
+                Ok(())
+            })
+            .await?;
+            m.entries = entries;
+            validate::validate(&mut m, &layout::manifest(stanza, label))?;
+        }
+        Ok(m)
     }
 
     /// The header of backup `label`'s manifest ([`Manifest::into_header`]) with
@@ -446,7 +488,9 @@ impl Manifest {
                 return Ok(header);
             }
             let mut m = Manifest::decode_at(obj, key, stanza, label)?;
-            m.set_packs_used();
+            if m.packs_used.is_none() {
+                m.set_packs_used();
+            }
             Ok(m.into_header())
         })
         .await
@@ -513,12 +557,33 @@ impl Manifest {
         Ok(())
     }
 
-    /// Write the manifest, making the backup visible: first its copy, then the manifest
-    /// itself, both create-only. A crash between the two leaves a copy without a manifest,
-    /// which is not a backup (expire removes it). Through a repository on another host,
-    /// the manifest of a backup with a prior one crosses the line as a patch against the
-    /// prior's (`patch`).
-    pub async fn publish(&self, storage: &Storage) -> Result<()> {
+    /// Write the manifest, making the backup visible: its parts (format 4, each after its
+    /// copy, recorded in `parts`), then its copy, then the manifest itself, all
+    /// create-only. A crash before the last write leaves parts or a copy without a
+    /// manifest, which are not a backup (expire removes them). Through a repository on
+    /// another host, the manifest and parts of a backup with a prior one cross the line as
+    /// patches against the prior's (`patch`).
+    pub async fn publish(&mut self, storage: &Storage) -> Result<()> {
+        self.publish_with(storage, PART_ENTRIES).await
+    }
+
+    /// [`Manifest::publish`] with parts of at most `per_part` entries (format 4; before
+    /// it, the manifest holds its entries).
+    pub(crate) async fn publish_with(&mut self, storage: &Storage, per_part: usize) -> Result<()> {
+        if self.format_version < 4 {
+            return self.publish_object(storage).await;
+        }
+        let entries = std::mem::take(&mut self.entries);
+        let written = match self.write_parts(storage, &entries, per_part).await {
+            Ok(()) => self.publish_object(storage).await,
+            Err(e) => Err(e),
+        };
+        self.entries = entries;
+        written
+    }
+
+    /// Write the object `backup.manifest` (after its copy).
+    async fn publish_object(&self, storage: &Storage) -> Result<()> {
         let (copy, manifest) = (
             layout::manifest_copy(&self.stanza, &self.label),
             layout::manifest(&self.stanza, &self.label),
@@ -530,6 +595,7 @@ impl Manifest {
                 storage
                     .put_new_twice_against(&copy, &manifest, &base, data, patch::make)
                     .await
+                    .map(drop)
             }
             None => storage.put_new_twice(&copy, &manifest, data).await,
         }

@@ -184,10 +184,11 @@ impl pgstrata_remote::agent::Rebuild for Rebuilder {
         seal_as: &str,
         patch: Bytes,
     ) -> std::result::Result<Bytes, String> {
-        const MANIFEST: &str = "/backup.manifest";
-        if !base_key.ends_with(MANIFEST) || !seal_as.ends_with(MANIFEST) {
+        if !crate::layout::is_manifest_object(base_key)
+            || !crate::layout::is_manifest_object(seal_as)
+        {
             return Err(format!(
-                "{seal_as}: only manifests are rebuilt from patches"
+                "{seal_as}: only manifests and their parts are rebuilt from patches"
             ));
         }
         let cipher = self.cipher.clone().await;

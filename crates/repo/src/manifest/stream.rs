@@ -21,13 +21,69 @@ use bytes::Bytes;
 #[derive(Debug, Clone)]
 pub struct StoredManifest {
     header: Manifest,
+    /// The stored object of a manifest before format 4; empty for format 4, whose parts
+    /// are read from `storage` each time (`header.parts`).
     obj: Bytes,
+    storage: Storage,
     /// Where it was read from (the manifest or its copy), for messages.
     key: String,
     layout: Vec<Entry>,
     kept: Vec<FileEntry>,
     files: u64,
     bytes: u64,
+}
+
+/// The check of a stream of entries, and what it keeps.
+struct Checked<'k> {
+    checker: EntryChecker<'k>,
+    keep: &'k [&'k str],
+    layout: Vec<Entry>,
+    kept: Vec<FileEntry>,
+    files: u64,
+    bytes: u64,
+}
+
+impl Checked<'_> {
+    fn entry(&mut self, mut e: Entry) -> Result<()> {
+        self.checker.check(&mut e)?;
+        match e {
+            Entry::File(f) => {
+                (self.files, self.bytes) = (self.files + 1, self.bytes + f.size);
+                if self.keep.contains(&&*f.path) {
+                    self.kept.push(*f);
+                }
+            }
+            other => self.layout.push(other),
+        }
+        Ok(())
+    }
+
+    fn finish(
+        self,
+        header: &Manifest,
+        obj: Bytes,
+        storage: &Storage,
+        key: &str,
+    ) -> Result<StoredManifest> {
+        self.checker.finish()?;
+        Ok(StoredManifest {
+            header: header.clone(),
+            obj,
+            storage: storage.clone(),
+            key: key.to_string(),
+            layout: self.layout,
+            kept: self.kept,
+            files: self.files,
+            bytes: self.bytes,
+        })
+    }
+}
+
+/// A manifest as [`Manifest::load_as`] reads it for [`Manifest::open`]: checked whole,
+/// or (format 4) its header, whose parts are checked next.
+enum Opened {
+    Checked(Box<StoredManifest>),
+    Parted(Box<Manifest>, String),
 }
 
 impl Manifest {
@@ -41,39 +97,45 @@ impl Manifest {
         label: &str,
         keep: &[&str],
     ) -> Result<StoredManifest> {
-        Manifest::load_as(storage, stanza, label, |obj, key| {
+        fn checked<'k>(
+            header: &'k Manifest,
+            key: &'k str,
+            keep: &'k [&'k str],
+        ) -> Result<Checked<'k>> {
+            Ok(Checked {
+                checker: EntryChecker::new(header, key)?,
+                keep,
+                layout: Vec::new(),
+                kept: Vec::new(),
+                files: 0,
+                bytes: 0,
+            })
+        }
+        let opened = Manifest::load_as(storage, stanza, label, |obj, key| {
             let header = match Manifest::decode_header(obj, key)? {
                 Some(header) => header,
                 None => Manifest::decode(obj, key)?.into_header(),
             };
             Manifest::check_identity(&header, key, stanza, label)?;
-            let mut checker = EntryChecker::new(&header, key)?;
-            let (mut layout, mut kept, mut files, mut bytes) = (Vec::new(), Vec::new(), 0, 0);
-            read_entries::<Error>(obj, key, |mut e| {
-                checker.check(&mut e)?;
-                match e {
-                    Entry::File(f) => {
-                        (files, bytes) = (files + 1, bytes + f.size);
-                        if keep.contains(&&*f.path) {
-                            kept.push(*f);
-                        }
-                    }
-                    other => layout.push(other),
-                }
-                Ok(())
-            })?;
-            checker.finish()?;
-            Ok(StoredManifest {
-                header,
-                obj: obj.clone(),
-                key: key.to_string(),
-                layout,
-                kept,
-                files,
-                bytes,
-            })
+            if !header.parts.is_empty() {
+                return Ok(Opened::Parted(Box::new(header), key.to_string()));
+            }
+            let mut check = checked(&header, key, keep)?;
+            read_entries::<Error>(obj, key, |e| check.entry(e))?;
+            let stored = check.finish(&header, obj.clone(), storage, key)?;
+            Ok(Opened::Checked(Box::new(stored)))
         })
-        .await
+        .await?;
+        match opened {
+            Opened::Checked(stored) => Ok(*stored),
+            Opened::Parted(header, key) => {
+                let mut check = checked(&header, &key, keep)?;
+                header
+                    .for_each_part_entry::<Error>(storage, |e| check.entry(e))
+                    .await?;
+                check.finish(&header, Bytes::new(), storage, &key)
+            }
+        }
     }
 }
 
@@ -102,21 +164,29 @@ impl StoredManifest {
 
     /// Hand every entry, in order (sorted by path, the data directory first), to `each`,
     /// with its mode masked to permission bits as a checked manifest has it. An error
-    /// from `each` (of the caller's type) stops the reading and is returned.
-    pub fn for_each_entry<E: From<Error>>(
+    /// from `each` (of the caller's type) stops the reading and is returned. A format 4
+    /// manifest's parts are fetched again, one at a time, each checked by its hash.
+    pub async fn for_each_entry<E: From<Error>>(
         &self,
         mut each: impl FnMut(Entry) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
-        read_entries(&self.obj, &self.key, |mut e| {
+        let masked = |mut e: Entry| {
             e.owner_mut().mode &= super::validate::PERMISSION_BITS;
-            each(e)
-        })
+            e
+        };
+        if self.header.parts.is_empty() {
+            read_entries(&self.obj, &self.key, |e| each(masked(e)))
+        } else {
+            self.header
+                .for_each_part_entry(&self.storage, |e| each(masked(e)))
+                .await
+        }
     }
 }
 
 /// Hand every entry of stored manifest `obj` (read from `what`), in order, to `each`,
 /// skipping every other field; an error from `each` stops the reading and is returned.
-fn read_entries<E: From<Error>>(
+pub(super) fn read_entries<E: From<Error>>(
     obj: &[u8],
     what: &str,
     mut each: impl FnMut(Entry) -> std::result::Result<(), E>,

@@ -46,7 +46,13 @@ fn file(path: &str, size: u64, chunks: Vec<Chunk>) -> Entry {
     }))
 }
 
-/// A small manifest as a backup writes it: root, a database file, a tablespace.
+/// The last format whose manifest holds its entries: what the checks of entries are
+/// tested on, as one object ([`Manifest::encode`], [`Manifest::decode`]). Format 4 checks
+/// the same entries with the same code as it reads its parts (tested below).
+pub(crate) const WHOLE: u32 = 3;
+
+/// A small manifest as a backup wrote it before format 4 (one object, entries in it):
+/// root, a database file, a tablespace.
 pub(crate) fn sample() -> Manifest {
     let point = |lsn: &str, wal: &str| WalPoint {
         time: "2025-03-02T09:15:00Z".into(),
@@ -56,7 +62,7 @@ pub(crate) fn sample() -> Manifest {
         wal: wal.into(),
     };
     Manifest {
-        format_version: FORMAT_VERSION,
+        format_version: WHOLE,
         label: "20250302-091500I".into(),
         backup_type: BackupType::Incr,
         prior: Some("20250301-091500F".into()),
@@ -122,6 +128,7 @@ pub(crate) fn sample() -> Manifest {
         databases: None,
         annotations: Default::default(),
         packs_used: None,
+        parts: Vec::new(),
     }
 }
 
@@ -277,6 +284,7 @@ async fn a_stored_manifest_streams_the_entries_of_a_whole_decode() {
                 streamed.push(e);
                 Ok(())
             })
+            .await
             .unwrap();
         assert_eq!(
             serde_json::to_value(&streamed).unwrap(),
@@ -290,6 +298,7 @@ async fn a_stored_manifest_streams_the_entries_of_a_whole_decode() {
             seen += 1;
             Err(crate::Error::new(ErrorKind::Invalid, "enough"))
         })
+        .await
         .unwrap_err();
     assert_eq!((seen, err.kind), (1, ErrorKind::Invalid));
 
@@ -327,6 +336,7 @@ async fn a_stored_manifest_streams_the_entries_of_a_whole_decode() {
             paths.push(e.path().to_string());
             Ok(())
         })
+        .await
         .unwrap();
     assert_eq!(
         paths,
@@ -932,4 +942,138 @@ fn pack_usage_counts_each_inline_frame_once_per_owner_and_pack() {
     assert_eq!(stored_of(&own, "1-0"), 100);
     assert_eq!(stored_of(&own, "2-0"), 100);
     assert_eq!(usage.len(), 4);
+}
+
+/// Format 4: the entries are written in parts, each checked against the manifest before
+/// its entries are read; a damaged or missing part is read from its copy, and a part
+/// whose copy fails too makes the backup damaged. `load`, `load_header` and `open` read
+/// the same backup a whole manifest of format 3 describes.
+#[tokio::test]
+async fn a_manifest_of_format_4_is_read_from_its_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::local(dir.path()).unwrap();
+    let mut m = sample();
+    m.format_version = FORMAT_VERSION;
+    m.set_packs_used();
+    let (stanza, label) = (m.stanza.clone(), m.label.clone());
+    let entries = serde_json::to_value(&m.entries).unwrap();
+    m.publish_with(&storage, 2).await.unwrap();
+    assert_eq!(serde_json::to_value(&m.entries).unwrap(), entries);
+    let n = m.entries.len();
+    assert_eq!(m.parts.len(), n.div_ceil(2));
+    assert_eq!(m.parts.iter().map(|p| p.entries as usize).sum::<usize>(), n);
+    let file = |key: String| dir.path().join(key);
+    for i in 0..m.parts.len() {
+        assert!(file(layout::manifest_part(&stanza, &label, i)).exists());
+        assert!(file(layout::manifest_part_copy(&stanza, &label, i)).exists());
+    }
+
+    let read_all = || async {
+        let whole = Manifest::load(&storage, &stanza, &label).await?;
+        let stored = Manifest::open(&storage, &stanza, &label, &["global/pg_control"]).await?;
+        let mut streamed = Vec::new();
+        stored
+            .for_each_entry::<crate::Error>(|e| {
+                streamed.push(e);
+                Ok(())
+            })
+            .await?;
+        Ok::<_, crate::Error>((whole, stored, streamed))
+    };
+    let (whole, stored, streamed) = read_all().await.unwrap();
+    assert_eq!(serde_json::to_value(&whole.entries).unwrap(), entries);
+    assert_eq!(serde_json::to_value(&streamed).unwrap(), entries);
+    assert_eq!(whole.parts, m.parts);
+    assert_eq!(stored.kept().len(), 1);
+    let header = Manifest::load_header(&storage, &stanza, &label)
+        .await
+        .unwrap();
+    assert!(header.entries.is_empty());
+    assert_eq!(
+        (header.parts, header.packs_used),
+        (m.parts.clone(), m.packs_used.clone())
+    );
+
+    // A damaged part: its copy is read. Another valid part in its place is damage too.
+    let part1 = file(layout::manifest_part(&stanza, &label, 1));
+    let part0_bytes = std::fs::read(file(layout::manifest_part(&stanza, &label, 0))).unwrap();
+    std::fs::write(&part1, &part0_bytes).unwrap();
+    let (whole, _, streamed) = read_all().await.unwrap();
+    assert_eq!(serde_json::to_value(&whole.entries).unwrap(), entries);
+    assert_eq!(serde_json::to_value(&streamed).unwrap(), entries);
+    // With its copy missing as well, the backup is damaged, named in the error.
+    std::fs::remove_file(file(layout::manifest_part_copy(&stanza, &label, 1))).unwrap();
+    for err in [
+        Manifest::load(&storage, &stanza, &label).await.unwrap_err(),
+        Manifest::open(&storage, &stanza, &label, &[])
+            .await
+            .unwrap_err(),
+    ] {
+        assert_eq!(err.kind, ErrorKind::Corrupt, "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("backup '{label}' is damaged")),
+            "{text}"
+        );
+        assert!(text.contains("manifest/1.copy is missing"), "{text}");
+    }
+
+    // A manifest that says another count than its part holds is damaged.
+    let mut miscounted = sample();
+    (miscounted.format_version, miscounted.label) = (FORMAT_VERSION, "20250302-091600I".into());
+    miscounted.set_packs_used();
+    miscounted.publish(&storage).await.unwrap();
+    miscounted.parts[0].entries += 1;
+    miscounted.entries.clear();
+    let forged = miscounted.encode();
+    for key in [
+        layout::manifest(&stanza, &miscounted.label),
+        layout::manifest_copy(&stanza, &miscounted.label),
+    ] {
+        std::fs::write(file(key), &forged).unwrap();
+    }
+    let err = Manifest::load(&storage, &stanza, &miscounted.label)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("entries where the manifest says"),
+        "{err}"
+    );
+
+    // Entries out of order across two parts are refused as in one manifest.
+    let mut unsorted = sample();
+    (unsorted.format_version, unsorted.label) = (FORMAT_VERSION, "20250302-091700I".into());
+    unsorted.set_packs_used();
+    let last = unsorted.entries.len() - 1;
+    unsorted.entries.swap(1, last);
+    unsorted.publish_with(&storage, 1).await.unwrap();
+    for err in [
+        Manifest::load(&storage, &stanza, &unsorted.label)
+            .await
+            .unwrap_err(),
+        Manifest::open(&storage, &stanza, &unsorted.label, &[])
+            .await
+            .unwrap_err(),
+    ] {
+        assert_eq!(err.kind, ErrorKind::Corrupt, "{err}");
+    }
+
+    // Format 4 keeps entries in parts only: one object with its entries is refused, and
+    // so are parts in a manifest of an earlier format.
+    let mut inline = sample();
+    inline.format_version = FORMAT_VERSION;
+    inline.set_packs_used();
+    let err = Manifest::decode(&inline.encode(), "m").unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("format 4 and not entries in parts"),
+        "{err}"
+    );
+    let mut old = whole.clone().into_header();
+    old.format_version = WHOLE;
+    let err = Manifest::decode(&old.encode(), "m").unwrap_err();
+    assert!(
+        err.to_string().contains("parts in a format 3 manifest"),
+        "{err}"
+    );
 }

@@ -138,3 +138,18 @@ pub(crate) mod content_hash {
             .ok_or_else(|| de::Error::custom("hash is neither empty nor 64 lowercase hex digits"))
     }
 }
+
+/// A BLAKE3 that must be there: 64 lowercase hex digits, held as the 32 bytes.
+pub(crate) mod hash32 {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(hash: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&hex::encode(hash))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        super::lower_hex::<32>(&text)
+            .ok_or_else(|| de::Error::custom("hash is not 64 lowercase hex digits"))
+    }
+}

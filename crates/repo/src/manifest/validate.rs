@@ -18,6 +18,8 @@ use std::collections::HashMap;
 pub(crate) const BLOCK_SIZES: [u32; 3] = [8192, 16384, 32768];
 /// Most entries one manifest may hold.
 pub(crate) const MAX_ENTRIES: usize = 100_000_000;
+/// Most entries in one part of a manifest (format 4) a reader accepts.
+pub(crate) const MAX_PART_ENTRIES: usize = 1 << 20;
 /// Longest path (bytes), as Linux's PATH_MAX; each component at most `MAX_NAME_LEN`.
 pub(crate) const MAX_PATH_LEN: usize = 4096;
 pub(crate) const MAX_NAME_LEN: usize = 255;
@@ -40,6 +42,34 @@ pub(super) fn validate_header(m: &Manifest, what: &str) -> Result<()> {
     check_header(m)
         .and_then(|()| check_databases_and_annotations(m))
         .map_err(|msg| damaged(what, msg))
+}
+
+/// What is checked of a format 4 manifest as stored, without its entries (they are in
+/// its parts, checked as they are read): the header, and that it lists parts instead of
+/// entries, and what they add up to.
+pub(super) fn validate_parted(m: &Manifest, what: &str) -> Result<()> {
+    validate_header(m, what)?;
+    let fail = |msg: String| damaged(what, msg);
+    if m.parts.is_empty() || !m.entries.is_empty() {
+        return Err(fail("format 4 and not entries in parts".into()));
+    }
+    if m.packs_used.is_none() {
+        return Err(fail("format 4 without packs_used".into()));
+    }
+    let mut total = 0usize;
+    for (n, p) in m.parts.iter().enumerate() {
+        if p.entries == 0 || p.entries as usize > MAX_PART_ENTRIES {
+            return Err(fail(format!(
+                "part {n} holds {} entries (1 to {MAX_PART_ENTRIES})",
+                p.entries
+            )));
+        }
+        total += p.entries as usize;
+    }
+    if total > MAX_ENTRIES {
+        return Err(fail(format!("more than {MAX_ENTRIES} entries")));
+    }
+    Ok(())
 }
 
 /// Check `m` (decoded from `what`) and mask its modes to permission bits.
@@ -227,6 +257,9 @@ fn check_databases_and_annotations(m: &Manifest) -> Check {
 fn check_header(m: &Manifest) -> Check {
     if m.format_version == 0 {
         return Err("format_version 0".into());
+    }
+    if m.format_version < 4 && !m.parts.is_empty() {
+        return Err(format!("parts in a format {} manifest", m.format_version));
     }
     if !is_backup_label(&m.label) {
         return Err(format!("label {:?} is not a backup label", m.label));
