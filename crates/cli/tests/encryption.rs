@@ -295,6 +295,18 @@ fn wrong_passphrases_and_damage_are_refused() {
         &format!("backup/{incr}/backup.manifest"),
     );
 
+    // The first part of another backup's manifest (and its copy) copied over this one's:
+    // sealed under the other backup's names, it fails authentication.
+    let copy = damaged_copy(&env, "replayed-part");
+    for name in ["manifest/0", "manifest/0.copy"] {
+        std::fs::copy(
+            backup_dir(&copy, &full).join(name),
+            backup_dir(&copy, &incr).join(name),
+        )
+        .unwrap();
+    }
+    refused_as_damaged(&env, &copy, &incr, &format!("backup/{incr}/manifest/0"));
+
     // A damaged WAL object: archive-get fails above 125, so PostgreSQL stops instead of
     // ending recovery early.
     let copy = damaged_copy(&env, "wal");

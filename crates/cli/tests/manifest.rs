@@ -45,10 +45,7 @@ fn forged_manifests_are_refused_before_restore_writes_anything() {
     let env = Env::new("forged");
     env.stanza_create();
     let label = env.backup(&["--type=full"]);
-    let key = env
-        .repo
-        .join(format!("{STANZA}/backup/{label}/backup.manifest"));
-    let genuine = Manifest::decode(&std::fs::read(&key).unwrap(), "genuine").unwrap();
+    let genuine = crate::common::manifest(&env.repo, &label);
 
     // What restore must never reach: a directory beside the targets.
     let canary = env.scratch.join("canary");
@@ -114,9 +111,7 @@ fn forged_manifests_are_refused_before_restore_writes_anything() {
         let mut m = genuine.clone();
         forge(&mut m);
         m.entries.sort_by(|a, b| a.path().cmp(b.path()));
-        // Both copies forged: with one intact, restore would read that one.
-        std::fs::write(&key, m.encode()).unwrap();
-        std::fs::write(key.with_extension("manifest.copy"), m.encode()).unwrap();
+        forge_in_place(&env, &mut m);
         let target = env.scratch.join(&format!("forged-{i}"));
         let (code, err) = run_fail(env.cmd_as_invoker(&[
             &format!("--pg-path={}", target.display()),
@@ -142,8 +137,7 @@ fn forged_manifests_are_refused_before_restore_writes_anything() {
     let mut m = genuine.clone();
     m.set_packs_used();
     m.packs_used.as_mut().unwrap()[0].2 += 1;
-    std::fs::write(&key, m.encode()).unwrap();
-    std::fs::write(key.with_extension("manifest.copy"), m.encode()).unwrap();
+    forge_in_place(&env, &mut m);
     let out = env.cmd(&["verify"]).output().unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
@@ -152,6 +146,31 @@ fn forged_manifests_are_refused_before_restore_writes_anything() {
         text.contains("packs_used does not match the entries"),
         "{text}"
     );
+}
+
+/// Replace backup `m.label`'s manifest, its copy and its parts with `m`, all written as a
+/// writer of the repository could: hashes and copies consistent, so that a reader has
+/// only the entries themselves to refuse.
+fn forge_in_place(env: &Env, m: &mut Manifest) {
+    let dir = env.repo.join(format!("{STANZA}/backup/{}", m.label));
+    for name in ["backup.manifest", "backup.manifest.copy"] {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    let _ = std::fs::remove_dir_all(dir.join("manifest"));
+    let storage = pgstrata_repo::Storage::local(&env.repo).unwrap();
+    crate::common::block_on(m.publish(&storage)).unwrap();
+    let parts = dir.join("manifest");
+    let written = std::fs::read_dir(&parts)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path());
+    for path in written.chain([
+        parts.clone(),
+        dir.join("backup.manifest"),
+        dir.join("backup.manifest.copy"),
+    ]) {
+        give_to_pg_user(&path);
+    }
 }
 
 /// Flip one bit in the middle of a repository file.
@@ -198,6 +217,20 @@ fn a_damaged_manifest_is_read_from_its_copy_and_a_damaged_backup_stops_nothing_e
         err.contains("backup.manifest.copy") && err.contains("checksum"),
         "warns: {err}"
     );
+
+    // A damaged part of its entries (format 4): the part's copy is read, with a warning
+    // naming it, and the backup verifies.
+    let part = dir.join("manifest/0");
+    let intact = std::fs::read(&part).unwrap();
+    damage(&part);
+    let out = env
+        .cmd(&[&format!("--set={second}"), "verify"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "verify with a damaged part: {err}");
+    assert!(err.contains("manifest/0.copy"), "warns: {err}");
+    std::fs::write(&part, intact).unwrap();
     assert!(target.join("PG_VERSION").exists());
 
     // The copy damaged too: info and verify report the backup as damaged and go on with
@@ -235,17 +268,23 @@ fn a_damaged_manifest_is_read_from_its_copy_and_a_damaged_backup_stops_nothing_e
         "{r}"
     );
 
-    // expire --set removes the damaged backup, manifest and copy.
+    // expire --set removes the damaged backup: manifest, copy and parts.
     env.ok(&[&format!("--set={second}"), "expire"]);
     assert!(!manifest.exists() && !copy.exists());
+    let left: Vec<String> = tree(&dir)
+        .into_keys()
+        .filter(|k| k.contains("manifest"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
     let info = env.info_json();
     assert!(info.get("damaged").is_none(), "{info}");
     assert_eq!(info["backups"].as_array().unwrap().len(), 1);
 }
 
-/// A repository written by format-1 pgstrata, frozen: every later version must read it.
-fn format_1_fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../repo/tests/fixtures/format-1")
+/// A repository written by pgstrata of format `version`, frozen: every later version must
+/// read it. Each was made by [`make_format_fixture`] of the last build of its format.
+fn format_fixture(version: u32) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../repo/tests/fixtures/format-{version}"))
 }
 
 /// Copy `from` to `to` (files and directories), owned by the PostgreSQL OS user.
@@ -270,12 +309,13 @@ const FIXTURE_ROWS: &str =
 /// What `FIXTURE_ROWS` returned on the fixture's source when it was made.
 const FIXTURE_EXPECTED: &str = "1100 73862a618ac0ef86d7690c61bc0eb272";
 
-/// Makes the frozen format-1 fixture (PostgreSQL 15, 1 MiB WAL segments, a full and an
-/// incremental backup with zstd, WAL with lz4). Run deliberately, once per format:
-/// `cargo test -p pgstrata --test integration -- --ignored make_format_1_fixture`.
+/// Makes the frozen fixture of this build's format (PostgreSQL 15, 1 MiB WAL segments, a
+/// full and an incremental backup with zstd, WAL with lz4). Run deliberately, once per
+/// format, with the last build of that format:
+/// `cargo test -p pgstrata --test integration -- --ignored make_format_fixture`.
 #[test]
 #[ignore]
-fn make_format_1_fixture() {
+fn make_format_fixture() {
     let env = Env::with_initdb_args("fixture", &["--wal-segsize=1"]);
     env.stanza_create();
     env.sql(
@@ -287,7 +327,7 @@ fn make_format_1_fixture() {
     env.backup(&["--type=incr", "--compress-type=zst"]);
     env.flush_wal();
     println!("{}", env.sql(FIXTURE_ROWS).trim());
-    let dest = format_1_fixture();
+    let dest = format_fixture(pgstrata_repo::FORMAT_VERSION);
     let _ = std::fs::remove_dir_all(&dest);
     copy_tree(&env.repo, &dest);
     let _ = std::fs::remove_dir_all(dest.join(STANZA).join("lock"));
@@ -295,9 +335,20 @@ fn make_format_1_fixture() {
 
 #[test]
 fn the_frozen_format_1_repository_still_restores() {
-    let scratch = Scratch::new("format-1");
+    frozen_repository_restores(1);
+}
+
+#[test]
+fn the_frozen_format_3_repository_still_restores() {
+    frozen_repository_restores(3);
+}
+
+/// The frozen repository of format `version` is listed, verified, restored (the
+/// incremental, its content checked in the started cluster) and expired.
+fn frozen_repository_restores(version: u32) {
+    let scratch = Scratch::new(&format!("format-{version}"));
     let repo = scratch.join("repo");
-    copy_tree(&format_1_fixture(), &repo);
+    copy_tree(&format_fixture(version), &repo);
     let pgstrata = |args: &[&str]| {
         let mut c = std::process::Command::new(exe());
         c.env("PGSTRATA_REPO_PATH", &repo)
@@ -319,18 +370,21 @@ fn the_frozen_format_1_repository_still_restores() {
         "{info}"
     );
     run_ok(pgstrata(&["verify"]));
-    // Format-1 manifests written before databases and annotations were recorded: no
-    // annotations shown, and a selective restore is refused, naming why, writing nothing.
-    assert!(info["backups"][1].get("annotations").is_none(), "{info}");
-    let target = scratch.join("selective");
-    let (code, err) = run_fail(pgstrata(&[
-        &format!("--pg-path={}", target.display()),
-        "--db-exclude=postgres",
-        "restore",
-    ]));
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("does not record its databases"), "{err}");
-    assert!(!target.exists());
+    if version == 1 {
+        // Format-1 manifests written before databases and annotations were recorded: no
+        // annotations shown, and a selective restore is refused, naming why, writing
+        // nothing.
+        assert!(info["backups"][1].get("annotations").is_none(), "{info}");
+        let target = scratch.join("selective");
+        let (code, err) = run_fail(pgstrata(&[
+            &format!("--pg-path={}", target.display()),
+            "--db-exclude=postgres",
+            "restore",
+        ]));
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("does not record its databases"), "{err}");
+        assert!(!target.exists());
+    }
 
     let target = scratch.join("restored");
     run_ok(pgstrata(&[
@@ -349,8 +403,8 @@ fn the_frozen_format_1_repository_still_restores() {
     let rows = cluster.psql("postgres", FIXTURE_ROWS).unwrap();
     assert_eq!(rows.trim(), FIXTURE_EXPECTED, "the incremental's content");
 
-    // Manifests without packs_used: expire reads them whole for it, and deletes no pack
-    // the two kept backups use.
+    // Expire reads the manifests' headers (format 1 has no packs_used: whole, for it) and
+    // deletes no pack the two kept backups use.
     let packs = || -> Vec<String> {
         tree(&repo)
             .into_keys()
@@ -363,15 +417,25 @@ fn the_frozen_format_1_repository_still_restores() {
     assert_eq!(packs(), before);
 }
 
-/// A format 1 repository extended by format 2 backups: the restored fixture archives into
-/// it again; an incremental on top of the fixture's format 1 incremental stores the maps
-/// of its larger files apart for the first time, a second carries them by reference, and
-/// each restores to what its source held.
 #[test]
-fn the_frozen_format_1_repository_is_extended_by_format_2_backups() {
-    let scratch = Scratch::new("format-1-extended");
+fn the_frozen_format_1_repository_is_extended_by_new_backups() {
+    frozen_repository_is_extended(1);
+}
+
+#[test]
+fn the_frozen_format_3_repository_is_extended_by_new_backups() {
+    frozen_repository_is_extended(3);
+}
+
+/// The frozen repository of format `version` extended by backups of this build's format:
+/// the restored fixture archives into it again; two incrementals on top of the fixture's
+/// incremental each restore to what their source held. From format 1, the first one stores
+/// the maps of its larger files apart for the first time and the second carries them by
+/// reference; from format 2 on, the first carries the fixture's maps by reference.
+fn frozen_repository_is_extended(version: u32) {
+    let scratch = Scratch::new(&format!("format-{version}-extended"));
     let repo = scratch.join("repo");
-    copy_tree(&format_1_fixture(), &repo);
+    copy_tree(&format_fixture(version), &repo);
     let bin = PgBin::default_install().expect("PostgreSQL 15");
     let restore = |target: &Path, set: Option<&str>| {
         let mut c = std::process::Command::new(exe());
@@ -446,36 +510,42 @@ fn the_frozen_format_1_repository_is_extended_by_format_2_backups() {
     let second = on_source(&["--start-fast", "--type=incr", "backup"]);
     let second_rows = source.psql("postgres", FIXTURE_ROWS).unwrap();
 
-    let manifest = |label: &str| {
-        let key = repo
-            .join(STANZA)
-            .join("backup")
-            .join(label)
-            .join("backup.manifest");
-        Manifest::decode(&std::fs::read(&key).unwrap(), label).unwrap()
-    };
-    let (m1, m2) = (manifest(&first), manifest(&second));
+    let (m1, m2) = (
+        crate::common::manifest(&repo, &first),
+        crate::common::manifest(&repo, &second),
+    );
     assert_eq!(m1.format_version, pgstrata_repo::FORMAT_VERSION);
     let fixture_prior = m1.prior.clone().unwrap();
     assert!(fixture_prior.ends_with('I') && fixture_prior < first);
-    // The first format 2 backup stores the maps of the large files it carried unread
-    // from the format 1 manifest; the second carries those references.
-    let stored_by_first: Vec<&FileEntry> = m1
-        .files()
-        .filter(|f| f.map.as_ref().is_some_and(|m| m.backup.is_none()))
-        .collect();
-    assert!(stored_by_first.len() > 10, "{} maps", stored_by_first.len());
-    assert!(stored_by_first.iter().all(|f| f.chunks.is_empty()));
-    let carried = m2
-        .files()
-        .filter(|f| f.map.as_ref().and_then(|m| m.backup.as_deref()) == Some(first.as_str()))
-        .count();
-    assert!(carried > 10, "{carried} maps carried by reference");
+    let maps_of = |m: &Manifest, owner: &str| {
+        m.files()
+            .filter(|f| f.map.as_ref().and_then(|m| m.backup.as_deref()) == Some(owner))
+            .count()
+    };
+    if version == 1 {
+        // The first new backup stores the maps of the large files it carried unread from
+        // the format 1 manifest; the second carries those references.
+        let stored_by_first: Vec<&FileEntry> = m1
+            .files()
+            .filter(|f| f.map.as_ref().is_some_and(|m| m.backup.is_none()))
+            .collect();
+        assert!(stored_by_first.len() > 10, "{} maps", stored_by_first.len());
+        assert!(stored_by_first.iter().all(|f| f.chunks.is_empty()));
+        let carried = maps_of(&m2, &first);
+        assert!(carried > 10, "{carried} maps carried by reference");
+    } else {
+        // The fixture's maps, carried by reference.
+        let fixture_maps: usize = m1.pack_codecs.keys().map(|l| maps_of(&m1, l)).sum();
+        assert!(
+            fixture_maps > 10,
+            "{fixture_maps} maps carried by reference"
+        );
+    }
     assert!(m1
         .files()
         .all(|f| f.map.is_some() || f.block_hashes.len() <= 8));
 
-    // Every backup of both formats reads back; each format 2 one restores as it was.
+    // Every backup of both formats reads back; each new one restores as it was.
     let pgstrata_ok = |args: &[&str]| {
         let mut c = std::process::Command::new(exe());
         c.env("PGSTRATA_REPO_PATH", &repo)
@@ -495,13 +565,13 @@ fn the_frozen_format_1_repository_is_extended_by_format_2_backups() {
         restored.stop().unwrap();
     }
 
-    // The fixture's format 1 full backup expired alone: the format 2 backups keep the
-    // frames of it they reference, and still verify.
+    // The fixture's full backup expired alone: the new backups keep the frames of it
+    // they reference, and still verify.
     let fixture_full = m1.pack_codecs.keys().find(|l| l.ends_with('F')).cloned();
     let fixture_full = fixture_full.expect("the incremental references the fixture's full");
     pgstrata_ok(&[&format!("--set={fixture_full}"), "expire"]);
     pgstrata_ok(&["verify"]);
-    // A delta restore of the second format 2 backup over the first one's restore rewrites
+    // A delta restore of the second new backup over the first one's restore rewrites
     // only what differs, and gives the second one's content.
     let target = scratch.join(&first);
     let mut c = std::process::Command::new(exe());

@@ -137,11 +137,18 @@ impl TwoHosts {
 /// bytes)"). Every carried entry of an incremental gains its owner's label, so the patch
 /// from a full's manifest is the largest kind: about a quarter of the manifest.
 fn assert_sent_as_patch(log: &str, label: &str) {
-    let marker = format!("{STANZA}/backup/{label}/backup.manifest: sent as a patch of ");
+    // The manifest, and the first part of its entries (format 4), where most bytes are.
+    for object in ["backup.manifest", "manifest/0"] {
+        assert_object_sent_as_patch(log, &format!("{STANZA}/backup/{label}/{object}"));
+    }
+}
+
+fn assert_object_sent_as_patch(log: &str, key: &str) {
+    let marker = format!("{key}: sent as a patch of ");
     let line = log
         .lines()
         .find_map(|l| Some(l.split_once(marker.as_str())?.1))
-        .unwrap_or_else(|| panic!("the manifest was not sent as a patch: {log}"));
+        .unwrap_or_else(|| panic!("{key} was not sent as a patch: {log}"));
     let first_number = |text: &str| -> usize {
         text.split(|c: char| !c.is_ascii_digit())
             .find(|w| !w.is_empty())

@@ -129,12 +129,7 @@ fn verify_passes_a_sound_repository_and_names_damage_and_missing_wal() {
     // A flipped bit in the frame of a small file whose pack holds other small files
     // (verify reads those a group at a time, with one read, as restore does): that file
     // is named, no other file is.
-    let key = format!("{STANZA}/backup/{full}/backup.manifest");
-    let m = pgstrata_repo::manifest::Manifest::decode(
-        &std::fs::read(env.repo.join(&key)).unwrap(),
-        &key,
-    )
-    .unwrap();
+    let m = crate::common::manifest(&env.repo, &full);
     let mut packs: std::collections::BTreeMap<String, Vec<(String, u64, u32)>> = Default::default();
     for f in m.files().filter(|f| f.size > 0 && f.size <= 1 << 20) {
         if let [c] = &f.chunks[..] {

@@ -400,19 +400,30 @@ pub fn kill_midway(env: &Env, args: &[&str], marker: &str) {
     }
 }
 
-/// Backup `label`'s manifest in the local repository `repo`, checked, with every file's
-/// map loaded (format 2 stores those of larger files apart).
-pub fn manifest_with_maps(repo: &Path, label: &str) -> pgstrata_repo::manifest::Manifest {
-    let key = format!("{STANZA}/backup/{label}/backup.manifest");
-    let mut m =
-        pgstrata_repo::manifest::Manifest::decode(&std::fs::read(repo.join(&key)).unwrap(), &key)
-            .unwrap();
+/// Backup `label`'s manifest in the local repository `repo`, read whole and checked as
+/// pgstrata reads it (from format 4, with the entries of its parts).
+pub fn manifest(repo: &Path, label: &str) -> pgstrata_repo::manifest::Manifest {
     let storage = pgstrata_repo::Storage::local(repo).unwrap();
+    block_on(pgstrata_repo::manifest::Manifest::load(
+        &storage, STANZA, label,
+    ))
+    .unwrap()
+}
+
+/// Run `f` to completion on a runtime of its own.
+pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
-        .block_on(m.load_maps(&storage))
-        .unwrap();
+        .block_on(f)
+}
+
+/// [`manifest`], with every file's map loaded (format 2 stores those of larger files
+/// apart).
+pub fn manifest_with_maps(repo: &Path, label: &str) -> pgstrata_repo::manifest::Manifest {
+    let mut m = manifest(repo, label);
+    let storage = pgstrata_repo::Storage::local(repo).unwrap();
+    block_on(m.load_maps(&storage)).unwrap();
     m
 }
