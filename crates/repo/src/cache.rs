@@ -3,8 +3,9 @@
 //!
 //! A backup through `pg-remote` runs on the database host and reads the prior backup's
 //! manifest from the backup host; the next one reads the manifest this one wrote. Both
-//! are already here once: the cache keeps the last few manifests this host read or
-//! wrote, each with the BLAKE3 of the object's stored bytes. A read asks the holder for the
+//! are already here once: the cache keeps the last few manifests (and their parts) this
+//! host read or wrote, each with the BLAKE3 of the object's stored bytes (entries are
+//! named by the repository and the key). A read asks the holder for the
 //! object *unless* its bytes still hash the same (`get` with `unless_hash`), so a hit
 //! moves a hash, not the object, and a stale or foreign entry (another repository, a
 //! stanza made again) is simply fetched. What is kept is the object as `Storage::get`
@@ -23,8 +24,9 @@ use std::path::PathBuf;
 
 const ENTRY_MAGIC: &[u8; 8] = b"PGSTRCA1";
 
-/// Entries kept: a few stanzas' last manifests.
-const KEEP: usize = 16;
+/// Entries kept: a few stanzas' last manifests, and the parts of their entries (format 4:
+/// one for every 32,768 files; `KEEP_BYTES` bounds them first).
+const KEEP: usize = 256;
 
 /// Bytes kept, at most (the newest entry is kept whatever its size): manifests of very
 /// large clusters are tens of megabytes, and this is the database host's disk.

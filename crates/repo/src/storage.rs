@@ -543,7 +543,7 @@ impl Storage {
             .await?;
         }
         if let (Some(_), Some(cache)) = (&self.remote, object_cache()) {
-            cache.put(second, stored_hash(&sealed), &data);
+            cache.put(&self.cache_key(second), stored_hash(&sealed), &data);
         }
         Ok(())
     }
@@ -571,7 +571,7 @@ impl Storage {
         let (Some(remote), Some(cache)) = (&self.remote, object_cache()) else {
             return whole(data).await;
         };
-        let Some(held) = cache.get(base) else {
+        let Some(held) = cache.get(&self.cache_key(base)) else {
             return whole(data).await;
         };
         let (stored, patch) = match diff(&held.bytes, &data) {
@@ -601,7 +601,7 @@ impl Storage {
                     stored.len()
                 );
                 match blake3::Hash::from_hex(&hash) {
-                    Ok(h) => cache.put(second, *h.as_bytes(), &stored),
+                    Ok(h) => cache.put(&self.cache_key(second), *h.as_bytes(), &stored),
                     Err(_) => log::debug!("{second}: the holder's hash '{hash}' is not BLAKE3"),
                 }
                 Ok(stored)
@@ -686,6 +686,12 @@ impl Storage {
         }
     }
 
+    /// What object `key` of this repository is kept as in the object cache: the same key
+    /// in two repositories (a stanza and label of the same name) are two entries.
+    fn cache_key(&self, key: &str) -> String {
+        format!("{}\n{key}", self.description)
+    }
+
     /// [`Storage::get`] of an object written once and read again later (a manifest).
     /// Through a repository on another host, the object is kept in this host's object
     /// cache and, on later reads, crosses the line only if its bytes are not the ones
@@ -694,11 +700,11 @@ impl Storage {
         let (Some(remote), Some(cache)) = (&self.remote, object_cache()) else {
             return self.get(key).await;
         };
-        let Some(held) = cache.get(key) else {
+        let Some(held) = cache.get(&self.cache_key(key)) else {
             let stored = self.get_unsealed(key).await?;
             let hash = stored_hash(&stored);
             let plain = self.open_stored(key, stored)?;
-            cache.put(key, hash, &plain);
+            cache.put(&self.cache_key(key), hash, &plain);
             return Ok(plain);
         };
         let hash = blake3::Hash::from(held.stored_hash).to_hex().to_string();
@@ -721,7 +727,7 @@ impl Storage {
             Some(stored) => {
                 let hash = stored_hash(&stored);
                 let plain = self.open_stored(key, stored)?;
-                cache.put(key, hash, &plain);
+                cache.put(&self.cache_key(key), hash, &plain);
                 Ok(plain)
             }
         }
