@@ -123,3 +123,26 @@ pub fn check_stanza_name(stanza: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_manifests_and_their_parts_are_manifest_objects() {
+        let label = "20261126-140000F";
+        assert!(is_manifest_object(&manifest("main", label)));
+        assert!(is_manifest_object(&manifest_part("main", label, 0)));
+        assert!(is_manifest_object(&manifest_part("main", label, 12345)));
+        for other in [
+            manifest_copy("main", label),
+            manifest_part_copy("main", label, 3),
+            pack("main", label, "0-1"),
+            format!("{}/manifest/", backup_dir("main", label)),
+            format!("{}/manifest/1x", backup_dir("main", label)),
+            stanza_info("main"),
+        ] {
+            assert!(!is_manifest_object(&other), "{other}");
+        }
+    }
+}
