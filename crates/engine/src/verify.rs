@@ -448,8 +448,9 @@ async fn verify_archive(
                         .map_err(|e| e.to_string()),
                     // Length and hash checked as it is decoded, a piece at a time: eight
                     // whole segments at once were most of verify's memory.
-                    Ok(b) => wal::decode_to(&b, &o.key, &mut std::io::sink())
-                        .map_err(|e| e.to_string()),
+                    Ok(b) => {
+                        wal::decode_to(&b, &o.key, &mut std::io::sink()).map_err(|e| e.to_string())
+                    }
                 };
                 (name, verdict)
             })
