@@ -504,39 +504,19 @@ impl Manifest {
         label: &str,
         decode: impl Fn(&bytes::Bytes, &str) -> Result<T>,
     ) -> Result<T> {
-        let key = layout::manifest(stanza, label);
-        let damage = match storage.get_cached(&key).await {
-            Ok(obj) => match decode(&obj, &key) {
-                Err(e) if e.kind == ErrorKind::Corrupt => e,
-                other => return other,
-            },
-            Err(e) if e.is_not_found() => {
-                return Err(Error::new(
-                    ErrorKind::NotFound,
-                    format!("backup '{label}' does not exist in stanza '{stanza}'"),
-                ))
-            }
-            // A sealed manifest that fails authentication.
-            Err(e) if e.kind == ErrorKind::Corrupt => e,
-            Err(e) => return Err(e),
-        };
-        let copy_key = layout::manifest_copy(stanza, label);
-        let copy = match storage.get_sealed_as(&copy_key, &key).await {
-            Ok(obj) => decode(&obj, &copy_key),
+        let missing = Missing {
+            object: Some(Error::new(
+                ErrorKind::NotFound,
+                format!("backup '{label}' does not exist in stanza '{stanza}'"),
+            )),
             // Backups written before copies existed have none.
-            Err(e) if e.is_not_found() => return Err(damage),
-            Err(e) => return Err(e),
+            copy_is_damage: false,
         };
-        match copy {
-            Ok(m) => {
-                log::warn!("{damage}; reading its copy {copy_key}, which is intact");
-                Ok(m)
-            }
-            Err(e) if e.kind == ErrorKind::Corrupt => Err(Error::corrupt(format!(
-                "backup '{label}' is damaged: {damage}; and its copy: {e}"
-            ))),
-            Err(e) => Err(e),
-        }
+        let (key, copy_key) = (
+            layout::manifest(stanza, label),
+            layout::manifest_copy(stanza, label),
+        );
+        read_with_copy(storage, &key, &copy_key, label, missing, decode).await
     }
 
     /// Decode the manifest stored at `key`, which must be backup `label` of `stanza`.
@@ -643,6 +623,60 @@ impl Manifest {
             Entry::File(f) => Some(&**f),
             _ => None,
         })
+    }
+}
+
+/// What [`read_with_copy`] makes of a missing object.
+struct Missing {
+    /// The error of the object missing; `None`: damage, its copy is read.
+    object: Option<Error>,
+    /// A missing copy is damage too; otherwise the object's own failure is reported.
+    copy_is_damage: bool,
+}
+
+/// What `decode` makes of object `key` of backup `label`, or, when it is damaged (fails
+/// `decode` as `Corrupt`, or authentication), of its copy `copy_key` (the same bytes,
+/// sealed under `key`'s name in an encrypted stanza), with a warning naming both. When
+/// both are damaged, the backup is: the error says so and names both failures. Any other
+/// failure (storage, a newer format) is returned as it is.
+async fn read_with_copy<T>(
+    storage: &Storage,
+    key: &str,
+    copy_key: &str,
+    label: &str,
+    missing: Missing,
+    decode: impl Fn(&bytes::Bytes, &str) -> Result<T>,
+) -> Result<T> {
+    let damage = match storage.get_cached(key).await {
+        Ok(obj) => match decode(&obj, key) {
+            Err(e) if e.kind == ErrorKind::Corrupt => e,
+            other => return other,
+        },
+        Err(e) if e.is_not_found() => match missing.object {
+            Some(error) => return Err(error),
+            None => Error::corrupt(format!("{key} is missing")),
+        },
+        // A sealed object that fails authentication.
+        Err(e) if e.kind == ErrorKind::Corrupt => e,
+        Err(e) => return Err(e),
+    };
+    let copy = match storage.get_sealed_as(copy_key, key).await {
+        Ok(obj) => decode(&obj, copy_key),
+        Err(e) if e.is_not_found() && missing.copy_is_damage => {
+            Err(Error::corrupt(format!("{copy_key} is missing")))
+        }
+        Err(e) if e.is_not_found() => return Err(damage),
+        Err(e) => Err(e),
+    };
+    match copy {
+        Ok(m) => {
+            log::warn!("{damage}; reading its copy {copy_key}, which is intact");
+            Ok(m)
+        }
+        Err(e) if e.kind == ErrorKind::Corrupt => Err(Error::corrupt(format!(
+            "backup '{label}' is damaged: {damage}; and its copy: {e}"
+        ))),
+        Err(e) => Err(e),
     }
 }
 

@@ -16,8 +16,8 @@
 //! time: what was read the first time is what is read.
 
 use super::stream::read_entries;
-use super::{encode_checked, Entry, Manifest, PartRef, PART_ENTRIES};
-use crate::{layout, Error, ErrorKind, Result, Storage};
+use super::{encode_checked, read_with_copy, Entry, Manifest, Missing, PartRef, PART_ENTRIES};
+use crate::{layout, Error, Result, Storage};
 use bytes::Bytes;
 
 /// What a part's JSON holds.
@@ -100,34 +100,18 @@ impl Manifest {
         n: usize,
         r: &PartRef,
     ) -> Result<(Bytes, String)> {
-        let key = layout::manifest_part(&self.stanza, &self.label, n);
-        let damage = match storage.get_cached(&key).await {
-            Ok(obj) => match check_part(&obj, &key, r) {
-                Ok(()) => return Ok((obj, key)),
-                Err(e) => e,
-            },
-            Err(e) if e.is_not_found() => Error::corrupt(format!("{key} is missing")),
-            // A sealed part that fails authentication.
-            Err(e) if e.kind == ErrorKind::Corrupt => e,
-            Err(e) => return Err(e),
+        let missing = Missing {
+            object: None,
+            copy_is_damage: true,
         };
-        let copy_key = layout::manifest_part_copy(&self.stanza, &self.label, n);
-        let copy = match storage.get_sealed_as(&copy_key, &key).await {
-            Ok(obj) => check_part(&obj, &copy_key, r).map(|()| obj),
-            Err(e) if e.is_not_found() => Err(Error::corrupt(format!("{copy_key} is missing"))),
-            Err(e) => Err(e),
-        };
-        match copy {
-            Ok(obj) => {
-                log::warn!("{damage}; reading its copy {copy_key}, which is intact");
-                Ok((obj, copy_key))
-            }
-            Err(e) if e.kind == ErrorKind::Corrupt => Err(Error::corrupt(format!(
-                "backup '{}' is damaged: {damage}; and its copy: {e}",
-                self.label
-            ))),
-            Err(e) => Err(e),
-        }
+        let (key, copy_key) = (
+            layout::manifest_part(&self.stanza, &self.label, n),
+            layout::manifest_part_copy(&self.stanza, &self.label, n),
+        );
+        read_with_copy(storage, &key, &copy_key, &self.label, missing, |obj, at| {
+            check_part(obj, at, r).map(|()| (obj.clone(), at.to_string()))
+        })
+        .await
     }
 }
 
