@@ -68,14 +68,31 @@ impl Manifest {
 
     /// Hand every entry in the parts of manifest `self` (a format 4 manifest's header)
     /// to `each`, in order, each part checked against its reference first. An error from
-    /// `each` (of the caller's type) stops the reading and is returned.
+    /// `each` (of the caller's type) stops the reading and is returned. The next part is
+    /// fetched while one is read: on an object store a fetch is a round trip.
     pub(super) async fn for_each_part_entry<E: From<Error>>(
         &self,
         storage: &Storage,
         mut each: impl FnMut(Entry) -> std::result::Result<(), E>,
     ) -> std::result::Result<(), E> {
+        let fetch = |n: usize| {
+            let (storage, stanza, label) =
+                (storage.clone(), self.stanza.clone(), self.label.clone());
+            let r = self.parts[n].clone();
+            FetchAhead(tokio::spawn(async move {
+                fetch_part(&storage, &stanza, &label, n, &r).await
+            }))
+        };
+        let mut next = (!self.parts.is_empty()).then(|| fetch(0));
         for (n, r) in self.parts.iter().enumerate() {
-            let (obj, key) = self.fetch_part(storage, n, r).await?;
+            let (obj, key) = next
+                .take()
+                .expect("the part was fetched ahead")
+                .fetched()
+                .await?;
+            if n + 1 < self.parts.len() {
+                next = Some(fetch(n + 1));
+            }
             let mut count = 0u32;
             read_entries(&obj, &key, |e| {
                 count = count.saturating_add(1);
@@ -91,28 +108,49 @@ impl Manifest {
         }
         Ok(())
     }
+}
 
-    /// Part `n`, or its copy when it is damaged or missing, checked against `r`: the
-    /// stored object and the key it was read from.
-    async fn fetch_part(
-        &self,
-        storage: &Storage,
-        n: usize,
-        r: &PartRef,
-    ) -> Result<(Bytes, String)> {
-        let missing = Missing {
-            object: None,
-            copy_is_damage: true,
-        };
-        let (key, copy_key) = (
-            layout::manifest_part(&self.stanza, &self.label, n),
-            layout::manifest_part_copy(&self.stanza, &self.label, n),
-        );
-        read_with_copy(storage, &key, &copy_key, &self.label, missing, |obj, at| {
-            check_part(obj, at, r).map(|()| (obj.clone(), at.to_string()))
-        })
-        .await
+/// A part being fetched ahead; stopped when the reading stops first.
+struct FetchAhead(tokio::task::JoinHandle<Result<(Bytes, String)>>);
+
+impl FetchAhead {
+    async fn fetched(mut self) -> Result<(Bytes, String)> {
+        (&mut self.0).await.map_err(|e| {
+            Error::new(
+                crate::ErrorKind::Storage,
+                format!("read a part of the manifest: {e}"),
+            )
+        })?
     }
+}
+
+impl Drop for FetchAhead {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Part `n` of backup `label`'s manifest, or its copy when it is damaged or missing,
+/// checked against `r`: the stored object and the key it was read from.
+async fn fetch_part(
+    storage: &Storage,
+    stanza: &str,
+    label: &str,
+    n: usize,
+    r: &PartRef,
+) -> Result<(Bytes, String)> {
+    let missing = Missing {
+        object: None,
+        copy_is_damage: true,
+    };
+    let (key, copy_key) = (
+        layout::manifest_part(stanza, label, n),
+        layout::manifest_part_copy(stanza, label, n),
+    );
+    read_with_copy(storage, &key, &copy_key, label, missing, |obj, at| {
+        check_part(obj, at, r).map(|()| (obj.clone(), at.to_string()))
+    })
+    .await
 }
 
 /// A part read from `key` must be a stored manifest object whose hash `r` records.
