@@ -11,8 +11,8 @@
 //! - [`plan`]: choose the backup, map tablespaces, check that the targets may be written.
 //!   Nothing is written; `--dry-run` prints the plan and stops.
 //!   The workers' jobs are made from the manifest as it is read a last time
-//!   ([`crate::content::with_streamed_jobs`]): it is held as stored, never decoded whole,
-//!   so memory follows the files in flight.
+//!   ([`crate::content::with_streamed_jobs`]): never decoded whole, and from format 4
+//!   fetched a part at a time, so memory follows the files in flight.
 //! - [`tree`]: the targets as directory handles; every write is relative to one and never
 //!   follows a link, so neither the repository nor the target's owner can turn a root
 //!   restore against its host.
