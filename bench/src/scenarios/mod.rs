@@ -431,17 +431,24 @@ pub fn all_processes<T>(
     Ok((m, x, note))
 }
 
-/// Bytes of a backup's manifest in `repo`'s backup area: `backup.manifest`, and with every
-/// other `backup.manifest*` object of the backup (both tools write a `.copy`).
+/// Bytes of a backup's manifest in `repo`'s backup area: `backup.manifest` (and, in
+/// pgstrata's format 4, the parts of its entries, `manifest/<n>`), and with every copy
+/// (both tools write a `.copy`).
 pub fn manifest_bytes(repo: &Repo, label: &str) -> Result<(u64, u64), String> {
     let dir = repo.backup_area().join(label);
-    let main = std::fs::metadata(dir.join("backup.manifest"))
-        .map_err(|e| format!("{}: {}/backup.manifest: {e}", repo.label, dir.display()))?
-        .len();
-    let all = crate::harness::dir_size(&dir, &mut |p| {
-        p.parent() == Some(dir.as_path())
-            && p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("backup.manifest"))
-    });
+    std::fs::metadata(dir.join("backup.manifest"))
+        .map_err(|e| format!("{}: {}/backup.manifest: {e}", repo.label, dir.display()))?;
+    let parts = dir.join("manifest");
+    let of_manifest = |p: &std::path::Path| {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        (p.parent() == Some(dir.as_path()) && name.starts_with("backup.manifest"))
+            || p.parent() == Some(parts.as_path())
+    };
+    let is_copy = |p: &std::path::Path| p.to_string_lossy().ends_with(".copy");
+    let main = crate::harness::dir_size(&dir, &mut |p| of_manifest(p) && !is_copy(p));
+    let all = crate::harness::dir_size(&dir, &mut |p| of_manifest(p));
     Ok((main, all))
 }
