@@ -130,6 +130,25 @@ fn killed_backup_leaves_no_half_backup_and_the_next_one_succeeds() {
         0,
         "no half backup is visible: {info}"
     );
+    // Killed once the parts of its manifest are being written (the first is written as
+    // the copy reaches global/pg_control, whose place it keeps): parts without their
+    // manifest are no backup either.
+    kill_midway(
+        &env,
+        &[
+            "--process-max=1",
+            "--start-fast",
+            "--compress-type=bz2",
+            "backup",
+        ],
+        "/manifest/",
+    );
+    let info = env.info_json();
+    assert_eq!(
+        info["backups"].as_array().unwrap().len(),
+        0,
+        "parts alone are no backup: {info}"
+    );
     let expected = env.hashes();
     let label = env.backup(&[]);
     let info = env.info_json();

@@ -12,7 +12,7 @@ use super::preflight::{Preflight, Started};
 use crate::{Error, Result, Settings};
 use futures::StreamExt;
 use pgstrata_pg::lsn::Lsn;
-use pgstrata_repo::manifest::{Entry, Manifest, Stats, WalPoint};
+use pgstrata_repo::manifest::{Manifest, PartsWriter, Stats, WalPoint};
 use pgstrata_repo::stanza::StanzaInfo;
 use pgstrata_repo::{layout, Storage, FORMAT_VERSION};
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,55 +43,29 @@ pub(super) fn wal_point(
 
 /// Everything the manifest is built from.
 pub(super) struct Copied {
-    /// Directories and links, as the walk found them.
-    pub entries: Vec<Entry>,
+    /// The manifest's entries, written as parts ([`super::ordered`]).
+    pub parts: PartsWriter,
+    /// Pages failing their checksum in the files copied.
+    pub page_errors: u64,
     pub tablespaces: Vec<pgstrata_repo::manifest::Tablespace>,
     pub outcome: CopyOutcome,
     /// The interrupted backup whose frames were offered (resume), and their codec.
     pub resumed_from: Option<(String, pgstrata_repo::codec::CompressType)>,
 }
 
-/// Build the manifest. `prior` is the prior backup's manifest, whose entries of the files
-/// carried unchanged are moved into the new one (its other entries are dropped).
-#[allow(clippy::too_many_arguments)]
+/// Build the manifest: its header, with the parts already written.
 pub(super) fn build_manifest(
     s: &Settings,
     stanza: &StanzaInfo,
     pf: &Preflight,
-    mut prior: Option<Manifest>,
     started: Started,
     copied: Copied,
     stopped: Stopped,
     started_at: std::time::Instant,
-) -> Manifest {
-    let mut outcome = copied.outcome;
-    if let Some(p) = prior.as_mut() {
-        // Each carried entry moves out of the prior list, which goes as it is walked: the
-        // prior's other entries are freed before the new list is made.
-        let mut carried = std::mem::take(&mut outcome.carried);
-        carried.sort_unstable_by_key(|(i, _)| *i);
-        let mut carried = carried.into_iter().peekable();
-        for (i, e) in std::mem::take(&mut p.entries).into_iter().enumerate() {
-            let Some((_, owner)) = carried.next_if(|(j, _)| *j == i) else {
-                continue;
-            };
-            let Entry::File(mut f) = e else {
-                unreachable!("a carried entry is a file")
-            };
-            f.owner = owner;
-            f.rebase(&p.label, &pf.label);
-            outcome.files.push(f);
-        }
-    }
-    assert!(outcome.carried.is_empty(), "files carried without a prior");
-    let page_errors: u64 = outcome.files.iter().map(|f| f.bad_pages.len() as u64).sum();
-    let db_size: u64 = outcome.files.iter().map(|f| f.size).sum();
-    let file_count = outcome.files.len() as u64;
-    let mut entries = copied.entries;
-    entries.reserve_exact(outcome.files.len());
-    entries.extend(outcome.files.into_iter().map(Entry::File));
-    entries.sort_by(|a, b| a.path().cmp(b.path()));
-    let prior = prior.as_ref();
+) -> Result<Manifest> {
+    let outcome = copied.outcome;
+    let (file_count, db_size) = copied.parts.files();
+    let prior = pf.prior.as_ref().map(|p| p.header());
     let mut manifest = Manifest {
         format_version: FORMAT_VERSION,
         label: pf.label.clone(),
@@ -113,7 +87,7 @@ pub(super) fn build_manifest(
         frame_size: s.frame_size as u32,
         data_checksums: pf.control.data_checksums,
         tablespaces: copied.tablespaces,
-        entries,
+        entries: Vec::new(),
         stats: Stats {
             db_size,
             stored_size: outcome.stored,
@@ -125,7 +99,7 @@ pub(super) fn build_manifest(
             resumed: outcome.resumed,
             packs: outcome.packs,
             pages_checked: outcome.pages_checked,
-            page_errors,
+            page_errors: copied.page_errors,
             duration_ms: started_at.elapsed().as_millis() as u64,
         },
         delta_reason: started.detection.delta_reason,
@@ -138,7 +112,7 @@ pub(super) fn build_manifest(
         packs_used: None,
         parts: Vec::new(),
     };
-    manifest.set_packs_used();
+    copied.parts.finish(&mut manifest)?;
     // Codecs of the backups whose frames this one references, and only those.
     let referenced: BTreeSet<String> = referenced_packs(&manifest)
         .into_iter()
@@ -154,7 +128,7 @@ pub(super) fn build_manifest(
         manifest.pack_codecs.insert(label, codec);
     }
     manifest.pack_codecs.retain(|l, _| referenced.contains(l));
-    manifest
+    Ok(manifest)
 }
 
 /// (backup label, pack name) of every pack of another backup the manifest's files (and
@@ -166,7 +140,7 @@ fn referenced_packs(m: &Manifest) -> BTreeSet<(String, String)> {
         .collect()
 }
 
-/// Write the manifest, once the prior backup and every pack of another backup it
+/// Write the manifest (its parts are written), once the prior backup and every pack of another backup it
 /// references are known to still exist.
 pub(super) async fn publish(storage: &Storage, m: &mut Manifest) -> Result<()> {
     let refuse = |what: String| {
@@ -196,5 +170,5 @@ pub(super) async fn publish(storage: &Storage, m: &mut Manifest) -> Result<()> {
         }
     }
     drop(checks);
-    Ok(m.publish(storage).await?)
+    Ok(m.publish_object(storage).await?)
 }

@@ -11,15 +11,13 @@
 use super::resume::Checkpointer;
 use crate::content::read_full_at;
 use crate::track::WalChanges;
-/// A file to copy, as the walk found it.
-pub(super) use crate::walk::WalkedFile as Job;
-use crate::walk::{ItemKind, Walk};
+use crate::walk::{ItemKind, Walk, WalkedFile};
 use crate::{pool, Error, Result};
 use pgstrata_pg::layout;
 use pgstrata_pg::lsn::Lsn;
 use pgstrata_pg::page::{self, PageCheck};
 use pgstrata_repo::manifest::{
-    block_hash, BlockHashes, Chunks, Entry, FileEntry, Manifest, MapDelta, MapRun, Owner, ThinVec,
+    block_hash, BlockHashes, Chunks, Entry, FileEntry, MapDelta, MapRun, StoredManifest, ThinVec,
     MAX_MAP_DEPTH,
 };
 use pgstrata_repo::pack::{Chunk, PackWriter};
@@ -30,33 +28,22 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-/// What an incremental compares against: the prior backup's manifest, its files found by
-/// path (a binary search: entries are sorted by path, which decoding checked, so no index
-/// is held). Files whose maps are stored apart (format 2) are held without them: a map is
-/// loaded only for a file that changed.
+/// What an incremental compares against: the prior backup's manifest, opened for reading
+/// in order. Its entries are not held: each job is handed the prior's entry of its file
+/// as the walk and the prior's entries are read side by side ([`super::ordered`]). Files
+/// whose maps are stored apart (format 2) come without them: a map is loaded only for a
+/// file that changed.
 pub(super) struct Prior {
-    pub manifest: std::sync::Arc<Manifest>,
+    pub manifest: std::sync::Arc<StoredManifest>,
 }
 
 impl Prior {
-    pub fn new(manifest: std::sync::Arc<Manifest>) -> Prior {
+    pub fn new(manifest: std::sync::Arc<StoredManifest>) -> Prior {
         Prior { manifest }
     }
 
     fn label(&self) -> &str {
-        &self.manifest.label
-    }
-
-    /// The file at `path`, and its index in the manifest's entries.
-    fn get(&self, path: &str) -> Option<(usize, &FileEntry)> {
-        let entries = &self.manifest.entries;
-        let i = entries
-            .binary_search_by(|e| e.path().as_bytes().cmp(path.as_bytes()))
-            .ok()?;
-        match &entries[i] {
-            Entry::File(f) => Some((i, f)),
-            _ => None,
-        }
+        &self.manifest.header().label
     }
 
     /// The entry with its extents and block hashes, loading its map if it is stored apart.
@@ -68,10 +55,23 @@ impl Prior {
         if !e.map_unloaded() {
             return Ok(std::borrow::Cow::Borrowed(e));
         }
-        Ok(std::borrow::Cow::Owned(
-            ctx.runtime
-                .block_on(self.manifest.load_map(&ctx.storage, e))?,
-        ))
+        Ok(std::borrow::Cow::Owned(ctx.runtime.block_on(
+            self.manifest.header().load_map(&ctx.storage, e),
+        )?))
+    }
+}
+
+/// A file to copy, as the walk found it, with the prior backup's entry of it.
+#[derive(Debug)]
+pub(super) struct Job {
+    pub file: WalkedFile,
+    pub prior: Option<Box<FileEntry>>,
+}
+
+impl std::ops::Deref for Job {
+    type Target = WalkedFile;
+    fn deref(&self) -> &WalkedFile {
+        &self.file
     }
 }
 
@@ -122,17 +122,26 @@ pub(super) struct CopyContext {
 /// (directories, tablespace links), files to copy, and `global/pg_control`, copied last.
 #[derive(Debug)]
 pub(super) struct CopyPlan {
+    /// Directories and links, in path order.
     pub entries: Vec<Entry>,
-    /// Largest first, which keeps every worker busy until the end.
-    pub jobs: Vec<Job>,
-    pub control: Job,
+    /// Files of at least [`LARGE_FILE`] bytes, largest first: copied before the others,
+    /// which keeps every worker busy until the end.
+    pub large: Vec<WalkedFile>,
+    /// The other files, in path order: copied as the manifest lists them, so that its
+    /// parts are written as they fill ([`super::ordered`]).
+    pub small: Vec<WalkedFile>,
+    pub control: WalkedFile,
 }
+
+/// Files at least this large are copied first, in no particular order; the others are
+/// copied in path order, where one file held up holds up the parts of the manifest.
+pub(super) const LARGE_FILE: u64 = 16 << 20;
 
 impl CopyPlan {
     /// Directories and links become entries as they are; files become jobs (the walk's own
     /// list, reordered), `global/pg_control` apart.
     pub fn new(walk: Walk, pg_path: &Path) -> Result<CopyPlan> {
-        let entries = walk
+        let mut entries: Vec<Entry> = walk
             .items
             .into_iter()
             .map(|item| match item.kind {
@@ -140,39 +149,40 @@ impl CopyPlan {
                 ItemKind::Link { target } => Entry::link(item.rel, target, item.owner),
             })
             .collect();
-        let mut jobs = walk.files;
-        let control = jobs
+        entries.sort_unstable_by(|a, b| a.path().cmp(b.path()));
+        let mut small = walk.files;
+        let control = small
             .iter()
             .position(|j| j.rel == "global/pg_control")
-            .map(|i| jobs.swap_remove(i))
+            .map(|i| small.swap_remove(i))
             .ok_or_else(|| {
                 Error::refused(format!("{} has no global/pg_control", pg_path.display()))
             })?;
+        let mut large: Vec<WalkedFile> = small.extract_if(.., |f| f.size >= LARGE_FILE).collect();
         // Unstable (a stable sort borrows room for half the list), the path breaking ties.
-        jobs.sort_unstable_by(|a, b| b.size.cmp(&a.size).then_with(|| a.rel.cmp(&b.rel)));
+        large.sort_unstable_by(|a, b| b.size.cmp(&a.size).then_with(|| a.rel.cmp(&b.rel)));
+        small.sort_unstable_by(|a, b| a.rel.cmp(&b.rel));
         Ok(CopyPlan {
             entries,
-            jobs,
+            large,
+            small,
             control,
         })
     }
 
     pub(crate) fn total_bytes(&self) -> u64 {
-        self.jobs.iter().map(|j| j.size).sum::<u64>() + self.control.size
+        let files = self.large.iter().chain(&self.small);
+        files.map(|j| j.size).sum::<u64>() + self.control.size
+    }
+
+    pub(crate) fn files(&self) -> usize {
+        self.large.len() + self.small.len() + 1
     }
 }
 
 /// Result of copying files on a set of workers.
 #[derive(Default)]
 pub(super) struct CopyOutcome {
-    /// Boxed as the manifest holds them: they move into it by pointer.
-    #[allow(clippy::vec_box)]
-    pub files: Vec<Box<FileEntry>>,
-    /// Files carried unchanged: the index of their entry in the prior manifest and their
-    /// owner now. Their entries are moved out of the prior manifest when the new one is
-    /// built (`assemble`), not copied while the backup runs: with many files, a second
-    /// copy of every unchanged entry was a large part of an incremental's memory.
-    pub carried: Vec<(usize, Owner)>,
     pub stored: u64,
     pub packs: u64,
     pub pages_checked: u64,
@@ -192,8 +202,6 @@ pub(super) struct CopyOutcome {
 impl CopyOutcome {
     /// Add another worker's (or pass's) outcome to this one.
     pub(crate) fn absorb(&mut self, o: CopyOutcome) {
-        self.files.extend(o.files);
-        self.carried.extend(o.carried);
         crate::add_fields!(self += o; stored, packs, pages_checked, files_unchanged, bytes_read, files_tracked, resumed);
         for (reason, n) in o.files_hashed {
             *self.files_hashed.entry(reason).or_default() += n;
@@ -201,18 +209,28 @@ impl CopyOutcome {
     }
 }
 
-/// Copy `jobs` on `workers` threads of the pool; worker ids start at `first_worker` so pack
-/// names of separate calls within one backup never collide. Blocks: call it from a
-/// blocking context.
+/// Copy the jobs of `groups` on `workers` threads of the pool, handing each file's entry
+/// (`None`: it vanished) to `copied` with the number it came with; worker ids start at
+/// `first_worker` so pack names of separate calls within one backup never collide.
+/// `failed` is called when a worker fails (a feeder waiting for the copy to move on must
+/// stop waiting). Blocks: call it from a blocking context.
 pub(super) fn copy_files(
     ctx: &CopyContext,
-    jobs: Vec<Job>,
+    groups: impl Iterator<Item = Vec<(u64, Job)>>,
     workers: usize,
     first_worker: usize,
+    copied: impl Fn(u64, Option<FileEntry>) -> Result<()> + Sync,
+    failed: impl Fn() + Sync,
 ) -> Result<CopyOutcome> {
+    let noted = |r: Result<()>| {
+        if r.is_err() {
+            failed();
+        }
+        r
+    };
     let per_worker = pool::run(
         workers,
-        groups(jobs),
+        groups,
         |i| {
             let writer = PackWriter::new(
                 ctx.storage.clone(),
@@ -225,29 +243,32 @@ pub(super) fn copy_files(
             (writer, CopyOutcome::default(), Checkpointer::default())
         },
         |(writer, out, checkpoints), group| {
-            for job in group {
-                if let Some(f) = copy_file(ctx, &job, writer, out)? {
-                    out.files.push(Box::new(f));
+            noted((|| {
+                for (n, job) in group {
+                    copied(n, copy_file(ctx, job, writer, out)?)?;
                 }
-            }
-            if ctx.checkpoints {
-                for f in out.new_files.drain(..) {
-                    checkpoints.add(f);
+                if ctx.checkpoints {
+                    for f in out.new_files.drain(..) {
+                        checkpoints.add(f);
+                    }
+                    checkpoints.write_due(ctx, writer, false)?;
                 }
-                checkpoints.write_due(ctx, writer, false)?;
-            }
-            Ok(())
+                Ok(())
+            })())
         },
         |(mut writer, mut out, mut checkpoints)| {
-            writer.finish()?;
-            if ctx.checkpoints {
-                // Everything is stored: the rest, in case the backup stops before its
-                // manifest is written (waiting for WAL, say).
-                for f in out.new_files.drain(..) {
-                    checkpoints.add(f);
+            noted((|| {
+                writer.finish()?;
+                if ctx.checkpoints {
+                    // Everything is stored: the rest, in case the backup stops before its
+                    // manifest is written (waiting for WAL, say).
+                    for f in out.new_files.drain(..) {
+                        checkpoints.add(f);
+                    }
+                    checkpoints.write_due(ctx, &mut writer, true)?;
                 }
-                checkpoints.write_due(ctx, &mut writer, true)?;
-            }
+                Ok(())
+            })())?;
             out.stored = writer.written;
             out.packs = writer.packs_written;
             Ok(out)
@@ -260,33 +281,28 @@ pub(super) fn copy_files(
     Ok(total)
 }
 
-/// Jobs in the order given, cut into the groups a worker takes at once: consecutive files
-/// up to [`GROUP_FILES`] of them or [`GROUP_BYTES`] together (a larger file alone).
+/// Jobs in the order given, numbered from 0, cut into the groups a worker takes at once:
+/// consecutive files up to [`GROUP_FILES`] of them or [`GROUP_BYTES`] together (a larger
+/// file alone).
 ///
 /// Why: handing a job to a worker costs a wake-up on each side. A no-change incremental
 /// of many files is mostly files carried in a microsecond each, and one hand-over per file
 /// made the threads spend a quarter of their time switching (61,000 files: `perf`,
 /// `finish_task_switch` and spin-lock release at the top).
 ///
-/// Lazy: a group is made when a worker can take it, so the jobs are not held twice. And
-/// the list gives its room back as it drains (taken from its end, shrunk whenever it is
-/// under half full), so the walked files are not held beside the entries the copy makes
-/// of them: with a million files that was 80 MB at the end of the copy.
-fn groups(mut jobs: Vec<Job>) -> impl Iterator<Item = Vec<Job>> {
-    jobs.reverse();
+/// Lazy: a group is made when a worker can take it, so the jobs are not held twice.
+pub(super) fn groups(jobs: impl Iterator<Item = Job>) -> impl Iterator<Item = Vec<(u64, Job)>> {
+    let mut jobs = jobs.zip(0u64..).peekable();
     std::iter::from_fn(move || {
-        let first = jobs.pop()?;
+        let (first, n) = jobs.next()?;
         let mut bytes = first.size;
-        let mut group = vec![first];
+        let mut group = vec![(n, first)];
         while group.len() < GROUP_FILES {
-            let Some(job) = jobs.pop_if(|j| bytes + j.size <= GROUP_BYTES) else {
+            let Some((job, n)) = jobs.next_if(|(j, _)| bytes + j.size <= GROUP_BYTES) else {
                 break;
             };
             bytes += job.size;
-            group.push(job);
-        }
-        if jobs.len() < jobs.capacity() / 2 {
-            jobs.shrink_to_fit();
+            group.push((n, job));
         }
         Some(group)
     })
@@ -299,38 +315,35 @@ const GROUP_BYTES: u64 = 8 << 20;
 /// modified within the second the prior backup started) are carried by reference without
 /// reading them; files the WAL tracks are read only where it says they changed; others are
 /// read whole. Returns `None` when the file vanished before it could be opened (a dropped
-/// relation: WAL replay removes it anyway) or was carried (`CopyOutcome::carried`).
+/// relation: WAL replay removes it anyway).
 fn copy_file(
     ctx: &CopyContext,
-    job: &Job,
+    mut job: Job,
     writer: &mut PackWriter,
     out: &mut CopyOutcome,
 ) -> Result<Option<FileEntry>> {
-    let Some((p, (index, e))) = ctx
-        .prior
-        .as_ref()
-        .and_then(|p| p.get(&job.rel).map(|e| (p, e)))
-    else {
-        return copy_whole(ctx, job, writer, out, None);
+    let (Some(p), Some(e)) = (ctx.prior.as_ref(), job.prior.take()) else {
+        return copy_whole(ctx, &job, writer, out, None);
     };
     // mtime has one-second granularity here: a file written in the same second the
     // prior backup started may have changed after it was read without moving its mtime.
-    let start_epoch = p.manifest.start.epoch;
+    let start_epoch = p.manifest.header().start.epoch;
     if !ctx.delta && e.size == job.size && e.mtime == job.mtime && job.mtime < start_epoch {
-        return carry_unchanged(ctx, job, writer, p, index, e, out);
+        return carry_unchanged(ctx, &job, writer, p, *e, out).map(Some);
     }
+    let job = &job;
     if let Some(w) = &ctx.wal {
         // A changed file with a stored map: a delta map, without reading the old map.
         if e.map_unloaded() && e.map_depth < MAX_MAP_DEPTH {
-            if let Ok(pages) = w.pages_for(&job.rel, ctx.relseg_size, e) {
-                match copy_tracked_delta(ctx, job, writer, out, p, e, &pages)? {
+            if let Ok(pages) = w.pages_for(&job.rel, ctx.relseg_size, &e) {
+                match copy_tracked_delta(ctx, job, writer, out, p, &e, &pages)? {
                     Tracked::Copied(entry) => return Ok(entry),
                     Tracked::TooManyChanges => {}
                 }
             }
         }
     }
-    let e = p.loaded(ctx, e)?;
+    let e = p.loaded(ctx, &e)?;
     let e = e.as_ref();
     if let Some(w) = &ctx.wal {
         match w.pages_for(&job.rel, ctx.relseg_size, e) {
@@ -346,31 +359,27 @@ fn copy_file(
     copy_whole(ctx, job, writer, out, Some((p, e)))
 }
 
-/// The prior backup's entry, pointing at the prior's storage: recorded in `out.carried`
-/// (and `None` returned), or, for an entry of a format 1 manifest that held its map
-/// inline, returned with its map stored apart once, so the backups after this one carry a
-/// reference.
+/// The prior backup's entry, pointing at the prior's storage, with the file's owner now.
+/// An entry of a format 1 manifest, which held its map inline, gets its map stored apart
+/// once, so the backups after this one carry a reference.
 fn carry_unchanged(
     ctx: &CopyContext,
     job: &Job,
     writer: &mut PackWriter,
     prior: &Prior,
-    index: usize,
-    entry: &FileEntry,
+    mut entry: FileEntry,
     out: &mut CopyOutcome,
-) -> Result<Option<FileEntry>> {
+) -> Result<FileEntry> {
     ctx.counters.bytes.fetch_add(job.size, Ordering::Relaxed);
     ctx.counters.files.fetch_add(1, Ordering::Relaxed);
     out.files_unchanged += 1;
-    if entry.map.is_some() || entry.inline_map() {
-        out.carried.push((index, job.owner.clone()));
-        return Ok(None);
+    let stored_apart = entry.map.is_some() || entry.inline_map();
+    entry.owner = job.owner.clone();
+    entry.rebase(prior.label(), &ctx.label);
+    if !stored_apart {
+        store_map(ctx, writer, &mut entry)?;
     }
-    let mut carried = entry.clone();
-    carried.owner = job.owner.clone();
-    carried.rebase(prior.label(), &ctx.label);
-    store_map(ctx, writer, &mut carried)?;
-    Ok(Some(carried))
+    Ok(entry)
 }
 
 /// Open a job's file; `None` when it vanished.
@@ -1030,6 +1039,7 @@ fn check_page(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pgstrata_repo::manifest::Owner;
 
     fn owner() -> Owner {
         Owner {
@@ -1044,22 +1054,30 @@ mod tests {
     #[test]
     fn small_files_are_handed_over_in_groups_and_large_ones_alone() {
         let job = |i: usize, size: u64| Job {
-            rel: format!("base/1/{i}"),
-            root: Path::new("/x").into(),
-            owner: owner(),
-            mtime: 0,
-            size,
+            file: WalkedFile {
+                rel: format!("base/1/{i}"),
+                root: Path::new("/x").into(),
+                owner: owner(),
+                mtime: 0,
+                size,
+            },
+            prior: None,
         };
         let mut jobs = vec![job(0, 100 << 20)];
         jobs.extend((1..=100).map(|i| job(i, 1024)));
         jobs.push(job(101, 5 << 20));
         jobs.push(job(102, 5 << 20));
-        let groups: Vec<Vec<Job>> = groups(jobs).collect();
+        let groups: Vec<Vec<(u64, Job)>> = groups(jobs.into_iter()).collect();
         let lens: Vec<usize> = groups.iter().map(Vec::len).collect();
         assert_eq!(lens, [1, 64, 37, 1]);
-        // In the order given.
-        let order: Vec<&str> = groups.iter().flatten().map(|j| j.rel.as_str()).collect();
-        let expected: Vec<String> = (0..=102).map(|i| format!("base/1/{i}")).collect();
+        // In the order given, numbered in that order.
+        let order: Vec<(u64, &str)> = groups
+            .iter()
+            .flatten()
+            .map(|(n, j)| (*n, j.rel.as_str()))
+            .collect();
+        let expected: Vec<(u64, String)> = (0..=102).map(|i| (i, format!("base/1/{i}"))).collect();
+        let expected: Vec<(u64, &str)> = expected.iter().map(|(n, p)| (*n, p.as_str())).collect();
         assert_eq!(order, expected);
     }
 
@@ -1136,9 +1154,9 @@ mod tests {
     }
 
     #[test]
-    fn the_plan_copies_largest_files_first_and_pg_control_apart() {
+    fn the_plan_copies_large_files_first_the_others_in_path_order_and_pg_control_apart() {
         let root: std::sync::Arc<Path> = Path::new("/pg").into();
-        let file = |rel: &str, size: u64| Job {
+        let file = |rel: &str, size: u64| WalkedFile {
             rel: rel.into(),
             root: root.clone(),
             owner: owner(),
@@ -1165,17 +1183,37 @@ mod tests {
                 file("global/pg_control", 8192),
                 file("base/1/large", 1 << 30),
                 file("base/1/medium", 1 << 20),
+                file("base/1/larger", (1 << 30) + 1),
+                file("base/1/16384.1", 2 << 20),
+                file("base/1/16384_fsm", 8192),
+                file("base/1/16384", 1 << 20),
             ],
             tablespaces: vec![],
         };
         let plan = CopyPlan::new(walk, Path::new("/pg")).unwrap();
-        let jobs: Vec<&str> = plan.jobs.iter().map(|j| j.rel.as_str()).collect();
-        assert_eq!(jobs, ["base/1/large", "base/1/medium", "base/1/small"]);
+        let large: Vec<&str> = plan.large.iter().map(|j| j.rel.as_str()).collect();
+        assert_eq!(large, ["base/1/larger", "base/1/large"]);
+        // Byte order, as the manifest sorts paths ('.' before '_').
+        let small: Vec<&str> = plan.small.iter().map(|j| j.rel.as_str()).collect();
+        assert_eq!(
+            small,
+            [
+                "base/1/16384",
+                "base/1/16384.1",
+                "base/1/16384_fsm",
+                "base/1/medium",
+                "base/1/small"
+            ]
+        );
         assert_eq!(plan.control.rel, "global/pg_control");
         assert_eq!(plan.control.abs(), Path::new("/pg/global/pg_control"));
         let entries: Vec<&str> = plan.entries.iter().map(|e| e.path()).collect();
         assert_eq!(entries, ["", "pg_tblspc/16400"]);
-        assert_eq!(plan.total_bytes(), (1 << 30) + (1 << 20) + 10 + 8192);
+        assert_eq!(plan.files(), 8);
+        assert_eq!(
+            plan.total_bytes(),
+            (1 << 30) + (1 << 30) + 1 + (1 << 20) + 10 + 8192 + (2 << 20) + 8192 + (1 << 20)
+        );
 
         let no_control = Walk {
             files: vec![file("base/1/small", 10)],

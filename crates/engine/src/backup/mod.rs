@@ -13,6 +13,7 @@
 
 mod assemble;
 mod copy;
+mod ordered;
 mod preflight;
 mod primary_sql;
 mod resume;
@@ -25,9 +26,10 @@ use crate::track::{Track, WalChanges};
 use crate::walk;
 use crate::{open_stanza, Error, ErrorKind, Result, Settings};
 use assemble::{Copied, Stopped};
-use copy::{CopyContext, CopyPlan, Prior};
+use copy::{CopyContext, CopyPlan, Job, Prior};
+use ordered::Parts;
 use pgstrata_pg::lsn;
-use pgstrata_repo::manifest::{BackupType, Manifest};
+use pgstrata_repo::manifest::{BackupType, Manifest, PartsWriter, PART_ENTRIES};
 use pgstrata_repo::stanza::StanzaInfo;
 use pgstrata_repo::Named;
 use pgstrata_repo::{layout as repo_layout, Storage};
@@ -76,7 +78,7 @@ async fn backup_locked(
     stanza: &StanzaInfo,
 ) -> Result<Manifest> {
     let started_at = Instant::now();
-    let mut pf = preflight::preflight(s, opts, storage, stanza).await?;
+    let pf = preflight::preflight(s, opts, storage, stanza).await?;
     let mut started = preflight::start(s, opts, storage, stanza, &pf).await?;
     log::info!(
         "backup start LSN {}, WAL {}",
@@ -94,14 +96,8 @@ async fn backup_locked(
         );
     }
     let stopped = stop(s, storage, stanza, &pf, &started).await?;
-    // The copy is done and held the only other reference: the carried entries can be
-    // moved out of the prior manifest instead of copied.
-    let prior = pf
-        .prior
-        .take()
-        .map(|p| std::sync::Arc::try_unwrap(p).unwrap_or_else(|p| (*p).clone()));
     let mut manifest =
-        assemble::build_manifest(s, stanza, &pf, prior, started, copied, stopped, started_at);
+        assemble::build_manifest(s, stanza, &pf, started, copied, stopped, started_at)?;
     manifest.annotations = opts.annotations.clone();
     assemble::publish(storage, &mut manifest).await?;
     if opts.resume {
@@ -162,7 +158,7 @@ async fn copy_data_directory(
     };
     let tablespaces = std::mem::take(&mut tree.tablespaces);
     let plan = CopyPlan::new(tree, &pf.pg_path)?;
-    let progress = Progress::start("backup", plan.total_bytes(), plan.jobs.len() as u64 + 1);
+    let progress = Progress::start("backup", plan.total_bytes(), plan.files() as u64);
     let prior = pf.prior.clone().map(Prior::new);
     let resume = match opts.resume {
         true => {
@@ -179,9 +175,10 @@ async fn copy_data_directory(
         );
     }
     let resumed_from = resume.as_ref().map(|r| (r.label.clone(), r.compression));
+    let runtime = tokio::runtime::Handle::current();
     let ctx = CopyContext {
         storage: storage.clone(),
-        runtime: tokio::runtime::Handle::current(),
+        runtime: runtime.clone(),
         stanza: s.stanza.clone(),
         label: pf.label.clone(),
         compression: s.compression,
@@ -200,12 +197,17 @@ async fn copy_data_directory(
         checkpoints: opts.resume,
     };
     let workers = s.process_max.max(1);
-    let (jobs, mut control) = (plan.jobs, plan.control);
+    let prior_label = pf.prior.as_ref().map(|p| p.header().label.as_str());
+    let writer = PartsWriter::new(&s.stanza, &pf.label, prior_label, PART_ENTRIES);
+    let mut parts = Parts::new(writer, storage.clone(), runtime);
+    let mut control = plan.control.clone();
     let ctx = std::sync::Arc::new(ctx);
-    let (c, more) = (ctx.clone(), workers);
-    let mut outcome = tokio::task::spawn_blocking(move || copy::copy_files(&c, jobs, more, 0))
-        .await
-        .expect("copy threads")?;
+    let c = ctx.clone();
+    let (mut outcome, mut parts) = tokio::task::spawn_blocking(move || {
+        ordered::copy_in_order(&c, plan, &mut parts, workers).map(|o| (o, parts))
+    })
+    .await
+    .expect("copy threads")?;
     if let Some(copy) = &pf.primary_copy {
         // pg_control last, as the primary has it now.
         primary_sql::refresh_control(&pf.db, &copy.dir).await?;
@@ -215,14 +217,37 @@ async fn copy_data_directory(
         control.mtime = std::os::unix::fs::MetadataExt::mtime(&md);
     }
     let c = ctx.clone();
-    outcome.absorb(
-        tokio::task::spawn_blocking(move || copy::copy_files(&c, vec![control], 1, workers))
-            .await
-            .expect("copy threads")?,
-    );
+    let (control_outcome, parts) = tokio::task::spawn_blocking(move || {
+        let copied = std::sync::Mutex::new(None);
+        let job = Job {
+            file: control,
+            prior: None,
+        };
+        let outcome = copy::copy_files(
+            &c,
+            copy::groups(std::iter::once(job)),
+            1,
+            workers,
+            |_, e| {
+                *copied.lock().unwrap() = e;
+                Ok(())
+            },
+            || {},
+        )?;
+        let entry = copied.into_inner().unwrap().ok_or_else(|| {
+            Error::refused("global/pg_control vanished during the backup".to_string())
+        })?;
+        parts.fill(pgstrata_repo::manifest::Entry::File(Box::new(entry)))?;
+        Ok::<_, Error>((outcome, parts.finish()?))
+    })
+    .await
+    .expect("copy threads")?;
+    outcome.absorb(control_outcome);
     progress.finish();
+    let (parts, page_errors) = parts;
     Ok(Copied {
-        entries: plan.entries,
+        parts,
+        page_errors,
         tablespaces,
         outcome,
         resumed_from,

@@ -13,7 +13,7 @@ use crate::track::{ChangeDetection, Track, WalChanges};
 use crate::{Error, Result, Settings};
 use pgstrata_pg::control::ControlData;
 use pgstrata_pg::lsn::{self, Lsn};
-use pgstrata_repo::manifest::{list_backups, BackupType, Manifest, Tracking};
+use pgstrata_repo::manifest::{list_backups, BackupType, Manifest, StoredManifest, Tracking};
 use pgstrata_repo::stanza::StanzaInfo;
 use pgstrata_repo::Named;
 use pgstrata_repo::{layout as repo_layout, Storage};
@@ -26,7 +26,9 @@ pub(super) struct Preflight {
     pub control: ControlData,
     pub db: Db,
     pub backup_type: BackupType,
-    pub prior: Option<std::sync::Arc<Manifest>>,
+    /// The backup an incremental or differential compares with, opened for reading in
+    /// order (its entries are read as the files are copied, never held together).
+    pub prior: Option<std::sync::Arc<StoredManifest>>,
     pub label: String,
     pub start_time: chrono::DateTime<chrono::Utc>,
     /// `backup-standby`: the standby relation files are read from.
@@ -82,7 +84,7 @@ pub(super) async fn preflight(
         s.process_max,
         prior
             .as_ref()
-            .map(|p| format!(", compared with {}", p.label))
+            .map(|p| format!(", compared with {}", p.header().label))
             .unwrap_or_default()
     );
     let pf = Preflight {
@@ -97,7 +99,7 @@ pub(super) async fn preflight(
         primary_copy,
     };
     if let (Some(p), Track::Wal, false) = (&pf.prior, opts.track, opts.delta) {
-        refuse_untracked_window(s, storage, stanza, &pf, p).await?;
+        refuse_untracked_window(s, storage, stanza, &pf, p.header()).await?;
     }
     Ok(pf)
 }
@@ -180,7 +182,7 @@ async fn choose_prior(
     s: &Settings,
     storage: &Storage,
     asked: BackupType,
-) -> Result<(BackupType, Option<std::sync::Arc<Manifest>>)> {
+) -> Result<(BackupType, Option<std::sync::Arc<StoredManifest>>)> {
     if asked == BackupType::Full {
         return Ok((asked, None));
     }
@@ -194,7 +196,7 @@ async fn choose_prior(
                 continue;
             }
         }
-        let m = Manifest::load(storage, &s.stanza, l).await?;
+        let m = Manifest::open_unread(storage, &s.stanza, l).await?;
         return Ok((asked, Some(std::sync::Arc::new(m))));
     }
     log::warn!(
@@ -281,7 +283,7 @@ pub(super) async fn start(
     let delta_reason = pf
         .prior
         .as_ref()
-        .and_then(|p| delta_reason(opts, p, timeline, pf.start_time));
+        .and_then(|p| delta_reason(opts, p.header(), timeline, pf.start_time));
     if let Some(r) = &delta_reason {
         log::info!("hashing every block of every file: {r}");
     }
@@ -297,7 +299,7 @@ pub(super) async fn start(
     };
     let hash_every_block = started.detection.delta_reason.is_some();
     if let (Some(p), false, false) = (&pf.prior, hash_every_block, opts.track == Track::Hash) {
-        changes_from_wal(s, opts, storage, stanza, pf, p, &mut started).await?;
+        changes_from_wal(s, opts, storage, stanza, pf, p.header(), &mut started).await?;
     }
     started.detection.track = pf.prior.as_ref().map(|_| match started.wal {
         Some(_) => Tracking::Wal,

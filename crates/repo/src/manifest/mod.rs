@@ -39,6 +39,7 @@ mod wire;
 pub use map::{
     FileMap, MapDelta, MapFrame, MapRun, PackUsage, PackUse, INLINE_MAX_BLOCKS, MAX_MAP_DEPTH,
 };
+pub use parts::{EncodedPart, PartsWriter};
 pub use stream::StoredManifest;
 pub use validate::{check_annotation, is_backup_label};
 
@@ -562,8 +563,9 @@ impl Manifest {
         written
     }
 
-    /// Write the object `backup.manifest` (after its copy).
-    async fn publish_object(&self, storage: &Storage) -> Result<()> {
+    /// Write the object `backup.manifest` (after its copy): for format 4, once its parts
+    /// are written ([`PartsWriter`]).
+    pub async fn publish_object(&self, storage: &Storage) -> Result<()> {
         let (copy, manifest) = (
             layout::manifest_copy(&self.stanza, &self.label),
             layout::manifest(&self.stanza, &self.label),

@@ -26,44 +26,247 @@ struct PartBody<'a> {
     entries: &'a [Entry],
 }
 
+/// Writes a format 4 manifest's entries as parts while they are produced, so that a
+/// writer never holds more than one part of them ([`PART_ENTRIES`] at most).
+///
+/// Entries are pushed in path order (checked: a disorder is a bug of the caller, refused
+/// before anything is written that says otherwise). A part is cut when it is full, and
+/// can be cut earlier: a slot may be reserved for an entry that comes later (a backup's
+/// `global/pg_control`, copied last), which gets a part of its own in its place in the
+/// list, because parts may be written in any order and only the manifest, written last,
+/// orders them. The writer hands each part it cuts back as an [`EncodedPart`], which
+/// the caller stores when it likes ([`EncodedPart::store`]) and records with
+/// [`PartsWriter::stored`]; [`PartsWriter::finish`] puts the list and what the entries
+/// reference in packs into the manifest's header.
+pub struct PartsWriter {
+    stanza: String,
+    label: String,
+    prior: Option<String>,
+    per_part: usize,
+    current: Vec<Entry>,
+    /// One per part cut or reserved, in order; `None` until stored.
+    parts: Vec<Option<PartRef>>,
+    /// Slots reserved and not filled yet: their number and the path to come.
+    reserved: Vec<(usize, String)>,
+    previous: Option<String>,
+    usage: super::PackUsage,
+    files: u64,
+    bytes: u64,
+}
+
+/// A part cut by a [`PartsWriter`], encoded as stored, not written yet.
+pub struct EncodedPart {
+    n: usize,
+    entries: u32,
+    body: Bytes,
+    stanza: String,
+    label: String,
+    prior: Option<String>,
+}
+
+impl PartsWriter {
+    /// A writer of the entries of backup `label` (whose prior backup is `prior`), at most
+    /// `per_part` to a part.
+    pub fn new(stanza: &str, label: &str, prior: Option<&str>, per_part: usize) -> PartsWriter {
+        PartsWriter {
+            stanza: stanza.to_string(),
+            label: label.to_string(),
+            prior: prior.map(str::to_string),
+            per_part: per_part.clamp(1, PART_ENTRIES),
+            current: Vec::new(),
+            parts: Vec::new(),
+            reserved: Vec::new(),
+            previous: None,
+            usage: super::PackUsage::new(label),
+            files: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Files pushed so far, and their bytes.
+    pub fn files(&self) -> (u64, u64) {
+        (self.files, self.bytes)
+    }
+
+    /// Check that `path` comes after every path pushed or reserved so far.
+    fn follows(&mut self, path: &str) -> Result<()> {
+        if let Some(previous) = &self.previous {
+            if previous.as_bytes() >= path.as_bytes() {
+                return Err(Error::new(
+                    crate::ErrorKind::Invalid,
+                    format!(
+                        "manifest of {}: entry {path:?} comes after {previous:?}: entries must be unique and in path order",
+                        self.label
+                    ),
+                ));
+            }
+        }
+        self.previous = Some(path.to_string());
+        Ok(())
+    }
+
+    /// Add the next entry; a full part comes back to be stored.
+    pub fn push(&mut self, e: Entry) -> Result<Option<EncodedPart>> {
+        self.follows(e.path())?;
+        self.count(&e);
+        self.current.push(e);
+        Ok((self.current.len() >= self.per_part)
+            .then(|| self.cut())
+            .flatten())
+    }
+
+    fn count(&mut self, e: &Entry) {
+        if let Entry::File(f) = e {
+            self.usage.add(f);
+            (self.files, self.bytes) = (self.files + 1, self.bytes + f.size);
+        }
+    }
+
+    /// End the current part here (if it holds any entry) and hand it back.
+    pub fn cut(&mut self) -> Option<EncodedPart> {
+        if self.current.is_empty() {
+            return None;
+        }
+        let entries = std::mem::take(&mut self.current);
+        self.parts.push(None);
+        Some(self.encode(self.parts.len() - 1, &entries))
+    }
+
+    fn encode(&self, n: usize, entries: &[Entry]) -> EncodedPart {
+        EncodedPart {
+            n,
+            entries: entries.len() as u32,
+            body: Bytes::from(encode_checked(super::MAGIC, &PartBody { entries })),
+            stanza: self.stanza.clone(),
+            label: self.label.clone(),
+            prior: self.prior.clone(),
+        }
+    }
+
+    /// Keep the place of the entry at `path`, to come later ([`PartsWriter::fill`]): the
+    /// current part is cut (and handed back) and the entry gets a part of its own.
+    pub fn reserve(&mut self, path: &str) -> Result<Option<EncodedPart>> {
+        self.follows(path)?;
+        let cut = self.cut();
+        self.parts.push(None);
+        self.reserved.push((self.parts.len() - 1, path.to_string()));
+        Ok(cut)
+    }
+
+    /// The entry a slot was reserved for, as its part.
+    pub fn fill(&mut self, e: Entry) -> Result<EncodedPart> {
+        let Some(i) = self.reserved.iter().position(|(_, p)| p == e.path()) else {
+            return Err(Error::new(
+                crate::ErrorKind::Invalid,
+                format!(
+                    "manifest of {}: no place was kept for entry {:?}",
+                    self.label,
+                    e.path()
+                ),
+            ));
+        };
+        let (n, _) = self.reserved.swap_remove(i);
+        self.count(&e);
+        Ok(self.encode(n, std::slice::from_ref(&e)))
+    }
+
+    /// Record a part stored by [`EncodedPart::store`].
+    pub fn stored(&mut self, (n, r): (usize, PartRef)) {
+        self.parts[n] = Some(r);
+    }
+
+    /// The last part, to store before [`PartsWriter::finish`].
+    pub fn last(&mut self) -> Option<EncodedPart> {
+        self.cut()
+    }
+
+    /// Put the parts and `packs_used` into `header`, once every part is stored.
+    pub fn finish(self, header: &mut Manifest) -> Result<()> {
+        let unfinished = |what: String| {
+            Error::new(
+                crate::ErrorKind::Invalid,
+                format!("manifest of {}: {what}", self.label),
+            )
+        };
+        if let Some((_, path)) = self.reserved.first() {
+            return Err(unfinished(format!("the entry {path:?} never came")));
+        }
+        if !self.current.is_empty() {
+            return Err(unfinished("its last part was not stored".into()));
+        }
+        header.parts = self
+            .parts
+            .into_iter()
+            .enumerate()
+            .map(|(n, r)| r.ok_or_else(|| unfinished(format!("part {n} was not stored"))))
+            .collect::<Result<_>>()?;
+        header.packs_used = Some(
+            self.usage
+                .finish()
+                .into_iter()
+                .map(|((o, p), n)| (o, p, n))
+                .collect(),
+        );
+        Ok(())
+    }
+}
+
+impl EncodedPart {
+    /// Write the part after its copy. Through a repository on another host, a part of a
+    /// backup with a prior one crosses the line as a patch against the prior's part of the
+    /// same number. Returns what [`PartsWriter::stored`] records.
+    pub async fn store(self, storage: &Storage) -> Result<(usize, PartRef)> {
+        let (copy, key) = (
+            layout::manifest_part_copy(&self.stanza, &self.label, self.n),
+            layout::manifest_part(&self.stanza, &self.label, self.n),
+        );
+        let part = self.body;
+        let stored = match &self.prior {
+            Some(prior) => {
+                let base = layout::manifest_part(&self.stanza, prior, self.n);
+                storage
+                    .put_new_twice_against(&copy, &key, &base, part, super::patch::make)
+                    .await?
+            }
+            None => storage
+                .put_new_twice(&copy, &key, part.clone())
+                .await
+                .map(|()| part)?,
+        };
+        let r = PartRef {
+            entries: self.entries,
+            hash: stored[8..40]
+                .try_into()
+                .expect("a stored part has its hash"),
+        };
+        Ok((self.n, r))
+    }
+}
+
 impl Manifest {
     /// Write `entries` (this manifest's, in order) as parts of at most `per_part`, each
-    /// after its copy, and record them in `parts`. Through a repository on another host,
-    /// a part of a backup with a prior one crosses the line as a patch against the prior's
-    /// part of the same number.
+    /// after its copy, and record them in `parts`. `packs_used` stays as the caller set
+    /// it: a manifest is published as it is given.
     pub(super) async fn write_parts(
         &mut self,
         storage: &Storage,
         entries: &[Entry],
         per_part: usize,
     ) -> Result<()> {
-        self.parts.clear();
-        for (n, chunk) in entries.chunks(per_part.clamp(1, PART_ENTRIES)).enumerate() {
-            let part = Bytes::from(encode_checked(super::MAGIC, &PartBody { entries: chunk }));
-            let (copy, key) = (
-                layout::manifest_part_copy(&self.stanza, &self.label, n),
-                layout::manifest_part(&self.stanza, &self.label, n),
-            );
-            let stored = match &self.prior {
-                Some(prior) => {
-                    let base = layout::manifest_part(&self.stanza, prior, n);
-                    storage
-                        .put_new_twice_against(&copy, &key, &base, part, super::patch::make)
-                        .await?
-                }
-                None => storage
-                    .put_new_twice(&copy, &key, part.clone())
-                    .await
-                    .map(|()| part)?,
-            };
-            self.parts.push(PartRef {
-                entries: chunk.len() as u32,
-                hash: stored[8..40]
-                    .try_into()
-                    .expect("a stored part has its hash"),
-            });
+        let mut writer =
+            PartsWriter::new(&self.stanza, &self.label, self.prior.as_deref(), per_part);
+        for e in entries {
+            if let Some(part) = writer.push(e.clone())? {
+                writer.stored(part.store(storage).await?);
+            }
         }
-        Ok(())
+        if let Some(part) = writer.last() {
+            writer.stored(part.store(storage).await?);
+        }
+        let packs_used = self.packs_used.take();
+        let finished = writer.finish(self);
+        self.packs_used = packs_used;
+        finished
     }
 
     /// Hand every entry in the parts of manifest `self` (a format 4 manifest's header)

@@ -32,6 +32,9 @@ pub struct StoredManifest {
     kept: Vec<FileEntry>,
     files: u64,
     bytes: u64,
+    /// Whether the entries were checked when it was opened; if not
+    /// ([`Manifest::open_unread`]), every reading checks them as it goes.
+    checked: bool,
 }
 
 /// The check of a stream of entries, and what it keeps.
@@ -76,6 +79,7 @@ impl Checked<'_> {
             kept: self.kept,
             files: self.files,
             bytes: self.bytes,
+            checked: true,
         })
     }
 }
@@ -140,6 +144,37 @@ impl Manifest {
     }
 }
 
+impl Manifest {
+    /// Backup `label`'s manifest for one reading in order, by a reader that can stop
+    /// midway without harm (a backup reading its prior backup's entries as it walks):
+    /// [`Manifest::open`] without its first reading. Of a format 4 manifest only the
+    /// header is read here, and [`StoredManifest::for_each_entry`] checks each entry as
+    /// it hands it over (a damaged entry is an error there, not here); `layout`, `kept`
+    /// and `files` are empty. A manifest before format 4 is checked whole, as by `open`.
+    pub async fn open_unread(
+        storage: &Storage,
+        stanza: &str,
+        label: &str,
+    ) -> Result<StoredManifest> {
+        let header = Manifest::load_header(storage, stanza, label).await?;
+        if header.parts.is_empty() {
+            return Manifest::open(storage, stanza, label, &[]).await;
+        }
+        let key = crate::layout::manifest(stanza, label);
+        Ok(StoredManifest {
+            header,
+            obj: Bytes::new(),
+            storage: storage.clone(),
+            key,
+            layout: Vec::new(),
+            kept: Vec::new(),
+            files: 0,
+            bytes: 0,
+            checked: false,
+        })
+    }
+}
+
 impl StoredManifest {
     /// Everything but the entries (`entries` is empty).
     pub fn header(&self) -> &Manifest {
@@ -177,10 +212,21 @@ impl StoredManifest {
         };
         if self.header.parts.is_empty() {
             read_entries(&self.obj, &self.key, |e| each(masked(e)))
-        } else {
+        } else if self.checked {
             self.header
                 .for_each_part_entry(&self.storage, |e| each(masked(e)))
                 .await
+        } else {
+            // Masks modes as it checks.
+            let mut checker = EntryChecker::new(&self.header, &self.key)?;
+            self.header
+                .for_each_part_entry(&self.storage, |mut e| {
+                    checker.check(&mut e)?;
+                    each(e)
+                })
+                .await?;
+            checker.finish()?;
+            Ok(())
         }
     }
 }

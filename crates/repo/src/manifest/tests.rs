@@ -1044,9 +1044,25 @@ async fn a_manifest_of_format_4_is_read_from_its_parts() {
     let mut unsorted = sample();
     (unsorted.format_version, unsorted.label) = (FORMAT_VERSION, "20250302-091700I".into());
     unsorted.set_packs_used();
-    let last = unsorted.entries.len() - 1;
-    unsorted.entries.swap(1, last);
+    // A writer refuses them (it checks the order), so two parts are swapped afterwards,
+    // their objects and their place in the list.
     unsorted.publish_with(&storage, 1).await.unwrap();
+    let last = unsorted.entries.len() - 1;
+    for key in [layout::manifest_part, layout::manifest_part_copy] {
+        let (a, b) = (
+            file(key(&stanza, &unsorted.label, 1)),
+            file(key(&stanza, &unsorted.label, last)),
+        );
+        let (bytes_a, bytes_b) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        std::fs::write(&a, bytes_b).unwrap();
+        std::fs::write(&b, bytes_a).unwrap();
+    }
+    unsorted.parts.swap(1, last);
+    for key in [layout::manifest, layout::manifest_copy] {
+        std::fs::remove_file(file(key(&stanza, &unsorted.label))).unwrap();
+    }
+    unsorted.entries.clear();
+    unsorted.publish_object(&storage).await.unwrap();
     for err in [
         Manifest::load(&storage, &stanza, &unsorted.label)
             .await
@@ -1076,4 +1092,85 @@ async fn a_manifest_of_format_4_is_read_from_its_parts() {
         err.to_string().contains("parts in a format 3 manifest"),
         "{err}"
     );
+}
+
+/// A writer of parts as the entries come: in order only; a place kept for an entry that
+/// comes last (a backup's `global/pg_control`) cuts the part before it and gets a part of
+/// its own; the manifest it finishes reads back as the entries given, in order.
+#[tokio::test]
+async fn parts_are_written_as_the_entries_come_with_a_place_kept_for_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::local(dir.path()).unwrap();
+    let mut m = sample();
+    m.format_version = FORMAT_VERSION;
+    let entries = std::mem::take(&mut m.entries);
+    let kept = entries
+        .iter()
+        .position(|e| e.path() == "global/pg_control")
+        .expect("the sample has pg_control");
+    assert!(
+        kept > 2 && kept + 1 < entries.len(),
+        "a place in the middle"
+    );
+    let mut writer = PartsWriter::new(&m.stanza, &m.label, m.prior.as_deref(), 2);
+    let mut cut = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let part = if i == kept {
+            writer.reserve(e.path()).unwrap()
+        } else {
+            writer.push(e.clone()).unwrap()
+        };
+        if let Some(part) = part {
+            cut.push(part);
+        }
+    }
+    // Before it: a disordered or doubled entry, and an entry no place was kept for.
+    let err = writer.push(entries[0].clone()).err().unwrap();
+    assert!(
+        err.to_string().contains("must be unique and in path order"),
+        "{err}"
+    );
+    let err = writer.fill(entries[0].clone()).err().unwrap();
+    assert!(err.to_string().contains("no place was kept"), "{err}");
+    let last = writer.last();
+    cut.extend(last);
+    cut.push(writer.fill(entries[kept].clone()).unwrap());
+    // Stored in any order: the list orders them.
+    for part in cut.into_iter().rev() {
+        writer.stored(part.store(&storage).await.unwrap());
+    }
+    writer.finish(&mut m).unwrap();
+    let sizes: Vec<u32> = m.parts.iter().map(|p| p.entries).collect();
+    let before = kept.div_ceil(2);
+    assert_eq!(
+        sizes.len(),
+        before + 1 + (entries.len() - kept - 1).div_ceil(2)
+    );
+    assert_eq!(
+        sizes[before], 1,
+        "the kept entry has a part of its own: {sizes:?}"
+    );
+    assert_eq!(sizes.iter().sum::<u32>() as usize, entries.len());
+    m.publish_object(&storage).await.unwrap();
+    let read = Manifest::load(&storage, &m.stanza, &m.label).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&read.entries).unwrap(),
+        serde_json::to_value(&entries).unwrap()
+    );
+    assert_eq!(
+        read.packs_used,
+        Some(
+            read.pack_usage()
+                .into_iter()
+                .map(|((o, p), n)| (o, p, n))
+                .collect()
+        )
+    );
+
+    // A place kept and never filled: no manifest.
+    let mut writer = PartsWriter::new(&m.stanza, "20250302-091800I", None, 2);
+    writer.push(entries[0].clone()).unwrap();
+    writer.reserve("zzz").unwrap();
+    let err = writer.finish(&mut m.clone()).unwrap_err();
+    assert!(err.to_string().contains("never came"), "{err}");
 }
