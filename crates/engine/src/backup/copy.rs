@@ -11,13 +11,13 @@
 use super::resume::Checkpointer;
 use crate::content::read_full_at;
 use crate::track::WalChanges;
-use crate::walk::{ItemKind, Walk, WalkedFile};
+use crate::walk::WalkedFile;
 use crate::{pool, Error, Result};
 use pgstrata_pg::layout;
 use pgstrata_pg::lsn::Lsn;
 use pgstrata_pg::page::{self, PageCheck};
 use pgstrata_repo::manifest::{
-    block_hash, BlockHashes, Chunks, Entry, FileEntry, MapDelta, MapRun, StoredManifest, ThinVec,
+    block_hash, BlockHashes, Chunks, FileEntry, MapDelta, MapRun, StoredManifest, ThinVec,
     MAX_MAP_DEPTH,
 };
 use pgstrata_repo::pack::{Chunk, PackWriter};
@@ -25,7 +25,6 @@ use pgstrata_repo::Storage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::sync::atomic::Ordering;
 
 /// What an incremental compares against: the prior backup's manifest, opened for reading
@@ -116,68 +115,6 @@ pub(super) struct CopyContext {
     pub resume: Option<super::resume::Resumed>,
     /// Write resume checkpoints as packs are stored.
     pub checkpoints: bool,
-}
-
-/// What the walk of the data directory turns into: entries recorded as they are
-/// (directories, tablespace links), files to copy, and `global/pg_control`, copied last.
-#[derive(Debug)]
-pub(super) struct CopyPlan {
-    /// Directories and links, in path order.
-    pub entries: Vec<Entry>,
-    /// Files of at least [`LARGE_FILE`] bytes, largest first: copied before the others,
-    /// which keeps every worker busy until the end.
-    pub large: Vec<WalkedFile>,
-    /// The other files, in path order: copied as the manifest lists them, so that its
-    /// parts are written as they fill ([`super::ordered`]).
-    pub small: Vec<WalkedFile>,
-    pub control: WalkedFile,
-}
-
-/// Files at least this large are copied first, in no particular order; the others are
-/// copied in path order, where one file held up holds up the parts of the manifest.
-pub(super) const LARGE_FILE: u64 = 16 << 20;
-
-impl CopyPlan {
-    /// Directories and links become entries as they are; files become jobs (the walk's own
-    /// list, reordered), `global/pg_control` apart.
-    pub fn new(walk: Walk, pg_path: &Path) -> Result<CopyPlan> {
-        let mut entries: Vec<Entry> = walk
-            .items
-            .into_iter()
-            .map(|item| match item.kind {
-                ItemKind::Dir => Entry::dir(item.rel, item.owner),
-                ItemKind::Link { target } => Entry::link(item.rel, target, item.owner),
-            })
-            .collect();
-        entries.sort_unstable_by(|a, b| a.path().cmp(b.path()));
-        let mut small = walk.files;
-        let control = small
-            .iter()
-            .position(|j| j.rel == "global/pg_control")
-            .map(|i| small.swap_remove(i))
-            .ok_or_else(|| {
-                Error::refused(format!("{} has no global/pg_control", pg_path.display()))
-            })?;
-        let mut large: Vec<WalkedFile> = small.extract_if(.., |f| f.size >= LARGE_FILE).collect();
-        // Unstable (a stable sort borrows room for half the list), the path breaking ties.
-        large.sort_unstable_by(|a, b| b.size.cmp(&a.size).then_with(|| a.rel.cmp(&b.rel)));
-        small.sort_unstable_by(|a, b| a.rel.cmp(&b.rel));
-        Ok(CopyPlan {
-            entries,
-            large,
-            small,
-            control,
-        })
-    }
-
-    pub(crate) fn total_bytes(&self) -> u64 {
-        let files = self.large.iter().chain(&self.small);
-        files.map(|j| j.size).sum::<u64>() + self.control.size
-    }
-
-    pub(crate) fn files(&self) -> usize {
-        self.large.len() + self.small.len() + 1
-    }
 }
 
 /// Result of copying files on a set of workers.
@@ -281,9 +218,9 @@ pub(super) fn copy_files(
     Ok(total)
 }
 
-/// Jobs in the order given, numbered from 0, cut into the groups a worker takes at once:
-/// consecutive files up to [`GROUP_FILES`] of them or [`GROUP_BYTES`] together (a larger
-/// file alone).
+/// Jobs in the order given, with their numbers, cut into the groups a worker takes at
+/// once: consecutive files up to [`GROUP_FILES`] of them or [`GROUP_BYTES`] together (a
+/// larger file alone).
 ///
 /// Why: handing a job to a worker costs a wake-up on each side. A no-change incremental
 /// of many files is mostly files carried in a microsecond each, and one hand-over per file
@@ -291,14 +228,16 @@ pub(super) fn copy_files(
 /// `finish_task_switch` and spin-lock release at the top).
 ///
 /// Lazy: a group is made when a worker can take it, so the jobs are not held twice.
-pub(super) fn groups(jobs: impl Iterator<Item = Job>) -> impl Iterator<Item = Vec<(u64, Job)>> {
-    let mut jobs = jobs.zip(0u64..).peekable();
+pub(super) fn groups(
+    jobs: impl Iterator<Item = (u64, Job)>,
+) -> impl Iterator<Item = Vec<(u64, Job)>> {
+    let mut jobs = jobs.peekable();
     std::iter::from_fn(move || {
-        let (first, n) = jobs.next()?;
+        let (n, first) = jobs.next()?;
         let mut bytes = first.size;
         let mut group = vec![(n, first)];
         while group.len() < GROUP_FILES {
-            let Some((job, n)) = jobs.next_if(|(j, _)| bytes + j.size <= GROUP_BYTES) else {
+            let Some((n, job)) = jobs.next_if(|(_, j)| bytes + j.size <= GROUP_BYTES) else {
                 break;
             };
             bytes += job.size;
@@ -1056,7 +995,7 @@ mod tests {
         let job = |i: usize, size: u64| Job {
             file: WalkedFile {
                 rel: format!("base/1/{i}"),
-                root: Path::new("/x").into(),
+                root: std::path::Path::new("/x").into(),
                 owner: owner(),
                 mtime: 0,
                 size,
@@ -1067,7 +1006,7 @@ mod tests {
         jobs.extend((1..=100).map(|i| job(i, 1024)));
         jobs.push(job(101, 5 << 20));
         jobs.push(job(102, 5 << 20));
-        let groups: Vec<Vec<(u64, Job)>> = groups(jobs.into_iter()).collect();
+        let groups: Vec<Vec<(u64, Job)>> = groups((0u64..).zip(jobs)).collect();
         let lens: Vec<usize> = groups.iter().map(Vec::len).collect();
         assert_eq!(lens, [1, 64, 37, 1]);
         // In the order given, numbered in that order.
@@ -1151,76 +1090,6 @@ mod tests {
         // A frame of the backup being taken needs no label.
         let own = PriorBlocks::new(&entry, "P", "O");
         assert_eq!(own.locate(24576, 8192).unwrap().backup, None);
-    }
-
-    #[test]
-    fn the_plan_copies_large_files_first_the_others_in_path_order_and_pg_control_apart() {
-        let root: std::sync::Arc<Path> = Path::new("/pg").into();
-        let file = |rel: &str, size: u64| WalkedFile {
-            rel: rel.into(),
-            root: root.clone(),
-            owner: owner(),
-            mtime: 1,
-            size,
-        };
-        let dir = |rel: &str, kind: ItemKind| crate::walk::Item {
-            rel: rel.into(),
-            kind,
-            owner: owner(),
-        };
-        let walk = Walk {
-            items: vec![
-                dir("", ItemKind::Dir),
-                dir(
-                    "pg_tblspc/16400",
-                    ItemKind::Link {
-                        target: "/ts".into(),
-                    },
-                ),
-            ],
-            files: vec![
-                file("base/1/small", 10),
-                file("global/pg_control", 8192),
-                file("base/1/large", 1 << 30),
-                file("base/1/medium", 1 << 20),
-                file("base/1/larger", (1 << 30) + 1),
-                file("base/1/16384.1", 2 << 20),
-                file("base/1/16384_fsm", 8192),
-                file("base/1/16384", 1 << 20),
-            ],
-            tablespaces: vec![],
-        };
-        let plan = CopyPlan::new(walk, Path::new("/pg")).unwrap();
-        let large: Vec<&str> = plan.large.iter().map(|j| j.rel.as_str()).collect();
-        assert_eq!(large, ["base/1/larger", "base/1/large"]);
-        // Byte order, as the manifest sorts paths ('.' before '_').
-        let small: Vec<&str> = plan.small.iter().map(|j| j.rel.as_str()).collect();
-        assert_eq!(
-            small,
-            [
-                "base/1/16384",
-                "base/1/16384.1",
-                "base/1/16384_fsm",
-                "base/1/medium",
-                "base/1/small"
-            ]
-        );
-        assert_eq!(plan.control.rel, "global/pg_control");
-        assert_eq!(plan.control.abs(), Path::new("/pg/global/pg_control"));
-        let entries: Vec<&str> = plan.entries.iter().map(|e| e.path()).collect();
-        assert_eq!(entries, ["", "pg_tblspc/16400"]);
-        assert_eq!(plan.files(), 8);
-        assert_eq!(
-            plan.total_bytes(),
-            (1 << 30) + (1 << 30) + 1 + (1 << 20) + 10 + 8192 + (2 << 20) + 8192 + (1 << 20)
-        );
-
-        let no_control = Walk {
-            files: vec![file("base/1/small", 10)],
-            ..Default::default()
-        };
-        let e = CopyPlan::new(no_control, Path::new("/pg")).unwrap_err();
-        assert_eq!(e.message, "/pg has no global/pg_control");
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::track::{Track, WalChanges};
 use crate::walk;
 use crate::{open_stanza, Error, ErrorKind, Result, Settings};
 use assemble::{Copied, Stopped};
-use copy::{CopyContext, CopyPlan, Job, Prior};
+use copy::{CopyContext, Job, Prior};
 use ordered::Parts;
 use pgstrata_pg::lsn;
 use pgstrata_repo::manifest::{BackupType, Manifest, PartsWriter, PART_ENTRIES};
@@ -139,26 +139,37 @@ async fn copy_data_directory(
             pf.db.target()
         );
     }
-    let mut tree = {
-        let p = pf.pg_path.clone();
-        let (major, catver) = (pf.control.major_version()?, pf.control.catalog_version);
-        let standby = pf.standby.as_ref().map(|sb| sb.source.path.clone());
-        let over_sql = pf.primary_copy.is_some();
-        tokio::task::spawn_blocking(move || -> Result<walk::Walk> {
-            let primary = walk::walk(&p, major, catver)?;
-            Ok(match standby {
-                Some(sp) => {
-                    standby::merge_walks(primary, walk::walk(&sp, major, catver)?, over_sql)
-                }
-                None => primary,
+    // The walk: the data directory's as it goes, or (from a standby) the primary's and
+    // the standby's merged, whole.
+    let (major, catver) = (pf.control.major_version()?, pf.control.catalog_version);
+    type Source = Box<dyn Iterator<Item = Result<walk::Walked>> + Send>;
+    let (walk, tablespaces): (Source, _) = match &pf.standby {
+        None => {
+            let mut walker = walk::Walker::new(&pf.pg_path, major, catver)?;
+            let tablespaces = std::mem::take(&mut walker.tablespaces);
+            (Box::new(walker), tablespaces)
+        }
+        Some(sb) => {
+            let (p, sp) = (pf.pg_path.clone(), sb.source.path.clone());
+            let over_sql = pf.primary_copy.is_some();
+            let mut merged = tokio::task::spawn_blocking(move || -> Result<walk::Walk> {
+                let primary = walk::walk(&p, major, catver)?;
+                let standby = walk::walk(&sp, major, catver)?;
+                Ok(standby::merge_walks(primary, standby, over_sql))
             })
-        })
-        .await
-        .expect("walk thread")?
+            .await
+            .expect("walk thread")?;
+            let tablespaces = std::mem::take(&mut merged.tablespaces);
+            (Box::new(walk::in_order(merged)), tablespaces)
+        }
     };
-    let tablespaces = std::mem::take(&mut tree.tablespaces);
-    let plan = CopyPlan::new(tree, &pf.pg_path)?;
-    let progress = Progress::start("backup", plan.total_bytes(), plan.files() as u64);
+    // The prior backup's size until the walk finds more.
+    let estimate = pf.prior.as_ref().map(|p| p.header().stats.clone());
+    let progress = Progress::start(
+        "backup",
+        estimate.as_ref().map_or(0, |st| st.db_size),
+        estimate.as_ref().map_or(0, |st| st.files),
+    );
     let prior = pf.prior.clone().map(Prior::new);
     let resume = match opts.resume {
         true => {
@@ -200,11 +211,11 @@ async fn copy_data_directory(
     let prior_label = pf.prior.as_ref().map(|p| p.header().label.as_str());
     let writer = PartsWriter::new(&s.stanza, &pf.label, prior_label, PART_ENTRIES);
     let mut parts = Parts::new(writer, storage.clone(), runtime);
-    let mut control = plan.control.clone();
     let ctx = std::sync::Arc::new(ctx);
-    let c = ctx.clone();
-    let (mut outcome, mut parts) = tokio::task::spawn_blocking(move || {
-        ordered::copy_in_order(&c, plan, &mut parts, workers).map(|o| (o, parts))
+    let (c, totals) = (ctx.clone(), progress.totals());
+    let (mut outcome, mut control, mut parts) = tokio::task::spawn_blocking(move || {
+        ordered::copy_in_order(&c, walk, &mut parts, workers, &totals)
+            .map(|(outcome, control)| (outcome, control, parts))
     })
     .await
     .expect("copy threads")?;
@@ -225,7 +236,7 @@ async fn copy_data_directory(
         };
         let outcome = copy::copy_files(
             &c,
-            copy::groups(std::iter::once(job)),
+            copy::groups(std::iter::once((0, job))),
             1,
             workers,
             |_, e| {

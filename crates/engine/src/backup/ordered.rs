@@ -4,38 +4,41 @@
 //!
 //! How, and why:
 //!
-//! - **Large files first.** Files of at least [`super::copy::LARGE_FILE`] bytes are copied first,
-//!   largest first, as before: a 1 GB segment taken last would leave the other workers
-//!   idle at the end. They are few (at most the database's bytes over 16 MiB), so their
-//!   entries are held until their place in the order comes. The other files follow in
-//!   path order, numbered as they are handed out.
+//! - **The walk in path order.** [`crate::walk::Walker`] finds the data directory's
+//!   files and directories in the manifest's order as it goes. Every thing walked gets a
+//!   number; directories and links go to the writer at once, files to the workers.
 //! - **The prior backup read beside the walk.** An incremental needs the prior's entry of
-//!   each file it copies. The prior's entries come in path order, as the files do, so a
-//!   reader thread decodes them part by part into a bounded channel and the feeder takes
-//!   the one whose path it reaches: one entry in hand per file in flight, instead of the
-//!   prior's whole list (73 MB at 300,000 files). The large files' entries are picked out
-//!   by a first reading.
+//!   each file it copies. The prior's entries come in path order too, so a reader thread
+//!   decodes them part by part into a bounded channel and the feeder takes the one whose
+//!   path it reaches ([`PriorCursor`]): one entry in hand per file in flight, instead of
+//!   the prior's whole list (73 MB at 300,000 files).
 //! - **Results put back in order.** Workers finish files out of order; the writer thread
-//!   holds what comes early and hands entries on in order to the [`PartsWriter`], merged
-//!   with the directories, links and large files. The feeder stays at most [`WINDOW`]
-//!   files ahead of what was written, so what is held early is bounded.
+//!   holds what comes early and hands the entries on in order to the [`PartsWriter`]. The
+//!   feeder hands out no group of files more than [`WINDOW`] things ahead of what was
+//!   written, so what is held early is bounded. One large file holds the window while it
+//!   is copied: the other workers go on with the files after it, up to the window.
 //! - **`global/pg_control` copied last.** Its place is kept ([`PartsWriter::reserve`]):
 //!   the part before it is cut there, it gets a part of its own once it is copied, and the
 //!   parts after it are written as they fill.
 //!
+//! What the copy costs in time is the same as when the whole list was held and copied
+//! largest first, except at the end: a large file late in the order finishes last.
+//!
 //! The parts are written while the backup runs, one stored while the next fills; without
 //! the manifest, written last, they are not a backup (`expire` removes them).
 
-use super::copy::{copy_files, groups, CopyContext, CopyOutcome, CopyPlan, Job};
-use crate::walk::WalkedFile;
+use super::copy::{copy_files, groups, CopyContext, CopyOutcome, Job};
+use crate::progress::Counters;
+use crate::walk::{ItemKind, Walked, WalkedFile};
 use crate::{Error, ErrorKind, Result};
 use pgstrata_repo::manifest::{EncodedPart, Entry, FileEntry, PartRef, PartsWriter};
 use pgstrata_repo::Storage;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Condvar, Mutex};
 
-/// Most files handed out beyond the last one written to the manifest.
+/// Most things walked (files, directories) handed out beyond the last one written to the
+/// manifest.
 const WINDOW: u64 = 16_384;
 
 /// Prior entries decoded ahead of the feeder.
@@ -120,89 +123,147 @@ impl Parts {
     }
 }
 
-/// What the writer merges with the copied files: an entry as it is, or the place of one
-/// copied later.
-enum Other {
+/// What the writer gets for each thing walked, by its number.
+enum Slot {
+    /// An entry: a directory or link as walked, a file as copied.
     Entry(Entry),
+    /// The place of the entry at this path, copied later (`global/pg_control`).
     Later(String),
+    /// A file that vanished before it was copied.
+    Nothing,
 }
 
-impl Other {
-    fn path(&self) -> &str {
-        match self {
-            Other::Entry(e) => e.path(),
-            Other::Later(p) => p,
+/// Where the feeder takes each file's entry in the prior backup from: the prior's file
+/// entries in path order, read by a thread of their own, taken as the walk's paths meet
+/// them.
+struct PriorCursor {
+    entries: mpsc::Receiver<Box<FileEntry>>,
+    next: Option<Box<FileEntry>>,
+}
+
+impl PriorCursor {
+    fn new(entries: mpsc::Receiver<Box<FileEntry>>) -> PriorCursor {
+        let next = entries.recv().ok();
+        PriorCursor { entries, next }
+    }
+
+    /// The prior's entry at `path`, if it has one; paths come in order.
+    fn take(&mut self, path: &str) -> Option<Box<FileEntry>> {
+        while self
+            .next
+            .as_ref()
+            .is_some_and(|p| p.path.as_bytes() < path.as_bytes())
+        {
+            self.next = self.entries.recv().ok();
         }
+        if self.next.as_ref().is_some_and(|p| *p.path == *path) {
+            let taken = self.next.take();
+            self.next = self.entries.recv().ok();
+            return taken;
+        }
+        None
     }
 }
 
-/// Copy every file of `plan` but `global/pg_control`, writing the manifest's entries (its
-/// directories and links too) to `parts` in order, with the place of `global/pg_control`
-/// kept. Blocks: call it from a blocking context.
+/// Copy every file `walk` finds but `global/pg_control`, writing the manifest's entries
+/// (the directories and links too) to `parts` in order, with the place of
+/// `global/pg_control` kept; `pg_control` is returned, to copy last. The bytes and files
+/// walked are added to `totals` (the progress) as they are found, past what they were.
+/// Blocks: call it from a blocking context.
 pub(super) fn copy_in_order(
     ctx: &CopyContext,
-    plan: CopyPlan,
+    walk: impl Iterator<Item = Result<Walked>>,
     parts: &mut Parts,
     workers: usize,
-) -> Result<CopyOutcome> {
-    let CopyPlan {
-        entries,
-        large,
-        small,
-        control,
-    } = plan;
-    let mut large_prior = prior_entries_of(ctx, &large)?;
-    let large_count = large.len() as u64;
-    let large_jobs = large.into_iter().map(move |file| Job {
-        prior: large_prior.remove(&file.rel),
-        file,
-    });
-    let mut others: Vec<Other> = entries.into_iter().map(Other::Entry).collect();
-    others.push(Other::Later(control.rel.clone()));
-    others.sort_unstable_by(|a, b| a.path().cmp(b.path()));
-
-    let small_count = small.len() as u64;
+    totals: &Counters,
+) -> Result<(CopyOutcome, WalkedFile)> {
     let window = Window::default();
     let (prior_tx, prior_rx) = mpsc::sync_channel::<Box<FileEntry>>(PRIOR_AHEAD);
-    let (done_tx, done_rx) = mpsc::channel::<(u64, Option<FileEntry>)>();
+    let (done_tx, done_rx) = mpsc::channel::<(u64, Slot)>();
+    let mut control: Option<WalkedFile> = None;
+    let mut walk_error: Option<Error> = None;
     std::thread::scope(|scope| {
-        let reader = ctx.prior.as_ref().map(|p| {
-            let window = &window;
-            scope.spawn(move || {
-                let read = ctx.runtime.block_on(p.manifest.for_each_entry(|e| match e {
-                    Entry::File(f) => prior_tx.send(f).map_err(|_| stopped()),
-                    _ => Ok(()),
-                }));
-                if read.as_ref().is_err_and(|e| !is_stopped(e)) {
-                    window.fail();
-                }
-                read
-            })
-        });
+        let reader = match ctx.prior.as_ref() {
+            None => {
+                drop(prior_tx);
+                None
+            }
+            Some(p) => Some({
+                let window = &window;
+                scope.spawn(move || {
+                    let read = ctx.runtime.block_on(p.manifest.for_each_entry(|e| match e {
+                        Entry::File(f) => prior_tx.send(f).map_err(|_| stopped()),
+                        _ => Ok(()),
+                    }));
+                    if read.as_ref().is_err_and(|e| !is_stopped(e)) {
+                        window.fail();
+                    }
+                    read
+                })
+            }),
+        };
         let writer = {
             let (window, parts) = (&window, &mut *parts);
             scope.spawn(move || {
-                let written =
-                    write_in_order(done_rx, others, large_count, small_count, parts, window);
+                let written = write_in_order(done_rx, parts, window);
                 if written.is_err() {
                     window.fail();
                 }
                 written
             })
         };
-        let small_jobs = with_prior(small, prior_rx);
-        let throttled = large_jobs
-            .chain(small_jobs)
-            .zip(0u64..)
-            .map_while(|(job, n)| {
-                (n < large_count || window.wait_for(n - large_count)).then_some(job)
-            });
+        let mut prior = PriorCursor::new(prior_rx);
+        let (mut bytes, mut files) = (0u64, 0u64);
+        let (done, control_found, walk_failed, window) =
+            (&done_tx, &mut control, &mut walk_error, &window);
+        let mut walk = walk.zip(0u64..);
+        // Files become jobs; directories, links and the place of pg_control go to the
+        // writer straight away. Nothing more is walked once something failed.
+        let jobs = std::iter::from_fn(move || loop {
+            if window.failed.load(Ordering::SeqCst) {
+                return None;
+            }
+            let (found, n) = walk.next()?;
+            let slot = match found {
+                Err(e) => {
+                    *walk_failed = Some(e);
+                    window.fail();
+                    return None;
+                }
+                Ok(Walked::Item(i)) => Slot::Entry(match i.kind {
+                    ItemKind::Dir => Entry::dir(i.rel, i.owner),
+                    ItemKind::Link { target } => Entry::link(i.rel, target, i.owner),
+                }),
+                Ok(Walked::File(f)) => {
+                    (bytes, files) = (bytes + f.size, files + 1);
+                    totals.bytes.fetch_max(bytes, Ordering::Relaxed);
+                    totals.files.fetch_max(files, Ordering::Relaxed);
+                    if f.rel != "global/pg_control" {
+                        let prior = prior.take(&f.rel);
+                        return Some((n, Job { file: f, prior }));
+                    }
+                    let slot = Slot::Later(f.rel.clone());
+                    *control_found = Some(f);
+                    slot
+                }
+            };
+            if done.send((n, slot)).is_err() {
+                window.fail();
+                return None;
+            }
+        });
+        // The window is kept group by group, never while a group is being made: the
+        // writer may be waiting for the first file of the group in hand.
+        let groups = groups(jobs).map_while(|g| window.wait_for(g[0].0).then_some(g));
         let copied = copy_files(
             ctx,
-            groups(throttled),
+            groups,
             workers,
             0,
-            |n, e| done_tx.send((n, e)).map_err(|_| stopped()),
+            |n, e| {
+                let slot = e.map_or(Slot::Nothing, |f| Slot::Entry(Entry::File(Box::new(f))));
+                done_tx.send((n, slot)).map_err(|_| stopped())
+            },
             || window.fail(),
         );
         drop(done_tx);
@@ -212,8 +273,11 @@ pub(super) fn copy_in_order(
         let read = reader
             .map(|r| r.join().expect("prior manifest reader thread"))
             .unwrap_or(Ok(()));
-        // The first failure is the one to report: a reader or writer that failed stops
-        // the copy, whose error is then only that it was stopped.
+        // The first failure is the one to report: a walk, reader or writer that failed
+        // stops the copy, whose error is then only that it was stopped.
+        if let Some(e) = walk_error.take() {
+            return Err(e);
+        }
         match (read, written, copied) {
             (Err(e), _, _) if !is_stopped(&e) => Err(e),
             (_, Err(e), _) if !is_stopped(&e) => Err(e),
@@ -221,6 +285,12 @@ pub(super) fn copy_in_order(
             (_, Err(e), _) => Err(e),
             (_, Ok(()), Ok(outcome)) => Ok(outcome),
         }
+    })
+    .and_then(|outcome| {
+        let control = control.ok_or_else(|| {
+            Error::refused("the data directory has no global/pg_control".to_string())
+        })?;
+        Ok((outcome, control))
     })
 }
 
@@ -232,60 +302,8 @@ fn is_stopped(e: &Error) -> bool {
     e.kind == ErrorKind::Io && e.message == stopped().message
 }
 
-/// The prior backup's entries of `files` (a first reading of its manifest), by path.
-fn prior_entries_of(
-    ctx: &CopyContext,
-    files: &[WalkedFile],
-) -> Result<HashMap<String, Box<FileEntry>>> {
-    let mut found = HashMap::new();
-    let Some(p) = ctx.prior.as_ref().filter(|_| !files.is_empty()) else {
-        return Ok(found);
-    };
-    let mut paths: Vec<&str> = files.iter().map(|f| f.rel.as_str()).collect();
-    paths.sort_unstable();
-    ctx.runtime
-        .block_on(p.manifest.for_each_entry::<Error>(|e| {
-            if let Entry::File(f) = e {
-                if paths.binary_search(&&*f.path).is_ok() {
-                    found.insert(f.path.to_string(), f);
-                }
-            }
-            Ok(())
-        }))?;
-    Ok(found)
-}
-
-/// The jobs of `files` (in path order), each with the prior backup's entry of its file
-/// taken from `prior` (the prior's file entries, in path order) as the paths meet.
-fn with_prior(
-    files: Vec<WalkedFile>,
-    prior: mpsc::Receiver<Box<FileEntry>>,
-) -> impl Iterator<Item = Job> {
-    let mut next = prior.recv().ok();
-    files.into_iter().map(move |file| {
-        while next
-            .as_ref()
-            .is_some_and(|p| p.path.as_bytes() < file.rel.as_bytes())
-        {
-            next = prior.recv().ok();
-        }
-        let prior_entry = match next.as_ref() {
-            Some(p) if *p.path == *file.rel => {
-                let taken = next.take();
-                next = prior.recv().ok();
-                taken
-            }
-            _ => None,
-        };
-        Job {
-            file,
-            prior: prior_entry,
-        }
-    })
-}
-
-/// How far the writer is: files written, of those copied in order. The feeder waits on
-/// it to stay within [`WINDOW`]; a failure anywhere releases it.
+/// How far the writer is: the number of things walked it has written. The feeder waits
+/// on it to stay within [`WINDOW`]; a failure anywhere releases it.
 #[derive(Default)]
 struct Window {
     written: Mutex<u64>,
@@ -294,8 +312,7 @@ struct Window {
 }
 
 impl Window {
-    /// Wait until file `n` (of those copied in order) is within the window; false once
-    /// something failed.
+    /// Wait until thing `n` is within the window; false once something failed.
     fn wait_for(&self, n: u64) -> bool {
         let mut written = self.written.lock().unwrap();
         while n >= *written + WINDOW {
@@ -320,71 +337,35 @@ impl Window {
     }
 }
 
-/// Take the copied files' entries from `done` (numbered: the `large` first, any order,
-/// then the `small` in path order) and write every entry to `parts` in path order.
+/// Take the slots from `done` (numbered in walk order, coming in any order) and write
+/// them to `parts` in order.
 fn write_in_order(
-    done: mpsc::Receiver<(u64, Option<FileEntry>)>,
-    others: Vec<Other>,
-    large: u64,
-    small: u64,
+    done: mpsc::Receiver<(u64, Slot)>,
     parts: &mut Parts,
     window: &Window,
 ) -> Result<()> {
-    let mut others = others;
-    let mut large_entries: Vec<Entry> = Vec::new();
-    let mut large_done = 0u64;
-    let mut early: BTreeMap<u64, Option<FileEntry>> = BTreeMap::new();
+    let mut early: BTreeMap<u64, Slot> = BTreeMap::new();
     let mut next = 0u64;
-    let mut merged: Option<std::iter::Peekable<std::vec::IntoIter<Other>>> = None;
-    let merge = |others: &mut Vec<Other>, large_entries: &mut Vec<Entry>| {
-        others.extend(large_entries.drain(..).map(Other::Entry));
-        others.sort_unstable_by(|a, b| a.path().cmp(b.path()));
-        std::mem::take(others).into_iter().peekable()
-    };
-    if large == 0 {
-        merged = Some(merge(&mut others, &mut large_entries));
-    }
-    for (n, entry) in done.iter() {
-        if n < large {
-            large_done += 1;
-            large_entries.extend(entry.map(|f| Entry::File(Box::new(f))));
-            if large_done == large {
-                merged = Some(merge(&mut others, &mut large_entries));
-            }
-        } else {
-            early.insert(n - large, entry);
-        }
-        let Some(o) = merged.as_mut() else { continue };
-        while let Some(entry) = early.remove(&next) {
-            if let Some(f) = entry {
-                write_others(o, Some(&f.path), parts)?;
-                parts.push(Entry::File(Box::new(f)))?;
+    for (n, slot) in done.iter() {
+        early.insert(n, slot);
+        let before = next;
+        while let Some(slot) = early.remove(&next) {
+            match slot {
+                Slot::Entry(e) => parts.push(e)?,
+                Slot::Later(path) => parts.reserve(&path)?,
+                Slot::Nothing => {}
             }
             next += 1;
             if next.is_multiple_of(256) {
                 window.advance(next);
             }
         }
-        window.advance(next);
-    }
-    if large_done != large || next != small {
-        return Err(stopped());
-    }
-    let mut o = merged.expect("every large file was copied");
-    write_others(&mut o, None, parts)
-}
-
-/// Write the entries of `others` that come before `path` (all of them: `None`).
-fn write_others(
-    others: &mut std::iter::Peekable<std::vec::IntoIter<Other>>,
-    path: Option<&str>,
-    parts: &mut Parts,
-) -> Result<()> {
-    while let Some(o) = others.next_if(|o| path.is_none_or(|p| o.path() < p)) {
-        match o {
-            Other::Entry(e) => parts.push(e)?,
-            Other::Later(p) => parts.reserve(&p)?,
+        if next != before {
+            window.advance(next);
         }
+    }
+    if !early.is_empty() {
+        return Err(stopped());
     }
     Ok(())
 }
