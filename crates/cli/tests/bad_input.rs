@@ -113,42 +113,27 @@ fn killed_backup_leaves_no_half_backup_and_the_next_one_succeeds() {
         .pgbench(&["-i", "-s", "30", "-q", "postgres"])
         .unwrap();
     env.stanza_create();
-    kill_midway(
-        &env,
-        &[
-            "--process-max=1",
-            "--start-fast",
-            "--compress-type=bz2",
-            "backup",
-        ],
-        "/pack/",
-    );
-
-    let info = env.info_json();
-    assert_eq!(
-        info["backups"].as_array().unwrap().len(),
-        0,
-        "no half backup is visible: {info}"
-    );
-    // Killed once the parts of its manifest are being written (the first is written as
-    // the copy reaches global/pg_control, whose place it keeps): parts without their
-    // manifest are no backup either.
-    kill_midway(
-        &env,
-        &[
-            "--process-max=1",
-            "--start-fast",
-            "--compress-type=bz2",
-            "backup",
-        ],
-        "/manifest/",
-    );
-    let info = env.info_json();
-    assert_eq!(
-        info["backups"].as_array().unwrap().len(),
-        0,
-        "parts alone are no backup: {info}"
-    );
+    // Killed once packs are written, then once the parts of its manifest are (the first
+    // is written as the copy reaches global/pg_control, whose place it keeps): neither
+    // packs nor parts without their manifest are a backup.
+    for (marker, what) in [("/pack/", "packs"), ("/manifest/", "parts")] {
+        kill_midway(
+            &env,
+            &[
+                "--process-max=1",
+                "--start-fast",
+                "--compress-type=bz2",
+                "backup",
+            ],
+            marker,
+        );
+        let info = env.info_json();
+        assert_eq!(
+            info["backups"].as_array().unwrap().len(),
+            0,
+            "no half backup is visible after one killed with {what} written: {info}"
+        );
+    }
     let expected = env.hashes();
     let label = env.backup(&[]);
     let info = env.info_json();
