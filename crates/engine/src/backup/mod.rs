@@ -2,14 +2,16 @@
 //!
 //! Order of work, and why:
 //! 1. Check the server is the stanza's cluster, then `pg_backup_start`.
-//! 2. Walk the data directory and copy every file but `global/pg_control` on
-//!    `process-max` worker threads, each cutting files into frames, checking page checksums,
-//!    hashing, compressing, and appending frames to its own pack objects.
+//! 2. Walk the data directory in path order and copy every file but `global/pg_control`
+//!    as the walk goes, on `process-max` worker threads, each cutting files into frames,
+//!    checking page checksums, hashing, compressing, and appending frames to its own pack
+//!    objects; the manifest's entries are written as parts as they fill (`ordered`).
 //! 3. Copy `global/pg_control` last, then `pg_backup_stop`.
 //! 4. Wait until every WAL segment from the start to the stop LSN is in the archive: without
 //!    them the backup cannot be made consistent.
-//! 5. Only then write the manifest. A backup killed at any earlier point leaves packs that no
-//!    manifest references, which `info` ignores and a later backup does not need.
+//! 5. Only then write the manifest. A backup killed at any earlier point leaves packs and
+//!    parts that no manifest references, which `info` ignores and a later backup does not
+//!    need.
 
 mod assemble;
 mod copy;
