@@ -344,12 +344,10 @@ impl Walker {
         Ok(())
     }
 
-    /// The next thing found, or `None` when the frame's child stood for nothing to
-    /// record (a directory entered, a file gone).
-    fn visit(&mut self, dir: &Path, rel: &str, child: Child) -> Result<Option<Walked>> {
-        let abs = dir.join(&child.os_name);
-        let child_rel = join_rel(rel, &child.os_name.to_string_lossy());
-        match child.place {
+    /// What the child at `abs` (`child_rel` in the manifest) standing at `place` is, or
+    /// `None` when it stands for nothing to record (a directory entered, a file gone).
+    fn visit(&mut self, abs: PathBuf, child_rel: String, place: Place) -> Result<Option<Walked>> {
+        match place {
             Place::Itself => {
                 let Some(md) = stat_following(&abs)? else {
                     return Ok(None);
@@ -435,8 +433,9 @@ impl Iterator for Walker {
                 self.stack.pop();
                 continue;
             };
-            let (dir, rel) = (frame.dir.clone(), frame.rel.clone());
-            match self.visit(&dir, &rel, child) {
+            let abs = frame.dir.join(&child.os_name);
+            let child_rel = join_rel(&frame.rel, &child.os_name.to_string_lossy());
+            match self.visit(abs, child_rel, child.place) {
                 Ok(Some(found)) => return Some(Ok(found)),
                 Ok(None) => continue,
                 Err(e) => {

@@ -116,7 +116,7 @@ impl Parts {
 
     /// Store the last part and wait until every part is stored.
     pub fn finish(mut self) -> Result<(PartsWriter, u64)> {
-        let last = self.writer.last();
+        let last = self.writer.cut();
         self.store(last)?;
         self.wait()?;
         Ok((self.writer, self.page_errors))

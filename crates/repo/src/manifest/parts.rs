@@ -35,7 +35,8 @@ struct PartBody<'a> {
 /// `global/pg_control`, copied last), which gets a part of its own in its place in the
 /// list, because parts may be written in any order and only the manifest, written last,
 /// orders them. The writer hands each part it cuts back as an [`EncodedPart`], which
-/// the caller stores when it likes ([`EncodedPart::store`]) and records with
+/// the caller stores when it likes ([`EncodedPart::store`]; the last one too, from
+/// [`PartsWriter::cut`]) and records with
 /// [`PartsWriter::stored`]; [`PartsWriter::finish`] puts the list and what the entries
 /// reference in packs into the manifest's header.
 pub struct PartsWriter {
@@ -175,11 +176,6 @@ impl PartsWriter {
         self.parts[n] = Some(r);
     }
 
-    /// The last part, to store before [`PartsWriter::finish`].
-    pub fn last(&mut self) -> Option<EncodedPart> {
-        self.cut()
-    }
-
     /// Put the parts and `packs_used` into `header`, once every part is stored.
     pub fn finish(self, header: &mut Manifest) -> Result<()> {
         let unfinished = |what: String| {
@@ -260,7 +256,7 @@ impl Manifest {
                 writer.stored(part.store(storage).await?);
             }
         }
-        if let Some(part) = writer.last() {
+        if let Some(part) = writer.cut() {
             writer.stored(part.store(storage).await?);
         }
         let packs_used = self.packs_used.take();

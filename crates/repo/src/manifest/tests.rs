@@ -1132,7 +1132,7 @@ async fn parts_are_written_as_the_entries_come_with_a_place_kept_for_one() {
     );
     let err = writer.fill(entries[0].clone()).err().unwrap();
     assert!(err.to_string().contains("no place was kept"), "{err}");
-    let last = writer.last();
+    let last = writer.cut();
     cut.extend(last);
     cut.push(writer.fill(entries[kept].clone()).unwrap());
     // Stored in any order: the list orders them.
