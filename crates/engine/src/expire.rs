@@ -180,7 +180,7 @@ fn choose(
 
 /// How the stanza's pack storage is used.
 #[derive(Debug, Default)]
-pub(crate) struct PackUsage {
+pub(crate) struct PackStorage {
     pub deleted: u64,
     pub freed: u64,
     pub held: u64,
@@ -199,7 +199,7 @@ pub(crate) async fn collect_garbage(
     stanza: &str,
     kept: &[&Manifest],
     expired: Option<&BTreeSet<String>>,
-) -> Result<PackUsage> {
+) -> Result<PackStorage> {
     // Referenced bytes per pack: the most any one kept backup references in it (each
     // manifest lists its packs' use without its maps being read; frames that different
     // backups reference apart are not added up, so what is shown held may be more).
@@ -212,7 +212,7 @@ pub(crate) async fn collect_garbage(
     }
     let with_manifest: HashSet<&str> = kept.iter().map(|m| m.label.as_str()).collect();
     let now = chrono::Utc::now().timestamp();
-    let mut usage = PackUsage::default();
+    let mut usage = PackStorage::default();
     let root = layout::backup_root(stanza);
     let objects = storage.list(&root).await?;
     // Labels whose manifest exists, readable or not: a damaged backup keeps its packs.

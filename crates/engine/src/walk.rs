@@ -157,12 +157,83 @@ struct Frame {
     rel: String,
     /// (device, inode): a link back to a directory on the stack is a loop.
     id: (u64, u64),
-    children: std::vec::IntoIter<Child>,
+    children: Children,
 }
 
+/// A directory's children in order, consumed from the front. The names are kept in one
+/// buffer, a child being 8 bytes and its name's: a database directory holds most of a
+/// data directory's files, and a name allocated apiece cost a backup ~150 bytes a file
+/// (45 MB at 300,000 files).
+#[derive(Default)]
+struct Children {
+    names: Vec<u8>,
+    order: Vec<Child>,
+    next: usize,
+}
+
+#[derive(Clone, Copy)]
 struct Child {
-    os_name: std::ffi::OsString,
+    /// The name: `names[start..start + len]`.
+    start: u32,
+    len: u16,
     place: Place,
+}
+
+impl Children {
+    /// A child whose name is already in the buffer.
+    fn push_named(&mut self, start: u32, len: u16, place: Place) {
+        self.order.push(Child { start, len, place });
+    }
+
+    /// A child with its name.
+    fn push(&mut self, name: &std::ffi::OsStr, place: Place) -> Result<()> {
+        let (start, len) = add_name(&mut self.names, name)?;
+        self.push_named(start, len, place);
+        Ok(())
+    }
+
+    fn name(&self, c: &Child) -> &std::ffi::OsStr {
+        use std::os::unix::ffi::OsStrExt;
+        std::ffi::OsStr::from_bytes(&self.names[c.start as usize..][..c.len as usize])
+    }
+
+    /// Compared as its path would be: the contents of `a` as `a/`.
+    fn key(&self, c: &Child) -> impl Iterator<Item = u8> + '_ {
+        use std::os::unix::ffi::OsStrExt;
+        let slash: &[u8] = match c.place {
+            Place::Itself | Place::Link => b"",
+            _ => b"/",
+        };
+        self.name(c).as_bytes().iter().chain(slash).copied()
+    }
+
+    /// Put the children in path order.
+    fn sort(mut self) -> Children {
+        let mut order = std::mem::take(&mut self.order);
+        order.sort_unstable_by(|a, b| self.key(a).cmp(self.key(b)));
+        order.shrink_to_fit();
+        self.order = order;
+        self
+    }
+
+    /// The next child: its name and place.
+    fn next(&mut self) -> Option<(&std::ffi::OsStr, Place)> {
+        let c = *self.order.get(self.next)?;
+        self.next += 1;
+        Some((self.name(&c), c.place))
+    }
+}
+
+/// Append `name` to a buffer of names: where it starts and its length.
+fn add_name(names: &mut Vec<u8>, name: &std::ffi::OsStr) -> Result<(u32, u16)> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = name.as_bytes();
+    let start = u32::try_from(names.len())
+        .map_err(|_| Error::refused("a directory with over 4 GB of names: not walked"))?;
+    let len = u16::try_from(bytes.len())
+        .map_err(|_| Error::refused(format!("a name of {} bytes: not walked", bytes.len())))?;
+    names.extend_from_slice(bytes);
+    Ok((start, len))
 }
 
 /// What a child of a directory stands for at its place in the order.
@@ -180,25 +251,6 @@ enum Place {
     Tablespace,
     /// `pg_wal`'s contents: only `archive_status`, which must exist for the server to start.
     ArchiveStatus,
-}
-
-impl Child {
-    fn new(name: &std::ffi::OsStr, place: Place) -> Child {
-        Child {
-            os_name: name.to_os_string(),
-            place,
-        }
-    }
-
-    /// Compared as its path would be: the contents of `a` as `a/`.
-    fn key(&self) -> impl Iterator<Item = u8> + '_ {
-        let slash: &[u8] = match self.place {
-            Place::Itself | Place::Link => b"",
-            _ => b"/",
-        };
-        use std::os::unix::ffi::OsStrExt;
-        self.os_name.as_bytes().iter().chain(slash).copied()
-    }
 }
 
 impl Walker {
@@ -237,29 +289,41 @@ impl Walker {
 
     /// The children of directory `dir` (`rel`), in order, with what is not copied left
     /// out.
-    fn list(&self, dir: &Path, rel: &str) -> Result<std::vec::IntoIter<Child>> {
-        let Some(names) = read_names(dir)? else {
-            return Ok(Vec::new().into_iter());
+    fn list(&self, dir: &Path, rel: &str) -> Result<Children> {
+        let Some(Names { names, entries }) = read_names(dir)? else {
+            return Ok(Children::default());
+        };
+        let name_of = |e: &Entry| {
+            use std::os::unix::ffi::OsStrExt;
+            std::ffi::OsStr::from_bytes(&names[e.start as usize..][..e.len as usize])
         };
         // Relations with an _init fork are unlogged: their other forks are not copied.
         let unlogged: HashSet<u32> = if layout::in_relation_dir(&join_rel(rel, "x")) {
-            names
+            entries
                 .iter()
-                .filter_map(|(n, _)| layout::RelFile::parse(n.to_str()?))
+                .filter_map(|e| layout::RelFile::parse(name_of(e).to_str()?))
                 .filter(|r| r.fork == layout::Fork::Init)
                 .map(|r| r.relnumber)
                 .collect()
         } else {
             HashSet::new()
         };
-        let mut children = Vec::with_capacity(names.len());
-        for (os_name, is_dir) in names {
+        let mut order = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let os_name = name_of(e);
+            let mut child = |place| {
+                order.push(Child {
+                    start: e.start,
+                    len: e.len,
+                    place,
+                })
+            };
             let name = os_name.to_string_lossy();
             let child_rel = join_rel(rel, &name);
-            let is_dir = match is_dir {
+            let is_dir = match e.is_dir {
                 Some(d) => d,
                 // A link (other than a tablespace's): what it points to.
-                None => match stat_following(&dir.join(&os_name))? {
+                None => match stat_following(&dir.join(os_name))? {
                     Some(md) => md.is_dir(),
                     None => continue,
                 },
@@ -267,21 +331,20 @@ impl Walker {
             match layout::classify(&child_rel, is_dir) {
                 Disposition::Skip => continue,
                 Disposition::KeepEmpty => {
-                    children.push(Child::new(&os_name, Place::Itself));
+                    child(Place::Itself);
                     if child_rel == "pg_wal" {
-                        children.push(Child::new(&os_name, Place::ArchiveStatus));
+                        child(Place::ArchiveStatus);
                     }
                     continue;
                 }
                 Disposition::Copy => {}
             }
             if is_dir {
-                children.push(Child::new(&os_name, Place::Itself));
-                let contents = match child_rel.as_str() {
+                child(Place::Itself);
+                child(match child_rel.as_str() {
                     "pg_tblspc" => Place::Tablespaces,
                     _ => Place::Contents,
-                };
-                children.push(Child::new(&os_name, contents));
+                });
                 continue;
             }
             if let Some(r) = layout::relation_file(&child_rel) {
@@ -291,27 +354,31 @@ impl Walker {
             } else if layout::in_relation_dir(&child_rel) && is_temp_relation(&name) {
                 continue;
             }
-            children.push(Child::new(&os_name, Place::Itself));
+            child(Place::Itself);
         }
-        children.sort_unstable_by(|a, b| a.key().cmp(b.key()));
-        Ok(children.into_iter())
+        drop(entries);
+        Ok(Children {
+            names,
+            order,
+            next: 0,
+        }
+        .sort())
     }
 
     /// `pg_tblspc`'s children: each tablespace's link (or in-place directory) and its
     /// contents.
-    fn list_tablespaces(&self, dir: &Path) -> Result<std::vec::IntoIter<Child>> {
-        let mut children = Vec::new();
+    fn list_tablespaces(&self, dir: &Path) -> Result<Children> {
+        let mut children = Children::default();
         for (name, kind) in list_tablespaces(dir)? {
-            let os_name = std::ffi::OsString::from(&name);
             let place = match kind {
                 TablespaceKind::Link(_) => Place::Link,
                 TablespaceKind::InPlace => Place::Itself,
             };
-            children.push(Child::new(&os_name, place));
-            children.push(Child::new(&os_name, Place::Tablespace));
+            let (start, len) = add_name(&mut children.names, name.as_ref())?;
+            children.push_named(start, len, place);
+            children.push_named(start, len, Place::Tablespace);
         }
-        children.sort_unstable_by(|a, b| a.key().cmp(b.key()));
-        Ok(children.into_iter())
+        Ok(children.sort())
     }
 
     /// Go into directory `abs` (`rel`), whose children are `list`ed.
@@ -319,7 +386,7 @@ impl Walker {
         &mut self,
         abs: PathBuf,
         rel: String,
-        list: impl FnOnce(&Walker, &Path, &str) -> Result<std::vec::IntoIter<Child>>,
+        list: impl FnOnce(&Walker, &Path, &str) -> Result<Children>,
     ) -> Result<()> {
         let md = match std::fs::metadata(&abs) {
             Ok(md) => md,
@@ -395,14 +462,12 @@ impl Walker {
             Place::Tablespace => {
                 let version_dir = std::ffi::OsString::from(&self.version_dir);
                 self.enter(abs, child_rel, |_, d, _| {
-                    Ok(match d.join(&version_dir).is_dir() {
-                        true => vec![
-                            Child::new(&version_dir, Place::Itself),
-                            Child::new(&version_dir, Place::Contents),
-                        ],
-                        false => Vec::new(),
+                    let mut children = Children::default();
+                    if d.join(&version_dir).is_dir() {
+                        children.push(&version_dir, Place::Itself)?;
+                        children.push(&version_dir, Place::Contents)?;
                     }
-                    .into_iter())
+                    Ok(children)
                 })?;
                 Ok(None)
             }
@@ -429,13 +494,13 @@ impl Iterator for Walker {
         }
         loop {
             let frame = self.stack.last_mut()?;
-            let Some(child) = frame.children.next() else {
+            let Some((name, place)) = frame.children.next() else {
                 self.stack.pop();
                 continue;
             };
-            let abs = frame.dir.join(&child.os_name);
-            let child_rel = join_rel(&frame.rel, &child.os_name.to_string_lossy());
-            match self.visit(abs, child_rel, child.place) {
+            let abs = frame.dir.join(name);
+            let child_rel = join_rel(&frame.rel, &name.to_string_lossy());
+            match self.visit(abs, child_rel, place) {
                 Ok(Some(found)) => return Some(Ok(found)),
                 Ok(None) => continue,
                 Err(e) => {
@@ -521,14 +586,24 @@ fn stat_following(abs: &Path) -> Result<Option<std::fs::Metadata>> {
     }
 }
 
-/// A name in a directory, and whether it is a directory (`None`: a link).
-type Named = (std::ffi::OsString, Option<bool>);
+/// The names of a directory's entries, in one buffer ([`Children`] takes it over).
+struct Names {
+    names: Vec<u8>,
+    entries: Vec<Entry>,
+}
 
-/// The names in `dir`, each with whether it is a directory (`None`: a link, to be
-/// followed); `None` when the directory was dropped while being read (DROP DATABASE: WAL
-/// replay redoes it). Names only: a database directory can hold a million files, and each
-/// `DirEntry` holds more than its name.
-fn read_names(dir: &Path) -> Result<Option<Vec<Named>>> {
+/// A directory entry: its name in [`Names::names`], and whether it is a directory
+/// (`None`: a link, to be followed).
+struct Entry {
+    start: u32,
+    len: u16,
+    is_dir: Option<bool>,
+}
+
+/// The names in `dir`, each with whether it is a directory; `None` when the directory was
+/// dropped while being read (DROP DATABASE: WAL replay redoes it). Names only: a database
+/// directory can hold a million files, and each `DirEntry` holds more than its name.
+fn read_names(dir: &Path) -> Result<Option<Names>> {
     let failed = |e| Error::io(format!("read directory {}", dir.display()), e);
     let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     let rd = match std::fs::read_dir(dir) {
@@ -536,7 +611,10 @@ fn read_names(dir: &Path) -> Result<Option<Vec<Named>>> {
         Err(e) if gone(&e) => return Ok(None),
         Err(e) => return Err(failed(e)),
     };
-    let mut names = Vec::new();
+    let mut found = Names {
+        names: Vec::new(),
+        entries: Vec::new(),
+    };
     for ent in rd {
         let ent = match ent {
             Ok(e) => e,
@@ -550,9 +628,11 @@ fn read_names(dir: &Path) -> Result<Option<Vec<Named>>> {
             Err(e) if gone(&e) => continue,
             Err(e) => return Err(failed(e)),
         };
-        names.push((ent.file_name(), is_dir));
+        let (start, len) = add_name(&mut found.names, &ent.file_name())?;
+        found.entries.push(Entry { start, len, is_dir });
     }
-    Ok(Some(names))
+    found.names.shrink_to_fit();
+    Ok(Some(found))
 }
 
 /// Temporary relations are named `t<backend>_<relnumber>`; they die with their session.
