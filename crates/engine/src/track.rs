@@ -338,7 +338,14 @@ impl Window<'_> {
                 "the block-change map of {name} cannot be read: {e}"
             )),
             _ => {
-                let bytes = std::fs::read(&path)
+                // Of the current segment, only the pages up to `until`: every record of
+                // the window ends there (it is a record's start), and the rest of the
+                // segment is 16 MB a backup need not hold.
+                let wanted = match segno == current {
+                    true => (until - segno * seg_size).div_ceil(8192).max(1) * 8192,
+                    false => seg_size,
+                };
+                let bytes = read_prefix(&path, wanted)
                     .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
                 let decoded = pgstrata_pg::wal::decode_segment_until(
                     &bytes,
@@ -411,4 +418,14 @@ async fn segment_bytes(
         .await
         .expect("decode thread")
         .map_err(|e| e.to_string())
+}
+
+/// The first `len` bytes of file `path` (fewer if it is shorter).
+fn read_prefix(path: &std::path::Path, len: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::with_capacity(len as usize);
+    std::fs::File::open(path)?
+        .take(len)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
 }

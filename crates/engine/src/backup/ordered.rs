@@ -39,10 +39,10 @@ use std::sync::{mpsc, Condvar, Mutex};
 
 /// Most things walked (files, directories) handed out beyond the last one written to the
 /// manifest.
-const WINDOW: u64 = 16_384;
+const WINDOW: u64 = 4096;
 
 /// Prior entries decoded ahead of the feeder.
-const PRIOR_AHEAD: usize = 4096;
+const PRIOR_AHEAD: usize = 1024;
 
 /// The manifest's parts being written, one stored while the next fills.
 pub(super) struct Parts {
@@ -98,7 +98,7 @@ impl Parts {
 
     fn push(&mut self, e: Entry) -> Result<()> {
         self.count(&e);
-        let full = self.writer.push(e)?;
+        let full = self.writer.push(&e)?;
         self.store(full)
     }
 

@@ -685,18 +685,47 @@ async fn read_with_copy<T>(
 /// `magic`, BLAKE3 of the rest, then `value` as zstd-compressed JSON: the stored form of
 /// manifests and resume checkpoints. The JSON is compressed as it is written.
 pub(crate) fn encode_checked(magic: &[u8; 8], value: &impl Serialize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 << 10);
-    out.extend_from_slice(magic);
-    out.extend_from_slice(&[0; 32]);
-    let mut enc = zstd::stream::write::Encoder::new(out, 3).expect("zstd encoder");
-    let mut json = std::io::BufWriter::with_capacity(256 << 10, &mut enc);
-    serde_json::to_writer(&mut json, value).expect("serialize into memory");
-    std::io::Write::flush(&mut json).expect("compress into memory");
-    drop(json);
-    let mut out = enc.finish().expect("zstd into memory");
-    let hash = blake3::hash(&out[40..]);
-    out[8..40].copy_from_slice(hash.as_bytes());
-    out
+    let mut enc = CheckedEncoder::new(magic);
+    serde_json::to_writer(enc.writer(), value).expect("serialize into memory");
+    enc.finish()
+}
+
+/// The stored form of [`encode_checked`], written a piece at a time: a manifest's part is
+/// compressed as its entries come, and never held as entries.
+pub(crate) struct CheckedEncoder {
+    json: std::io::BufWriter<zstd::stream::write::Encoder<'static, Vec<u8>>>,
+}
+
+impl CheckedEncoder {
+    pub fn new(magic: &[u8; 8]) -> CheckedEncoder {
+        let mut out = Vec::with_capacity(64 << 10);
+        out.extend_from_slice(magic);
+        out.extend_from_slice(&[0; 32]);
+        let enc = zstd::stream::write::Encoder::new(out, 3).expect("zstd encoder");
+        CheckedEncoder {
+            json: std::io::BufWriter::with_capacity(64 << 10, enc),
+        }
+    }
+
+    /// Where the JSON goes. Writes to memory: they do not fail.
+    pub fn writer(&mut self) -> &mut impl std::io::Write {
+        &mut self.json
+    }
+
+    /// The JSON text `raw`, as it is.
+    pub fn raw(&mut self, raw: &[u8]) {
+        std::io::Write::write_all(&mut self.json, raw).expect("compress into memory");
+    }
+
+    pub fn finish(self) -> Vec<u8> {
+        let Ok(enc) = self.json.into_inner() else {
+            panic!("compress into memory")
+        };
+        let mut out = enc.finish().expect("zstd into memory");
+        let hash = blake3::hash(&out[40..]);
+        out[8..40].copy_from_slice(hash.as_bytes());
+        out
+    }
 }
 
 /// The JSON of stored manifest `obj` (its checksum already checked), to parse as it is

@@ -16,18 +16,40 @@
 //! time: what was read the first time is what is read.
 
 use super::stream::read_entries;
-use super::{encode_checked, read_with_copy, Entry, Manifest, Missing, PartRef, PART_ENTRIES};
+use super::{read_with_copy, CheckedEncoder, Entry, Manifest, Missing, PartRef, PART_ENTRIES};
 use crate::{layout, Error, Result, Storage};
 use bytes::Bytes;
 
-/// What a part's JSON holds.
-#[derive(serde::Serialize)]
-struct PartBody<'a> {
-    entries: &'a [Entry],
+/// A part being written: `{"entries":[...]}`, compressed as each entry comes.
+struct PartBody {
+    enc: CheckedEncoder,
+    entries: u32,
+}
+
+impl PartBody {
+    fn new() -> PartBody {
+        let mut enc = CheckedEncoder::new(super::MAGIC);
+        enc.raw(br#"{"entries":["#);
+        PartBody { enc, entries: 0 }
+    }
+
+    fn add(&mut self, e: &Entry) {
+        if self.entries > 0 {
+            self.enc.raw(b",");
+        }
+        serde_json::to_writer(self.enc.writer(), e).expect("serialize into memory");
+        self.entries += 1;
+    }
+
+    fn finish(mut self) -> (Bytes, u32) {
+        self.enc.raw(b"]}");
+        (Bytes::from(self.enc.finish()), self.entries)
+    }
 }
 
 /// Writes a format 4 manifest's entries as parts while they are produced, so that a
-/// writer never holds more than one part of them ([`PART_ENTRIES`] at most).
+/// writer never holds more than one part of them ([`PART_ENTRIES`] at most), and that
+/// compressed: each entry is encoded as it is pushed.
 ///
 /// Entries are pushed in path order (checked: a disorder is a bug of the caller, refused
 /// before anything is written that says otherwise). A part is cut when it is full, and
@@ -44,7 +66,8 @@ pub struct PartsWriter {
     label: String,
     prior: Option<String>,
     per_part: usize,
-    current: Vec<Entry>,
+    /// The part being filled, if any entry is in it.
+    current: Option<PartBody>,
     /// One per part cut or reserved, in order; `None` until stored.
     parts: Vec<Option<PartRef>>,
     /// Slots reserved and not filled yet: their number and the path to come.
@@ -74,7 +97,7 @@ impl PartsWriter {
             label: label.to_string(),
             prior: prior.map(str::to_string),
             per_part: per_part.clamp(1, PART_ENTRIES),
-            current: Vec::new(),
+            current: None,
             parts: Vec::new(),
             reserved: Vec::new(),
             previous: None,
@@ -107,11 +130,12 @@ impl PartsWriter {
     }
 
     /// Add the next entry; a full part comes back to be stored.
-    pub fn push(&mut self, e: Entry) -> Result<Option<EncodedPart>> {
+    pub fn push(&mut self, e: &Entry) -> Result<Option<EncodedPart>> {
         self.follows(e.path())?;
-        self.count(&e);
-        self.current.push(e);
-        Ok((self.current.len() >= self.per_part)
+        self.count(e);
+        let part = self.current.get_or_insert_with(PartBody::new);
+        part.add(e);
+        Ok((part.entries as usize >= self.per_part)
             .then(|| self.cut())
             .flatten())
     }
@@ -125,19 +149,17 @@ impl PartsWriter {
 
     /// End the current part here (if it holds any entry) and hand it back.
     pub fn cut(&mut self) -> Option<EncodedPart> {
-        if self.current.is_empty() {
-            return None;
-        }
-        let entries = std::mem::take(&mut self.current);
+        let part = self.current.take()?;
         self.parts.push(None);
-        Some(self.encode(self.parts.len() - 1, &entries))
+        Some(self.encode(self.parts.len() - 1, part))
     }
 
-    fn encode(&self, n: usize, entries: &[Entry]) -> EncodedPart {
+    fn encode(&self, n: usize, part: PartBody) -> EncodedPart {
+        let (body, entries) = part.finish();
         EncodedPart {
             n,
-            entries: entries.len() as u32,
-            body: Bytes::from(encode_checked(super::MAGIC, &PartBody { entries })),
+            entries,
+            body,
             stanza: self.stanza.clone(),
             label: self.label.clone(),
             prior: self.prior.clone(),
@@ -168,7 +190,9 @@ impl PartsWriter {
         };
         let (n, _) = self.reserved.swap_remove(i);
         self.count(&e);
-        Ok(self.encode(n, std::slice::from_ref(&e)))
+        let mut part = PartBody::new();
+        part.add(&e);
+        Ok(self.encode(n, part))
     }
 
     /// Record a part stored by [`EncodedPart::store`].
@@ -187,7 +211,7 @@ impl PartsWriter {
         if let Some((_, path)) = self.reserved.first() {
             return Err(unfinished(format!("the entry {path:?} never came")));
         }
-        if !self.current.is_empty() {
+        if self.current.is_some() {
             return Err(unfinished("its last part was not stored".into()));
         }
         header.parts = self
@@ -252,7 +276,7 @@ impl Manifest {
         let mut writer =
             PartsWriter::new(&self.stanza, &self.label, self.prior.as_deref(), per_part);
         for e in entries {
-            if let Some(part) = writer.push(e.clone())? {
+            if let Some(part) = writer.push(e)? {
                 writer.stored(part.store(storage).await?);
             }
         }

@@ -1118,14 +1118,14 @@ async fn parts_are_written_as_the_entries_come_with_a_place_kept_for_one() {
         let part = if i == kept {
             writer.reserve(e.path()).unwrap()
         } else {
-            writer.push(e.clone()).unwrap()
+            writer.push(e).unwrap()
         };
         if let Some(part) = part {
             cut.push(part);
         }
     }
     // Before it: a disordered or doubled entry, and an entry no place was kept for.
-    let err = writer.push(entries[0].clone()).err().unwrap();
+    let err = writer.push(&entries[0]).err().unwrap();
     assert!(
         err.to_string().contains("must be unique and in path order"),
         "{err}"
@@ -1169,7 +1169,7 @@ async fn parts_are_written_as_the_entries_come_with_a_place_kept_for_one() {
 
     // A place kept and never filled: no manifest.
     let mut writer = PartsWriter::new(&m.stanza, "20250302-091800I", None, 2);
-    writer.push(entries[0].clone()).unwrap();
+    writer.push(&entries[0]).unwrap();
     writer.reserve("zzz").unwrap();
     let err = writer.finish(&mut m.clone()).unwrap_err();
     assert!(err.to_string().contains("never came"), "{err}");
