@@ -415,8 +415,9 @@ fn merged_reads<'w, 'c>(wanted: &'w [WantedFrame<'c>]) -> Vec<&'w [WantedFrame<'
     runs
 }
 
-/// Decode buffers a [`FrameReader`] keeps for reuse.
-const POOL_MAX: usize = 8;
+/// Decode buffers a [`FrameReader`] keeps for reuse: a frame is up to 1 MiB decoded, and a
+/// restore has two readers a worker; eight kept were a third of a restore's memory.
+const POOL_MAX: usize = 2;
 
 /// Merged reads never exceed this many stored bytes (plus the last frame).
 pub(crate) const MAX_READ: u64 = 16 * 1024 * 1024;
