@@ -176,11 +176,12 @@ pub(crate) fn for_each_extent(
     mut sink: impl FnMut(u64, &[u8]) -> Result<()>,
 ) -> Result<()> {
     // Two batches are held at once: 4 MiB of stored bytes each is what one read fetches,
-    // and 8 MiB of decoded frames each is what memory holds (frames of mostly empty pages
+    // and 4 MiB of decoded frames each is what memory holds (frames of mostly empty pages
     // compress 20-fold and more, so the stored bound alone would let a batch decode to
-    // hundreds of MiB).
+    // hundreds of MiB). At 8 MiB decoded, two workers' batches were most of a restore's
+    // memory.
     const BATCH: u64 = 4 * 1024 * 1024;
-    const BATCH_DECODED: u64 = 8 * 1024 * 1024;
+    const BATCH_DECODED: u64 = 4 * 1024 * 1024;
     let mut batches: Vec<(usize, usize, Vec<&Chunk>)> = Vec::new();
     let mut i = 0;
     while i < extents.len() {
@@ -206,7 +207,7 @@ pub(crate) fn for_each_extent(
         batches.push((i, j, batch));
         i = j;
     }
-    let mut write = |reader: &FrameReader, from: usize, to: usize| -> Result<()> {
+    let mut write = |reader: &mut FrameReader, from: usize, to: usize| -> Result<()> {
         for (offset, c) in &extents[from..to] {
             if c.is_zero() {
                 let mut done = 0u64;

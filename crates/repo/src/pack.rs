@@ -14,7 +14,7 @@
 //! its pack and offset, so a ranged read still fetches just the frames it needs; the stored
 //! length and the XXH3-64 are of the sealed bytes.
 
-use crate::codec::decompress_into;
+use crate::codec::{decompress_into, CompressType};
 use crate::manifest::Name;
 use crate::{layout, Error, Result, Storage};
 use serde::{Deserialize, Serialize};
@@ -352,7 +352,16 @@ pub struct FrameReader<'a> {
     stanza: &'a str,
     label: &'a str,
     manifest: &'a crate::manifest::Manifest,
+    /// Decoded frames.
     frames: std::collections::HashMap<FrameKey, Vec<u8>>,
+    /// While pinned: frames fetched and checked but kept as stored (opened, still
+    /// compressed), decoded when an extent is read, and the decoded ones in the order they
+    /// were decoded. A group of small files loads hundreds of frames at once: held
+    /// decoded, 8 MiB a group were most of a restore's memory; stored they are a twentieth
+    /// of that, and only the last [`DECODED_KEEP`] stay decoded (files of a group come in
+    /// frame order, so a frame is rarely decoded twice).
+    stored: std::collections::HashMap<FrameKey, StoredFrame>,
+    decoded: std::collections::VecDeque<FrameKey>,
     /// Decode buffers of cleared frames, reused.
     pool: Vec<Vec<u8>>,
     /// While pinned, `clear` keeps the frames (a group of small files loaded at once).
@@ -363,6 +372,18 @@ pub struct FrameReader<'a> {
     pub fetched: u64,
     pub requests: u64,
 }
+
+/// A frame fetched and checked, not decoded yet.
+struct StoredFrame {
+    /// Opened (decrypted) but compressed.
+    bytes: bytes::Bytes,
+    codec: CompressType,
+    raw_len: usize,
+    what: String,
+}
+
+/// Frames a pinned [`FrameReader`] keeps decoded.
+const DECODED_KEEP: usize = 4;
 
 /// A frame a reader still has to fetch: the extent that needs it, and its identity.
 struct WantedFrame<'c> {
@@ -433,6 +454,8 @@ impl<'a> FrameReader<'a> {
             label: &manifest.label,
             manifest,
             frames: Default::default(),
+            stored: Default::default(),
+            decoded: Default::default(),
             pool: Vec::new(),
             pinned: false,
             opened: Vec::new(),
@@ -471,6 +494,8 @@ impl<'a> FrameReader<'a> {
             let room = POOL_MAX.saturating_sub(self.pool.len());
             self.pool
                 .extend(self.frames.drain().map(|(_, v)| v).take(room));
+            self.stored.clear();
+            self.decoded.clear();
         }
     }
 
@@ -491,8 +516,10 @@ impl<'a> FrameReader<'a> {
             .iter()
             .filter_map(|c| {
                 let key = c.frame_key(self.label)?;
-                (!self.frames.contains_key(&key) && seen.insert(key.clone()))
-                    .then_some(WantedFrame { chunk: c, key })
+                (!self.frames.contains_key(&key)
+                    && !self.stored.contains_key(&key)
+                    && seen.insert(key.clone()))
+                .then_some(WantedFrame { chunk: c, key })
             })
             .collect();
         wanted.sort_by(|a, b| a.key.cmp(&b.key));
@@ -521,6 +548,25 @@ impl<'a> FrameReader<'a> {
                     )));
                 }
                 let what = format!("{file} (frame at {key} offset {})", w.offset());
+                let (codec, raw_len) =
+                    (self.manifest.codec_of(owner), w.chunk.frame_len() as usize);
+                if self.pinned {
+                    let bytes = match self.storage.cipher() {
+                        Some(c) => {
+                            c.open_frame_into(&key, w.offset(), stored, &mut self.opened, &what)?;
+                            bytes::Bytes::copy_from_slice(&self.opened)
+                        }
+                        None => bytes.slice(lo..lo + w.chunk.stored as usize),
+                    };
+                    let frame = StoredFrame {
+                        bytes,
+                        codec,
+                        raw_len,
+                        what,
+                    };
+                    self.stored.insert(w.key.clone(), frame);
+                    continue;
+                }
                 let stored = match self.storage.cipher() {
                     Some(c) => {
                         c.open_frame_into(&key, w.offset(), stored, &mut self.opened, &what)?;
@@ -529,25 +575,42 @@ impl<'a> FrameReader<'a> {
                     None => stored,
                 };
                 let mut raw = self.pool.pop().unwrap_or_default();
-                decompress_into(
-                    self.manifest.codec_of(owner),
-                    stored,
-                    w.chunk.frame_len() as usize,
-                    &what,
-                    &mut raw,
-                )?;
+                decompress_into(codec, stored, raw_len, &what, &mut raw)?;
                 self.frames.insert(w.key.clone(), raw);
             }
         }
         Ok(())
     }
 
+    /// Decode frame `k`, loaded while pinned, dropping the decoded frame used longest ago
+    /// past [`DECODED_KEEP`] (it stays loaded, as stored).
+    fn decode(&mut self, k: &FrameKey) -> Result<()> {
+        let f = self.stored.get(k).expect("bytes() of a frame not loaded");
+        let mut raw = self.pool.pop().unwrap_or_default();
+        decompress_into(f.codec, &f.bytes, f.raw_len, &f.what, &mut raw)?;
+        if self.decoded.len() >= DECODED_KEEP {
+            if let Some(old) = self.decoded.pop_front() {
+                if let Some(buf) = self.frames.remove(&old) {
+                    if self.pool.len() < POOL_MAX {
+                        self.pool.push(buf);
+                    }
+                }
+            }
+        }
+        self.frames.insert(k.clone(), raw);
+        self.decoded.push_back(k.clone());
+        Ok(())
+    }
+
     /// The bytes of one stored (not all-zero) extent; its frame must have been loaded. An
     /// extent reaching past its frame means a damaged manifest.
-    pub fn bytes(&self, c: &Chunk) -> Result<&[u8]> {
+    pub fn bytes(&mut self, c: &Chunk) -> Result<&[u8]> {
         let k = c
             .frame_key(self.label)
             .expect("bytes() of an all-zero extent");
+        if !self.frames.contains_key(&k) {
+            self.decode(&k)?;
+        }
         let frame = &self.frames[&k];
         let (start, end) = (c.at as usize, c.at as usize + c.raw as usize);
         frame.get(start..end).ok_or_else(|| {
