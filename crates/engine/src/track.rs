@@ -20,6 +20,7 @@
 
 use pgstrata_pg::layout::{self, Fork};
 use pgstrata_pg::lsn::{self, Lsn};
+use pgstrata_pg::wal::SegmentDecoder;
 use pgstrata_repo::changemap::ChangeMap;
 use pgstrata_repo::manifest::{FileEntry, Manifest, Tracking};
 use pgstrata_repo::{layout as repo_layout, Storage};
@@ -345,16 +346,16 @@ impl Window<'_> {
                     true => (until - segno * seg_size).div_ceil(8192).max(1) * 8192,
                     false => seg_size,
                 };
-                let bytes = read_prefix(&path, wanted)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                let decoded = pgstrata_pg::wal::decode_segment_until(
-                    &bytes,
+                let mut decoder = SegmentDecoder::new(
                     self.cluster.major_version,
                     8192,
                     Some(segno * seg_size),
                     until,
                 )
-                .map_err(|e| format!("cannot decode {name} from pg_wal: {e}"))?;
+                .map_err(|e| e.to_string())?;
+                feed_file(&mut decoder, &path, wanted)
+                    .map_err(|e| format!("cannot decode {name} from pg_wal: {e}"))?;
+                let decoded = decoder.finish();
                 let mut map = crate::archive::change_map_of(name, decoded);
                 if segno == current {
                     // Every record of the window ends before `until`, which lies in this
@@ -378,17 +379,28 @@ impl Window<'_> {
         log::info!("{name}: its last record continues in {next}; decoding the two together");
         let (storage, stanza, archive_id, pg_path) =
             (self.storage, self.stanza, self.archive_id, self.pg_path);
-        let mut both = segment_bytes(storage, stanza, archive_id, name, pg_path).await?;
-        both.extend(segment_bytes(storage, stanza, archive_id, &next, pg_path).await?);
-        // Only records starting in this segment: the next one's are its own map's.
-        let decoded = pgstrata_pg::wal::decode_segment_until(
-            &both,
+        // Only records starting in this segment: the next one's are its own map's. The
+        // two are fed one after the other, so only one is held at a time.
+        let mut decoder = SegmentDecoder::new(
             self.cluster.major_version,
             8192,
             Some(segno * seg_size),
             (segno + 1) * seg_size,
         )
-        .map_err(|e| format!("cannot decode {name} with {next}: {e}"))?;
+        .map_err(|e| e.to_string())?;
+        for segment in [name, next.as_str()] {
+            let bytes = segment_bytes(storage, stanza, archive_id, segment, pg_path).await?;
+            if bytes.is_empty() {
+                return Err(format!("segment {segment} is empty"));
+            }
+            if !decoder
+                .feed(&bytes)
+                .map_err(|e| format!("cannot decode {name} with {next}: {e}"))?
+            {
+                break;
+            }
+        }
+        let decoded = decoder.finish();
         let mut joined = crate::archive::change_map_of(name, decoded);
         joined.incomplete_tail = false;
         Ok(joined)
@@ -420,12 +432,42 @@ async fn segment_bytes(
         .map_err(|e| e.to_string())
 }
 
-/// The first `len` bytes of file `path` (fewer if it is shorter).
-fn read_prefix(path: &std::path::Path, len: u64) -> std::io::Result<Vec<u8>> {
+/// Feed `decoder` the first `len` bytes of file `path` (fewer if it is shorter), a
+/// megabyte at a time, until it has what it wants: the memory of a buffer, not of a segment.
+fn feed_file(
+    decoder: &mut SegmentDecoder,
+    path: &std::path::Path,
+    len: u64,
+) -> std::result::Result<(), String> {
     use std::io::Read;
-    let mut bytes = Vec::with_capacity(len as usize);
-    std::fs::File::open(path)?
-        .take(len)
-        .read_to_end(&mut bytes)?;
-    Ok(bytes)
+    const CHUNK: usize = 1 << 20;
+    let mut file = std::fs::File::open(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        .take(len);
+    let mut buf = vec![0u8; CHUNK];
+    let mut first = true;
+    loop {
+        // Fill the buffer (a read may return less than asked), so that it holds whole
+        // pages unless the file ends in the middle of one.
+        let mut filled = 0;
+        while filled < CHUNK {
+            match file.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+            }
+        }
+        if filled == 0 && first {
+            // Decoding nothing would claim that nothing changed.
+            return Err(format!("{} is empty", path.display()));
+        }
+        first = false;
+        if filled == 0 || !decoder.feed(&buf[..filled]).map_err(|e| e.to_string())? {
+            return Ok(());
+        }
+        if filled < CHUNK {
+            return Ok(());
+        }
+    }
 }

@@ -13,6 +13,10 @@
 //! headers were read when that segment was decoded); a record that runs past the end of
 //! this segment is read as far as its block headers go, and if they are cut, the segment
 //! says so (`incomplete_tail`) so that a user of the map falls back to scanning.
+//!
+//! [`SegmentDecoder`] takes the pages as they are read, so a reader of `pg_wal` holds a
+//! buffer rather than the segment. Most records of a busy cluster touch the same few pages
+//! again; those references are caught by a small table of recent ones before the maps.
 
 use crate::{invalid, Result};
 use std::collections::{BTreeMap, BTreeSet};
@@ -146,46 +150,129 @@ pub fn decode_segment_until(
     seg_start: Option<u64>,
     until: u64,
 ) -> Result<SegmentChanges> {
-    let magic = page_magic(major)
-        .ok_or_else(|| invalid("WAL", format!("PostgreSQL {major} is not supported")))?;
-    if page_size < 64 || !page_size.is_multiple_of(8) {
-        return Err(invalid(
-            "WAL",
-            format!("page size {page_size} is not a multiple of 8 of at least 64 bytes"),
-        ));
-    }
-    if seg.is_empty() || !seg.len().is_multiple_of(page_size) {
+    if seg.is_empty() {
         return Err(invalid(
             "WAL segment",
-            format!(
-                "{} bytes is not a whole number of {page_size}-byte pages",
-                seg.len()
-            ),
+            format!("0 bytes is not a whole number of {page_size}-byte pages"),
         ));
     }
-    let mut out = SegmentChanges::default();
-    // Record bytes are gathered across page headers into `rec`.
-    let mut rec: Vec<u8> = Vec::new();
-    let mut want = 0usize; // total length of the record being gathered
-    let mut skip = 0usize; // continuation bytes of a record from the previous segment
-    for (page_no, page) in seg.chunks(page_size).enumerate() {
-        if u16_at(page, 0) != magic {
+    let mut decoder = SegmentDecoder::new(major, page_size, seg_start, until)?;
+    decoder.feed(seg)?;
+    Ok(decoder.finish())
+}
+
+/// A segment decoded as its pages come, so that a reader of a file holds a buffer, not the
+/// 16 MB segment: [`feed`](Self::feed) whole pages in order (a segment followed by the next
+/// one, to read a record cut at its end whole), then [`finish`](Self::finish).
+pub struct SegmentDecoder {
+    major: u32,
+    magic: u16,
+    page_size: usize,
+    seg_start: Option<u64>,
+    until: u64,
+    /// Pages fed so far.
+    page_no: usize,
+    /// Bytes of the record being gathered across page headers.
+    rec: Vec<u8>,
+    /// Total length of the record being gathered (0: none).
+    want: usize,
+    /// Continuation bytes of a record from the previous segment still to skip.
+    skip: usize,
+    /// Decoding has ended (end of written WAL, `until`, a WAL switch).
+    done: bool,
+    recent: RecentBlocks,
+    out: SegmentChanges,
+}
+
+impl SegmentDecoder {
+    /// A decoder of a segment starting at LSN `seg_start` (when known, recycled pages are
+    /// recognized by their address) that stops at the first record at or after `until`.
+    pub fn new(
+        major: u32,
+        page_size: usize,
+        seg_start: Option<u64>,
+        until: u64,
+    ) -> Result<SegmentDecoder> {
+        let magic = page_magic(major)
+            .ok_or_else(|| invalid("WAL", format!("PostgreSQL {major} is not supported")))?;
+        if page_size < 64 || !page_size.is_multiple_of(8) {
+            return Err(invalid(
+                "WAL",
+                format!("page size {page_size} is not a multiple of 8 of at least 64 bytes"),
+            ));
+        }
+        Ok(SegmentDecoder {
+            major,
+            magic,
+            page_size,
+            seg_start,
+            until,
+            page_no: 0,
+            rec: Vec::new(),
+            want: 0,
+            skip: 0,
+            done: false,
+            recent: RecentBlocks::new(),
+            out: SegmentChanges::default(),
+        })
+    }
+
+    /// Decode the next pages (a whole number of them). Returns whether more are wanted:
+    /// false once decoding has ended, and the rest of the segment need not be read.
+    pub fn feed(&mut self, pages: &[u8]) -> Result<bool> {
+        if !pages.len().is_multiple_of(self.page_size) {
+            return Err(invalid(
+                "WAL segment",
+                format!(
+                    "{} bytes is not a whole number of {}-byte pages",
+                    (self.page_no * self.page_size + pages.len()),
+                    self.page_size
+                ),
+            ));
+        }
+        for page in pages.chunks(self.page_size) {
+            if self.done {
+                break;
+            }
+            self.page(page)?;
+            self.page_no += 1;
+        }
+        Ok(!self.done)
+    }
+
+    /// What the records decoded change. A record still being gathered (it runs past the
+    /// pages fed) gives its block references if its headers are there, else
+    /// `incomplete_tail`.
+    pub fn finish(mut self) -> SegmentChanges {
+        if self.want > 0 {
+            let rec = std::mem::take(&mut self.rec);
+            if parse_record(&rec, self.major, &mut self.recent, &mut self.out).is_err() {
+                self.out.incomplete_tail = true;
+            }
+        }
+        self.out
+    }
+
+    fn page(&mut self, page: &[u8]) -> Result<()> {
+        let page_no = self.page_no;
+        if u16_at(page, 0) != self.magic {
             if page_no == 0 {
                 return Err(invalid(
                     "WAL segment",
                     format!(
-                        "page magic {:#06x} is not PostgreSQL {major}'s",
-                        u16_at(page, 0)
+                        "page magic {:#06x} is not PostgreSQL {}'s",
+                        u16_at(page, 0),
+                        self.major
                     ),
                 ));
             }
             // Pages past the end of written WAL (a .partial segment, recycled bytes).
-            break;
+            return self.end();
         }
         let page_addr = u64::from_le_bytes(page[8..16].try_into().unwrap());
-        if let Some(start) = seg_start {
-            if page_addr != start + (page_no * page_size) as u64 {
-                break; // a recycled page: written WAL ends before it
+        if let Some(start) = self.seg_start {
+            if page_addr != start + (page_no * self.page_size) as u64 {
+                return self.end(); // a recycled page: written WAL ends before it
             }
         }
         let info = u16_at(page, 2);
@@ -196,49 +283,51 @@ pub fn decode_segment_until(
             SHORT_PHD
         };
         if page_no == 0 && info & XLP_FIRST_IS_CONTRECORD != 0 {
-            skip = rem_len;
+            self.skip = rem_len;
         }
-        if skip > 0 {
-            let n = skip.min(page.len() - pos);
-            skip -= n;
-            pos = if skip > 0 {
-                page.len()
-            } else {
-                align8(pos + n)
-            };
-        } else if want > 0 {
+        if self.skip > 0 {
+            let n = self.skip.min(page.len() - pos);
+            self.skip -= n;
+            if self.skip > 0 {
+                return Ok(());
+            }
+            pos = align8(pos + n);
+        } else if self.want > 0 {
             if info & XLP_FIRST_IS_CONTRECORD == 0 {
                 return Err(invalid(
                     "WAL segment",
-                    format!("page {page_no} does not continue the record in progress (have {} of {want} bytes)", rec.len()),
+                    format!(
+                        "page {page_no} does not continue the record in progress (have {} of {} bytes)",
+                        self.rec.len(),
+                        self.want
+                    ),
                 ));
             }
-            let n = (want - rec.len()).min(page.len() - pos);
-            rec.extend_from_slice(&page[pos..pos + n]);
+            let n = (self.want - self.rec.len()).min(page.len() - pos);
+            self.rec.extend_from_slice(&page[pos..pos + n]);
             pos += n;
-            if rec.len() == want {
-                finish_record(&rec, major, &mut out)?;
-                if out.switched {
-                    return Ok(out);
-                }
-                rec.clear();
-                want = 0;
-                pos = align8(pos);
-            } else {
-                continue;
+            if self.rec.len() < self.want {
+                return Ok(());
             }
+            finish_record(&self.rec, self.major, &mut self.recent, &mut self.out)?;
+            self.rec.clear();
+            self.want = 0;
+            if self.out.switched {
+                return self.end();
+            }
+            pos = align8(pos);
         }
         // Records starting on this page.
         // A record header may be split across pages, but its length (the first field) is
         // always on the page where the record starts.
         while pos + 4 <= page.len() {
-            if page_addr + pos as u64 >= until {
-                return Ok(out);
+            if page_addr + pos as u64 >= self.until {
+                return self.end();
             }
             let tot_len = u32_at(page, pos) as usize;
             if tot_len == 0 {
                 // End of written WAL in this segment.
-                return Ok(out);
+                return self.end();
             }
             if tot_len < RECORD_HEADER {
                 return Err(invalid(
@@ -247,30 +336,82 @@ pub fn decode_segment_until(
                 ));
             }
             let avail = page.len() - pos;
-            if tot_len <= avail {
-                finish_record(&page[pos..pos + tot_len], major, &mut out)?;
-                if out.switched {
-                    return Ok(out);
-                }
-                pos = align8(pos + tot_len);
-            } else {
-                rec.clear();
-                rec.extend_from_slice(&page[pos..]);
-                want = tot_len;
-                break;
+            if tot_len > avail {
+                self.rec.clear();
+                self.rec.extend_from_slice(&page[pos..]);
+                self.want = tot_len;
+                return Ok(());
             }
+            finish_record(
+                &page[pos..pos + tot_len],
+                self.major,
+                &mut self.recent,
+                &mut self.out,
+            )?;
+            if self.out.switched {
+                return self.end();
+            }
+            pos = align8(pos + tot_len);
         }
+        Ok(())
     }
-    if want > 0 {
-        // The record runs into the next segment: take its block headers if they are here.
-        if parse_record(&rec, major, &mut out).is_err() {
-            out.incomplete_tail = true;
-        }
+
+    /// Decoding ends here: nothing after this point belongs to the segment's records (a
+    /// record in progress is still read as far as it goes, by `finish`).
+    fn end(&mut self) -> Result<()> {
+        self.done = true;
+        Ok(())
     }
-    Ok(out)
 }
 
-fn finish_record(rec: &[u8], major: u32, out: &mut SegmentChanges) -> Result<()> {
+/// Block references seen lately, so that a block referenced again (the same few hot pages,
+/// record after record) is not looked up in the maps again: a direct-mapped table indexed
+/// by a hash of the reference. A miss only costs the map insertion it would have cost
+/// anyway, so a collision is harmless.
+struct RecentBlocks {
+    slots: Box<[(RelFork, u32)]>,
+}
+
+impl RecentBlocks {
+    const SLOTS: usize = 1024;
+    /// A fork no record names (fork numbers stop at 3), so empty slots never match.
+    const EMPTY: (RelFork, u32) = (
+        RelFork {
+            spc: 0,
+            db: 0,
+            rel: 0,
+            fork: u8::MAX,
+        },
+        0,
+    );
+
+    fn new() -> RecentBlocks {
+        RecentBlocks {
+            slots: vec![Self::EMPTY; Self::SLOTS].into_boxed_slice(),
+        }
+    }
+
+    /// Record a reference to `blkno` of `fork` in `out`.
+    fn insert(&mut self, fork: RelFork, blkno: u32, out: &mut SegmentChanges) {
+        let h = (fork.rel as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(
+                (blkno as u64 ^ ((fork.fork as u64) << 32)).wrapping_mul(0xC2B2_AE3D_27D4_EB4F),
+            );
+        let slot = &mut self.slots[(h >> 54) as usize];
+        if *slot != (fork, blkno) {
+            *slot = (fork, blkno);
+            out.blocks.entry(fork).or_default().insert(blkno);
+        }
+    }
+}
+
+fn finish_record(
+    rec: &[u8],
+    major: u32,
+    recent: &mut RecentBlocks,
+    out: &mut SegmentChanges,
+) -> Result<()> {
     let stored = u32_at(rec, 20);
     let crc = crc32c::crc32c_append(crc32c::crc32c(&rec[RECORD_HEADER..]), &rec[..20]);
     if crc != stored {
@@ -280,7 +421,7 @@ fn finish_record(rec: &[u8], major: u32, out: &mut SegmentChanges) -> Result<()>
         ));
     }
     out.records += 1;
-    parse_record(rec, major, out)
+    parse_record(rec, major, recent, out)
 }
 
 fn short(what: &str) -> crate::Error {
@@ -292,7 +433,12 @@ fn short(what: &str) -> crate::Error {
 
 /// Read block references and the main data of one record. `rec` may be cut short (a record
 /// continuing into the next segment): then it fails once it needs missing bytes.
-fn parse_record(rec: &[u8], major: u32, out: &mut SegmentChanges) -> Result<()> {
+fn parse_record(
+    rec: &[u8],
+    major: u32,
+    recent: &mut RecentBlocks,
+    out: &mut SegmentChanges,
+) -> Result<()> {
     if rec.len() < RECORD_HEADER {
         return Err(short("record header"));
     }
@@ -368,7 +514,7 @@ fn parse_record(rec: &[u8], major: u32, out: &mut SegmentChanges) -> Result<()> 
                     rel: rel.2,
                     fork: fork_flags & 0x0F,
                 };
-                out.blocks.entry(fork).or_default().insert(blkno);
+                recent.insert(fork, blkno, out);
             }
             other => return Err(invalid("WAL record", format!("unknown block id {other}"))),
         }
