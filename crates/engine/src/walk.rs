@@ -177,12 +177,28 @@ struct Child {
     start: u32,
     len: u16,
     place: Place,
+    /// What the directory entry said it is, while the listing is classified.
+    kind: EntryKind,
+}
+
+/// The type a directory entry gives, where the file system gives it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EntryKind {
+    File,
+    Dir,
+    /// A symbolic link, to be followed.
+    Link,
 }
 
 impl Children {
     /// A child whose name is already in the buffer.
     fn push_named(&mut self, start: u32, len: u16, place: Place) {
-        self.order.push(Child { start, len, place });
+        self.order.push(Child {
+            start,
+            len,
+            place,
+            kind: EntryKind::Dir,
+        });
     }
 
     /// A child with its name.
@@ -193,8 +209,7 @@ impl Children {
     }
 
     fn name(&self, c: &Child) -> &std::ffi::OsStr {
-        use std::os::unix::ffi::OsStrExt;
-        std::ffi::OsStr::from_bytes(&self.names[c.start as usize..][..c.len as usize])
+        name_in(&self.names, c)
     }
 
     /// Compared as its path would be: the contents of `a` as `a/`.
@@ -222,6 +237,12 @@ impl Children {
         self.next += 1;
         Some((self.name(&c), c.place))
     }
+}
+
+/// The name of child `c` in a buffer of names.
+fn name_in<'a>(names: &'a [u8], c: &Child) -> &'a std::ffi::OsStr {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::OsStr::from_bytes(&names[c.start as usize..][..c.len as usize])
 }
 
 /// Append `name` to a buffer of names: where it starts and its length.
@@ -288,63 +309,62 @@ impl Walker {
     }
 
     /// The children of directory `dir` (`rel`), in order, with what is not copied left
-    /// out.
+    /// out. The directory's entries are classified where they were read: one list of 8
+    /// bytes a child and one buffer of names is all a directory of a million files holds.
     fn list(&self, dir: &Path, rel: &str) -> Result<Children> {
-        let Some(Names { names, entries }) = read_names(dir)? else {
+        let Some(mut children) = read_names(dir)? else {
             return Ok(Children::default());
         };
-        let name_of = |e: &Entry| {
-            use std::os::unix::ffi::OsStrExt;
-            std::ffi::OsStr::from_bytes(&names[e.start as usize..][..e.len as usize])
-        };
+        let Children { names, order, .. } = &mut children;
         // Relations with an _init fork are unlogged: their other forks are not copied.
         let unlogged: HashSet<u32> = if layout::in_relation_dir(&join_rel(rel, "x")) {
-            entries
+            order
                 .iter()
-                .filter_map(|e| layout::RelFile::parse(name_of(e).to_str()?))
+                .filter_map(|c| layout::RelFile::parse(name_in(names, c).to_str()?))
                 .filter(|r| r.fork == layout::Fork::Init)
                 .map(|r| r.relnumber)
                 .collect()
         } else {
             HashSet::new()
         };
-        let mut order = Vec::with_capacity(entries.len());
-        for e in &entries {
-            let os_name = name_of(e);
-            let mut child = |place| {
-                order.push(Child {
-                    start: e.start,
-                    len: e.len,
-                    place,
-                })
-            };
+        // A directory stands at two places (itself, and its contents): the second place is
+        // added after the others, and the sort puts it where it belongs.
+        let mut second = Vec::new();
+        let mut kept = 0;
+        for i in 0..order.len() {
+            let c = order[i];
+            let os_name = name_in(names, &c);
             let name = os_name.to_string_lossy();
             let child_rel = join_rel(rel, &name);
-            let is_dir = match e.is_dir {
-                Some(d) => d,
+            let is_dir = match c.kind {
+                EntryKind::Dir => true,
+                EntryKind::File => false,
                 // A link (other than a tablespace's): what it points to.
-                None => match stat_following(&dir.join(os_name))? {
+                EntryKind::Link => match stat_following(&dir.join(os_name))? {
                     Some(md) => md.is_dir(),
                     None => continue,
                 },
             };
+            let mut keep = |place, second_place: Option<Place>| {
+                order[kept] = Child { place, ..c };
+                kept += 1;
+                second.extend(second_place.map(|place| Child { place, ..c }));
+            };
             match layout::classify(&child_rel, is_dir) {
                 Disposition::Skip => continue,
                 Disposition::KeepEmpty => {
-                    child(Place::Itself);
-                    if child_rel == "pg_wal" {
-                        child(Place::ArchiveStatus);
-                    }
+                    let status = (child_rel == "pg_wal").then_some(Place::ArchiveStatus);
+                    keep(Place::Itself, status);
                     continue;
                 }
                 Disposition::Copy => {}
             }
             if is_dir {
-                child(Place::Itself);
-                child(match child_rel.as_str() {
+                let contents = match child_rel.as_str() {
                     "pg_tblspc" => Place::Tablespaces,
                     _ => Place::Contents,
-                });
+                };
+                keep(Place::Itself, Some(contents));
                 continue;
             }
             if let Some(r) = layout::relation_file(&child_rel) {
@@ -354,15 +374,11 @@ impl Walker {
             } else if layout::in_relation_dir(&child_rel) && is_temp_relation(&name) {
                 continue;
             }
-            child(Place::Itself);
+            keep(Place::Itself, None);
         }
-        drop(entries);
-        Ok(Children {
-            names,
-            order,
-            next: 0,
-        }
-        .sort())
+        order.truncate(kept);
+        order.extend(second);
+        Ok(children.sort())
     }
 
     /// `pg_tblspc`'s children: each tablespace's link (or in-place directory) and its
@@ -586,24 +602,11 @@ fn stat_following(abs: &Path) -> Result<Option<std::fs::Metadata>> {
     }
 }
 
-/// The names of a directory's entries, in one buffer ([`Children`] takes it over).
-struct Names {
-    names: Vec<u8>,
-    entries: Vec<Entry>,
-}
-
-/// A directory entry: its name in [`Names::names`], and whether it is a directory
-/// (`None`: a link, to be followed).
-struct Entry {
-    start: u32,
-    len: u16,
-    is_dir: Option<bool>,
-}
-
-/// The names in `dir`, each with whether it is a directory; `None` when the directory was
-/// dropped while being read (DROP DATABASE: WAL replay redoes it). Names only: a database
-/// directory can hold a million files, and each `DirEntry` holds more than its name.
-fn read_names(dir: &Path) -> Result<Option<Names>> {
+/// The entries of `dir`, in the order read, each with the type its directory entry
+/// gives (classified by [`Walker::list`]); `None` when the directory was dropped while
+/// being read (DROP DATABASE: WAL replay redoes it). Names only: a database directory can
+/// hold a million files, and each `DirEntry` holds more than its name.
+fn read_names(dir: &Path) -> Result<Option<Children>> {
     let failed = |e| Error::io(format!("read directory {}", dir.display()), e);
     let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     let rd = match std::fs::read_dir(dir) {
@@ -611,25 +614,27 @@ fn read_names(dir: &Path) -> Result<Option<Names>> {
         Err(e) if gone(&e) => return Ok(None),
         Err(e) => return Err(failed(e)),
     };
-    let mut found = Names {
-        names: Vec::new(),
-        entries: Vec::new(),
-    };
+    let mut found = Children::default();
     for ent in rd {
         let ent = match ent {
             Ok(e) => e,
             Err(e) if gone(&e) => return Ok(None),
             Err(e) => return Err(failed(e)),
         };
-        // The type from the directory entry itself, where the file system gives it.
-        let is_dir = match ent.file_type() {
-            Ok(t) if t.is_symlink() => None,
-            Ok(t) => Some(t.is_dir()),
+        let kind = match ent.file_type() {
+            Ok(t) if t.is_symlink() => EntryKind::Link,
+            Ok(t) if t.is_dir() => EntryKind::Dir,
+            Ok(_) => EntryKind::File,
             Err(e) if gone(&e) => continue,
             Err(e) => return Err(failed(e)),
         };
         let (start, len) = add_name(&mut found.names, &ent.file_name())?;
-        found.entries.push(Entry { start, len, is_dir });
+        found.order.push(Child {
+            start,
+            len,
+            place: Place::Itself,
+            kind,
+        });
     }
     found.names.shrink_to_fit();
     Ok(Some(found))

@@ -379,7 +379,6 @@ struct StoredFrame {
     bytes: bytes::Bytes,
     codec: CompressType,
     raw_len: usize,
-    what: String,
 }
 
 /// Frames a pinned [`FrameReader`] keeps decoded.
@@ -550,32 +549,29 @@ impl<'a> FrameReader<'a> {
                 let what = format!("{file} (frame at {key} offset {})", w.offset());
                 let (codec, raw_len) =
                     (self.manifest.codec_of(owner), w.chunk.frame_len() as usize);
+                // Opened: decrypted where the stanza is encrypted, still compressed.
+                let opened = match self.storage.cipher() {
+                    Some(c) => {
+                        c.open_frame_into(&key, w.offset(), stored, &mut self.opened, &what)?;
+                        Some(&self.opened[..])
+                    }
+                    None => None,
+                };
                 if self.pinned {
-                    let bytes = match self.storage.cipher() {
-                        Some(c) => {
-                            c.open_frame_into(&key, w.offset(), stored, &mut self.opened, &what)?;
-                            bytes::Bytes::copy_from_slice(&self.opened)
-                        }
+                    let bytes = match opened {
+                        Some(o) => bytes::Bytes::copy_from_slice(o),
                         None => bytes.slice(lo..lo + w.chunk.stored as usize),
                     };
                     let frame = StoredFrame {
                         bytes,
                         codec,
                         raw_len,
-                        what,
                     };
                     self.stored.insert(w.key.clone(), frame);
                     continue;
                 }
-                let stored = match self.storage.cipher() {
-                    Some(c) => {
-                        c.open_frame_into(&key, w.offset(), stored, &mut self.opened, &what)?;
-                        &self.opened[..]
-                    }
-                    None => stored,
-                };
                 let mut raw = self.pool.pop().unwrap_or_default();
-                decompress_into(codec, stored, raw_len, &what, &mut raw)?;
+                decompress_into(codec, opened.unwrap_or(stored), raw_len, &what, &mut raw)?;
                 self.frames.insert(w.key.clone(), raw);
             }
         }
@@ -587,7 +583,8 @@ impl<'a> FrameReader<'a> {
     fn decode(&mut self, k: &FrameKey) -> Result<()> {
         let f = self.stored.get(k).expect("bytes() of a frame not loaded");
         let mut raw = self.pool.pop().unwrap_or_default();
-        decompress_into(f.codec, &f.bytes, f.raw_len, &f.what, &mut raw)?;
+        let what = format!("frame at pack {} offset {} (backup {})", k.1, k.2, k.0);
+        decompress_into(f.codec, &f.bytes, f.raw_len, &what, &mut raw)?;
         if self.decoded.len() >= DECODED_KEEP {
             if let Some(old) = self.decoded.pop_front() {
                 if let Some(buf) = self.frames.remove(&old) {
