@@ -373,6 +373,7 @@ struct RecentBlocks {
 }
 
 impl RecentBlocks {
+    /// A power of two: a slot is the top bits of the hash.
     const SLOTS: usize = 1024;
     /// A fork no record names (fork numbers stop at 3), so empty slots never match.
     const EMPTY: (RelFork, u32) = (
@@ -398,7 +399,7 @@ impl RecentBlocks {
             .wrapping_add(
                 (blkno as u64 ^ ((fork.fork as u64) << 32)).wrapping_mul(0xC2B2_AE3D_27D4_EB4F),
             );
-        let slot = &mut self.slots[(h >> 54) as usize];
+        let slot = &mut self.slots[(h >> (64 - Self::SLOTS.trailing_zeros())) as usize];
         if *slot != (fork, blkno) {
             *slot = (fork, blkno);
             out.blocks.entry(fork).or_default().insert(blkno);
