@@ -195,6 +195,11 @@ pub fn frame_check(stored: &[u8]) -> u64 {
 
 /// Accumulates frames into a pack and writes it when full. One writer per worker; names
 /// are `<worker>-<sequence>` so concurrent writers never collide.
+///
+/// In a local repository a pack's frames go to its staging file as they come
+/// ([`Storage::stream_new`]) and a full pack is committed (fsynced and linked into place)
+/// behind the writer; elsewhere a pack gathers in memory and is put whole, one request a
+/// pack, while the next one fills. Either way a pack is visible only once complete.
 pub struct PackWriter {
     storage: Storage,
     runtime: tokio::runtime::Handle,
@@ -205,13 +210,29 @@ pub struct PackWriter {
     /// `<worker>-<seq>`, named once per pack (every frame's extent refers to it).
     name: Name,
     pack_size: usize,
-    buf: Vec<u8>,
-    /// Pack uploads still running (with their sequence numbers): uploading overlaps with
-    /// compressing the next pack.
+    /// The pack being filled.
+    body: PackBody,
+    /// Bytes in the pack being filled.
+    len: usize,
+    /// A sealed frame on its way to a streamed pack (encrypted stanzas).
+    sealed: Vec<u8>,
+    /// Pack writes still finishing (with their sequence numbers): a put or a commit
+    /// overlaps with compressing the next pack.
     in_flight: std::collections::VecDeque<(usize, tokio::task::JoinHandle<Result<()>>)>,
     /// Bytes written to the repository so far.
     pub written: u64,
     pub packs_written: u64,
+}
+
+/// Where the frames of the pack being filled are.
+enum PackBody {
+    /// Nothing added yet: a writer that stores nothing (a worker of an incremental that
+    /// changed little) holds no buffer and no file.
+    Empty,
+    /// Gathered in memory, to be put whole (object stores).
+    Memory(Vec<u8>),
+    /// Written to the pack's staging file (a local repository).
+    Streamed(crate::storage::StreamedObject),
 }
 
 impl PackWriter {
@@ -232,17 +253,17 @@ impl PackWriter {
             seq: 0,
             name: pack_name(worker, 0),
             pack_size,
-            // Allocated by the first frame: a writer that stores nothing (a worker of an
-            // incremental that changed little) holds no pack buffer.
-            buf: Vec::new(),
+            body: PackBody::Empty,
+            len: 0,
+            sealed: Vec::new(),
             in_flight: Default::default(),
             written: 0,
             packs_written: 0,
         }
     }
 
-    fn current_name(&self) -> &str {
-        self.name.as_str()
+    fn current_key(&self) -> String {
+        layout::pack(&self.stanza, &self.label, self.name.as_str())
     }
 
     /// The worker number in this writer's pack names.
@@ -265,46 +286,55 @@ impl PackWriter {
     pub fn add(&mut self, compressed: &[u8], raw_len: usize) -> Result<Chunk> {
         let cipher = self.storage.cipher().cloned();
         let overhead = cipher.as_ref().map_or(0, |_| crate::cipher::FRAME_OVERHEAD);
-        if self.buf.len() + compressed.len() + overhead > self.pack_size && !self.buf.is_empty() {
+        if self.len + compressed.len() + overhead > self.pack_size && self.len > 0 {
             self.flush()?;
         }
-        self.make_room(compressed.len() + overhead);
-        let offset = self.buf.len();
-        match cipher {
-            Some(c) => {
-                let key = layout::pack(&self.stanza, &self.label, self.current_name());
-                c.seal_frame_into(&key, offset as u64, compressed, &mut self.buf);
-            }
-            None => self.buf.extend_from_slice(compressed),
+        if matches!(self.body, PackBody::Empty) {
+            self.body = match self.storage.stream_new(&self.current_key())? {
+                Some(object) => PackBody::Streamed(object),
+                None => PackBody::Memory(Vec::new()),
+            };
         }
-        let stored = &self.buf[offset..];
+        let key = cipher.as_ref().map(|_| self.current_key());
+        let offset = self.len;
+        let (stored, check) = match &mut self.body {
+            PackBody::Empty => unreachable!("opened above"),
+            PackBody::Memory(buf) => {
+                make_room(buf, compressed.len() + overhead, self.pack_size);
+                match (&cipher, &key) {
+                    (Some(c), Some(key)) => c.seal_frame_into(key, offset as u64, compressed, buf),
+                    _ => buf.extend_from_slice(compressed),
+                }
+                let stored = &buf[offset..];
+                (stored.len(), frame_check(stored))
+            }
+            PackBody::Streamed(object) => {
+                let stored = match (&cipher, &key) {
+                    (Some(c), Some(key)) => {
+                        self.sealed.clear();
+                        c.seal_frame_into(key, offset as u64, compressed, &mut self.sealed);
+                        &self.sealed[..]
+                    }
+                    _ => compressed,
+                };
+                object.write(stored)?;
+                (stored.len(), frame_check(stored))
+            }
+        };
+        self.len += stored;
         Ok(Chunk {
             pack: Some(self.name),
             backup: None,
             offset: offset as u64,
-            stored: stored.len() as u32,
+            stored: stored as u32,
             raw: raw_len as u32,
-            check: Some(frame_check(stored)),
+            check: Some(check),
             at: 0,
             frame: 0,
         })
     }
 
-    /// Grow the pack buffer for `more` bytes: doubling from 256 KiB, never past what a
-    /// full pack holds. Reserving a whole pack up front cost every worker of an
-    /// incremental that stored a few kilobytes 17 MiB; growing by `Vec`'s own doubling
-    /// would let a full pack's buffer reach twice the pack size.
-    fn make_room(&mut self, more: usize) {
-        let needed = self.buf.len() + more;
-        if needed <= self.buf.capacity() {
-            return;
-        }
-        let full = self.pack_size + DEFAULT_FRAME_SIZE;
-        let target = (self.buf.capacity() * 2).clamp(256 << 10, full).max(needed);
-        self.buf.reserve_exact(target - self.buf.len());
-    }
-
-    /// Uploads allowed to run behind the writer.
+    /// Pack writes allowed to run behind the writer.
     const MAX_IN_FLIGHT: usize = 2;
 
     /// Wait for every upload; must return before the manifest that references the frames
@@ -317,31 +347,45 @@ impl PackWriter {
         Ok(())
     }
 
-    /// Start writing the current pack, if it holds anything; at most `MAX_IN_FLIGHT`
-    /// uploads run at once.
+    /// Start storing the current pack, if it holds anything; at most `MAX_IN_FLIGHT`
+    /// writes run at once.
     pub fn flush(&mut self) -> Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let key = layout::pack(&self.stanza, &self.label, self.current_name());
-        let data = bytes::Bytes::from(std::mem::take(&mut self.buf));
-        let len = data.len() as u64;
-        let storage = self.storage.clone();
-        self.in_flight.push_back((
-            self.seq,
-            self.runtime
-                .spawn(async move { storage.put_new_unsealed(&key, data).await }),
-        ));
+        let task = match std::mem::replace(&mut self.body, PackBody::Empty) {
+            PackBody::Empty => return Ok(()),
+            PackBody::Memory(buf) => {
+                let (storage, key) = (self.storage.clone(), self.current_key());
+                let data = bytes::Bytes::from(buf);
+                self.runtime
+                    .spawn(async move { storage.put_new_unsealed(&key, data).await })
+            }
+            PackBody::Streamed(object) => self.runtime.spawn_blocking(move || object.commit()),
+        };
+        self.in_flight.push_back((self.seq, task));
         while self.in_flight.len() > Self::MAX_IN_FLIGHT {
             let (_, h) = self.in_flight.pop_front().expect("non-empty");
             self.runtime.block_on(h).expect("pack upload task")?;
         }
-        self.written += len;
+        self.written += self.len as u64;
         self.packs_written += 1;
+        self.len = 0;
         self.seq += 1;
         self.name = pack_name(self.worker, self.seq);
         Ok(())
     }
+}
+
+/// Grow a pack buffer for `more` bytes: doubling from 256 KiB, never past what a full pack
+/// holds. Reserving a whole pack up front keeps all of it resident for every pack in
+/// flight; growing by `Vec`'s own doubling would let a full pack's buffer reach twice the
+/// pack size.
+fn make_room(buf: &mut Vec<u8>, more: usize, pack_size: usize) {
+    let needed = buf.len() + more;
+    if needed <= buf.capacity() {
+        return;
+    }
+    let full = pack_size + DEFAULT_FRAME_SIZE;
+    let target = (buf.capacity() * 2).clamp(256 << 10, full).max(needed);
+    buf.reserve_exact(target - buf.len());
 }
 
 /// Reads frames for a restore: merges frames that lie next to each other in one pack into

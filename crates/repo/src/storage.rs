@@ -4,7 +4,8 @@
 //! and Azure. Objects are written once (`put_new` refuses to replace an existing object,
 //! with a conditional create on object stores) and never modified; nothing relies on rename
 //! or directory semantics. A local repository fsyncs each object (and its directory) before
-//! a write returns.
+//! a write returns. A local repository also takes an object as a stream (`stream_new`:
+//! packs, written as they fill rather than held in memory), visible only once complete.
 //!
 //! Every operation runs under a timeout and is retried with exponential backoff when it
 //! fails in a way that may be transient (server errors, timeouts, dropped connections,
@@ -972,6 +973,131 @@ impl Storage {
         }
         removed.sort();
         Ok(removed)
+    }
+}
+
+impl Storage {
+    /// Start the new object `key` as a stream of bytes, when this repository can take one
+    /// without the object being held in memory: a local directory, where the bytes go to a
+    /// staging file `<key>#<n>` (the name [`Storage::put_new`]'s writes use there, which
+    /// listings skip and [`Storage::remove_stale_staging`] removes) and
+    /// [`StreamedObject::commit`] links it into place. `None` for every other store: a put
+    /// there is one request of the whole object, and a multipart upload would cost several
+    /// round trips an object, so callers gather the object in memory and `put_new` it.
+    pub fn stream_new(&self, key: &str) -> Result<Option<StreamedObject>> {
+        let Some(root) = &self.local_root else {
+            return Ok(None);
+        };
+        // Parsed as every other operation's key is; a valid key names the same file the
+        // local store reads (stanza names, labels and pack names are plain).
+        let dest = root.join(Self::path(key)?.as_ref());
+        let dir = dest.parent().unwrap_or(root);
+        std::fs::create_dir_all(dir).map_err(|e| local_err(e, "create directory", dir))?;
+        let mut n = 1u32;
+        let (file, staging) = loop {
+            let mut staging = dest.clone().into_os_string();
+            staging.push(format!("#{n}"));
+            let staging = std::path::PathBuf::from(staging);
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&staging)
+            {
+                Ok(file) => break (file, staging),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => n += 1,
+                Err(e) => return Err(local_err(e, "create", &staging)),
+            }
+        };
+        Ok(Some(StreamedObject {
+            file: std::io::BufWriter::with_capacity(StreamedObject::BUFFER, file),
+            staging: Some(staging),
+            dest,
+            len: 0,
+        }))
+    }
+}
+
+/// A new object of a local repository being written ([`Storage::stream_new`]). Nothing is
+/// visible under its key until [`StreamedObject::commit`] returns; dropped before that, its
+/// staging file is removed.
+#[derive(Debug)]
+pub struct StreamedObject {
+    file: std::io::BufWriter<std::fs::File>,
+    /// The staging file, until it is committed or removed.
+    staging: Option<std::path::PathBuf>,
+    dest: std::path::PathBuf,
+    len: u64,
+}
+
+impl StreamedObject {
+    /// Bytes gathered before a write to the staging file: small frames (a file of a page
+    /// or two) are hundreds of bytes, and a system call each would cost more than them.
+    const BUFFER: usize = 256 * 1024;
+
+    /// Append `bytes` to the object.
+    pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        use std::io::Write;
+        self.file
+            .write_all(bytes)
+            .map_err(|e| local_err(e, "write", self.staging.as_deref().unwrap_or(&self.dest)))?;
+        self.len += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True when nothing has been written yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Make the object durable and visible: the staging file is fsynced, linked to the
+    /// object's name (create-only: an object already there is an `AlreadyExists` error and
+    /// stays as it was) and removed, and the directory fsynced, as a local `put_new` does.
+    pub fn commit(mut self) -> Result<()> {
+        let staging = self.staging.take().expect("committed once");
+        let outcome = self.publish(&staging);
+        if let Err(e) = std::fs::remove_file(&staging) {
+            if e.kind() != std::io::ErrorKind::NotFound && outcome.is_ok() {
+                return Err(local_err(e, "remove", &staging));
+            }
+        }
+        outcome?;
+        let dir = self
+            .dest
+            .parent()
+            .expect("an object's file is in a directory");
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| local_err(e, "fsync", dir))
+    }
+
+    fn publish(&mut self, staging: &std::path::Path) -> Result<()> {
+        use std::io::Write;
+        self.file
+            .flush()
+            .and_then(|()| self.file.get_ref().sync_all())
+            .map_err(|e| local_err(e, "write", staging))?;
+        match std::fs::hard_link(staging, &self.dest) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(Error::with_source(
+                ErrorKind::AlreadyExists,
+                format!("write {}: another object is there", self.dest.display()),
+                e,
+            )),
+            Err(e) => Err(local_err(e, "link", &self.dest)),
+        }
+    }
+}
+
+impl Drop for StreamedObject {
+    fn drop(&mut self) {
+        if let Some(staging) = self.staging.take() {
+            let _ = std::fs::remove_file(staging);
+        }
     }
 }
 

@@ -107,6 +107,81 @@ async fn local_backend_conformance() {
     write_once_contract(&Storage::local(dir.path()).unwrap()).await;
 }
 
+/// A local repository takes an object as a stream (packs do): nothing is listed or
+/// readable until it is committed, a commit never replaces an object, and one dropped
+/// unfinished leaves no file behind. Object stores take no streams.
+#[tokio::test]
+async fn a_streamed_object_appears_whole_on_commit_or_not_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::local(dir.path()).unwrap();
+    let files_under = |p: &std::path::Path| {
+        walkdir(p)
+            .into_iter()
+            .map(|f| f.strip_prefix(p).unwrap().display().to_string())
+            .collect::<Vec<_>>()
+    };
+
+    let mut o = s
+        .stream_new("st/backup/x/pack/0-0")
+        .unwrap()
+        .expect("local streams");
+    o.write(b"hello ").unwrap();
+    o.write(&vec![7u8; 300_000]).unwrap();
+    assert_eq!(o.len(), 300_006);
+    assert!(
+        s.list("st/backup/x/").await.unwrap().is_empty(),
+        "invisible while written"
+    );
+    assert_eq!(
+        s.get("st/backup/x/pack/0-0").await.unwrap_err().kind,
+        ErrorKind::NotFound
+    );
+    o.commit().unwrap();
+    let got = s.get("st/backup/x/pack/0-0").await.unwrap();
+    assert_eq!(got.len(), 300_006);
+    assert_eq!(&got[..6], b"hello ");
+    assert_eq!(
+        files_under(dir.path()),
+        ["st/backup/x/pack/0-0"],
+        "no staging file left"
+    );
+
+    // Create-only: a second object of the name is refused and the first stays.
+    let mut o = s.stream_new("st/backup/x/pack/0-0").unwrap().unwrap();
+    o.write(b"other").unwrap();
+    assert_eq!(o.commit().unwrap_err().kind, ErrorKind::AlreadyExists);
+    assert_eq!(s.get("st/backup/x/pack/0-0").await.unwrap().len(), 300_006);
+    assert_eq!(files_under(dir.path()), ["st/backup/x/pack/0-0"]);
+
+    // Abandoned (a backup failing mid-pack): no trace.
+    let mut o = s.stream_new("st/backup/x/pack/0-1").unwrap().unwrap();
+    o.write(b"partial").unwrap();
+    drop(o);
+    assert_eq!(files_under(dir.path()), ["st/backup/x/pack/0-0"]);
+
+    let store = object_store::memory::InMemory::new();
+    let s = Storage::from_store(Arc::new(store), "memory");
+    assert!(s.stream_new("st/backup/x/pack/0-0").unwrap().is_none());
+}
+
+/// Every file under `dir`, sorted.
+fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn s3_backend_conformance_against_a_real_server() {
     let server = tokio::task::spawn_blocking(|| S3Server::start("conformance"))
