@@ -89,9 +89,13 @@ pub(crate) fn plan_file_jobs<T>(
 
 /// Most files in a window of [`with_streamed_jobs`], and most extents and block hashes
 /// its entries may hold inline (entries of manifests before format 2 hold a large file's
-/// whole map).
-const WINDOW_FILES: usize = 8192;
+/// whole map). A window of 2,048 still makes groups of [`plan_file_jobs`]'s 512 files;
+/// at 8,192 the windows and the channel feeding them (about 300 bytes an entry) were a
+/// tenth of a restore's memory.
+const WINDOW_FILES: usize = 2048;
 const WINDOW_ITEMS: usize = 1 << 18;
+/// Entries read ahead of the window being cut into jobs.
+const READ_AHEAD: usize = 1024;
 
 /// Run `work` with jobs ([`plan_file_jobs`]) for the files `read` sends, a window at a
 /// time, so that what is held follows the files in flight, not the number of files.
@@ -113,7 +117,7 @@ pub(crate) fn with_streamed_jobs<T: Send, R>(
     mut prepare: impl FnMut(&mut [T]) -> Result<()>,
     work: impl FnOnce(&mut dyn Iterator<Item = Result<FileJob<T>>>) -> Result<R>,
 ) -> Result<R> {
-    let (tx, rx) = std::sync::mpsc::sync_channel::<T>(WINDOW_FILES);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<T>(READ_AHEAD);
     std::thread::scope(|scope| {
         let reader = scope.spawn(move || read(tx));
         let mut ready = std::collections::VecDeque::new();
