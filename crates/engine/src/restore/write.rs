@@ -343,13 +343,23 @@ fn delta_plan(f: &FileEntry, fh: &File, path: &Path) -> Result<Action> {
     let mut differing: Vec<(u64, u64)> = Vec::new(); // (offset, len) runs
     let mut buf = vec![0u8; (1 << 20) / bs as usize * bs as usize];
     let mut offset = 0u64;
-    let mut check = ContentCheck::new(f);
+    // A file kept as it is must also match its whole-file BLAKE3, where it has one (the
+    // blocks' XXH3s alone are no cryptographic check). Hashed only while every block so
+    // far matched: a file with a changed block is patched, and hashing the rest of it was
+    // most of a delta restore's CPU. A file without one (WAL-tracked) is checked by the
+    // block comparison itself.
+    let mut check = f.hash.is_some().then(|| ContentCheck::new(f));
     while offset < f.size {
         let want = (f.size - offset).min(buf.len() as u64) as usize;
         let have = local_len.saturating_sub(offset).min(want as u64) as usize;
         let n = read_full_at(fh, &mut buf[..have], offset)
             .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        check.update(&buf[..n]);
+        if !differing.is_empty() {
+            check = None;
+        }
+        if let Some(check) = &mut check {
+            check.update(&buf[..n]);
+        }
         for (i, block) in buf[..want].chunks(bs as usize).enumerate() {
             let block_off = offset + i as u64 * bs;
             let index = (block_off / bs) as usize;
@@ -363,8 +373,14 @@ fn delta_plan(f: &FileEntry, fh: &File, path: &Path) -> Result<Action> {
         }
         offset += want as u64;
     }
-    if differing.is_empty() && local_len == f.size && check.finish().is_ok() {
-        return Ok(Action::Keep);
+    if differing.is_empty() {
+        match check.map(ContentCheck::finish) {
+            // Every block's XXH3 matches and the whole does not: written again, whole.
+            Some(Err(_)) => return Ok(Action::Write),
+            _ if local_len == f.size => return Ok(Action::Keep),
+            // Longer than recorded: truncated by the patch.
+            _ => {}
+        }
     }
     Ok(Action::Patch(extents_covering(f, &differing)))
 }
@@ -552,10 +568,7 @@ mod tests {
         bs: usize,
         local: &[u8],
     ) -> Vec<(u64, u64)> {
-        let f = backed_up(backup, extent, bs);
-        let action = decide_over(&f, Some(local));
-        assert_eq!(after(backup, Some(local), &action), backup, "restored file");
-        fetched(&f, &action)
+        fetched_to_restore_entry(&backed_up(backup, extent, bs), backup, local)
     }
 
     #[test]
@@ -636,6 +649,33 @@ mod tests {
         local[block * bs] ^= 1;
         let fetched = fetched_to_restore(&backup, 64 * bs, bs, &local);
         assert_eq!(fetched, vec![((block * bs) as u64, bs as u64)]);
+    }
+
+    /// Matching block XXH3s are not enough to keep a file that has a whole-file BLAKE3:
+    /// when the whole does not match (here the recorded hash is of other bytes, as an
+    /// XXH3 collision would leave it), the file is written again, whole. A file without
+    /// one (WAL-tracked) is kept on its blocks alone.
+    #[test]
+    fn a_file_whose_blocks_match_and_whole_does_not_is_written_whole() {
+        let backup = ten_blocks();
+        let mut f = backed_up(&backup, 4 * BS, BS);
+        f.hash = Some(*blake3::hash(b"other bytes").as_bytes());
+        assert!(matches!(decide_over(&f, Some(&backup)), Action::Write));
+        f.hash = None;
+        assert!(matches!(decide_over(&f, Some(&backup)), Action::Keep));
+        let mut local = backup.clone();
+        local[2 * BS] ^= 1;
+        assert_eq!(
+            fetched_to_restore_entry(&f, &backup, &local),
+            vec![(2 * BS as u64, BS as u64)]
+        );
+    }
+
+    /// [`fetched_to_restore`] of an entry made by the caller.
+    fn fetched_to_restore_entry(f: &FileEntry, backup: &[u8], local: &[u8]) -> Vec<(u64, u64)> {
+        let action = decide_over(f, Some(local));
+        assert_eq!(after(backup, Some(local), &action), backup, "restored file");
+        fetched(f, &action)
     }
 
     #[test]
