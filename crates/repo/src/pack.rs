@@ -212,8 +212,6 @@ pub struct PackWriter {
     pack_size: usize,
     /// The pack being filled.
     body: PackBody,
-    /// Bytes in the pack being filled.
-    len: usize,
     /// A sealed frame on its way to a streamed pack (encrypted stanzas).
     sealed: Vec<u8>,
     /// Pack writes still finishing (with their sequence numbers): a put or a commit
@@ -235,6 +233,17 @@ enum PackBody {
     Streamed(crate::storage::StreamedObject),
 }
 
+impl PackBody {
+    /// Bytes in the pack so far: where the next frame starts.
+    fn len(&self) -> usize {
+        match self {
+            PackBody::Empty => 0,
+            PackBody::Memory(buf) => buf.len(),
+            PackBody::Streamed(object) => object.len() as usize,
+        }
+    }
+}
+
 impl PackWriter {
     pub fn new(
         storage: Storage,
@@ -254,7 +263,6 @@ impl PackWriter {
             name: pack_name(worker, 0),
             pack_size,
             body: PackBody::Empty,
-            len: 0,
             sealed: Vec::new(),
             in_flight: Default::default(),
             written: 0,
@@ -286,7 +294,8 @@ impl PackWriter {
     pub fn add(&mut self, compressed: &[u8], raw_len: usize) -> Result<Chunk> {
         let cipher = self.storage.cipher().cloned();
         let overhead = cipher.as_ref().map_or(0, |_| crate::cipher::FRAME_OVERHEAD);
-        if self.len + compressed.len() + overhead > self.pack_size && self.len > 0 {
+        let len = self.body.len();
+        if len + compressed.len() + overhead > self.pack_size && len > 0 {
             self.flush()?;
         }
         if matches!(self.body, PackBody::Empty) {
@@ -295,33 +304,33 @@ impl PackWriter {
                 None => PackBody::Memory(Vec::new()),
             };
         }
-        let key = cipher.as_ref().map(|_| self.current_key());
-        let offset = self.len;
+        // Sealed frames are bound to their pack's key and offset.
+        let sealing = cipher.map(|c| (c, self.current_key()));
+        let offset = self.body.len();
         let (stored, check) = match &mut self.body {
             PackBody::Empty => unreachable!("opened above"),
             PackBody::Memory(buf) => {
                 make_room(buf, compressed.len() + overhead, self.pack_size);
-                match (&cipher, &key) {
-                    (Some(c), Some(key)) => c.seal_frame_into(key, offset as u64, compressed, buf),
-                    _ => buf.extend_from_slice(compressed),
+                match &sealing {
+                    Some((c, key)) => c.seal_frame_into(key, offset as u64, compressed, buf),
+                    None => buf.extend_from_slice(compressed),
                 }
                 let stored = &buf[offset..];
                 (stored.len(), frame_check(stored))
             }
             PackBody::Streamed(object) => {
-                let stored = match (&cipher, &key) {
-                    (Some(c), Some(key)) => {
+                let stored = match &sealing {
+                    Some((c, key)) => {
                         self.sealed.clear();
                         c.seal_frame_into(key, offset as u64, compressed, &mut self.sealed);
                         &self.sealed[..]
                     }
-                    _ => compressed,
+                    None => compressed,
                 };
                 object.write(stored)?;
                 (stored.len(), frame_check(stored))
             }
         };
-        self.len += stored;
         Ok(Chunk {
             pack: Some(self.name),
             backup: None,
@@ -350,6 +359,7 @@ impl PackWriter {
     /// Start storing the current pack, if it holds anything; at most `MAX_IN_FLIGHT`
     /// writes run at once.
     pub fn flush(&mut self) -> Result<()> {
+        let len = self.body.len() as u64;
         let task = match std::mem::replace(&mut self.body, PackBody::Empty) {
             PackBody::Empty => return Ok(()),
             PackBody::Memory(buf) => {
@@ -365,9 +375,8 @@ impl PackWriter {
             let (_, h) = self.in_flight.pop_front().expect("non-empty");
             self.runtime.block_on(h).expect("pack upload task")?;
         }
-        self.written += self.len as u64;
+        self.written += len;
         self.packs_written += 1;
-        self.len = 0;
         self.seq += 1;
         self.name = pack_name(self.worker, self.seq);
         Ok(())
