@@ -28,6 +28,7 @@
 //! fsync per file: see [`tree::TargetTree::sync_filesystems`]); `PG_VERSION` is written first, so a directory left
 //! by an interrupted restore is recognised as a data directory by `--delta`.
 
+mod pieces;
 mod plan;
 mod recovery;
 mod selective;

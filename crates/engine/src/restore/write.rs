@@ -7,6 +7,7 @@
 //! written; a mismatch stops the restore naming the file. Files are not fsynced one by one:
 //! restore syncs the target filesystems once at the end, before it writes `pg_control`.
 
+use super::pieces::{PieceCheck, PIECE_LEN};
 use super::plan::RestoreJob;
 use super::tree::{set_attributes, ParentCache, TargetTree};
 use crate::content::{
@@ -116,8 +117,9 @@ enum Action {
     Keep,
     /// Write the whole file.
     Write,
-    /// Write these extents (the blocks that differ) in place, then truncate to size.
-    Patch(Vec<(u64, Chunk)>),
+    /// Write these extents (the blocks that differ) in place, then truncate to size and
+    /// read back the pieces written to prove the file whole.
+    Patch(Vec<(u64, Chunk)>, PieceCheck),
     /// A sparse zeroed file of the recorded size (selective restore): nothing read.
     Zero,
 }
@@ -128,7 +130,7 @@ impl Action {
         match self {
             Action::Keep | Action::Zero => Box::new(std::iter::empty()),
             Action::Write => Box::new(f.chunks.iter()),
-            Action::Patch(extents) => Box::new(extents.iter().map(|(_, c)| c)),
+            Action::Patch(extents, _) => Box::new(extents.iter().map(|(_, c)| c)),
         }
     }
 }
@@ -175,13 +177,13 @@ fn restore_one(sh: &Shared, w: &mut Worker, f: &FileEntry, action: Action) -> Re
                 .open_existing(&f.path, false, &mut w.cache)?
                 .ok_or_else(|| changed_under_us(&path))?
         }
-        Action::Patch(extents) => {
+        Action::Patch(extents, check) => {
             w.tally.files_patched += 1;
             let fh = sh
                 .tree
                 .open_existing(&f.path, true, &mut w.cache)?
                 .ok_or_else(|| changed_under_us(&path))?;
-            w.tally.bytes_written += patch_file(sh, &mut w.reader, f, &fh, &path, &extents)?;
+            w.tally.bytes_written += patch_file(sh, &mut w.reader, f, &fh, &path, &extents, check)?;
             fh
         }
         Action::Zero => {
@@ -333,7 +335,10 @@ impl std::io::Write for WriteBehind {
 }
 
 /// Delta restore of a file with a block map: hash the local blocks and find the extents
-/// holding blocks that differ.
+/// holding blocks that differ. Read a piece at a time ([`PIECE_LEN`]); a piece with no
+/// differing block is hashed for the whole-file check ([`PieceCheck`]), so that a patched
+/// file is proved whole by reading again only the pieces written, and a file kept as it is
+/// matches its whole-file BLAKE3 too (the blocks' XXH3s alone are no cryptographic check).
 fn delta_plan(f: &FileEntry, fh: &File, path: &Path) -> Result<Action> {
     let local_len = fh
         .metadata()
@@ -341,48 +346,50 @@ fn delta_plan(f: &FileEntry, fh: &File, path: &Path) -> Result<Action> {
         .len();
     let bs = f.block_size as u64;
     let mut differing: Vec<(u64, u64)> = Vec::new(); // (offset, len) runs
-    let mut buf = vec![0u8; (1 << 20) / bs as usize * bs as usize];
-    let mut offset = 0u64;
-    // A file kept as it is must also match its whole-file BLAKE3, where it has one (the
-    // blocks' XXH3s alone are no cryptographic check). Hashed only while every block so
-    // far matched: a file with a changed block is patched, and hashing the rest of it was
-    // most of a delta restore's CPU. A file without one (WAL-tracked) is checked by the
-    // block comparison itself.
-    let mut check = f.hash.is_some().then(|| ContentCheck::new(f));
-    while offset < f.size {
-        let want = (f.size - offset).min(buf.len() as u64) as usize;
-        let have = local_len.saturating_sub(offset).min(want as u64) as usize;
-        let n = read_full_at(fh, &mut buf[..have], offset)
-            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        if !differing.is_empty() {
-            check = None;
-        }
-        if let Some(check) = &mut check {
-            check.update(&buf[..n]);
-        }
-        for (i, block) in buf[..want].chunks(bs as usize).enumerate() {
-            let block_off = offset + i as u64 * bs;
-            let index = (block_off / bs) as usize;
-            let local_ok = block_off + block.len() as u64 <= offset + n as u64;
-            if !(local_ok && f.block_hash(index) == Some(block_hash(block))) {
-                match differing.last_mut() {
-                    Some((o, l)) if *o + *l == block_off => *l += block.len() as u64,
-                    _ => differing.push((block_off, block.len() as u64)),
+    let mut check = PieceCheck::new(f);
+    // Read in parts small enough to stay in a core's cache while both hashes go over them.
+    const READ_LEN: usize = 128 << 10;
+    let mut buf = vec![0u8; READ_LEN.min(f.size as usize)];
+    for (piece, piece_at) in (0..f.size).step_by(PIECE_LEN).enumerate() {
+        let piece_end = f.size.min(piece_at + PIECE_LEN as u64);
+        let mut hasher = check.piece_hasher(f, piece);
+        let mut piece_differs = false;
+        for offset in (piece_at..piece_end).step_by(READ_LEN) {
+            let want = (piece_end - offset).min(READ_LEN as u64) as usize;
+            let have = local_len.saturating_sub(offset).min(want as u64) as usize;
+            let n = read_full_at(fh, &mut buf[..have], offset)
+                .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+            for (i, block) in buf[..want].chunks(bs as usize).enumerate() {
+                let block_off = offset + i as u64 * bs;
+                let block_index = (block_off / bs) as usize;
+                let local_ok = block_off + block.len() as u64 <= offset + n as u64;
+                if !(local_ok && f.block_hash(block_index) == Some(block_hash(block))) {
+                    piece_differs = true;
+                    match differing.last_mut() {
+                        Some((o, l)) if *o + *l == block_off => *l += block.len() as u64,
+                        _ => differing.push((block_off, block.len() as u64)),
+                    }
                 }
             }
+            if let (false, Some(hasher)) = (piece_differs, &mut hasher) {
+                hasher.update(&buf[..want]);
+            }
         }
-        offset += want as u64;
+        if !piece_differs {
+            check.matched(piece, hasher);
+        }
     }
     if differing.is_empty() {
-        match check.map(ContentCheck::finish) {
+        if !check.matches(f) {
             // Every block's XXH3 matches and the whole does not: written again, whole.
-            Some(Err(_)) => return Ok(Action::Write),
-            _ if local_len == f.size => return Ok(Action::Keep),
-            // Longer than recorded: truncated by the patch.
-            _ => {}
+            return Ok(Action::Write);
         }
+        if local_len == f.size {
+            return Ok(Action::Keep);
+        }
+        // Longer than recorded: truncated by the patch.
     }
-    Ok(Action::Patch(extents_covering(f, &differing)))
+    Ok(Action::Patch(extents_covering(f, &differing), check))
 }
 
 /// The extents of `f` covering the byte runs `runs`, cut to them.
@@ -414,7 +421,8 @@ fn extents_covering(f: &FileEntry, runs: &[(u64, u64)]) -> Vec<(u64, Chunk)> {
 }
 
 /// Write the differing extents in place, truncate, and prove the result is the backed-up
-/// file. Returns the bytes written (at least 1: the file was touched).
+/// file, reading again only the pieces written. Returns the bytes written (at least 1: the
+/// file was touched).
 fn patch_file(
     sh: &Shared,
     reader: &mut FrameReader,
@@ -422,6 +430,7 @@ fn patch_file(
     fh: &File,
     path: &Path,
     needed: &[(u64, Chunk)],
+    mut check: PieceCheck,
 ) -> Result<u64> {
     use std::os::unix::fs::FileExt;
     let mut written = 0u64;
@@ -432,19 +441,8 @@ fn patch_file(
     })?;
     fh.set_len(f.size)
         .map_err(|e| Error::io(format!("truncate {}", path.display()), e))?;
-    let mut check = ContentCheck::new(f);
-    let mut buf = vec![0u8; read_buffer_len(f.size)];
-    let mut offset = 0u64;
-    loop {
-        let n = read_full_at(fh, &mut buf, offset)
-            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        if n == 0 {
-            break;
-        }
-        check.update(&buf[..n]);
-        offset += n as u64;
-    }
-    check.finish()?;
+    check.read_changed(f, fh, path)?;
+    check.finish(f)?;
     Ok(written.max(1))
 }
 
@@ -525,7 +523,7 @@ mod tests {
                 .filter(|(_, c)| !c.is_zero())
                 .map(|(at, c)| (at, c.raw as u64))
                 .collect(),
-            Action::Patch(extents) => extents
+            Action::Patch(extents, _) => extents
                 .iter()
                 .filter(|(_, c)| !c.is_zero())
                 .map(|(at, c)| (*at, c.raw as u64))
@@ -540,7 +538,7 @@ mod tests {
             Action::Keep => local.expect("kept a file that is there").to_vec(),
             Action::Zero => vec![0; backup.len()],
             Action::Write => backup.to_vec(),
-            Action::Patch(extents) => {
+            Action::Patch(extents, _) => {
                 let mut out = local.expect("patched a file that is there").to_vec();
                 for (at, c) in extents {
                     let (start, end) = (*at as usize, (*at + c.raw as u64) as usize);
@@ -671,10 +669,21 @@ mod tests {
         );
     }
 
-    /// [`fetched_to_restore`] of an entry made by the caller.
+    /// [`fetched_to_restore`] of an entry made by the caller. A patched file is then proved
+    /// whole as `patch_file` proves it (the pieces written read again).
     fn fetched_to_restore_entry(f: &FileEntry, backup: &[u8], local: &[u8]) -> Vec<(u64, u64)> {
-        let action = decide_over(f, Some(local));
-        assert_eq!(after(backup, Some(local), &action), backup, "restored file");
+        let mut action = decide_over(f, Some(local));
+        let restored = after(backup, Some(local), &action);
+        assert_eq!(restored, backup, "restored file");
+        if let Action::Patch(_, check) = &mut action {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("2");
+            std::fs::write(&path, &restored).unwrap();
+            check
+                .read_changed(f, &File::open(&path).unwrap(), &path)
+                .unwrap();
+            check.finish(f).unwrap();
+        }
         fetched(f, &action)
     }
 
