@@ -370,6 +370,14 @@ pub fn settle() {
     std::thread::sleep(Duration::from_secs(1));
 }
 
+/// Write back and drop the page cache (as root), so that the next command reads from the
+/// disk: a cold-cache measurement.
+pub fn drop_page_cache() -> Result<(), String> {
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .map_err(|e| format!("drop the page cache (/proc/sys/vm/drop_caches, needs root): {e}"))
+}
+
 fn as_user(cmd: &mut Command, user: &str) {
     if pgstrata_testkit::is_root() {
         if let Ok(Some(u)) = nix::unistd::User::from_name(user) {

@@ -15,6 +15,7 @@
 //! Options: --scale N (20) --copies N (4) --change-pct P (1) --codec C (zst)
 //!          --variants bundle,nobundle (pgstrata: default bundling, --bundle=false)
 //!          --pgbr-bundle n|y|both (both) --pgbr-block y|n (y) (pgBackRest 2.45's variants)
+//!          --cold (drop the page cache before each timed restore; as root)
 
 use super::{
     delete_ranges, load_settled_pgbench, remove_repos, repos, rotated, stanza_create_all, PgbrMode,
@@ -32,6 +33,8 @@ pub struct Opts {
     codec: String,
     variants: Vec<String>,
     pgbr: Vec<PgbrMode>,
+    /// Drop the page cache before each timed restore.
+    cold: bool,
 }
 
 impl Opts {
@@ -49,6 +52,7 @@ impl Opts {
             codec: a.string("codec", "zst"),
             variants: a.list("variants", "bundle,nobundle", &["bundle", "nobundle"])?,
             pgbr,
+            cold: a.flag("cold"),
         };
         crate::tools::default_level(&o.codec)?;
         if o.change_pct > 10 {
@@ -58,8 +62,12 @@ impl Opts {
     }
     pub fn params(&self) -> String {
         format!(
-            "scale={} copies={} change-pct={} codec={}",
-            self.scale, self.copies, self.change_pct, self.codec
+            "scale={} copies={} change-pct={} codec={}{}",
+            self.scale,
+            self.copies,
+            self.change_pct,
+            self.codec,
+            if self.cold { " cold" } else { "" }
         )
     }
 }
@@ -130,6 +138,9 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         for &i in rotated(&idx, run as usize - 1) {
             let r = &repos[i];
             let full_dir = b.empty_data_dir("restore-full")?;
+            if o.cold {
+                crate::harness::drop_page_cache()?;
+            }
             let m = r.restore(b, &full_dir, &[&format!("--set={}", incr[i])])?;
             best[i].0 = best[i].0.min(m.seconds);
             restored = restored.max(b.du(&full_dir));
@@ -146,6 +157,9 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let mut args = vec!["--delta", set.as_str()];
             if !r.is_pgstrata() {
                 args.push("--log-level-console=detail"); // lists the files it rewrote
+            }
+            if o.cold {
+                crate::harness::drop_page_cache()?;
             }
             let m = r.restore(b, &delta_dir, &args)?;
             let fetched = if r.is_pgstrata() {
