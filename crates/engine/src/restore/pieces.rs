@@ -32,7 +32,7 @@ pub(super) const PIECE_LEN: usize = 1 << 20;
 /// What is known of one piece of the file as it will be.
 #[derive(Clone, Copy)]
 enum Piece {
-    /// It holds bytes written since it was read: read it again.
+    /// Not read yet, or written since it was read: read it (again) before the proof.
     Changed,
     /// The BLAKE3 chaining value of its bytes (of the whole file, when it is the only
     /// piece).
@@ -42,6 +42,7 @@ enum Piece {
 }
 
 /// The check of one file, piece by piece; every piece starts [`Piece::Changed`] (unread).
+#[derive(Clone)]
 pub(super) struct PieceCheck {
     pieces: Vec<Piece>,
 }
@@ -255,9 +256,7 @@ mod tests {
 
             // Patched wrongly: piece 1 still differs.
             std::fs::write(&path, &local).unwrap();
-            let mut wrong = PieceCheck {
-                pieces: check.pieces.clone(),
-            };
+            let mut wrong = check.clone();
             wrong
                 .read_changed(&f, &File::open(&path).unwrap(), &path)
                 .unwrap();

@@ -335,7 +335,7 @@ impl std::io::Write for WriteBehind {
 }
 
 /// Delta restore of a file with a block map: hash the local blocks and find the extents
-/// holding blocks that differ. Read a piece at a time ([`PIECE_LEN`]); a piece with no
+/// holding blocks that differ. The file is taken in pieces of [`PIECE_LEN`]; a piece with no
 /// differing block is hashed for the whole-file check ([`PieceCheck`]), so that a patched
 /// file is proved whole by reading again only the pieces written, and a file kept as it is
 /// matches its whole-file BLAKE3 too (the blocks' XXH3s alone are no cryptographic check).
@@ -349,6 +349,7 @@ fn delta_plan(f: &FileEntry, fh: &File, path: &Path) -> Result<Action> {
     let mut check = PieceCheck::new(f);
     // Read in parts small enough to stay in a core's cache while both hashes go over them.
     const READ_LEN: usize = 128 << 10;
+    const _: () = assert!(PIECE_LEN.is_multiple_of(READ_LEN));
     let mut buf = vec![0u8; READ_LEN.min(f.size as usize)];
     for (piece, piece_at) in (0..f.size).step_by(PIECE_LEN).enumerate() {
         let piece_end = f.size.min(piece_at + PIECE_LEN as u64);
