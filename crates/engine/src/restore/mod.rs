@@ -247,14 +247,6 @@ fn execute(
     let tree = open_targets(plan)?;
     report.removed += prepare_targets(plan, &tree, &runtime)?;
     let chown = running_as_root();
-    let mut layout = Layout {
-        plan,
-        tree: &tree,
-        owners: chown.then(OwnerResolver::default),
-        cache: ParentCache::default(),
-    };
-    layout.make_dirs_and_links()?;
-
     let (files, bytes) = plan.manifest.files();
     let progress = Progress::start("restore", bytes, files);
     let counters = progress.counters.clone();
@@ -269,13 +261,23 @@ fn execute(
         counters: &counters,
     };
     let mut tallies = Vec::new();
-    // PG_VERSION first: from here on the directory is a data directory to --delta.
+    // PG_VERSION first, before any directory: from here on the target is a data directory
+    // to --delta.
     if let Some(f) = &plan.first {
         let mut w = Worker::new(&sh);
         write::restore_file(&sh, &mut w, f)?;
         tree.root.sync()?;
         tallies.push(w.finish());
     }
+    // Then the directories and links: a restore killed before PG_VERSION leaves nothing but
+    // an empty directory, which a fresh restore or --delta takes again.
+    let mut layout = Layout {
+        plan,
+        tree: &tree,
+        owners: chown.then(OwnerResolver::default),
+        cache: ParentCache::default(),
+    };
+    layout.make_dirs_and_links()?;
     let result = crate::content::with_streamed_jobs(
         |files| read_files(&sh.runtime, &plan.manifest, files),
         |f| f,
