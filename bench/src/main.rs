@@ -21,6 +21,8 @@ const USAGE: &str = "\
 usage: bench SCENARIO [options]      run one scenario (as root: the clusters run as postgres)
        bench report [--readme FILE] [--runs-dir DIR]   rewrite the README tables from the CSVs
        bench limits                  measure disk and codec limits only
+       bench time-call LOG CMD [ARG...]  run CMD, append its wall time (µs) and exit code to
+                                     LOG, exit with its code (wal_async's restore_command)
 
 scenarios: full_backup incremental restore bundling s3_latency wal_tracking wal_archive wal_async
            decode_overhead remote_link many_files growth
@@ -127,10 +129,42 @@ fn build_pgstrata(build: bool) -> Result<PathBuf, String> {
 
 fn main() {
     let raw: Vec<String> = std::env::args().skip(1).collect();
+    // Before option parsing: the command's own arguments are not the bench's.
+    if raw.first().map(String::as_str) == Some("time-call") {
+        std::process::exit(time_call(&raw[1..]));
+    }
     if let Err(e) = run(raw) {
         eprintln!("bench: error: {e}");
         std::process::exit(1);
     }
+}
+
+/// `time-call LOG CMD ARGS...`: run CMD (no shell), append "<wall µs> <exit code>" to LOG,
+/// and return CMD's exit code, so that a wrapped restore_command answers PostgreSQL as the
+/// command would.
+fn time_call(args: &[String]) -> i32 {
+    let [log, cmd, rest @ ..] = args else {
+        eprintln!("bench time-call: give LOG CMD [ARG...]");
+        return 2;
+    };
+    let t0 = std::time::Instant::now();
+    let code = match std::process::Command::new(cmd).args(rest).status() {
+        Ok(s) => s.code().unwrap_or(128),
+        Err(e) => {
+            eprintln!("bench time-call: {cmd}: {e}");
+            127
+        }
+    };
+    let line = format!("{} {code}\n", t0.elapsed().as_micros());
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    if let Err(e) = appended {
+        eprintln!("bench time-call: {log}: {e}");
+    }
+    code
 }
 
 fn run(raw: Vec<String>) -> Result<(), String> {

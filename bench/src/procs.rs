@@ -22,12 +22,15 @@ pub enum Matcher {
     /// Processes running `exe` without the argument `arg` on their command line: a tool's
     /// command and its workers, not the archive-push that PostgreSQL runs meanwhile.
     ExeWithout { exe: PathBuf, arg: String },
+    /// These processes: servers found once with [`pids_with_arg`] (matching a command line
+    /// on every sweep would cost the sampler a read per process).
+    Pids(Vec<u32>),
     /// Processes any of these match.
     Any(Vec<Matcher>),
 }
 
 impl Matcher {
-    fn matches(&self, exe: &Path, proc_dir: &Path) -> bool {
+    fn matches(&self, pid: u32, exe: &Path, proc_dir: &Path) -> bool {
         match self {
             Matcher::Exe(bins) => bins.iter().any(|b| b == exe),
             Matcher::ExeTitled { exe: e, prefix } => {
@@ -41,7 +44,8 @@ impl Matcher {
                     && std::fs::read(proc_dir.join("cmdline"))
                         .is_ok_and(|c| !c.split(|&b| b == 0).any(|a| a == arg.as_bytes()))
             }
-            Matcher::Any(all) => all.iter().any(|m| m.matches(exe, proc_dir)),
+            Matcher::Pids(pids) => pids.contains(&pid),
+            Matcher::Any(all) => all.iter().any(|m| m.matches(pid, exe, proc_dir)),
         }
     }
 }
@@ -53,13 +57,12 @@ pub struct Sampled {
     pub peak_rss_kb: u64,
     /// Most processes of the group at one instant.
     pub peak_procs: u64,
-    /// CPU time (user + system) the group used, seconds (a process's last 10 ms may be
-    /// missed).
+    /// CPU time (user + system) the group used during the step, seconds (a process's last
+    /// 10 ms may be missed; a process that was running before the step counts from its
+    /// start).
     pub cpu_seconds: f64,
 }
 
-/// Run `f` while sampling each group of `groups`; a process counts in the first group it
-/// matches.
 /// CPU time (utime + stime, in clock ticks) of a process from its `/proc/PID/stat`:
 /// fields 14 and 15, counted after the ')' closing its command name.
 pub fn cpu_ticks(stat: &str) -> u64 {
@@ -74,6 +77,26 @@ pub fn cpu_ticks(stat: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The processes running now with an argument containing `part` on their command line:
+/// interpreted programs (moto_server and bench/delay_proxy.py run python).
+pub fn pids_with_arg(part: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            cmdline
+                .split(|&b| b == 0)
+                .any(|a| String::from_utf8_lossy(a).contains(part))
+                .then_some(pid)
+        })
+        .collect()
+}
+
+/// Run `f` while sampling each group of `groups`; a process counts in the first group it
+/// matches.
 pub fn sampled<T>(
     groups: &[Matcher],
     f: impl FnOnce() -> Result<T, String>,
@@ -81,42 +104,33 @@ pub fn sampled<T>(
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let groups = groups.to_vec();
+    // CPU ticks of the processes already running (servers): only what they use from now
+    // on counts.
+    let mut before: HashMap<(usize, u32), u64> = HashMap::new();
+    sweep(&groups, |g, pid, _, ticks| {
+        before.insert((g, pid), ticks);
+    });
     let sampler = std::thread::spawn(move || {
         let mut out = vec![Sampled::default(); groups.len()];
         // CPU ticks per (group, pid): the largest seen.
         let mut ticks: HashMap<(usize, u32), u64> = HashMap::new();
-        while !flag.load(Ordering::Relaxed) {
+        loop {
+            // One more sweep after the step, for the servers' final CPU time.
+            let last = flag.load(Ordering::Relaxed);
             let mut rss = vec![0u64; groups.len()];
             let mut procs = vec![0u64; groups.len()];
-            for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-                let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-                    continue;
-                };
-                let dir = e.path();
-                let Ok(exe) = std::fs::read_link(dir.join("exe")) else {
-                    continue;
-                };
-                let Some(g) = groups.iter().position(|m| m.matches(&exe, &dir)) else {
-                    continue;
-                };
-                let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
-                let field = |name: &str| {
-                    status
-                        .lines()
-                        .find_map(|l| l.strip_prefix(name))
-                        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-                        .unwrap_or(0)
-                };
-                rss[g] += field("VmRSS:").saturating_sub(field("RssShmem:"));
+            sweep(&groups, |g, pid, rss_kb, used| {
+                rss[g] += rss_kb;
                 procs[g] += 1;
-                let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
-                let used = crate::procs::cpu_ticks(&stat);
                 let seen = ticks.entry((g, pid)).or_default();
                 *seen = (*seen).max(used);
-            }
+            });
             for (i, o) in out.iter_mut().enumerate() {
                 o.peak_rss_kb = o.peak_rss_kb.max(rss[i]);
                 o.peak_procs = o.peak_procs.max(procs[i]);
+            }
+            if last {
+                break;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -124,8 +138,9 @@ pub fn sampled<T>(
             .ok()
             .flatten()
             .unwrap_or(100) as f64;
-        for ((g, _), t) in ticks {
-            out[g].cpu_seconds += t as f64 / hz;
+        for (key, t) in ticks {
+            let used = t.saturating_sub(before.get(&key).copied().unwrap_or(0));
+            out[key.0].cpu_seconds += used as f64 / hz;
         }
         out
     });
@@ -135,4 +150,36 @@ pub fn sampled<T>(
         .join()
         .map_err(|_| "the /proc sampler panicked".to_string())?;
     Ok((r?, seen))
+}
+
+/// Call `each(group, pid, resident KiB less shared memory, CPU ticks)` for every process
+/// that matches one of `groups` (the first it matches).
+fn sweep(groups: &[Matcher], mut each: impl FnMut(usize, u32, u64, u64)) {
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let dir = e.path();
+        let Ok(exe) = std::fs::read_link(dir.join("exe")) else {
+            continue;
+        };
+        let Some(g) = groups.iter().position(|m| m.matches(pid, &exe, &dir)) else {
+            continue;
+        };
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        each(
+            g,
+            pid,
+            field("VmRSS:").saturating_sub(field("RssShmem:")),
+            cpu_ticks(&stat),
+        );
+    }
 }

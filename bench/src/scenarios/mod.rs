@@ -288,9 +288,18 @@ pub fn generate_segments(
     b.sql("CHECKPOINT")?;
     b.wal_switch_and_wait()?;
     let first = current_lsn(b)? / seg_size * seg_size;
-    for _ in 0..200 {
-        if (current_lsn(b)? - first) / seg_size >= segments {
+    // Rounds until there are enough (a slow machine writes fewer segments a round), within
+    // an hour: a scenario must not go on with fewer segments than it says it measures.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+    loop {
+        let written = (current_lsn(b)? - first) / seg_size;
+        if written >= segments {
             break;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "only {written} of {segments} WAL segments written in an hour of traffic"
+            ));
         }
         traffic(b)?;
     }

@@ -10,14 +10,18 @@
 //! Third, recovery for real: a base backup taken before the segments (restored by pgstrata
 //! for every tool; not timed) started with the tool's restore_command, timed from the
 //! server's start to its promotion at the end of the archive. Every segment list starts
-//! with the base backup's own few segments.
+//! with the base backup's own few segments. The same replay with `cp` from a local
+//! directory of plain segments is PostgreSQL's own apply rate, the floor of any tool. Each
+//! restore_command runs under `bench time-call`, which logs its wall time: how much of the
+//! replay was spent in the tool at all.
 //!
 //! The backlog: SEGMENTS real segments (pgbench traffic and bulk updates) copied into a
 //! stand-in data directory (`pg_wal/` with `archive_status/*.ready`, and the cluster's
 //! `global/pg_control`, which pgBackRest reads), so that every tool sees the same files
 //! and the same backlog. The archiver loop is the timed command; the asynchronous workers it
 //! starts are not its children, so peak memory is sampled from /proc: the largest sum of
-//! the resident sets of all the tool's processes during the step.
+//! the resident sets of all the tool's processes during the step. The CPU time of the S3
+//! server and the delay proxy (python, on the same cores) is sampled beside it.
 //!
 //! Options: --segments LIST (64,512) --delay-ms MS (20) --async-process-max N (4)
 //!          --codec C (zst) --scale N (10)
@@ -28,8 +32,6 @@ use crate::harness::{chown_pg, Bench, Measured, STANZA};
 use crate::results::Row;
 use crate::tools::{Repo, Setup, Tool};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 pub struct Opts {
@@ -167,7 +169,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let wal = data.join("pg_wal");
             let before = proxy.turns()?;
             // PostgreSQL's archiver: each ready file in order, marked done when its command returns.
-            let (m, seen) = sampled(&t.tool, || {
+            let (m, seen) = sampled(Some(&t.tool), || {
                 super::per_segment_loop(
                     b,
                     &repo,
@@ -182,13 +184,11 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 Row::timed(&push_case, "archive backlog", &t.label, 1, &m)
                     .with_count(Some(after - before))
                     .note(format!(
-                        "{:.1} segments/s; {:.1} requests a segment ({}); all {} processes: peak RSS {} MB, CPU {:.0} ms a segment",
+                        "{:.1} segments/s; {:.1} requests a segment ({}); {}",
                         names.len() as f64 / m.seconds,
                         (after - before) as f64 / names.len() as f64,
                         proxy.mix(before + 1, after),
-                        t.tool.label,
-                        seen.peak_rss_kb / 1024,
-                        1000.0 * seen.cpu_seconds / names.len() as f64
+                        seen.note(&t.tool.label, names.len())
                     )),
             )?;
             // Fetch back as recovery does; pgstrata asynchronous = with prefetch, its
@@ -196,7 +196,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             let out = b.dir(&format!("get-{tag}"))?;
             std::thread::sleep(Duration::from_secs(3)); // let idle workers exit
             let before = proxy.turns()?;
-            let (m, seen) = sampled(&t.tool, || {
+            let (m, seen) = sampled(Some(&t.tool), || {
                 super::per_segment_loop(b, &repo, &out, names, "archive-get", "")
             })?;
             let after = proxy.turns()?;
@@ -209,7 +209,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 Row::timed(&get_case, "restore_command", &t.label, 1, &m)
                     .with_count(Some(after - before))
                     .note(format!(
-                        "{:.1} segments/s, {:.0} ms a call; {}; all {} processes: peak RSS {} MB, CPU {:.0} ms a segment",
+                        "{:.1} segments/s, {:.0} ms a call; {}; {}",
                         names.len() as f64 / m.seconds,
                         1000.0 * m.seconds / names.len() as f64,
                         if t.asynchronous {
@@ -217,9 +217,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                         } else {
                             "no prefetch"
                         },
-                        t.tool.label,
-                        seen.peak_rss_kb / 1024,
-                        1000.0 * seen.cpu_seconds / names.len() as f64
+                        seen.note(&t.tool.label, names.len())
                     )),
             )?;
             std::thread::sleep(Duration::from_secs(6)); // prefetch workers exit when idle
@@ -240,28 +238,27 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 }
             );
             let before = proxy.turns()?;
-            let (seconds, seen) =
+            let (seconds, seen, calls) =
                 replay(b, &src, &base, &tag, &restore_command, Some(&t.tool), names)?;
             let after = proxy.turns()?;
             let m = Measured {
                 seconds,
-                max_rss_kb: seen.peak_rss_kb,
+                max_rss_kb: seen.tool.peak_rss_kb,
                 ..Measured::default()
             };
             b.results.record(
                 Row::timed(&replay_case, "restore + replay", &t.label, 1, &m)
                     .with_count(Some(after - before))
                     .note(format!(
-                        "{:.1} segments/s replayed; {}; all {} processes: peak RSS {} MB, CPU {:.0} ms a segment",
+                        "{:.1} segments/s replayed; {}; {}; {}",
                         names.len() as f64 / seconds,
                         if t.asynchronous {
                             "prefetch (default queue)"
                         } else {
                             "no prefetch"
                         },
-                        t.tool.label,
-                        seen.peak_rss_kb / 1024,
-                        1000.0 * seen.cpu_seconds / names.len() as f64
+                        calls.note(),
+                        seen.note(&t.tool.label, names.len())
                     )),
             )?;
             for d in [&data, &spool] {
@@ -271,7 +268,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         // The limit: PostgreSQL replaying the same segments copied from a local directory
         // of plain segments, no tool in the way.
         let restore_command = format!("cp \"{}/%f\" \"%p\"", seg_dir.display());
-        let (seconds, _) = replay(
+        let (seconds, _, calls) = replay(
             b,
             &src,
             &base,
@@ -286,8 +283,9 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         };
         b.results.record(
             Row::timed(&replay_case, "restore + replay", FLOOR, 1, &m).note(format!(
-                "{:.1} segments/s replayed; restore_command cp from a local directory (PostgreSQL's apply rate)",
-                names.len() as f64 / seconds
+                "{:.1} segments/s replayed; restore_command cp from a local directory (PostgreSQL's apply rate); {}",
+                names.len() as f64 / seconds,
+                calls.note()
             )),
         )?;
     }
@@ -300,7 +298,8 @@ const FLOOR: &str = "cp from local disk";
 /// Restore the base backup `base` from `src` into a new data directory, start it with
 /// `restore_command` (`@DATA@` stands for the data directory) and time it from start to
 /// promotion at the end of the archive; checks that it replayed every one of `names`.
-/// Samples `tool`'s processes meanwhile.
+/// Samples `tool`'s processes meanwhile, and times every restore_command call through
+/// `bench time-call` (the same few milliseconds a call in every row, `cp` included).
 fn replay(
     b: &mut Bench,
     src: &Repo,
@@ -309,8 +308,14 @@ fn replay(
     restore_command: &str,
     tool: Option<&Tool>,
     names: &[String],
-) -> Result<(f64, Sampled), String> {
+) -> Result<(f64, Sampled, Calls), String> {
     let restored = b.empty_data_dir(&format!("replay-{tag}"))?;
+    let calls_log = b.dir("calls")?.join(format!("{tag}.log"));
+    let restore_command = format!(
+        "{} time-call {} {restore_command}",
+        time_call_shim(b)?.display(),
+        calls_log.display()
+    );
     src.restore(
         b,
         &restored,
@@ -337,13 +342,9 @@ fn replay(
         cluster.start()?;
         cluster.wait_for_promotion(Duration::from_secs(3600))
     };
-    let seen = match tool {
-        Some(tool) => sampled(tool, run)?.1,
-        None => {
-            run()?;
-            Sampled::default()
-        }
-    };
+    // Sampled without a tool too (the servers only): the sampler's own CPU is then the
+    // same in every row.
+    let seen = sampled(tool, run)?.1;
     let seconds = t0.elapsed().as_secs_f64();
     let last = cluster.psql(
         "postgres",
@@ -359,7 +360,61 @@ fn replay(
             names.last().unwrap()
         ));
     }
-    Ok((seconds, seen))
+    Ok((seconds, seen, Calls::read(&calls_log)?))
+}
+
+/// The restore_command calls of one replay, as `bench time-call` logged them.
+struct Calls {
+    calls: u64,
+    /// Calls that returned a file (exit code 0).
+    found: u64,
+    seconds: f64,
+}
+
+impl Calls {
+    fn read(log: &Path) -> Result<Calls, String> {
+        let text = std::fs::read_to_string(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let mut c = Calls {
+            calls: 0,
+            found: 0,
+            seconds: 0.0,
+        };
+        for line in text.lines() {
+            let mut f = line.split_whitespace();
+            let (Some(us), Some(code)) = (f.next(), f.next()) else {
+                continue;
+            };
+            c.calls += 1;
+            c.found += u64::from(code == "0");
+            c.seconds += us.parse::<f64>().unwrap_or(0.0) / 1e6;
+        }
+        Ok(c)
+    }
+
+    /// "71 restore_command calls (66 found): 1.52 s in them, 21 ms a call"
+    fn note(&self) -> String {
+        format!(
+            "{} restore_command calls ({} found): {:.2} s in them, {:.0} ms a call",
+            self.calls,
+            self.found,
+            self.seconds,
+            1000.0 * self.seconds / self.calls.max(1) as f64
+        )
+    }
+}
+
+/// This bench binary, copied into the scratch directory (once) for the PostgreSQL user to
+/// run as `time-call`.
+fn time_call_shim(b: &Bench) -> Result<PathBuf, String> {
+    let shim = b.dir("bin")?.join("bench-time-call");
+    if !shim.exists() {
+        let me = std::env::current_exe().map_err(|e| format!("the bench's own path: {e}"))?;
+        std::fs::copy(&me, &shim)
+            .map_err(|e| format!("copy {} to {}: {e}", me.display(), shim.display()))?;
+        std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(shim)
 }
 
 /// A directory standing in for the data directory: the cluster's pg_control and a pg_wal
@@ -486,56 +541,51 @@ fn use_stand_in(b: &Bench, repo: &Repo, data: &Path) -> Result<(), String> {
     std::fs::write(&repo.config, text).map_err(|e| e.to_string())
 }
 
-/// What the sampler saw of all the processes running a tool's binary during a step.
+/// What the sampler saw during a step.
 #[derive(Default)]
 struct Sampled {
-    /// Largest sum of their resident sets, KiB.
-    peak_rss_kb: u64,
-    /// CPU time (user + system) they used, seconds; a process's last 10 ms may be missed.
-    cpu_seconds: f64,
+    /// The processes running the tool's binary (foreground calls and detached
+    /// asynchronous workers alike).
+    tool: crate::procs::Sampled,
+    /// The S3 server and the delay proxy in front of it: they share the machine's cores
+    /// with the tool.
+    servers: crate::procs::Sampled,
 }
 
-/// Run `f`, sampling every 10 ms the processes running `tool`'s binary (foreground calls
-/// and detached asynchronous workers alike): their summed resident set and their CPU time.
-fn sampled<T>(tool: &Tool, f: impl FnOnce() -> Result<T, String>) -> Result<(T, Sampled), String> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let bin = tool.bin.clone();
-    let flag = stop.clone();
-    let sampler = std::thread::spawn(move || {
-        let mut peak = 0u64;
-        let mut ticks: std::collections::HashMap<String, u64> = Default::default();
-        while !flag.load(Ordering::Relaxed) {
-            let mut sum = 0u64;
-            for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-                if std::fs::read_link(e.path().join("exe")).ok().as_deref() != Some(bin.as_path()) {
-                    continue;
-                }
-                let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
-                sum += status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-                    .unwrap_or(0);
-                let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-                let used = crate::procs::cpu_ticks(&stat);
-                let pid = e.file_name().to_string_lossy().to_string();
-                let seen = ticks.entry(pid).or_default();
-                *seen = (*seen).max(used);
-            }
-            peak = peak.max(sum);
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .ok()
-            .flatten()
-            .unwrap_or(100) as f64;
-        Sampled {
-            peak_rss_kb: peak,
-            cpu_seconds: ticks.values().sum::<u64>() as f64 / hz,
-        }
-    });
-    let r = f();
-    stop.store(true, Ordering::Relaxed);
-    let seen = sampler.join().unwrap_or_default();
-    Ok((r?, seen))
+impl Sampled {
+    /// "all <tool> processes: peak RSS .., CPU .. ms a segment; S3 server and proxy: CPU .."
+    fn note(&self, label: &str, segments: usize) -> String {
+        format!(
+            "all {label} processes: peak RSS {} MB, CPU {:.0} ms a segment; S3 server and proxy: CPU {:.0} ms a segment",
+            self.tool.peak_rss_kb / 1024,
+            1000.0 * self.tool.cpu_seconds / segments as f64,
+            1000.0 * self.servers.cpu_seconds / segments as f64
+        )
+    }
+}
+
+/// Run `f`, sampling every 10 ms the processes running `tool`'s binary (none without a
+/// tool) and the servers.
+fn sampled<T>(
+    tool: Option<&Tool>,
+    f: impl FnOnce() -> Result<T, String>,
+) -> Result<(T, Sampled), String> {
+    use crate::procs::Matcher;
+    let bins = tool
+        .map(|t| std::fs::canonicalize(&t.bin).unwrap_or_else(|_| t.bin.clone()))
+        .into_iter()
+        .collect();
+    let groups = [
+        Matcher::Exe(bins),
+        Matcher::Pids(
+            ["moto_server", "delay_proxy"]
+                .iter()
+                .flat_map(|p| crate::procs::pids_with_arg(p))
+                .collect(),
+        ),
+    ];
+    let (r, mut seen) = crate::procs::sampled(&groups, f)?;
+    let servers = seen.pop().unwrap_or_default();
+    let tool = seen.pop().unwrap_or_default();
+    Ok((r, Sampled { tool, servers }))
 }
