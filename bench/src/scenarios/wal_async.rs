@@ -266,8 +266,17 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             }
         }
         // The limit: PostgreSQL replaying the same segments copied from a local directory
-        // of plain segments, no tool in the way.
-        let restore_command = format!("cp \"{}/%f\" \"%p\"", seg_dir.display());
+        // of plain segments, no tool in the way. Only these `names` (hard links): the
+        // segments directory holds those of the largest count.
+        let floor_dir = b.dir(&format!("segments-{n}"))?;
+        for name in names {
+            let link = floor_dir.join(name);
+            if !link.exists() {
+                std::fs::hard_link(seg_dir.join(name), &link)
+                    .map_err(|e| format!("link {}: {e}", link.display()))?;
+            }
+        }
+        let restore_command = format!("cp \"{}/%f\" \"%p\"", floor_dir.display());
         let (seconds, _, calls) = replay(
             b,
             &src,
