@@ -420,8 +420,7 @@ fn time_call_shim(b: &Bench) -> Result<PathBuf, String> {
         let me = std::env::current_exe().map_err(|e| format!("the bench's own path: {e}"))?;
         std::fs::copy(&me, &shim)
             .map_err(|e| format!("copy {} to {}: {e}", me.display(), shim.display()))?;
-        std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .map_err(|e| e.to_string())?;
+        crate::harness::chmod(&shim, 0o755)?;
     }
     Ok(shim)
 }
