@@ -13,7 +13,7 @@
 //! The hash in the header lets archive-push compare a resubmitted file with the stored one
 //! without decoding it, and lets archive-get prove what it returns is what was pushed.
 
-use crate::codec::{decompress, CompressType, Compression, WAL_FRAME};
+use crate::codec::{decompress, CompressType, Compression};
 use crate::{Error, Named, Result};
 
 const MAGIC: &[u8; 8] = b"PGSTRWAL";
@@ -193,12 +193,13 @@ fn zstd_frames(body: &[u8]) -> Option<Vec<(&[u8], usize)>> {
 }
 
 /// The chaining value of frame `i`, `data`, as a subtree of its file's BLAKE3 tree: it
-/// starts `i` frames of [`WAL_FRAME`] bytes (a power of two of BLAKE3 chunks) into the
-/// file, which is longer than one frame, so `data` is a whole subtree of that tree.
-fn subtree_hash(data: &[u8], i: usize) -> blake3::hazmat::ChainingValue {
+/// starts `i` frames of `frame_len` bytes (a power of two of BLAKE3 chunks, see
+/// [`subtree_frame_len`]) into the file, which is longer than one frame, so `data` is a
+/// whole subtree of that tree.
+fn subtree_hash(data: &[u8], i: usize, frame_len: usize) -> blake3::hazmat::ChainingValue {
     use blake3::hazmat::HasherExt;
     blake3::Hasher::new()
-        .set_input_offset((i * WAL_FRAME) as u64)
+        .set_input_offset((i * frame_len) as u64)
         .update(data)
         .finalize_non_root()
 }
@@ -221,6 +222,21 @@ fn root_of_subtrees(cvs: &[blake3::hazmat::ChainingValue]) -> blake3::Hash {
     }
     let (l, r) = cvs.split_at(split(cvs.len()));
     merge_subtrees_root(&non_root(l), &non_root(r), Mode::Hash)
+}
+
+/// The length of `frames` (decoded sizes) if they are whole subtrees of their file's
+/// BLAKE3 tree ([`subtree_hash`]): at least two, all of one length that is a power of two
+/// of BLAKE3's 1 KiB chunks, but the last, which is not empty and not longer. Every object
+/// archive-push writes qualifies, whichever frame size its writer used
+/// ([`WAL_FRAME`](crate::codec::WAL_FRAME)).
+fn subtree_frame_len(frames: &[(&[u8], usize)]) -> Option<usize> {
+    let (last, rest) = frames.split_last()?;
+    let len = rest.first()?.1;
+    (len.is_power_of_two()
+        && len >= blake3::CHUNK_LEN
+        && rest.iter().all(|f| f.1 == len)
+        && (1..=len).contains(&last.1))
+    .then_some(len)
 }
 
 /// Largest decoded frame [`decode_frames_to`] takes: each decoder holds one.
@@ -246,12 +262,10 @@ fn decode_frames_to(
             h.raw_len
         )));
     }
-    // Frames of exactly WAL_FRAME bytes (the last one at most that) are whole subtrees of
-    // the file's BLAKE3 tree: the decoders hash them too, and the writer only writes.
-    let subtrees = frames.len() > 1
-        && frames.iter().all(|f| f.1 <= WAL_FRAME)
-        && frames[..frames.len() - 1].iter().all(|f| f.1 == WAL_FRAME)
-        && frames[frames.len() - 1].1 > 0;
+    // Frames that are whole subtrees of the file's BLAKE3 tree are hashed by the decoders
+    // too, and the writer only writes.
+    let subtree_len = subtree_frame_len(frames);
+    let subtrees = subtree_len.is_some();
     let decoders = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, 4)
@@ -296,7 +310,7 @@ fn decode_frames_to(
                     buf.reserve(size);
                     let decoded = d.decompress_to_buffer(frame, &mut buf).and_then(|n| {
                         if n == size {
-                            let cv = subtrees.then(|| subtree_hash(&buf, i));
+                            let cv = subtree_len.map(|len| subtree_hash(&buf, i, len));
                             Ok((buf, cv))
                         } else {
                             Err(std::io::Error::other(format!(
@@ -364,6 +378,7 @@ fn decode_frames_to(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::WAL_FRAME;
 
     #[test]
     fn round_trip_and_damage() {
@@ -383,30 +398,51 @@ mod tests {
     }
 
     /// The hash assembled from frames' subtrees is BLAKE3's, at lengths around the tree's
-    /// splits.
+    /// splits, for today's frame size and the 1 MiB of earlier writers.
     #[test]
     fn frame_subtrees_make_the_files_blake3_hash() {
-        for len in [
-            WAL_FRAME + 1,
-            2 * WAL_FRAME,
-            2 * WAL_FRAME + 1,
-            3 * WAL_FRAME,
-            4 * WAL_FRAME + 7,
-            5 * WAL_FRAME + 12345,
-            8 * WAL_FRAME,
-            9 * WAL_FRAME - 1,
-            16 * WAL_FRAME,
-        ] {
-            let data: Vec<u8> = (0..len)
-                .map(|i| (i as u32).wrapping_mul(2654435761) as u8)
-                .collect();
-            let cvs: Vec<_> = data
-                .chunks(WAL_FRAME)
-                .enumerate()
-                .map(|(i, c)| subtree_hash(c, i))
-                .collect();
-            assert_eq!(root_of_subtrees(&cvs), blake3::hash(&data), "length {len}");
+        for frame in [WAL_FRAME, 1 << 20, 4 << 10] {
+            for len in [
+                frame + 1,
+                2 * frame,
+                2 * frame + 1,
+                3 * frame,
+                4 * frame + 7,
+                5 * frame + 12345,
+                8 * frame,
+                9 * frame - 1,
+                16 * frame,
+            ] {
+                let data: Vec<u8> = (0..len)
+                    .map(|i| (i as u32).wrapping_mul(2654435761) as u8)
+                    .collect();
+                let chunks: Vec<&[u8]> = data.chunks(frame).collect();
+                let sizes: Vec<(&[u8], usize)> = chunks.iter().map(|c| (*c, c.len())).collect();
+                assert_eq!(subtree_frame_len(&sizes), Some(frame), "length {len}");
+                let cvs: Vec<_> = chunks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| subtree_hash(c, i, frame))
+                    .collect();
+                assert_eq!(root_of_subtrees(&cvs), blake3::hash(&data), "length {len}");
+            }
         }
+    }
+
+    /// Frames that are not whole subtrees are hashed in order instead.
+    #[test]
+    fn frames_of_other_shapes_are_not_taken_for_subtrees() {
+        let f = |sizes: &[usize]| -> Option<usize> {
+            let frames: Vec<(&[u8], usize)> = sizes.iter().map(|&s| (&[][..], s)).collect();
+            subtree_frame_len(&frames)
+        };
+        assert_eq!(f(&[4096, 4096, 1]), Some(4096));
+        assert_eq!(f(&[4096]), None, "one frame");
+        assert_eq!(f(&[3000, 3000, 10]), None, "not a power of two");
+        assert_eq!(f(&[512, 512, 10]), None, "below one BLAKE3 chunk");
+        assert_eq!(f(&[4096, 2048, 10]), None, "unequal");
+        assert_eq!(f(&[4096, 4096, 4097]), None, "last longer");
+        assert_eq!(f(&[4096, 4096, 0]), None, "last empty");
     }
 
     /// A segment-sized zstd object is independent frames, one standard stream (decoded
@@ -422,8 +458,8 @@ mod tests {
         let zst = Compression::new(CompressType::Zst, None).unwrap();
         let obj = encode(&raw, zst, 2);
         let frames = zstd_frames(&obj[HEADER_LEN..]).expect("several frames");
-        assert_eq!(frames.len(), 6);
-        assert!(frames.iter().all(|f| f.1 <= crate::codec::WAL_FRAME));
+        assert_eq!(frames.len(), raw.len().div_ceil(WAL_FRAME));
+        assert!(frames.iter().all(|f| f.1 <= WAL_FRAME));
         assert_eq!(zstd::decode_all(&obj[HEADER_LEN..]).unwrap(), raw);
         let mut streamed = Vec::new();
         decode_to(&obj, "x", &mut streamed).unwrap();
@@ -436,9 +472,20 @@ mod tests {
         bad[third] ^= 0x10;
         assert!(decode_to(&bad, "x", &mut Vec::new()).is_err());
         // The last frame gone: the frames no longer add up to the header's length.
-        let cut = obj.len() - frames[5].0.len();
+        let cut = obj.len() - frames.last().unwrap().0.len();
         let err = decode_to(&obj[..cut], "x", &mut Vec::new()).unwrap_err();
         assert!(err.to_string().contains("expected"), "{err}");
+
+        // Written in 1 MiB frames (before 2026-11-27): read the same way.
+        let mut mib = obj[..HEADER_LEN].to_vec();
+        for c in raw.chunks(1 << 20) {
+            mib.extend_from_slice(&zst.compress(c));
+        }
+        let mib_frames = zstd_frames(&mib[HEADER_LEN..]).expect("several frames");
+        assert_eq!(subtree_frame_len(&mib_frames), Some(1 << 20));
+        let mut streamed = Vec::new();
+        decode_to(&mib, "x", &mut streamed).unwrap();
+        assert!(streamed == raw);
 
         // Written as one frame (before frames): read as one stream.
         let mut old = obj[..HEADER_LEN].to_vec();
