@@ -312,6 +312,20 @@ pub(crate) async fn push_prepared_all(
     wal_path: &Path,
     workers: u32,
 ) -> Result<()> {
+    let prepared = prepare_push_all(repos, opened, name, wal_path, workers).await?;
+    store_prepared_all(repos, opened, wal_path, &prepared).await
+}
+
+/// [`prepare_push`] for every opened repository (`opened`, in the order of `repos`), which
+/// must hold the same cluster: the file is read, compressed and decoded once, with the
+/// first repository's settings.
+pub(crate) async fn prepare_push_all(
+    repos: &[Settings],
+    opened: &[(pgstrata_repo::Storage, pgstrata_repo::stanza::StanzaInfo)],
+    name: &str,
+    wal_path: &Path,
+    workers: u32,
+) -> Result<PreparedWal> {
     let first = &opened[0].1.cluster;
     for (s, (_, stanza)) in repos.iter().zip(opened).skip(1) {
         if stanza.cluster.system_identifier != first.system_identifier {
@@ -321,12 +335,23 @@ pub(crate) async fn push_prepared_all(
             )));
         }
     }
-    let prepared = prepare_push(&repos[0], &opened[0].1, name, wal_path, workers).await?;
+    prepare_push(&repos[0], &opened[0].1, name, wal_path, workers).await
+}
+
+/// Store a file [`prepare_push_all`] prepared into every opened repository at once. It is
+/// stored only when every repository has it: the first failure is returned, naming its
+/// repository, after the others stored it.
+pub(crate) async fn store_prepared_all(
+    repos: &[Settings],
+    opened: &[(pgstrata_repo::Storage, pgstrata_repo::stanza::StanzaInfo)],
+    wal_path: &Path,
+    prepared: &PreparedWal,
+) -> Result<()> {
     let results = futures::future::join_all(
         repos
             .iter()
             .zip(opened)
-            .map(|(s, (storage, stanza))| store_prepared(s, storage, stanza, wal_path, &prepared)),
+            .map(|(s, (storage, stanza))| store_prepared(s, storage, stanza, wal_path, prepared)),
     )
     .await;
     first_failure(repos, results.into_iter().map(|r| r.map(|_| ())))

@@ -457,25 +457,41 @@ pub async fn push_worker(
             continue;
         }
         idle_since = Instant::now();
-        let mut results = stream::iter(todo)
+        // Two stages of process-max each: files read, compressed and decoded (once for
+        // every repository), and files being stored. A worker whose file is in flight to
+        // the repository has its next one compressing meanwhile, so the cores do not wait
+        // on the network's round trips.
+        let width = o.process_max.max(1);
+        let out = &out;
+        let mut acked = stream::iter(todo)
             .map(|(name, stamp)| async move {
-                // Read, compressed and decoded once, stored in every repository at once;
-                // acknowledged only when all have it.
                 let path = wal_dir.join(&name);
-                let r = archive::push_prepared_all(repos, opened, &name, &path, 1).await;
-                (name, stamp, r)
+                let prepared = archive::prepare_push_all(repos, opened, &name, &path, 1).await;
+                (name, stamp, path, prepared)
             })
-            .buffer_unordered(o.process_max.max(1));
-        while let Some((name, stamp, r)) = results.next().await {
-            let (file, text) = match r {
-                Ok(()) => (format!("{name}.ok"), stamp.ack_text(false)),
-                Err(e) => {
-                    log::error!("{name}: {e}");
-                    (format!("{name}.error"), e.to_string())
-                }
-            };
-            write_durable(&out, &file, text.as_bytes())
-                .map_err(|e| Error::io(format!("acknowledge {name} in {}", out.display()), e))?;
+            .buffer_unordered(width)
+            .map(|(name, stamp, path, prepared)| async move {
+                let stored = match prepared {
+                    Ok(p) => archive::store_prepared_all(repos, opened, &path, &p).await,
+                    Err(e) => Err(e),
+                };
+                // Acknowledged only once every repository has it.
+                let (file, text) = match stored {
+                    Ok(()) => (format!("{name}.ok"), stamp.ack_text(false)),
+                    Err(e) => {
+                        log::error!("{name}: {e}");
+                        (format!("{name}.error"), e.to_string())
+                    }
+                };
+                let dir = out.clone();
+                tokio::task::spawn_blocking(move || write_durable(&dir, &file, text.as_bytes()))
+                    .await
+                    .expect("acknowledgement writer")
+                    .map_err(|e| Error::io(format!("acknowledge {name} in {}", out.display()), e))
+            })
+            .buffer_unordered(width);
+        while let Some(written) = acked.next().await {
+            written?;
         }
     }
 }

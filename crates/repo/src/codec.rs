@@ -94,6 +94,12 @@ impl Compression {
         }
         let chunks: Vec<&[u8]> = raw.chunks(WAL_FRAME).collect();
         let workers = (workers.max(1) as usize).min(chunks.len().max(1));
+        if workers == 1 {
+            // On this thread, whose compression context lives on from the last file (a
+            // new thread would build one for every file).
+            let frames: Vec<Vec<u8>> = chunks.iter().map(|c| self.compress(c)).collect();
+            return frames.concat();
+        }
         let mut frames: Vec<Vec<u8>> = vec![Vec::new(); chunks.len()];
         let next = std::sync::atomic::AtomicUsize::new(0);
         let done = std::sync::Mutex::new(&mut frames);
