@@ -180,6 +180,19 @@ pub(crate) async fn prepare_push(
     // little to archive_command's latency; compression itself uses the host's cores
     // (PostgreSQL runs archive_command for one segment at a time).
     let (obj, decoded) = tokio::task::spawn_blocking(move || {
+        if workers <= 1 {
+            // All on this thread: the caller runs as many files at once as it has cores.
+            let decoded = decode.then(|| {
+                match std::panic::catch_unwind(|| {
+                    pgstrata_pg::wal::decode_segment(&raw, major, 8192)
+                }) {
+                    Ok(Ok(changes)) => Ok(changes),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(p) => Err(panic_reason(&*p)),
+                }
+            });
+            return (wal::encode(&raw, compression, 1), decoded);
+        }
         std::thread::scope(|scope| {
             let decoded =
                 decode.then(|| scope.spawn(|| pgstrata_pg::wal::decode_segment(&raw, major, 8192)));

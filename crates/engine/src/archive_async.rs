@@ -13,7 +13,9 @@
 //! With `archive-async`, the call PostgreSQL makes (the *foreground*) does not push. It
 //! makes sure a worker runs and waits for the worker's acknowledgement of its file. The
 //! worker pushes every file PostgreSQL has marked ready (`pg_wal/archive_status/*.ready`),
-//! `process-max` at a time, and for each writes `<spool>/<stanza>/out/<file>.ok` (fsynced,
+//! `process-max` at a time (compressing the next ones meanwhile, as many at once as there
+//! are cores), and for each writes
+//! `<spool>/<stanza>/out/<file>.ok` (fsynced,
 //! then its directory) once every repository holds the file, or `<file>.error` with the
 //! reason. The acknowledgement records the file's size and modification time: the
 //! foreground trusts it only if they match the file in pg_wal, so an acknowledgement left
@@ -457,11 +459,15 @@ pub async fn push_worker(
             continue;
         }
         idle_since = Instant::now();
-        // Two stages of process-max each: files read, compressed and decoded (once for
-        // every repository), and files being stored. A worker whose file is in flight to
-        // the repository has its next one compressing meanwhile, so the cores do not wait
-        // on the network's round trips.
+        // Two stages: files read, compressed and decoded (once for every repository), each
+        // on one thread, as many at once as there are cores (at most process-max); and
+        // process-max files being stored. More files compressing than cores only evict
+        // each other's data from the cores' caches: in `bench wal_async` on 2 cores, 4
+        // files compressing beside 4 in flight took 12 % more CPU a segment than 4 files
+        // each compressed then stored, and 2 compressing beside 4 in flight the same CPU
+        // as those, in 17 % less memory.
         let width = o.process_max.max(1);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let out = &out;
         let mut acked = stream::iter(todo)
             .map(|(name, stamp)| async move {
@@ -469,7 +475,7 @@ pub async fn push_worker(
                 let prepared = archive::prepare_push_all(repos, opened, &name, &path, 1).await;
                 (name, stamp, path, prepared)
             })
-            .buffer_unordered(width)
+            .buffer_unordered(width.min(cores))
             .map(|(name, stamp, path, prepared)| async move {
                 let stored = match prepared {
                     Ok(p) => archive::store_prepared_all(repos, opened, &path, &p).await,

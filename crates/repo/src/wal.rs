@@ -30,13 +30,17 @@ pub struct WalHeader {
 
 /// Encode a WAL file: its BLAKE3 hash (on a second thread) beside its compression with up to
 /// `workers` threads ([`Compression::compress_parallel`]), so archive_command waits for the
-/// slower of the two, not their sum.
+/// slower of the two, not their sum. With one worker, both on this thread.
 pub fn encode(raw: &[u8], compression: Compression, workers: u32) -> Vec<u8> {
-    let (hash, payload) = std::thread::scope(|scope| {
-        let hash = scope.spawn(|| hash(raw));
-        let payload = compression.compress_parallel(raw, workers);
-        (hash.join().expect("hash thread"), payload)
-    });
+    let (hash, payload) = if workers <= 1 {
+        (hash(raw), compression.compress_parallel(raw, 1))
+    } else {
+        std::thread::scope(|scope| {
+            let hash = scope.spawn(|| hash(raw));
+            let payload = compression.compress_parallel(raw, workers);
+            (hash.join().expect("hash thread"), payload)
+        })
+    };
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(MAGIC);
     out.push(1);
