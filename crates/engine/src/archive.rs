@@ -177,19 +177,15 @@ pub(crate) async fn prepare_push(
     let head: Option<Vec<u8>> = pgstrata_pg::wal::starts_with_continuation(&raw)
         .then(|| raw[..raw.len().min(CUT_RECORD_PAGES * 8192)].to_vec());
     // Decoding (for the block-change map) and hashing run beside compression, so they add
-    // little to archive_command's latency; compression itself uses the host's cores
-    // (PostgreSQL runs archive_command for one segment at a time).
+    // little to archive_command's latency; compression itself uses `workers` of the host's
+    // cores (PostgreSQL runs archive_command for one segment at a time).
     let (obj, decoded) = tokio::task::spawn_blocking(move || {
         if workers <= 1 {
             // All on this thread: the caller runs as many files at once as it has cores.
             let decoded = decode.then(|| {
-                match std::panic::catch_unwind(|| {
+                decoded_or_why(std::panic::catch_unwind(|| {
                     pgstrata_pg::wal::decode_segment(&raw, major, 8192)
-                }) {
-                    Ok(Ok(changes)) => Ok(changes),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(p) => Err(panic_reason(&*p)),
-                }
+                }))
             });
             return (wal::encode(&raw, compression, 1), decoded);
         }
@@ -197,13 +193,7 @@ pub(crate) async fn prepare_push(
             let decoded =
                 decode.then(|| scope.spawn(|| pgstrata_pg::wal::decode_segment(&raw, major, 8192)));
             let obj = wal::encode(&raw, compression, workers);
-            // A decoder panic (a bug) must not fail the push: archiving would stall and
-            // pg_wal fill up. It becomes an unusable map, and backups hash instead.
-            let decoded = decoded.map(|t| match t.join() {
-                Ok(Ok(changes)) => Ok(changes),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(p) => Err(panic_reason(&*p)),
-            });
+            let decoded = decoded.map(|t| decoded_or_why(t.join()));
             (obj, decoded)
         })
     })
@@ -437,6 +427,19 @@ fn decode_caught<T>(decode: impl FnOnce() -> pgstrata_pg::Result<T>) -> Option<T
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(decode))
         .ok()?
         .ok()
+}
+
+/// A segment's decoding, or why it failed (an error, or a decoder panic: a bug, which must
+/// not fail the push, or archiving would stall and pg_wal fill up; it becomes an unusable
+/// map, and backups hash instead).
+fn decoded_or_why(
+    r: std::thread::Result<pgstrata_pg::Result<pgstrata_pg::wal::SegmentChanges>>,
+) -> std::result::Result<pgstrata_pg::wal::SegmentChanges, String> {
+    match r {
+        Ok(Ok(changes)) => Ok(changes),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(p) => Err(panic_reason(&*p)),
+    }
 }
 
 /// What a caught panic says, for an unusable map's reason.

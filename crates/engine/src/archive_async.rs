@@ -14,9 +14,8 @@
 //! makes sure a worker runs and waits for the worker's acknowledgement of its file. The
 //! worker pushes every file PostgreSQL has marked ready (`pg_wal/archive_status/*.ready`),
 //! `process-max` at a time (compressing the next ones meanwhile, as many at once as there
-//! are cores), and for each writes
-//! `<spool>/<stanza>/out/<file>.ok` (fsynced,
-//! then its directory) once every repository holds the file, or `<file>.error` with the
+//! are cores), and for each writes `<spool>/<stanza>/out/<file>.ok` (fsynced, then its
+//! directory) once every repository holds the file, or `<file>.error` with the
 //! reason. The acknowledgement records the file's size and modification time: the
 //! foreground trusts it only if they match the file in pg_wal, so an acknowledgement left
 //! from another file of the same name (a cluster re-created at the same path) is not taken
