@@ -117,23 +117,21 @@ fn decode_workload(major: u32, wal_compression: &str) {
     // The big row went to a TOAST table: many blocks of some relation of this database.
     assert!(all.blocks.iter().any(|(k, v)| k.db == db && v.len() > 10));
 
-    // archive-push wrote a block-change map beside every segment, saying the same.
-    let maps: Vec<_> = tree(&env.repo)
-        .into_keys()
-        .filter(|k| k.ends_with(".map"))
-        .collect();
+    // archive-push stored a block-change map inside every segment's object, saying the same.
+    let maps = archived_maps(&env.repo);
     assert_eq!(
         maps.len() as u64,
         b - a + 1,
-        "one map per archived segment: {maps:?}"
+        "one map per archived segment: {:?}",
+        maps.iter().map(|(k, _)| k).collect::<Vec<_>>()
+    );
+    assert!(
+        !tree(&env.repo).keys().any(|k| k.ends_with(".map")),
+        "a plain stanza stores no .map objects"
     );
     let mut from_maps = std::collections::BTreeSet::new();
-    for k in &maps {
-        let m = pgstrata_repo::changemap::ChangeMap::decode(
-            &std::fs::read(env.repo.join(k)).unwrap(),
-            k,
-        )
-        .unwrap();
+    for (k, bytes) in &maps {
+        let m = pgstrata_repo::changemap::ChangeMap::decode(bytes, k).unwrap();
         assert!(m.complete().is_ok(), "{k}: {:?}", m.complete());
         for f in m.blocks.iter().filter(|f| f.rel == t_new && f.fork == 0) {
             from_maps.extend(f.runs.iter().flat_map(|(s, n)| *s..s + n));
@@ -145,7 +143,7 @@ fn decode_workload(major: u32, wal_compression: &str) {
         "maps list the decoded blocks"
     );
     // A damaged map is detected, not trusted.
-    let mut bytes = std::fs::read(env.repo.join(&maps[0])).unwrap();
+    let mut bytes = maps[0].1.clone();
     let last = bytes.len() - 1;
     bytes[last] ^= 0x20;
     assert!(pgstrata_repo::changemap::ChangeMap::decode(&bytes, "damaged").is_err());

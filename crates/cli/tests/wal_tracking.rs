@@ -274,17 +274,13 @@ fn a_gap_in_the_maps_falls_back_to_hashing() {
         .pgbench(&["-n", "-t", "300", "postgres"])
         .unwrap();
     env.flush_wal();
-    // A damaged map.
-    let maps: Vec<String> = tree(&env.repo)
-        .into_keys()
-        .filter(|k| k.ends_with(".map"))
-        .collect();
-    assert!(maps.len() >= 2, "{maps:?}");
-    let last = &maps[maps.len() - 1];
-    let mut bytes = std::fs::read(env.repo.join(last)).unwrap();
+    // A damaged map (inside its segment's object; the WAL itself is intact).
+    let maps = archived_maps(&env.repo);
+    assert!(maps.len() >= 2, "{} maps", maps.len());
+    let (last, mut bytes) = maps[maps.len() - 1].clone();
     let n = bytes.len() - 1;
     bytes[n] ^= 0xFF;
-    std::fs::write(env.repo.join(last), bytes).unwrap();
+    rewrite_map(&env.repo, &last, Some(&bytes));
     let (code, err) = run_fail(env.cmd(&["--type=incr", "--track=wal", "--start-fast", "backup"]));
     assert_eq!(code, 3);
     assert!(
@@ -320,11 +316,13 @@ fn a_gap_in_the_maps_falls_back_to_hashing() {
         !env.cluster.data.join("pg_wal").join(&start_wal).exists(),
         "CHECKPOINT removes archived segments from pg_wal"
     );
-    let missing = tree(&env.repo)
-        .into_keys()
-        .find(|k| k.ends_with(&format!("{start_wal}.map")))
-        .expect("the map of the backup's start segment");
-    std::fs::remove_file(env.repo.join(&missing)).unwrap();
+    // The segment as an older writer that crashed before its `.map` would have left it.
+    let missing = archived_maps(&env.repo)
+        .into_iter()
+        .find(|(k, _)| k.ends_with(&start_wal))
+        .expect("the map of the backup's start segment")
+        .0;
+    rewrite_map(&env.repo, &missing, None);
     refused_then_hashed(
         &env,
         &format!("{start_wal} has no block-change map"),
@@ -490,12 +488,11 @@ fn records_cut_at_a_segment_end_are_read_across_the_boundary() {
     env.stanza_create();
     let full = env.backup(&["--type=full"]);
     let maps_since = |from: &str| -> Vec<(String, ChangeMap)> {
-        tree(&env.repo)
-            .into_keys()
-            .filter(|k| k.ends_with(".map"))
-            .filter(|k| k.rsplit('/').next().unwrap().trim_end_matches(".map") >= from)
-            .map(|k| {
-                let m = ChangeMap::decode(&std::fs::read(env.repo.join(&k)).unwrap(), &k).unwrap();
+        archived_maps(&env.repo)
+            .into_iter()
+            .filter(|(k, _)| k.rsplit('/').next().unwrap() >= from)
+            .map(|(k, bytes)| {
+                let m = ChangeMap::decode(&bytes, &k).unwrap();
                 (k, m)
             })
             .collect()
@@ -523,8 +520,8 @@ fn records_cut_at_a_segment_end_are_read_across_the_boundary() {
     };
 
     // 1. archive-push completed the cut records. `check` (flush_wal) returns once the
-    // switched segment is stored; archive-push writes its map just after it, so the map
-    // that completes the cut record may still be on its way.
+    // switched segment is stored; the segment after it, whose map completes the cut
+    // record, may still be on its way.
     let full_start = manifest(&env, &full).start.wal;
     write_until_cut(&full_start);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -549,7 +546,7 @@ fn records_cut_at_a_segment_end_are_read_across_the_boundary() {
     for (key, mut map) in maps_since(&first_start) {
         if map.completes_previous {
             map.completes_previous = false;
-            std::fs::write(env.repo.join(&key), map.encode()).unwrap();
+            rewrite_map(&env.repo, &key, Some(&map.encode()));
         }
     }
     env.sql("VACUUM small");

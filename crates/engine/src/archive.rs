@@ -164,22 +164,29 @@ pub(crate) async fn prepare_push(
     wal_path: &Path,
     workers: u32,
 ) -> Result<PreparedWal> {
-    let raw = std::fs::read(wal_path)
-        .map_err(|e| Error::io(format!("archive-push: read {}", wal_path.display()), e))?;
     let seg_size = stanza.cluster.wal_segment_size;
-    if lsn::is_segment_name(name) || name.ends_with(".partial") {
-        check_segment(&raw, name, seg_size, &stanza.cluster.system_identifier)?;
-    }
+    let sysid = stanza.cluster.system_identifier.clone();
     let compression = s.compression;
     let major = stanza.cluster.major_version;
-    let decode = lsn::is_segment_name(name) && raw.len() as u64 == seg_size;
-    // The head of this segment, for completing a record cut at the previous one's end.
-    let head: Option<Vec<u8>> = pgstrata_pg::wal::starts_with_continuation(&raw)
-        .then(|| raw[..raw.len().min(CUT_RECORD_PAGES * 8192)].to_vec());
-    // Decoding (for the block-change map) and hashing run beside compression, so they add
-    // little to archive_command's latency; compression itself uses `workers` of the host's
-    // cores (PostgreSQL runs archive_command for one segment at a time).
-    let (obj, decoded) = tokio::task::spawn_blocking(move || {
+    let checked = lsn::is_segment_name(name) || name.ends_with(".partial");
+    let decode = lsn::is_segment_name(name);
+    let (name_owned, path) = (name.to_string(), wal_path.to_path_buf());
+    // Reading the file too runs off the async scheduler: a 16 MiB read held up the stores
+    // in flight on it (archive-async).
+    let (obj, decoded, head) = tokio::task::spawn_blocking(move || -> Result<_> {
+        let name = name_owned;
+        let raw = std::fs::read(&path)
+            .map_err(|e| Error::io(format!("archive-push: read {}", path.display()), e))?;
+        if checked {
+            check_segment(&raw, &name, seg_size, &sysid)?;
+        }
+        let decode = decode && raw.len() as u64 == seg_size;
+        // The head of this segment, for completing a record cut at the previous one's end.
+        let head: Option<Vec<u8>> = pgstrata_pg::wal::starts_with_continuation(&raw)
+            .then(|| raw[..raw.len().min(CUT_RECORD_PAGES * 8192)].to_vec());
+        // Decoding (for the block-change map) and hashing run beside compression, so they
+        // add little to archive_command's latency; compression itself uses `workers` of the
+        // host's cores (PostgreSQL runs archive_command for one segment at a time).
         if workers <= 1 {
             // All on this thread: the caller runs as many files at once as it has cores.
             let decoded = decode.then(|| {
@@ -187,18 +194,18 @@ pub(crate) async fn prepare_push(
                     pgstrata_pg::wal::decode_segment(&raw, major, 8192)
                 }))
             });
-            return (wal::encode(&raw, compression, 1), decoded);
+            return Ok((wal::encode(&raw, compression, 1), decoded, head));
         }
-        std::thread::scope(|scope| {
+        Ok(std::thread::scope(|scope| {
             let decoded =
                 decode.then(|| scope.spawn(|| pgstrata_pg::wal::decode_segment(&raw, major, 8192)));
             let obj = wal::encode(&raw, compression, workers);
             let decoded = decoded.map(|t| decoded_or_why(t.join()));
-            (obj, decoded)
-        })
+            (obj, decoded, head)
+        }))
     })
     .await
-    .expect("compress thread");
+    .expect("compress thread")?;
     let hash = wal::parse_header(&obj, name)?.hash;
     Ok(PreparedWal {
         name: name.to_string(),
@@ -261,11 +268,19 @@ pub(crate) async fn store_prepared(
             Some(m)
         }
     };
-    let stored_bytes = p.obj.len();
-    let outcome = match storage.put_new(&key, p.obj.clone()).await {
+    // In a plain stanza the map rides in the segment's object: one object (one request to
+    // an object store) a segment. An encrypted stanza seals objects whole, so there the map
+    // stays an object of its own, which a backup reads without fetching the segment.
+    let embed = storage.cipher().is_none();
+    let obj = match &map {
+        Some(m) if embed => wal::with_map(&p.obj, &m.encode()).into(),
+        _ => p.obj.clone(),
+    };
+    let stored_bytes = obj.len();
+    let (outcome, map_inside) = match storage.put_new(&key, obj).await {
         Ok(()) => {
             log::info!("archived {name} ({stored_bytes} bytes stored)");
-            PushOutcome::Stored { stored_bytes }
+            (PushOutcome::Stored { stored_bytes }, embed)
         }
         Err(e) if e.kind == RepoKind::AlreadyExists => {
             // The header holds the stored file's hash: read just it, or in an encrypted
@@ -277,7 +292,7 @@ pub(crate) async fn store_prepared(
             let header = wal::parse_header(&existing, &key)?;
             if header.hash == p.hash {
                 log::info!("{name} is already in the archive with the same content");
-                PushOutcome::AlreadyArchived
+                (PushOutcome::AlreadyArchived, header.map_len > 0)
             } else {
                 return Err(Error::refused(format!(
                     "{name} is already in the archive with different content; the stored copy was kept. \
@@ -288,14 +303,17 @@ pub(crate) async fn store_prepared(
         }
         Err(e) => return Err(e.into()),
     };
-    // The map goes after its segment: a map never describes WAL that is not archived. A
-    // retry after a crash between the two writes finds the segment and writes the map.
     if let Some(map) = map {
-        let map_key = layout::change_map(&s.stanza, &stanza.cluster.archive_id(), name);
-        match storage.put_new(&map_key, map.encode().into()).await {
-            Ok(()) => {}
-            Err(e) if e.kind == RepoKind::AlreadyExists => {}
-            Err(e) => return Err(e.into()),
+        // A map of its own goes after its segment: a map never describes WAL that is not
+        // archived. A retry after a crash between the two writes finds the segment (of
+        // this writer, or of one from before maps rode inside) and writes the map.
+        if !map_inside {
+            let map_key = layout::change_map(&s.stanza, &stanza.cluster.archive_id(), name);
+            match storage.put_new(&map_key, map.encode().into()).await {
+                Ok(()) => {}
+                Err(e) if e.kind == RepoKind::AlreadyExists => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         if map.only_tail_cut() {
             log::info!("{name}: its last record's block references continue in the next segment; incrementals decode the two segments together");
@@ -366,6 +384,48 @@ fn compress_workers() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(4) as u32)
 }
 
+/// Bytes of a WAL object read ahead of its header to find its block-change map in the same
+/// request: a map of a segment of ordinary traffic takes a few hundred bytes; a longer one
+/// costs a second read.
+const MAP_READ_AHEAD: u64 = 4096;
+
+/// The stored block-change map of segment `name` (encoded, §6a) and what it was read from:
+/// inside the segment's object in a plain stanza (archive-push writes it there), else the
+/// `.map` object beside it (encrypted stanzas, and segments archived before maps rode
+/// inside). Not found when the segment is not archived, or has no map.
+pub(crate) async fn fetch_change_map(
+    storage: &pgstrata_repo::Storage,
+    stanza: &str,
+    archive_id: &str,
+    name: &str,
+) -> (String, pgstrata_repo::Result<bytes::Bytes>) {
+    let map_key = layout::change_map(stanza, archive_id, name);
+    if storage.cipher().is_none() {
+        let key = layout::archive_object(stanza, archive_id, name);
+        let inside = async {
+            let start = storage.get_prefix(&key, MAP_READ_AHEAD).await?;
+            let header = wal::parse_header(&start, &key)?;
+            let map = wal::HEADER_LEN..header.payload_start();
+            Ok(match header.map_len {
+                0 => None,
+                _ if start.len() >= map.end => Some(start.slice(map)),
+                _ => Some(
+                    storage
+                        .get_range(&key, map.start as u64..map.end as u64)
+                        .await?,
+                ),
+            })
+        };
+        match inside.await {
+            Ok(None) => {}
+            Ok(Some(map)) => return (format!("{key} (its block-change map)"), Ok(map)),
+            Err(e) => return (key, Err(e)),
+        }
+    }
+    let stored = storage.get(&map_key).await;
+    (map_key, stored)
+}
+
 /// Pages read at the end of the previous segment and at the start of the pushed one to
 /// complete a record cut at the boundary. A longer cut record is left to the backup.
 const CUT_RECORD_PAGES: usize = 4;
@@ -394,8 +454,8 @@ async fn previous_cut_record(
     let tail = match read_tail(&wal_path.with_file_name(&prev), seg, tail_len) {
         Some(t) => t,
         None => {
-            let key = layout::change_map(stanza, &archive_id, &prev);
-            let prev_map = ChangeMap::decode(&storage.get(&key).await.ok()?, &key).ok()?;
+            let (read_from, stored) = fetch_change_map(storage, stanza, &archive_id, &prev).await;
+            let prev_map = ChangeMap::decode(&stored.ok()?, &read_from).ok()?;
             if !(prev_map.usable && prev_map.incomplete_tail) {
                 return None;
             }

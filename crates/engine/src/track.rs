@@ -240,9 +240,10 @@ pub(crate) async fn wal_changes(
     let maps = futures::stream::iter(first..=current)
         .map(|segno| {
             let name = lsn::segment_name(timeline, segno, seg_size);
-            let key = repo_layout::change_map(stanza, &archive_id, &name);
+            let archive_id = &archive_id;
             async move {
-                let fetched = storage.get(&key).await;
+                let (key, fetched) =
+                    crate::archive::fetch_change_map(storage, stanza, archive_id, &name).await;
                 (segno, name, key, fetched)
             }
         })
@@ -306,7 +307,7 @@ struct Window<'a> {
 }
 
 impl Window<'_> {
-    /// The map of segment `segno` (`name`, its map object `key`, as `fetched`). The segment
+    /// The map of segment `segno` (`name`, as `fetched` from `key`). The segment
     /// holding the start LSN is still being written, and the archiver may lag behind:
     /// segments without a map are decoded straight from pg_wal, where PostgreSQL keeps them
     /// until they are archived.

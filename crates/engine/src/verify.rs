@@ -441,6 +441,9 @@ async fn verify_archive(
             let name = o.key.rsplit('/').next().unwrap_or_default().to_string();
             let bytes = storage.get(&o.key).await;
             tokio::task::spawn_blocking(move || {
+                // A segment's object may hold its block-change map (`embedded`), checked
+                // apart: a damaged map costs incrementals their shortcut, not the WAL.
+                let mut embedded = None;
                 let verdict = match bytes {
                     Err(e) => Err(e.to_string()),
                     Ok(b) if name.ends_with(".map") => ChangeMap::decode(&b, &o.key)
@@ -449,24 +452,42 @@ async fn verify_archive(
                     // Length and hash checked as it is decoded, a piece at a time: eight
                     // whole segments at once were most of verify's memory.
                     Ok(b) => {
+                        if let Ok(Some(map)) = wal::embedded_map(&b, &o.key) {
+                            embedded = Some(
+                                ChangeMap::decode(map, &o.key)
+                                    .map(|_| ())
+                                    .map_err(|e| e.to_string()),
+                            );
+                        }
                         wal::decode_to(&b, &o.key, &mut std::io::sink()).map_err(|e| e.to_string())
                     }
                 };
-                (name, verdict)
+                (name, verdict, embedded)
             })
             .await
             .expect("WAL check thread")
         })
         .buffer_unordered(8);
-    let results: Vec<(String, std::result::Result<(), String>)> = checks.collect().await;
+    type Checked = (
+        String,
+        std::result::Result<(), String>,
+        Option<std::result::Result<(), String>>,
+    );
+    let results: Vec<Checked> = checks.collect().await;
     let mut segments = ArchivedSegments::new();
-    for (name, verdict) in results {
-        if let Some(segment) = name.strip_suffix(".map") {
+    for (name, verdict, embedded) in results {
+        let (segment, map_verdict) = match name.strip_suffix(".map") {
+            Some(segment) => (segment, Some(&verdict)),
+            None => (name.as_str(), embedded.as_ref()),
+        };
+        if let Some(map_verdict) = map_verdict {
             out.maps += 1;
-            if let Err(why) = verdict {
+            if let Err(why) = map_verdict {
                 log::warn!("block-change map of {segment} is damaged ({why}): incrementals will hash instead");
                 out.maps_damaged.push(segment.to_string());
             }
+        }
+        if name.ends_with(".map") {
             continue;
         }
         if lsn::is_segment_name(&name) {

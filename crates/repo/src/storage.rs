@@ -796,6 +796,27 @@ impl Storage {
         .await
     }
 
+    /// The first `len` bytes of an object as stored, or all of it when it is shorter: a
+    /// header read together with what usually follows it (a WAL object's block-change map).
+    pub async fn get_prefix(&self, key: &str, len: u64) -> Result<Bytes> {
+        let what = format!("read {key} bytes 0..{len}");
+        self.retry_object(key, what, |path, what| async move {
+            let options = object_store::GetOptions {
+                range: Some(object_store::GetRange::Bounded(0..len)),
+                ..Default::default()
+            };
+            let r = self
+                .store
+                .get_opts(&path, options)
+                .await
+                .map_err(|e| map_err(e, what.clone()))?;
+            let expected = r.range.end - r.range.start;
+            let b = r.bytes().await.map_err(|e| map_err(e, what.clone()))?;
+            whole(b, expected, &what)
+        })
+        .await
+    }
+
     /// Size of an object, or `None` when it does not exist.
     pub async fn size(&self, key: &str) -> Result<Option<u64>> {
         self.retry_object(key, format!("look up {key}"), |path, what| async move {

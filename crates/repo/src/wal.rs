@@ -3,15 +3,20 @@
 //! ```text
 //! offset size
 //!  0      8   magic "PGSTRWAL"
-//!  8      1   object format version (1)
+//!  8      1   object format version (1, or 2 with a block-change map inside)
 //!  9      1   codec id (0 none, 1 gz, 2 lz4, 3 zst, 4 bz2)
-//! 10      6   zero
+//! 10      2   zero
+//! 12      4   version 2: length m of the block-change map, u32 little-endian; version 1: zero
 //! 16      8   raw length, u64 little-endian
 //! 24     32   BLAKE3 of the raw file
-//! 56      …   the raw file as one stream of the codec
+//! 56      m   version 2: the segment's block-change map, as a `.map` object holds it
+//! 56+m    …   the raw file as one stream of the codec
 //! ```
 //! The hash in the header lets archive-push compare a resubmitted file with the stored one
-//! without decoding it, and lets archive-get prove what it returns is what was pushed.
+//! without decoding it, and lets archive-get prove what it returns is what was pushed. The
+//! map rides in the segment's object so that archive-push stores one object a segment (one
+//! request to an object store, not two), and sits before the WAL so that a backup reads it
+//! with one ranged read of the object's start ([`embedded_map`]).
 
 use crate::codec::{decompress, CompressType, Compression};
 use crate::{Error, Named, Result};
@@ -26,7 +31,20 @@ pub struct WalHeader {
     pub codec: CompressType,
     pub(crate) raw_len: u64,
     pub hash: [u8; 32],
+    /// Length of the block-change map between the header and the payload (version 2).
+    pub map_len: u32,
 }
+
+impl WalHeader {
+    /// Where the compressed WAL starts in the object.
+    pub fn payload_start(&self) -> usize {
+        HEADER_LEN + self.map_len as usize
+    }
+}
+
+/// The largest block-change map an object may hold. A map lists each block a segment's
+/// records touch at most once, in runs, compressed: far below this for a 1 GiB segment.
+const MAX_MAP_LEN: u32 = 64 << 20;
 
 /// Encode a WAL file: its BLAKE3 hash (on a second thread) beside its compression with up to
 /// `workers` threads ([`Compression::compress_parallel`]), so archive_command waits for the
@@ -52,6 +70,42 @@ pub fn encode(raw: &[u8], compression: Compression, workers: u32) -> Vec<u8> {
     out
 }
 
+/// A WAL object from [`encode`] (version 1) with `map`, the encoded block-change map of
+/// its segment, placed before its payload (version 2).
+pub fn with_map(obj: &[u8], map: &[u8]) -> Vec<u8> {
+    let map_len = u32::try_from(map.len())
+        .ok()
+        .filter(|&m| m <= MAX_MAP_LEN)
+        .expect("a block-change map of a sane size");
+    let mut out = Vec::with_capacity(obj.len() + map.len());
+    out.extend_from_slice(&obj[..HEADER_LEN]);
+    out[8] = 2;
+    out[12..16].copy_from_slice(&map_len.to_le_bytes());
+    out.extend_from_slice(map);
+    out.extend_from_slice(&obj[HEADER_LEN..]);
+    out
+}
+
+/// The block-change map inside WAL object `obj` (version 2), given at least its first
+/// `HEADER_LEN + map_len` bytes; `None` when the object holds none (version 1: the map, if
+/// any, is a `.map` object of its own). `Err` when the header is bad or `obj` stops short
+/// of the map: read [`WalHeader::payload_start`] bytes and call again.
+pub fn embedded_map<'a>(obj: &'a [u8], what: &str) -> Result<Option<&'a [u8]>> {
+    let h = parse_header(obj, what)?;
+    if h.map_len == 0 {
+        return Ok(None);
+    }
+    obj.get(HEADER_LEN..h.payload_start())
+        .map(Some)
+        .ok_or_else(|| {
+            Error::corrupt(format!(
+                "{what}: {} bytes, shorter than its block-change map ends ({})",
+                obj.len(),
+                h.payload_start()
+            ))
+        })
+}
+
 pub fn hash(raw: &[u8]) -> [u8; 32] {
     *blake3::hash(raw).as_bytes()
 }
@@ -62,7 +116,7 @@ pub fn parse_header(obj: &[u8], what: &str) -> Result<WalHeader> {
             "{what}: not a pgstrata WAL object (bad header)"
         )));
     }
-    if obj[8] != 1 {
+    if obj[8] != 1 && obj[8] != 2 {
         return Err(Error::new(
             crate::ErrorKind::Format,
             format!("{what}: WAL object version {} is not supported", obj[8]),
@@ -77,17 +131,37 @@ pub fn parse_header(obj: &[u8], what: &str) -> Result<WalHeader> {
             "{what}: header claims {raw_len} bytes, more than any WAL file ({MAX_RAW_LEN})"
         )));
     }
+    let map_len = match obj[8] {
+        1 => 0,
+        _ => u32::from_le_bytes(obj[12..16].try_into().unwrap()),
+    };
+    if map_len > MAX_MAP_LEN {
+        return Err(Error::corrupt(format!(
+            "{what}: header claims a block-change map of {map_len} bytes, more than any ({MAX_MAP_LEN})"
+        )));
+    }
     Ok(WalHeader {
         codec,
         raw_len,
         hash: obj[24..56].try_into().unwrap(),
+        map_len,
+    })
+}
+
+/// The compressed WAL of object `obj` with header `h`.
+fn payload<'a>(obj: &'a [u8], h: &WalHeader, what: &str) -> Result<&'a [u8]> {
+    obj.get(h.payload_start()..).ok_or_else(|| {
+        Error::corrupt(format!(
+            "{what}: {} bytes, shorter than its header and block-change map",
+            obj.len()
+        ))
     })
 }
 
 /// Decode and verify a stored WAL object.
 pub fn decode(obj: &[u8], what: &str) -> Result<Vec<u8>> {
     let h = parse_header(obj, what)?;
-    let raw = decompress(h.codec, &obj[HEADER_LEN..], h.raw_len as usize, what)?;
+    let raw = decompress(h.codec, payload(obj, &h, what)?, h.raw_len as usize, what)?;
     if hash(&raw) != h.hash {
         return Err(Error::corrupt(format!(
             "{what}: content does not match its recorded BLAKE3 hash"
@@ -109,8 +183,9 @@ pub fn decode_to(obj: &[u8], what: &str, out: &mut (impl std::io::Write + Send))
     const PIECE: usize = 1 << 20;
     const PIECES_IN_FLIGHT: usize = 3;
     let h = parse_header(obj, what)?;
+    let body = payload(obj, &h, what)?;
     if h.codec == CompressType::Zst {
-        if let Some(frames) = zstd_frames(&obj[HEADER_LEN..]) {
+        if let Some(frames) = zstd_frames(body) {
             return decode_frames_to(&frames, &h, what, out);
         }
     }
@@ -121,7 +196,7 @@ pub fn decode_to(obj: &[u8], what: &str, out: &mut (impl std::io::Write + Send))
             e,
         )
     };
-    let mut reader = crate::codec::reader(h.codec, &obj[HEADER_LEN..])
+    let mut reader = crate::codec::reader(h.codec, body)
         .map_err(cannot_decode)?
         .take(h.raw_len + 1);
     let (full_tx, full_rx) = sync_channel::<Vec<u8>>(PIECES_IN_FLIGHT);
@@ -401,6 +476,49 @@ mod tests {
         }
     }
 
+    /// A version-2 object carries its map before the WAL: the map reads from the object's
+    /// first bytes alone, the WAL decodes as from version 1, and a header that claims more
+    /// map than the object holds is damage.
+    #[test]
+    fn map_inside_the_object() {
+        let raw: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let map = b"PGSTRMAP and the rest of a map".to_vec();
+        for &kind in CompressType::ALL {
+            let v1 = encode(&raw, Compression::new(kind, None).unwrap(), 2);
+            assert_eq!(embedded_map(&v1, "x").unwrap(), None);
+            let v2 = with_map(&v1, &map);
+            assert_eq!(v2[8], 2);
+            assert_eq!(v2.len(), v1.len() + map.len());
+            let h = parse_header(&v2, "x").unwrap();
+            assert_eq!(h.hash, parse_header(&v1, "x").unwrap().hash);
+            assert_eq!(h.payload_start(), HEADER_LEN + map.len());
+            let prefix = &v2[..h.payload_start()];
+            assert_eq!(embedded_map(prefix, "x").unwrap(), Some(&map[..]));
+            assert!(embedded_map(&v2[..HEADER_LEN + 3], "x").is_err());
+            assert_eq!(decode(&v2, "x").unwrap(), raw, "{kind:?}");
+            let mut streamed = Vec::new();
+            decode_to(&v2, "x", &mut streamed).unwrap();
+            assert_eq!(streamed, raw, "{kind:?}");
+        }
+        let v2 = with_map(
+            &encode(&raw, Compression::new(CompressType::Zst, None).unwrap(), 1),
+            &map,
+        );
+        // A map length beyond the object, or beyond any map.
+        let mut long = v2.clone();
+        long[12..16].copy_from_slice(&(v2.len() as u32).to_le_bytes());
+        assert!(decode(&long, "x").is_err());
+        long[12..16].copy_from_slice(&(MAX_MAP_LEN + 1).to_le_bytes());
+        assert!(parse_header(&long, "x").is_err());
+        // A map length off by one leaves the WAL's stream misaligned.
+        let mut off = v2.clone();
+        off[12..16].copy_from_slice(&(map.len() as u32 + 1).to_le_bytes());
+        assert!(decode(&off, "x").is_err());
+        // Versions beyond 2 are refused.
+        let mut v3 = v2;
+        v3[8] = 3;
+        assert!(parse_header(&v3, "x").is_err());
+    }
     /// The hash assembled from frames' subtrees is BLAKE3's, at lengths around the tree's
     /// splits, for today's frame size and the 1 MiB of earlier writers.
     #[test]

@@ -274,6 +274,51 @@ pub fn tree(dir: &Path) -> BTreeMap<String, u64> {
     out
 }
 
+/// The block-change maps archive-push stored in local repository `repo`, as (key of the
+/// segment's object, encoded map), in key order: each from inside its segment's object, or
+/// from the `.map` object beside a segment archived without one inside.
+pub fn archived_maps(repo: &Path) -> Vec<(String, Vec<u8>)> {
+    use pgstrata_repo::wal;
+    let keys = tree(repo).into_keys().collect::<Vec<_>>();
+    let is_segment = |k: &str| {
+        let name = k.rsplit('/').next().unwrap_or_default();
+        k.contains("/archive/") && name.len() == 24 && name.bytes().all(|b| b.is_ascii_hexdigit())
+    };
+    let mut out = Vec::new();
+    for key in keys.iter().filter(|k| is_segment(k)) {
+        let obj = std::fs::read(repo.join(key)).unwrap();
+        match wal::embedded_map(&obj, key).unwrap() {
+            Some(map) => out.push((key.clone(), map.to_vec())),
+            None => {
+                if let Ok(map) = std::fs::read(repo.join(format!("{key}.map"))) {
+                    out.push((key.clone(), map));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Replace the block-change map inside segment object `key` of local repository `repo`
+/// with `map` (damage, or a test's forgery); `None` leaves the segment without a map, as
+/// an older writer that crashed before writing its `.map` would have.
+pub fn rewrite_map(repo: &Path, key: &str, map: Option<&[u8]>) {
+    use pgstrata_repo::wal;
+    let path = repo.join(key);
+    let obj = std::fs::read(&path).unwrap();
+    let h = wal::parse_header(&obj, key).unwrap();
+    let mut plain = obj[..wal::HEADER_LEN].to_vec();
+    plain[8] = 1;
+    plain[12..16].fill(0);
+    plain.extend_from_slice(&obj[h.payload_start()..]);
+    let _ = std::fs::remove_file(repo.join(format!("{key}.map")));
+    let rewritten = match map {
+        Some(m) => wal::with_map(&plain, m),
+        None => plain,
+    };
+    std::fs::write(&path, rewritten).unwrap();
+}
+
 /// pg_checksums --check on a stopped cluster.
 pub fn pg_checksums_ok(c: &Cluster) {
     let out = c
