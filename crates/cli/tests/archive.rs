@@ -26,6 +26,25 @@ fn archive_push_is_idempotent_refuses_conflicts_and_get_reports_not_found() {
     pgstrata_testkit::give_to_pg_user(&again);
     run_ok(env.cmd(&["archive-push", again.to_str().unwrap()]));
 
+    // The block-change map is inside the segment's object. Writers before that stored it
+    // as a `.map` object after the segment; one that crashed in between left the segment
+    // alone (a version-1 object), and pushing the segment again writes its `.map`.
+    let map_of_first =
+        |maps: Vec<(String, Vec<u8>)>| maps.into_iter().find(|(k, _)| k.ends_with(&first));
+    let (key, inside) = map_of_first(archived_maps(&env.repo)).expect("a map inside the segment");
+    rewrite_map(&env.repo, &key, None);
+    assert!(map_of_first(archived_maps(&env.repo)).is_none());
+    run_ok(env.cmd(&["archive-push", again.to_str().unwrap()]));
+    assert!(
+        env.repo.join(format!("{key}.map")).exists(),
+        "the map written beside"
+    );
+    let (_, beside) = map_of_first(archived_maps(&env.repo)).unwrap();
+    let decode = |bytes: &[u8]| pgstrata_repo::changemap::ChangeMap::decode(bytes, &key).unwrap();
+    let (inside, beside) = (decode(&inside), decode(&beside));
+    assert!(beside.usable && beside.segment == first, "{beside:?}");
+    assert_eq!(beside.records, inside.records);
+
     // Different content under the same name fails and keeps the stored copy.
     let mut changed = original.clone();
     changed[10_000] ^= 0xFF;

@@ -171,8 +171,8 @@ pub(crate) async fn prepare_push(
     let checked = lsn::is_segment_name(name) || name.ends_with(".partial");
     let decode = lsn::is_segment_name(name);
     let (name_owned, path) = (name.to_string(), wal_path.to_path_buf());
-    // Reading the file too runs off the async scheduler: a 16 MiB read held up the stores
-    // in flight on it (archive-async).
+    // The read is blocking work too: it goes with the rest to the blocking pool, off the
+    // scheduler that drives the stores in flight (archive-async).
     let (obj, decoded, head) = tokio::task::spawn_blocking(move || -> Result<_> {
         let name = name_owned;
         let raw = std::fs::read(&path)
