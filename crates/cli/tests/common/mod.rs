@@ -281,8 +281,8 @@ pub fn archived_maps(repo: &Path) -> Vec<(String, Vec<u8>)> {
     use pgstrata_repo::wal;
     let keys = tree(repo).into_keys().collect::<Vec<_>>();
     let is_segment = |k: &str| {
-        let name = k.rsplit('/').next().unwrap_or_default();
-        k.contains("/archive/") && name.len() == 24 && name.bytes().all(|b| b.is_ascii_hexdigit())
+        k.contains("/archive/")
+            && pgstrata_pg::lsn::is_segment_name(k.rsplit('/').next().unwrap_or_default())
     };
     let mut out = Vec::new();
     for key in keys.iter().filter(|k| is_segment(k)) {
