@@ -439,64 +439,36 @@ async fn verify_archive(
     let checks = futures::stream::iter(objects)
         .map(|o| async move {
             let name = o.key.rsplit('/').next().unwrap_or_default().to_string();
-            let bytes = storage.get(&o.key).await;
-            tokio::task::spawn_blocking(move || {
-                // A segment's object may hold its block-change map (`embedded`), checked
-                // apart: a damaged map costs incrementals their shortcut, not the WAL.
-                let mut embedded = None;
-                let verdict = match bytes {
-                    Err(e) => Err(e.to_string()),
-                    Ok(b) if name.ends_with(".map") => ChangeMap::decode(&b, &o.key)
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                    // Length and hash checked as it is decoded, a piece at a time: eight
-                    // whole segments at once were most of verify's memory.
-                    Ok(b) => {
-                        if let Ok(Some(map)) = wal::embedded_map(&b, &o.key) {
-                            embedded = Some(
-                                ChangeMap::decode(map, &o.key)
-                                    .map(|_| ())
-                                    .map_err(|e| e.to_string()),
-                            );
-                        }
-                        wal::decode_to(&b, &o.key, &mut std::io::sink()).map_err(|e| e.to_string())
-                    }
-                };
-                (name, verdict, embedded)
-            })
-            .await
-            .expect("WAL check thread")
+            let bytes = storage.get(&o.key).await.map_err(|e| e.to_string());
+            tokio::task::spawn_blocking(move || check_archive_object(name, &o.key, bytes))
+                .await
+                .expect("WAL check thread")
         })
         .buffer_unordered(8);
-    type Checked = (
-        String,
-        std::result::Result<(), String>,
-        Option<std::result::Result<(), String>>,
-    );
-    let results: Vec<Checked> = checks.collect().await;
+    let results: Vec<ObjectCheck> = checks.collect().await;
     let mut segments = ArchivedSegments::new();
-    for (name, verdict, embedded) in results {
-        let (segment, map_verdict) = match name.strip_suffix(".map") {
-            Some(segment) => (segment, Some(&verdict)),
-            None => (name.as_str(), embedded.as_ref()),
+    for checked in results {
+        let (segment, map) = match &checked {
+            ObjectCheck::Map { segment, map } => (segment, Some(map)),
+            ObjectCheck::Wal { name, map, .. } => (name, map.as_ref()),
         };
-        if let Some(map_verdict) = map_verdict {
+        if let Some(map) = map {
             out.maps += 1;
-            if let Err(why) = map_verdict {
+            if let Err(why) = map {
                 log::warn!("block-change map of {segment} is damaged ({why}): incrementals will hash instead");
-                out.maps_damaged.push(segment.to_string());
+                out.maps_damaged.push(segment.clone());
             }
         }
-        if name.ends_with(".map") {
+        let ObjectCheck::Wal { name, wal, .. } = checked else {
             continue;
-        }
+        };
         if lsn::is_segment_name(&name) {
             out.segments += 1;
             if let Some((tli, segno)) = lsn::parse_segment_name(&name, seg_size) {
                 segments.entry(tli).or_default().insert(segno);
             }
         }
-        if let Err(why) = verdict {
+        if let Err(why) = wal {
             log::error!("archived WAL {name} is damaged: {why}");
             out.damaged.push(name);
         }
@@ -504,6 +476,60 @@ async fn verify_archive(
     out.damaged.sort();
     out.maps_damaged.sort();
     Ok((out, segments))
+}
+
+/// Whether one check passed, and why not.
+type Verdict = std::result::Result<(), String>;
+
+/// What checking one object of the archive found.
+enum ObjectCheck {
+    /// A `.map` object: the segment it belongs to, and whether the map decodes.
+    Map { segment: String, map: Verdict },
+    /// A WAL object, and the block-change map inside it when it holds one. The two are
+    /// judged apart: a damaged map costs incrementals their shortcut, not the WAL.
+    Wal {
+        name: String,
+        wal: Verdict,
+        map: Option<Verdict>,
+    },
+}
+
+/// Check the archive object `name` (at `key`), read as `bytes`.
+fn check_archive_object(
+    name: String,
+    key: &str,
+    bytes: std::result::Result<bytes::Bytes, String>,
+) -> ObjectCheck {
+    let decode_map = |b: &[u8]| {
+        ChangeMap::decode(b, key)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    if let Some(segment) = name.strip_suffix(".map") {
+        return ObjectCheck::Map {
+            segment: segment.to_string(),
+            map: bytes.and_then(|b| decode_map(&b)),
+        };
+    }
+    let bytes = match bytes {
+        Ok(b) => b,
+        Err(why) => {
+            return ObjectCheck::Wal {
+                name,
+                wal: Err(why),
+                map: None,
+            }
+        }
+    };
+    // No map, or a header too bad to find one in: decoding reports the latter.
+    let map = match wal::embedded_map(&bytes, key) {
+        Ok(Some(map)) => Some(decode_map(map)),
+        _ => None,
+    };
+    // Length and hash checked as it is decoded, a piece at a time: eight whole segments at
+    // once were most of verify's memory.
+    let wal = wal::decode_to(&bytes, key, &mut std::io::sink()).map_err(|e| e.to_string());
+    ObjectCheck::Wal { name, wal, map }
 }
 
 /// The report as text, for people.

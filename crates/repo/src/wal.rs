@@ -86,6 +86,25 @@ pub fn with_map(obj: &[u8], map: &[u8]) -> Vec<u8> {
     out
 }
 
+/// WAL object `obj` without its block-change map: the version-1 object [`with_map`] was
+/// given. Objects without a map come back as they are.
+pub fn without_map(obj: &[u8], what: &str) -> Result<Vec<u8>> {
+    let h = parse_header(obj, what)?;
+    let payload = obj.get(h.payload_start()..).ok_or_else(|| {
+        Error::corrupt(format!(
+            "{what}: {} bytes, shorter than its block-change map ends ({})",
+            obj.len(),
+            h.payload_start()
+        ))
+    })?;
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&obj[..HEADER_LEN]);
+    out[8] = 1;
+    out[12..16].fill(0);
+    out.extend_from_slice(payload);
+    Ok(out)
+}
+
 /// The block-change map inside WAL object `obj` (version 2), given at least its first
 /// `HEADER_LEN + map_len` bytes; `None` when the object holds none (version 1: the map, if
 /// any, is a `.map` object of its own). `Err` when the header is bad or `obj` stops short
@@ -488,6 +507,8 @@ mod tests {
             assert_eq!(embedded_map(&v1, "x").unwrap(), None);
             let v2 = with_map(&v1, &map);
             assert_eq!(v2[8], 2);
+            assert_eq!(without_map(&v2, "x").unwrap(), v1);
+            assert_eq!(without_map(&v1, "x").unwrap(), v1);
             assert_eq!(v2.len(), v1.len() + map.len());
             let h = parse_header(&v2, "x").unwrap();
             assert_eq!(h.hash, parse_header(&v1, "x").unwrap().hash);

@@ -305,12 +305,7 @@ pub fn archived_maps(repo: &Path) -> Vec<(String, Vec<u8>)> {
 pub fn rewrite_map(repo: &Path, key: &str, map: Option<&[u8]>) {
     use pgstrata_repo::wal;
     let path = repo.join(key);
-    let obj = std::fs::read(&path).unwrap();
-    let h = wal::parse_header(&obj, key).unwrap();
-    let mut plain = obj[..wal::HEADER_LEN].to_vec();
-    plain[8] = 1;
-    plain[12..16].fill(0);
-    plain.extend_from_slice(&obj[h.payload_start()..]);
+    let plain = wal::without_map(&std::fs::read(&path).unwrap(), key).unwrap();
     let _ = std::fs::remove_file(repo.join(format!("{key}.map")));
     let rewritten = match map {
         Some(m) => wal::with_map(&plain, m),
