@@ -143,6 +143,53 @@ pub(crate) fn checked_wal_name(wal_path: &Path) -> Result<String> {
     Ok(name)
 }
 
+/// Buffers WAL files are read into, kept for the next file: at most [`READ_BUFFERS_KEPT`],
+/// and only as many as were in use at once.
+///
+/// A segment is 16 MiB. Read into a fresh `Vec` each time, glibc's malloc (its mmap
+/// threshold rises to the size of a freed mapping) then served each segment from the arena
+/// of whichever blocking thread read it, and every thread kept its freed one: the
+/// asynchronous worker ended up holding about 60 MB more than the files in hand. A fresh
+/// mapping per file instead costs its page faults, 10 % more CPU. Measured on 29 segments
+/// pushed asynchronously into a local repository (all of the tool's processes): peak RSS
+/// 108–144 MB with fresh `Vec`s, 68–74 MB with a mapping per file, 73–76 MB with kept
+/// buffers, at the CPU of fresh `Vec`s.
+static READ_BUFFERS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+const READ_BUFFERS_KEPT: usize = 4;
+
+/// The whole of WAL file `path`, in a kept buffer that goes back when dropped.
+struct WalFileBytes(Vec<u8>);
+
+impl WalFileBytes {
+    fn read(path: &Path) -> std::io::Result<WalFileBytes> {
+        use std::io::Read;
+        let mut file = std::fs::File::open(path)?;
+        let len = file.metadata()?.len() as usize;
+        let mut buf = READ_BUFFERS.lock().unwrap().pop().unwrap_or_default();
+        buf.clear();
+        buf.reserve(len);
+        let mut read = WalFileBytes(buf);
+        file.read_to_end(&mut read.0)?;
+        Ok(read)
+    }
+}
+
+impl std::ops::Deref for WalFileBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for WalFileBytes {
+    fn drop(&mut self) {
+        let mut kept = READ_BUFFERS.lock().unwrap();
+        if kept.len() < READ_BUFFERS_KEPT {
+            kept.push(std::mem::take(&mut self.0));
+        }
+    }
+}
+
 /// A WAL file read, checked, compressed, hashed and decoded once, ready to be stored in
 /// every repository of its stanza (each seals it with its own key, if any).
 pub(crate) struct PreparedWal {
@@ -175,7 +222,7 @@ pub(crate) async fn prepare_push(
     // scheduler that drives the stores in flight (archive-async).
     let (obj, decoded, head) = tokio::task::spawn_blocking(move || -> Result<_> {
         let name = name_owned;
-        let raw = std::fs::read(&path)
+        let raw = WalFileBytes::read(&path)
             .map_err(|e| Error::io(format!("archive-push: read {}", path.display()), e))?;
         if checked {
             check_segment(&raw, &name, seg_size, &sysid)?;
@@ -792,6 +839,27 @@ pub(crate) async fn archive_range(
 #[cfg(test)]
 mod tests {
     use super::*;
+    /// A kept buffer holds nothing of the file read into it before: a shorter file after a
+    /// longer one reads as itself.
+    #[test]
+    fn kept_read_buffers_read_each_file_whole_and_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let long: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(dir.path().join("long"), &long).unwrap();
+        std::fs::write(dir.path().join("short"), b"short").unwrap();
+        std::fs::write(dir.path().join("empty"), b"").unwrap();
+        for _ in 0..2 {
+            assert_eq!(
+                &*WalFileBytes::read(&dir.path().join("long")).unwrap(),
+                &long[..]
+            );
+            let short = WalFileBytes::read(&dir.path().join("short")).unwrap();
+            let empty = WalFileBytes::read(&dir.path().join("empty")).unwrap();
+            assert_eq!((&*short, &*empty), (&b"short"[..], &b""[..]));
+        }
+        assert!(WalFileBytes::read(&dir.path().join("missing")).is_err());
+        assert!(READ_BUFFERS.lock().unwrap().len() <= READ_BUFFERS_KEPT);
+    }
     #[test]
     fn a_decoder_panic_becomes_an_unusable_map() {
         let caught = std::thread::scope(|scope| {
