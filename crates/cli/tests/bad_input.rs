@@ -84,25 +84,60 @@ fn bad_input_is_refused_clearly_and_writes_nothing() {
     let (_, err) = run_fail(env.cmd_as_invoker(&["--force", "restore"]));
     assert!(err.contains("running"), "{err}");
 
-    // A flipped bit in a stored pack: restore stops and names the file.
-    let pack = before
-        .iter()
-        .filter(|(k, _)| k.contains(&format!("backup/{label}/pack/")))
-        .max_by_key(|(_, size)| **size)
-        .map(|(k, _)| env.repo.join(k))
-        .unwrap();
-    let mut bytes = std::fs::read(&pack).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x01;
-    std::fs::write(&pack, &bytes).unwrap();
-    let target = env.scratch.join("from-damaged");
-    let (code, err) =
-        run_fail(env.cmd_as_invoker(&[&format!("--pg-path={}", target.display()), "restore"]));
-    assert_eq!(code, 4, "damage has its own exit code: {err}");
-    assert!(err.contains("checksum") && err.contains("damaged"), "{err}");
+    // A flipped bit in a stored frame: restore stops and names the file the frame belongs
+    // to. Once in a frame of a table's data; once in the largest frame of a small file,
+    // which restore fetches together with the other small files of its group. (Not just the
+    // middle of the largest pack: a pack also holds frames of the manifest's block maps.)
+    let manifest = manifest_with_maps(&env.repo, &label);
+    let accounts = env.sql("SELECT pg_relation_filepath('pgbench_accounts')");
+    let stored = || {
+        manifest
+            .files()
+            .filter(|f| f.path.starts_with("base/"))
+            .flat_map(|f| f.chunks.iter().map(move |c| (f, c)))
+            .filter(|(_, c)| c.pack.is_some() && c.backup.is_none())
+    };
+    let in_accounts = stored()
+        .filter(|(f, _)| *f.path == *accounts)
+        .max_by_key(|(_, c)| c.stored);
+    let in_small_file = stored()
+        .filter(|(f, _)| f.size <= 1 << 20)
+        .max_by_key(|(_, c)| c.stored);
+    for (i, (_, chunk)) in [in_accounts, in_small_file]
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        // Small files share frames (bundling): any file of the damaged frame is right.
+        let in_frame: Vec<&str> = stored()
+            .filter(|(_, c)| c.pack == chunk.pack && c.offset == chunk.offset)
+            .map(|(f, _)| &*f.path)
+            .collect();
+        let pack = env.repo.join(pgstrata_repo::layout::pack(
+            STANZA,
+            &label,
+            chunk.pack.as_ref().unwrap(),
+        ));
+        let flip =
+            |bytes: &mut Vec<u8>| bytes[(chunk.offset + chunk.stored as u64 / 2) as usize] ^= 0x01;
+        let mut bytes = std::fs::read(&pack).unwrap();
+        flip(&mut bytes);
+        std::fs::write(&pack, &bytes).unwrap();
+        let target = env.scratch.join(&format!("from-damaged-{i}"));
+        let (code, err) =
+            run_fail(env.cmd_as_invoker(&[&format!("--pg-path={}", target.display()), "restore"]));
+        assert_eq!(code, 4, "damage has its own exit code: {err}");
+        assert!(err.contains("checksum") && err.contains("damaged"), "{err}");
+        assert!(
+            in_frame.iter().any(|f| err.contains(&format!("{f}:"))),
+            "names the file of the damaged frame ({in_frame:?}): {err}"
+        );
+        flip(&mut bytes);
+        std::fs::write(&pack, &bytes).unwrap();
+    }
     assert!(
-        err.contains("base/") || err.contains("global/") || err.contains("pg_"),
-        "names the file: {err}"
+        in_accounts.is_some(),
+        "{accounts} stored in the backup's packs"
     );
 }
 

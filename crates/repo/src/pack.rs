@@ -440,6 +440,8 @@ const DECODED_KEEP: usize = 4;
 /// A frame a reader still has to fetch: the extent that needs it, and its identity.
 struct WantedFrame<'c> {
     chunk: &'c Chunk,
+    /// The file it was wanted for, which an error names.
+    file: &'c str,
     key: FrameKey,
 }
 
@@ -561,17 +563,28 @@ impl<'a> FrameReader<'a> {
         self.clear();
     }
 
-    /// Fetch and decode every frame `chunks` need that is not already loaded.
+    /// Fetch and decode every frame `chunks` of `file` need that is not already loaded.
     pub async fn load(&mut self, chunks: &[&Chunk], file: &str) -> Result<()> {
+        let named: Vec<(&Chunk, &str)> = chunks.iter().map(|&c| (c, file)).collect();
+        self.load_for_files(&named).await
+    }
+
+    /// [`load`](Self::load) for the chunks of several files at once, each named with its
+    /// file: a damaged frame is reported as damage to the file it belongs to.
+    pub async fn load_for_files(&mut self, chunks: &[(&Chunk, &str)]) -> Result<()> {
         let mut seen = std::collections::HashSet::new();
         let mut wanted: Vec<WantedFrame> = chunks
             .iter()
-            .filter_map(|c| {
+            .filter_map(|&(c, file)| {
                 let key = c.frame_key(self.label)?;
                 (!self.frames.contains_key(&key)
                     && !self.stored.contains_key(&key)
                     && seen.insert(key.clone()))
-                .then_some(WantedFrame { chunk: c, key })
+                .then_some(WantedFrame {
+                    chunk: c,
+                    file,
+                    key,
+                })
             })
             .collect();
         wanted.sort_by(|a, b| a.key.cmp(&b.key));
@@ -585,7 +598,7 @@ impl<'a> FrameReader<'a> {
                 .get_range(&key, start..end)
                 .await
                 .map_err(|e| Error {
-                    context: format!("{file}: {}", e.context),
+                    context: format!("{}: {}", first.file, e.context),
                     ..e
                 })?;
             self.fetched += bytes.len() as u64;
@@ -593,6 +606,7 @@ impl<'a> FrameReader<'a> {
             for w in run {
                 let lo = (w.offset() - start) as usize;
                 let stored = &bytes[lo..lo + w.chunk.stored as usize];
+                let file = w.file;
                 if Some(frame_check(stored)) != w.chunk.check {
                     return Err(Error::corrupt(format!(
                         "{file}: stored frame at {key} offset {} fails its checksum: the repository is damaged",
@@ -697,6 +711,7 @@ mod tests {
             .iter()
             .map(|c| WantedFrame {
                 chunk: c,
+                file: "f",
                 key: c.frame_key("self").unwrap(),
             })
             .collect();

@@ -75,16 +75,15 @@ pub(super) fn run_job(sh: &Shared, w: &mut Worker, job: &RestoreJob) -> Result<(
                 .iter()
                 .map(|f| decide(sh, w, f))
                 .collect::<Result<Vec<_>>>()?;
-            let chunks: Vec<&Chunk> = files
+            let chunks: Vec<(&Chunk, &str)> = files
                 .iter()
                 .zip(&actions)
-                .flat_map(|(f, a)| a.needed(f))
-                .filter(|c| !c.is_zero())
+                .flat_map(|(f, a)| a.needed(f).map(move |c| (c, &*f.path)))
+                .filter(|(c, _)| !c.is_zero())
                 .collect();
             w.reader.pin();
             if !chunks.is_empty() {
-                sh.runtime
-                    .block_on(w.reader.load(&chunks, &files[0].path))?;
+                sh.runtime.block_on(w.reader.load_for_files(&chunks))?;
             }
             for (f, action) in files.iter().zip(actions) {
                 restore_one(sh, w, f, action)?;
