@@ -100,6 +100,10 @@ fn bad_input_is_refused_clearly_and_writes_nothing() {
     let in_accounts = stored()
         .filter(|(f, _)| *f.path == *accounts)
         .max_by_key(|(_, c)| c.stored);
+    assert!(
+        in_accounts.is_some(),
+        "{accounts} stored in the backup's packs"
+    );
     let in_small_file = stored()
         .filter(|(f, _)| f.size <= 1 << 20)
         .max_by_key(|(_, c)| c.stored);
@@ -135,10 +139,6 @@ fn bad_input_is_refused_clearly_and_writes_nothing() {
         flip(&mut bytes);
         std::fs::write(&pack, &bytes).unwrap();
     }
-    assert!(
-        in_accounts.is_some(),
-        "{accounts} stored in the backup's packs"
-    );
 }
 
 #[test]

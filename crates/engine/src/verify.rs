@@ -438,9 +438,8 @@ async fn verify_archive(
     let mut out = WalVerdict::default();
     let checks = futures::stream::iter(objects)
         .map(|o| async move {
-            let name = o.key.rsplit('/').next().unwrap_or_default().to_string();
             let bytes = storage.get(&o.key).await.map_err(|e| e.to_string());
-            tokio::task::spawn_blocking(move || check_archive_object(name, &o.key, bytes))
+            tokio::task::spawn_blocking(move || check_archive_object(&o.key, bytes))
                 .await
                 .expect("WAL check thread")
         })
@@ -494,12 +493,12 @@ enum ObjectCheck {
     },
 }
 
-/// Check the archive object `name` (at `key`), read as `bytes`.
+/// Check the archive object at `key`, read as `bytes`.
 fn check_archive_object(
-    name: String,
     key: &str,
     bytes: std::result::Result<bytes::Bytes, String>,
 ) -> ObjectCheck {
+    let name = key.rsplit('/').next().unwrap_or_default().to_string();
     let decode_map = |b: &[u8]| {
         ChangeMap::decode(b, key)
             .map(|_| ())

@@ -565,17 +565,19 @@ impl<'a> FrameReader<'a> {
 
     /// Fetch and decode every frame `chunks` of `file` need that is not already loaded.
     pub async fn load(&mut self, chunks: &[&Chunk], file: &str) -> Result<()> {
-        let named: Vec<(&Chunk, &str)> = chunks.iter().map(|&c| (c, file)).collect();
-        self.load_for_files(&named).await
+        self.load_for_files(chunks.iter().map(|&c| (c, file))).await
     }
 
     /// [`load`](Self::load) for the chunks of several files at once, each named with its
     /// file: a damaged frame is reported as damage to the file it belongs to.
-    pub async fn load_for_files(&mut self, chunks: &[(&Chunk, &str)]) -> Result<()> {
+    pub async fn load_for_files<'c>(
+        &mut self,
+        chunks: impl IntoIterator<Item = (&'c Chunk, &'c str)>,
+    ) -> Result<()> {
         let mut seen = std::collections::HashSet::new();
         let mut wanted: Vec<WantedFrame> = chunks
-            .iter()
-            .filter_map(|&(c, file)| {
+            .into_iter()
+            .filter_map(|(c, file)| {
                 let key = c.frame_key(self.label)?;
                 (!self.frames.contains_key(&key)
                     && !self.stored.contains_key(&key)

@@ -89,14 +89,8 @@ pub fn with_map(obj: &[u8], map: &[u8]) -> Vec<u8> {
 /// WAL object `obj` without its block-change map: the version-1 object [`with_map`] was
 /// given. Objects without a map come back as they are.
 pub fn without_map(obj: &[u8], what: &str) -> Result<Vec<u8>> {
-    let h = parse_header(obj, what)?;
-    let payload = obj.get(h.payload_start()..).ok_or_else(|| {
-        Error::corrupt(format!(
-            "{what}: {} bytes, shorter than its block-change map ends ({})",
-            obj.len(),
-            h.payload_start()
-        ))
-    })?;
+    let map_len = embedded_map(obj, what)?.map_or(0, <[u8]>::len);
+    let payload = &obj[HEADER_LEN + map_len..];
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(&obj[..HEADER_LEN]);
     out[8] = 1;

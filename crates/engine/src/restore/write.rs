@@ -75,16 +75,13 @@ pub(super) fn run_job(sh: &Shared, w: &mut Worker, job: &RestoreJob) -> Result<(
                 .iter()
                 .map(|f| decide(sh, w, f))
                 .collect::<Result<Vec<_>>>()?;
-            let chunks: Vec<(&Chunk, &str)> = files
+            let chunks = files
                 .iter()
                 .zip(&actions)
                 .flat_map(|(f, a)| a.needed(f).map(move |c| (c, &*f.path)))
-                .filter(|(c, _)| !c.is_zero())
-                .collect();
+                .filter(|(c, _)| !c.is_zero());
             w.reader.pin();
-            if !chunks.is_empty() {
-                sh.runtime.block_on(w.reader.load_for_files(&chunks))?;
-            }
+            sh.runtime.block_on(w.reader.load_for_files(chunks))?;
             for (f, action) in files.iter().zip(actions) {
                 restore_one(sh, w, f, action)?;
             }
