@@ -1,68 +1,96 @@
 //! pgstrata across hosts, as the binary does it (the protocol is `pgstrata-remote`).
 //!
 //! - `repo-remote` needs nothing here: its repository opens as a `RemoteStore`, and every
-//!   command works through it unchanged. The far side is `pgstrata agent repo`.
+//!   command works through it unchanged. The far side is `pgstrata agent repo`, which
+//!   serves only the stanzas its forced command names, append-only.
 //! - `pg-remote`: on the backup host, stanza-create, check and backup do not run here.
 //!   [`run_on_pg_remote`] starts `pgstrata agent run` on the database host over SSH, sends
-//!   it the command and this host's resolved options for the stanza (in a frame: they may
-//!   hold the cipher passphrase), and serves this host's repository to it until it is done.
-//!   The command runs there ([`agent`]), next to the data: it connects to PostgreSQL,
-//!   walks, reads, checksums, hashes and compresses (and encrypts) the data directory with
-//!   `process-max` workers, and only compressed frames and metadata cross the link. Its
-//!   log and progress reach this host's stderr through ssh; its standard output comes back
-//!   in the final frame and is printed here, so `label=$(pgstrata backup)` still works.
+//!   it a [`Job`] (which job, the stanza, and the few per-job choices the option table
+//!   lets the backup host make: backup type, compression, process-max, ...), and serves
+//!   this host's repository to it, that stanza only and append-only, until it is done.
+//!   The job runs there ([`agent`]), next to the data, with the database host's own
+//!   settings (data directory, connection, standby, passphrase) from its own
+//!   configuration: it connects to PostgreSQL, walks, reads, checksums, hashes and
+//!   compresses the data directory with `process-max` workers, and only compressed frames
+//!   and metadata cross the link. Its log and progress reach this host's stderr through
+//!   ssh; its standard output comes back in the final frame and is printed here, so
+//!   `label=$(pgstrata backup)` still works. The stanza lock is taken, and retention
+//!   applied, here.
 //!
-//! Why run the command there rather than stream files from there: the backup engine then
-//! is one code path, the same on one host and two; each change-detection step (WAL change
+//! Why run the job there rather than stream files from there: the backup engine then is
+//! one code path, the same on one host and two; each change-detection step (WAL change
 //! maps, page LSNs, block hashes against the prior manifest) runs where reading is cheap;
-//! and a dropped link fails the command on both sides (the agent's repository requests
-//! fail; PostgreSQL ends the backup with the session), leaving only invisible objects.
+//! and a dropped link fails the job on both sides (the agent's repository requests fail;
+//! PostgreSQL ends the backup with the session), leaving only invisible objects.
+//!
+//! Why a job and not a command line: each host can harm only what it owns. The backup
+//! host may ask for a backup, not choose which data directory is read, which server or
+//! ssh client is run, or which file is parsed as a configuration; the database host may
+//! add a backup, not remove one.
 
 use crate::config::{self, Invocation};
 use crate::options;
 use pgstrata_engine::{Error, ErrorKind};
-use pgstrata_remote::protocol::{self, Done, Message, Run};
+use pgstrata_remote::agent::{Policy, Serving};
+use pgstrata_remote::protocol::{self, Done, Job, JobKind, Message};
 use pgstrata_remote::{RemoteStore, SshSession, SshTarget};
 use pgstrata_repo::manifest::patch::Rebuilder;
 use pgstrata_repo::Storage;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Commands that run on the database host when `pg-remote` is set.
 pub(crate) const PG_REMOTE_COMMANDS: &[&str] = &["stanza-create", "check", "backup"];
 
-/// Options never sent to the agent: the remote hop itself, and where this host logs.
-const NOT_FORWARDED: &[&str] = &[
-    "pg-remote",
-    "pg-remote-port",
-    "pg-remote-cmd",
-    "standby-remote",
-    "standby-remote-port",
-    "standby-remote-cmd",
-    "config",
-    "repo",
-    "log-path",
-    "log-level-file",
-];
+/// Set in `agent run`: the job runs for the backup host, which holds the stanza lock and
+/// applies retention itself.
+static IN_AGENT_RUN: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process is `agent run` doing a backup host's job.
+pub(crate) fn in_agent_run() -> bool {
+    IN_AGENT_RUN.load(Ordering::Relaxed)
+}
+
+/// A stanza name as the option table describes it: letters, digits, '-' and '_'.
+fn is_stanza_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
 
 /// `pgstrata agent repo` and `pgstrata agent run`.
 pub(crate) fn agent(
     inv: &Invocation,
     run_command: fn(&Invocation) -> Result<i32, Error>,
 ) -> Result<i32, Error> {
+    let stanzas = inv.list("stanza").to_vec();
+    if let Some(bad) = stanzas.iter().find(|s| !is_stanza_name(s)) {
+        return Err(Error::config(format!(
+            "agent: --stanza='{bad}' is not a stanza name (letters, digits, '-' and '_')"
+        )));
+    }
     match inv.args.first().map(String::as_str) {
         Some("repo") => {
+            if stanzas.is_empty() {
+                return Err(Error::config(
+                    "agent repo serves only the stanzas it is given: put --stanza=NAME (repeatable) in the forced command of authorized_keys",
+                ));
+            }
             let root = std::path::PathBuf::from(inv.text("repo-path"));
             runtime()
                 .block_on(pgstrata_remote::agent::serve_repo(
                     &root,
                     Some(Arc::new(Rebuilder::without_key())),
+                    Policy::append_only(stanzas),
+                    inv.int("agent-buffer-max"),
                 ))
                 .map_err(|m| Error::new(ErrorKind::Io, m))?;
             Ok(0)
         }
-        Some("run") => agent_run(run_command),
+        Some("run") => agent_run(&stanzas, run_command),
         _ => Err(Error::config(
             "agent is started by pgstrata over SSH: 'agent repo' (repo-remote) or 'agent run' (pg-remote)",
         )),
@@ -81,9 +109,61 @@ fn io_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Io, format!("agent: {what}: {e}"))
 }
 
-/// `pgstrata agent run` on the database host: the hellos, the [`Run`], the command with
-/// every repository opened as the backup host's, and the [`Done`].
-fn agent_run(run_command: fn(&Invocation) -> Result<i32, Error>) -> Result<i32, Error> {
+/// The job's invocation on this host: this agent's own command line (the forced command:
+/// `--config`, log options), the job's stanza and command, and the job's choices, each
+/// one the option table lets a backup host make for that command; settings from this
+/// host's configuration file and environment, as any local command reads them.
+fn job_invocation(own_args: &[String], stanzas: &[String], job: &Job) -> Result<Invocation, Error> {
+    let command = job.job.command();
+    if !is_stanza_name(&job.stanza) {
+        return Err(Error::config(format!(
+            "the backup host asked for stanza '{}', which is not a stanza name",
+            job.stanza
+        )));
+    }
+    if !stanzas.is_empty() && !stanzas.contains(&job.stanza) {
+        return Err(Error::config(format!(
+            "the backup host asked for stanza '{}'; this agent works for {} only (its --stanza)",
+            job.stanza,
+            stanzas.join(", ")
+        )));
+    }
+    let mut argv: Vec<String> = own_args
+        .iter()
+        .filter(|a| a.starts_with("--") && !a.starts_with("--stanza"))
+        .cloned()
+        .collect();
+    argv.push(format!("--stanza={}", job.stanza));
+    argv.push(command.to_string());
+    for (name, value) in &job.choices {
+        match options::find(name, command) {
+            Some(def) if def.peer => argv.push(format!("--{name}={value}")),
+            _ => {
+                return Err(Error::config(format!(
+                    "the backup host sent option '{name}' for {command}; only the database host sets it (in its own configuration): refused"
+                )))
+            }
+        }
+    }
+    let env = std::env::vars().collect();
+    let inv = config::resolve(&argv, &env).map_err(Error::config)?;
+    for hop in ["pg-remote", "standby-remote"] {
+        if inv.get(hop).is_some() {
+            return Err(Error::config(format!(
+                "{hop} is set for stanza '{}' in this host's configuration, where the agent does the backup host's jobs: it belongs in the backup host's configuration",
+                job.stanza
+            )));
+        }
+    }
+    Ok(inv)
+}
+
+/// `pgstrata agent run` on the database host: the hellos, the [`Job`], the job with every
+/// repository opened as the backup host's, and the [`Done`].
+fn agent_run(
+    stanzas: &[String],
+    run_command: fn(&Invocation) -> Result<i32, Error>,
+) -> Result<i32, Error> {
     // The protocol keeps the real stdout; the command's own output goes into a pipe and
     // travels back in the Done frame (a println! must not land in the frame stream).
     let protocol_out = nix::unistd::dup(1).map_err(|e| io_err("dup stdout", e))?;
@@ -101,31 +181,35 @@ fn agent_run(run_command: fn(&Invocation) -> Result<i32, Error>) -> Result<i32, 
     let mut input = std::io::stdin();
     pgstrata_remote::client::hello(&mut input, &mut protocol_out, "the backup host", true)
         .map_err(|e| Error::new(ErrorKind::Io, String::from(e)))?;
-    let run = match protocol::read_frame(&mut input) {
-        Ok(Some((Message::Run(run), _))) => run,
+    let job = match protocol::read_frame(&mut input) {
+        Ok(Some((Message::Job(job), _))) => job,
         Ok(other) => {
             return Err(io_err(
-                "the backup host did not send a command",
+                "the backup host did not send a job",
                 format!("{other:?}"),
             ))
         }
-        Err(e) => return Err(io_err("read the command", e)),
+        Err(e) => return Err(io_err("read the job", e)),
     };
     let origin = RemoteStore::origin(std::io::stdin(), protocol_out);
     Storage::serve_every_open_from(origin.clone(), "the backup host's repository".to_string())?;
+    IN_AGENT_RUN.store(true, Ordering::Relaxed);
 
-    let mut argv = vec!["--config=/dev/null".to_string()];
-    argv.extend(run.args.iter().cloned());
-    let env = run.env.into_iter().collect();
-    let outcome = match config::resolve(&argv, &env) {
-        Err(msg) => Err(Error::config(msg)),
-        Ok(inv) => std::panic::catch_unwind(|| run_command(&inv)).unwrap_or_else(|_| {
+    let own_args: Vec<String> = std::env::args().skip(1).collect();
+    let outcome = job_invocation(&own_args, stanzas, &job).and_then(|inv| {
+        crate::logging::set_console_level(inv.text("log-level-console"));
+        log::info!(
+            "agent: {} of stanza '{}' for the backup host",
+            job.job.command(),
+            job.stanza
+        );
+        std::panic::catch_unwind(|| run_command(&inv)).unwrap_or_else(|_| {
             Err(Error::new(
                 ErrorKind::Io,
                 "the agent stopped on an internal error (a bug)",
             ))
-        }),
-    };
+        })
+    });
     let _ = std::io::stdout().flush();
     // Close our end of the capture pipe so its reader sees the end.
     if let Ok(null) = std::fs::File::open("/dev/null") {
@@ -179,87 +263,37 @@ pub(crate) fn standby_remote(inv: &Invocation) -> Option<SshTarget> {
     })
 }
 
-/// Run `inv` on `target` (the database host of pg-remote, or the standby's host of
-/// standby-remote), once for each repository it covers, serving each repository from here. Returns the exit code; the agent's errors
-/// are printed as they would be by a local run.
+/// Run `inv`'s job on `target` (the database host of pg-remote, or the standby's host of
+/// standby-remote), once for each repository it covers, serving each repository from
+/// here (the job's stanza only, append-only). A backup holds the stanza lock here while
+/// it runs. Returns the exit code; the agent's errors are printed as they would be by a
+/// local run.
 pub(crate) fn run_on_pg_remote(
     inv: &Invocation,
     target: &SshTarget,
     views: &[&Invocation],
 ) -> Result<i32, Error> {
     let rt = runtime();
+    let kind = JobKind::from_command(&inv.command).expect("a pg-remote command");
     for view in views {
         let settings = crate::settings_of(view)?;
-        let storage = if inv.command == "stanza-create" {
+        let storage = if kind == JobKind::StanzaCreate {
             Storage::open_or_create(&settings.repo)?
         } else {
             settings.storage()?
         };
-        let run = run_message(inv, view);
-        let agent_args = vec![
-            "agent".to_string(),
-            "run".to_string(),
-            format!("--log-level-console={}", inv.text("log-level-console")),
-        ];
-        let mut session = SshSession::start(target, &agent_args)
-            .map_err(|m| Error::new(ErrorKind::Io, format!("{}: {m}", inv.command)))?;
-        session
-            .output
-            .write_all(&protocol::frame(&Message::Run(run), b""))
-            .and_then(|_| session.output.flush())
-            .map_err(|e| {
-                Error::new(
-                    ErrorKind::Io,
-                    format!("send the command to the agent on {}: {e}", target.host),
-                )
-            })?;
-        let SshSession {
-            mut child,
-            input,
-            output,
-        } = session;
-        // The agent sends a backup's manifest as a patch against the prior one; rebuilding
-        // an encrypted stanza's needs its key, opened here (Argon2id) while the agent works.
-        let key = (inv.command == "backup").then(|| {
-            rt.spawn(async move {
-                pgstrata_engine::keys::stanza_cipher(&settings)
-                    .await
-                    .inspect_err(|e| log::info!("manifest patches are sent whole: {e}"))
-                    .ok()
-                    .flatten()
-            })
-        });
-        let rebuilder = Rebuilder::with_key(async move {
-            match key {
-                Some(k) => k.await.ok().flatten(),
-                None => None,
-            }
-        });
-        let served = rt.block_on(pgstrata_remote::agent::serve(
-            storage.object_store(),
-            Some(Arc::new(rebuilder)),
-            input,
-            output,
-        ));
-        let status = child.wait().ok();
-        let done = match served {
-            Ok(Some(done)) => done,
-            Ok(None) | Err(_) => {
-                let why = served
-                    .err()
-                    .unwrap_or_else(|| "it closed the connection".into());
-                return Err(Error::new(
-                    ErrorKind::Io,
-                    format!(
-                        "{} on {} did not finish: {why} (ssh exited with {}); nothing it wrote is visible in the repository, and the next run starts afresh",
-                        inv.command,
-                        target.host,
-                        status
-                            .and_then(|s| s.code())
-                            .map_or("a signal".to_string(), |c| format!("status {c}"))
-                    ),
-                ));
-            }
+        let job = Job {
+            job: kind,
+            stanza: settings.stanza.clone(),
+            choices: peer_choices(view),
+        };
+        let session = serve_job(inv, target, &settings, &storage, &job);
+        let done = if kind == JobKind::Backup {
+            rt.block_on(pgstrata_engine::backup::with_backup_lock(
+                &settings, session,
+            ))?
+        } else {
+            rt.block_on(session)?
         };
         print!("{}", done.stdout);
         if let Some(e) = &done.error {
@@ -278,21 +312,101 @@ pub(crate) fn run_on_pg_remote(
     Ok(0)
 }
 
-/// The command and the options of repository view `view` as the agent gets them.
-fn run_message(inv: &Invocation, view: &Invocation) -> Run {
-    // standby-remote, when set, is where the command runs (it goes before pg-remote), and
-    // the primary's data directory is not there.
-    let on_standby_host = standby_remote(inv).is_some();
-    let mut args = vec![inv.command.clone()];
-    for (name, values) in view.lists() {
-        args.extend(values.iter().map(|v| format!("--{name}={v}")));
+/// Start `agent run` on `target`, send it `job`, and serve `store` to it until it is done.
+async fn serve_job(
+    inv: &Invocation,
+    target: &SshTarget,
+    settings: &pgstrata_engine::Settings,
+    storage: &Storage,
+    job: &Job,
+) -> Result<Done, Error> {
+    // Without a forced command these words are the agent's command line; with one (as the
+    // README sets up), the database host's own words replace them.
+    let agent_args = vec![
+        "agent".to_string(),
+        "run".to_string(),
+        format!("--stanza={}", job.stanza),
+    ];
+    let mut session = SshSession::start(target, &agent_args)
+        .map_err(|m| Error::new(ErrorKind::Io, format!("{}: {m}", inv.command)))?;
+    session
+        .output
+        .write_all(&protocol::frame(&Message::Job(job.clone()), b""))
+        .and_then(|_| session.output.flush())
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!("send the job to the agent on {}: {e}", target.host),
+            )
+        })?;
+    let SshSession {
+        mut child,
+        input,
+        output,
+    } = session;
+    // The agent sends a backup's manifest as a patch against the prior one; rebuilding
+    // an encrypted stanza's needs its key, opened here (Argon2id) while the agent works.
+    let key = (job.job == JobKind::Backup).then(|| {
+        let settings = settings.clone();
+        tokio::spawn(async move {
+            pgstrata_engine::keys::stanza_cipher(&settings)
+                .await
+                .inspect_err(|e| log::info!("manifest patches are sent whole: {e}"))
+                .ok()
+                .flatten()
+        })
+    });
+    let rebuilder = Rebuilder::with_key(async move {
+        match key {
+            Some(k) => k.await.ok().flatten(),
+            None => None,
+        }
+    });
+    let serving = Serving {
+        store: storage.object_store(),
+        rebuild: Some(Arc::new(rebuilder)),
+        policy: Policy::append_only(vec![job.stanza.clone()]),
+        buffer_max: inv.int("agent-buffer-max"),
+    };
+    let served = pgstrata_remote::agent::serve(serving, input, output).await;
+    let status = child.wait().ok();
+    match served {
+        Ok(Some(done)) => Ok(done),
+        Ok(None) | Err(_) => {
+            let why = served
+                .err()
+                .unwrap_or_else(|| "it closed the connection".into());
+            Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "{} on {} did not finish: {why} (ssh exited with {}); nothing it wrote is visible in the repository, and the next run starts afresh",
+                    inv.command,
+                    target.host,
+                    status
+                        .and_then(|s| s.code())
+                        .map_or("a signal".to_string(), |c| format!("status {c}"))
+                ),
+            ))
+        }
     }
-    args.extend(inv.args.iter().cloned());
-    let env = view
-        .values()
-        .filter(|(name, _)| !NOT_FORWARDED.contains(name))
-        .filter(|(name, _)| !(on_standby_host && *name == "pg-path"))
-        .map(|(name, value)| (options::env_name(name), value.to_string()))
-        .collect();
-    Run { args, env }
+}
+
+/// The per-job choices of repository view `view` the agent gets: every option the table
+/// marks as the backup host's to choose for this command (defaults included, so the
+/// backup host decides them), and nothing else.
+fn peer_choices(view: &Invocation) -> Vec<(String, String)> {
+    let mut choices = Vec::new();
+    for def in options::OPTIONS
+        .iter()
+        .filter(|o| o.peer && o.applies_to(&view.command))
+    {
+        if def.kind == options::Kind::List {
+            for v in view.list(def.name) {
+                choices.push((def.name.to_string(), v.clone()));
+            }
+        } else if let Some(v) = view.get(def.name) {
+            choices.push((def.name.to_string(), v.to_string()));
+        }
+    }
+    choices
 }

@@ -108,15 +108,6 @@ impl Invocation {
         self.lists.get(name).map(Vec::as_slice).unwrap_or(&[])
     }
 
-    /// Every single-valued option that has a value (defaults included), and every list.
-    pub(crate) fn values(&self) -> impl Iterator<Item = (&'static str, &str)> {
-        self.values.iter().map(|(n, v)| (*n, v.as_str()))
-    }
-
-    pub(crate) fn lists(&self) -> impl Iterator<Item = (&'static str, &[String])> {
-        self.lists.iter().map(|(n, v)| (*n, v.as_slice()))
-    }
-
     /// The options in effect as `--name=value`, secrets redacted: for the log.
     pub(crate) fn describe(&self) -> String {
         let mut names: Vec<&&str> = self.values.keys().collect();

@@ -122,6 +122,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
             track: pgstrata_engine::track::Track::Auto,
             annotations: Default::default(),
             resume: true,
+            locked_by_caller: false,
         },
     ))?;
     println!(
@@ -151,6 +152,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
             track: pgstrata_engine::track::Track::Auto,
             annotations: Default::default(),
             resume: true,
+            locked_by_caller: false,
         },
     ))?;
     println!(

@@ -2,12 +2,26 @@
 //! log-level-console, log-level-file and log-path.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 struct Logger {
-    console: log::LevelFilter,
+    /// A `log::LevelFilter` as usize: `agent run` sets it to the level its job asks for.
+    console: AtomicUsize,
     file_level: log::LevelFilter,
     file: Option<Mutex<std::fs::File>>,
+}
+
+fn from_usize(n: usize) -> log::LevelFilter {
+    log::LevelFilter::iter()
+        .find(|l| *l as usize == n)
+        .unwrap_or(log::LevelFilter::Trace)
+}
+
+impl Logger {
+    fn console(&self) -> log::LevelFilter {
+        from_usize(self.console.load(Ordering::Relaxed))
+    }
 }
 
 fn level(s: &str) -> log::LevelFilter {
@@ -24,14 +38,14 @@ fn level(s: &str) -> log::LevelFilter {
 impl log::Log for Logger {
     fn enabled(&self, m: &log::Metadata) -> bool {
         m.target().starts_with("pgstrata")
-            && (m.level() <= self.console || m.level() <= self.file_level)
+            && (m.level() <= self.console() || m.level() <= self.file_level)
     }
 
     fn log(&self, r: &log::Record) {
         if !self.enabled(r.metadata()) {
             return;
         }
-        if r.level() <= self.console {
+        if r.level() <= self.console() {
             let _ = writeln!(std::io::stderr(), "{}: {}", r.level(), r.args());
         }
         if r.level() <= self.file_level {
@@ -101,10 +115,25 @@ pub(crate) fn init(
         log::LevelFilter::Off
     });
     let logger = LOGGER.get_or_init(|| Logger {
-        console,
+        console: AtomicUsize::new(console as usize),
         file_level,
         file,
     });
     let _ = log::set_logger(logger);
     log::set_max_level(max);
+}
+
+/// Change the console's level (`agent run`: its job's `log-level-console`, which reaches
+/// the backup host's terminal through ssh).
+pub(crate) fn set_console_level(console: &str) {
+    if let Some(l) = LOGGER.get() {
+        let console = level(console);
+        l.console.store(console as usize, Ordering::Relaxed);
+        let file = if l.file.is_some() {
+            l.file_level
+        } else {
+            log::LevelFilter::Off
+        };
+        log::set_max_level(console.max(file));
+    }
 }

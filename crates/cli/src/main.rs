@@ -170,6 +170,11 @@ fn standby_source(inv: &config::Invocation) -> Result<Option<StandbySource>, Err
     if inv.command != "backup" || !inv.flag("backup-standby") {
         return Ok(None);
     }
+    // The backup runs on another host (the standby's or the database host's), whose own
+    // configuration names its standby.
+    if inv.get("standby-remote").is_some() || inv.get("pg-remote").is_some() {
+        return Ok(None);
+    }
     Ok(Some(StandbySource {
         path: inv
             .get("standby-path")
@@ -316,6 +321,30 @@ fn expire_options(inv: &config::Invocation) -> Option<ExpireOptions> {
     (o.set.is_some() || o.retention_full.is_some() || o.retention_diff.is_some()).then_some(o)
 }
 
+/// Retention after a backup, as pgBackRest does when it is configured; where the
+/// repository is: a database host that reaches it through `repo-remote`, or does a backup
+/// host's job (`agent run`), may only add to it, and the backup host applies it.
+fn apply_retention(
+    inv: &config::Invocation,
+    s: &Settings,
+    rt: &tokio::runtime::Runtime,
+) -> Result<(), Error> {
+    let Some(e) = expire_options(inv.selected_repo().map_err(Error::config)?) else {
+        return Ok(());
+    };
+    if agent::in_agent_run() {
+        return Ok(());
+    }
+    if s.repo.remote.is_some() {
+        log::info!(
+            "retention is applied on the backup host ('pgstrata expire' there): this host adds to the repository, it does not delete"
+        );
+        return Ok(());
+    }
+    rt.block_on(pgstrata_engine::expire::expire(s, &e))?;
+    Ok(())
+}
+
 fn backup_options(inv: &config::Invocation) -> Result<BackupOptions, Error> {
     let mut annotations = std::collections::BTreeMap::new();
     for a in inv.list("annotation") {
@@ -332,6 +361,7 @@ fn backup_options(inv: &config::Invocation) -> Result<BackupOptions, Error> {
         track: inv.choice("track"),
         annotations,
         resume: inv.flag("resume"),
+        locked_by_caller: agent::in_agent_run(),
     })
 }
 
@@ -560,7 +590,11 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 all.sort_by_key(|v| v.repo_index);
                 all
             };
-        return agent::run_on_pg_remote(inv, &target, &views);
+        let code = agent::run_on_pg_remote(inv, &target, &views)?;
+        if code == 0 && inv.command == "backup" {
+            apply_retention(inv, &settings(inv)?, &runtime(2))?;
+        }
+        return Ok(code);
     }
     match inv.command.as_str() {
         "agent" => agent::agent(inv, run),
@@ -645,10 +679,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let opts = backup_options(inv)?;
             let m = rt.block_on(pgstrata_engine::backup::backup(&s, &opts))?;
             println!("{}", m.label);
-            // Retention, as pgBackRest does after each backup when it is configured.
-            if let Some(e) = expire_options(inv.selected_repo().map_err(Error::config)?) {
-                rt.block_on(pgstrata_engine::expire::expire(&s, &e))?;
-            }
+            apply_retention(inv, &s, &rt)?;
             Ok(0)
         }
         "restore" => {

@@ -65,6 +65,38 @@ impl TwoHosts {
                 ssh.client(PG_OS_USER).display()
             ),
         );
+        // The database host's own settings for the stanza, in its own configuration: the
+        // agent takes them from there, never from the backup host.
+        let db_config = env.config.clone().expect("a config file");
+        let mut text = std::fs::read_to_string(&db_config).unwrap();
+        text.push_str(&format!(
+            "\n[{STANZA}]\npg-path = \"{}\"\npg-host = \"{}\"\npg-port = {}\npg-user = \"postgres\"\n",
+            env.cluster.data.display(),
+            env.cluster.socket_dir.display(),
+            env.cluster.port
+        ));
+        std::fs::write(&db_config, text).unwrap();
+        // Each key can do one thing on the other host, as the README's authorized_keys:
+        // the backup host has the database host's agent do jobs with its own
+        // configuration; the database host reaches this one stanza of the repository.
+        ssh.force_command(
+            PG_OS_USER,
+            &format!(
+                "{} agent run --config={}",
+                exe().display(),
+                db_config.display()
+            ),
+        )
+        .unwrap();
+        ssh.force_command(
+            BACKUP_OS_USER,
+            &format!(
+                "{} agent repo --stanza={STANZA} --repo-path={}",
+                exe().display(),
+                backup_repo.display()
+            ),
+        )
+        .unwrap();
         TwoHosts {
             env,
             ssh,
@@ -73,7 +105,9 @@ impl TwoHosts {
         }
     }
 
-    /// pgstrata on the backup host, reaching the database host with pg-remote.
+    /// pgstrata on the backup host, reaching the database host with pg-remote. It names
+    /// no setting of the database host's: the data directory and the connection are the
+    /// agent's own.
     fn backup_host(&self, args: &[&str]) -> Command {
         let mut c = Command::new("runuser");
         c.args(["-u", BACKUP_OS_USER, "--"])
@@ -87,13 +121,6 @@ impl TwoHosts {
                 "--cmd-ssh={}",
                 self.ssh.client(BACKUP_OS_USER).display()
             ))
-            .arg(format!("--pg-path={}", self.env.cluster.data.display()))
-            .arg(format!(
-                "--pg-host={}",
-                self.env.cluster.socket_dir.display()
-            ))
-            .arg(format!("--pg-port={}", self.env.cluster.port))
-            .arg("--pg-user=postgres")
             .arg("--log-level-console=info")
             .env(
                 pgstrata_repo::cipher::TEST_KDF_MEMORY_ENV,
@@ -267,6 +294,16 @@ fn backup_host_and_database_host_over_ssh() {
     let backups = info["backups"].as_array().expect("backups");
     assert_eq!(backups.len(), 2, "{info}");
 
+    // A backup on the database host itself, through repo-remote, whose agent serves it
+    // append-only: it adds its packs and manifest and removes only its own lock.
+    let own = run_ok(env.cmd(&["--start-fast", "--type=incr", "backup"]));
+    assert!(own.trim().ends_with('I'), "{own}");
+    assert!(
+        !h.backup_repo.join(STANZA).join("lock").exists()
+            && env.info_json()["backups"].as_array().unwrap().len() == 3,
+        "the database host's own backup left its lock or is not listed"
+    );
+
     // An SSH connection dropped mid-backup fails the backup with a clear message and
     // leaves nothing visible; the next backup succeeds.
     env.cluster
@@ -304,7 +341,7 @@ fn backup_host_and_database_host_over_ssh() {
     );
     assert_eq!(
         env.info_json()["backups"].as_array().unwrap().len(),
-        2,
+        3,
         "a half backup became visible"
     );
     let next = run_ok(h.backup_host(&["--start-fast", "--process-max=2", "--type=incr", "backup"]));
@@ -346,27 +383,71 @@ fn an_encrypted_stanzas_manifests_cross_as_patches_sealed_by_the_backup_host() {
         "repo-cipher-type = \"aes-256-gcm\"\nrepo-cipher-pass = \"correct horse battery\"\n",
     );
     let env = &h.env;
-    run_ok(h.backup_host(&["stanza-create"]));
+    // Every byte the database host's agent receives, recorded by its forced command.
+    let received = env.scratch.join("agent-received");
+    std::fs::write(&received, b"").unwrap();
+    give_to_pg_user(&received);
+    h.ssh
+        .force_command(
+            PG_OS_USER,
+            &format!(
+                "tee -a {} | {} agent run --config={}",
+                received.display(),
+                exe().display(),
+                env.config.as_ref().unwrap().display()
+            ),
+        )
+        .unwrap();
+    // The backup host's object-store credentials (in its environment here) stay there.
+    let canaries = [
+        ("PGSTRATA_REPO_S3_KEY_SECRET", "canary-s3-secret"),
+        ("PGSTRATA_REPO_AZURE_KEY", "canary-azure-key"),
+        ("PGSTRATA_REPO_GCS_KEY", "canary-gcs-key"),
+    ];
+    let backup_host = |args: &[&str]| {
+        let mut c = h.backup_host(args);
+        c.envs(canaries);
+        c
+    };
+    run_ok(backup_host(&["stanza-create"]));
     env.cluster
         .pgbench(&["-i", "-s", "1", "-q", "postgres"])
         .unwrap();
-    let full = run_ok(h.backup_host(&["--start-fast", "--type=full", "backup"]));
+    let full = run_ok(backup_host(&["--start-fast", "--type=full", "backup"]));
     let full_label = full.trim().to_string();
     env.cluster
         .pgbench(&["-t", "200", "-c", "2", "postgres"])
         .unwrap();
-    let incr = h
-        .backup_host(&[
-            "--start-fast",
-            "--type=incr",
-            "--log-level-console=debug",
-            "backup",
-        ])
-        .output()
-        .unwrap();
+    let incr = backup_host(&[
+        "--start-fast",
+        "--type=incr",
+        "--log-level-console=debug",
+        "backup",
+    ])
+    .output()
+    .unwrap();
     let incr_err = String::from_utf8_lossy(&incr.stderr);
     assert!(incr.status.success(), "incremental failed: {incr_err}");
     let incr_label = String::from_utf8_lossy(&incr.stdout).trim().to_string();
+    // Three jobs crossed, and neither a credential nor the passphrase with them.
+    let received = std::fs::read(&received).unwrap();
+    assert!(
+        received.windows(5).any(|w| w == b"\"job\""),
+        "the recording holds no job: is the forced command in effect?"
+    );
+    for secret in [
+        "correct horse battery",
+        "canary-s3-secret",
+        "canary-azure-key",
+        "canary-gcs-key",
+    ] {
+        assert!(
+            !received
+                .windows(secret.len())
+                .any(|w| w == secret.as_bytes()),
+            "the backup host sent '{secret}' to the database host"
+        );
+    }
     assert!(
         incr_err.contains(&format!(
             "{STANZA}/backup/{full_label}/backup.manifest: unchanged; read from the object cache"
@@ -408,13 +489,38 @@ fn a_backup_runs_on_the_standby_host_and_reads_the_primary_over_its_connection()
         .pgbench(&["-i", "-s", "2", "-q", "postgres"])
         .unwrap();
     let standby = crate::standby::start_standby(env);
+    // The standby's host has its own configuration: its standby, and the primary's
+    // connection (no pg-path: the primary's data directory is not there). The backup
+    // host only says where that host is. (One OS user stands for both database hosts
+    // here: its key's forced command now names the standby host's configuration.)
+    let standby_config = env.scratch.join("standby-host.toml");
+    std::fs::write(
+        &standby_config,
+        format!(
+            "[global]\nlog-level-file = \"off\"\n[{STANZA}]\npg-host = \"{}\"\npg-port = {}\npg-user = \"postgres\"\nbackup-standby = true\nstandby-path = \"{}\"\nstandby-host = \"{}\"\nstandby-port = {}\n",
+            env.cluster.socket_dir.display(),
+            env.cluster.port,
+            standby.data.display(),
+            standby.socket_dir.display(),
+            standby.port
+        ),
+    )
+    .unwrap();
+    give_to_pg_user(&standby_config);
+    h.ssh
+        .force_command(
+            PG_OS_USER,
+            &format!(
+                "{} agent run --config={}",
+                exe().display(),
+                standby_config.display()
+            ),
+        )
+        .unwrap();
     let on_standby = [
         "--backup-standby".to_string(),
         format!("--standby-remote={PG_OS_USER}@standby-host"),
         format!("--standby-remote-cmd={}", exe().display()),
-        format!("--standby-path={}", standby.data.display()),
-        format!("--standby-host={}", standby.socket_dir.display()),
-        format!("--standby-port={}", standby.port),
         "--start-fast".to_string(),
         "--process-max=2".to_string(),
     ];

@@ -4,6 +4,7 @@
 
 mod common;
 
+mod agent_peer;
 mod archive;
 mod archive_async;
 mod backup;

@@ -7,10 +7,18 @@
 //! the loop itself, over any store: the backup host also runs it to serve its repository
 //! (local or an object store) to `pgstrata agent run` on the database host (pg-remote).
 //!
+//! The peer is not trusted with the repository ([`Policy`]): it reaches only the stanzas
+//! it is served, and only adds to them. It creates objects (create-only), reads and lists
+//! them, and deletes only what it created on this connection (its lock, staging and
+//! resume files). So a database host taken over can neither erase nor overwrite a backup,
+//! nor read another stanza's; expire, key removal and the like run on the backup host.
+//!
 //! Requests run concurrently (up to [`CONCURRENCY`]) and answers go back as they
-//! complete. Reading and writing the stream are blocking threads (pipes); the requests
-//! run on the caller's tokio runtime. When the peer closes the stream the agent finishes
-//! what it started and returns.
+//! complete. The bytes held for a peer, requests read and answers not yet written, are
+//! bounded by a budget ([`Serving::buffer_max`]): a peer that sends requests without
+//! reading the answers stalls, it does not grow the holder. Reading and writing the stream
+//! are blocking threads (pipes); the requests run on the caller's tokio runtime. When the
+//! peer closes the stream the agent finishes what it started and returns.
 
 use crate::client::hello;
 use crate::protocol::{self, Answer, Done, Failure, FailureKind, Message, Meta, Op, Request};
@@ -19,16 +27,21 @@ use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjPath;
 use object_store::{
-    GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    GetOptions, GetRange, GetResult, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    PutPayload,
 };
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::path::Path;
-use std::sync::Arc;
-use tokio::sync::{mpsc, Semaphore};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 /// Requests served at once: enough to keep a disk and the link busy, few enough that a
 /// peer sending a restore's worth of reads does not make the agent hold them all.
 pub const CONCURRENCY: usize = 32;
+
+/// Default of [`Serving::buffer_max`] (the option `agent-buffer-max`).
+pub const DEFAULT_BUFFER_MAX: u64 = 256 << 20;
 
 /// What a holder needs to serve [`Op::PutPatch`]: the object a patch makes from an object
 /// it holds. The protocol does not know what objects are; pgstrata's repository crate
@@ -54,10 +67,146 @@ pub fn object_hash(bytes: &[u8]) -> String {
     blake3::hash(bytes).to_hex().to_string()
 }
 
+/// What a peer may do to the repository it is served: the stanzas it is given, append-only.
+///
+/// - every key (and `to`, `base`) lies inside one of `stanzas` (its first path segment);
+///   a listing of the whole repository shows those stanzas' objects alone;
+/// - `put`, `copy` and `put_patch` are create-only: an overwrite is refused;
+/// - `delete` removes only an object this connection created.
+///
+/// Refusals answer `permission_denied` and change nothing.
+pub struct Policy {
+    stanzas: Vec<String>,
+    created: Mutex<HashSet<String>>,
+}
+
+impl Policy {
+    /// Serve `stanzas` (each a stanza name) append-only.
+    pub fn append_only(stanzas: Vec<String>) -> Policy {
+        Policy {
+            stanzas,
+            created: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn in_stanzas(&self, key: &str) -> bool {
+        let first = key.split('/').next().unwrap_or_default();
+        self.stanzas.iter().any(|s| s == first)
+    }
+
+    fn refuse(&self, why: String) -> Failure {
+        Failure {
+            kind: FailureKind::PermissionDenied,
+            message: format!(
+                "refused by the repository's holder, which serves stanza {} append-only: {why}",
+                self.stanzas.join(", ")
+            ),
+        }
+    }
+
+    /// Ok when `req` may be served; else the refusal to answer.
+    fn admit(&self, req: &Request) -> Result<(), Failure> {
+        let listing = matches!(req.op, Op::List | Op::ListDirs);
+        let mut keys = vec![req.key.as_str()];
+        keys.extend(req.to.as_deref());
+        keys.extend(req.base.as_deref());
+        for k in keys {
+            let whole_repository_listing = listing && k.is_empty();
+            if !whole_repository_listing && !self.in_stanzas(k) {
+                return Err(self.refuse(format!("'{k}' is outside them")));
+            }
+        }
+        let creates = matches!(req.op, Op::Put | Op::Copy | Op::PutPatch);
+        if creates && !req.create_only {
+            return Err(self.refuse(format!("{:?} would overwrite '{}'", req.op, req.key)));
+        }
+        if req.op == Op::Delete && !self.created.lock().unwrap().contains(&req.key) {
+            return Err(self.refuse(format!(
+                "'{}' was not created on this connection and is not deleted",
+                req.key
+            )));
+        }
+        Ok(())
+    }
+
+    /// Record what `req`, served, created or deleted.
+    fn served(&self, req: &Request) {
+        let mut created = self.created.lock().unwrap();
+        match req.op {
+            Op::Put => {
+                created.insert(req.key.clone());
+            }
+            Op::Copy => {
+                created.extend(req.to.clone());
+            }
+            Op::PutPatch => {
+                created.insert(req.key.clone());
+                created.extend(req.to.clone());
+            }
+            Op::Delete => {
+                created.remove(&req.key);
+            }
+            Op::Get | Op::List | Op::ListDirs => {}
+        }
+    }
+
+    /// A whole-repository listing narrowed to the served stanzas.
+    fn narrow(&self, answer: &mut Answer) {
+        answer.objects.retain(|m| self.in_stanzas(&m.key));
+        answer.prefixes.retain(|p| self.in_stanzas(p));
+    }
+}
+
+/// A bound on the bytes a holder keeps for its peer, counted in KiB permits.
+#[derive(Clone)]
+struct Budget {
+    permits: Arc<Semaphore>,
+    total_kib: u32,
+}
+
+impl Budget {
+    fn new(bytes: u64) -> Budget {
+        let total_kib = (bytes / 1024).clamp(1, u32::MAX as u64 >> 4) as u32;
+        Budget {
+            permits: Arc::new(Semaphore::new(total_kib as usize)),
+            total_kib,
+        }
+    }
+
+    /// KiB permits for `bytes`: one object larger than the whole budget waits until it
+    /// has it all, then goes alone.
+    fn kib(&self, bytes: u64) -> u32 {
+        (bytes.div_ceil(1024)).clamp(1, self.total_kib as u64) as u32
+    }
+
+    async fn reserve(&self, bytes: u64) -> OwnedSemaphorePermit {
+        self.permits
+            .clone()
+            .acquire_many_owned(self.kib(bytes))
+            .await
+            .expect("never closed")
+    }
+}
+
+/// A repository and how to serve it to one peer.
+pub struct Serving {
+    pub store: Arc<dyn ObjectStore>,
+    /// Serves `put_patch` (without it: `not_supported`).
+    pub rebuild: Option<Arc<dyn Rebuild>>,
+    pub policy: Policy,
+    /// Bytes held at most for the peer: request bodies read and answers not yet written.
+    pub buffer_max: u64,
+}
+
 /// `pgstrata agent repo`: exchange hellos on stdin/stdout, then serve the repository in
-/// `root` (created, 0750, when missing) until the client closes the stream. Errors are
-/// for the agent's stderr, which SSH passes to the client's.
-pub async fn serve_repo(root: &Path, rebuild: Option<Arc<dyn Rebuild>>) -> Result<(), String> {
+/// `root` (created, 0750, when missing) under `policy` until the client closes the stream.
+/// Errors are for the agent's stderr, which SSH passes to the client's.
+pub async fn serve_repo(
+    root: &Path,
+    rebuild: Option<Arc<dyn Rebuild>>,
+    policy: Policy,
+    buffer_max: u64,
+) -> Result<(), String> {
     let (mut input, mut output) = (std::io::stdin().lock(), std::io::stdout().lock());
     hello(&mut input, &mut output, "the client", true)?;
     drop((input, output));
@@ -68,36 +217,51 @@ pub async fn serve_repo(root: &Path, rebuild: Option<Arc<dyn Rebuild>>) -> Resul
             .with_fsync(true)
             .with_automatic_cleanup(true),
     );
-    serve(store, rebuild, std::io::stdin(), std::io::stdout()).await?;
+    let serving = Serving {
+        store,
+        rebuild,
+        policy,
+        buffer_max,
+    };
+    serve(serving, std::io::stdin(), std::io::stdout()).await?;
     Ok(())
 }
 
-/// Serve `store` to the peer at the other end of `input`/`output` (hellos already
+/// An answer: its frame's head, its body, and the budget they hold until written.
+type Outgoing = (Vec<u8>, Bytes, Option<OwnedSemaphorePermit>);
+
+/// Serve `serving` to the peer at the other end of `input`/`output` (hellos already
 /// exchanged) until it closes the stream (`None`) or, in an `agent run`, sends the
-/// command's [`Done`]. `rebuild` serves `put_patch` (without it: `not_supported`).
+/// job's [`Done`].
 pub async fn serve(
-    store: Arc<dyn ObjectStore>,
-    rebuild: Option<Arc<dyn Rebuild>>,
+    serving: Serving,
     input: impl Read + Send + 'static,
     output: impl Write + Send + 'static,
 ) -> Result<Option<Done>, String> {
-    // The reader thread hands frames to this task; the writer thread sends answers.
-    let (frames_in, mut incoming) = mpsc::channel::<std::io::Result<Option<(Message, Bytes)>>>(4);
+    let budget = Budget::new(serving.buffer_max);
+    let serving = Arc::new(serving);
+    // The reader thread takes room in the budget for each frame before reading it, and
+    // hands frames to this task; the writer thread sends answers and frees their room.
+    type Incoming = std::io::Result<Option<(Message, Bytes, OwnedSemaphorePermit)>>;
+    let (frames_in, mut incoming) = mpsc::channel::<Incoming>(4);
+    let (reader_budget, runtime) = (budget.clone(), tokio::runtime::Handle::current());
     std::thread::spawn(move || {
         let mut input = std::io::BufReader::with_capacity(1 << 20, input);
         loop {
-            let f = protocol::read_frame(&mut input);
+            let f = protocol::read_frame_reserving(&mut input, |len| {
+                runtime.block_on(reader_budget.reserve(len as u64))
+            });
             let last = !matches!(f, Ok(Some(_)));
             if frames_in.blocking_send(f).is_err() || last {
                 return;
             }
         }
     });
-    let (answers, outgoing) = std::sync::mpsc::sync_channel::<Vec<u8>>(CONCURRENCY);
+    let (answers, outgoing) = std::sync::mpsc::sync_channel::<Outgoing>(CONCURRENCY);
     let writer = std::thread::spawn(move || -> std::io::Result<()> {
         let mut out = std::io::BufWriter::with_capacity(1 << 20, output);
         loop {
-            let frame = match outgoing.try_recv() {
+            let (head, body, room) = match outgoing.try_recv() {
                 Ok(f) => f,
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
                 Err(std::sync::mpsc::TryRecvError::Empty) => {
@@ -108,7 +272,9 @@ pub async fn serve(
                     }
                 }
             };
-            out.write_all(&frame)?;
+            out.write_all(&head)?;
+            out.write_all(&body)?;
+            drop((body, room));
         }
         out.flush()
     });
@@ -116,7 +282,7 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
     let mut tasks = tokio::task::JoinSet::new();
     let outcome = loop {
-        let (message, body) = match incoming.recv().await {
+        let (message, body, room) = match incoming.recv().await {
             Some(Ok(Some(f))) => f,
             Some(Ok(None)) | None => break Ok(None),
             Some(Err(e)) => break Err(format!("agent: read a request: {e}")),
@@ -127,12 +293,14 @@ pub async fn serve(
             other => break Err(format!("agent: unexpected message {other:?}")),
         };
         let permit = slots.clone().acquire_owned().await.expect("never closed");
-        let (store, rebuild, answers) = (store.clone(), rebuild.clone(), answers.clone());
+        let (serving, budget, answers) = (serving.clone(), budget.clone(), answers.clone());
         tasks.spawn(async move {
-            let (answer, body) = handle(&*store, rebuild.as_deref(), req, body).await;
-            let frame = protocol::frame(&Message::Answer(answer), &body);
+            let (answer, body, answer_room) = handle(&serving, &budget, req, body).await;
+            drop(room);
+            let head = protocol::frame_head(&Message::Answer(answer), body.len());
             // A blocking send on a bounded queue: answers wait for the link, not memory.
-            let _ = tokio::task::spawn_blocking(move || answers.send(frame)).await;
+            let _ =
+                tokio::task::spawn_blocking(move || answers.send((head, body, answer_room))).await;
             drop(permit);
         });
         // Reap finished tasks as we go so the set does not grow with the session.
@@ -188,51 +356,75 @@ fn failure(e: object_store::Error) -> Failure {
     }
 }
 
+/// Serve one request: its answer, the answer's body, and the budget the body holds.
 async fn handle(
-    store: &dyn ObjectStore,
-    rebuild: Option<&dyn Rebuild>,
+    serving: &Serving,
+    budget: &Budget,
     req: Request,
     body: Bytes,
-) -> (Answer, Bytes) {
+) -> (Answer, Bytes, Option<OwnedSemaphorePermit>) {
     let id = req.id;
-    match serve_one(store, rebuild, req, body).await {
-        Ok(r) => r,
-        Err(e) => (
-            Answer {
-                id,
-                error: Some(failure(e)),
-                ..Default::default()
-            },
-            Bytes::new(),
-        ),
+    let refused = |f: Failure| {
+        let answer = Answer {
+            id,
+            error: Some(f),
+            ..Default::default()
+        };
+        (answer, Bytes::new(), None)
+    };
+    if let Err(f) = serving.policy.admit(&req) {
+        log::warn!("{}", f.message);
+        return refused(f);
+    }
+    match serve_one(serving, budget, &req, body).await {
+        Ok(mut r) => {
+            serving.policy.served(&req);
+            if matches!(req.op, Op::List | Op::ListDirs) && req.key.is_empty() {
+                serving.policy.narrow(&mut r.0);
+            }
+            r
+        }
+        Err(e) => refused(failure(e)),
     }
 }
 
+/// The bytes of a read, once the budget has room for them (the object's size is known
+/// before its bytes are read).
+async fn read_within(
+    budget: &Budget,
+    r: GetResult,
+) -> object_store::Result<(Bytes, OwnedSemaphorePermit)> {
+    let room = budget.reserve(r.range.end - r.range.start).await;
+    Ok((r.bytes().await?, room))
+}
+
 async fn serve_one(
-    store: &dyn ObjectStore,
-    rebuild: Option<&dyn Rebuild>,
-    req: Request,
+    serving: &Serving,
+    budget: &Budget,
+    req: &Request,
     body: Bytes,
-) -> object_store::Result<(Answer, Bytes)> {
+) -> object_store::Result<(Answer, Bytes, Option<OwnedSemaphorePermit>)> {
+    let store = &*serving.store;
     let path = |k: &str| ObjPath::parse(k).map_err(object_store::Error::from);
     let mut answer = Answer {
         id: req.id,
         ..Default::default()
     };
     let key = path(&req.key)?;
+    let create_or_overwrite = |create_only: bool| PutOptions {
+        mode: if create_only {
+            PutMode::Create
+        } else {
+            PutMode::Overwrite
+        },
+        ..Default::default()
+    };
     match req.op {
         Op::Put => {
-            let opts = PutOptions {
-                mode: if req.create_only {
-                    PutMode::Create
-                } else {
-                    PutMode::Overwrite
-                },
-                ..Default::default()
-            };
+            let opts = create_or_overwrite(req.create_only);
             let r = store.put_opts(&key, PutPayload::from(body), opts).await?;
             answer.e_tag = r.e_tag;
-            Ok((answer, Bytes::new()))
+            Ok((answer, Bytes::new(), None))
         }
         Op::Get => {
             let opts = GetOptions {
@@ -244,17 +436,16 @@ async fn serve_one(
             let r = store.get_opts(&key, opts).await?;
             answer.meta = Some(meta_of(&r.meta));
             answer.range = Some([r.range.start, r.range.end]);
-            let bytes = if req.head_only {
-                Bytes::new()
-            } else {
-                r.bytes().await?
-            };
+            if req.head_only {
+                return Ok((answer, Bytes::new(), None));
+            }
+            let (bytes, room) = read_within(budget, r).await?;
             // The requester holds these bytes already: say so instead of sending them.
             if whole && req.unless_hash.as_deref() == Some(&object_hash(&bytes)) {
                 answer.unchanged = true;
-                return Ok((answer, Bytes::new()));
+                return Ok((answer, Bytes::new(), None));
             }
-            Ok((answer, bytes))
+            Ok((answer, bytes, Some(room)))
         }
         Op::List => {
             let prefix = (!req.key.is_empty()).then_some(&key);
@@ -263,61 +454,58 @@ async fn serve_one(
                 .map_ok(|m| meta_of(&m))
                 .try_collect()
                 .await?;
-            Ok((answer, Bytes::new()))
+            Ok((answer, Bytes::new(), None))
         }
         Op::ListDirs => {
             let prefix = (!req.key.is_empty()).then_some(&key);
             let r = store.list_with_delimiter(prefix).await?;
             answer.objects = r.objects.iter().map(meta_of).collect();
             answer.prefixes = r.common_prefixes.iter().map(|p| p.to_string()).collect();
-            Ok((answer, Bytes::new()))
+            Ok((answer, Bytes::new(), None))
         }
         Op::Delete => {
             store.delete(&key).await?;
-            Ok((answer, Bytes::new()))
+            Ok((answer, Bytes::new(), None))
         }
         // An independent object, never the store's own copy: a local directory's is a
         // hard link, and the one caller (a manifest's second copy, `put_new_twice`) needs
         // two files. It costs a read on this host, not the bytes crossing the line again.
         Op::Copy => {
             let to = path(req.to.as_deref().unwrap_or_default())?;
-            let mode = if req.create_only {
-                PutMode::Create
-            } else {
-                PutMode::Overwrite
-            };
-            let bytes = store.get(&key).await?.bytes().await?;
-            let opts = PutOptions {
-                mode,
-                ..Default::default()
-            };
+            let (bytes, _room) = read_within(budget, store.get(&key).await?).await?;
+            let opts = create_or_overwrite(req.create_only);
             store.put_opts(&to, PutPayload::from(bytes), opts).await?;
-            Ok((answer, Bytes::new()))
+            Ok((answer, Bytes::new(), None))
         }
         Op::PutPatch => {
-            let (Some(rebuild), Some(base), Some(to)) = (rebuild, &req.base, &req.to) else {
+            let (Some(rebuild), Some(base), Some(to)) = (&serving.rebuild, &req.base, &req.to)
+            else {
                 return Err(object_store::Error::NotSupported {
                     source: "this agent rebuilds no patched objects: send the object whole".into(),
                 });
             };
             let to = path(to)?;
-            let base_bytes = store.get(&path(base)?).await?.bytes().await?;
+            let (base_bytes, _room) = read_within(budget, store.get(&path(base)?).await?).await?;
             let bytes = rebuild
                 .rebuild(base, base_bytes, to.as_ref(), body)
                 .await
                 .map_err(|m| object_store::Error::NotSupported { source: m.into() })?;
-            let create = || PutOptions {
-                mode: PutMode::Create,
-                ..Default::default()
-            };
             store
-                .put_opts(&key, PutPayload::from(bytes.clone()), create())
+                .put_opts(
+                    &key,
+                    PutPayload::from(bytes.clone()),
+                    create_or_overwrite(true),
+                )
                 .await?;
             store
-                .put_opts(&to, PutPayload::from(bytes.clone()), create())
+                .put_opts(
+                    &to,
+                    PutPayload::from(bytes.clone()),
+                    create_or_overwrite(true),
+                )
                 .await?;
             answer.hash = Some(object_hash(&bytes));
-            Ok((answer, Bytes::new()))
+            Ok((answer, Bytes::new(), None))
         }
     }
 }
@@ -330,15 +518,29 @@ mod tests {
 
     type Served = tokio::task::JoinHandle<Result<Option<Done>, String>>;
 
-    /// `store` served by [`serve`] over two OS pipes, and the RemoteStore at their other end.
+    /// `store` served by [`serve`] over two OS pipes (stanzas `stanza` and `s`), and the
+    /// RemoteStore at their other end.
     fn served(
         store: Arc<dyn ObjectStore>,
         rebuild: Option<Arc<dyn Rebuild>>,
     ) -> (Served, RemoteStore) {
         let (to_agent_r, to_agent_w) = std::io::pipe().unwrap();
         let (to_client_r, to_client_w) = std::io::pipe().unwrap();
-        let server = tokio::spawn(serve(store, rebuild, to_agent_r, to_client_w));
+        let serving = Serving {
+            store,
+            rebuild,
+            policy: Policy::append_only(vec!["stanza".into(), "s".into()]),
+            buffer_max: DEFAULT_BUFFER_MAX,
+        };
+        let server = tokio::spawn(serve(serving, to_agent_r, to_client_w));
         (server, RemoteStore::origin(to_client_r, to_agent_w))
+    }
+
+    fn create() -> PutOptions {
+        PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        }
     }
 
     /// A RemoteStore talking to `serve` over two OS pipes: puts, create-only refusals,
@@ -351,15 +553,11 @@ mod tests {
         let (server, remote) = served(local, None);
         let p = ObjPath::from("stanza/obj");
         remote
-            .put(&p, PutPayload::from_static(b"0123456789"))
+            .put_opts(&p, PutPayload::from_static(b"0123456789"), create())
             .await
             .unwrap();
-        let create = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
         let again = remote
-            .put_opts(&p, PutPayload::from_static(b"x"), create)
+            .put_opts(&p, PutPayload::from_static(b"x"), create())
             .await
             .unwrap_err();
         assert!(
@@ -455,7 +653,7 @@ mod tests {
         let (server, remote) = served(local.clone(), Some(Arc::new(Append)));
         let base = ObjPath::from("s/base");
         remote
-            .put(&base, PutPayload::from_static(b"BASE"))
+            .put_opts(&base, PutPayload::from_static(b"BASE"), create())
             .await
             .unwrap();
 
@@ -517,5 +715,104 @@ mod tests {
         assert!(local.head(&f2).await.is_err());
         remote.finish(Done::default()).await.unwrap();
         server.await.unwrap().unwrap();
+    }
+
+    /// A hostile peer's requests, as raw frames: each one outside the policy is refused
+    /// with `permission_denied` and changes nothing; what the policy allows still works.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_reaches_its_stanzas_only_and_only_adds() {
+        let dir = tempfile::tempdir().unwrap();
+        for (k, v) in [("main/backup.manifest", "M"), ("other/stanza.json", "O")] {
+            let p = dir.path().join(k);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, v).unwrap();
+        }
+        let local: Arc<dyn ObjectStore> =
+            Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let (to_agent_r, mut to_agent_w) = std::io::pipe().unwrap();
+        let (mut to_client_r, to_client_w) = std::io::pipe().unwrap();
+        let serving = Serving {
+            store: local,
+            rebuild: None,
+            policy: Policy::append_only(vec!["main".into()]),
+            buffer_max: DEFAULT_BUFFER_MAX,
+        };
+        let server = tokio::spawn(serve(serving, to_agent_r, to_client_w));
+        let mut next_id = 0;
+        let mut ask = move |op: Op, key: &str, to: Option<&str>, create_only: bool, body: &[u8]| {
+            next_id += 1;
+            let req = Request {
+                id: next_id,
+                op,
+                key: key.into(),
+                to: to.map(str::to_string),
+                range: None,
+                create_only,
+                head_only: false,
+                base: None,
+                unless_hash: None,
+            };
+            to_agent_w
+                .write_all(&protocol::frame(&Message::Request(req), body))
+                .unwrap();
+            match protocol::read_frame(&mut to_client_r).unwrap() {
+                Some((Message::Answer(a), body)) => (a, body),
+                other => panic!("{other:?}"),
+            }
+        };
+        let denied = |a: &Answer| {
+            a.error
+                .as_ref()
+                .is_some_and(|e| e.kind == FailureKind::PermissionDenied)
+        };
+        let forbidden: &[(Op, &str, Option<&str>, bool)] = &[
+            (Op::Put, "main/backup.manifest", None, false),
+            (Op::Put, "other/stanza.json", None, true),
+            (Op::Put, "other/new", None, true),
+            (Op::Delete, "main/backup.manifest", None, false),
+            (Op::Delete, "other/stanza.json", None, false),
+            (Op::Copy, "main/backup.manifest", Some("main/x"), false),
+            (Op::Copy, "other/stanza.json", Some("main/stolen"), true),
+            (Op::Get, "other/stanza.json", None, false),
+            (Op::List, "other", None, false),
+            (Op::ListDirs, "other/", None, false),
+            (Op::Get, "../etc/passwd", None, false),
+            (Op::Get, "main/../other/stanza.json", None, false),
+        ];
+        for &(op, key, to, create_only) in forbidden {
+            let (a, body) = ask(op, key, to, create_only, b"EVIL");
+            assert!(
+                a.error.is_some() && body.is_empty(),
+                "{op:?} {key} was served: {a:?}"
+            );
+            if !key.contains("..") {
+                assert!(denied(&a), "{op:?} {key}: {a:?}");
+            }
+        }
+        // A listing of the whole repository shows the served stanza alone.
+        let (a, _) = ask(Op::List, "", None, false, b"");
+        let keys: Vec<_> = a.objects.iter().map(|m| m.key.as_str()).collect();
+        assert_eq!(keys, ["main/backup.manifest"]);
+        let (a, _) = ask(Op::ListDirs, "", None, false, b"");
+        assert_eq!(a.prefixes, ["main"]);
+        // Allowed: read, create, and delete what this connection created.
+        let (a, body) = ask(Op::Get, "main/backup.manifest", None, false, b"");
+        assert!(a.error.is_none() && &body[..] == b"M", "{a:?}");
+        let (a, _) = ask(Op::Put, "main/lock", None, true, b"L");
+        assert!(a.error.is_none(), "{a:?}");
+        let (a, _) = ask(Op::Delete, "main/lock", None, false, b"");
+        assert!(a.error.is_none(), "{a:?}");
+        // ... once: deleted, it is no longer this connection's to delete.
+        let (a, _) = ask(Op::Delete, "main/lock", None, false, b"");
+        assert!(denied(&a), "{a:?}");
+        drop(ask);
+        server.await.unwrap().unwrap();
+        // Nothing changed.
+        let read = |k: &str| std::fs::read_to_string(dir.path().join(k)).unwrap();
+        assert_eq!(read("main/backup.manifest"), "M");
+        assert_eq!(read("other/stanza.json"), "O");
+        for gone in ["other/new", "main/x", "main/stolen", "main/lock"] {
+            assert!(!dir.path().join(gone).exists(), "{gone} exists");
+        }
     }
 }

@@ -10,8 +10,13 @@
 //!
 //! Two sessions exist. `agent repo` (repo-remote): the client uses the repository the
 //! agent serves. `agent run` (pg-remote): the client (on the backup host) sends one
-//! [`Run`], then serves its repository to the agent (on the database host), which runs
-//! the command there and ends with one [`Done`].
+//! [`Job`], then serves its repository to the agent (on the database host), which runs
+//! the job there and ends with one [`Done`].
+//!
+//! Neither side trusts the other with more than its part. A [`Job`] names one of three
+//! jobs and a few per-job choices, never a command line, an option the database host owns
+//! or an environment; a holder serves only its peer's stanzas, append-only (see
+//! `agent::Policy`).
 //!
 //! `docs/remote-protocol.md` specifies the messages; [`PROTOCOL_VERSION`] changes with any
 //! change an older peer would misread.
@@ -19,8 +24,9 @@
 use serde::{Deserialize, Serialize};
 use std::io::Read;
 
-/// Version of the frames and messages below.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Version of the frames and messages below. 3: `job` replaced `run` (a typed job instead
+/// of a command line and environment).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The hello's `hello` field: what speaks.
 pub const HELLO: &str = "pgstrata-agent";
@@ -173,17 +179,45 @@ pub struct Answer {
     pub prefixes: Vec<String>,
 }
 
-/// `agent run`: the command the backup host has the agent run on the database host
-/// (pg-remote). The agent then reaches the repository through requests back over the
-/// same stream, and ends with [`Done`].
+/// The jobs an `agent run` does for the backup host.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobKind {
+    StanzaCreate,
+    Check,
+    Backup,
+}
+
+impl JobKind {
+    pub const ALL: [JobKind; 3] = [JobKind::StanzaCreate, JobKind::Check, JobKind::Backup];
+
+    /// The pgstrata command that does this job.
+    pub fn command(self) -> &'static str {
+        match self {
+            JobKind::StanzaCreate => "stanza-create",
+            JobKind::Check => "check",
+            JobKind::Backup => "backup",
+        }
+    }
+
+    pub fn from_command(command: &str) -> Option<JobKind> {
+        JobKind::ALL.into_iter().find(|j| j.command() == command)
+    }
+}
+
+/// `agent run`: the job the backup host asks the database host's agent to do (pg-remote).
+/// The agent takes its own settings (data directory, connection, standby) from its own
+/// configuration, and from this only `choices`, each an option the option table lets the
+/// backup host choose for this job; anything else is refused. The agent then reaches the
+/// repository through requests back over the same stream, and ends with [`Done`].
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Run {
-    /// The command and its arguments (`backup`, `check`, `stanza-create`).
-    pub args: Vec<String>,
-    /// Option values as `PGSTRATA_*` variables: the backup host's resolved configuration
-    /// for the stanza. Sent in a frame, never on the remote command line, because it may
-    /// hold secrets (the cipher passphrase).
-    pub env: Vec<(String, String)>,
+pub struct Job {
+    pub job: JobKind,
+    /// The stanza (a name; the agent refuses another than its forced command names).
+    pub stanza: String,
+    /// `(option, value)`: per-job choices such as `type`, `compress-type`, `process-max`.
+    #[serde(default)]
+    pub choices: Vec<(String, String)>,
 }
 
 /// The end of an `agent run`: what the command printed on standard output, its exit code,
@@ -204,24 +238,41 @@ pub enum Message {
     Hello(Hello),
     Request(Request),
     Answer(Answer),
-    Run(Run),
+    Job(Job),
     Done(Done),
 }
 
 /// Encode one frame.
 pub fn frame(message: &Message, body: &[u8]) -> Vec<u8> {
+    let mut out = frame_head(message, body.len());
+    out.extend_from_slice(body);
+    out
+}
+
+/// A frame without its body: the lengths and the header, for a writer that sends a large
+/// body from where it is instead of copying it behind them.
+pub fn frame_head(message: &Message, body_len: usize) -> Vec<u8> {
     let header = serde_json::to_vec(message).expect("protocol headers serialize");
-    let rest = 4 + header.len() + body.len();
-    let mut out = Vec::with_capacity(4 + rest);
+    let rest = 4 + header.len() + body_len;
+    let mut out = Vec::with_capacity(8 + header.len() + body_len.min(64 << 10));
     out.extend_from_slice(&(rest as u32).to_le_bytes());
     out.extend_from_slice(&(header.len() as u32).to_le_bytes());
     out.extend_from_slice(&header);
-    out.extend_from_slice(body);
     out
 }
 
 /// Read one frame: its message and body. `Ok(None)` at a clean end of stream.
 pub fn read_frame<R: Read>(r: &mut R) -> std::io::Result<Option<(Message, bytes::Bytes)>> {
+    Ok(read_frame_reserving(r, |_| ())?.map(|(m, b, ())| (m, b)))
+}
+
+/// [`read_frame`], calling `reserve` with the frame's length before a buffer of that size
+/// is allocated, and returning what it returned beside the frame: a holder accounts for
+/// (and waits for room for) the bytes a peer sends before it holds them.
+pub fn read_frame_reserving<R: Read, T>(
+    r: &mut R,
+    reserve: impl FnOnce(usize) -> T,
+) -> std::io::Result<Option<(Message, bytes::Bytes, T)>> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len) {
         Ok(_) => {}
@@ -232,6 +283,7 @@ pub fn read_frame<R: Read>(r: &mut R) -> std::io::Result<Option<(Message, bytes:
     if !(4..=MAX_FRAME).contains(&rest) {
         return Err(bad(format!("a frame of {rest} bytes")));
     }
+    let reserved = reserve(rest);
     let mut buf = vec![0u8; rest];
     r.read_exact(&mut buf)?;
     let header_len = u32::from_le_bytes(buf[..4].try_into().unwrap()) as usize;
@@ -242,7 +294,7 @@ pub fn read_frame<R: Read>(r: &mut R) -> std::io::Result<Option<(Message, bytes:
     }
     let mut buf = bytes::Bytes::from(buf);
     let body = buf.split_off(4 + header_len);
-    Ok(Some((parse(&buf[4..])?, body)))
+    Ok(Some((parse(&buf[4..])?, body, reserved)))
 }
 
 /// Parse a frame's header.
@@ -306,7 +358,7 @@ mod tests {
         theirs.version = "9.9.9".into();
         let msg = theirs.check("the agent on db1").unwrap_err();
         assert!(
-            msg.contains("the agent on db1 speaks agent protocol 3 (pgstrata 9.9.9)"),
+            msg.contains("the agent on db1 speaks agent protocol 4 (pgstrata 9.9.9)"),
             "{msg}"
         );
         assert!(msg.contains("install the same pgstrata version"), "{msg}");

@@ -211,6 +211,23 @@ impl SshServer {
         write_client(&home, user, port, &known_hosts, &format!("-via-{port}"))
     }
 
+    /// Limit what logging in as `user` may do to `command`, as the README's
+    /// `authorized_keys` does: `restrict,command="..."` before the key. Whatever command
+    /// the client asks for, sshd runs `command` (the client's words are in
+    /// `SSH_ORIGINAL_COMMAND`, which pgstrata ignores).
+    pub fn force_command(&self, user: &str, command: &str) -> Result<(), String> {
+        let p = self.dir.join("authorized_keys").join(user);
+        let key = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let key = key
+            .rsplit_once('"')
+            .map_or(key.as_str(), |(_, k)| k.trim_start());
+        let line = format!(
+            "restrict,command=\"{}\" {key}",
+            command.replace('\\', "\\\\").replace('"', "\\\"")
+        );
+        std::fs::write(&p, line).map_err(|e| format!("{}: {e}", p.display()))
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("sshd.log")).unwrap_or_default()
     }

@@ -50,6 +50,9 @@ pub struct BackupOptions {
     /// Reuse what an interrupted backup stored, and write checkpoints that let a later
     /// backup reuse what this one stores (`resume`).
     pub resume: bool,
+    /// The caller holds the stanza lock: the backup host of a pg-remote backup, which
+    /// takes it ([`with_backup_lock`]) around the job it asks of the database host.
+    pub locked_by_caller: bool,
 }
 
 pub(crate) fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: BackupType) -> String {
@@ -63,6 +66,9 @@ pub(crate) fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: Backup
 
 pub async fn backup(s: &Settings, opts: &BackupOptions) -> Result<Manifest> {
     let (storage, stanza) = open_stanza(s).await?;
+    if opts.locked_by_caller {
+        return backup_locked(s, opts, &storage, &stanza).await;
+    }
     crate::lock::with_lock(
         &storage,
         &s.stanza,
@@ -71,6 +77,17 @@ pub async fn backup(s: &Settings, opts: &BackupOptions) -> Result<Manifest> {
         backup_locked(s, opts, &storage, &stanza),
     )
     .await
+}
+
+/// Run `work`, a backup of stanza `s.stanza` that another host does (pg-remote), holding
+/// the stanza's lock here: the database host's agent may not remove a lock it did not
+/// create, so a stale one is taken over here, where its holder ran.
+pub async fn with_backup_lock<T>(
+    s: &Settings,
+    work: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let (storage, _) = open_stanza(s).await?;
+    crate::lock::with_lock(&storage, &s.stanza, &s.lock_path, "backup", work).await
 }
 
 async fn backup_locked(
