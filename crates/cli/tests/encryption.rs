@@ -481,3 +481,248 @@ fn restore_then_delta(env: &Env, set: &str, expected: &str) {
     assert_eq!(marker_rows(&restored), expected);
     restored.stop().unwrap();
 }
+
+/// The key files of the stanza, by id, as stored.
+fn key_files(env: &Env) -> BTreeMap<String, PathBuf> {
+    std::fs::read_dir(env.repo.join(STANZA).join("keys"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let id = name.strip_suffix(".json")?.to_string();
+            Some((id, e.path()))
+        })
+        .collect()
+}
+
+/// A command run with `pass` as the passphrase.
+fn with_pass(env: &Env, pass: &str, args: &[&str]) -> std::process::Command {
+    let mut c = env.cmd(args);
+    c.env("PGSTRATA_REPO_CIPHER_PASS", pass);
+    c
+}
+
+/// Issue 41, finding 1: key-remove revokes. A removed key file put back (anyone who could
+/// read the repository may have kept a copy) opens what was written before its removal,
+/// and nothing written after it: neither the new backup's manifest nor its packs nor the
+/// WAL archived after. The remaining passphrase still reads and restores everything.
+#[test]
+fn a_removed_key_put_back_opens_nothing_written_after_its_removal() {
+    const SECOND: &str = "the second passphrase";
+    let env = encrypted_env("enc-revoke");
+    env.sql(&format!(
+        "CREATE TABLE marker_table AS SELECT '{MARKER} row ' || g AS v FROM generate_series(1, 20000) g"
+    ));
+    env.stanza_create();
+    let mut add = with_pass(&env, PASS, &["key-add"]);
+    add.env("PGSTRATA_NEW_CIPHER_PASS", SECOND);
+    run_ok(add);
+    let before = env.backup(&["--type=full"]);
+    env.flush_wal();
+    // The second key: the one the second passphrase opens.
+    let keys = key_files(&env);
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    let mut c = with_pass(
+        &env,
+        SECOND,
+        &[
+            "--log-level-console=debug",
+            "--repo-cipher-key-cache=n",
+            "info",
+        ],
+    );
+    let out = c.output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{log}");
+    let (second_id, second_path) = keys
+        .iter()
+        .find(|(id, _)| log.contains(&format!("opened with key {id}")))
+        .map(|(id, p)| (id.clone(), p.clone()))
+        .unwrap_or_else(|| panic!("which key opened: {log}"));
+    let aside = env.scratch.join("removed-key.json");
+    std::fs::copy(&second_path, &aside).unwrap();
+
+    run_ok(with_pass(
+        &env,
+        PASS,
+        &[&format!("--key-id={second_id}"), "key-remove"],
+    ));
+    assert!(!second_path.exists());
+    env.sql(&format!(
+        "INSERT INTO marker_table SELECT '{MARKER} later ' || g FROM generate_series(1, 5000) g"
+    ));
+    let after = env.backup(&["--type=full"]);
+    env.sql("INSERT INTO marker_table SELECT 'even later ' || g FROM generate_series(1, 1000) g");
+    env.flush_wal();
+    let expected = marker_rows(&env.cluster);
+
+    // The removed key file put back.
+    std::fs::copy(&aside, &second_path).unwrap();
+    pgstrata_testkit::give_to_pg_user(&second_path);
+
+    // The backup written after the removal: its manifest does not open, with a line saying
+    // why (not "damaged"), exit 2.
+    let (code, err) = run_fail(with_pass(
+        &env,
+        SECOND,
+        &[&format!("--set={after}"), "verify"],
+    ));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!("backup/{after}/backup.manifest"))
+            && err.contains("master key")
+            && err.contains(&second_id),
+        "{err}"
+    );
+    // Its packs: the removed key's master keys open none of their frames.
+    let storage = pgstrata_repo::storage::Storage::local(&env.repo).unwrap();
+    let keys = block_on(pgstrata_repo::cipher::KeySet::load(&storage, STANZA)).unwrap();
+    let removed = pgstrata_repo::cipher::open_master(
+        STANZA,
+        &keys,
+        &pgstrata_repo::cipher::Passphrase::new(SECOND),
+    )
+    .unwrap();
+    let pack_key = format!("{STANZA}/backup/{after}/pack/0-0");
+    let pack = std::fs::read(env.repo.join(&pack_key)).unwrap();
+    let mut out = Vec::new();
+    let e = removed
+        .open_frame_into(&pack_key, 0, &pack, &mut out, "the first frame")
+        .unwrap_err();
+    assert!(e.context.contains("master key"), "{e}");
+    // The WAL archived after the removal: archive-get refuses it.
+    let newest_segment = files(&env.repo.join(STANZA).join("archive"))
+        .into_iter()
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().to_string();
+            n.len() == 24 && n.bytes().all(|b| b.is_ascii_hexdigit())
+        })
+        .max_by_key(|p| p.file_name().unwrap().to_os_string())
+        .expect("an archived segment");
+    let name = newest_segment
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let dest = env.scratch.join("fetched");
+    let dest_arg = dest.display().to_string();
+    let (code, err) = run_fail(with_pass(&env, SECOND, &["archive-get", &name, &dest_arg]));
+    assert!(
+        code != 0 && err.contains(&name) && err.contains("master key"),
+        "exit {code}: {err}"
+    );
+    assert!(!dest.exists());
+    // What was written before the removal still opens with it (unavoidable: it held that
+    // master key): the earlier backup restores (`verify` would also read the later WAL).
+    let early = env.scratch.join("restored-early");
+    run_ok(with_pass(
+        &env,
+        SECOND,
+        &[
+            &format!("--pg-path={}", early.display()),
+            &format!("--set={before}"),
+            "--repo-cipher-key-cache=n",
+            "restore",
+        ],
+    ));
+    assert!(early.join("PG_VERSION").exists());
+
+    // The remaining passphrase reads everything, the removed key file notwithstanding.
+    run_ok(with_pass(&env, PASS, &["archive-get", &name, &dest_arg]));
+    env.ok(&["verify"]);
+    let set = format!("--set={after}");
+    let restored = env.restore_and_start("restored", &[&set]);
+    assert_eq!(marker_rows(&restored), expected);
+    restored.stop().unwrap();
+}
+
+/// Issue 41, finding 2: a hostile key file (absurd Argon2id cost, or not JSON) next to a
+/// good one neither stops the commands nor makes them spend its memory and time: it is
+/// skipped with a warning naming it and why.
+#[test]
+fn hostile_key_files_are_skipped_with_a_warning() {
+    let env = encrypted_env("enc-hostile-keys");
+    env.stanza_create();
+    let good = key_files(&env).into_values().next().unwrap();
+    let mut greedy: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&good).unwrap()).unwrap();
+    // Dated 1970 so that it is tried first; 1 GiB and 1 MiB, which a reader used to accept.
+    greedy["id"] = "0000000000000001".into();
+    greedy["created"] = "1970-01-01T00:00:00Z".into();
+    greedy["kdf"]["m_cost"] = (1024 * 1024 + 1024).into();
+    let keys_dir = env.repo.join(STANZA).join("keys");
+    let planted = [
+        (
+            "0000000000000001.json",
+            serde_json::to_vec(&greedy).unwrap(),
+        ),
+        (
+            "0000000000000002.json",
+            b"{ this is not a key file".to_vec(),
+        ),
+    ];
+    for (name, body) in &planted {
+        let p = keys_dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        pgstrata_testkit::give_to_pg_user(&p);
+    }
+    let started = std::time::Instant::now();
+    let mut c = env.cmd(&["--repo-cipher-key-cache=n", "info"]);
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
+    for (name, why) in [
+        ("0000000000000001.json", "Argon2id"),
+        ("0000000000000002.json", "not a valid key file"),
+    ] {
+        assert!(
+            err.lines()
+                .any(|l| l.contains("WARN") && l.contains(name) && l.contains(why)),
+            "warns about {name}: {err}"
+        );
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    // key-list shows the good key only, and still warns.
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_str(&env.ok(&["--output=json", "key-list"])).unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    // No key file usable at all: an error naming the skipped ones.
+    std::fs::remove_file(&good).unwrap();
+    let (code, err) = run_fail(env.cmd(&["--repo-cipher-key-cache=n", "info"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("0000000000000002.json"), "{err}");
+}
+
+/// Issue 41, finding 3: a stanza whose key files are gone and whose record was replaced by
+/// a plain one is refused, and the message says it may have been tampered with; it never
+/// advises removing the passphrase (the attacker's last step).
+#[test]
+fn a_stanza_stripped_of_its_keys_is_refused_as_possibly_tampered() {
+    let env = encrypted_env("enc-stripped");
+    env.stanza_create();
+    let stanza_dir = env.repo.join(STANZA);
+    std::fs::remove_dir_all(stanza_dir.join("keys")).unwrap();
+    let plain = serde_json::json!({
+        "format_version": 4,
+        "stanza": STANZA,
+        "created": "2026-01-01T00:00:00Z",
+        "cluster": {
+            "system_identifier": "1", "major_version": 15, "catalog_version": 202209061,
+            "control_version": 1300, "wal_segment_size": 16777216, "block_size": 8192
+        }
+    });
+    std::fs::write(
+        stanza_dir.join("stanza.json"),
+        serde_json::to_vec(&plain).unwrap(),
+    )
+    .unwrap();
+    let (code, err) = run_fail(env.cmd(&["info"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("tampered"), "{err}");
+    assert!(err.contains(&format!("{STANZA}/keys")), "{err}");
+    assert!(!err.contains("remove the passphrase"), "{err}");
+}

@@ -1,24 +1,33 @@
 //! Repository encryption for the commands: which stanzas are encrypted, opening their
-//! master key once per process, and the key commands (`key-add`, `key-list`,
-//! `key-remove`).
+//! master keys once per process (and once per host through the key cache), and the key
+//! commands (`key-add`, `key-list`, `key-remove`).
 //!
 //! The rule (docs/repository-format.md §15): a stanza is encrypted when `<stanza>/keys/`
 //! holds key files. Then every later command needs a passphrase that opens one of them, and
 //! the stanza record must be sealed; a passphrase given for a plain stanza is refused, so a
 //! stanza whose key files were deleted and whose record was replaced by a plain one is not
 //! taken for a plain stanza and written to in the clear. The key commands change only key
-//! files, never backup data.
+//! files and grants, never backup data.
+//!
+//! `key-remove` revokes: it starts a new master key generation, grants it to the remaining
+//! key files, and everything written afterwards is sealed under it, so the removed key
+//! file, put back by whoever kept a copy, opens nothing written later. A writer notices a
+//! new generation when the listing of `keys/` changes: every command lists it first, and
+//! the caches of opened keys are keyed by that listing. A writer that opened the keys
+//! before the removal (a backup or an archive-push running meanwhile) seals what it still
+//! writes under the old generation until its next command.
 
 use crate::{Error, Result, Settings};
-use pgstrata_repo::cipher::{self, Cipher, CipherType, KeyFile, Passphrase};
+use pgstrata_repo::cipher::{self, Cipher, CipherType, Grant, KeyFile, KeySet, Passphrase};
 use pgstrata_repo::stanza::StanzaInfo;
 use pgstrata_repo::{layout, Named, Storage};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Opened master keys by (repository, stanza, passphrase digest): Argon2id runs once per
-/// command, however often it opens the stanza.
-type Opened = HashMap<(String, String, [u8; 32]), Arc<Cipher>>;
+/// Opened master keys by (repository, stanza, passphrase digest, key set fingerprint):
+/// Argon2id runs once per command, however often it opens the stanza, and a change of the
+/// key files (a rotation) is picked up by the next opening.
+type Opened = HashMap<(String, String, [u8; 32], String), Arc<Cipher>>;
 static OPENED: OnceLock<Mutex<Opened>> = OnceLock::new();
 
 /// Open the repository and load the stanza record, with the stanza's master key attached
@@ -28,21 +37,25 @@ pub(crate) async fn open_stanza(s: &Settings) -> Result<(Storage, StanzaInfo)> {
     // Both at once: on an object store each is a round trip, and archive-push pays them
     // for every WAL segment.
     let (keys, stored) = tokio::join!(
-        KeyFile::list(&storage, &s.stanza),
+        KeySet::load(&storage, &s.stanza),
         StanzaInfo::fetch(&storage, &s.stanza)
     );
     let keys = keys?;
-    if keys.is_empty() {
+    if !keys.encrypted {
         let info = StanzaInfo::decode(&storage, &s.stanza, stored?)?;
         if s.cipher_pass.is_some() {
+            // Deleting the key files and replacing the record by a plain one is how an
+            // attacker would get the next backups written in the clear: never advise
+            // dropping the passphrase here.
             return Err(Error::config(format!(
-                "repo-cipher-pass is set but stanza '{}' is not encrypted (it has no key files): remove the passphrase from this stanza's configuration",
-                s.stanza
+                "repo-cipher-pass is set but stanza '{stanza}' has no key files under {keys}/ and an unencrypted stanza record: if this stanza was created encrypted, the repository may have been tampered with (key files deleted, record replaced) so that backups are written in the clear. Nothing was written. Check that the configuration names the right repository and stanza, when and how the stanza was created (your records, the storage's access logs), and restore {keys}/ and stanza.json from a copy",
+                stanza = s.stanza,
+                keys = layout::keys_dir(&s.stanza)
             )));
         }
         return Ok((storage, info));
     }
-    let master = open_master(s, &storage, keys).await?;
+    let master = open_master(s, &storage, &keys).await?;
     let storage = storage.with_cipher(master);
     let info = StanzaInfo::decode(&storage, &s.stanza, stored?)?;
     Ok((storage, info))
@@ -53,11 +66,11 @@ pub(crate) async fn open_stanza(s: &Settings) -> Result<(Storage, StanzaInfo)> {
 /// patches (`pgstrata_repo::manifest::patch::Rebuilder`).
 pub async fn stanza_cipher(s: &Settings) -> Result<Option<Arc<Cipher>>> {
     let storage = s.storage()?;
-    let keys = KeyFile::list(&storage, &s.stanza).await?;
-    if keys.is_empty() {
+    let keys = KeySet::load(&storage, &s.stanza).await?;
+    if !keys.encrypted {
         return Ok(None);
     }
-    open_master(s, &storage, keys).await.map(Some)
+    open_master(s, &storage, &keys).await.map(Some)
 }
 
 /// The passphrase of an encrypted stanza, or a configuration error saying where to set it.
@@ -70,12 +83,13 @@ fn passphrase(s: &Settings) -> Result<&Passphrase> {
     })
 }
 
-async fn open_master(s: &Settings, storage: &Storage, keys: Vec<KeyFile>) -> Result<Arc<Cipher>> {
+async fn open_master(s: &Settings, storage: &Storage, keys: &KeySet) -> Result<Arc<Cipher>> {
     let pass = passphrase(s)?.clone();
     let cache_key = (
         storage.description().to_string(),
         s.stanza.clone(),
         pass.fingerprint(),
+        keys.fingerprint.clone(),
     );
     let opened = OPENED.get_or_init(Default::default);
     if let Some(c) = opened.lock().expect("key cache").get(&cache_key) {
@@ -83,13 +97,17 @@ async fn open_master(s: &Settings, storage: &Storage, keys: Vec<KeyFile>) -> Res
     }
     let cache = s
         .cipher_key_cache
-        .then(|| HostKeyCache::new(storage, &s.stanza));
-    let cached = cache.as_ref().and_then(|c| c.load(&pass, &keys));
+        .then(|| HostKeyCache::new(storage, &s.stanza, &keys.fingerprint));
+    let cached = cache.as_ref().and_then(|c| c.load(&pass, &keys.files));
     let cipher = match cached {
-        Some(c) => c,
+        Some(mut c) => {
+            c.note_newest_generation(keys.newest_generation());
+            c
+        }
         None => {
             let stanza = s.stanza.clone();
             let pass_for_kdf = pass.clone();
+            let keys = keys.clone();
             // Argon2id takes a fraction of a second and 64 MiB: off the async workers.
             let c = tokio::task::spawn_blocking(move || {
                 cipher::open_master(&stanza, &keys, &pass_for_kdf)
@@ -103,7 +121,12 @@ async fn open_master(s: &Settings, storage: &Storage, keys: Vec<KeyFile>) -> Res
         }
     };
     let cipher = Arc::new(cipher);
-    log::debug!("stanza '{}' opened with key {}", s.stanza, cipher.key_id);
+    log::debug!(
+        "stanza '{}' opened with key {} (master key generation {})",
+        s.stanza,
+        cipher.key_id,
+        cipher.generation()
+    );
     opened
         .lock()
         .expect("key cache")
@@ -112,12 +135,14 @@ async fn open_master(s: &Settings, storage: &Storage, keys: Vec<KeyFile>) -> Res
 }
 
 /// The host's key cache: an encrypted stanza's master key, wrapped by a key HKDF derives
-/// from the passphrase, in `/dev/shm/pgstrata-<uid>/` (memory only, gone at reboot).
+/// from the passphrase, in `/dev/shm/pgstrata-<uid>/` (memory only, gone at reboot): all
+/// its generations, bound to the listing of the stanza's key files and grants.
 ///
 /// Why: Argon2id makes guessing a passphrase from a stolen key file slow, and that costs
 /// every command 0.2 s and 64 MiB; archive-push runs once per WAL segment. The cached key
-/// is bound to the repository, the stanza and the key file that opened it, so it stops
-/// working when that key file is removed (`key-remove`) or the passphrase changes. Whoever
+/// is bound to the repository, the stanza, the key file that opened it and the listing of
+/// `keys/`, so it stops working when a key file or grant is added or removed (a rotation
+/// brings a new generation, which the cached set lacks) or the passphrase changes. Whoever
 /// can read the directory (this user, root) can read the passphrase in the config file too.
 /// Every failure here is silent: the key is then derived as without a cache.
 struct HostKeyCache {
@@ -127,17 +152,17 @@ struct HostKeyCache {
 }
 
 impl HostKeyCache {
-    fn new(storage: &Storage, stanza: &str) -> HostKeyCache {
-        let context = format!("{}\0{stanza}", storage.description());
+    fn new(storage: &Storage, stanza: &str, keys_fingerprint: &str) -> HostKeyCache {
+        let place = format!("{}\0{stanza}", storage.description());
         let dir = std::path::PathBuf::from(format!(
             "/dev/shm/pgstrata-{}",
             rustix::process::geteuid().as_raw()
         ));
-        let name = blake3::hash(context.as_bytes()).to_hex();
+        let name = blake3::hash(place.as_bytes()).to_hex();
         HostKeyCache {
             file: dir.join(format!("{}.key", &name[..32])),
             dir,
-            context,
+            context: format!("{place}\0{keys_fingerprint}"),
         }
     }
 
@@ -216,7 +241,9 @@ pub(crate) async fn prepare_new_stanza(
             let key = new_key_file(s, &master, pass.clone()).await?;
             key.store(&storage, &s.stanza).await?;
             if s.cipher_key_cache {
-                HostKeyCache::new(&storage, &s.stanza).store(&master, &pass, &key.id);
+                let listing = vec![layout::key_file(&s.stanza, &key.id)];
+                HostKeyCache::new(&storage, &s.stanza, &KeySet::fingerprint_of(listing))
+                    .store(&master, &pass, &key.id);
             }
             log::info!("stanza '{}' is encrypted; key {} created", s.stanza, key.id);
             Ok((storage.with_cipher(master), Some(key)))
@@ -238,9 +265,13 @@ pub(crate) fn check_cipher_type(s: &Settings, existing: &Storage) -> Result<()> 
     Ok(())
 }
 
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
 async fn new_key_file(s: &Settings, master: &Arc<Cipher>, pass: Passphrase) -> Result<KeyFile> {
     let (stanza, master) = (s.stanza.clone(), master.clone());
-    let created = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let created = now();
     let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
         .ok()
         .flatten()
@@ -262,8 +293,8 @@ pub struct KeyInfo {
     pub user: String,
 }
 
-/// `key-add`: another key file wrapping the stanza's master key with `new_pass`. Needs a
-/// passphrase that opens an existing key; rewrites nothing.
+/// `key-add`: another key file wrapping the stanza's master keys (every generation) with
+/// `new_pass`. Needs a passphrase that opens a current key; rewrites nothing.
 pub async fn key_add(s: &Settings, new_pass: Passphrase) -> Result<KeyInfo> {
     let (storage, _) = open_stanza(s).await?;
     let master = encrypted(s, &storage)?.clone();
@@ -277,26 +308,78 @@ pub async fn key_add(s: &Settings, new_pass: Passphrase) -> Result<KeyInfo> {
 /// passphrase.
 pub async fn key_list(s: &Settings) -> Result<Vec<KeyInfo>> {
     let storage = s.storage()?;
-    let keys = KeyFile::list(&storage, &s.stanza).await?;
-    if keys.is_empty() {
+    let keys = KeySet::load(&storage, &s.stanza).await?;
+    if !keys.encrypted {
         StanzaInfo::load(&storage, &s.stanza).await?;
         return Err(Error::config(format!(
             "stanza '{}' is not encrypted: it has no keys",
             s.stanza
         )));
     }
-    Ok(keys.iter().map(info_of).collect())
+    Ok(keys.files.iter().map(info_of).collect())
 }
 
-/// `key-remove`: delete one key file. Needs a passphrase that opens a key of the stanza
-/// (it may be the one removed) and never removes the last key.
+/// `key-remove`: revoke one key. Needs a passphrase that opens a current key of the stanza
+/// (it may be the one removed) and never removes the last key. A new master key generation
+/// seals everything written afterwards: it is granted to every remaining key file the
+/// current master key vouches for, and a format-1 key file of the passphrase given is
+/// replaced by a format-2 one holding it; the removed key file and its grants are deleted
+/// last. Remaining key files that cannot receive it (format 1 of another passphrase, or
+/// not vouched for) are named in a warning: they keep opening only older generations.
 pub async fn key_remove(s: &Settings, id: &str) -> Result<()> {
     let (storage, _) = open_stanza(s).await?;
-    encrypted(s, &storage)?;
-    let keys = KeyFile::list(&storage, &s.stanza).await?;
-    cipher::check_removal(&s.stanza, &keys, id)?;
+    let current = encrypted(s, &storage)?.clone();
+    let keys = KeySet::load(&storage, &s.stanza).await?;
+    cipher::check_removal(&s.stanza, &keys.files, id)?;
+    let next = Arc::new(current.rotated()?);
+    let generation = next.generation();
+    let remaining: Vec<&KeyFile> = keys.files.iter().filter(|k| k.id != id).collect();
+    let (granted, rest): (Vec<&KeyFile>, Vec<&KeyFile>) = remaining
+        .into_iter()
+        .partition(|k| current.vouches_for(&s.stanza, &keys, k));
+    let (own, left_out): (Vec<&KeyFile>, Vec<&KeyFile>) =
+        rest.into_iter().partition(|k| k.id == current.key_id);
+    if granted.is_empty() && own.is_empty() {
+        return Err(Error::config(format!(
+            "no remaining key of stanza '{}' can receive the new master key (key files made by an older pgstrata, or not vouched for: {}): key-add a new passphrase first, then remove key {id}",
+            s.stanza,
+            left_out.iter().map(|k| k.id.as_str()).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    for k in &granted {
+        Grant::new(&s.stanza, k, &next, now())?
+            .store(&storage, &s.stanza)
+            .await?;
+    }
+    for old in &own {
+        let key = new_key_file(s, &next, passphrase(s)?.clone()).await?;
+        key.store(&storage, &s.stanza).await?;
+        storage
+            .delete(&layout::key_file(&s.stanza, &old.id))
+            .await?;
+        log::info!(
+            "key {} (made by an older pgstrata) replaced by key {} for the same passphrase",
+            old.id,
+            key.id
+        );
+    }
+    for k in &left_out {
+        log::warn!(
+            "key {} does not receive master key generation {generation} ({}): its passphrase opens only what was written before; remove it (key-remove), and key-add its holder's passphrase again if needed",
+            k.id,
+            if k.format < 2 { "made by an older pgstrata" } else { "not vouched for by the stanza's master key: did you add it?" }
+        );
+    }
     storage.delete(&layout::key_file(&s.stanza, id)).await?;
-    log::info!("key {id} removed from stanza '{}'", s.stanza);
+    for g in keys.grants.iter().filter(|g| g.id == id) {
+        storage
+            .delete(&layout::key_grant(&s.stanza, id, g.generation))
+            .await?;
+    }
+    log::info!(
+        "key {id} removed from stanza '{}'; master key generation {generation} seals everything written from now on",
+        s.stanza
+    );
     Ok(())
 }
 

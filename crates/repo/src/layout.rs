@@ -50,13 +50,18 @@ pub(crate) fn create_only_probe(stanza: &str, unique: &str) -> String {
 }
 
 /// Where an encrypted stanza's key files are.
-pub(crate) fn keys_dir(stanza: &str) -> String {
+pub fn keys_dir(stanza: &str) -> String {
     format!("{stanza}/keys")
 }
 
 /// One key file of an encrypted stanza.
 pub fn key_file(stanza: &str, id: &str) -> String {
     format!("{}/{id}.json", keys_dir(stanza))
+}
+
+/// A grant of master key generation `generation` to key file `id` (§15).
+pub fn key_grant(stanza: &str, id: &str, generation: u32) -> String {
+    format!("{}/{id}-{generation}.grant", keys_dir(stanza))
 }
 
 /// The block-change map of an archived segment, beside it.

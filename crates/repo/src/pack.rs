@@ -293,7 +293,7 @@ impl PackWriter {
     /// will be found.
     pub fn add(&mut self, compressed: &[u8], raw_len: usize) -> Result<Chunk> {
         let cipher = self.storage.cipher().cloned();
-        let overhead = cipher.as_ref().map_or(0, |_| crate::cipher::FRAME_OVERHEAD);
+        let overhead = cipher.as_ref().map_or(0, |c| c.frame_overhead());
         let len = self.body.len();
         if len + compressed.len() + overhead > self.pack_size && len > 0 {
             self.flush()?;
@@ -312,7 +312,7 @@ impl PackWriter {
             PackBody::Memory(buf) => {
                 make_room(buf, compressed.len() + overhead, self.pack_size);
                 match &sealing {
-                    Some((c, key)) => c.seal_frame_into(key, offset as u64, compressed, buf),
+                    Some((c, key)) => c.seal_frame_into(key, offset as u64, compressed, buf)?,
                     None => buf.extend_from_slice(compressed),
                 }
                 let stored = &buf[offset..];
@@ -322,7 +322,7 @@ impl PackWriter {
                 let stored = match &sealing {
                     Some((c, key)) => {
                         self.sealed.clear();
-                        c.seal_frame_into(key, offset as u64, compressed, &mut self.sealed);
+                        c.seal_frame_into(key, offset as u64, compressed, &mut self.sealed)?;
                         &self.sealed[..]
                     }
                     None => compressed,

@@ -492,7 +492,7 @@ impl Storage {
     /// `AlreadyExists` if another one is there.
     pub async fn put_new(&self, key: &str, data: Bytes) -> Result<()> {
         let data = match &self.cipher {
-            Some(c) => Bytes::from(c.seal_object(key, &data)),
+            Some(c) => Bytes::from(c.seal_object(key, &data)?),
             None => data,
         };
         self.put_new_unsealed(key, data).await
@@ -526,7 +526,7 @@ impl Storage {
     /// file and no copy at all, so there (and on object stores) `data` is written again.
     pub async fn put_new_twice(&self, first: &str, second: &str, data: Bytes) -> Result<()> {
         let sealed = match &self.cipher {
-            Some(c) => Bytes::from(c.seal_object(second, &data)),
+            Some(c) => Bytes::from(c.seal_object(second, &data)?),
             None => data.clone(),
         };
         self.put_new_unsealed(first, sealed.clone()).await?;

@@ -65,7 +65,7 @@ fn encryption_as_documented() {
     use pgstrata_repo::storage::Storage;
     for s in [
         "magic `PGSTRSEA`",
-        "the ASCII string `pgstrata key v1/<stanza>/<id>`",
+        "the ASCII string `pgstrata key v2/<stanza>/<id>/<public_key>/<generations>`",
         "info = the ASCII string `pgstrata object v1`",
         "info = the\n  ASCII string `pgstrata frame v1`",
         "u64 **big-endian**",
@@ -134,10 +134,16 @@ fn encryption_as_documented() {
     let master_key = open(
         &kek,
         nonce,
-        format!("pgstrata key v1/main/{id}").as_bytes(),
+        format!(
+            "pgstrata key v2/main/{id}/{}/1",
+            json["public_key"].as_str().unwrap()
+        )
+        .as_bytes(),
         &hex::decode(json["wrapped_key"].as_str().unwrap()).unwrap(),
     );
-    assert_eq!(master_key.len(), 32);
+    // The X25519 private key, then the master key of generation 1.
+    assert_eq!(master_key.len(), 64);
+    let master_key = master_key[32..].to_vec();
 
     // A sealed object, written through the storage layer.
     let dir = tempfile::tempdir().unwrap();
@@ -159,7 +165,9 @@ fn encryption_as_documented() {
     // A sealed frame at offset 77 of a pack.
     let pack = "main/backup/20260101-000000F/pack/0-0";
     let mut frame = Vec::new();
-    master.seal_frame_into(pack, 77, b"compressed frame", &mut frame);
+    master
+        .seal_frame_into(pack, 77, b"compressed frame", &mut frame)
+        .unwrap();
     let key = hkdf(&master_key, &frame[..16], b"pgstrata frame v1");
     let mut aad = pack.as_bytes().to_vec();
     aad.extend_from_slice(&77u64.to_be_bytes());

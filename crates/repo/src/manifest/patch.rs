@@ -206,7 +206,7 @@ impl pgstrata_remote::agent::Rebuild for Rebuilder {
             .map_err(|e| format!("rebuild {seal_as}: {e}"))?
             .map_err(|e| format!("rebuild {seal_as}: {e}"))?;
         Ok(Bytes::from(match cipher {
-            Some(c) => c.seal_object(seal_as, &stored),
+            Some(c) => c.seal_object(seal_as, &stored).map_err(|e| e.to_string())?,
             None => stored,
         }))
     }
@@ -277,7 +277,7 @@ mod tests {
         let new = stored_manifest(300, 3, 1);
         let (stored, patch) = make(&prior, &new).unwrap().unwrap();
         let cipher = Arc::new(Cipher::generate());
-        let sealed_base = Bytes::from(cipher.seal_object(base_key, &prior));
+        let sealed_base = Bytes::from(cipher.seal_object(base_key, &prior).unwrap());
 
         let key = cipher.clone();
         let holder = Rebuilder::with_key(async move { Some(key) });
