@@ -79,7 +79,7 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ("key-list", "List an encrypted stanza's keys (id, created, host, user); needs no passphrase"),
     ("key-remove", "Remove one key (--key-id) of an encrypted stanza; the last key is never removed"),
     ("verify", "Read back every backup (or --set) and the WAL archive and check them against their recorded hashes, without restoring"),
-    ("agent", "Serve another host's pgstrata over SSH; started by pgstrata itself, not by hand: 'agent repo' serves repo-path to a database host's repo-remote, 'agent run' runs a backup host's stanza-create, check or backup here (pg-remote)"),
+    ("agent", "Serve another host's pgstrata over SSH, as the forced command of its key; started by pgstrata itself, not by hand: 'agent repo --stanza=NAME' serves those stanzas of repo-path to a database host's repo-remote, append-only; 'agent run [--config=FILE] [--stanza=NAME]' does a backup host's stanza-create, check or backup job here (pg-remote) with this host's own settings"),
     ("demo", "Run the whole story on a throwaway cluster and a local repository"),
     ("help", "Show commands, or a command's options ('help COMMAND'; 'help options' prints the reference, 'help man' the man page)"),
     ("completions", "Print a shell completion script: 'completions bash' or 'completions zsh'"),
@@ -216,7 +216,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
     OptionDef { name: "standby-remote-cmd", kind: Kind::Path, default: Some("pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: &["backup"],
         help: "pgstrata's path on standby-remote." },
     OptionDef { name: "pg-remote", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
-        help: "The database host, as ssh takes it ([user@]host), when this is a backup host: stanza-create, check and backup run there as 'pgstrata agent run' started over SSH, which connects to PostgreSQL (pg-host is then a socket directory or host name as seen from there), reads, checksums, hashes and compresses the data directory (pg-path, a path there) with process-max workers, and sends only compressed frames and metadata over the link into this host's repository." },
+        help: "The database host, as ssh takes it ([user@]host), when this is a backup host: stanza-create, check and backup run there as a job of 'pgstrata agent run' started over SSH, with the database host's own settings (pg-path, pg-host, pg-port, pg-user, standby, passphrase: from its configuration file) and this host's per-job choices (type, compression, process-max, ...); it reads, checksums, hashes and compresses the data directory with process-max workers, and sends only compressed frames and metadata over the link into this host's repository, which it may only add to." },
     OptionDef { name: "pg-remote-port", kind: Kind::Int { min: 1, max: 65535 }, default: None, scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
         help: "SSH port of pg-remote (default: ssh's, from ~/.ssh/config or 22)." },
     OptionDef { name: "pg-remote-cmd", kind: Kind::Path, default: Some("pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
@@ -579,7 +579,11 @@ pub(crate) fn reference_markdown() -> String {
             } else {
                 o.commands.join(", ")
             },
-            o.help
+            if o.peer {
+                format!("{} *With pg-remote, the backup host's choice for the job.*", o.help)
+            } else {
+                o.help.to_string()
+            }
         ));
     }
     out.push_str("\n## Commands\n\n");
