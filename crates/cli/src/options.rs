@@ -203,7 +203,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
     OptionDef { name: "pg-user", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, commands: PG_CMDS,
         help: "Database user (default: PGUSER, else the operating system user). A password comes from PGPASSWORD." },
     OptionDef { name: "pg-sslmode", kind: Kind::Enum(SslMode::NAMES), default: Some("prefer"), scope: Scope::Config, secret: false, commands: PG_CMDS,
-        help: "TLS on TCP connections, as libpq's sslmode: prefer and require encrypt without checking the server's certificate; verify-ca checks it chains to pg-sslrootcert; verify-full also checks it names pg-host. Unix sockets never use TLS." },
+        help: "TLS on TCP connections, as libpq's sslmode: prefer and require encrypt without checking the server's certificate; verify-ca checks it chains to pg-sslrootcert; verify-full also checks it names pg-host. Unless it is disable, a password (PGPASSWORD) never crosses TCP in the clear: when the connection is not encrypted (prefer against a server without TLS), a server asking for a cleartext or MD5 password is refused; scram-sha-256 still works. disable: no TLS, and any password request is answered. Unix sockets never use TLS and have no such restriction." },
     OptionDef { name: "pg-sslrootcert", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, commands: PG_CMDS,
         help: "PEM file of the CA certificates verify-ca and verify-full trust (default: ~/.postgresql/root.crt)." },
     OptionDef { name: "pg-database", kind: Kind::Str, default: Some("postgres"), scope: Scope::Config, secret: false, commands: PG_CMDS,
