@@ -679,6 +679,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 scratch: inv.get("pg-path").map(PathBuf::from),
                 keep: inv.flag("keep"),
                 pg_bin: inv.get("pg-bin").map(PathBuf::from),
+                preload: inv.list("restore-test-preload").to_vec(),
             };
             let report = runtime(s.process_max)
                 .block_on(pgstrata_engine::restore_test::restore_test(&s, &o))?;

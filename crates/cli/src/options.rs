@@ -282,6 +282,8 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "off: the restored cluster does not archive WAL (for copies that must not write into the source's archive); preserve: keep the backed-up setting." },
     OptionDef { name: "pg-path", kind: Kind::Path, default: None, scope: Scope::CommandLine, secret: false, commands: &["restore-test"],
         help: "Scratch directory for the test restore: absent or empty; the data directory, socket and server log go inside it. Default: a new directory in TMPDIR (or /tmp). Never taken from the config file, whose pg-path is the live cluster's. Needs room for the whole database." },
+    OptionDef { name: "restore-test-preload", kind: Kind::List, default: None, scope: Scope::CommandLine, secret: false, commands: &["restore-test"],
+        help: "A library the scratch server preloads (repeatable; its shared_preload_libraries): the backup's own shared_preload_libraries, like every setting of the backup that runs a command or loads code, is not used. For extensions the restored cluster cannot start or recover without (a custom WAL resource manager, for example)." },
     OptionDef { name: "keep", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, commands: &["restore-test"],
         help: "Keep the scratch directory (stopped cluster, server log) instead of removing it." },
     OptionDef { name: "output", kind: Kind::Enum(&["text", "json", "prometheus"]), default: Some("text"), scope: Scope::CommandLine, secret: false, commands: &["info", "verify"],
