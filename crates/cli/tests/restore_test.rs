@@ -2,7 +2,9 @@
 //! healthy backup, finds an index that is corrupt behind valid page checksums (exit 4,
 //! naming it), and reports a cluster that cannot recover (exit 3, with the server log);
 //! `--db-include`/`--db-exclude` restore the chosen databases equal to the source while the
-//! others' files take no disk and nothing of them is fetched, also with `--delta`.
+//! others' files take no disk and nothing of them is fetched, also with `--delta`; a
+//! backup's own configuration (ALTER SYSTEM commands, includes, preload libraries) runs
+//! nothing on the restore-test host, and its SQL sees none of pgstrata's environment.
 
 use crate::common::*;
 use pgstrata_testkit::Cluster;
