@@ -48,6 +48,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
             dir: d,
             major: 0,
             lib_dir: None,
+            env: None,
         },
         None => PgBin::default_install().map_err(fail("find PostgreSQL"))?,
     };

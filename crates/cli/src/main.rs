@@ -710,6 +710,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 scratch: inv.get("pg-path").map(PathBuf::from),
                 keep: inv.flag("keep"),
                 pg_bin: inv.get("pg-bin").map(PathBuf::from),
+                preload: inv.list("restore-test-preload").to_vec(),
             };
             let report = runtime(s.process_max)
                 .block_on(pgstrata_engine::restore_test::restore_test(&s, &o))?;
@@ -936,7 +937,8 @@ mod tests {
     #[test]
     fn every_command_reads_its_options_typed() {
         for (command, _) in options::COMMANDS {
-            let takes_stanza = options::find("stanza", command).is_some();
+            // The agent takes a list of stanzas (the ones it serves), not one to work on.
+            let takes_stanza = options::find("stanza", command).is_some() && *command != "agent";
             let stanza = if takes_stanza { "--stanza=main" } else { "" };
             let inv = resolve(&format!("{stanza} {command}"), &[]);
             if takes_stanza {

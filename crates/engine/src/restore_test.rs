@@ -23,6 +23,20 @@
 //! As root, the server programs run as the PostgreSQL OS user (`pgstrata_cluster`), as in
 //! `demo` and the tests. The scratch cluster accepts only local connections through its
 //! private socket directory, trusted (its own `pg_hba.conf` in the scratch directory).
+//!
+//! The backup's configuration is whoever could change the source cluster's (ALTER SYSTEM,
+//! a file in its data directory): the scratch server runs none of it. Every setting that
+//! runs a command, loads code or names a file to read or write is given on the server's
+//! command line (`-c`, which wins over postgresql.conf and postgresql.auto.conf) with
+//! pgstrata's own value: restore_command is pgstrata's archive-get, the other commands
+//! are empty, no library is preloaded but those of `--restore-test-preload`. A `-c`
+//! cannot stop a file from being read, so the restored configuration files' `include`
+//! directives are commented out. The clients (psql, pg_amcheck) override the per-database
+//! and per-role settings that load libraries, through PGOPTIONS, which wins over those.
+//! The server and every tool run with a clean environment (PATH, HOME, locale and time
+//! zone only): whatever of the backup still runs inside the server (a function in an
+//! index expression that amcheck evaluates) sees none of pgstrata's secrets, which
+//! restore_command reads from the config file instead.
 
 use crate::restore::{RecoveryType, RestoreOptions, RestoreReport, TargetAction};
 use crate::{Error, ErrorKind, Result, Settings};
@@ -45,6 +59,9 @@ pub struct RestoreTestOptions {
     /// Server binaries; default those of the backup's major version, found like the tests
     /// find them.
     pub pg_bin: Option<PathBuf>,
+    /// The scratch server's shared_preload_libraries (`--restore-test-preload`): the
+    /// backup's own list is not used.
+    pub preload: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -86,6 +103,11 @@ pub struct PageCheck {
 
 pub async fn restore_test(s: &Settings, o: &RestoreTestOptions) -> Result<RestoreTestReport> {
     let started = Instant::now();
+    if let Some(bad) = o.preload.iter().find(|l| !is_library_name(l)) {
+        return Err(Error::config(format!(
+            "--restore-test-preload='{bad}': give one library name (letters, digits, _ $ . / -) per option"
+        )));
+    }
     if matches!(
         o.restore.recovery_type,
         RecoveryType::Standby | RecoveryType::None
@@ -188,8 +210,16 @@ fn check_restored(
     o: &RestoreTestOptions,
     restore_ms: u64,
 ) -> Result<RestoreTestReport> {
-    let bin = server_binaries(o.pg_bin.as_deref(), restored.pg_version)?;
-    let cluster = configure(scratch, data, bin)?;
+    let mut bin = server_binaries(o.pg_bin.as_deref(), restored.pg_version)?;
+    let (env, dropped) = clean_environment(std::env::vars_os(), restored.pg_version);
+    if !dropped.is_empty() {
+        log::info!(
+            "restore-test: not passed on to the scratch server and its tools: {}",
+            dropped.join(", ")
+        );
+    }
+    bin.env = Some(env);
+    let cluster = configure(scratch, data, bin, o)?;
     let recovery_started = Instant::now();
     cluster.start().map_err(|e| {
         Error::refused(format!(
@@ -197,8 +227,17 @@ fn check_restored(
             restored.label
         ))
     })?;
-    wait_until_promoted(&cluster, &restored.label)?;
+    wait_until_promoted(&cluster, &restored.label).map_err(|e| match secrets_hint(&dropped) {
+        Some(hint) => e.context(hint),
+        None => e,
+    })?;
     let recovery_ms = recovery_started.elapsed().as_millis() as u64;
+    let preloaded = cluster
+        .psql("template1", "SHOW shared_preload_libraries")
+        .unwrap_or_else(|e| format!("(unknown: {e})"));
+    log::info!(
+        "restore-test: the scratch server runs with shared_preload_libraries = '{preloaded}'"
+    );
     let databases = check_databases(&cluster, &restored.excluded_databases)?;
     cluster
         .stop()
@@ -247,10 +286,15 @@ fn server_binaries(pg_bin: Option<&Path>, major: u32) -> Result<PgBin> {
     Ok(bin)
 }
 
-/// Make the restored directory startable here: its own access rules, no TLS files or log
-/// collector of the source's host, no archiving (restore wrote `archive_mode = off`), on a
-/// private socket directory and port.
-fn configure(scratch: &Scratch, data: &Path, bin: PgBin) -> Result<Cluster> {
+/// Make the restored directory startable here and unable to run anything of the backup's:
+/// its own access rules, no include directives, and the settings of [`forced_settings`] on
+/// the command line; a private socket directory and port.
+fn configure(
+    scratch: &Scratch,
+    data: &Path,
+    bin: PgBin,
+    o: &RestoreTestOptions,
+) -> Result<Cluster> {
     let write = |path: &Path, text: &str| {
         std::fs::write(path, text)
             .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
@@ -270,25 +314,186 @@ fn configure(scratch: &Scratch, data: &Path, bin: PgBin) -> Result<Cluster> {
     if !conf.exists() {
         write(&conf, "")?;
     }
-    let quote = |p: &Path| p.display().to_string().replace('\'', "''");
-    let overrides = format!(
-        "\n# pgstrata restore-test\narchive_mode = off\nhba_file = '{}'\nident_file = '{}'\n\
-         ssl = off\nlogging_collector = off\nlisten_addresses = ''\n",
-        quote(&hba),
-        quote(&ident)
-    );
-    let auto = data.join("postgresql.auto.conf");
-    let mut text = std::fs::read_to_string(&auto).unwrap_or_default();
-    text.push_str(&overrides);
-    // Appended in place: the file keeps the owner restore gave it.
-    std::fs::write(&auto, text).map_err(|e| Error::io(format!("write {}", auto.display()), e))?;
+    for file in [conf, data.join("postgresql.auto.conf")] {
+        comment_out_includes(&file)?;
+    }
+    let settings = forced_settings(bin.major, data, &hba, &ident, o);
     Ok(Cluster {
         bin,
         data: data.to_path_buf(),
         port: pgstrata_cluster::free_port(),
         socket_dir,
         log_file: scratch.join("postgres.log"),
+        settings,
     })
+}
+
+/// What the scratch server runs with, whatever the backup's configuration says: every
+/// setting that runs a command (restore_command is pgstrata's archive-get), loads code
+/// (only `--restore-test-preload`'s libraries), reads or writes a file outside the data
+/// directory, or accepts connections from elsewhere.
+fn forced_settings(
+    major: u32,
+    data: &Path,
+    hba: &Path,
+    ident: &Path,
+    o: &RestoreTestOptions,
+) -> Vec<(String, String)> {
+    let path = |p: &Path| p.display().to_string();
+    let mut settings: Vec<(&str, String)> = vec![
+        ("data_directory", path(data)),
+        ("hba_file", path(hba)),
+        ("ident_file", path(ident)),
+        ("external_pid_file", String::new()),
+        ("listen_addresses", String::new()),
+        ("unix_socket_permissions", "0700".into()),
+        ("unix_socket_group", String::new()),
+        ("archive_mode", "off".into()),
+        ("archive_command", String::new()),
+        (
+            "restore_command",
+            crate::restore::restore_command(&o.restore),
+        ),
+        ("recovery_end_command", String::new()),
+        ("archive_cleanup_command", String::new()),
+        ("primary_conninfo", String::new()),
+        ("ssl", "off".into()),
+        ("ssl_passphrase_command", String::new()),
+        ("shared_preload_libraries", o.preload.join(",")),
+        ("session_preload_libraries", String::new()),
+        ("local_preload_libraries", String::new()),
+        ("dynamic_library_path", "$libdir".into()),
+        ("jit", "off".into()),
+        ("jit_provider", "llvmjit".into()),
+        ("logging_collector", "off".into()),
+    ];
+    if major == 14 {
+        settings.push(("stats_temp_directory", "pg_stat_tmp".into()));
+    }
+    if major >= 15 {
+        settings.push(("archive_library", String::new()));
+    }
+    if major >= 17 {
+        settings.push(("event_triggers", "off".into()));
+    }
+    if major >= 18 {
+        settings.push(("oauth_validator_libraries", String::new()));
+    }
+    settings
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
+/// Settings that a database or role of the backup can set for the sessions of the tools
+/// (ALTER DATABASE/ROLE ... SET): the clients send them back as PGOPTIONS, which wins.
+fn client_options(major: u32) -> String {
+    let mut options = vec![
+        "-c session_preload_libraries=",
+        "-c local_preload_libraries=",
+        "-c dynamic_library_path=$libdir",
+        "-c jit=off",
+    ];
+    if major >= 17 {
+        options.push("-c event_triggers=off");
+    }
+    options.join(" ")
+}
+
+/// The environment of the scratch server and its tools: PATH, HOME, the locale and time
+/// zone of this one, and PGOPTIONS from [`client_options`]. Returns it and the names of
+/// the variables left out.
+fn clean_environment(
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    major: u32,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let mut kept = vec![("PGOPTIONS".to_string(), client_options(major))];
+    let mut dropped = Vec::new();
+    for (name, value) in vars {
+        let name = name.to_string_lossy().into_owned();
+        let keep = matches!(name.as_str(), "PATH" | "HOME" | "LANG" | "LANGUAGE" | "TZ")
+            || name.starts_with("LC_");
+        match value.into_string() {
+            Ok(value) if keep => kept.push((name, value)),
+            _ => dropped.push(name),
+        }
+    }
+    dropped.sort();
+    (kept, dropped)
+}
+
+/// Why a restore_command may have failed, when secrets may have come from the environment.
+fn secrets_hint(dropped: &[String]) -> Option<String> {
+    let secret_like = |n: &&String| {
+        ["PGSTRATA_", "AWS_", "AZURE_", "GOOGLE_"]
+            .iter()
+            .any(|p| n.starts_with(p))
+    };
+    let names: Vec<&String> = dropped.iter().filter(secret_like).collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "the scratch server runs with a clean environment (without {}): what its restore_command \
+             (pgstrata archive-get) needs, repo-cipher-pass or object-store keys included, must be in the config file",
+            names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
+/// Comment out the `include`, `include_dir` and `include_if_exists` directives of a
+/// restored configuration file: the scratch server reads no file the backup names.
+fn comment_out_includes(path: &Path) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(format!("read {}", path.display()), e)),
+    };
+    let mut changed = false;
+    let lines: Vec<String> = text
+        .split('\n')
+        .map(|line| {
+            if !is_include(line) {
+                return line.to_string();
+            }
+            changed = true;
+            log::info!(
+                "restore-test: commented out '{}' in {}: the scratch server follows no include of the backup",
+                line.trim(),
+                path.display()
+            );
+            format!("# not followed by pgstrata restore-test: {line}")
+        })
+        .collect();
+    if changed {
+        // Rewritten in place: the file keeps the owner restore gave it.
+        std::fs::write(path, lines.join("\n"))
+            .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+    }
+    Ok(())
+}
+
+/// Whether a configuration line is an include directive: its parameter name (PostgreSQL's
+/// are case-insensitive, optionally followed by `=`) is include, include_dir or
+/// include_if_exists.
+fn is_include(line: &str) -> bool {
+    let name: String = line
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.')
+        .collect::<String>()
+        .to_ascii_lowercase();
+    matches!(
+        name.as_str(),
+        "include" | "include_dir" | "include_if_exists"
+    )
+}
+
+/// A library name for shared_preload_libraries that needs no quoting in a list or on the
+/// server's command line.
+fn is_library_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_$./-".contains(c))
 }
 
 /// Wait until recovery has ended and the cluster is promoted; fail with the server log's
@@ -477,6 +682,58 @@ pub fn render_text(r: &RestoreTestReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn include_directives_are_recognised_in_every_spelling() {
+        for line in [
+            "include 'x.conf'",
+            "  INCLUDE = 'x.conf'",
+            "include_dir'conf.d'",
+            "\tinclude_if_exists = '/etc/x' # comment",
+        ] {
+            assert!(is_include(line), "{line}");
+        }
+        for line in [
+            "# include 'x.conf'",
+            "included_setting = 1",
+            "shared_preload_libraries = 'include'",
+            "",
+        ] {
+            assert!(!is_include(line), "{line}");
+        }
+    }
+
+    #[test]
+    fn the_environment_keeps_no_secret() {
+        let vars = [
+            ("PATH", "/usr/bin"),
+            ("LC_ALL", "C.UTF-8"),
+            ("PGSTRATA_REPO_CIPHER_PASS", "hunter2"),
+            ("AWS_SECRET_ACCESS_KEY", "k"),
+            ("PGPASSWORD", "pw"),
+            ("PGOPTIONS", "-c session_preload_libraries=evil"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()));
+        let (kept, dropped) = clean_environment(vars.into_iter(), 15);
+        let names: Vec<&str> = kept.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["PGOPTIONS", "PATH", "LC_ALL"]);
+        assert!(
+            kept[0].1.contains("session_preload_libraries= "),
+            "{kept:?}"
+        );
+        assert_eq!(
+            dropped,
+            [
+                "AWS_SECRET_ACCESS_KEY",
+                "PGOPTIONS",
+                "PGPASSWORD",
+                "PGSTRATA_REPO_CIPHER_PASS"
+            ]
+        );
+        assert!(secrets_hint(&dropped)
+            .unwrap()
+            .contains("PGSTRATA_REPO_CIPHER_PASS"));
+    }
 
     #[test]
     fn amcheck_output_becomes_one_line_per_problem() {

@@ -37,6 +37,7 @@ mod write;
 
 pub use plan::RestorePlan;
 pub(crate) use plan::{dir_is_empty, WriteMode};
+pub(crate) use recovery::restore_command;
 
 use crate::owner::{running_as_root, OwnerResolver};
 use crate::progress::{human_bytes, Progress};

@@ -32,12 +32,17 @@ fn conf_quote(v: &str) -> String {
     format!("'{}'", v.replace('\'', "''"))
 }
 
+/// restore_command's value: pgstrata's archive-get.
+pub(crate) fn restore_command(o: &RestoreOptions) -> String {
+    format!("{} archive-get %f \"%p\"", o.archive_get_command)
+}
+
 /// The recovery settings this restore adds (without the lines kept from the existing file).
 pub(super) fn recovery_settings(label: &str, o: &RestoreOptions) -> Vec<String> {
     let mut conf = vec![format!("{MARK} recovery settings for backup {label}")];
     conf.push(format!(
         "restore_command = {}",
-        conf_quote(&format!("{} archive-get %f \"%p\"", o.archive_get_command))
+        conf_quote(&restore_command(o))
     ));
     let target = o.target.clone().unwrap_or_default();
     match o.recovery_type {
