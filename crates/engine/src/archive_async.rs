@@ -130,19 +130,42 @@ impl AsyncOptions {
     }
 }
 
-/// Create `dir` (and parents) readable by the owner only: the spool holds WAL.
-fn create_private_dir(dir: &Path) -> Result<()> {
+/// Create `dir` (and parents) readable by the owner only: the spool holds WAL. `dir` is
+/// `spool` (spool-path) or below it, and `spool` and every directory from it down to `dir`
+/// must be this user's, writable by no one else (see [`pgstrata_repo::private_dir`]):
+/// whoever could write there could replace acknowledgements or the prefetched WAL.
+fn create_private_dir(spool: &Path, dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| {
-            Error::io(
-                format!("create spool directory {} (set spool-path)", dir.display()),
-                e,
-            )
-        })
+    let make = |d: &Path| {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(d)
+            .map_err(|e| {
+                Error::io(
+                    format!("create spool directory {} (set spool-path)", d.display()),
+                    e,
+                )
+            })
+    };
+    let refuse = |why: String| {
+        Error::refused(format!(
+            "{why}; or set spool-path to a directory of this user's"
+        ))
+    };
+    // Each one checked before anything is made inside it.
+    make(spool)?;
+    pgstrata_repo::private_dir::check(spool, "spool-path", true).map_err(refuse)?;
+    let mut checked = spool.to_path_buf();
+    let below = dir
+        .strip_prefix(spool)
+        .expect("spool directories are under spool-path");
+    for part in below.components() {
+        checked.push(part);
+        make(&checked)?;
+        pgstrata_repo::private_dir::check(&checked, "spool directory", false).map_err(refuse)?;
+    }
+    Ok(())
 }
 
 /// An exclusive `flock` on `path`, if no other process holds it.
@@ -245,7 +268,7 @@ pub async fn push(
     let name = archive::checked_wal_name(wal_path)?;
     let dir = o.stanza_dir(s);
     let out = dir.join("out");
-    create_private_dir(&out)?;
+    create_private_dir(&o.spool_path, &out)?;
     let lock = dir.join("archive-push.lock");
     let wal_dir = std::path::absolute(wal_path)
         .ok()
@@ -375,7 +398,7 @@ pub async fn push_worker(
     let s = &repos[0];
     let dir = o.stanza_dir(s);
     let out = dir.join("out");
-    create_private_dir(&out)?;
+    create_private_dir(&o.spool_path, &out)?;
     let Some(_lock) = try_lock(&dir.join("archive-push.lock"))? else {
         return Ok(());
     };
@@ -523,8 +546,13 @@ pub async fn get(
     }
     let dir = o.stanza_dir(s);
     let inbox = dir.join("in");
-    if let Err(e) = create_private_dir(&inbox) {
-        log::debug!("prefetch off: {e}");
+    if let Err(e) = create_private_dir(&o.spool_path, &inbox) {
+        // Prefetch only makes calls faster: without it this call is answered all the same.
+        if e.kind == crate::ErrorKind::Refused {
+            log::warn!("prefetch is off: {e}");
+        } else {
+            log::debug!("prefetch off: {e}");
+        }
         return archive::archive_get_any(repos, name, dest).await;
     }
     let served = serve_spooled(&inbox, name, dest, Duration::ZERO);
@@ -644,7 +672,7 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
     let s = &repos[0];
     let dir = o.stanza_dir(s);
     let inbox = dir.join("in");
-    create_private_dir(&inbox)?;
+    create_private_dir(&o.spool_path, &inbox)?;
     let Some(_lock) = try_lock(&dir.join("archive-get.lock"))? else {
         return Ok(());
     };
@@ -667,7 +695,7 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
     let archive_id = stanza.cluster.archive_id();
     let seg_size = stanza.cluster.wal_segment_size;
     let queue = inbox.join(&archive_id);
-    create_private_dir(&queue)?;
+    create_private_dir(&o.spool_path, &queue)?;
     // Queues of another archive id (before a stanza upgrade) are of no use now.
     for e in fs::read_dir(&inbox).into_iter().flatten().flatten() {
         if e.file_type().is_ok_and(|t| t.is_dir()) && e.path() != queue {
@@ -781,5 +809,48 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
         if stop {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A spool directory (spool-path itself or one below it) that another user owns or
+    /// others can write is refused, naming it, its owner and its mode: they could replace
+    /// acknowledgements or prefetched WAL.
+    #[test]
+    fn a_spool_others_own_or_can_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = dir.path().join("spool");
+        let inbox = spool.join("st/in");
+        create_private_dir(&spool, &inbox).unwrap();
+        assert_eq!(
+            fs::metadata(&inbox).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        for open in [&spool, &spool.join("st")] {
+            fs::set_permissions(open, fs::Permissions::from_mode(0o777)).unwrap();
+            let e = create_private_dir(&spool, &inbox).unwrap_err();
+            assert_eq!(e.kind, crate::ErrorKind::Refused);
+            assert!(
+                e.message.contains(&format!("{} (owner", open.display()))
+                    && e.message.contains("mode 0777")
+                    && e.message.contains("chmod 0700"),
+                "{e}"
+            );
+            fs::set_permissions(open, fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        if nix::unistd::geteuid().is_root() {
+            nix::unistd::chown(&inbox, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            let e = create_private_dir(&spool, &inbox).unwrap_err();
+            assert!(e.message.contains("owner uid 65534"), "{e}");
+        }
+        // spool-path may be reached through a link the operator made.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&spool, &link).unwrap();
+        nix::unistd::chown(&inbox, Some(nix::unistd::geteuid()), None).unwrap();
+        create_private_dir(&link, &link.join("st/in")).unwrap();
     }
 }
