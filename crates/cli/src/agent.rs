@@ -53,24 +53,15 @@ pub(crate) fn in_agent_run() -> bool {
     IN_AGENT_RUN.load(Ordering::Relaxed)
 }
 
-/// A stanza name as the option table describes it: letters, digits, '-' and '_'.
-fn is_stanza_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
 /// `pgstrata agent repo` and `pgstrata agent run`.
 pub(crate) fn agent(
     inv: &Invocation,
     run_command: fn(&Invocation) -> Result<i32, Error>,
 ) -> Result<i32, Error> {
     let stanzas = inv.list("stanza").to_vec();
-    if let Some(bad) = stanzas.iter().find(|s| !is_stanza_name(s)) {
-        return Err(Error::config(format!(
-            "agent: --stanza='{bad}' is not a stanza name (letters, digits, '-' and '_')"
-        )));
+    for s in &stanzas {
+        pgstrata_repo::layout::check_stanza_name(s)
+            .map_err(|why| Error::config(format!("agent: --stanza: {why}")))?;
     }
     match inv.args.first().map(String::as_str) {
         Some("repo") => {
@@ -115,12 +106,8 @@ fn io_err(what: &str, e: impl std::fmt::Display) -> Error {
 /// host's configuration file and environment, as any local command reads them.
 fn job_invocation(own_args: &[String], stanzas: &[String], job: &Job) -> Result<Invocation, Error> {
     let command = job.job.command();
-    if !is_stanza_name(&job.stanza) {
-        return Err(Error::config(format!(
-            "the backup host asked for stanza '{}', which is not a stanza name",
-            job.stanza
-        )));
-    }
+    pgstrata_repo::layout::check_stanza_name(&job.stanza)
+        .map_err(|why| Error::config(format!("the backup host's job: {why}")))?;
     if !stanzas.is_empty() && !stanzas.contains(&job.stanza) {
         return Err(Error::config(format!(
             "the backup host asked for stanza '{}'; this agent works for {} only (its --stanza)",

@@ -441,7 +441,12 @@ fn resolve_repo(
     };
     let config_file = table.as_ref().map(|_| config_path.clone());
 
+    // Checked before anything is named after it (the log file, the spool directory): a
+    // name like `../../x` would put them outside their directories.
     let stanza = flag_or_env(&raw, env, "stanza");
+    if let Some(s) = &stanza {
+        pgstrata_repo::layout::check_stanza_name(s)?;
+    }
     if let (Some(t), Some(s)) = (&table, &stanza) {
         if s != "global" && !t.contains_key(s) && t.keys().any(|k| k != "global") {
             log::debug!("config file has no [{s}] table");
@@ -561,6 +566,18 @@ mod tests {
         assert_eq!(inv.get("repo-path"), Some("/srv/repo"));
         assert!(inv.config_file.is_none());
         assert!(resolve(&argv("info --stanza=main"), &env).is_err());
+    }
+
+    #[test]
+    fn a_stanza_name_that_is_not_letters_digits_dash_underscore_is_refused() {
+        let env = HashMap::new();
+        for bad in ["../../x", "a/b", ".", ""] {
+            let e = resolve(&argv(&format!("--stanza={bad} info")), &env).unwrap_err();
+            assert!(e.contains("is not allowed"), "{bad}: {e}");
+        }
+        let env = HashMap::from([("PGSTRATA_STANZA".to_string(), "../x".to_string())]);
+        assert!(resolve(&argv("info"), &env).is_err());
+        assert!(resolve(&argv("--stanza=main-2_b info"), &HashMap::new()).is_ok());
     }
 
     #[test]

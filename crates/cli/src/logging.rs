@@ -84,6 +84,8 @@ pub(crate) fn error_to_file(msg: &str) {
 static LOGGER: std::sync::OnceLock<Logger> = std::sync::OnceLock::new();
 
 /// Install the logger. A log file that cannot be opened is reported on the console once.
+/// The file is `<log_path>/<stanza>-<command>.log`: `stanza` must be a name config
+/// resolution checked (letters, digits, '-', '_'), never a path.
 pub(crate) fn init(
     console: &str,
     file_level: &str,

@@ -272,7 +272,7 @@ fn agent_run_does_a_backup_hosts_jobs_and_nothing_else() {
             "'repo1-path'",
         ),
         (job(JobKind::Backup, "other", &[]), "works for main only"),
-        (job(JobKind::Backup, "../../tmp", &[]), "not a stanza name"),
+        (job(JobKind::Backup, "../../tmp", &[]), "is not allowed"),
         (
             job(JobKind::Backup, "main", &[("process-max", "100000")]),
             "process-max",

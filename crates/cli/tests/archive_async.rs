@@ -271,6 +271,109 @@ fn prefetch_follows_a_timeline_switch() {
     assert!(log.contains("from the prefetch queue"), "{log}");
 }
 
+/// Two archived segments of timeline 1, the second following the first.
+fn consecutive_archived(repo: &Path) -> (String, String) {
+    let segs = archived_segments(repo);
+    let next = |n: &str| {
+        let seg = u32::from_str_radix(&n[16..], 16).unwrap();
+        format!("{}{:08X}", &n[..16], seg + 1)
+    };
+    segs.iter()
+        .find(|a| segs.contains(&next(a)))
+        .map(|a| (a.clone(), next(a)))
+        .unwrap_or_else(|| panic!("no two consecutive segments in {segs:?}"))
+}
+
+/// The spooled copy of `name` under `spool`, once the prefetch worker has put it there.
+fn spooled(spool: &Path, name: &str) -> Option<PathBuf> {
+    let inbox = spool.join(STANZA).join("in");
+    std::fs::read_dir(inbox)
+        .ok()?
+        .flatten()
+        .map(|q| q.path().join(name))
+        .find(|p| p.exists())
+}
+
+/// A prefetched segment altered in the spool after the worker checked it is never handed
+/// to PostgreSQL: archive-get checks the spooled copy against the hash the repository
+/// recorded for it and, when they differ, fetches the segment from the repository again.
+/// And a spool directory that others can write is not used at all.
+#[test]
+fn an_altered_prefetched_segment_is_fetched_again_and_an_open_spool_is_not_used() {
+    let env = Env::new("prefetch-altered");
+    env.stanza_create();
+    for i in 0..3 {
+        env.sql(&format!(
+            "CREATE TABLE t{i} AS SELECT generate_series(1, 1000) AS x"
+        ));
+        env.flush_wal();
+    }
+    let (first, second) = consecutive_archived(&env.repo);
+    let spool = env.scratch.join("spool");
+    let get = |spool: &Path, name: &str, dest: &Path, queue: &str| {
+        env.cmd(&[
+            &format!("--spool-path={}", spool.display()),
+            &format!("--archive-get-queue-max={queue}"),
+            "archive-get",
+            name,
+            dest.to_str().unwrap(),
+        ])
+    };
+    let genuine_path = env.scratch.join("genuine");
+    run_ok(get(&spool, &second, &genuine_path, "0"));
+    let genuine = std::fs::read(&genuine_path).unwrap();
+
+    // Asking for the first segment starts the worker, which spools the second.
+    run_ok(get(&spool, &first, &env.scratch.join("got-first"), "64MiB"));
+    let mut queued = None;
+    wait_until(
+        "the second segment to be prefetched",
+        Duration::from_secs(30),
+        || {
+            queued = spooled(&spool, &second);
+            queued.is_some()
+        },
+    );
+    let queued = queued.unwrap();
+    let mut altered = std::fs::read(&queued).unwrap();
+    assert_eq!(altered, genuine, "spooled as archived");
+    altered[1 << 20] ^= 0x40;
+    std::fs::write(&queued, &altered).unwrap();
+
+    let got = env.scratch.join("got-second");
+    let out = get(&spool, &second, &got, "64MiB").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        std::fs::read(&got).unwrap() == genuine,
+        "archive-get handed over the altered spooled copy: {err}"
+    );
+    assert!(
+        err.contains(&second) && err.contains("does not match"),
+        "the altered copy is reported: {err}"
+    );
+
+    // A spool others can write to is refused, with a warning, and the segment comes from
+    // the repository; nothing is spooled there.
+    let open = env.scratch.join("open-spool");
+    std::fs::create_dir(&open).unwrap();
+    pgstrata_testkit::give_to_pg_user(&open);
+    set_mode(&open, 0o777);
+    let got = env.scratch.join("got-open");
+    let out = get(&open, &first, &got, "64MiB").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("WARN") && err.contains(&open.display().to_string()) && err.contains("0777"),
+        "the open spool is named: {err}"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        std::fs::read_dir(&open).unwrap().next().is_none(),
+        "nothing written to the open spool"
+    );
+}
+
 #[test]
 fn push_queue_max_drops_wal_loudly_and_check_info_verify_report_the_gap() {
     let env = Env::with_config(

@@ -148,6 +148,47 @@ fn forged_manifests_are_refused_before_restore_writes_anything() {
     );
 }
 
+/// Modes a repository writer forged (0777 with sticky and setgid bits, which pass
+/// validation and are masked to permission bits there) never reach the restored cluster
+/// as such: files get at most read and write for the owner and read for the group,
+/// directories at most everything for the owner and read and search for the group (what
+/// PostgreSQL makes with `initdb --allow-group-access`). Nothing is executable, nothing
+/// writable or readable by others.
+#[test]
+fn forged_modes_are_clamped_to_what_postgresql_makes() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new("forged-modes");
+    env.stanza_create();
+    let label = env.backup(&["--type=full"]);
+    let mut m = crate::common::manifest(&env.repo, &label);
+    for e in &mut m.entries {
+        match e {
+            Entry::File(f) => f.owner.mode = 0o1777,
+            Entry::Dir(d) => d.owner.mode = 0o3777,
+            Entry::Link(_) => {}
+        }
+    }
+    forge_in_place(&env, &mut m);
+    let target = restore_only(&env, "forged-modes", &[]);
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+    let mut checked = 0;
+    let mut dirs = vec![target.clone()];
+    while let Some(d) = dirs.pop() {
+        assert_eq!(mode(&d), 0o750, "directory {}", d.display());
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let (p, t) = (e.path(), e.file_type().unwrap());
+            if t.is_dir() {
+                dirs.push(p);
+            } else if t.is_file() {
+                assert_eq!(mode(&p) & !0o640, 0, "file {}: {:o}", p.display(), mode(&p));
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 100, "{checked} files checked");
+    assert_eq!(mode(&target.join("PG_VERSION")), 0o640);
+}
+
 /// Replace backup `m.label`'s manifest, its copy and its parts with `m`, all written as a
 /// writer of the repository could: hashes and copies consistent, so that a reader has
 /// only the entries themselves to refuse.

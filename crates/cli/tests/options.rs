@@ -73,6 +73,38 @@ fn secrets_stay_off_the_command_line_and_out_of_the_log() {
     assert!(!err.contains("WARN"), "{err}");
 }
 
+/// The stanza name becomes part of file names (the log file, the spool): one that is not
+/// letters, digits, '-' and '_' is refused before anything is named after it, so
+/// `--stanza=../../x` cannot make pgstrata create a log file outside log-path.
+#[test]
+fn a_stanza_name_that_is_a_path_is_refused_before_the_log_file_is_named() {
+    let dir = pgstrata_testkit::Scratch::new("stanza-name");
+    let logs = dir.join("a/b/logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let before = tree(&dir.path);
+    let out = Command::new(exe())
+        .env_remove("PGSTRATA_CONFIG")
+        .env_remove("PGSTRATA_STANZA")
+        .args([
+            "--stanza=../../x",
+            &format!("--repo-path={}", dir.join("repo").display()),
+            &format!("--log-path={}", logs.display()),
+            "--log-level-file=info",
+            "info",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("stanza name '../../x' is not allowed")
+            && err.contains("letters, digits, '-' or '_'"),
+        "{err}"
+    );
+    assert_eq!(tree(&dir.path), before, "no file created anywhere: {err}");
+    assert!(!dir.join("a/x-info.log").exists());
+}
+
 /// Under umask 022, what pgstrata writes (repository objects and directories, archived WAL,
 /// the log) is neither writable by the group nor readable by others.
 #[test]

@@ -38,9 +38,14 @@
 //!
 //! When PostgreSQL asks for segment S, the foreground first looks for S in
 //! `<spool>/<stanza>/in/<archive-id>/`. A spooled segment was decoded by the worker, its
-//! length and hash checked, and fsynced before it was renamed into the spool (the spool
-//! directory is the owner's only: it holds WAL as pg_wal does); the foreground just moves it
-//! into place (a rename, or a copy across file systems). Then the foreground records S as the newest
+//! length and hash checked, and fsynced before it was renamed into the spool, beside
+//! `S.blake3`: the BLAKE3 the repository recorded for it (the spool is the owner's only,
+//! checked on every use: it holds WAL as pg_wal does). The foreground moves it beside its
+//! destination under a temporary name (a rename, or a copy across file systems), hashes it
+//! there and hands it to PostgreSQL (a rename) only if the hash is the recorded one: a copy
+//! damaged or changed in the spool after the worker checked it is removed and S fetched
+//! from the repository, and what is checked is what PostgreSQL gets. Then the foreground
+//! records S as the newest
 //! request (`in/request`) and makes sure a worker runs. The worker keeps the queue: the
 //! segments after S on S's timeline, as many as fit in `archive-get-queue-max`, fetched
 //! `process-max` at a time, written whole before they are renamed into the spool; anything
@@ -130,19 +135,42 @@ impl AsyncOptions {
     }
 }
 
-/// Create `dir` (and parents) readable by the owner only: the spool holds WAL.
-fn create_private_dir(dir: &Path) -> Result<()> {
+/// Create `dir` (and parents) readable by the owner only: the spool holds WAL. `dir` is
+/// `spool` (spool-path) or below it, and `spool` and every directory from it down to `dir`
+/// must be this user's, writable by no one else (see [`pgstrata_repo::private_dir`]):
+/// whoever could write there could replace acknowledgements or the prefetched WAL.
+fn create_private_dir(spool: &Path, dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| {
-            Error::io(
-                format!("create spool directory {} (set spool-path)", dir.display()),
-                e,
-            )
-        })
+    let make = |d: &Path| {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(d)
+            .map_err(|e| {
+                Error::io(
+                    format!("create spool directory {} (set spool-path)", d.display()),
+                    e,
+                )
+            })
+    };
+    let refuse = |why: String| {
+        Error::refused(format!(
+            "{why}; or set spool-path to a directory of this user's"
+        ))
+    };
+    // Each one checked before anything is made inside it.
+    make(spool)?;
+    pgstrata_repo::private_dir::check(spool, "spool-path", true).map_err(refuse)?;
+    let mut checked = spool.to_path_buf();
+    let below = dir
+        .strip_prefix(spool)
+        .expect("spool directories are under spool-path");
+    for part in below.components() {
+        checked.push(part);
+        make(&checked)?;
+        pgstrata_repo::private_dir::check(&checked, "spool directory", false).map_err(refuse)?;
+    }
+    Ok(())
 }
 
 /// An exclusive `flock` on `path`, if no other process holds it.
@@ -245,7 +273,7 @@ pub async fn push(
     let name = archive::checked_wal_name(wal_path)?;
     let dir = o.stanza_dir(s);
     let out = dir.join("out");
-    create_private_dir(&out)?;
+    create_private_dir(&o.spool_path, &out)?;
     let lock = dir.join("archive-push.lock");
     let wal_dir = std::path::absolute(wal_path)
         .ok()
@@ -375,7 +403,7 @@ pub async fn push_worker(
     let s = &repos[0];
     let dir = o.stanza_dir(s);
     let out = dir.join("out");
-    create_private_dir(&out)?;
+    create_private_dir(&o.spool_path, &out)?;
     let Some(_lock) = try_lock(&dir.join("archive-push.lock"))? else {
         return Ok(());
     };
@@ -507,6 +535,14 @@ pub async fn push_worker(
 
 const REQUEST: &str = "request";
 
+/// The file beside spooled segment `S` holding the BLAKE3 (hex) its archive object records:
+/// `S.blake3`.
+fn recorded_hash_path(spooled: &Path) -> PathBuf {
+    let mut p = spooled.as_os_str().to_owned();
+    p.push(".blake3");
+    PathBuf::from(p)
+}
+
 /// archive-get with prefetch: serve `name` from the spool when it is there, tell the worker
 /// what was asked, and otherwise fetch from the repository. Same answer as
 /// [`archive::archive_get`]: true when found.
@@ -523,8 +559,13 @@ pub async fn get(
     }
     let dir = o.stanza_dir(s);
     let inbox = dir.join("in");
-    if let Err(e) = create_private_dir(&inbox) {
-        log::debug!("prefetch off: {e}");
+    if let Err(e) = create_private_dir(&o.spool_path, &inbox) {
+        // Prefetch only makes calls faster: without it this call is answered all the same.
+        if e.kind == crate::ErrorKind::Refused {
+            log::warn!("prefetch is off: {e}");
+        } else {
+            log::debug!("prefetch off: {e}");
+        }
         return archive::archive_get_any(repos, name, dest).await;
     }
     let served = serve_spooled(&inbox, name, dest, Duration::ZERO);
@@ -556,8 +597,9 @@ fn write_durable_nosync(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result
     fs::rename(&tmp, dir.join(name))
 }
 
-/// Decode spooled segment `name` into `dest`, if the spool has it (waiting up to `wait`
-/// while the worker is fetching it). A spooled copy that fails its check is removed.
+/// Hand spooled segment `name` to PostgreSQL at `dest`, if the spool has it (waiting up
+/// to `wait` while the worker is fetching it) and it is what the repository holds. A
+/// spooled copy that cannot be handed over is removed.
 fn serve_spooled(inbox: &Path, name: &str, dest: &Path, wait: Duration) -> bool {
     let Ok(entries) = fs::read_dir(inbox) else {
         return false;
@@ -577,32 +619,55 @@ fn serve_spooled(inbox: &Path, name: &str, dest: &Path, wait: Duration) -> bool 
         if !path.exists() {
             continue;
         }
-        // Verified when it was spooled: moved into place, or copied when the spool is on
-        // another file system.
-        let moved = fs::rename(&path, dest).or_else(|e| {
-            if e.raw_os_error() != Some(nix::libc::EXDEV) {
-                return Err(e);
-            }
-            let tmp = dest.with_file_name(format!(".{name}.pgstrata.tmp"));
-            fs::copy(&path, &tmp)
-                .and_then(|_| fs::rename(&tmp, dest))
-                .inspect_err(|_| {
-                    let _ = fs::remove_file(&tmp);
-                })
-        });
-        match moved {
+        let handed = hand_over(&path, name, dest);
+        let _ = fs::remove_file(&path);
+        let _ = fs::remove_file(recorded_hash_path(&path));
+        match handed {
             Ok(()) => {
                 log::info!("restored {name} from the prefetch queue");
-                let _ = fs::remove_file(&path);
                 return true;
             }
-            Err(e) => {
-                log::warn!("prefetched {name} could not be moved into place ({e}); fetching it from the repository");
-                let _ = fs::remove_file(&path);
-            }
+            Err(why) => log::warn!(
+                "prefetched {name} in {}: {why}; fetching it from the repository",
+                q.display()
+            ),
         }
     }
     false
+}
+
+/// Move spooled segment `spooled` to `dest` if its content hashes to the BLAKE3 the
+/// repository recorded for it (the worker wrote it beside the segment). It is checked
+/// where PostgreSQL will read it, under a temporary name beside `dest`, and renamed to
+/// `dest` only then: nothing done to the spool after the check reaches PostgreSQL.
+fn hand_over(spooled: &Path, name: &str, dest: &Path) -> std::result::Result<(), String> {
+    let recorded = fs::read_to_string(recorded_hash_path(spooled))
+        .map_err(|e| e.to_string())
+        .and_then(|h| blake3::Hash::from_hex(h.trim()).map_err(|e| e.to_string()))
+        .map_err(|e| format!("its recorded hash cannot be read ({e})"))?;
+    let tmp = dest.with_file_name(format!(".{name}.pgstrata.tmp"));
+    let checked = fs::rename(spooled, &tmp)
+        .or_else(|e| {
+            if e.raw_os_error() != Some(nix::libc::EXDEV) {
+                return Err(e);
+            }
+            fs::copy(spooled, &tmp).map(|_| ())
+        })
+        .map_err(|e| format!("could not be moved into place ({e})"))
+        .and_then(|()| {
+            let mut hasher = blake3::Hasher::new();
+            File::open(&tmp)
+                .and_then(|f| hasher.update_reader(f).map(|_| ()))
+                .map_err(|e| format!("could not be read back ({e})"))?;
+            if hasher.finalize() != recorded {
+                return Err("its content does not match the BLAKE3 hash the repository recorded for it (damaged or altered in the spool)".into());
+            }
+            fs::rename(&tmp, dest).map_err(|e| format!("could not be moved into place ({e})"))
+        });
+    if checked.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    checked
 }
 
 /// What became of one prefetched segment.
@@ -613,21 +678,32 @@ enum Fetched {
 }
 
 /// Decode stored WAL object `obj` into `tmp` (checking its length and hash), make it
-/// durable, and rename it to `done`: a spooled segment is whole and verified, so the
-/// foreground only has to move it into place (a spooled file torn by a crash would reach
-/// PostgreSQL, which might take it for the end of the WAL).
+/// durable, record the hash the object holds beside `done` (for the foreground's check,
+/// [`hand_over`]) and rename it to `done`: a spooled segment is whole and verified when it
+/// appears (a spooled file torn by a crash would reach PostgreSQL, which might take it for
+/// the end of the WAL).
 ///
 /// The fsync also pays off: done here, beside recovery, it is not done on recovery's
 /// path. Without it (tried: an unsynced queue named by the kernel's boot id) recovery
 /// waited for each segment's writeback, and replaying 64 segments took 12.4 s instead of
 /// 9.7 s (`bench wal_async --segments 64`).
 fn spool_segment(obj: &[u8], key: &str, tmp: &Path, done: &Path) -> Result<()> {
+    let recorded = pgstrata_repo::wal::parse_header(obj, key)?.hash;
     let written = File::create(tmp)
         .map_err(|e| Error::io(format!("create {}", tmp.display()), e))
         .and_then(|mut f| {
             pgstrata_repo::wal::decode_to(obj, key, &mut f)?;
             f.sync_all()
                 .map_err(|e| Error::io(format!("fsync {}", tmp.display()), e))
+        })
+        .and_then(|()| {
+            // A hash file lost in a crash only makes the foreground fetch the segment again.
+            let hash_path = recorded_hash_path(done);
+            fs::write(
+                &hash_path,
+                blake3::Hash::from_bytes(recorded).to_hex().as_str(),
+            )
+            .map_err(|e| Error::io(format!("write {}", hash_path.display()), e))
         })
         .and_then(|()| {
             fs::rename(tmp, done).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))
@@ -644,7 +720,7 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
     let s = &repos[0];
     let dir = o.stanza_dir(s);
     let inbox = dir.join("in");
-    create_private_dir(&inbox)?;
+    create_private_dir(&o.spool_path, &inbox)?;
     let Some(_lock) = try_lock(&dir.join("archive-get.lock"))? else {
         return Ok(());
     };
@@ -667,7 +743,7 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
     let archive_id = stanza.cluster.archive_id();
     let seg_size = stanza.cluster.wal_segment_size;
     let queue = inbox.join(&archive_id);
-    create_private_dir(&queue)?;
+    create_private_dir(&o.spool_path, &queue)?;
     // Queues of another archive id (before a stanza upgrade) are of no use now.
     for e in fs::read_dir(&inbox).into_iter().flatten().flatten() {
         if e.file_type().is_ok_and(|t| t.is_dir()) && e.path() != queue {
@@ -698,7 +774,8 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
         // Everything else goes: served segments, another timeline, segments behind a seek.
         for e in fs::read_dir(&queue).into_iter().flatten().flatten() {
             let file = e.file_name().to_string_lossy().to_string();
-            if !window.contains(&file) {
+            let segment = file.strip_suffix(".blake3").unwrap_or(&file);
+            if !window.iter().any(|w| w == segment) {
                 let _ = fs::remove_file(e.path());
             }
         }
@@ -717,7 +794,6 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         }
-        // Fetched in order, process-max at a time; the first one missing ends the round.
         // Fetched in order, process-max at a time, each decoded (its hash checked) and made
         // durable beside the queue before it is renamed in; the first one missing ends the
         // round.
@@ -763,6 +839,7 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
             if stop {
                 // Past the end: not kept (the next round asks again).
                 let _ = fs::remove_file(queue.join(&n));
+                let _ = fs::remove_file(recorded_hash_path(&queue.join(&n)));
                 continue;
             }
             match outcome {
@@ -781,5 +858,48 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
         if stop {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A spool directory (spool-path itself or one below it) that another user owns or
+    /// others can write is refused, naming it, its owner and its mode: they could replace
+    /// acknowledgements or prefetched WAL.
+    #[test]
+    fn a_spool_others_own_or_can_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = dir.path().join("spool");
+        let inbox = spool.join("st/in");
+        create_private_dir(&spool, &inbox).unwrap();
+        assert_eq!(
+            fs::metadata(&inbox).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        for open in [&spool, &spool.join("st")] {
+            fs::set_permissions(open, fs::Permissions::from_mode(0o777)).unwrap();
+            let e = create_private_dir(&spool, &inbox).unwrap_err();
+            assert_eq!(e.kind, crate::ErrorKind::Refused);
+            assert!(
+                e.message.contains(&format!("{} (owner", open.display()))
+                    && e.message.contains("mode 0777")
+                    && e.message.contains("chmod 0700"),
+                "{e}"
+            );
+            fs::set_permissions(open, fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        if nix::unistd::geteuid().is_root() {
+            nix::unistd::chown(&inbox, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+            let e = create_private_dir(&spool, &inbox).unwrap_err();
+            assert!(e.message.contains("owner uid 65534"), "{e}");
+        }
+        // spool-path may be reached through a link the operator made.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&spool, &link).unwrap();
+        nix::unistd::chown(&inbox, Some(nix::unistd::geteuid()), None).unwrap();
+        create_private_dir(&link, &link.join("st/in")).unwrap();
     }
 }

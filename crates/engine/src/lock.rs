@@ -150,39 +150,20 @@ fn pid_running(pid: i32, started: Option<u64>) -> bool {
 }
 
 /// The directory holding the takeover `flock`: created 0700 when missing; refused when it
-/// is not a directory of this user that nobody else can write to.
+/// is not a directory of this user that nobody else can write to (see
+/// [`pgstrata_repo::private_dir`]).
 fn lock_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    use std::os::unix::fs::DirBuilderExt;
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(Error::io(format!("create lock-path {}", dir.display()), e)),
     }
-    let md = std::fs::symlink_metadata(dir)
-        .map_err(|e| Error::io(format!("stat lock-path {}", dir.display()), e))?;
-    let uid = nix::unistd::geteuid().as_raw();
-    let why = if !md.is_dir() {
-        Some("is not a directory".to_string())
-    } else if md.uid() != uid {
-        Some(format!(
-            "belongs to uid {}, not to this user (uid {uid})",
-            md.uid()
+    pgstrata_repo::private_dir::check(dir, "lock-path", false).map_err(|why| {
+        Error::refused(format!(
+            "{why}; or give each user running pgstrata a directory of its own (lock-path)"
         ))
-    } else if md.mode() & 0o022 != 0 {
-        Some(format!(
-            "is writable by others (mode {:o})",
-            md.mode() & 0o7777
-        ))
-    } else {
-        None
-    };
-    match why {
-        Some(why) => Err(Error::refused(format!(
-            "lock-path {} {why}: give each user running pgstrata a directory of its own (lock-path), mode 0700",
-            dir.display()
-        ))),
-        None => Ok(()),
-    }
+    })
 }
 
 /// Serializes stale-lock takeovers among the processes of this host (an exclusive flock on
@@ -461,7 +442,10 @@ mod tests {
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
         let e = lock_dir(&open).unwrap_err();
         assert!(
-            e.message.contains("writable by others") && e.message.contains("open"),
+            e.message.contains(&format!("lock-path {}", open.display()))
+                && e.message.contains("mode 0777")
+                && e.message.contains("writable by others")
+                && e.message.contains("chmod 0700"),
             "{e}"
         );
         let link = dir.path().join("link");
@@ -474,7 +458,13 @@ mod tests {
             std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
             nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
             let e = lock_dir(&theirs).unwrap_err();
-            assert!(e.message.contains("belongs to uid 65534"), "{e}");
+            assert!(
+                e.message.contains("owner uid 65534")
+                    && e.message.contains("mode 0700")
+                    && e.message.contains("belongs to another user")
+                    && e.message.contains("a directory of its own"),
+                "{e}"
+            );
         }
         let fine = dir.path().join("fine");
         lock_dir(&fine).unwrap();

@@ -55,22 +55,28 @@ impl ObjectCache {
         ObjectCache::open(base.join("pgstrata"))
     }
 
-    /// The cache in `dir`, made (0700) when missing; `None` (logged) when it cannot be.
+    /// The cache in `dir`, made (0700) when missing; `None` (logged) when it cannot be,
+    /// and (with a warning) when it is not this user's alone ([`crate::private_dir`]):
+    /// whoever else can write it could plant entries, such as a manifest telling restore
+    /// what to write. Refusing the command would gain nothing: without the cache every
+    /// object is read from the repository.
     pub fn open(dir: PathBuf) -> Option<ObjectCache> {
-        match std::fs::DirBuilder::new()
+        if let Err(e) = std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)
         {
-            Ok(()) => Some(ObjectCache { dir }),
-            Err(e) => {
-                log::debug!(
-                    "no object cache: cannot make {}: {e}; objects cross the line every time",
-                    dir.display()
-                );
-                None
-            }
+            log::debug!(
+                "no object cache: cannot make {}: {e}; objects cross the line every time",
+                dir.display()
+            );
+            return None;
         }
+        if let Err(why) = crate::private_dir::check(&dir, "object cache", false) {
+            log::warn!("{why}; the object cache is off until then");
+            return None;
+        }
+        Some(ObjectCache { dir })
     }
 
     fn entry(&self, key: &str) -> PathBuf {
@@ -151,6 +157,29 @@ pub fn stored_hash(stored: &[u8]) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cache directory another user owns or others can write to is not used: they could
+    /// plant an entry (a manifest telling restore what to write) or read the kept objects.
+    #[test]
+    fn a_cache_directory_others_own_or_can_write_is_not_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(ObjectCache::open(open.clone()).is_none(), "mode 0777");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o770)).unwrap();
+        assert!(ObjectCache::open(open.clone()).is_none(), "mode 0770");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(ObjectCache::open(open).is_some(), "mode 0700 is fine");
+        if nix::unistd::geteuid().is_root() {
+            let theirs = dir.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+            assert!(ObjectCache::open(theirs).is_none(), "owned by nobody");
+        }
+    }
 
     #[test]
     fn entries_read_back_damaged_ones_are_misses_and_only_the_newest_stay() {

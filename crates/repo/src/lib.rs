@@ -14,6 +14,8 @@
 //! - [`manifest`]: a backup's manifest, the object that makes a backup exist.
 //! - [`resume`]: checkpoints of a running backup, which let the next one reuse its frames.
 //! - [`wal`]: archived WAL objects; [`changemap`]: the block-change map beside each segment.
+//! - [`cache`]: objects of a remote repository kept on this host; [`private_dir`]: the
+//!   check that a directory pgstrata keeps state in is this user's alone.
 
 pub mod cache;
 pub mod changemap;
@@ -26,6 +28,7 @@ pub mod layout;
 pub mod manifest;
 pub mod named;
 pub mod pack;
+pub mod private_dir;
 #[cfg(test)]
 mod props;
 pub mod resume;

@@ -49,7 +49,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tree::{list, remove_at, set_attributes, DirHandle, ParentCache, TargetTree};
+use tree::{list, remove_at, set_attributes, DirHandle, EntryKind, ParentCache, TargetTree};
 use write::{Shared, Worker};
 
 // Names as given to `--type` of restore.
@@ -520,7 +520,14 @@ impl Layout<'_> {
                     if let Some(ids) = self.ids(owner) {
                         tree.chown_link(path, ids, &mut self.cache)?;
                         let loc = tree.tablespace(t.oid).expect("opened");
-                        set_attributes(loc.fd.as_fd(), 0o700, Some(ids), None, &loc.path)?;
+                        set_attributes(
+                            loc.fd.as_fd(),
+                            EntryKind::Dir,
+                            0o700,
+                            Some(ids),
+                            None,
+                            &loc.path,
+                        )?;
                     }
                 }
                 Entry::File(_) => {}
@@ -539,7 +546,14 @@ impl Layout<'_> {
                 let (path, owner) = (&d.path, &d.owner);
                 let dir = tree.open_dir(path, &mut self.cache)?;
                 let ids = self.ids(owner);
-                set_attributes(dir.fd.as_fd(), owner.mode, ids, None, &dir.path)?;
+                set_attributes(
+                    dir.fd.as_fd(),
+                    EntryKind::Dir,
+                    owner.mode,
+                    ids,
+                    None,
+                    &dir.path,
+                )?;
             }
         }
         let targets =

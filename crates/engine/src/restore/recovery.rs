@@ -7,7 +7,7 @@
 //! the directory. Settings of an earlier restore (marked with [`MARK`]) and any recovery
 //! keys the operator left are replaced, everything else in `postgresql.auto.conf` is kept.
 
-use super::tree::{set_attributes, ParentCache, TargetTree};
+use super::tree::{set_attributes, EntryKind, ParentCache, TargetTree};
 use super::{RecoveryType, RestoreOptions};
 use crate::Result;
 use pgstrata_repo::manifest::Manifest;
@@ -108,7 +108,7 @@ pub(super) fn write_recovery_files(
         tree.write_durably(
             name,
             content.as_bytes(),
-            |f| set_attributes(f.as_fd(), 0o600, ids, None, &path),
+            |f| set_attributes(f.as_fd(), EntryKind::File, 0o600, ids, None, &path),
             cache,
         )
     };

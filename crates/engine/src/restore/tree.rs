@@ -13,7 +13,11 @@
 //! - a link, FIFO, device, directory or hard-linked file found where the backup has a file
 //!   is removed and replaced; a link where the backup has a directory is removed and
 //!   replaced by the directory;
-//! - modes, owners and times are set on the open descriptor;
+//! - modes, owners and times are set on the open descriptor; a mode is at most what
+//!   PostgreSQL itself gives (0700 directories and 0600 files, 0750 and 0640 where the
+//!   backup recorded group access, as `initdb --allow-group-access` makes them): a
+//!   manifest's modes are only checked against accidents in a plain stanza, and one
+//!   forged to 0777 must not make the cluster writable by all or its files executable;
 //! - the only links restore creates are `pg_tblspc/<oid>`.
 //!
 //! The directory handed over by the operator (`--pg-path`, a tablespace location) may itself
@@ -409,9 +413,43 @@ impl TargetTree {
     }
 }
 
-/// Set mode, owner (when given) and modification time on an open file or directory.
+/// What restore sets attributes on: a file or a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum EntryKind {
+    File,
+    Dir,
+}
+
+impl EntryKind {
+    /// The most a restored entry of this kind may have: PostgreSQL's modes with group
+    /// access (the owner's bits and the group's read and search; nothing for others).
+    fn mode_bits(self) -> u32 {
+        match self {
+            EntryKind::File => 0o640,
+            EntryKind::Dir => 0o750,
+        }
+    }
+}
+
+/// `recorded` (a manifest's mode) as restore applies it to a `kind` at `path`: without
+/// bits beyond [`EntryKind::mode_bits`], dropped with a debug message.
+pub(super) fn restored_mode(kind: EntryKind, recorded: u32, path: &Path) -> u32 {
+    let mode = recorded & kind.mode_bits();
+    if mode != recorded {
+        log::debug!(
+            "{}: mode {recorded:04o} in the manifest is restored as {mode:04o} (never more than {:04o})",
+            path.display(),
+            kind.mode_bits()
+        );
+    }
+    mode
+}
+
+/// Set mode (see [`restored_mode`]), owner (when given) and modification time on an open
+/// file or directory.
 pub(super) fn set_attributes(
     fd: BorrowedFd<'_>,
+    kind: EntryKind,
     mode: u32,
     owner: Option<(u32, u32)>,
     mtime: Option<i64>,
@@ -426,7 +464,7 @@ pub(super) fn set_attributes(
         )
         .map_err(|e| io_err("chown", path, e))?;
     }
-    rustix::fs::fchmod(fd, Mode::from_raw_mode(mode & 0o777))
+    rustix::fs::fchmod(fd, Mode::from_raw_mode(restored_mode(kind, mode, path)))
         .map_err(|e| io_err("chmod", path, e))?;
     if let Some(t) = mtime {
         let ts = rustix::fs::Timestamps {
@@ -478,6 +516,32 @@ pub(super) struct ParentCache {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+
+    /// PostgreSQL's own modes pass unchanged; anything more loses the extra bits.
+    #[test]
+    fn restored_modes_are_at_most_postgresql_s_own() {
+        let p = Path::new("x");
+        for (kind, recorded, restored) in [
+            (EntryKind::File, 0o600, 0o600),
+            (EntryKind::File, 0o640, 0o640),
+            (EntryKind::File, 0o400, 0o400),
+            (EntryKind::File, 0o777, 0o640),
+            (EntryKind::File, 0o755, 0o640),
+            (EntryKind::File, 0o606, 0o600),
+            (EntryKind::File, 0o7777, 0o640),
+            (EntryKind::Dir, 0o700, 0o700),
+            (EntryKind::Dir, 0o750, 0o750),
+            (EntryKind::Dir, 0o777, 0o750),
+            (EntryKind::Dir, 0o3777, 0o750),
+            (EntryKind::Dir, 0o705, 0o700),
+        ] {
+            assert_eq!(
+                restored_mode(kind, recorded, p),
+                restored,
+                "{kind:?} {recorded:o}"
+            );
+        }
+    }
 
     fn tree() -> (tempfile::TempDir, TargetTree) {
         let t = tempfile::tempdir().unwrap();

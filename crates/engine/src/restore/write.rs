@@ -9,7 +9,7 @@
 
 use super::pieces::{PieceCheck, PIECE_LEN};
 use super::plan::RestoreJob;
-use super::tree::{set_attributes, ParentCache, TargetTree};
+use super::tree::{set_attributes, EntryKind, ParentCache, TargetTree};
 use crate::content::{
     check_reader, extents_of, for_each_extent, read_buffer_len, read_full_at, ContentCheck,
 };
@@ -198,7 +198,14 @@ fn restore_one(sh: &Shared, w: &mut Worker, f: &FileEntry, action: Action) -> Re
         }
     };
     let owner = sh.chown.then(|| w.resolver.ids(&f.owner));
-    set_attributes(fh.as_fd(), f.owner.mode, owner, Some(f.mtime), &path)?;
+    set_attributes(
+        fh.as_fd(),
+        EntryKind::File,
+        f.owner.mode,
+        owner,
+        Some(f.mtime),
+        &path,
+    )?;
     sh.counters.files.fetch_add(1, Ordering::Relaxed);
     sh.counters.bytes.fetch_add(f.size, Ordering::Relaxed);
     Ok(())
@@ -218,7 +225,14 @@ pub(super) fn write_control(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Resul
     let path = sh.tree.display_path(&f.path);
     let fh = write_file(sh, w, f, &tmp, &path)?;
     let owner = sh.chown.then(|| w.resolver.ids(&f.owner));
-    set_attributes(fh.as_fd(), f.owner.mode, owner, Some(f.mtime), &path)?;
+    set_attributes(
+        fh.as_fd(),
+        EntryKind::File,
+        f.owner.mode,
+        owner,
+        Some(f.mtime),
+        &path,
+    )?;
     fh.sync_all()
         .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
     drop(fh);
