@@ -690,20 +690,23 @@ fn pgstrata_repos(
         c.socket_dir.display(),
         c.port
     );
+    // The database host's settings are its own (the agent reads its configuration);
+    // the backup host names that file, there being no forced command here.
+    let db_conf = b.scratch.join(&format!("{name}-db-host.conf"));
     let bh_conf = b.scratch.join(&format!("{name}-backup-host.conf"));
     write_config(
         &bh_conf,
         &format!(
             "[global]\n{common}repo-path = \"{}\"\nlock-path = \"{}\"\ncmd-ssh = \"{}\"\n\n[{STANZA}]\n\
-             pg-remote = \"{PG_OS_USER}@db-host\"\npg-remote-cmd = \"{}\"\n{pg}",
+             pg-remote = \"{PG_OS_USER}@db-host\"\npg-remote-cmd = \"{}\"\npg-remote-config = \"{}\"\n",
             repo.display(),
             bh_lock.display(),
             h.wrap_backup.display(),
-            t.bin.display()
+            t.bin.display(),
+            db_conf.display()
         ),
         BACKUP_OS_USER,
     )?;
-    let db_conf = b.scratch.join(&format!("{name}-db-host.conf"));
     write_config(
         &db_conf,
         &format!(

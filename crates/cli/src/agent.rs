@@ -309,11 +309,17 @@ async fn serve_job(
 ) -> Result<Done, Error> {
     // Without a forced command these words are the agent's command line; with one (as the
     // README sets up), the database host's own words replace them.
-    let agent_args = vec![
+    let mut agent_args = vec![
         "agent".to_string(),
         "run".to_string(),
         format!("--stanza={}", job.stanza),
     ];
+    let config = if standby_remote(inv).is_some() {
+        inv.get("standby-remote-config")
+    } else {
+        inv.get("pg-remote-config")
+    };
+    agent_args.extend(config.map(|c| format!("--config={c}")));
     let mut session = SshSession::start(target, &agent_args)
         .map_err(|m| Error::new(ErrorKind::Io, format!("{}: {m}", inv.command)))?;
     session
