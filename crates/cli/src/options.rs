@@ -77,7 +77,7 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ("info", "Show the stanza's backups and WAL archive"),
     ("key-add", "Add a passphrase to an encrypted stanza: a new key file wrapping its master key (the new passphrase from PGSTRATA_NEW_CIPHER_PASS or --new-cipher-pass-file); no backup data is rewritten"),
     ("key-list", "List an encrypted stanza's keys (id, created, host, user); needs no passphrase"),
-    ("key-remove", "Remove one key (--key-id) of an encrypted stanza; the last key is never removed"),
+    ("key-remove", "Remove one key (--key-id) of an encrypted stanza and start a new master key for everything written afterwards, so the removed passphrase opens nothing newer; the last key is never removed"),
     ("verify", "Read back every backup (or --set) and the WAL archive and check them against their recorded hashes, without restoring"),
     ("agent", "Serve another host's pgstrata over SSH, as the forced command of its key; started by pgstrata itself, not by hand: 'agent repo --stanza=NAME' serves those stanzas of repo-path to a database host's repo-remote, append-only; 'agent run [--config=FILE] [--stanza=NAME]' does a backup host's stanza-create, check or backup job here (pg-remote) with this host's own settings"),
     ("demo", "Run the whole story on a throwaway cluster and a local repository"),
