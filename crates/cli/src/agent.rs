@@ -115,11 +115,19 @@ fn job_invocation(own_args: &[String], stanzas: &[String], job: &Job) -> Result<
             stanzas.join(", ")
         )));
     }
-    let mut argv: Vec<String> = own_args
-        .iter()
-        .filter(|a| a.starts_with("--") && !a.starts_with("--stanza"))
-        .cloned()
-        .collect();
+    // This agent's own words, but for its command and its stanzas (the job names one).
+    let mut argv = Vec::new();
+    let mut words = own_args.iter();
+    while let Some(w) = words.next() {
+        match w.as_str() {
+            "--stanza" => {
+                words.next();
+            }
+            "agent" | "run" => {}
+            _ if w.starts_with("--stanza=") => {}
+            _ => argv.push(w.clone()),
+        }
+    }
     argv.push(format!("--stanza={}", job.stanza));
     argv.push(command.to_string());
     for (name, value) in &job.choices {
@@ -402,4 +410,49 @@ fn peer_choices(view: &Invocation) -> Vec<(String, String)> {
         }
     }
     choices
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The job runs with the settings of the agent's own configuration, named on its
+    /// command line in either spelling, and the backup host's choices on top.
+    #[test]
+    fn a_job_runs_with_this_hosts_configuration_and_the_peers_choices() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("db.toml");
+        std::fs::write(
+            &config,
+            "[global]\nprocess-max = 8\n[main]\npg-path = \"/srv/pg/main\"\n",
+        )
+        .unwrap();
+        let own: Vec<String> = [
+            "agent",
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--stanza",
+            "main",
+        ]
+        .map(String::from)
+        .to_vec();
+        let job = Job {
+            job: JobKind::Backup,
+            stanza: "main".into(),
+            choices: vec![
+                ("type".into(), "full".into()),
+                ("process-max".into(), "2".into()),
+            ],
+        };
+        let inv = job_invocation(&own, &["main".to_string()], &job).unwrap();
+        assert_eq!(inv.command, "backup");
+        assert_eq!(inv.get("pg-path"), Some("/srv/pg/main"));
+        assert_eq!(inv.int::<i64>("process-max"), 2);
+        assert_eq!(inv.get("type"), Some("full"));
+        let mut other = job.clone();
+        other.choices = vec![("pg-path".into(), "/etc".into())];
+        let e = job_invocation(&own, &["main".to_string()], &other).unwrap_err();
+        assert!(e.to_string().contains("'pg-path'"), "{e}");
+    }
 }
