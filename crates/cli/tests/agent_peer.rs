@@ -49,14 +49,9 @@ impl Peer {
     fn ask(&mut self, op: Op, key: &str, to: Option<&str>, create_only: bool) -> Answer {
         let req = Request {
             id: 1,
-            op,
-            key: key.into(),
             to: to.map(str::to_string),
-            range: None,
             create_only,
-            head_only: false,
-            base: None,
-            unless_hash: None,
+            ..Request::new(op, key)
         };
         self.send(&Message::Request(req), b"FORGED");
         match protocol::read_frame(&mut self.from).unwrap() {
@@ -352,14 +347,7 @@ fn agent_repo_memory_is_bounded_whatever_the_peer_sends() {
     for id in 0..80 {
         let req = Request {
             id,
-            op: Op::Get,
-            key: "main/big".into(),
-            to: None,
-            range: None,
-            create_only: false,
-            head_only: false,
-            base: None,
-            unless_hash: None,
+            ..Request::new(Op::Get, "main/big")
         };
         peer.send(&Message::Request(req), b"");
     }

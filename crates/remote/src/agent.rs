@@ -743,14 +743,9 @@ mod tests {
             next_id += 1;
             let req = Request {
                 id: next_id,
-                op,
-                key: key.into(),
                 to: to.map(str::to_string),
-                range: None,
                 create_only,
-                head_only: false,
-                base: None,
-                unless_hash: None,
+                ..Request::new(op, key)
             };
             to_agent_w
                 .write_all(&protocol::frame(&Message::Request(req), body))

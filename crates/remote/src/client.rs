@@ -548,17 +548,7 @@ impl RemoteStore {
 }
 
 fn request(op: Op, key: &Path) -> Request {
-    Request {
-        id: 0,
-        op,
-        key: key.to_string(),
-        to: None,
-        range: None,
-        create_only: false,
-        head_only: false,
-        base: None,
-        unless_hash: None,
-    }
+    Request::new(op, key.to_string())
 }
 
 /// A failure worth retrying (object_store's catch-all: pgstrata retries these).

@@ -117,6 +117,23 @@ pub struct Request {
     pub unless_hash: Option<String>,
 }
 
+impl Request {
+    /// A request for `op` on `key` with every other field unset (id 0: the sender sets it).
+    pub fn new(op: Op, key: impl Into<String>) -> Request {
+        Request {
+            id: 0,
+            op,
+            key: key.into(),
+            to: None,
+            range: None,
+            create_only: false,
+            head_only: false,
+            base: None,
+            unless_hash: None,
+        }
+    }
+}
+
 fn is_false(b: &bool) -> bool {
     !*b
 }
