@@ -166,7 +166,9 @@ struct Budget {
 
 impl Budget {
     fn new(bytes: u64) -> Budget {
-        let total_kib = (bytes / 1024).clamp(1, u32::MAX as u64 >> 4) as u32;
+        // `acquire_many` takes a u32 of permits: KiB units keep any sane budget (up to
+        // 4 TiB) within it.
+        let total_kib = (bytes / 1024).clamp(1, u32::MAX as u64) as u32;
         Budget {
             permits: Arc::new(Semaphore::new(total_kib as usize)),
             total_kib,

@@ -397,7 +397,7 @@ impl RemoteStore {
     }
 
     /// The repository of the host that started this `agent run`, over the stream the
-    /// hellos and the [`protocol::Run`] came on.
+    /// hellos and the [`protocol::Job`] came on.
     pub fn origin(
         input: impl Read + Send + 'static,
         output: impl Write + Send + 'static,
