@@ -31,9 +31,10 @@
 use crate::config::{self, Invocation};
 use crate::options;
 use pgstrata_engine::{Error, ErrorKind};
-use pgstrata_remote::agent::{Policy, Serving};
+use pgstrata_remote::agent::{Policy, Reseal, Serving};
 use pgstrata_remote::protocol::{self, Done, Job, JobKind, Message};
 use pgstrata_remote::{RemoteStore, SshSession, SshTarget};
+use pgstrata_repo::cipher::{SessionKey, SessionReseal};
 use pgstrata_repo::manifest::patch::Rebuilder;
 use pgstrata_repo::Storage;
 use std::io::{Read, Write};
@@ -186,6 +187,11 @@ fn agent_run(
         }
         Err(e) => return Err(io_err("read the job", e)),
     };
+    if let Some(wire) = &job.sealing {
+        let session =
+            SessionKey::from_wire(wire).map_err(|e| io_err("the backup host's session key", e))?;
+        pgstrata_engine::keys::use_session_key(session);
+    }
     let origin = RemoteStore::origin(std::io::stdin(), protocol_out);
     Storage::serve_every_open_from(origin.clone(), "the backup host's repository".to_string())?;
     IN_AGENT_RUN.store(true, Ordering::Relaxed);
@@ -281,6 +287,7 @@ pub(crate) fn run_on_pg_remote(
             job: kind,
             stanza: settings.stanza.clone(),
             choices: peer_choices(view),
+            sealing: None,
         };
         let session = serve_job(inv, target, &settings, &storage, &job);
         let done = if kind == JobKind::Backup {
@@ -328,6 +335,19 @@ async fn serve_job(
         inv.get("pg-remote-config")
     };
     agent_args.extend(config.map(|c| format!("--config={c}")));
+    // An encrypted stanza: the agent seals with a session key of its own, and this host
+    // reseals for it what it reads; the passphrase and master keys stay here.
+    let master =
+        pgstrata_engine::keys::master_for_peer(settings, job.job == JobKind::StanzaCreate).await?;
+    let mut job = job.clone();
+    let reseal = match &master {
+        Some(m) => {
+            let session = m.session_for_peer().map_err(Error::from)?;
+            job.sealing = Some(session.to_wire().to_string());
+            Some(Arc::new(SessionReseal::new(m.clone(), session)) as Arc<dyn Reseal>)
+        }
+        None => None,
+    };
     let mut session = SshSession::start(target, &agent_args)
         .map_err(|m| Error::new(ErrorKind::Io, format!("{}: {m}", inv.command)))?;
     session
@@ -345,27 +365,13 @@ async fn serve_job(
         input,
         output,
     } = session;
-    // The agent sends a backup's manifest as a patch against the prior one; rebuilding
-    // an encrypted stanza's needs its key, opened here (Argon2id) while the agent works.
-    let key = (job.job == JobKind::Backup).then(|| {
-        let settings = settings.clone();
-        tokio::spawn(async move {
-            pgstrata_engine::keys::stanza_cipher(&settings)
-                .await
-                .inspect_err(|e| log::info!("manifest patches are sent whole: {e}"))
-                .ok()
-                .flatten()
-        })
-    });
-    let rebuilder = Rebuilder::with_key(async move {
-        match key {
-            Some(k) => k.await.ok().flatten(),
-            None => None,
-        }
-    });
+    // The agent sends a backup's manifest as a patch against the prior one; this host
+    // rebuilds it, and seals it with the stanza's master key.
+    let rebuilder = Rebuilder::with_key(async move { master });
     let serving = Serving {
         store: storage.object_store(),
         rebuild: Some(Arc::new(rebuilder)),
+        reseal,
         policy: Policy::append_only(vec![job.stanza.clone()]),
         buffer_max: inv.int("agent-buffer-max"),
     };
@@ -444,6 +450,7 @@ mod tests {
                 ("type".into(), "full".into()),
                 ("process-max".into(), "2".into()),
             ],
+            sealing: None,
         };
         let inv = job_invocation(&own, &["main".to_string()], &job).unwrap();
         assert_eq!(inv.command, "backup");

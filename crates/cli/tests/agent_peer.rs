@@ -201,6 +201,7 @@ fn job(kind: JobKind, stanza: &str, choices: &[(&str, &str)]) -> Message {
             .iter()
             .map(|(n, v)| (n.to_string(), v.to_string()))
             .collect(),
+        sealing: None,
     })
 }
 

@@ -372,17 +372,32 @@ fn backup_host_and_database_host_over_ssh() {
 
 use std::os::unix::fs::MetadataExt;
 
-/// An encrypted stanza across the two hosts: the agent on the database host reads the
-/// prior manifest from its object cache and sends the new one as a patch, which the
-/// backup host opens the stanza's key to rebuild and seal; the manifests in the repository
-/// are sealed, and the incremental restores equal to the source.
+/// An encrypted stanza across the two hosts, the agent's configuration without the
+/// passphrase: the backup host gives the agent a session key to seal with and reseals
+/// what it reads; the agent reads the prior manifest from its object cache and sends the
+/// new one as a patch, which the backup host rebuilds and seals with the master key; no
+/// credential and no passphrase crosses; the incremental restores equal to the source.
 #[test]
-fn an_encrypted_stanzas_manifests_cross_as_patches_sealed_by_the_backup_host() {
+fn an_encrypted_stanza_is_backed_up_through_an_agent_without_its_passphrase() {
     let h = TwoHosts::configured(
         "two-hosts-encrypted",
         "repo-cipher-type = \"aes-256-gcm\"\nrepo-cipher-pass = \"correct horse battery\"\n",
     );
     let env = &h.env;
+    // The agent's configuration: the database host's settings, no passphrase (restore and
+    // archive-push on that host, through repo-remote, keep theirs).
+    let db_config = std::fs::read_to_string(env.config.as_ref().unwrap()).unwrap();
+    let agent_config = env.scratch.join("agent.toml");
+    std::fs::write(
+        &agent_config,
+        db_config
+            .lines()
+            .filter(|l| !l.starts_with("repo-cipher-pass"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .unwrap();
+    give_to_pg_user(&agent_config);
     // Every byte the database host's agent receives, recorded by its forced command.
     let received = env.scratch.join("agent-received");
     std::fs::write(&received, b"").unwrap();
@@ -394,7 +409,7 @@ fn an_encrypted_stanzas_manifests_cross_as_patches_sealed_by_the_backup_host() {
                 "tee -a {} | {} agent run --config={}",
                 received.display(),
                 exe().display(),
-                env.config.as_ref().unwrap().display()
+                agent_config.display()
             ),
         )
         .unwrap();
@@ -455,6 +470,26 @@ fn an_encrypted_stanzas_manifests_cross_as_patches_sealed_by_the_backup_host() {
         "the prior manifest crossed the line: {incr_err}"
     );
     assert_sent_as_patch(&incr_err, &incr_label);
+    // The full's manifest and frames were sealed by the agent, under its session key.
+    let full_dir = h.backup_repo.join(STANZA).join("backup").join(&full_label);
+    let full_manifest = std::fs::read(full_dir.join("backup.manifest")).unwrap();
+    assert!(pgstrata_repo::cipher::is_sealed(&full_manifest));
+    assert_eq!(
+        full_manifest[8],
+        pgstrata_repo::cipher::SEAL_VERSION_SESSION,
+        "the full's manifest is not sealed under a session key"
+    );
+    let a_pack = std::fs::read_dir(full_dir.join("pack"))
+        .unwrap()
+        .next()
+        .expect("a pack")
+        .unwrap()
+        .path();
+    let pack = std::fs::read(a_pack).unwrap();
+    assert!(
+        pack.starts_with(pgstrata_repo::cipher::FRAME_SESSION_MAGIC),
+        "the full's frames are not sealed under a session key"
+    );
     // Sealed on the backup host, as every object of an encrypted stanza.
     let stored = std::fs::read(
         h.backup_repo

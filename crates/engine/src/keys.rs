@@ -30,6 +30,41 @@ use std::sync::{Arc, Mutex, OnceLock};
 type Opened = HashMap<(String, String, [u8; 32], String), Arc<Cipher>>;
 static OPENED: OnceLock<Mutex<Opened>> = OnceLock::new();
 
+/// The session key `agent run` was given by the backup host (`pg-remote`): the stanza it
+/// works for opens with it, and no passphrase is needed on this host.
+static SESSION: OnceLock<Arc<Cipher>> = OnceLock::new();
+
+/// In `agent run`: seal with the backup host's session key (and open only what it
+/// opens) instead of a master key opened with this host's passphrase.
+pub fn use_session_key(session: cipher::SessionKey) {
+    let _ = SESSION.set(Arc::new(Cipher::from_session(session)));
+}
+
+/// The master key the backup host of a `pg-remote` job derives the agent's session key
+/// from (`None`: the stanza is not encrypted): the stanza's, opened with this host's
+/// passphrase; or, for stanza-create (`create`) of a new stanza with
+/// `repo-cipher-type=aes-256-gcm`, a new one whose key file is stored here first, so that
+/// the stanza record the agent then seals under the session opens with this passphrase.
+pub async fn master_for_peer(s: &Settings, create: bool) -> Result<Option<Arc<Cipher>>> {
+    let storage = if create {
+        Storage::open_or_create(&s.repo)?
+    } else {
+        s.storage()?
+    };
+    let keys = KeySet::load(&storage, &s.stanza).await?;
+    if keys.encrypted {
+        return open_master(s, &storage, &keys).await.map(Some);
+    }
+    if create
+        && s.cipher_type == CipherType::Aes256Gcm
+        && !StanzaInfo::exists(&storage, &s.stanza).await?
+    {
+        let (storage, _) = prepare_new_stanza(s, storage).await?;
+        return Ok(storage.cipher().cloned());
+    }
+    Ok(None)
+}
+
 /// Open the repository and load the stanza record, with the stanza's master key attached
 /// when it is encrypted.
 pub(crate) async fn open_stanza(s: &Settings) -> Result<(Storage, StanzaInfo)> {
@@ -84,6 +119,9 @@ fn passphrase(s: &Settings) -> Result<&Passphrase> {
 }
 
 async fn open_master(s: &Settings, storage: &Storage, keys: &KeySet) -> Result<Arc<Cipher>> {
+    if let Some(session) = SESSION.get() {
+        return Ok(session.clone());
+    }
     let pass = passphrase(s)?.clone();
     let cache_key = (
         storage.description().to_string(),
@@ -234,6 +272,11 @@ pub(crate) async fn prepare_new_stanza(
                 ));
             }
             Ok((storage, None))
+        }
+        // The backup host stored the key file before it sent the session key.
+        CipherType::Aes256Gcm if SESSION.get().is_some() => {
+            let session = SESSION.get().expect("checked").clone();
+            Ok((storage.with_cipher(session), None))
         }
         CipherType::Aes256Gcm => {
             let pass = passphrase(s)?.clone();

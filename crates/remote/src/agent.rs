@@ -62,6 +62,23 @@ pub trait Rebuild: Send + Sync {
     ) -> Result<Bytes, String>;
 }
 
+/// What a holder needs to answer the reads of a peer that holds a session key rather than
+/// the stanza's master keys (the agent of a `pg-remote` backup of an encrypted stanza):
+/// each whole object read is opened here and sealed again under the peer's session key.
+/// pgstrata's repository crate implements it (`cipher::SessionReseal`). Such a peer's
+/// `unless_hash` names the object's plain content: what it was sent last time was sealed
+/// under another salt or session.
+pub trait Reseal: Send + Sync {
+    /// The plain content of the object stored as `key`, or `None` when it is not sealed
+    /// whole (packs, key files: sent as stored).
+    fn open(&self, key: &str, stored: &[u8]) -> Result<Option<Vec<u8>>, String>;
+    /// `plain` sealed under the peer's session key as the object `key`.
+    fn seal(&self, key: &str, plain: &[u8]) -> Result<Vec<u8>, String>;
+    /// The frame stored at `offset` of pack `key`, opened (still compressed): a prior
+    /// backup's frame the peer reads (a file map).
+    fn open_frame(&self, key: &str, offset: u64, stored: &[u8]) -> Result<Vec<u8>, String>;
+}
+
 /// BLAKE3 of an object's bytes as the protocol carries it (hex).
 pub fn object_hash(bytes: &[u8]) -> String {
     blake3::hash(bytes).to_hex().to_string()
@@ -195,6 +212,9 @@ pub struct Serving {
     pub store: Arc<dyn ObjectStore>,
     /// Serves `put_patch` (without it: `not_supported`).
     pub rebuild: Option<Arc<dyn Rebuild>>,
+    /// Reseals whole-object reads for a peer holding a session key (without it: sent as
+    /// stored).
+    pub reseal: Option<Arc<dyn Reseal>>,
     pub policy: Policy,
     /// Bytes held at most for the peer: request bodies read and answers not yet written.
     pub buffer_max: u64,
@@ -222,6 +242,7 @@ pub async fn serve_repo(
     let serving = Serving {
         store,
         rebuild,
+        reseal: None,
         policy,
         buffer_max,
     };
@@ -428,6 +449,55 @@ async fn serve_one(
             answer.e_tag = r.e_tag;
             Ok((answer, Bytes::new(), None))
         }
+        Op::Get if req.open_frames.is_some() => {
+            let frames = req.open_frames.as_deref().unwrap_or_default();
+            let Some(reseal) = &serving.reseal else {
+                return Err(object_store::Error::NotSupported {
+                    source: "this holder opens no frames: read them as stored".into(),
+                });
+            };
+            let (Some(start), Some(end)) = (
+                frames.iter().map(|f| f[0]).min(),
+                frames.iter().map(|f| f[0].saturating_add(f[1])).max(),
+            ) else {
+                return Ok((answer, Bytes::new(), None));
+            };
+            let r = store
+                .get_opts(
+                    &key,
+                    GetOptions {
+                        range: Some(GetRange::Bounded(start..end)),
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            answer.meta = Some(meta_of(&r.meta));
+            let (stored, room) = read_within(budget, r).await?;
+            let (reseal, key, frames) = (reseal.clone(), req.key.clone(), frames.to_vec());
+            let body = tokio::task::spawn_blocking(move || {
+                let mut body = Vec::with_capacity(stored.len());
+                for [offset, len] in frames {
+                    let lo = (offset - start) as usize;
+                    let frame = stored.get(lo..lo + len as usize).ok_or_else(|| {
+                        format!("{key}: the frame at {offset} lies past the object")
+                    })?;
+                    let opened = reseal.open_frame(&key, offset, frame)?;
+                    body.extend_from_slice(&(opened.len() as u32).to_be_bytes());
+                    body.extend_from_slice(&opened);
+                }
+                Ok::<_, String>(Bytes::from(body))
+            })
+            .await
+            .map_err(|e| object_store::Error::Generic {
+                store: "agent",
+                source: e.into(),
+            })?
+            .map_err(|m| object_store::Error::Generic {
+                store: "agent",
+                source: m.into(),
+            })?;
+            Ok((answer, body, Some(room)))
+        }
         Op::Get => {
             let opts = GetOptions {
                 head: req.head_only,
@@ -442,6 +512,38 @@ async fn serve_one(
                 return Ok((answer, Bytes::new(), None));
             }
             let (bytes, room) = read_within(budget, r).await?;
+            if let (true, Some(reseal)) = (whole, &serving.reseal) {
+                let (reseal, key, unless) =
+                    (reseal.clone(), req.key.clone(), req.unless_hash.clone());
+                let resealed = tokio::task::spawn_blocking(move || {
+                    let Some(plain) = reseal.open(&key, &bytes)? else {
+                        return Ok(Some(bytes));
+                    };
+                    if unless.as_deref() == Some(&object_hash(&plain)) {
+                        return Ok(None);
+                    }
+                    reseal.seal(&key, &plain).map(|b| Some(Bytes::from(b)))
+                })
+                .await
+                .map_err(|e| object_store::Error::Generic {
+                    store: "agent",
+                    source: e.into(),
+                })?
+                .map_err(|m: String| object_store::Error::Generic {
+                    store: "agent",
+                    source: m.into(),
+                })?;
+                let Some(resealed) = resealed else {
+                    answer.unchanged = true;
+                    return Ok((answer, Bytes::new(), None));
+                };
+                let len = resealed.len() as u64;
+                answer.range = Some([0, len]);
+                if let Some(meta) = &mut answer.meta {
+                    meta.size = len;
+                }
+                return Ok((answer, resealed, Some(room)));
+            }
             // The requester holds these bytes already: say so instead of sending them.
             if whole && req.unless_hash.as_deref() == Some(&object_hash(&bytes)) {
                 answer.unchanged = true;
@@ -531,6 +633,7 @@ mod tests {
         let serving = Serving {
             store,
             rebuild,
+            reseal: None,
             policy: Policy::append_only(vec!["stanza".into(), "s".into()]),
             buffer_max: DEFAULT_BUFFER_MAX,
         };
@@ -736,6 +839,7 @@ mod tests {
         let serving = Serving {
             store: local,
             rebuild: None,
+            reseal: None,
             policy: Policy::append_only(vec!["main".into()]),
             buffer_max: DEFAULT_BUFFER_MAX,
         };

@@ -445,6 +445,30 @@ impl RemoteStore {
         Ok(Some(body))
     }
 
+    /// The frames `[offset, length]` of pack `location`, opened by a holder that reseals
+    /// for this session (`Request::open_frames`), in the order asked.
+    pub async fn get_opened_frames(
+        &self,
+        location: &Path,
+        frames: &[[u64; 2]],
+    ) -> Result<Vec<Bytes>> {
+        let mut req = request(Op::Get, location);
+        req.open_frames = Some(frames.to_vec());
+        let (_, body) = self.call(req, b"").await?;
+        let mut opened = Vec::with_capacity(frames.len());
+        let mut at = 0;
+        while opened.len() < frames.len() {
+            let len = body
+                .get(at..at + 4)
+                .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
+                .filter(|len| at + 4 + len <= body.len())
+                .ok_or_else(|| generic(format!("{location}: the opened frames are cut short")))?;
+            opened.push(body.slice(at + 4..at + 4 + len));
+            at += 4 + len;
+        }
+        Ok(opened)
+    }
+
     /// Write `first` and then `second`, both create-only, with the object the holder
     /// rebuilds from `patch` and the object `base` it holds. Returns the BLAKE3 (hex) of
     /// the bytes written. A holder that cannot rebuild answers `NotSupported` before

@@ -115,6 +115,11 @@ pub struct Request {
     /// still the object's, the answer says `unchanged` and carries no body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unless_hash: Option<String>,
+    /// Get from a holder that reseals for the requester (a session key's agent): the
+    /// frames `[offset, length]` of this pack, each opened; the answer's body is each
+    /// opened frame after its length (u32 big-endian), in this order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_frames: Option<Vec<[u64; 2]>>,
 }
 
 impl Request {
@@ -130,6 +135,7 @@ impl Request {
             head_only: false,
             base: None,
             unless_hash: None,
+            open_frames: None,
         }
     }
 }
@@ -235,6 +241,11 @@ pub struct Job {
     /// `(option, value)`: per-job choices such as `type`, `compress-type`, `process-max`.
     #[serde(default)]
     pub choices: Vec<(String, String)>,
+    /// An encrypted stanza's session key (hex, `cipher::SessionKey`): what the agent seals
+    /// with. It opens only what the agent writes and what the backup host reseals for it;
+    /// the passphrase and the master keys stay on the backup host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealing: Option<String>,
 }
 
 /// The end of an `agent run`: what the command printed on standard output, its exit code,
@@ -347,6 +358,7 @@ mod tests {
             head_only: false,
             base: None,
             unless_hash: Some("ab".into()),
+            open_frames: Some(vec![[0, 10]]),
         };
         let req = Message::Request(req);
         let mut bytes = frame(&req, b"body bytes");

@@ -23,6 +23,14 @@
 //!   working), salt, ciphertext and tag, after a 12-byte generation header from generation
 //!   2 on; associated data is the pack's name and the frame's offset in it, so moving a
 //!   frame or a pack is detected.
+//! - **Session keys**: the backup host of a `pg-remote` backup holds the passphrase; the
+//!   database host's agent, which writes the backup, must not. So the backup host derives
+//!   a session key from the newest master key and a random session id (HKDF-SHA256) and
+//!   gives the agent that key alone. What the agent seals names the session id in its
+//!   header (object envelope version 3, frame magic `PGSTRFRS`), and any holder of the
+//!   master key derives the session key again to open it. A session key opens only what
+//!   was sealed under it: the agent's own writes, and the objects the backup host reseals
+//!   for it (`Reseal`); it opens no other backup.
 //!
 //! docs/repository-format.md §15 is the specification. AES-GCM, HKDF and X25519 come from
 //! aws-lc-rs (hardware AES and carry-less multiply), Argon2id from RustCrypto; every key is
@@ -43,6 +51,9 @@ pub const SEAL_MAGIC: &[u8; 8] = b"PGSTRSEA";
 pub const SEAL_VERSION_1: u8 = 1;
 /// Envelope version of objects sealed under a later generation: bytes 10..14 hold it.
 pub const SEAL_VERSION: u8 = 2;
+/// Envelope version of objects sealed under a session key (bytes 10..14 hold the
+/// generation; the session id follows the header).
+pub const SEAL_VERSION_SESSION: u8 = 3;
 /// Cipher id of AES-256-GCM in the envelope.
 pub const CIPHER_AES_256_GCM: u8 = 1;
 /// Header of a sealed object: magic, version, cipher id, generation (version 2) or zero.
@@ -58,6 +69,13 @@ pub const OBJECT_OVERHEAD: usize = SEAL_HEADER_LEN + SALT_LEN + TAG_LEN;
 pub const FRAME_MAGIC: &[u8; 8] = b"PGSTRFRG";
 /// The header of a frame sealed under generation 2 or later.
 pub const FRAME_HEADER_LEN: usize = 12;
+/// Magic of a frame sealed under a session key, then the generation (u32 big-endian) and
+/// the session id.
+pub const FRAME_SESSION_MAGIC: &[u8; 8] = b"PGSTRFRS";
+/// The id of a session key: random, in the header of everything sealed under it.
+pub const SESSION_ID_LEN: usize = 16;
+/// The header of a frame sealed under a session key.
+pub const FRAME_SESSION_HEADER_LEN: usize = 12 + SESSION_ID_LEN;
 
 /// HKDF info of a sealed object's key.
 const OBJECT_INFO: &[u8] = b"pgstrata object v1";
@@ -65,6 +83,8 @@ const OBJECT_INFO: &[u8] = b"pgstrata object v1";
 const CACHE_INFO: &[u8] = b"pgstrata key cache v2";
 /// HKDF info of a sealed frame's key.
 const FRAME_INFO: &[u8] = b"pgstrata frame v1";
+/// HKDF info of a session key (derived from a master key and the session id).
+const SESSION_INFO: &[u8] = b"pgstrata session v1";
 /// HKDF info of a grant's key.
 const GRANT_INFO: &[u8] = b"pgstrata grant v2";
 /// HKDF info of a membership tag's key.
@@ -142,6 +162,23 @@ fn derive(ikm: &[u8], salt: &[u8], info: &[u8]) -> LessSafeKey {
     LessSafeKey::new(UnboundKey::from(okm))
 }
 
+/// 32 bytes of key material HKDF-SHA256 derives from `ikm`, `salt` and `info` (a session key).
+fn derive_key(ikm: &[u8], salt: &[u8], info: &[u8]) -> Key {
+    struct Len32;
+    impl aws_lc_rs::hkdf::KeyType for Len32 {
+        fn len(&self) -> usize {
+            32
+        }
+    }
+    let prk = Salt::new(HKDF_SHA256, salt).extract(ikm);
+    let info = [info];
+    let mut key = Zeroizing::new([0u8; 32]);
+    prk.expand(&info, Len32)
+        .and_then(|okm| okm.fill(&mut key[..]))
+        .expect("HKDF output of 32 bytes");
+    key
+}
+
 fn aead_key(key: &[u8; 32]) -> LessSafeKey {
     LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte AES-256 key"))
 }
@@ -154,7 +191,11 @@ fn zero_nonce() -> Nonce {
 /// The open master keys of a stanza, by generation: seal with the newest, open with the
 /// one an object or frame names.
 pub struct Cipher {
+    /// Empty in a session cipher, which holds only [`Cipher::session`].
     masters: BTreeMap<u32, Key>,
+    /// The session key this cipher seals with (the agent of a `pg-remote` backup), instead
+    /// of a master key.
+    session: Option<SessionKey>,
     /// The stanza's newest generation, when this key does not hold it (the key was
     /// removed, or missed a rotation): it still opens what older generations sealed, and
     /// seals nothing, so nothing new is written under a revoked master key.
@@ -168,6 +209,7 @@ impl std::fmt::Debug for Cipher {
         f.debug_struct("Cipher")
             .field("key_id", &self.key_id)
             .field("generations", &self.masters.keys().collect::<Vec<_>>())
+            .field("session", &self.session.as_ref().map(|s| hex::encode(s.id)))
             .finish_non_exhaustive()
     }
 }
@@ -219,6 +261,140 @@ fn frame_header(generation: u32) -> [u8; FRAME_HEADER_LEN] {
     h
 }
 
+/// The envelope header of an object sealed under a session key of `generation`; the
+/// session id follows it.
+fn session_seal_header(generation: u32) -> [u8; SEAL_HEADER_LEN] {
+    let mut h = [0u8; SEAL_HEADER_LEN];
+    h[..8].copy_from_slice(SEAL_MAGIC);
+    h[8] = SEAL_VERSION_SESSION;
+    h[9] = CIPHER_AES_256_GCM;
+    h[10..14].copy_from_slice(&generation.to_be_bytes());
+    h
+}
+
+/// The header of a frame sealed under `session`.
+fn session_frame_header(session: &SessionKey) -> [u8; FRAME_SESSION_HEADER_LEN] {
+    let mut h = [0u8; FRAME_SESSION_HEADER_LEN];
+    h[..8].copy_from_slice(FRAME_SESSION_MAGIC);
+    h[8..12].copy_from_slice(&session.generation.to_be_bytes());
+    h[12..].copy_from_slice(&session.id);
+    h
+}
+
+/// Bytes an object sealed under a session key adds to its content.
+pub const SESSION_OBJECT_OVERHEAD: usize = OBJECT_OVERHEAD + SESSION_ID_LEN;
+
+/// A session key ([`Cipher::session_for_peer`]): the generation of the master key it comes
+/// from, its random id, and the key. It travels to the agent as [`SessionKey::to_wire`].
+pub struct SessionKey {
+    generation: u32,
+    id: [u8; SESSION_ID_LEN],
+    key: Key,
+}
+
+impl SessionKey {
+    /// Hex of the generation (4 bytes), the id and the key: what the backup host sends.
+    pub fn to_wire(&self) -> Zeroizing<String> {
+        let mut raw = Zeroizing::new(Vec::with_capacity(4 + SESSION_ID_LEN + 32));
+        raw.extend_from_slice(&self.generation.to_be_bytes());
+        raw.extend_from_slice(&self.id);
+        raw.extend_from_slice(&self.key[..]);
+        Zeroizing::new(hex::encode(&raw[..]))
+    }
+
+    /// What [`SessionKey::to_wire`] made.
+    pub fn from_wire(wire: &str) -> Result<SessionKey> {
+        let raw = Zeroizing::new(hex::decode(wire).unwrap_or_default());
+        if raw.len() != 4 + SESSION_ID_LEN + 32 {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                "the session key sent is not 52 bytes of hex",
+            ));
+        }
+        let generation = u32::from_be_bytes(raw[..4].try_into().expect("4 bytes"));
+        if generation == 0 {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                "a session key of generation 0",
+            ));
+        }
+        let mut id = [0u8; SESSION_ID_LEN];
+        id.copy_from_slice(&raw[4..4 + SESSION_ID_LEN]);
+        let mut key = Zeroizing::new([0u8; 32]);
+        key.copy_from_slice(&raw[4 + SESSION_ID_LEN..]);
+        Ok(SessionKey {
+            generation,
+            id,
+            key,
+        })
+    }
+}
+
+/// The backup host's side of a session ([`pgstrata_remote::agent::Reseal`]): objects the
+/// agent reads are opened with the master keys and sealed again under its session key.
+/// Packs and key files (not sealed whole) pass as stored.
+pub struct SessionReseal {
+    master: std::sync::Arc<Cipher>,
+    session: Cipher,
+}
+
+impl SessionReseal {
+    pub fn new(master: std::sync::Arc<Cipher>, session: SessionKey) -> SessionReseal {
+        SessionReseal {
+            master,
+            session: Cipher::from_session(session),
+        }
+    }
+}
+
+impl pgstrata_remote::agent::Reseal for SessionReseal {
+    fn open(&self, key: &str, stored: &[u8]) -> std::result::Result<Option<Vec<u8>>, String> {
+        if !is_sealed(stored) {
+            return Ok(None);
+        }
+        // A manifest's copy is sealed under the manifest's name (`Storage::put_new_twice`).
+        self.master
+            .open_object(key, stored)
+            .or_else(|e| match layout::copied_from(key) {
+                Some(original) => self.master.open_object(original, stored),
+                None => Err(e),
+            })
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+
+    fn seal(&self, key: &str, plain: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        self.session
+            .seal_object(key, plain)
+            .map_err(|e| e.to_string())
+    }
+
+    fn open_frame(
+        &self,
+        key: &str,
+        offset: u64,
+        stored: &[u8],
+    ) -> std::result::Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        let what = format!("frame at {key} offset {offset}");
+        self.master
+            .open_frame_into(key, offset, stored, &mut out, &what)
+            .map_err(|e| e.to_string())?;
+        Ok(out)
+    }
+}
+
+impl std::fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SessionKey(generation {}, id {})",
+            self.generation,
+            hex::encode(self.id)
+        )
+    }
+}
+
 /// Whether stored bytes are a sealed object (start with the envelope's magic).
 pub fn is_sealed(obj: &[u8]) -> bool {
     obj.starts_with(SEAL_MAGIC)
@@ -235,6 +411,7 @@ impl Cipher {
     pub fn generate() -> Cipher {
         Cipher {
             masters: [(1, Zeroizing::new(random::<32>()))].into(),
+            session: None,
             behind: None,
             key_id: String::new(),
         }
@@ -242,11 +419,56 @@ impl Cipher {
 
     /// The newest generation it holds: what it seals with.
     pub fn generation(&self) -> u32 {
-        *self
-            .masters
-            .keys()
-            .next_back()
-            .expect("at least one master key")
+        match (&self.session, self.masters.keys().next_back()) {
+            (Some(s), _) => s.generation,
+            (None, Some(g)) => *g,
+            (None, None) => unreachable!("a cipher holds a master key or a session key"),
+        }
+    }
+
+    /// A new session key for a writer that must not hold the master keys (the database
+    /// host's agent of a `pg-remote` backup): derived from the newest master key and a
+    /// random session id. Refused when this key is behind, as sealing is.
+    pub fn session_for_peer(&self) -> Result<SessionKey> {
+        let (generation, master) = self.sealing_key()?;
+        let id = random::<SESSION_ID_LEN>();
+        Ok(SessionKey {
+            generation,
+            id,
+            key: derive_key(&master[..], &id, SESSION_INFO),
+        })
+    }
+
+    /// Whether this cipher holds a session key, not master keys.
+    pub fn is_session(&self) -> bool {
+        self.session.is_some()
+    }
+
+    /// A cipher that seals with `session` only and opens only what was sealed under it.
+    pub fn from_session(session: SessionKey) -> Cipher {
+        Cipher {
+            masters: BTreeMap::new(),
+            key_id: format!("session {}", hex::encode(session.id)),
+            session: Some(session),
+            behind: None,
+        }
+    }
+
+    /// The key of session `id` of `generation`: this cipher's own session, or derived from
+    /// the master key of that generation.
+    fn session_key(&self, generation: u32, id: &[u8], what: &str) -> Result<Key> {
+        match &self.session {
+            Some(s) if s.generation == generation && s.id[..] == *id => Ok(s.key.clone()),
+            Some(_) => Err(Error::new(
+                ErrorKind::Invalid,
+                format!("{what} was not sealed under this session's key"),
+            )),
+            None => Ok(derive_key(
+                &self.master(generation, what)?[..],
+                id,
+                SESSION_INFO,
+            )),
+        }
     }
 
     /// The same master keys and a new random one for the next generation (key-remove).
@@ -257,6 +479,7 @@ impl Cipher {
         masters.insert(self.generation() + 1, Zeroizing::new(random::<32>()));
         Ok(Cipher {
             masters,
+            session: None,
             behind: None,
             key_id: self.key_id.clone(),
         })
@@ -280,7 +503,12 @@ impl Cipher {
                 ),
             ));
         }
-        let (g, k) = self.masters.iter().next_back().expect("a master key");
+        let (g, k) = self.masters.iter().next_back().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Invalid,
+                "a session key seals objects and frames only (no key changes)",
+            )
+        })?;
         Ok((*g, k))
     }
 
@@ -300,6 +528,15 @@ impl Cipher {
 
     /// Seal the whole object stored as `key`, under the newest generation.
     pub fn seal_object(&self, key: &str, plain: &[u8]) -> Result<Vec<u8>> {
+        if let Some(session) = &self.session {
+            let header = session_seal_header(session.generation);
+            let mut out = Vec::with_capacity(plain.len() + SESSION_OBJECT_OVERHEAD);
+            out.extend_from_slice(&header);
+            out.extend_from_slice(&session.id);
+            let aad = object_aad(&out, key);
+            seal_salted_into(&session.key[..], OBJECT_INFO, &aad, plain, &mut out);
+            return Ok(out);
+        }
         let (generation, master) = self.sealing_key()?;
         let header = seal_header(generation);
         let mut out = Vec::with_capacity(plain.len() + OBJECT_OVERHEAD);
@@ -316,6 +553,25 @@ impl Cipher {
             return Err(damaged(key));
         }
         let (header, body) = sealed.split_at(SEAL_HEADER_LEN);
+        if (header[8], header[9]) == (SEAL_VERSION_SESSION, CIPHER_AES_256_GCM) {
+            if sealed.len() < SESSION_OBJECT_OVERHEAD {
+                return Err(damaged(key));
+            }
+            let generation = u32::from_be_bytes(header[10..14].try_into().expect("4 bytes"));
+            let (id, body) = body.split_at(SESSION_ID_LEN);
+            let session_key = self.session_key(generation, id, key)?;
+            let mut out = Vec::new();
+            let aad = object_aad(&sealed[..SEAL_HEADER_LEN + SESSION_ID_LEN], key);
+            open_salted_into(&session_key[..], OBJECT_INFO, &aad, body, &mut out)
+                .ok_or_else(|| damaged(key))?;
+            return Ok(out);
+        }
+        if self.masters.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("{key} was not sealed under this session's key"),
+            ));
+        }
         let generation = match (header[8], header[9]) {
             (SEAL_VERSION_1, CIPHER_AES_256_GCM) => 1,
             (SEAL_VERSION, CIPHER_AES_256_GCM) => {
@@ -382,6 +638,7 @@ impl Cipher {
             .collect();
         Some(Cipher {
             masters,
+            session: None,
             behind: None,
             key_id: key_id.to_string(),
         })
@@ -389,7 +646,9 @@ impl Cipher {
 
     /// Bytes a frame sealed now adds to its compressed form.
     pub fn frame_overhead(&self) -> usize {
-        let header = if self.generation() == 1 {
+        let header = if self.session.is_some() {
+            FRAME_SESSION_HEADER_LEN
+        } else if self.generation() == 1 {
             0
         } else {
             FRAME_HEADER_LEN
@@ -406,6 +665,13 @@ impl Cipher {
         plain: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<()> {
+        if let Some(session) = &self.session {
+            let header = session_frame_header(session);
+            out.extend_from_slice(&header);
+            let aad = frame_aad(pack_key, offset, &header);
+            seal_salted_into(&session.key[..], FRAME_INFO, &aad, plain, out);
+            return Ok(());
+        }
         let (generation, master) = self.sealing_key()?;
         let header: &[u8] = if generation == 1 {
             &[]
@@ -429,6 +695,42 @@ impl Cipher {
         what: &str,
     ) -> Result<()> {
         let first = self.masters.get(&1);
+        if sealed.len() >= FRAME_SESSION_HEADER_LEN && sealed.starts_with(FRAME_SESSION_MAGIC) {
+            let (header, body) = sealed.split_at(FRAME_SESSION_HEADER_LEN);
+            let generation = u32::from_be_bytes(header[8..12].try_into().expect("4 bytes"));
+            let opened = self
+                .session_key(generation, &header[12..], what)
+                .ok()
+                .and_then(|k| {
+                    open_salted_into(
+                        &k[..],
+                        FRAME_INFO,
+                        &frame_aad(pack_key, offset, header),
+                        body,
+                        out,
+                    )
+                });
+            if opened.is_some() {
+                return Ok(());
+            }
+            // A generation-1 frame whose random salt starts with the magic (2^-64) opens
+            // as one; otherwise say why it did not open.
+            if let Some(m) = first {
+                if open_salted_into(
+                    &m[..],
+                    FRAME_INFO,
+                    &frame_aad(pack_key, offset, &[]),
+                    sealed,
+                    out,
+                )
+                .is_some()
+                {
+                    return Ok(());
+                }
+            }
+            self.session_key(generation, &header[12..], what)?;
+            return Err(damaged(what));
+        }
         let as_generation_1 = |out: &mut Vec<u8>| {
             first.and_then(|m| {
                 open_salted_into(
@@ -1081,6 +1383,7 @@ pub fn open_master(stanza: &str, set: &KeySet, pass: &Passphrase) -> Result<Ciph
         }
         let mut c = Cipher {
             masters,
+            session: None,
             behind: None,
             key_id: k.id.clone(),
         };
@@ -1134,6 +1437,7 @@ pub fn check_removal(stanza: &str, keys: &[KeyFile], id: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     /// The host key cache's wrapping opens only with the same passphrase, context and key id.
     #[test]
@@ -1300,6 +1604,96 @@ mod tests {
                 "f"
             )
             .is_err());
+    }
+
+    /// What an agent seals under a session key opens with the master key; the session key
+    /// opens nothing else (not the master's objects, not another session's), and travels
+    /// as 52 bytes of hex.
+    #[test]
+    fn a_session_key_seals_for_the_master_and_opens_only_its_own() {
+        let master = Arc::new(Cipher::generate().rotated().unwrap());
+        let wire = master.session_for_peer().unwrap().to_wire();
+        let agent = Cipher::from_session(SessionKey::from_wire(&wire).unwrap());
+        assert_eq!(agent.generation(), 2);
+        let key = "main/backup/L/backup.manifest";
+        let sealed = agent.seal_object(key, b"manifest").unwrap();
+        assert_eq!(sealed[8], SEAL_VERSION_SESSION);
+        assert_eq!(sealed.len(), b"manifest".len() + SESSION_OBJECT_OVERHEAD);
+        assert_eq!(master.open_object(key, &sealed).unwrap(), b"manifest");
+        assert_eq!(agent.open_object(key, &sealed).unwrap(), b"manifest");
+        // Bound to its name and whole, as every sealed object.
+        assert!(master
+            .open_object("main/backup/M/backup.manifest", &sealed)
+            .is_err());
+        let mut bad = sealed.clone();
+        bad[SEAL_HEADER_LEN] ^= 1; // the session id
+        assert!(master.open_object(key, &bad).is_err());
+        // The agent opens neither the master's objects nor another session's.
+        let by_master = master.seal_object(key, b"other backup").unwrap();
+        assert!(agent.open_object(key, &by_master).is_err());
+        let other = Cipher::from_session(master.session_for_peer().unwrap());
+        let by_other = other.seal_object(key, b"x").unwrap();
+        assert!(agent.open_object(key, &by_other).is_err());
+        assert!(master.open_object(key, &by_other).is_ok());
+        // Frames: the session header, opened by the master at their pack and offset only.
+        let pack = "main/backup/L/pack/0-0";
+        let mut frames = Vec::new();
+        agent
+            .seal_frame_into(pack, 0, b"first", &mut frames)
+            .unwrap();
+        assert_eq!(frames.len(), 5 + agent.frame_overhead());
+        assert!(frames.starts_with(FRAME_SESSION_MAGIC));
+        let at = frames.len();
+        agent
+            .seal_frame_into(pack, at as u64, b"second", &mut frames)
+            .unwrap();
+        let mut out = Vec::new();
+        master
+            .open_frame_into(pack, at as u64, &frames[at..], &mut out, "f")
+            .unwrap();
+        assert_eq!(out, b"second");
+        assert!(master
+            .open_frame_into(pack, 0, &frames[at..], &mut out, "f")
+            .is_err());
+        let mut master_frame = Vec::new();
+        master
+            .seal_frame_into(pack, 0, b"m", &mut master_frame)
+            .unwrap();
+        assert!(agent
+            .open_frame_into(pack, 0, &master_frame, &mut out, "f")
+            .is_err());
+        // A session key changes no keys and is refused in any other form.
+        assert!(agent.rotated().is_err());
+        assert!(SessionKey::from_wire(&wire[2..]).is_err());
+        assert!(SessionKey::from_wire("zz").is_err());
+        // A key behind the newest generation gives no session.
+        let mut behind = Cipher::generate();
+        behind.note_newest_generation(2);
+        assert!(behind.session_for_peer().is_err());
+    }
+
+    /// The backup host reseals what the agent reads: the agent opens it, manifest copies
+    /// (sealed under the manifest's name) included; packs pass as stored.
+    #[test]
+    fn the_holder_reseals_whole_objects_for_the_session() {
+        use pgstrata_remote::agent::Reseal;
+        let master = Arc::new(Cipher::generate());
+        let session = master.session_for_peer().unwrap();
+        let agent = Cipher::from_session(SessionKey::from_wire(&session.to_wire()).unwrap());
+        let reseal = SessionReseal::new(master.clone(), session);
+        let (manifest, copy) = (
+            "s/backup/L/backup.manifest",
+            "s/backup/L/backup.manifest.copy",
+        );
+        let stored = master.seal_object(manifest, b"prior").unwrap();
+        for key in [manifest, copy] {
+            let plain = reseal.open(key, &stored).unwrap().unwrap();
+            let sent = reseal.seal(key, &plain).unwrap();
+            assert_eq!(agent.open_object(key, &sent).unwrap(), b"prior");
+        }
+        // Under another name it is not the object: refused, nothing sent.
+        assert!(reseal.open("s/backup/M/backup.manifest", &stored).is_err());
+        assert_eq!(reseal.open("s/backup/L/pack/0-0", b"frames").unwrap(), None);
     }
 
     #[test]
@@ -1543,6 +1937,7 @@ mod tests {
     fn removed_but_writable(c: &Cipher) -> Cipher {
         Cipher {
             masters: c.masters.iter().map(|(g, k)| (*g, k.clone())).collect(),
+            session: None,
             behind: None,
             key_id: c.key_id.clone(),
         }

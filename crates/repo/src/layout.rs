@@ -96,6 +96,12 @@ pub fn manifest_part_copy(stanza: &str, label: &str, n: usize) -> String {
     format!("{}.copy", manifest_part(stanza, label, n))
 }
 
+/// The manifest or part that `key` is the copy of (a copy is sealed under its original's
+/// name), or `None` when `key` is no such copy.
+pub fn copied_from(key: &str) -> Option<&str> {
+    key.strip_suffix(".copy").filter(|k| is_manifest_object(k))
+}
+
 /// Whether `key` names a manifest or a part of one (not a copy): what a manifest patch
 /// may rebuild.
 pub fn is_manifest_object(key: &str) -> bool {

@@ -595,14 +595,48 @@ impl<'a> FrameReader<'a> {
             let (owner, pack, start) = (first.owner(), first.pack(), first.offset());
             let end = run.last().map_or(start, WantedFrame::end);
             let key = layout::pack(self.stanza, owner, pack);
+            let in_context = |e: Error| Error {
+                context: format!("{}: {}", first.file, e.context),
+                ..e
+            };
+            // Under a session key (the agent of a pg-remote backup), earlier backups'
+            // frames come opened from the backup host, which holds the master keys.
+            if self.storage.cipher().is_some_and(|c| c.is_session()) {
+                let frames: Vec<[u64; 2]> = run
+                    .iter()
+                    .map(|w| [w.offset(), w.chunk.stored as u64])
+                    .collect();
+                let opened = self
+                    .storage
+                    .get_opened_frames(&key, &frames)
+                    .await
+                    .map_err(in_context)?;
+                self.requests += 1;
+                for (w, opened) in run.iter().zip(opened) {
+                    self.fetched += w.chunk.stored as u64;
+                    let what = format!("{} (frame at {key} offset {})", w.file, w.offset());
+                    let codec = self.manifest.codec_of(owner);
+                    let raw_len = w.chunk.frame_len() as usize;
+                    if self.pinned {
+                        let frame = StoredFrame {
+                            bytes: opened,
+                            codec,
+                            raw_len,
+                        };
+                        self.stored.insert(w.key.clone(), frame);
+                        continue;
+                    }
+                    let mut raw = self.pool.pop().unwrap_or_default();
+                    decompress_into(codec, &opened, raw_len, &what, &mut raw)?;
+                    self.frames.insert(w.key.clone(), raw);
+                }
+                continue;
+            }
             let bytes = self
                 .storage
                 .get_range(&key, start..end)
                 .await
-                .map_err(|e| Error {
-                    context: format!("{}: {}", first.file, e.context),
-                    ..e
-                })?;
+                .map_err(in_context)?;
             self.fetched += bytes.len() as u64;
             self.requests += 1;
             for w in run {

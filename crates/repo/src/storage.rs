@@ -544,7 +544,11 @@ impl Storage {
             .await?;
         }
         if let (Some(_), Some(cache)) = (&self.remote, object_cache()) {
-            cache.put(&self.cache_key(second), stored_hash(&sealed), &data);
+            cache.put(
+                &self.cache_key(second),
+                self.cache_hash(&sealed, &data),
+                &data,
+            );
         }
         Ok(())
     }
@@ -602,6 +606,10 @@ impl Storage {
                     stored.len()
                 );
                 match blake3::Hash::from_hex(&hash) {
+                    // A session's reads name the object's plain content (see `cache_hash`).
+                    Ok(_) if self.cipher.as_ref().is_some_and(|c| c.is_session()) => {
+                        cache.put(&self.cache_key(second), stored_hash(&stored), &stored)
+                    }
                     Ok(h) => cache.put(&self.cache_key(second), *h.as_bytes(), &stored),
                     Err(_) => log::debug!("{second}: the holder's hash '{hash}' is not BLAKE3"),
                 }
@@ -687,6 +695,18 @@ impl Storage {
         }
     }
 
+    /// The hash an object is kept under in the object cache, which the holder compares
+    /// with its own before sending it again: of the bytes stored; under a session key
+    /// (the agent of a `pg-remote` backup), whose reads the holder reseals anew each time,
+    /// of the plain content, which the holder compares instead
+    /// (`pgstrata_remote::agent::Reseal`).
+    fn cache_hash(&self, stored: &[u8], plain: &[u8]) -> [u8; 32] {
+        match &self.cipher {
+            Some(c) if c.is_session() => stored_hash(plain),
+            _ => stored_hash(stored),
+        }
+    }
+
     /// What object `key` of this repository is kept as in the object cache: the same key
     /// in two repositories (a stanza and label of the same name) are two entries.
     fn cache_key(&self, key: &str) -> String {
@@ -703,9 +723,12 @@ impl Storage {
         };
         let Some(held) = cache.get(&self.cache_key(key)) else {
             let stored = self.get_unsealed(key).await?;
-            let hash = stored_hash(&stored);
-            let plain = self.open_stored(key, stored)?;
-            cache.put(&self.cache_key(key), hash, &plain);
+            let plain = self.open_stored(key, stored.clone())?;
+            cache.put(
+                &self.cache_key(key),
+                self.cache_hash(&stored, &plain),
+                &plain,
+            );
             return Ok(plain);
         };
         let hash = blake3::Hash::from(held.stored_hash).to_hex().to_string();
@@ -726,9 +749,12 @@ impl Storage {
                 Ok(held.bytes)
             }
             Some(stored) => {
-                let hash = stored_hash(&stored);
-                let plain = self.open_stored(key, stored)?;
-                cache.put(&self.cache_key(key), hash, &plain);
+                let plain = self.open_stored(key, stored.clone())?;
+                cache.put(
+                    &self.cache_key(key),
+                    self.cache_hash(&stored, &plain),
+                    &plain,
+                );
                 Ok(plain)
             }
         }
@@ -760,6 +786,29 @@ impl Storage {
             let b = r.bytes().await.map_err(|e| map_err(e, what.clone()))?;
             whole(b, expected, &what)
         })
+        .await
+    }
+
+    /// Frames `[offset, length]` of pack `key`, opened (still compressed) by the holder:
+    /// how the agent of a `pg-remote` backup, which holds a session key, reads frames of
+    /// earlier backups (file maps). Through a repository on another host only.
+    pub async fn get_opened_frames(&self, key: &str, frames: &[[u64; 2]]) -> Result<Vec<Bytes>> {
+        let Some(remote) = &self.remote else {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!("{key}: a session key reads frames through the backup host only"),
+            ));
+        };
+        self.retry_object(
+            key,
+            format!("read frames of {key}"),
+            |path, what| async move {
+                remote
+                    .get_opened_frames(&path, frames)
+                    .await
+                    .map_err(|e| map_err(e, what))
+            },
+        )
         .await
     }
 
