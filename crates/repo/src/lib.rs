@@ -19,13 +19,18 @@
 
 pub mod cache;
 pub mod changemap;
+mod checked;
+pub mod chunk;
 pub mod cipher;
 pub mod codec;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+pub(crate) mod json_text;
 pub mod layout;
 pub mod manifest;
+mod map_read;
+pub mod name;
 pub mod named;
 pub mod pack;
 pub mod private_dir;

@@ -2,7 +2,7 @@
 //! contract for independent readers and writers, so its examples must stay true.
 
 use pgstrata_repo::codec::{CompressType, Compression};
-use pgstrata_repo::{manifest, pack, wal};
+use pgstrata_repo::{chunk, manifest, wal};
 
 const DOC: &str = include_str!("../../../docs/repository-format.md");
 
@@ -19,7 +19,7 @@ fn quoted_after<'a>(before: &str) -> &'a str {
 #[test]
 fn frame_check_vector() {
     let v = quoted_after("Test vector: XXH3-64 of the empty string is `");
-    assert_eq!(format!("{:016x}", pack::frame_check(b"")), v);
+    assert_eq!(format!("{:016x}", chunk::frame_check(b"")), v);
 }
 
 #[test]
