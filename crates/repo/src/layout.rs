@@ -252,6 +252,77 @@ mod tests {
     use super::*;
 
     #[test]
+    fn names_read_back_are_the_names_made() {
+        let (s, l) = ("main", "20261126-140000F");
+        let backup = |key: String| {
+            parse_backup_object(s, &key).map(|(l, o)| (l.to_string(), format!("{o:?}")))
+        };
+        assert_eq!(backup(manifest(s, l)), Some((l.into(), "Manifest".into())));
+        assert_eq!(
+            backup(manifest_copy(s, l)),
+            Some((l.into(), "ManifestCopy".into()))
+        );
+        assert_eq!(
+            backup(manifest_part_copy(s, l, 3)),
+            Some((l.into(), "Part(\"3.copy\")".into()))
+        );
+        assert_eq!(
+            backup(pack(s, l, &pack_name(2, 9))),
+            Some((l.into(), "Pack(\"2-9\")".into()))
+        );
+        assert_eq!(
+            backup(resume_checkpoint(s, l, 2, 0)),
+            Some((l.into(), "ResumeCheckpoint(\"2-0\")".into()))
+        );
+        assert_eq!(backup(format!("{}/other", backup_dir(s, l))), None);
+        assert_eq!(backup(manifest("other", l)), None);
+
+        assert_eq!(parse_pack_name(&pack_name(12, 345)), Some((12, 345)));
+        for bad in ["12", "-1", "1-", "+1-2", "1-2-3", "12345678901-0"] {
+            assert_eq!(parse_pack_name(bad), None, "{bad}");
+        }
+
+        let seg = "000000010000000A0000002B";
+        let a = "15-1";
+        assert_eq!(
+            parse_archive_object(&archive_object(s, a, seg)),
+            ArchiveObject::Wal(seg)
+        );
+        assert_eq!(
+            parse_archive_object(&change_map(s, a, seg)),
+            ArchiveObject::ChangeMap { segment: seg }
+        );
+
+        let id = "3f9a0c1d2b4e5f60";
+        assert_eq!(
+            parse_keys_object(&key_file(s, id)),
+            Some(KeysObject::KeyFile { id })
+        );
+        assert_eq!(
+            parse_keys_object(&key_grant(s, id, 12)),
+            Some(KeysObject::Grant {
+                id,
+                generation: Some(12)
+            })
+        );
+        for odd in ["012", "+12", "x", ""] {
+            let key = format!("{}/{id}-{odd}.grant", keys_dir(s));
+            assert_eq!(
+                parse_keys_object(&key),
+                Some(KeysObject::Grant {
+                    id,
+                    generation: None
+                }),
+                "{key}"
+            );
+        }
+        assert_eq!(
+            parse_keys_object(&format!("{}/notes.txt", keys_dir(s))),
+            None
+        );
+    }
+
+    #[test]
     fn only_manifests_and_their_parts_are_manifest_objects() {
         let label = "20261126-140000F";
         assert!(is_manifest_object(&manifest("main", label)));
