@@ -19,7 +19,7 @@
 //! backup's packs while it is the newest one (it can still be resumed), and removes its
 //! unreferenced packs and its checkpoints once a newer backup is complete.
 //!
-//! Stored form: a checked JSON object ([`crate::checked`]) with magic `"PGSTRRES"` of
+//! Stored form: a checked JSON object (`crate::checked`) with magic `"PGSTRRES"` of
 //! [`Checkpoint`].
 
 use crate::codec::CompressType;

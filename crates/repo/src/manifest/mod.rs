@@ -4,7 +4,7 @@
 //! It is written last, after every pack it references and after the WAL the backup needs
 //! is archived, with a create-only write, so a backup is either complete or invisible.
 //!
-//! Stored form: a checked JSON object ([`crate::checked`]) with magic `"PGSTRMAN"` of
+//! Stored form: a checked JSON object (`crate::checked`) with magic `"PGSTRMAN"` of
 //! [`Manifest`]; each part of a format 4 manifest is one too.
 
 use crate::chunk::Chunk;

@@ -12,7 +12,7 @@
 //!
 //! Both sides must store the same bytes, and the holder compresses (and seals) what it
 //! stores itself. So a patched manifest is stored in a canonical form
-//! ([`checked::encode_json`]): the JSON compressed in one call at level 3, which both sides
+//! (`checked::encode_json`): the JSON compressed in one call at level 3, which both sides
 //! compute with the same code;
 //! the patch carries the canonical form's BLAKE3, and the holder refuses to write a
 //! rebuild that does not match it (the writer then sends the manifest whole). The
