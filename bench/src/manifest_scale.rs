@@ -12,11 +12,12 @@
 //! `bench manifest_scale --size-gb 1024 --files 10000 --change 0.001 --spread 0.01 --spread 1`
 
 use crate::args::Args;
+use pgstrata_repo::chunk::Chunk;
 use pgstrata_repo::codec::{CompressType, Compression};
 use pgstrata_repo::manifest::{
-    BackupType, Entry, FileEntry, FileMap, Manifest, Name, Owner, Stats, WalPoint,
+    BackupType, Entry, FileEntry, FileMap, Manifest, Owner, Stats, WalPoint,
 };
-use pgstrata_repo::pack::Chunk;
+use pgstrata_repo::name::Name;
 use pgstrata_repo::stanza::ClusterIdentity;
 use std::time::Instant;
 

@@ -687,7 +687,10 @@ pub(crate) fn write_verified_file(obj: &[u8], key: &str, dest: &Path) -> Result<
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_default()
     ));
-    let name = key.rsplit('/').next().unwrap_or(key);
+    let name = match layout::parse_archive_object(key) {
+        layout::ArchiveObject::Wal(name) => name,
+        layout::ArchiveObject::ChangeMap { .. } => key,
+    };
     write_verified(obj, key, &tmp, dest, &format!("archive-get {name}"))
 }
 
@@ -812,7 +815,9 @@ pub(crate) async fn archive_range(
     let root = layout::archive_root(stanza, archive_id);
     let mut range: Option<ArchiveRange> = None;
     for o in storage.list(&root).await? {
-        let name = o.key.rsplit('/').next().unwrap_or_default();
+        let layout::ArchiveObject::Wal(name) = layout::parse_archive_object(&o.key) else {
+            continue;
+        };
         if !lsn::is_segment_name(name) {
             continue;
         }

@@ -3,8 +3,10 @@
 //! the hashes recorded at backup time, and positional reads that fill a buffer.
 
 use crate::{Error, Result};
-use pgstrata_repo::manifest::{block_hash, FileEntry, Name};
-use pgstrata_repo::pack::{Chunk, FrameReader};
+use pgstrata_repo::chunk::Chunk;
+use pgstrata_repo::manifest::{block_hash, FileEntry};
+use pgstrata_repo::name::Name;
+use pgstrata_repo::pack::FrameReader;
 use std::io::Read;
 use std::path::Path;
 

@@ -23,8 +23,9 @@ use crate::lock::with_lock;
 use crate::progress::human_bytes;
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_pg::lsn;
+use pgstrata_repo::layout::{self, ArchiveObject, BackupObject};
 use pgstrata_repo::manifest::{scan_headers, BackupType, Manifest};
-use pgstrata_repo::{layout, Storage};
+use pgstrata_repo::Storage;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 // Names as configured (`repo-retention-full-type`).
@@ -213,12 +214,15 @@ pub(crate) async fn collect_garbage(
     let with_manifest: HashSet<&str> = kept.iter().map(|m| m.label.as_str()).collect();
     let now = chrono::Utc::now().timestamp();
     let mut usage = PackStorage::default();
-    let root = layout::backup_root(stanza);
-    let objects = storage.list(&root).await?;
-    // Labels whose manifest exists, readable or not: a damaged backup keeps its packs.
-    let manifest_objects: HashSet<&str> = objects
+    let objects = storage.list(&layout::backup_root(stanza)).await?;
+    let parsed: Vec<_> = objects
         .iter()
-        .filter_map(|o| o.key[root.len() + 1..].strip_suffix("/backup.manifest"))
+        .filter_map(|o| Some((o, layout::parse_backup_object(stanza, &o.key)?)))
+        .collect();
+    // Labels whose manifest exists, readable or not: a damaged backup keeps its packs.
+    let manifest_objects: HashSet<&str> = parsed
+        .iter()
+        .filter_map(|(_, (label, kind))| (*kind == BackupObject::Manifest).then_some(*label))
         .collect();
     // An interrupted backup newer than every backup with a manifest can still be resumed
     // by the next backup: its packs and checkpoints stay whatever their age.
@@ -230,34 +234,31 @@ pub(crate) async fn collect_garbage(
             newest_with_manifest,
         )
     };
-    for obj in &objects {
-        let rest = &obj.key[root.len() + 1..];
-        if let Some((label, _)) = rest.split_once("/resume/") {
-            // Checkpoints serve only a resume: garbage once the backup is complete, or
-            // once it can no longer be resumed and is past the grace period.
-            let stale = manifest_objects.contains(label)
-                || (!resumable(label) && now - obj.modified >= ORPHAN_GRACE_SECS);
-            if expired.is_some() && stale {
-                storage.delete(&obj.key).await?;
+    for &(obj, (label, kind)) in &parsed {
+        let pack = match kind {
+            BackupObject::Manifest => continue,
+            BackupObject::ResumeCheckpoint(_) => {
+                // Checkpoints serve only a resume: garbage once the backup is complete, or
+                // once it can no longer be resumed and is past the grace period.
+                let stale = manifest_objects.contains(label)
+                    || (!resumable(label) && now - obj.modified >= ORPHAN_GRACE_SECS);
+                if expired.is_some() && stale {
+                    storage.delete(&obj.key).await?;
+                }
+                continue;
             }
-            continue;
-        }
-        let stray_of = rest
-            .strip_suffix("/backup.manifest.copy")
-            .or_else(|| rest.split_once("/manifest/").map(|(label, _)| label));
-        if let Some(label) = stray_of {
-            // A copy or a part (format 4) without its manifest: a backup stopped before
-            // its last write, or expired (the manifest goes first).
-            let stray = !manifest_objects.contains(label)
-                && (expired.is_some_and(|e| e.contains(label))
-                    || now - obj.modified >= ORPHAN_GRACE_SECS);
-            if expired.is_some() && stray {
-                storage.delete(&obj.key).await?;
+            BackupObject::ManifestCopy | BackupObject::Part(_) => {
+                // A copy or a part (format 4) without its manifest: a backup stopped before
+                // its last write, or expired (the manifest goes first).
+                let stray = !manifest_objects.contains(label)
+                    && (expired.is_some_and(|e| e.contains(label))
+                        || now - obj.modified >= ORPHAN_GRACE_SECS);
+                if expired.is_some() && stray {
+                    storage.delete(&obj.key).await?;
+                }
+                continue;
             }
-            continue;
-        }
-        let Some((label, pack)) = rest.split_once("/pack/") else {
-            continue;
+            BackupObject::Pack(pack) => pack,
         };
         usage.total += obj.size;
         match referenced.get(&(label.to_string(), pack.to_string())) {
@@ -315,7 +316,9 @@ async fn expire_wal(
     let doomed: Vec<String> = objects
         .into_iter()
         .filter(|obj| {
-            let name = obj.key.rsplit('/').next().unwrap_or_default();
+            let name = match layout::parse_archive_object(&obj.key) {
+                ArchiveObject::Wal(name) | ArchiveObject::ChangeMap { segment: name } => name,
+            };
             seg_of(name).is_some_and(|segno| wal_expires(segno, &kept_ranges, retention_archive))
         })
         .map(|obj| obj.key)

@@ -1,6 +1,7 @@
 //! File ownership: names recorded at backup, applied at restore when running as root.
 
-use pgstrata_repo::manifest::{Name, Owner};
+use pgstrata_repo::manifest::Owner;
+use pgstrata_repo::name::Name;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 

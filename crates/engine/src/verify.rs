@@ -33,11 +33,13 @@ use crate::{open_stanza, Error, Result, Settings};
 use futures::StreamExt;
 use pgstrata_pg::lsn;
 use pgstrata_repo::changemap::ChangeMap;
+use pgstrata_repo::chunk::Chunk;
+use pgstrata_repo::layout::{self, ArchiveObject};
 use pgstrata_repo::manifest::{
     list_backups, Entry, FileEntry, Manifest, PackUsage, StoredManifest,
 };
-use pgstrata_repo::pack::{Chunk, FrameReader};
-use pgstrata_repo::{layout, wal, Storage};
+use pgstrata_repo::pack::FrameReader;
+use pgstrata_repo::{wal, Storage};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -498,18 +500,20 @@ fn check_archive_object(
     key: &str,
     bytes: std::result::Result<bytes::Bytes, String>,
 ) -> ObjectCheck {
-    let name = key.rsplit('/').next().unwrap_or_default().to_string();
     let decode_map = |b: &[u8]| {
         ChangeMap::decode(b, key)
             .map(|_| ())
             .map_err(|e| e.to_string())
     };
-    if let Some(segment) = name.strip_suffix(".map") {
-        return ObjectCheck::Map {
-            segment: segment.to_string(),
-            map: bytes.and_then(|b| decode_map(&b)),
-        };
-    }
+    let name = match layout::parse_archive_object(key) {
+        ArchiveObject::Wal(name) => name.to_string(),
+        ArchiveObject::ChangeMap { segment } => {
+            return ObjectCheck::Map {
+                segment: segment.to_string(),
+                map: bytes.and_then(|b| decode_map(&b)),
+            }
+        }
+    };
     let bytes = match bytes {
         Ok(b) => b,
         Err(why) => {

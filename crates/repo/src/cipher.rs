@@ -36,7 +36,8 @@
 //! aws-lc-rs (hardware AES and carry-less multiply), Argon2id from RustCrypto; every key is
 //! zeroized when dropped.
 
-use crate::{layout, Error, ErrorKind, Named, Result, Storage};
+use crate::layout::{self, KeysObject};
+use crate::{Error, ErrorKind, Named, Result, Storage};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use aws_lc_rs::agreement::{self, PrivateKey, UnparsedPublicKey, X25519};
 use aws_lc_rs::hkdf::{Salt, HKDF_SHA256};
@@ -1105,8 +1106,8 @@ impl KeyFile {
                 format!("{key}: key file format {} is not supported", k.format),
             ));
         }
-        let file_id = key.rsplit('/').next().and_then(|n| n.strip_suffix(".json"));
-        if !is_key_id(&k.id) || file_id != Some(k.id.as_str()) {
+        let named = layout::parse_keys_object(key) == Some(KeysObject::KeyFile { id: &k.id });
+        if !is_key_id(&k.id) || !named {
             return Err(Error::corrupt(format!(
                 "{key}: key file holds id '{}', not its name",
                 k.id
@@ -1253,8 +1254,12 @@ impl Grant {
                 format!("{key}: grant format {} is not supported", g.format),
             ));
         }
-        let name = format!("{}-{}.grant", g.id, g.generation);
-        if key.rsplit('/').next() != Some(name.as_str()) || !is_key_id(&g.id) || g.generation < 2 {
+        let named = layout::parse_keys_object(key)
+            == Some(KeysObject::Grant {
+                id: &g.id,
+                generation: Some(g.generation),
+            });
+        if !named || !is_key_id(&g.id) || g.generation < 2 {
             return Err(Error::corrupt(format!(
                 "{key}: grant for key '{}' generation {}, not its name",
                 g.id, g.generation
@@ -1300,10 +1305,11 @@ impl KeySet {
         let mut names = Vec::new();
         for o in storage.list(&layout::keys_dir(stanza)).await? {
             names.push(o.key.clone());
-            let is_key = o.key.ends_with(".json");
-            if !is_key && !o.key.ends_with(".grant") {
-                continue;
-            }
+            let is_key = match layout::parse_keys_object(&o.key) {
+                Some(KeysObject::KeyFile { .. }) => true,
+                Some(KeysObject::Grant { .. }) => false,
+                None => continue,
+            };
             set.encrypted |= is_key;
             let bytes = storage.get_unsealed(&o.key).await?;
             let parsed = if is_key {

@@ -1,5 +1,7 @@
-//! Object names inside a repository. One function per kind of object, so the names live in
-//! exactly one place (and in docs/repository-format.md).
+//! Object names inside a repository: each kind of object's name is built here, and every
+//! name read back from a listing is parsed here, so the names live in exactly one place
+//! (and in docs/repository-format.md, "Layout", whose patterns a test checks against these
+//! functions).
 //!
 //! ```text
 //! <stanza>/stanza.json                                  which cluster the stanza belongs to
@@ -7,6 +9,7 @@
 //! <stanza>/archive/<archive-id>/<first 16>/<segment>.map    its block-change map
 //! <stanza>/archive/<archive-id>/<name>.history          timeline history files
 //! <stanza>/backup/<label>/pack/<worker>-<seq>           pack objects holding file data
+//! <stanza>/backup/<label>/resume/<worker>-<n>           resume checkpoints of a running backup
 //! <stanza>/backup/<label>/manifest/<n>                  part n of its entries (format 4)
 //! <stanza>/backup/<label>/manifest/<n>.copy             that part's copy, written just before it
 //! <stanza>/backup/<label>/backup.manifest.copy          its copy, written just before it
@@ -14,9 +17,11 @@
 //! <stanza>/lock/backup.lock                             held while a backup or expire runs
 //! <stanza>/probe/create-only-<unique>                   stanza-create's and check's test object (removed)
 //! <stanza>/keys/<id>.json                               encrypted stanzas: one wrapped master key each
+//! <stanza>/keys/<id>-<generation>.grant                 encrypted stanzas: a newer master key for <id>
 //! ```
 
-pub(crate) fn stanza_info(stanza: &str) -> String {
+/// The stanza record.
+pub fn stanza_info(stanza: &str) -> String {
     format!("{stanza}/stanza.json")
 }
 
@@ -45,7 +50,7 @@ pub fn lock(stanza: &str) -> String {
 
 /// The short-lived object stanza-create and check write twice to see that the store
 /// refuses the second create.
-pub(crate) fn create_only_probe(stanza: &str, unique: &str) -> String {
+pub fn create_only_probe(stanza: &str, unique: &str) -> String {
     format!("{stanza}/probe/create-only-{unique}")
 }
 
@@ -73,7 +78,8 @@ pub fn backup_root(stanza: &str) -> String {
     format!("{stanza}/backup")
 }
 
-pub(crate) fn backup_dir(stanza: &str, label: &str) -> String {
+/// The directory of backup `label`: its packs, checkpoints, manifest and parts.
+pub fn backup_dir(stanza: &str, label: &str) -> String {
     format!("{stanza}/backup/{label}")
 }
 
@@ -111,6 +117,7 @@ pub fn is_manifest_object(key: &str) -> bool {
         })
 }
 
+/// Pack `name` (a [`pack_name`]) of backup `label`.
 pub fn pack(stanza: &str, label: &str, name: &str) -> String {
     format!("{}/{name}", pack_dir(stanza, label))
 }
@@ -118,6 +125,117 @@ pub fn pack(stanza: &str, label: &str, name: &str) -> String {
 /// The prefix of backup `label`'s packs.
 pub fn pack_dir(stanza: &str, label: &str) -> String {
     format!("{}/pack", backup_dir(stanza, label))
+}
+
+/// The name of pack `seq` (from 0) of copy worker `worker`: `<worker>-<seq>`, so that
+/// concurrent writers never make the same name.
+pub fn pack_name(worker: usize, seq: usize) -> String {
+    format!("{worker}-{seq}")
+}
+
+/// The (worker, sequence number) of a [`pack_name`]: two decimal integers of 1 to 10
+/// digits; `None` for anything else.
+pub fn parse_pack_name(name: &str) -> Option<(usize, usize)> {
+    let (w, q) = name.split_once('-')?;
+    let number = |n: &str| {
+        ((1..=10).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| n.parse().ok())
+            .flatten()
+    };
+    Some((number(w)?, number(q)?))
+}
+
+/// The prefix of backup `label`'s resume checkpoints.
+pub fn resume_dir(stanza: &str, label: &str) -> String {
+    format!("{}/resume", backup_dir(stanza, label))
+}
+
+/// Checkpoint `n` (from 0) of copy worker `worker` of backup `label`.
+pub fn resume_checkpoint(stanza: &str, label: &str, worker: usize, n: usize) -> String {
+    format!("{}/{worker}-{n}", resume_dir(stanza, label))
+}
+
+/// What an object under `<stanza>/backup/<label>/` is, by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackupObject<'a> {
+    /// `backup.manifest`.
+    Manifest,
+    /// `backup.manifest.copy`.
+    ManifestCopy,
+    /// Anything under `manifest/`: a part, a part's copy (format 4).
+    Part(&'a str),
+    /// Anything under `pack/`: the pack's name.
+    Pack(&'a str),
+    /// Anything under `resume/`: a checkpoint's name.
+    ResumeCheckpoint(&'a str),
+}
+
+/// The label and kind of `key`, an object listed under [`backup_root`]`(stanza)`; `None`
+/// for a name no writer makes there.
+pub fn parse_backup_object<'k>(stanza: &str, key: &'k str) -> Option<(&'k str, BackupObject<'k>)> {
+    let rest = key.strip_prefix(stanza)?.strip_prefix("/backup/")?;
+    let (label, name) = rest.split_once('/')?;
+    let object = match name {
+        "backup.manifest" => BackupObject::Manifest,
+        "backup.manifest.copy" => BackupObject::ManifestCopy,
+        _ => {
+            let (dir, name) = name.split_once('/')?;
+            match dir {
+                "manifest" => BackupObject::Part(name),
+                "pack" => BackupObject::Pack(name),
+                "resume" => BackupObject::ResumeCheckpoint(name),
+                _ => return None,
+            }
+        }
+    };
+    Some((label, object))
+}
+
+/// What an object under [`archive_root`] is, by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArchiveObject<'a> {
+    /// A WAL file as PostgreSQL names it: a segment, `.partial`, `.backup` or `.history`.
+    Wal(&'a str),
+    /// The block-change map of `segment` ([`change_map`]).
+    ChangeMap { segment: &'a str },
+}
+
+/// The kind of archive object `key` (an [`archive_object`] or a [`change_map`]).
+pub fn parse_archive_object(key: &str) -> ArchiveObject<'_> {
+    let name = key.rsplit('/').next().unwrap_or_default();
+    match name.strip_suffix(".map") {
+        Some(segment) => ArchiveObject::ChangeMap { segment },
+        None => ArchiveObject::Wal(name),
+    }
+}
+
+/// What an object under [`keys_dir`] is, by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeysObject<'a> {
+    /// A [`key_file`]: `<id>.json`.
+    KeyFile { id: &'a str },
+    /// A [`key_grant`]: `<id>-<generation>.grant`; `generation` is `None` when the name
+    /// holds no generation in canonical decimal (such a grant is not the one its name
+    /// says, whatever it holds).
+    Grant {
+        id: &'a str,
+        generation: Option<u32>,
+    },
+}
+
+/// The kind of `key`, an object listed under [`keys_dir`]; `None` for other names.
+pub fn parse_keys_object(key: &str) -> Option<KeysObject<'_>> {
+    let name = key.rsplit('/').next()?;
+    if let Some(id) = name.strip_suffix(".json") {
+        return Some(KeysObject::KeyFile { id });
+    }
+    let stem = name.strip_suffix(".grant")?;
+    let (id, generation) = stem.rsplit_once('-').unwrap_or((stem, ""));
+    let canonical = !generation.starts_with('0') && generation.bytes().all(|b| b.is_ascii_digit());
+    Some(KeysObject::Grant {
+        id,
+        generation: canonical.then(|| generation.parse().ok()).flatten(),
+    })
 }
 
 /// Validate a stanza name: it becomes part of object names.
@@ -138,6 +256,77 @@ pub fn check_stanza_name(stanza: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_read_back_are_the_names_made() {
+        let (s, l) = ("main", "20261126-140000F");
+        let backup = |key: String| {
+            parse_backup_object(s, &key).map(|(l, o)| (l.to_string(), format!("{o:?}")))
+        };
+        assert_eq!(backup(manifest(s, l)), Some((l.into(), "Manifest".into())));
+        assert_eq!(
+            backup(manifest_copy(s, l)),
+            Some((l.into(), "ManifestCopy".into()))
+        );
+        assert_eq!(
+            backup(manifest_part_copy(s, l, 3)),
+            Some((l.into(), "Part(\"3.copy\")".into()))
+        );
+        assert_eq!(
+            backup(pack(s, l, &pack_name(2, 9))),
+            Some((l.into(), "Pack(\"2-9\")".into()))
+        );
+        assert_eq!(
+            backup(resume_checkpoint(s, l, 2, 0)),
+            Some((l.into(), "ResumeCheckpoint(\"2-0\")".into()))
+        );
+        assert_eq!(backup(format!("{}/other", backup_dir(s, l))), None);
+        assert_eq!(backup(manifest("other", l)), None);
+
+        assert_eq!(parse_pack_name(&pack_name(12, 345)), Some((12, 345)));
+        for bad in ["12", "-1", "1-", "+1-2", "1-2-3", "12345678901-0"] {
+            assert_eq!(parse_pack_name(bad), None, "{bad}");
+        }
+
+        let seg = "000000010000000A0000002B";
+        let a = "15-1";
+        assert_eq!(
+            parse_archive_object(&archive_object(s, a, seg)),
+            ArchiveObject::Wal(seg)
+        );
+        assert_eq!(
+            parse_archive_object(&change_map(s, a, seg)),
+            ArchiveObject::ChangeMap { segment: seg }
+        );
+
+        let id = "3f9a0c1d2b4e5f60";
+        assert_eq!(
+            parse_keys_object(&key_file(s, id)),
+            Some(KeysObject::KeyFile { id })
+        );
+        assert_eq!(
+            parse_keys_object(&key_grant(s, id, 12)),
+            Some(KeysObject::Grant {
+                id,
+                generation: Some(12)
+            })
+        );
+        for odd in ["012", "+12", "x", ""] {
+            let key = format!("{}/{id}-{odd}.grant", keys_dir(s));
+            assert_eq!(
+                parse_keys_object(&key),
+                Some(KeysObject::Grant {
+                    id,
+                    generation: None
+                }),
+                "{key}"
+            );
+        }
+        assert_eq!(
+            parse_keys_object(&format!("{}/notes.txt", keys_dir(s))),
+            None
+        );
+    }
 
     #[test]
     fn only_manifests_and_their_parts_are_manifest_objects() {

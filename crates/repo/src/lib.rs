@@ -8,10 +8,14 @@
 //! - [`cipher`]: repository encryption (sealed objects and frames, key files).
 //! - [`codec`]: compression types and levels.
 //! - [`named`]: enums configured by name (one list of names for parsing, help and docs).
-//! - [`layout`]: object names.
+//! - [`layout`]: object names, built and parsed.
 //! - [`stanza`]: the record of which cluster a stanza belongs to.
+//! - [`chunk`]: extents, the frames they point into, and frame checks; [`name`]: the
+//!   interned names (packs, labels, owners) extents and entries hold.
 //! - [`pack`]: frames of compressed data grouped into pack objects, and reading them back.
-//! - [`manifest`]: a backup's manifest, the object that makes a backup exist.
+//! - [`manifest`]: a backup's manifest, the object that makes a backup exist; `checked`:
+//!   the stored form it shares with resume checkpoints; `map_read`: loading file maps
+//!   through the frame reader.
 //! - [`resume`]: checkpoints of a running backup, which let the next one reuse its frames.
 //! - [`wal`]: archived WAL objects; [`changemap`]: the block-change map beside each segment.
 //! - [`cache`]: objects of a remote repository kept on this host; [`private_dir`]: the
@@ -19,13 +23,18 @@
 
 pub mod cache;
 pub mod changemap;
+mod checked;
+pub mod chunk;
 pub mod cipher;
 pub mod codec;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+pub(crate) mod json_text;
 pub mod layout;
 pub mod manifest;
+mod map_read;
+pub mod name;
 pub mod named;
 pub mod pack;
 pub mod private_dir;

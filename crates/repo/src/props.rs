@@ -4,9 +4,9 @@
 //! Bounded case counts keep the run to a few seconds.
 
 use crate::changemap::{ChangeMap, ForkBlocks};
+use crate::chunk::MAX_FRAME_LEN;
 use crate::codec::{decompress, CompressType, Compression};
 use crate::manifest::{Entry, Manifest};
-use crate::pack::MAX_FRAME_LEN;
 use crate::wal;
 use crate::Named;
 use proptest::prelude::*;

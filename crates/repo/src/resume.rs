@@ -7,7 +7,7 @@
 //! whenever one of its packs has been stored, a checkpoint object listing the files whose
 //! new frames all lie in packs already stored: their extents and block hashes, exactly as
 //! the manifest will hold them. Checkpoints are write-once objects like everything else
-//! (`<stanza>/backup/<label>/resume/<worker>-<n>`), sealed under their names in an
+//! (`layout::resume_checkpoint`: `<stanza>/backup/<label>/resume/<worker>-<n>`), sealed under their names in an
 //! encrypted stanza, and never needed for a restore.
 //!
 //! The next backup reads the checkpoints of the newest interrupted backup (one without a
@@ -19,12 +19,12 @@
 //! backup's packs while it is the newest one (it can still be resumed), and removes its
 //! unreferenced packs and its checkpoints once a newer backup is complete.
 //!
-//! Stored form: `"PGSTRRES"`, 32 bytes of BLAKE3 over the rest, then zstd-compressed JSON
-//! of [`Checkpoint`].
+//! Stored form: a checked JSON object (`crate::checked`) with magic `"PGSTRRES"` of
+//! [`Checkpoint`].
 
 use crate::codec::CompressType;
 use crate::manifest::{validate, FileEntry};
-use crate::{layout, Error, ErrorKind, Result, FORMAT_VERSION};
+use crate::{checked, Error, ErrorKind, Result, FORMAT_VERSION};
 use serde::{Deserialize, Serialize};
 
 const MAGIC: &[u8; 8] = b"PGSTRRES";
@@ -50,7 +50,7 @@ const MAX_RATIO: u64 = 256;
 impl Checkpoint {
     /// The stored form; the JSON is compressed as it is written, never held whole.
     pub fn encode(&self) -> Vec<u8> {
-        crate::manifest::encode_checked(MAGIC, self)
+        checked::encode(MAGIC, self)
     }
 
     /// Decode the checkpoint stored at `key`, which must belong to backup `label` of
@@ -68,15 +68,8 @@ impl Checkpoint {
                 "{key}: {why}: the checkpoint is damaged or was altered"
             ))
         };
-        if obj.len() < 40 || &obj[..8] != MAGIC {
-            return Err(damaged(
-                "not a pgstrata resume checkpoint (bad header)".into(),
-            ));
-        }
-        if blake3::hash(&obj[40..]).as_bytes() != &obj[8..40] {
-            return Err(damaged("fails its checksum".into()));
-        }
-        let json = crate::codec::zstd_bounded(&obj[40..], MAX_RATIO, key)?;
+        let body = checked::body(obj, MAGIC, key, "resume checkpoint")?;
+        let json = crate::codec::zstd_bounded(body, MAX_RATIO, key)?;
         let c: Checkpoint = serde_json::from_slice(&json).map_err(|e| {
             Error::with_source(ErrorKind::Corrupt, format!("{key}: invalid checkpoint"), e)
         })?;
@@ -108,21 +101,11 @@ pub fn resumable(label: &str, has_manifest: bool, newest_with_manifest: &str) ->
     !has_manifest && label > newest_with_manifest && crate::manifest::is_backup_label(label)
 }
 
-/// Where worker checkpoint `name` of backup `label` is stored.
-pub fn key(stanza: &str, label: &str, name: &str) -> String {
-    format!("{}/{name}", dir(stanza, label))
-}
-
-/// The prefix of backup `label`'s checkpoints.
-pub fn dir(stanza: &str, label: &str) -> String {
-    format!("{}/resume", layout::backup_dir(stanza, label))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk::Chunk;
     use crate::manifest::Owner;
-    use crate::pack::Chunk;
 
     fn checkpoint() -> Checkpoint {
         let frame = Chunk {

@@ -2,7 +2,7 @@
 //! contract for independent readers and writers, so its examples must stay true.
 
 use pgstrata_repo::codec::{CompressType, Compression};
-use pgstrata_repo::{manifest, pack, wal};
+use pgstrata_repo::{chunk, layout, manifest, wal, FORMAT_VERSION};
 
 const DOC: &str = include_str!("../../../docs/repository-format.md");
 
@@ -17,9 +17,197 @@ fn quoted_after<'a>(before: &str) -> &'a str {
 }
 
 #[test]
+fn the_version_line_says_the_version_the_code_writes() {
+    let line = DOC
+        .lines()
+        .find(|l| l.starts_with("Repository format version "))
+        .expect("the format document has no version line");
+    let version = line
+        .split("**")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no version in bold in {line:?}"));
+    assert_eq!(
+        version,
+        FORMAT_VERSION.to_string(),
+        "the format document says version {version}, the code writes {FORMAT_VERSION}"
+    );
+}
+
+/// The rows of the layout's "Object names" table: (pattern, the `layout::` function).
+fn documented_names() -> Vec<(&'static str, &'static str)> {
+    let start = DOC
+        .find("### Object names")
+        .expect("the format document has no \"Object names\" table");
+    let rows: Vec<_> = DOC[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|row| {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let unquote = |c: &'static str| c.trim_matches('`');
+            (unquote(cells[1]), unquote(cells[2]))
+        })
+        .collect();
+    assert!(rows.len() > 10, "the object names table lost its rows");
+    rows
+}
+
+/// Names each object-naming function of `layout` makes, for sample arguments: every
+/// product of each function must match a documented pattern of that function.
+fn made_by(function: &str) -> Option<Vec<String>> {
+    let (s, a, l) = ("main", "15-7412345678901234567", "20261128-081500F");
+    let seg = "000000010000000A0000002B";
+    Some(match function {
+        "layout::stanza_info" => vec![layout::stanza_info(s)],
+        "layout::lock" => vec![layout::lock(s)],
+        "layout::key_file" => vec![layout::key_file(s, "3f9a0c1d2b4e5f60")],
+        "layout::key_grant" => vec![layout::key_grant(s, "3f9a0c1d2b4e5f60", 2)],
+        "layout::create_only_probe" => vec![layout::create_only_probe(s, "4242-1795000000")],
+        "layout::archive_object" => vec![
+            layout::archive_object(s, a, seg),
+            layout::archive_object(s, a, &format!("{seg}.partial")),
+            layout::archive_object(s, a, &format!("{seg}.00000028.backup")),
+            layout::archive_object(s, a, "00000002.history"),
+        ],
+        "layout::change_map" => vec![layout::change_map(s, a, seg)],
+        "layout::pack" => vec![layout::pack(s, l, &layout::pack_name(3, 12))],
+        "layout::resume_checkpoint" => vec![layout::resume_checkpoint(s, l, 3, 0)],
+        "layout::manifest_part" => vec![layout::manifest_part(s, l, 7)],
+        "layout::manifest_part_copy" => vec![layout::manifest_part_copy(s, l, 7)],
+        "layout::manifest_copy" => vec![layout::manifest_copy(s, l)],
+        "layout::manifest" => vec![layout::manifest(s, l)],
+        _ => return None,
+    })
+}
+
+/// The functions [`made_by`] knows: every one must be in the document.
+const NAMING_FUNCTIONS: [&str; 13] = [
+    "layout::stanza_info",
+    "layout::lock",
+    "layout::key_file",
+    "layout::key_grant",
+    "layout::create_only_probe",
+    "layout::archive_object",
+    "layout::change_map",
+    "layout::pack",
+    "layout::resume_checkpoint",
+    "layout::manifest_part",
+    "layout::manifest_part_copy",
+    "layout::manifest_copy",
+    "layout::manifest",
+];
+
+/// Whether `name` matches documented `pattern`: literal text, and placeholders `<…>` that
+/// each stand for one name component of the form the document gives it.
+fn matches(pattern: &str, name: &str) -> bool {
+    let Some(open) = pattern.find('<') else {
+        return pattern == name;
+    };
+    let Some(rest) = name.strip_prefix(&pattern[..open]) else {
+        return false;
+    };
+    let close = open + pattern[open..].find('>').expect("placeholder closed");
+    let placeholder = &pattern[open + 1..close];
+    let after = &pattern[close + 1..];
+    let fits = |v: &str| {
+        let all = |f: fn(&u8) -> bool| v.as_bytes().iter().all(f);
+        let upper_hex = |b: &u8| b.is_ascii_digit() || (b'A'..=b'F').contains(b);
+        let lower_hex = |b: &u8| b.is_ascii_digit() || (b'a'..=b'f').contains(b);
+        match placeholder {
+            "stanza" => layout::check_stanza_name(v).is_ok(),
+            "label" => manifest::is_backup_label(v),
+            "archive-id" => v
+                .split_once('-')
+                .is_some_and(|(m, id)| m.parse::<u32>().is_ok() && id.parse::<u64>().is_ok()),
+            "first 16" => v.len() == 16 && all(upper_hex),
+            "24-hex segment" => v.len() == 24 && all(upper_hex),
+            "8-hex timeline" => v.len() == 8 && all(upper_hex),
+            "8 chars" => v.len() == 8 && !v.contains('/'),
+            "worker" | "seq" | "n" | "generation" => !v.is_empty() && all(u8::is_ascii_digit),
+            "id" => v.len() == 16 && all(lower_hex),
+            "unique" => !v.is_empty() && !v.contains('/'),
+            other => panic!("the format document has a placeholder <{other}> it does not define"),
+        }
+    };
+    (0..=rest.len())
+        .filter(|&n| rest.is_char_boundary(n))
+        .any(|n| fits(&rest[..n]) && matches(after, &rest[n..]))
+}
+
+/// Every object name pattern of the layout is made by a function of `layout.rs`, and
+/// every name those functions make is documented: a new kind of object, or a renamed one,
+/// fails here until the document says it.
+#[test]
+fn every_documented_object_name_is_made_by_layout() {
+    let rows = documented_names();
+    for (pattern, function) in &rows {
+        let made = made_by(function).unwrap_or_else(|| {
+            panic!("the format document says {function} makes {pattern}: no such function")
+        });
+        assert!(
+            made.iter().any(|name| matches(pattern, name)),
+            "{function} makes {made:?}, none of which is the documented {pattern}"
+        );
+    }
+    // A function added to layout.rs that makes an object's name must be known here (and
+    // so in the document); prefixes (`…_root`, `…_dir`) and components are not objects.
+    let source = include_str!("../src/layout.rs");
+    for sig in source.split("\npub fn ").skip(1) {
+        let name = &sig[..sig.find('(').unwrap()];
+        let components = ["pack_name"];
+        if sig.contains("-> String")
+            && !name.ends_with("_root")
+            && !name.ends_with("_dir")
+            && !components.contains(&name)
+        {
+            let function = format!("layout::{name}");
+            assert!(
+                NAMING_FUNCTIONS.contains(&function.as_str()),
+                "{function} makes object names this test and the format document do not know"
+            );
+        }
+    }
+    for function in NAMING_FUNCTIONS {
+        let documented: Vec<&str> = rows
+            .iter()
+            .filter(|(_, f)| *f == function)
+            .map(|(p, _)| *p)
+            .collect();
+        assert!(
+            !documented.is_empty(),
+            "{function} makes object names the format document does not list"
+        );
+        for name in made_by(function).unwrap() {
+            assert!(
+                documented.iter().any(|p| matches(p, &name)),
+                "{function} makes {name}, which no pattern of the format document matches"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_name_matcher_tells_names_apart() {
+    assert!(matches(
+        "<stanza>/backup/<label>/pack/<worker>-<seq>",
+        "main/backup/20261128-081500F/pack/3-12"
+    ));
+    assert!(!matches(
+        "<stanza>/backup/<label>/pack/<worker>-<seq>",
+        "main/backup/20261128-081500F/pack/3"
+    ));
+    assert!(!matches(
+        "<stanza>/backup/<label>/manifest/<n>",
+        "main/backup/20261128-081500F/manifest/7.copy"
+    ));
+    assert!(!matches("<stanza>/stanza.json", "main/stanza.json.copy"));
+}
+
+#[test]
 fn frame_check_vector() {
     let v = quoted_after("Test vector: XXH3-64 of the empty string is `");
-    assert_eq!(format!("{:016x}", pack::frame_check(b"")), v);
+    assert_eq!(format!("{:016x}", chunk::frame_check(b"")), v);
 }
 
 #[test]

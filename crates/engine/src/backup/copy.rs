@@ -16,11 +16,12 @@ use crate::{pool, Error, Result};
 use pgstrata_pg::layout;
 use pgstrata_pg::lsn::Lsn;
 use pgstrata_pg::page::{self, PageCheck};
+use pgstrata_repo::chunk::Chunk;
 use pgstrata_repo::manifest::{
     block_hash, BlockHashes, Chunks, FileEntry, MapDelta, MapRun, StoredManifest, ThinVec,
     MAX_MAP_DEPTH,
 };
-use pgstrata_repo::pack::{Chunk, PackWriter};
+use pgstrata_repo::pack::PackWriter;
 use pgstrata_repo::Storage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;

@@ -4,10 +4,11 @@
 use super::copy::CopyContext;
 use crate::{Error, Result};
 use pgstrata_repo::codec::CompressType;
+use pgstrata_repo::layout::{self, BackupObject};
 use pgstrata_repo::manifest::FileEntry;
-use pgstrata_repo::pack::{pack_seq, PackWriter};
+use pgstrata_repo::pack::PackWriter;
 use pgstrata_repo::resume::{self, Checkpoint};
-use pgstrata_repo::{layout, Storage, FORMAT_VERSION};
+use pgstrata_repo::{Storage, FORMAT_VERSION};
 use std::collections::HashMap;
 
 /// Files smaller than this are not checkpointed. Resuming saves compressing and storing
@@ -50,7 +51,7 @@ pub(crate) async fn find(
     else {
         return Ok(None);
     };
-    let checkpoints = storage.list(&resume::dir(stanza, &label)).await?;
+    let checkpoints = storage.list(&layout::resume_dir(stanza, &label)).await?;
     if checkpoints.is_empty() {
         return Ok(None);
     }
@@ -58,7 +59,10 @@ pub(crate) async fn find(
         .list(&layout::pack_dir(stanza, &label))
         .await?
         .into_iter()
-        .filter_map(|o| Some((o.key.rsplit_once('/')?.1.to_string(), o.size)))
+        .filter_map(|o| match layout::parse_backup_object(stanza, &o.key)? {
+            (_, BackupObject::Pack(name)) => Some((name.to_string(), o.size)),
+            _ => None,
+        })
         .collect();
     let loaded: Vec<Option<Checkpoint>> = futures::stream::iter(checkpoints)
         .map(|o| {
@@ -156,7 +160,7 @@ impl Checkpointer {
             f.chunks
                 .iter()
                 .filter(|c| c.backup.is_none())
-                .filter_map(|c| pack_seq(c.pack.as_deref()?))
+                .filter_map(|c| layout::parse_pack_name(c.pack.as_deref()?))
                 .map(|(_, seq)| seq)
                 .max()
         };
@@ -167,9 +171,8 @@ impl Checkpointer {
         if ready.is_empty() {
             return Ok(());
         }
-        let name = format!("{}-{}", writer.worker(), self.written);
+        let key = layout::resume_checkpoint(&ctx.stanza, &ctx.label, writer.worker(), self.written);
         self.written += 1;
-        let key = resume::key(&ctx.stanza, &ctx.label, &name);
         let checkpoint = Checkpoint {
             format_version: FORMAT_VERSION,
             stanza: ctx.stanza.clone(),
@@ -190,7 +193,7 @@ impl Checkpointer {
 pub(crate) async fn remove_checkpoints(storage: &Storage, stanza: &str, label: &str) {
     let result = async {
         let keys: Vec<String> = storage
-            .list(&resume::dir(stanza, label))
+            .list(&layout::resume_dir(stanza, label))
             .await?
             .into_iter()
             .map(|o| o.key)

@@ -404,7 +404,7 @@ fn refuse_if_running(pg_path: &Path) -> Result<()> {
 mod tests {
     use super::*;
     use crate::content::plan_file_jobs;
-    use pgstrata_repo::pack::Chunk;
+    use pgstrata_repo::chunk::Chunk;
 
     #[allow(clippy::vec_box)] // as restore's windows hold them
     fn plan_jobs(files: Vec<Box<FileEntry>>) -> Vec<RestoreJob> {

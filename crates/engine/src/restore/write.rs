@@ -15,8 +15,9 @@ use crate::content::{
 };
 use crate::owner::OwnerResolver;
 use crate::{Error, Result};
+use pgstrata_repo::chunk::Chunk;
 use pgstrata_repo::manifest::{block_hash, FileEntry, Manifest};
-use pgstrata_repo::pack::{Chunk, FrameReader};
+use pgstrata_repo::pack::FrameReader;
 use pgstrata_repo::Storage;
 use std::fs::File;
 use std::io::Write;

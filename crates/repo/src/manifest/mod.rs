@@ -4,14 +4,15 @@
 //! It is written last, after every pack it references and after the WAL the backup needs
 //! is archived, with a create-only write, so a backup is either complete or invisible.
 //!
-//! Stored form: `"PGSTRMAN"`, then 32 bytes of BLAKE3 over the rest, then zstd-compressed
-//! JSON of [`Manifest`].
+//! Stored form: a checked JSON object (`crate::checked`) with magic `"PGSTRMAN"` of
+//! [`Manifest`]; each part of a format 4 manifest is one too.
 
+use crate::chunk::Chunk;
 use crate::codec::Compression;
-use crate::pack::Chunk;
+use crate::json_text as text;
+use crate::name::Name;
 use crate::stanza::ClusterIdentity;
-use crate::{layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
-pub use name::Name;
+use crate::{checked, layout, Error, ErrorKind, Result, Storage, FORMAT_VERSION};
 use pgstrata_pg::lsn::Lsn;
 use serde::{Deserialize, Serialize};
 pub use smallvec::SmallVec;
@@ -26,13 +27,11 @@ pub type Chunks = SmallVec<[Chunk; 1]>;
 pub type BlockHashes = SmallVec<[u64; 2]>;
 
 mod map;
-mod name;
 mod parts;
 pub mod patch;
 mod stream;
 #[cfg(test)]
 pub(crate) mod tests;
-pub(crate) mod text;
 pub(crate) mod validate;
 mod wire;
 
@@ -387,22 +386,12 @@ pub struct Stats {
 impl Manifest {
     /// The stored form. The JSON is compressed as it is written, never held whole.
     pub fn encode(&self) -> Vec<u8> {
-        encode_checked(MAGIC, self)
+        checked::encode(MAGIC, self)
     }
 
-    /// Check the stored form's magic and checksum.
-    fn check_stored(obj: &[u8], what: &str) -> Result<()> {
-        if obj.len() < 40 || &obj[..8] != MAGIC {
-            return Err(Error::corrupt(format!(
-                "{what}: not a pgstrata manifest (bad header)"
-            )));
-        }
-        if blake3::hash(&obj[40..]).as_bytes() != &obj[8..40] {
-            return Err(Error::corrupt(format!(
-                "{what}: manifest fails its checksum: the repository is damaged"
-            )));
-        }
-        Ok(())
+    /// Check the stored form's (a manifest's or a part's) magic and checksum.
+    pub(super) fn check_stored(obj: &[u8], what: &str) -> Result<()> {
+        checked::body(obj, MAGIC, what, "manifest").map(|_| ())
     }
 
     /// The header of a stored manifest: everything but its entries, read without
@@ -682,59 +671,14 @@ async fn read_with_copy<T>(
     }
 }
 
-/// `magic`, BLAKE3 of the rest, then `value` as zstd-compressed JSON: the stored form of
-/// manifests and resume checkpoints. The JSON is compressed as it is written.
-pub(crate) fn encode_checked(magic: &[u8; 8], value: &impl Serialize) -> Vec<u8> {
-    let mut enc = CheckedEncoder::new(magic);
-    serde_json::to_writer(enc.writer(), value).expect("serialize into memory");
-    enc.finish()
-}
-
-/// The stored form of [`encode_checked`], written a piece at a time: a manifest's part is
-/// compressed as its entries come, and never held as entries.
-pub(crate) struct CheckedEncoder {
-    json: std::io::BufWriter<zstd::stream::write::Encoder<'static, Vec<u8>>>,
-}
-
-impl CheckedEncoder {
-    pub fn new(magic: &[u8; 8]) -> CheckedEncoder {
-        let mut out = Vec::with_capacity(64 << 10);
-        out.extend_from_slice(magic);
-        out.extend_from_slice(&[0; 32]);
-        let enc = zstd::stream::write::Encoder::new(out, 3).expect("zstd encoder");
-        CheckedEncoder {
-            json: std::io::BufWriter::with_capacity(64 << 10, enc),
-        }
-    }
-
-    /// Where the JSON goes. Writes to memory: they do not fail.
-    pub fn writer(&mut self) -> &mut impl std::io::Write {
-        &mut self.json
-    }
-
-    /// The JSON text `raw`, as it is.
-    pub fn raw(&mut self, raw: &[u8]) {
-        std::io::Write::write_all(&mut self.json, raw).expect("compress into memory");
-    }
-
-    pub fn finish(self) -> Vec<u8> {
-        let Ok(enc) = self.json.into_inner() else {
-            panic!("compress into memory")
-        };
-        let mut out = enc.finish().expect("zstd into memory");
-        let hash = blake3::hash(&out[40..]);
-        out[8..40].copy_from_slice(hash.as_bytes());
-        out
-    }
-}
-
 /// The JSON of stored manifest `obj` (its checksum already checked), to parse as it is
 /// decompressed: the JSON text of a large manifest is never held whole.
 fn json_of<'a>(
     obj: &'a [u8],
     what: &str,
 ) -> Result<serde_json::Deserializer<serde_json::de::IoRead<impl std::io::Read + 'a>>> {
-    let json = crate::codec::zstd_bounded_reader(&obj[40..], MAX_MANIFEST_RATIO, what)?;
+    let json =
+        crate::codec::zstd_bounded_reader(&obj[checked::HEADER_LEN..], MAX_MANIFEST_RATIO, what)?;
     Ok(serde_json::Deserializer::from_reader(
         std::io::BufReader::with_capacity(256 << 10, json),
     ))

@@ -7,7 +7,8 @@
 //! entries (`<label>/manifest/<n>`), each written with its copy before the manifest. A
 //! reader holds one part at a time; the parts are what a writer can produce as it goes.
 //!
-//! A part is stored as a manifest is (`PGSTRMAN`, BLAKE3 of the body, zstd JSON) and its
+//! A part is stored as a manifest is (`crate::checked`: `PGSTRMAN`, BLAKE3 of the body,
+//! zstd JSON) and its
 //! JSON is `{"entries":[...]}`. The manifest records each part's BLAKE3 and entry count,
 //! so a part is checked against the manifest before any of its entries is read: a part
 //! that fails (or is missing) is read from its copy, as a damaged manifest is, and a
@@ -16,19 +17,20 @@
 //! time: what was read the first time is what is read.
 
 use super::stream::read_entries;
-use super::{read_with_copy, CheckedEncoder, Entry, Manifest, Missing, PartRef, PART_ENTRIES};
+use super::{read_with_copy, Entry, Manifest, Missing, PartRef, PART_ENTRIES};
+use crate::checked;
 use crate::{layout, Error, Result, Storage};
 use bytes::Bytes;
 
 /// A part being written: `{"entries":[...]}`, compressed as each entry comes.
 struct PartBody {
-    enc: CheckedEncoder,
+    enc: checked::Encoder,
     entries: u32,
 }
 
 impl PartBody {
     fn new() -> PartBody {
-        let mut enc = CheckedEncoder::new(super::MAGIC);
+        let mut enc = checked::Encoder::new(super::MAGIC);
         enc.raw(br#"{"entries":["#);
         PartBody { enc, entries: 0 }
     }
@@ -379,7 +381,7 @@ async fn fetch_part(
 /// A part read from `key` must be a stored manifest object whose hash `r` records.
 fn check_part(obj: &[u8], key: &str, r: &PartRef) -> Result<()> {
     Manifest::check_stored(obj, key)?;
-    if obj[8..40] != r.hash {
+    if checked::checksum(obj) != r.hash {
         return Err(Error::corrupt(format!(
             "{key}: is not the part its manifest lists (another hash): the manifest is damaged or was altered"
         )));

@@ -11,8 +11,9 @@
 //! is a few kilobytes.
 //!
 //! Both sides must store the same bytes, and the holder compresses (and seals) what it
-//! stores itself. So a patched manifest is stored in a canonical form, [`stored_of`]: the
-//! JSON compressed in one call at level 3, which both sides compute with the same code;
+//! stores itself. So a patched manifest is stored in a canonical form
+//! (`checked::encode_json`): the JSON compressed in one call at level 3, which both sides
+//! compute with the same code;
 //! the patch carries the canonical form's BLAKE3, and the holder refuses to write a
 //! rebuild that does not match it (the writer then sends the manifest whole). The
 //! canonical form is an ordinary manifest object (docs/repository-format.md §8): readers
@@ -22,7 +23,8 @@
 //! body (32 bytes, the same as that object's own bytes 8..40), then one zstd frame of the
 //! new JSON compressed with the prior JSON as a raw-content prefix.
 
-use super::{MAGIC as META_MAGIC, MAX_MANIFEST_RATIO};
+use super::{Manifest, MAGIC as META_MAGIC, MAX_MANIFEST_RATIO};
+use crate::checked;
 use crate::cipher::{is_sealed, Cipher};
 use crate::{Error, Result};
 use bytes::Bytes;
@@ -52,29 +54,21 @@ fn zstd_failed(what: &str, code: usize) -> Error {
 /// The JSON text of a stored (unsealed) manifest, checked as a reader checks it, or
 /// `None` when it inflates beyond [`MAX_PATCHED_JSON`].
 fn json_of(stored: &[u8], what: &str) -> Result<Option<Vec<u8>>> {
-    if stored.len() < 40 || &stored[..8] != META_MAGIC {
-        return Err(Error::corrupt(format!("{what}: not a manifest")));
-    }
-    if blake3::hash(&stored[40..]).as_bytes() != &stored[8..40] {
-        return Err(Error::corrupt(format!("{what}: checksum mismatch")));
-    }
-    let limit = (MAX_PATCHED_JSON as u64)
-        .min((stored.len() as u64).saturating_mul(MAX_MANIFEST_RATIO) + (64 << 20));
+    Manifest::check_stored(stored, what)?;
+    let limit = MAX_PATCHED_JSON as u64;
     let mut json = Vec::new();
-    zstd::stream::read::Decoder::new(&stored[40..])
-        .and_then(|d| d.take(limit + 1).read_to_end(&mut json))
-        .map_err(|e| Error::corrupt(format!("{what}: {e}")))?;
+    crate::codec::zstd_bounded_reader(&stored[checked::HEADER_LEN..], MAX_MANIFEST_RATIO, what)
+        .and_then(|d| {
+            d.take(limit + 1)
+                .read_to_end(&mut json)
+                .map_err(|e| Error::corrupt(format!("{what}: {e}")))
+        })?;
     Ok((json.len() as u64 <= limit).then_some(json))
 }
 
 /// The canonical stored form of manifest JSON `json`: what both sides of a patch write.
 fn stored_of(json: &[u8]) -> Vec<u8> {
-    let body = zstd::bulk::compress(json, 3).expect("zstd into memory");
-    let mut out = Vec::with_capacity(40 + body.len());
-    out.extend_from_slice(META_MAGIC);
-    out.extend_from_slice(blake3::hash(&body).as_bytes());
-    out.extend_from_slice(&body);
-    out
+    checked::encode_json(META_MAGIC, json)
 }
 
 /// For the writer: the manifest `new` (stored form, unsealed) as a patch against `base`
@@ -102,7 +96,7 @@ pub fn make(base: &[u8], new: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
         .map_err(|c| zstd_failed("patch the manifest", c))?;
     let mut patch = Vec::with_capacity(40 + zstd_safe::compress_bound(new_json.len()));
     patch.extend_from_slice(PATCH_MAGIC);
-    patch.extend_from_slice(&stored[8..40]);
+    patch.extend_from_slice(checked::checksum(&stored));
     let mut body = Vec::with_capacity(zstd_safe::compress_bound(new_json.len()));
     cctx.compress2(&mut body, &new_json)
         .map_err(|c| zstd_failed("patch the manifest", c))?;
@@ -140,7 +134,7 @@ pub fn apply(base: &[u8], patch: &[u8]) -> Result<Vec<u8>> {
     dctx.decompress(&mut new_json, frame)
         .map_err(|c| zstd_failed("apply the manifest patch", c))?;
     let stored = stored_of(&new_json);
-    if stored[8..40] != patch[8..40] {
+    if checked::checksum(&stored) != &patch[8..40] {
         return Err(Error::corrupt(
             "the manifest rebuilt from the patch is not the writer's (another zstd build?)",
         ));
@@ -228,7 +222,7 @@ mod tests {
                 })
             })
             .collect();
-        super::super::encode_checked(META_MAGIC, &serde_json::json!({ "entries": entries }))
+        checked::encode(META_MAGIC, &serde_json::json!({ "entries": entries }))
     }
 
     #[test]

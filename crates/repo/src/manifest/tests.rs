@@ -352,11 +352,7 @@ fn json_of(m: &Manifest) -> String {
 
 /// `json` stored as a manifest, checksum and all.
 fn encode_json(json: &str) -> Vec<u8> {
-    let body = zstd::bulk::compress(json.as_bytes(), 3).unwrap();
-    let mut obj = MAGIC.to_vec();
-    obj.extend_from_slice(blake3::hash(&body).as_bytes());
-    obj.extend_from_slice(&body);
-    obj
+    crate::checked::encode_json(MAGIC, json.as_bytes())
 }
 
 /// LSNs, block maps and the tracking method are typed in memory but stored in format 1's

@@ -9,8 +9,8 @@
 //! as damaged (exit 4) with the entry named; nothing has been written by then.
 
 use super::{Entry, FileEntry, Manifest, Owner};
-use crate::pack::{Chunk, MAX_FRAME_LEN};
-use crate::{Error, Result};
+use crate::chunk::{Chunk, MAX_FRAME_LEN};
+use crate::{layout, Error, Result};
 use std::collections::HashMap;
 
 /// Block sizes of a file's block map a writer may choose (`block_size_for` in the engine);
@@ -269,7 +269,7 @@ fn check_header(m: &Manifest) -> Check {
             return Err(format!("prior {p:?} is not another backup's label"));
         }
     }
-    crate::layout::check_stanza_name(&m.stanza)?;
+    layout::check_stanza_name(&m.stanza)?;
     for label in m.pack_codecs.keys() {
         if !is_backup_label(label) || label == &m.label {
             return Err(format!(
@@ -521,7 +521,7 @@ fn check_file(m: &Manifest, f: &FileEntry) -> Check {
 
 /// Every decoded manifest entry whose map has been loaded (`Manifest::load_maps`): checked as
 /// an inline entry is, and its extents only in the packs its entry lists.
-pub(super) fn check_loaded_map(m: &Manifest, f: &FileEntry, what: &str) -> Result<()> {
+pub(crate) fn check_loaded_map(m: &Manifest, f: &FileEntry, what: &str) -> Result<()> {
     let listed: std::collections::HashSet<(&str, &str)> = f
         .packs
         .iter()
@@ -655,11 +655,7 @@ pub fn is_backup_label(s: &str) -> bool {
         && matches!(b[15], b'F' | b'D' | b'I')
 }
 
-/// `<worker>-<seq>`, two decimal integers.
+/// `<worker>-<seq>`, two decimal integers ([`layout::parse_pack_name`]).
 fn is_pack_name(s: &str) -> bool {
-    s.split_once('-').is_some_and(|(w, q)| {
-        [w, q]
-            .iter()
-            .all(|n| (1..=10).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
-    })
+    layout::parse_pack_name(s).is_some()
 }

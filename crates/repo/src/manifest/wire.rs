@@ -9,8 +9,10 @@
 //! fields with the owner's spelled out. An entry with `kind` elsewhere is still read (as
 //! a JSON value first): the stored form is JSON, and key order is not part of it.
 
-use super::{text, BlockHashes, Chunks, DirEntry, Entry, FileEntry, LinkEntry, Name, Owner};
+use super::{BlockHashes, Chunks, DirEntry, Entry, FileEntry, LinkEntry, Owner};
 use super::{PackUse, ThinVec};
+use crate::json_text as text;
+use crate::name::Name;
 use serde::de::{self, value::MapAccessDeserializer, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
@@ -96,7 +98,7 @@ pub(super) struct FileWire {
     #[serde(default, with = "text::block_hashes")]
     block_hashes: BlockHashes,
     #[serde(default)]
-    map: Option<Box<crate::pack::Chunk>>,
+    map: Option<Box<crate::chunk::Chunk>>,
     #[serde(default)]
     packs: ThinVec<PackUse>,
     #[serde(default)]

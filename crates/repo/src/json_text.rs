@@ -1,11 +1,12 @@
-//! The JSON text forms of typed manifest fields, kept exactly as format 1 writes them:
-//! the manifest holds numbers in memory but stores what PostgreSQL and people read.
+//! The JSON text forms of typed fields of manifests and extents, kept exactly as format 1
+//! writes them: the manifest holds numbers in memory but stores what PostgreSQL and people
+//! read.
 //!
 //! A value that does not have its form fails decoding, and so the manifest is refused as
 //! damaged (see `Manifest::decode`).
 
 /// An LSN as PostgreSQL prints it: `X/X`, each part 1 to 8 hex digits (`0/5000028`).
-pub(super) mod lsn {
+pub(crate) mod lsn {
     use pgstrata_pg::lsn::Lsn;
     use serde::{de, Deserialize, Deserializer, Serializer};
 
@@ -34,10 +35,10 @@ pub(super) mod lsn {
 
 /// A block map: 16 lowercase hex digits (the big-endian digits of the u64) per block,
 /// concatenated in block order.
-pub(super) mod block_hashes {
-    use crate::manifest::BlockHashes;
+pub(crate) mod block_hashes {
     use serde::{de, Deserializer, Serializer};
     use std::fmt::Write;
+    use std::marker::PhantomData;
 
     const DIGITS: usize = 16;
 
@@ -49,20 +50,25 @@ pub(super) mod block_hashes {
         s.serialize_str(&text)
     }
 
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BlockHashes, D::Error> {
-        d.deserialize_str(Visitor)
+    /// Into whatever list the field holds (`manifest::BlockHashes`).
+    pub(crate) fn deserialize<'de, D, T>(d: D) -> Result<T, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: FromIterator<u64>,
+    {
+        d.deserialize_str(Visitor(PhantomData))
     }
 
-    struct Visitor;
+    struct Visitor<T>(PhantomData<T>);
 
-    impl de::Visitor<'_> for Visitor {
-        type Value = BlockHashes;
+    impl<T: FromIterator<u64>> de::Visitor<'_> for Visitor<T> {
+        type Value = T;
 
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("block_hashes: 16 lowercase hex digits for each block")
         }
 
-        fn visit_str<E: de::Error>(self, text: &str) -> Result<BlockHashes, E> {
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<T, E> {
             let well_formed = text.len().is_multiple_of(DIGITS)
                 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
             if !well_formed {
