@@ -10,8 +10,7 @@
 
 use crate::results::Results;
 use crate::tools::Tool;
-use pgstrata_testkit::{give_to_pg_user, Cluster, PgBin, Scratch, PG_OS_USER};
-use std::os::unix::process::CommandExt;
+use pgstrata_testkit::{as_user, give_to_pg_user, Cluster, PgBin, Scratch, PG_OS_USER};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -108,9 +107,7 @@ impl Bench {
         let d = self.scratch.join(name);
         let _ = std::fs::remove_dir_all(&d);
         let d = self.dir(name)?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("chmod {}: {e}", d.display()))?;
+        pgstrata_testkit::set_mode(&d, 0o700)?;
         Ok(d)
     }
 
@@ -181,7 +178,7 @@ impl Bench {
             ),
         )
         .map_err(|e| e.to_string())?;
-        chmod(&script, 0o755)?;
+        pgstrata_testkit::set_mode(&script, 0o755)?;
         let dir = self.dir("cluster")?;
         let cluster = Cluster::init(&self.pg, &dir, &format!("{} %p", script.display()))?;
         let conf = format!(
@@ -378,16 +375,6 @@ pub fn drop_page_cache() -> Result<(), String> {
         .map_err(|e| format!("drop the page cache (/proc/sys/vm/drop_caches, needs root): {e}"))
 }
 
-fn as_user(cmd: &mut Command, user: &str) {
-    if pgstrata_testkit::is_root() {
-        if let Ok(Some(u)) = nix::unistd::User::from_name(user) {
-            cmd.uid(u.uid.as_raw())
-                .gid(u.gid.as_raw())
-                .env("HOME", &u.dir);
-        }
-    }
-}
-
 fn wait4(pid: i32) -> Result<(i32, libc::rusage), String> {
     let mut status = 0;
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -419,15 +406,4 @@ pub fn append(path: &Path, text: &str) -> Result<(), String> {
         .open(path)
         .and_then(|mut f| f.write_all(text.as_bytes()))
         .map_err(|e| format!("append to {}: {e}", path.display()))
-}
-
-pub fn chmod(path: &Path, mode: u32) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("chmod {}: {e}", path.display()))
-}
-
-/// Give a file to the PostgreSQL user (configs the tools read and write next to).
-pub fn chown_pg(path: &Path) {
-    give_to_pg_user(path);
 }

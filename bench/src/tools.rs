@@ -2,7 +2,7 @@
 //! (codec, bundling, block incremental, storage) writing into its own repository; every
 //! scenario is a list of repositories put through the same steps on the same data.
 
-use crate::harness::{chown_pg, Bench, Measured, STANZA};
+use crate::harness::{Bench, Measured, STANZA};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -37,7 +37,7 @@ impl Tool {
         let copy = bin_dir.join(&name);
         std::fs::copy(path, &copy)
             .map_err(|e| format!("copy pgstrata binary {}: {e}", path.display()))?;
-        crate::harness::chmod(&copy, 0o755)?;
+        pgstrata_testkit::set_mode(&copy, 0o755)?;
         let version = first_line(&capture(Command::new(&copy).arg("version"))?);
         let sha = capture(Command::new("sha256sum").arg(&copy))?;
         Ok(Tool {
@@ -179,11 +179,11 @@ impl Repo {
             )
         };
         std::fs::write(&config, text).map_err(|e| format!("write {}: {e}", config.display()))?;
-        chown_pg(&config);
+        pgstrata_testkit::give_to_pg_user(&config);
         if !setup.remote {
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-            chown_pg(&dir);
+            pgstrata_testkit::give_to_pg_user(&dir);
         }
         Ok(Repo {
             label: label.to_string(),
@@ -225,7 +225,7 @@ impl Repo {
     pub fn stanza_create(&self, b: &mut Bench) -> Result<(), String> {
         if !self.is_pgstrata() {
             let _ = std::fs::create_dir_all(b.scratch.join("lock"));
-            chown_pg(&b.scratch.join("lock"));
+            pgstrata_testkit::give_to_pg_user(&b.scratch.join("lock"));
         }
         b.run_as(
             &self.user,

@@ -45,7 +45,7 @@ use crate::link::{Host, Link, Moved, Relay, Target};
 use crate::procs::{sampled, Matcher, Sampled};
 use crate::results::Row;
 use crate::tools::{Repo, Setup, Tool};
-use pgstrata_testkit::{SshServer, BACKUP_OS_USER, PG_OS_USER};
+use pgstrata_testkit::{chown_to, SshServer, BACKUP_OS_USER, PG_OS_USER};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -543,7 +543,7 @@ fn measure_link(b: &mut Bench, o: &Opts, h: &Hosts) -> Result<f64, String> {
         .and_then(|mut f| f.read_exact(&mut data))
         .map_err(|e| e.to_string())?;
     std::fs::write(&file, &data).map_err(|e| e.to_string())?;
-    crate::harness::chmod(&file, 0o644)?;
+    pgstrata_testkit::set_mode(&file, 0o644)?;
     let before = h.ssh_backup.moved();
     let m = b.run_as(
         BACKUP_OS_USER,
@@ -591,23 +591,14 @@ fn backup_host_dir(b: &Bench, name: &str) -> Result<PathBuf, String> {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).map_err(|e| format!("create {}: {e}", d.display()))?;
     chown_to(&d, BACKUP_OS_USER)?;
-    crate::harness::chmod(&d, 0o700)?;
+    pgstrata_testkit::set_mode(&d, 0o700)?;
     Ok(d)
-}
-
-fn chown_to(path: &Path, user: &str) -> Result<(), String> {
-    let u = nix::unistd::User::from_name(user)
-        .ok()
-        .flatten()
-        .ok_or_else(|| format!("no OS user {user} (.ci/setup creates it)"))?;
-    nix::unistd::chown(path, Some(u.uid), Some(u.gid))
-        .map_err(|e| format!("chown {}: {e}", path.display()))
 }
 
 fn write_config(path: &Path, text: &str, user: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
     chown_to(path, user)?;
-    crate::harness::chmod(path, 0o600)
+    pgstrata_testkit::set_mode(path, 0o600)
 }
 
 fn canonical(p: &Path) -> PathBuf {
@@ -677,7 +668,7 @@ fn pgstrata_repos(
     let repo = backup_host_dir(b, &format!("repo-{name}"))?;
     let bh_lock = backup_host_dir(b, &format!("lock-bh-{name}"))?;
     let db_lock = b.dir(&format!("lock-db-{name}"))?;
-    crate::harness::chmod(&db_lock, 0o700)?;
+    pgstrata_testkit::set_mode(&db_lock, 0o700)?;
     let level = crate::tools::default_level(&o.codec)?;
     let c = b.cluster();
     let common = format!(

@@ -28,7 +28,7 @@
 
 use super::s3_latency::{pki, Proxy, BUCKET};
 use crate::args::Args;
-use crate::harness::{chown_pg, Bench, Measured, STANZA};
+use crate::harness::{Bench, Measured, STANZA};
 use crate::results::Row;
 use crate::tools::{Repo, Setup, Tool};
 use std::path::{Path, PathBuf};
@@ -420,7 +420,7 @@ fn time_call_shim(b: &Bench) -> Result<PathBuf, String> {
         let me = std::env::current_exe().map_err(|e| format!("the bench's own path: {e}"))?;
         std::fs::copy(&me, &shim)
             .map_err(|e| format!("copy {} to {}: {e}", me.display(), shim.display()))?;
-        crate::harness::chmod(&shim, 0o755)?;
+        pgstrata_testkit::set_mode(&shim, 0o755)?;
     }
     Ok(shim)
 }
@@ -451,12 +451,11 @@ fn stand_in_data_dir(
         std::fs::write(status.join(format!("{n}.ready")), "").map_err(io)?;
     }
     for d in [&data, &data.join("pg_wal"), &status, &global] {
-        chown_pg(d);
-        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(io)?;
+        pgstrata_testkit::give_to_pg_user(d);
+        pgstrata_testkit::set_mode(d, 0o700)?;
     }
     for e in walk(&data) {
-        chown_pg(&e);
+        pgstrata_testkit::give_to_pg_user(&e);
     }
     Ok(data)
 }

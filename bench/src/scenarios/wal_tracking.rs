@@ -278,7 +278,7 @@ fn archive_push_cost(b: &mut Bench, o: &Opts, wal_repo: &Repo) -> Result<(), Str
         // Copied as root: given to the PostgreSQL user, who reads it (archive-get wrote 0600).
         let partial = partial_dir.join(format!("{name}.partial"));
         std::fs::copy(seg_dir.join(&name), &partial).map_err(|e| e.to_string())?;
-        crate::harness::chown_pg(&partial);
+        pgstrata_testkit::give_to_pg_user(&partial);
     }
     for tool in b.pgstrata.clone() {
         for round in 1..=o.push_rounds {

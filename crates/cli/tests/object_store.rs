@@ -3,7 +3,6 @@
 //! the server acted, storage refusing during a restore, a damaged pack.
 
 use crate::common::*;
-use pgstrata_repo::storage::{RepoConfig, RepoKind, S3Config};
 use pgstrata_repo::Storage;
 use pgstrata_testkit::{FaultProxy, S3Server};
 
@@ -20,24 +19,7 @@ pub(crate) fn s3_toml(bucket: &str, endpoint: &str) -> String {
 
 /// The same repository, reached directly by the test (not through a proxy).
 pub(crate) fn s3_storage(server: &S3Server) -> Storage {
-    Storage::open(&RepoConfig {
-        kind: RepoKind::S3,
-        path: S3_PREFIX.into(),
-        s3: S3Config {
-            bucket: server.bucket.clone(),
-            endpoint: Some(server.endpoint()),
-            region: Some("us-east-1".into()),
-            key: Some("test".into()),
-            key_secret: Some("test".into()),
-            path_style: true,
-            ..Default::default()
-        },
-        verify_tls: true,
-        timeout: std::time::Duration::from_secs(30),
-        retries: 2,
-        ..Default::default()
-    })
-    .unwrap()
+    Storage::open(&server.repo_config(S3_PREFIX)).unwrap()
 }
 
 #[test]
