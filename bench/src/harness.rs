@@ -8,7 +8,7 @@
 //! and `ru_maxrss` is the peak of the largest single process (pgstrata is one process;
 //! pgBackRest runs `process-max` worker processes beside its main one).
 
-use crate::results::Results;
+use crate::results::{Measured, Results};
 use crate::tools::Tool;
 use pgstrata_testkit::{as_user, give_to_pg_user, Cluster, PgBin, Scratch, PG_OS_USER};
 use std::path::{Path, PathBuf};
@@ -16,17 +16,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const STANZA: &str = "bench";
-
-/// One command's cost.
-#[derive(Debug, Clone, Default)]
-pub struct Measured {
-    pub seconds: f64,
-    pub max_rss_kb: u64,
-    pub user: f64,
-    pub sys: f64,
-    pub stdout: String,
-    pub stderr: String,
-}
 
 pub struct Bench {
     pub process_max: u64,
@@ -48,7 +37,7 @@ pub struct Bench {
 impl Bench {
     pub fn new(
         scenario: &'static str,
-        common: crate::Common,
+        common: crate::args::Common,
         params: String,
     ) -> Result<Bench, String> {
         let pg = PgBin::major(common.pg_major).or_else(|_| PgBin::default_install())?;
@@ -202,8 +191,8 @@ impl Bench {
 
     /// Point the archive command at these repositories (atomically: the script reads the
     /// list at each call, so no reload is needed).
-    pub fn archive_to(&self, repos: &[&crate::tools::Repo]) -> Result<(), String> {
-        let text: String = repos.iter().map(|r| r.archive_push_line() + "\n").collect();
+    pub fn archive_to(&self, push_commands: &[String]) -> Result<(), String> {
+        let text: String = push_commands.iter().map(|c| c.clone() + "\n").collect();
         let tmp = self.archive_env.with_extension("tmp");
         std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
         std::fs::rename(&tmp, &self.archive_env).map_err(|e| e.to_string())

@@ -40,11 +40,13 @@
 
 use super::{pgbr_setup, rotated, PgbrMode};
 use crate::args::Args;
-use crate::harness::{Bench, Measured, STANZA};
+use crate::harness::{Bench, STANZA};
 use crate::link::{Host, Link, Moved, Relay, Target};
 use crate::procs::{sampled, Matcher, Sampled};
+use crate::repos::{Repo, Setup};
+use crate::results::Measured;
 use crate::results::Row;
-use crate::tools::{Repo, Setup, Tool};
+use crate::tools::Tool;
 use pgstrata_testkit::{chown_to, SshServer, BACKUP_OS_USER, PG_OS_USER};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -160,7 +162,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             bh.stanza_create(b)?;
         }
     }
-    b.archive_to(&db_repos)?;
+    b.archive_to(&Repo::push_commands(&db_repos))?;
 
     let case = format!("{} Mbit/s link", o.link_mbit);
     let mut best: HashMap<(String, &'static str), Best> = HashMap::new();

@@ -19,9 +19,11 @@
 
 use super::{delete_ranges, pgbr_modes, pgbr_setup, PgbrMode};
 use crate::args::Args;
-use crate::harness::{Bench, Measured, STANZA};
+use crate::harness::{Bench, STANZA};
+use crate::repos::{Repo, Setup};
+use crate::results::Measured;
 use crate::results::Row;
-use crate::tools::{Repo, Setup, Tool};
+use crate::tools::Tool;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -108,7 +110,7 @@ impl Proxy {
         let stats = b.log_dir.join("proxy-stats.json");
         let log = b.log_dir.join("proxy-requests.log");
         let mut c = Command::new("python3");
-        c.arg(crate::workspace_root().join("bench/delay_proxy.py"))
+        c.arg(crate::args::workspace_root().join("bench/delay_proxy.py"))
             .args([
                 "--listen",
                 &format!("127.0.0.1:{port}"),
@@ -531,7 +533,7 @@ fn restore_scenario(
             o.pgbr_bundle || t.tool.is_pgstrata(),
         )?;
         r.stanza_create(b)?;
-        b.archive_to(&[&r])?;
+        b.archive_to(&[r.archive_push_line()])?;
         b.wal_switch_and_wait()?;
         let (m, label, req, mix) = step(b, env, t, |b| r.backup(b, "full", &[]))?;
         record(b, &case, "full backup", t, &m, req, mix)?;
@@ -541,7 +543,7 @@ fn restore_scenario(
     delete_ranges(b, o.scale, o.copies, o.change_pct, 0, "test")?;
     b.sql("CHECKPOINT")?;
     for (t, (r, _, incr)) in targets.iter().zip(repos.iter_mut()) {
-        b.archive_to(&[r])?;
+        b.archive_to(&[r.archive_push_line()])?;
         b.wal_switch_and_wait()?;
         let (m, label, req, mix) = step(b, env, t, |b| r.backup(b, "incr", &[]))?;
         record(b, &case, "incr backup", t, &m, req, mix)?;
@@ -594,7 +596,7 @@ fn bundling_scenario(
             let tag = format!("b{i}-{bundle}");
             let r = target_repo(b, env, t, &tag, &o.codec, bundle)?;
             r.stanza_create(b)?;
-            b.archive_to(&[&r])?;
+            b.archive_to(&[r.archive_push_line()])?;
             b.sql("CHECKPOINT")?;
             b.wal_switch_and_wait()?;
             let before = objects(env, &r, t, &tag)?;

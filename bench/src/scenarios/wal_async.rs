@@ -28,9 +28,11 @@
 
 use super::s3_latency::{pki, Proxy, BUCKET};
 use crate::args::Args;
-use crate::harness::{Bench, Measured, STANZA};
+use crate::harness::{Bench, STANZA};
+use crate::repos::{Repo, Setup};
+use crate::results::Measured;
 use crate::results::Row;
-use crate::tools::{Repo, Setup, Tool};
+use crate::tools::Tool;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -103,7 +105,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     let src_tool = b.pgstrata.first().cloned().ok_or("no pgstrata binary")?;
     let src = Repo::new(b, &src_tool, "source", "wal-src", "lz4", Setup::default())?;
     src.stanza_create(b)?;
-    b.archive_to(&[&src])?;
+    b.archive_to(&[src.archive_push_line()])?;
     // The base backup recovery replays the segments onto (restored by pgstrata for every
     // tool: only the replay through each tool's restore_command is measured).
     let (_, base) = src.backup(b, "full", &[])?;

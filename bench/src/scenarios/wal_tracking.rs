@@ -20,8 +20,8 @@ use super::{
 };
 use crate::args::Args;
 use crate::harness::Bench;
+use crate::repos::{Repo, Setup};
 use crate::results::Row;
-use crate::tools::{Repo, Setup};
 
 pub struct Opts {
     scales: Vec<u64>,
@@ -227,7 +227,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         }
         let wal_repo = repos.remove(0);
         remove_repos(b, &repos);
-        b.archive_to(&[&wal_repo])?;
+        b.archive_to(&[wal_repo.archive_push_line()])?;
         last_wal_repo = Some(wal_repo);
     }
     if o.segments > 0 {
