@@ -7,7 +7,6 @@
 mod args;
 mod harness;
 mod limits;
-mod link;
 mod manifest_scale;
 mod procs;
 mod repos;
@@ -137,7 +136,7 @@ fn run(raw: Vec<String>) -> Result<(), String> {
 mod layers {
     /// Lowest first; `main` (the crate root) dispatches to all of them.
     const LAYERS: &[&[&str]] = &[
-        &["args", "procs", "tools", "link"],
+        &["args", "procs", "tools"],
         &["results"],
         &["limits", "harness"],
         &["repos", "manifest_scale"],

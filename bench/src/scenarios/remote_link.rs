@@ -41,13 +41,13 @@
 use super::{pgbr_setup, rotated, PgbrMode};
 use crate::args::Args;
 use crate::harness::{Bench, STANZA};
-use crate::link::{Host, Link, Moved, Relay, Target};
 use crate::procs::{sampled, Matcher, Sampled};
 use crate::repos::{Repo, Setup};
 use crate::results::Measured;
 use crate::results::Row;
 use crate::tools::Tool;
-use pgstrata_testkit::{chown_to, SshServer, BACKUP_OS_USER, PG_OS_USER};
+use pgstrata_testkit::proxy::{Host, Line, Moved, Target};
+use pgstrata_testkit::{chown_to, Proxy, SshServer, BACKUP_OS_USER, PG_OS_USER};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -112,16 +112,16 @@ struct Column {
 
 /// The two hosts and the line between them.
 struct Hosts {
-    link: Link,
+    link: Line,
     _ssh: SshServer,
     /// The backup host's SSH sessions to the database host (backups, pg-remote, pg1-host).
-    ssh_backup: Relay,
+    ssh_backup: Proxy,
     /// The database host's SSH sessions for restores (repo-remote, repo1-host).
-    ssh_db: Relay,
+    ssh_db: Proxy,
     /// The database host's SSH sessions for WAL archiving.
-    ssh_archive: Relay,
+    ssh_archive: Proxy,
     /// TCP to the cluster's unix socket (pg_basebackup).
-    pg: Relay,
+    pg: Proxy,
     /// ssh wrappers (`cmd-ssh`) through those relays.
     wrap_backup: PathBuf,
     wrap_db: PathBuf,
@@ -488,7 +488,7 @@ fn moved_note(m: &Moved, arch: &Moved, seconds: f64, raw_rate: f64) -> String {
 /// sshd, the line and its relays, and the ssh wrappers through them.
 fn two_hosts(b: &Bench, o: &Opts) -> Result<Hosts, String> {
     let ssh = SshServer::start(&b.scratch.join("sshd"))?;
-    let link = Link::new(o.link_mbit);
+    let link = Line::new(o.link_mbit);
     let ssh_backup = link.relay(Host::Backup, Target::Tcp(ssh.port))?;
     let ssh_db = link.relay(Host::Db, Target::Tcp(ssh.port))?;
     let ssh_archive = link.relay(Host::Db, Target::Tcp(ssh.port))?;

@@ -3,7 +3,7 @@
 //! file marked done when its command returns), synchronously and with `archive-async`; then
 //! the same segments fetched back the way recovery asks for them (one restore_command after
 //! another), without and with prefetch. pgstrata against pgBackRest 2.59.1 (archive-async,
-//! its default archive-get-queue-max), both on moto's S3 behind bench/delay_proxy.py's
+//! its default archive-get-queue-max), both on moto's S3 behind the test kit's proxy's
 //! DELAY_MS per request (pgstrata over http, pgBackRest over the proxy's TLS listener: it
 //! speaks only https to S3).
 //!
@@ -21,12 +21,12 @@
 //! and the same backlog. The archiver loop is the timed command; the asynchronous workers it
 //! starts are not its children, so peak memory is sampled from /proc: the largest sum of
 //! the resident sets of all the tool's processes during the step. The CPU time of the S3
-//! server and the delay proxy (python, on the same cores) is sampled beside it.
+//! server and the delay proxy (moto in python, the proxy in the bench process, on the same cores) is sampled beside it.
 //!
 //! Options: --segments LIST (64,512) --delay-ms MS (20) --async-process-max N (4)
 //!          --codec C (zst) --scale N (10)
 
-use super::s3_latency::{pki, Proxy, BUCKET};
+use super::s3_latency::{pki, S3Proxy, BUCKET};
 use crate::args::Args;
 use crate::harness::{Bench, STANZA};
 use crate::repos::{Repo, Setup};
@@ -89,8 +89,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     } else {
         Some(pki(b)?)
     };
-    let mut proxy = Proxy::start(
-        b,
+    let mut proxy = S3Proxy::start(
         o.delay_ms,
         0,
         moto.port,
@@ -586,10 +585,11 @@ fn sampled<T>(
         .collect();
     let groups = [
         Matcher::Exe(bins),
+        // The proxy is threads of this process: its CPU counts with the server's.
         Matcher::Pids(
-            ["moto_server", "delay_proxy"]
-                .iter()
-                .flat_map(|p| crate::procs::pids_with_arg(p))
+            crate::procs::pids_with_arg("moto_server")
+                .into_iter()
+                .chain([std::process::id()])
                 .collect(),
         ),
     ];

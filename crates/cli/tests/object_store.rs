@@ -4,7 +4,7 @@
 
 use crate::common::*;
 use pgstrata_repo::Storage;
-use pgstrata_testkit::{FaultProxy, S3Server};
+use pgstrata_testkit::{Proxy, S3Server};
 
 pub(crate) const S3_PREFIX: &str = "/backups/cluster1";
 
@@ -139,7 +139,7 @@ fn two_backups_of_one_stanza_cannot_run_at_once() {
 #[test]
 fn lost_answers_storage_outages_and_damage_on_s3() {
     let server = S3Server::start("pgstrata-faults").expect("moto S3 server (run .ci/setup)");
-    let proxy = FaultProxy::start(server.port);
+    let proxy = Proxy::http(server.port);
     let env = Env::with_config("s3-faults", &s3_toml(&server.bucket, &proxy.endpoint()));
     env.cluster
         .pgbench(&["-i", "-s", "1", "-q", "postgres"])

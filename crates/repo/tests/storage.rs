@@ -9,7 +9,7 @@ use bytes::Bytes;
 use object_store::integration;
 use pgstrata_repo::fault::{FaultPlan, FaultyStore};
 use pgstrata_repo::{ErrorKind, Storage};
-use pgstrata_testkit::{AzuriteServer, FaultProxy, S3Server};
+use pgstrata_testkit::{AzuriteServer, Proxy, S3Server};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -245,7 +245,7 @@ async fn a_lost_answer_to_a_create_only_write_is_no_failure() {
         .await
         .unwrap()
         .expect("moto S3 server (run .ci/setup)");
-    let proxy = FaultProxy::start(server.port);
+    let proxy = Proxy::http(server.port);
     let mut cfg = server.repo_config("p");
     cfg.s3.endpoint = Some(proxy.endpoint());
     let s = Storage::open(&cfg).unwrap();
@@ -390,7 +390,7 @@ async fn a_store_that_ignores_create_only_writes_is_refused() {
         .await
         .unwrap()
         .expect("moto S3 server (run .ci/setup)");
-    let proxy = FaultProxy::start(server.port);
+    let proxy = Proxy::http(server.port);
     let mut cfg = server.repo_config("p");
     cfg.s3.endpoint = Some(proxy.endpoint());
     let s = Storage::open(&cfg).unwrap();

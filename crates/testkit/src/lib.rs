@@ -1,14 +1,16 @@
 //! Test fixtures: everything of `pgstrata-cluster` (throwaway PostgreSQL clusters), plus
 //! real storage servers on loopback ports for the object-store tests: moto (S3) and
-//! Azurite (Azure blob), and [`FaultProxy`] to put in front of them. Used by the tests and
-//! benchmarks only, never by the binary.
+//! Azurite (Azure blob) with pgstrata's settings for them, an sshd for the two-host tests,
+//! and the one network [`Proxy`] (rate limit, delays, byte counts, HTTP faults) to put in
+//! front of any of them. Used by the tests and benchmarks only, never by the binary (the
+//! demo and restore-test use `pgstrata-cluster` alone).
 
-mod proxy;
+pub mod proxy;
 mod ssh;
 
 pub use pgstrata_cluster::*;
 use pgstrata_repo::storage::{AzureConfig, RepoConfig, RepoKind, S3Config};
-pub use proxy::FaultProxy;
+pub use proxy::Proxy;
 pub use ssh::{SshServer, BACKUP_OS_USER};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -53,7 +55,7 @@ impl S3Server {
 
     /// pgstrata's settings for a repository at `path` in this server's bucket (moto takes
     /// any key; path-style addressing, as a bucket name is no host name here). Point
-    /// `s3.endpoint` elsewhere to go through a proxy.
+    /// `s3.endpoint` elsewhere to go through a [`Proxy`].
     pub fn repo_config(&self, path: &str) -> RepoConfig {
         RepoConfig {
             kind: RepoKind::S3,
