@@ -236,12 +236,10 @@ async fn local_create_only_has_one_winner() {
     create_only_has_one_winner(&Storage::local(dir.path()).unwrap(), Racing::AtOnce).await;
 }
 
-/// S3 stores a create-only write but its answer is lost: object_store's HTTP client sends
-/// the request again and is refused (412). The object is this writer's, so the write
-/// succeeded; another writer's different bytes are still refused.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_lost_answer_to_a_create_only_write_is_no_failure() {
-    let server = tokio::task::spawn_blocking(|| S3Server::start("lost-answers"))
+/// A repository at `p` in `bucket` on a fresh S3 server, reached through an HTTP proxy
+/// (to break the network with); the server lives as long as the first value.
+async fn s3_behind_a_proxy(bucket: &'static str) -> (S3Server, Proxy, Storage) {
+    let server = tokio::task::spawn_blocking(move || S3Server::start(bucket))
         .await
         .unwrap()
         .expect("moto S3 server (run .ci/setup)");
@@ -249,6 +247,15 @@ async fn a_lost_answer_to_a_create_only_write_is_no_failure() {
     let mut cfg = server.repo_config("p");
     cfg.s3.endpoint = Some(proxy.endpoint());
     let s = Storage::open(&cfg).unwrap();
+    (server, proxy, s)
+}
+
+/// S3 stores a create-only write but its answer is lost: object_store's HTTP client sends
+/// the request again and is refused (412). The object is this writer's, so the write
+/// succeeded; another writer's different bytes are still refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_answer_to_a_create_only_write_is_no_failure() {
+    let (_server, proxy, s) = s3_behind_a_proxy("lost-answers").await;
     proxy.drop_answer_to("PUT", "/p/st/lost-answer");
     s.put_new("st/lost-answer", Bytes::from_static(b"mine"))
         .await
@@ -386,14 +393,7 @@ async fn a_backup_cut_off_by_storage_failure_is_never_visible() {
 /// conditions (here: a proxy that strips `If-None-Match`), and leave no probe object.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_store_that_ignores_create_only_writes_is_refused() {
-    let server = tokio::task::spawn_blocking(|| S3Server::start("probe"))
-        .await
-        .unwrap()
-        .expect("moto S3 server (run .ci/setup)");
-    let proxy = Proxy::http(server.port);
-    let mut cfg = server.repo_config("p");
-    cfg.s3.endpoint = Some(proxy.endpoint());
-    let s = Storage::open(&cfg).unwrap();
+    let (_server, proxy, s) = s3_behind_a_proxy("probe").await;
     s.check_create_only("st")
         .await
         .expect("moto enforces create-only");
