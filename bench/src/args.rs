@@ -3,6 +3,7 @@
 //! error naming the option rather than a silently ignored setting.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 pub struct Args {
     /// Option name (without `--`) -> values in the order given (repeatable options).
@@ -124,5 +125,110 @@ impl Args {
             return Err(format!("unexpected argument '{}'", self.positional[0]));
         }
         Ok(())
+    }
+}
+
+/// Options every scenario takes.
+pub struct Common {
+    pub process_max: u64,
+    pub runs: u64,
+    pub verify: bool,
+    pub keep: bool,
+    pub pg_major: u32,
+    pub out_dir: PathBuf,
+    pub pgstrata: Vec<(String, PathBuf)>,
+    pub pgbackrest: Vec<PathBuf>,
+}
+
+pub fn workspace_root() -> PathBuf {
+    let bench = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    bench.parent().map(PathBuf::from).unwrap_or(bench)
+}
+
+impl Common {
+    pub fn parse(a: &mut Args) -> Result<Common, String> {
+        let no_build = a.flag("no-build");
+        let mut pgstrata: Vec<(String, PathBuf)> = a
+            .all("pgstrata")
+            .into_iter()
+            .map(|v| match v.split_once('=') {
+                Some((l, p)) => (l.to_string(), PathBuf::from(p)),
+                None => (String::new(), PathBuf::from(v)),
+            })
+            .collect();
+        if pgstrata.is_empty() {
+            pgstrata.push((String::new(), build_pgstrata(!no_build)?));
+        }
+        let given = a.all("pgbackrest");
+        let pgbackrest = if given.iter().any(|g| g == "none") {
+            Vec::new()
+        } else if given.is_empty() {
+            [
+                "/usr/bin/pgbackrest",
+                "/opt/pgbackrest-2.59.1/bin/pgbackrest",
+            ]
+            .iter()
+            .map(PathBuf::from)
+            .filter(|p| p.is_file())
+            .collect()
+        } else {
+            given.into_iter().map(PathBuf::from).collect()
+        };
+        Ok(Common {
+            process_max: a.uint("process-max", 2, 1)?,
+            runs: a.uint("runs", 1, 1)?,
+            verify: a.flag("verify"),
+            pgstrata,
+            pgbackrest,
+            ..Common::parse_without_tools(a)?
+        })
+    }
+}
+
+/// `cargo build --release -p pgstrata` into target/bench (not the shared target/).
+fn build_pgstrata(build: bool) -> Result<PathBuf, String> {
+    let root = workspace_root();
+    let target = root.join("target/bench");
+    if build {
+        eprintln!(
+            "[bench] cargo build --release -p pgstrata (CARGO_TARGET_DIR={})",
+            target.display()
+        );
+        pgstrata_testkit::run_ok(
+            std::process::Command::new("cargo")
+                .current_dir(&root)
+                .env("CARGO_TARGET_DIR", &target)
+                .args(["build", "--release", "-q", "-p", "pgstrata"])
+                .stdout(std::process::Stdio::inherit())
+                .stderr(std::process::Stdio::inherit()),
+        )?;
+    }
+    let bin = target.join("release/pgstrata");
+    if !bin.is_file() {
+        return Err(format!(
+            "{} not found: build it or pass --pgstrata BIN",
+            bin.display()
+        ));
+    }
+    Ok(bin)
+}
+
+impl Common {
+    /// For commands that measure no tool.
+    pub fn parse_without_tools(a: &mut Args) -> Result<Common, String> {
+        let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
+        Ok(Common {
+            process_max: 1,
+            runs: 1,
+            verify: false,
+            keep: a.flag("keep"),
+            pg_major: a.uint("pg-major", 15, 10)? as u32,
+            out_dir: a
+                .opt_string("out-dir")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| workspace_root().join("bench/runs").join(date)),
+            pgstrata: Vec::new(),
+            pgbackrest: Vec::new(),
+        })
     }
 }

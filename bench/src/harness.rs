@@ -8,26 +8,14 @@
 //! and `ru_maxrss` is the peak of the largest single process (pgstrata is one process;
 //! pgBackRest runs `process-max` worker processes beside its main one).
 
-use crate::results::Results;
+use crate::results::{Measured, Results};
 use crate::tools::Tool;
-use pgstrata_testkit::{give_to_pg_user, Cluster, PgBin, Scratch, PG_OS_USER};
-use std::os::unix::process::CommandExt;
+use pgstrata_testkit::{as_user, give_to_pg_user, Cluster, PgBin, Scratch, PG_OS_USER};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const STANZA: &str = "bench";
-
-/// One command's cost.
-#[derive(Debug, Clone, Default)]
-pub struct Measured {
-    pub seconds: f64,
-    pub max_rss_kb: u64,
-    pub user: f64,
-    pub sys: f64,
-    pub stdout: String,
-    pub stderr: String,
-}
 
 pub struct Bench {
     pub process_max: u64,
@@ -49,7 +37,7 @@ pub struct Bench {
 impl Bench {
     pub fn new(
         scenario: &'static str,
-        common: crate::Common,
+        common: crate::args::Common,
         params: String,
     ) -> Result<Bench, String> {
         let pg = PgBin::major(common.pg_major).or_else(|_| PgBin::default_install())?;
@@ -108,9 +96,7 @@ impl Bench {
         let d = self.scratch.join(name);
         let _ = std::fs::remove_dir_all(&d);
         let d = self.dir(name)?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("chmod {}: {e}", d.display()))?;
+        pgstrata_testkit::set_mode(&d, 0o700)?;
         Ok(d)
     }
 
@@ -181,7 +167,7 @@ impl Bench {
             ),
         )
         .map_err(|e| e.to_string())?;
-        chmod(&script, 0o755)?;
+        pgstrata_testkit::set_mode(&script, 0o755)?;
         let dir = self.dir("cluster")?;
         let cluster = Cluster::init(&self.pg, &dir, &format!("{} %p", script.display()))?;
         let conf = format!(
@@ -205,8 +191,8 @@ impl Bench {
 
     /// Point the archive command at these repositories (atomically: the script reads the
     /// list at each call, so no reload is needed).
-    pub fn archive_to(&self, repos: &[&crate::tools::Repo]) -> Result<(), String> {
-        let text: String = repos.iter().map(|r| r.archive_push_line() + "\n").collect();
+    pub fn archive_to(&self, push_commands: &[String]) -> Result<(), String> {
+        let text: String = push_commands.iter().map(|c| c.clone() + "\n").collect();
         let tmp = self.archive_env.with_extension("tmp");
         std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
         std::fs::rename(&tmp, &self.archive_env).map_err(|e| e.to_string())
@@ -378,16 +364,6 @@ pub fn drop_page_cache() -> Result<(), String> {
         .map_err(|e| format!("drop the page cache (/proc/sys/vm/drop_caches, needs root): {e}"))
 }
 
-fn as_user(cmd: &mut Command, user: &str) {
-    if pgstrata_testkit::is_root() {
-        if let Ok(Some(u)) = nix::unistd::User::from_name(user) {
-            cmd.uid(u.uid.as_raw())
-                .gid(u.gid.as_raw())
-                .env("HOME", &u.dir);
-        }
-    }
-}
-
 fn wait4(pid: i32) -> Result<(i32, libc::rusage), String> {
     let mut status = 0;
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -419,15 +395,4 @@ pub fn append(path: &Path, text: &str) -> Result<(), String> {
         .open(path)
         .and_then(|mut f| f.write_all(text.as_bytes()))
         .map_err(|e| format!("append to {}: {e}", path.display()))
-}
-
-pub fn chmod(path: &Path, mode: u32) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("chmod {}: {e}", path.display()))
-}
-
-/// Give a file to the PostgreSQL user (configs the tools read and write next to).
-pub fn chown_pg(path: &Path) {
-    give_to_pg_user(path);
 }

@@ -3,7 +3,7 @@
 //! times the cores. A restore cannot beat the data size over the disk's fsync'd write rate;
 //! a backup of warm data cannot beat it over the codec's rate × cores.
 
-use crate::results::{Record, Results, Row};
+use crate::results::{Results, Row};
 use pgstrata_repo::Named;
 use std::io::{Read, Write};
 use std::path::Path;
@@ -177,37 +177,4 @@ fn sample_data(sample: Option<&Path>) -> Vec<u8> {
         }
     }
     data
-}
-
-/// MB/s table of the latest limits measurement.
-pub fn render(rows: &[Record]) -> String {
-    let Some(first) = rows.first() else {
-        return String::new();
-    };
-    let mut out = format!(
-        "{} — {} ({})\n\n| what | step | MB/s | × cores | note |\n|---|---|---:|---:|---|\n",
-        first.get("run_id"),
-        first.get("params"),
-        first.get("machine")
-    );
-    for r in rows {
-        let (s, b): (f64, f64) = (
-            r.get("seconds").parse().unwrap_or(0.0),
-            r.get("bytes").parse().unwrap_or(0.0),
-        );
-        let rate = if s > 0.0 { b / 1048576.0 / s } else { 0.0 };
-        let cores: f64 = r.get("count").parse().unwrap_or(0.0);
-        let all = if cores > 0.0 {
-            format!("{:.0}", rate * cores)
-        } else {
-            String::new()
-        };
-        out += &format!(
-            "| {} | {} | {rate:.0} | {all} | {} |\n",
-            r.get("case"),
-            r.get("step"),
-            r.get("note")
-        );
-    }
-    out
 }

@@ -7,14 +7,14 @@
 mod args;
 mod harness;
 mod limits;
-mod link;
 mod manifest_scale;
 mod procs;
+mod repos;
 mod results;
 mod scenarios;
 mod tools;
 
-use args::Args;
+use args::{workspace_root, Args, Common};
 use std::path::PathBuf;
 
 const USAGE: &str = "\
@@ -41,91 +41,6 @@ options of every scenario:
   --out-dir DIR           where the CSV goes (default bench/runs/DATE)
   --keep                  keep the scratch directory (repositories, logs)
 scenario options: see bench/README.md, or the top of bench/src/scenarios/SCENARIO.rs";
-
-/// Options every scenario takes.
-pub struct Common {
-    pub process_max: u64,
-    pub runs: u64,
-    pub verify: bool,
-    pub keep: bool,
-    pub pg_major: u32,
-    pub out_dir: PathBuf,
-    pub pgstrata: Vec<(String, PathBuf)>,
-    pub pgbackrest: Vec<PathBuf>,
-}
-
-pub fn workspace_root() -> PathBuf {
-    let bench = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    bench.parent().map(PathBuf::from).unwrap_or(bench)
-}
-
-impl Common {
-    fn parse(a: &mut Args) -> Result<Common, String> {
-        let no_build = a.flag("no-build");
-        let mut pgstrata: Vec<(String, PathBuf)> = a
-            .all("pgstrata")
-            .into_iter()
-            .map(|v| match v.split_once('=') {
-                Some((l, p)) => (l.to_string(), PathBuf::from(p)),
-                None => (String::new(), PathBuf::from(v)),
-            })
-            .collect();
-        if pgstrata.is_empty() {
-            pgstrata.push((String::new(), build_pgstrata(!no_build)?));
-        }
-        let given = a.all("pgbackrest");
-        let pgbackrest = if given.iter().any(|g| g == "none") {
-            Vec::new()
-        } else if given.is_empty() {
-            [
-                "/usr/bin/pgbackrest",
-                "/opt/pgbackrest-2.59.1/bin/pgbackrest",
-            ]
-            .iter()
-            .map(PathBuf::from)
-            .filter(|p| p.is_file())
-            .collect()
-        } else {
-            given.into_iter().map(PathBuf::from).collect()
-        };
-        Ok(Common {
-            process_max: a.uint("process-max", 2, 1)?,
-            runs: a.uint("runs", 1, 1)?,
-            verify: a.flag("verify"),
-            pgstrata,
-            pgbackrest,
-            ..Common::parse_without_tools(a)?
-        })
-    }
-}
-
-/// `cargo build --release -p pgstrata` into target/bench (not the shared target/).
-fn build_pgstrata(build: bool) -> Result<PathBuf, String> {
-    let root = workspace_root();
-    let target = root.join("target/bench");
-    if build {
-        eprintln!(
-            "[bench] cargo build --release -p pgstrata (CARGO_TARGET_DIR={})",
-            target.display()
-        );
-        pgstrata_testkit::run_ok(
-            std::process::Command::new("cargo")
-                .current_dir(&root)
-                .env("CARGO_TARGET_DIR", &target)
-                .args(["build", "--release", "-q", "-p", "pgstrata"])
-                .stdout(std::process::Stdio::inherit())
-                .stderr(std::process::Stdio::inherit()),
-        )?;
-    }
-    let bin = target.join("release/pgstrata");
-    if !bin.is_file() {
-        return Err(format!(
-            "{} not found: build it or pass --pgstrata BIN",
-            bin.display()
-        ));
-    }
-    Ok(bin)
-}
 
 fn main() {
     let raw: Vec<String> = std::env::args().skip(1).collect();
@@ -207,7 +122,7 @@ fn run(raw: Vec<String>) -> Result<(), String> {
             let b = harness::Bench::new("limits", common, "standalone".into())?;
             let mut r = b.results;
             limits::measure(&mut r, &b.scratch.path, None)?;
-            println!("{}", limits::render(&r.records));
+            println!("{}", results::render_limits(&r.records));
             Ok(())
         }
         "manifest_scale" => manifest_scale::main(a),
@@ -215,22 +130,54 @@ fn run(raw: Vec<String>) -> Result<(), String> {
     }
 }
 
-impl Common {
-    /// For commands that measure no tool.
-    fn parse_without_tools(a: &mut Args) -> Result<Common, String> {
-        let date = chrono::Utc::now().format("%Y-%m-%d").to_string();
-        Ok(Common {
-            process_max: 1,
-            runs: 1,
-            verify: false,
-            keep: a.flag("keep"),
-            pg_major: a.uint("pg-major", 15, 10)? as u32,
-            out_dir: a
-                .opt_string("out-dir")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| workspace_root().join("bench/runs").join(date)),
-            pgstrata: Vec::new(),
-            pgbackrest: Vec::new(),
-        })
+/// The modules form layers: each uses only those of lower layers (no import cycle), so one
+/// can be read knowing only what is below it.
+#[cfg(test)]
+mod layers {
+    /// Lowest first; `main` (the crate root) dispatches to all of them.
+    const LAYERS: &[&[&str]] = &[
+        &["args", "procs", "tools"],
+        &["results"],
+        &["limits", "harness"],
+        &["repos", "manifest_scale"],
+        &["scenarios"],
+    ];
+
+    fn layer(module: &str) -> usize {
+        LAYERS
+            .iter()
+            .position(|l| l.contains(&module))
+            .unwrap_or_else(|| panic!("module {module} is in no layer of LAYERS"))
+    }
+
+    #[test]
+    fn each_module_uses_only_lower_layers() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = vec![];
+        for e in std::fs::read_dir(&src).unwrap().flatten() {
+            let p = e.path();
+            let name = p.file_stem().unwrap().to_string_lossy().to_string();
+            if p.is_dir() {
+                for f in std::fs::read_dir(&p).unwrap().flatten() {
+                    files.push((name.clone(), f.path()));
+                }
+            } else if name != "main" {
+                files.push((name, p));
+            }
+        }
+        let mut wrong = vec![];
+        for (module, path) in &files {
+            let text = std::fs::read_to_string(path).unwrap();
+            for (at, _) in text.match_indices("crate::") {
+                let used: String = text[at + 7..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if layer(&used) >= layer(module) && used != *module {
+                    wrong.push(format!("{} uses crate::{used}", path.display()));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "imports against the layers: {wrong:#?}");
     }
 }

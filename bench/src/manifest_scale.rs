@@ -14,11 +14,8 @@
 use crate::args::Args;
 use pgstrata_repo::chunk::Chunk;
 use pgstrata_repo::codec::{CompressType, Compression};
-use pgstrata_repo::manifest::{
-    BackupType, Entry, FileEntry, FileMap, Manifest, Owner, Stats, WalPoint,
-};
+use pgstrata_repo::manifest::{Entry, FileEntry, FileMap, Manifest};
 use pgstrata_repo::name::Name;
-use pgstrata_repo::stanza::ClusterIdentity;
 use std::time::Instant;
 
 const FRAME: u64 = 1 << 20;
@@ -112,52 +109,11 @@ pub fn main(mut a: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// A manifest of no entries in format 1 or 2 (they differ in how maps are stored, not here).
 fn header(label: &str, prior: Option<&str>) -> Manifest {
-    let point = WalPoint {
-        time: "2026-11-25T00:00:00Z".into(),
-        epoch: 1_795_000_000,
-        lsn: "0/5000028".parse().unwrap(),
-        timeline: 1,
-        wal: "000000010000000000000005".into(),
-    };
     Manifest {
         format_version: 2,
-        label: label.into(),
-        backup_type: if prior.is_some() {
-            BackupType::Incr
-        } else {
-            BackupType::Full
-        },
-        prior: prior.map(str::to_string),
-        stanza: "main".into(),
-        cluster: ClusterIdentity {
-            system_identifier: "7412345678901234567".into(),
-            major_version: 17,
-            catalog_version: 202406281,
-            control_version: 1700,
-            wal_segment_size: 16 << 20,
-            block_size: 8192,
-        },
-        server_version_num: 170002,
-        start: point.clone(),
-        stop: point,
-        backup_label: String::new(),
-        tablespace_map: None,
-        compression: Compression::new(CompressType::Zst, Some(3)).unwrap(),
-        frame_size: FRAME as u32,
-        data_checksums: true,
-        tablespaces: vec![],
-        entries: vec![],
-        stats: Stats::default(),
-        pack_codecs: Default::default(),
-        track: None,
-        track_reason: None,
-        summary_check: None,
-        delta_reason: None,
-        databases: None,
-        annotations: Default::default(),
-        packs_used: None,
-        parts: Vec::new(),
+        ..pgstrata_repo::fixture::manifest(label, prior)
     }
 }
 
@@ -245,13 +201,7 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
     let (full_label, incr_label) = ("20261124-000000F", "20261125-000000I");
     let size = o.size_gb * 1_000_000_000 / o.files;
     let bs = pgstrata_engine::backup::block_size_for(size, None) as u64;
-    let owner = Owner {
-        mode: 0o600,
-        uid: 999,
-        gid: 999,
-        user: Some("postgres".into()),
-        group: Some("postgres".into()),
-    };
+    let owner = pgstrata_repo::fixture::owner(0o600);
     let dir = |path: &str| Entry::dir(path, owner.clone());
     let mut full = header(full_label, None);
     full.entries = vec![dir(""), dir("base"), dir("base/16384")];

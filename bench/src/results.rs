@@ -12,6 +12,17 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// One command's cost.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    pub seconds: f64,
+    pub max_rss_kb: u64,
+    pub user: f64,
+    pub sys: f64,
+    pub stdout: String,
+    pub stderr: String,
+}
+
 pub const COLUMNS: &[&str] = &[
     "run_id",
     "commit",
@@ -49,13 +60,7 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn timed(
-        case: &str,
-        step: &str,
-        tool: &str,
-        run: u64,
-        m: &crate::harness::Measured,
-    ) -> Row {
+    pub fn timed(case: &str, step: &str, tool: &str, run: u64, m: &Measured) -> Row {
         Row {
             case: case.into(),
             step: step.into(),
@@ -299,7 +304,7 @@ pub fn read_csv(path: &Path) -> Result<Vec<Record>, String> {
 }
 
 pub fn commit() -> String {
-    let root = crate::workspace_root();
+    let root = crate::args::workspace_root();
     let git = |args: &[&str]| {
         std::process::Command::new("git")
             .arg("-C")
@@ -545,6 +550,39 @@ pub fn render(records: &[Record]) -> String {
     out
 }
 
+/// The MB/s table of the latest limits measurement (`bench limits`).
+pub fn render_limits(rows: &[Record]) -> String {
+    let Some(first) = rows.first() else {
+        return String::new();
+    };
+    let mut out = format!(
+        "{} — {} ({})\n\n| what | step | MB/s | × cores | note |\n|---|---|---:|---:|---|\n",
+        first.get("run_id"),
+        first.get("params"),
+        first.get("machine")
+    );
+    for r in rows {
+        let (s, b): (f64, f64) = (
+            r.get("seconds").parse().unwrap_or(0.0),
+            r.get("bytes").parse().unwrap_or(0.0),
+        );
+        let rate = if s > 0.0 { b / 1048576.0 / s } else { 0.0 };
+        let cores: f64 = r.get("count").parse().unwrap_or(0.0);
+        let all = if cores > 0.0 {
+            format!("{:.0}", rate * cores)
+        } else {
+            String::new()
+        };
+        out += &format!(
+            "| {} | {} | {rate:.0} | {all} | {} |\n",
+            r.get("case"),
+            r.get("step"),
+            r.get("note")
+        );
+    }
+    out
+}
+
 /// The last invocation's rows of each scenario found under `runs_dir`.
 pub fn latest(runs_dir: &Path) -> Result<BTreeMap<String, Vec<Record>>, String> {
     let mut by_scenario: BTreeMap<String, Vec<Record>> = BTreeMap::new();
@@ -600,7 +638,7 @@ pub fn rewrite_readme(readme: &Path, runs_dir: &Path) -> Result<Vec<String>, Str
             continue;
         };
         let body = if scenario == "limits" {
-            crate::limits::render(&rows)
+            render_limits(&rows)
         } else {
             render(&rows)
         };
@@ -636,7 +674,7 @@ mod tests {
         let mut r = results(&dir);
         std::fs::write(&r.file, COLUMNS.join(",") + "\n").unwrap();
         r.declare(&["pgstrata", "pgBackRest 2.45 (bundle=n)"]);
-        let m = crate::harness::Measured {
+        let m = Measured {
             seconds: 4.0,
             max_rss_kb: 2048,
             ..Default::default()
@@ -646,7 +684,7 @@ mod tests {
                 .note("a \"quoted\", note"),
         )
         .unwrap();
-        let m = crate::harness::Measured {
+        let m = Measured {
             seconds: 2.0,
             max_rss_kb: 1024,
             ..Default::default()

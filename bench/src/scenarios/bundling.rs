@@ -12,8 +12,8 @@
 use super::{pgbr_modes, pgbr_setup, record_database_size, remove_repos, rotated, PgbrMode};
 use crate::args::Args;
 use crate::harness::{file_count, Bench};
+use crate::repos::{Repo, Setup};
 use crate::results::Row;
-use crate::tools::{Repo, Setup};
 
 pub struct Opts {
     tables: u64,

@@ -14,8 +14,8 @@
 use super::{record_database_size, remove_repos, repos, rotated, stanza_create_all, PgbrMode};
 use crate::args::Args;
 use crate::harness::Bench;
+use crate::repos::{Repo, Setup};
 use crate::results::Row;
-use crate::tools::{Repo, Setup};
 
 pub struct Opts {
     scale: u64,

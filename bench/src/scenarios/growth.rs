@@ -16,7 +16,7 @@ use super::wal_tracking::{at_size, Size};
 use super::{remove_repos, PgbrMode};
 use crate::args::Args;
 use crate::harness::Bench;
-use crate::tools::Setup;
+use crate::repos::Setup;
 
 pub struct Opts {
     scales: Vec<u64>,

@@ -16,8 +16,8 @@ use super::{
 };
 use crate::args::Args;
 use crate::harness::Bench;
+use crate::repos::Setup;
 use crate::results::Row;
-use crate::tools::Setup;
 
 pub struct Opts {
     scale: u64,

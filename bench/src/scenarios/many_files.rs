@@ -19,8 +19,8 @@ use super::{
 };
 use crate::args::Args;
 use crate::harness::{file_count, Bench};
+use crate::repos::{Repo, Setup};
 use crate::results::Row;
-use crate::tools::{Repo, Setup};
 
 pub struct Opts {
     tables: u64,

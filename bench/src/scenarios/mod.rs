@@ -16,10 +16,12 @@ pub mod wal_async;
 pub mod wal_tracking;
 
 use crate::args::Args;
-use crate::harness::{Bench, Measured};
+use crate::args::Common;
+use crate::harness::Bench;
+use crate::repos::{Repo, Setup};
+use crate::results::Measured;
 use crate::results::Results;
-use crate::tools::{Kind, Repo, Setup, Tool};
-use crate::Common;
+use crate::tools::{Kind, Tool};
 
 pub fn run(name: &str, mut a: Args) -> Result<(), String> {
     macro_rules! scenario {
@@ -86,7 +88,7 @@ fn go(
     println!("{}", crate::results::render(&b.results.records));
     println!(
         "Physical limits:\n\n{}",
-        crate::limits::render(&limits.records)
+        crate::results::render_limits(&limits.records)
     );
     eprintln!(
         "[bench] results appended to {} (README tables: cargo run -p pgstrata-bench -- report)",
@@ -222,7 +224,7 @@ pub fn stanza_create_all(b: &mut Bench, repos: &[Repo]) -> Result<(), String> {
         r.stanza_create(b)?;
     }
     let refs: Vec<&Repo> = repos.iter().collect();
-    b.archive_to(&refs)
+    b.archive_to(&Repo::push_commands(&refs))
 }
 
 /// Remove the repositories of a finished case (disk space), after the archive command
@@ -335,7 +337,7 @@ pub fn per_segment_loop(
     names: &[String],
     command: &str,
     then: &str,
-) -> Result<crate::harness::Measured, String> {
+) -> Result<crate::results::Measured, String> {
     let args = if command == "archive-push" {
         "\"$d/$f\""
     } else {

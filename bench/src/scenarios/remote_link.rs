@@ -40,12 +40,14 @@
 
 use super::{pgbr_setup, rotated, PgbrMode};
 use crate::args::Args;
-use crate::harness::{Bench, Measured, STANZA};
-use crate::link::{Host, Link, Moved, Relay, Target};
+use crate::harness::{Bench, STANZA};
 use crate::procs::{sampled, Matcher, Sampled};
+use crate::repos::{Repo, Setup};
+use crate::results::Measured;
 use crate::results::Row;
-use crate::tools::{Repo, Setup, Tool};
-use pgstrata_testkit::{SshServer, BACKUP_OS_USER, PG_OS_USER};
+use crate::tools::Tool;
+use pgstrata_testkit::proxy::{Host, Line, Moved, Target};
+use pgstrata_testkit::{chown_to, Proxy, SshServer, BACKUP_OS_USER, PG_OS_USER};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -110,16 +112,16 @@ struct Column {
 
 /// The two hosts and the line between them.
 struct Hosts {
-    link: Link,
+    link: Line,
     _ssh: SshServer,
     /// The backup host's SSH sessions to the database host (backups, pg-remote, pg1-host).
-    ssh_backup: Relay,
+    ssh_backup: Proxy,
     /// The database host's SSH sessions for restores (repo-remote, repo1-host).
-    ssh_db: Relay,
+    ssh_db: Proxy,
     /// The database host's SSH sessions for WAL archiving.
-    ssh_archive: Relay,
+    ssh_archive: Proxy,
     /// TCP to the cluster's unix socket (pg_basebackup).
-    pg: Relay,
+    pg: Proxy,
     /// ssh wrappers (`cmd-ssh`) through those relays.
     wrap_backup: PathBuf,
     wrap_db: PathBuf,
@@ -160,7 +162,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
             bh.stanza_create(b)?;
         }
     }
-    b.archive_to(&db_repos)?;
+    b.archive_to(&Repo::push_commands(&db_repos))?;
 
     let case = format!("{} Mbit/s link", o.link_mbit);
     let mut best: HashMap<(String, &'static str), Best> = HashMap::new();
@@ -486,7 +488,7 @@ fn moved_note(m: &Moved, arch: &Moved, seconds: f64, raw_rate: f64) -> String {
 /// sshd, the line and its relays, and the ssh wrappers through them.
 fn two_hosts(b: &Bench, o: &Opts) -> Result<Hosts, String> {
     let ssh = SshServer::start(&b.scratch.join("sshd"))?;
-    let link = Link::new(o.link_mbit);
+    let link = Line::new(o.link_mbit);
     let ssh_backup = link.relay(Host::Backup, Target::Tcp(ssh.port))?;
     let ssh_db = link.relay(Host::Db, Target::Tcp(ssh.port))?;
     let ssh_archive = link.relay(Host::Db, Target::Tcp(ssh.port))?;
@@ -543,7 +545,7 @@ fn measure_link(b: &mut Bench, o: &Opts, h: &Hosts) -> Result<f64, String> {
         .and_then(|mut f| f.read_exact(&mut data))
         .map_err(|e| e.to_string())?;
     std::fs::write(&file, &data).map_err(|e| e.to_string())?;
-    crate::harness::chmod(&file, 0o644)?;
+    pgstrata_testkit::set_mode(&file, 0o644)?;
     let before = h.ssh_backup.moved();
     let m = b.run_as(
         BACKUP_OS_USER,
@@ -591,23 +593,14 @@ fn backup_host_dir(b: &Bench, name: &str) -> Result<PathBuf, String> {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).map_err(|e| format!("create {}: {e}", d.display()))?;
     chown_to(&d, BACKUP_OS_USER)?;
-    crate::harness::chmod(&d, 0o700)?;
+    pgstrata_testkit::set_mode(&d, 0o700)?;
     Ok(d)
-}
-
-fn chown_to(path: &Path, user: &str) -> Result<(), String> {
-    let u = nix::unistd::User::from_name(user)
-        .ok()
-        .flatten()
-        .ok_or_else(|| format!("no OS user {user} (.ci/setup creates it)"))?;
-    nix::unistd::chown(path, Some(u.uid), Some(u.gid))
-        .map_err(|e| format!("chown {}: {e}", path.display()))
 }
 
 fn write_config(path: &Path, text: &str, user: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
     chown_to(path, user)?;
-    crate::harness::chmod(path, 0o600)
+    pgstrata_testkit::set_mode(path, 0o600)
 }
 
 fn canonical(p: &Path) -> PathBuf {
@@ -677,7 +670,7 @@ fn pgstrata_repos(
     let repo = backup_host_dir(b, &format!("repo-{name}"))?;
     let bh_lock = backup_host_dir(b, &format!("lock-bh-{name}"))?;
     let db_lock = b.dir(&format!("lock-db-{name}"))?;
-    crate::harness::chmod(&db_lock, 0o700)?;
+    pgstrata_testkit::set_mode(&db_lock, 0o700)?;
     let level = crate::tools::default_level(&o.codec)?;
     let c = b.cluster();
     let common = format!(

@@ -22,8 +22,8 @@ use super::{
 };
 use crate::args::Args;
 use crate::harness::Bench;
+use crate::repos::{Repo, Setup};
 use crate::results::Row;
-use crate::tools::{Repo, Setup};
 use std::path::Path;
 
 pub struct Opts {

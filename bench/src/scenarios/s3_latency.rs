@@ -1,6 +1,6 @@
 //! pgstrata on S3 with a per-request latency, against the same steps on a local repository,
 //! and pgBackRest on the same S3 server. The S3 server is the test kit's moto; in front of it
-//! `bench/delay_proxy.py` adds DELAY_MS before each request/response turn and counts the
+//! the test kit's proxy adds DELAY_MS before each request/response turn and counts the
 //! requests. Targets, one after the other on the same data: pgstrata local; pgstrata on S3
 //! through the proxy (http) at `--process-max` and at each `--s3-process-max`; with
 //! `--s3-nodelay` pgstrata on moto directly; and when pgBackRest is measured (it only speaks
@@ -19,12 +19,14 @@
 
 use super::{delete_ranges, pgbr_modes, pgbr_setup, PgbrMode};
 use crate::args::Args;
-use crate::harness::{Bench, Measured, STANZA};
+use crate::harness::{Bench, STANZA};
+use crate::repos::{Repo, Setup};
+use crate::results::Measured;
 use crate::results::Row;
-use crate::tools::{Repo, Setup, Tool};
+use crate::tools::Tool;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 pub(super) const BUCKET: &str = "pgstrata-bench";
 
@@ -84,114 +86,51 @@ impl Opts {
     }
 }
 
-/// bench/delay_proxy.py in front of moto: delays and counts request/response turns.
-pub(super) struct Proxy {
-    child: Child,
-    stats: PathBuf,
-    log: PathBuf,
-    seq: u64,
+/// The test kit's HTTP proxy in front of moto: delays and counts request/response turns.
+pub(super) struct S3Proxy {
+    proxy: pgstrata_testkit::Proxy,
     pub(super) port: u16,
     pub(super) tls_port: Option<u16>,
 }
 
-impl Proxy {
+impl S3Proxy {
     /// Start the proxy before moto's `upstream` port: `delay_ms` per request turn,
     /// `connect_delay_ms` per connection, and a TLS listener when `tls` (cert, key) is given.
     pub(super) fn start(
-        b: &Bench,
         delay_ms: u64,
         connect_delay_ms: u64,
         upstream: u16,
         tls: Option<(PathBuf, PathBuf)>,
-    ) -> Result<Proxy, String> {
-        let port = pgstrata_testkit::free_port();
-        let stats = b.log_dir.join("proxy-stats.json");
-        let log = b.log_dir.join("proxy-requests.log");
-        let mut c = Command::new("python3");
-        c.arg(crate::workspace_root().join("bench/delay_proxy.py"))
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--upstream",
-                &format!("127.0.0.1:{upstream}"),
-            ])
-            .args([
-                "--delay-ms",
-                &delay_ms.to_string(),
-                "--connect-delay-ms",
-                &connect_delay_ms.to_string(),
-            ])
-            .arg("--stats")
-            .arg(&stats)
-            .arg("--log")
-            .arg(&log);
-        let tls_port = tls.as_ref().map(|_| pgstrata_testkit::free_port());
-        if let (Some((cert, key)), Some(p)) = (&tls, tls_port) {
-            c.args(["--tls-listen", &format!("127.0.0.1:{p}")])
-                .arg("--tls-cert")
-                .arg(cert)
-                .arg("--tls-key")
-                .arg(key);
+    ) -> Result<S3Proxy, String> {
+        let mut p = pgstrata_testkit::Proxy::to(pgstrata_testkit::proxy::Target::Tcp(upstream))
+            .http()
+            .delay_per_turn(Duration::from_millis(delay_ms))
+            .delay_per_connection(Duration::from_millis(connect_delay_ms));
+        if let Some((cert, key)) = &tls {
+            p = p.tls(cert, key);
         }
-        let child = c
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(b.log_dir.join("proxy.log")).map_err(|e| e.to_string())?)
-            .spawn()
-            .map_err(|e| format!("cannot start delay_proxy.py: {e}"))?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                return Err("delay_proxy.py did not listen within 30 s (see log/proxy.log)".into());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(Proxy {
-            child,
-            stats,
-            log,
-            seq: 0,
-            port,
-            tls_port,
+        let proxy = p.start()?;
+        Ok(S3Proxy {
+            port: proxy.port,
+            tls_port: proxy.tls_port,
+            proxy,
         })
     }
 
-    /// Request/response turns since the start (the proxy dumps them on SIGUSR1).
+    /// Request/response turns since the start.
     pub(super) fn turns(&mut self) -> Result<u64, String> {
-        self.seq += 1;
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1)
-            .map_err(|e| format!("signal the proxy: {e}"))?;
-        for _ in 0..500 {
-            if let Ok(t) = std::fs::read_to_string(&self.stats) {
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&t) {
-                    if v["seq"].as_u64() == Some(self.seq) {
-                        return Ok(v["turns"].as_u64().unwrap_or(0));
-                    }
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Err("delay_proxy.py did not write its counters".into())
+        Ok(self.proxy.turns())
     }
 
     /// Requests of turns first..=last by kind: "GET 12, PUT 3, LIST 2".
     pub(super) fn mix(&self, first: u64, last: u64) -> String {
         let mut n: std::collections::BTreeMap<String, u64> = Default::default();
-        for l in std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-        {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let Some(turn) = f.get(2).and_then(|t| t.parse::<u64>().ok()) else {
-                continue;
-            };
-            if turn < first || turn > last {
+        for r in self.proxy.requests() {
+            if r.turn < first || r.turn > last {
                 continue;
             }
-            let (m, target) = (
-                f.get(3).copied().unwrap_or("?"),
-                f.get(4).copied().unwrap_or(""),
-            );
+            let mut words = r.line.split_whitespace();
+            let (m, target) = (words.next().unwrap_or("?"), words.next().unwrap_or(""));
             let kind = if m == "GET" && target.contains("list-type=2") {
                 "LIST"
             } else {
@@ -203,13 +142,6 @@ impl Proxy {
             .map(|(k, v)| format!("{k} {v}"))
             .collect::<Vec<_>>()
             .join(", ")
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -225,7 +157,7 @@ struct Target {
 
 struct Env {
     moto_port: u16,
-    proxy: Proxy,
+    proxy: S3Proxy,
     ca: Option<PathBuf>,
 }
 
@@ -472,7 +404,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         let (ca, cert, key) = pki(b)?;
         (Some(ca), Some((cert, key)))
     };
-    let proxy = Proxy::start(b, o.delay_ms, o.connect_delay_ms, moto.port, tls)?;
+    let proxy = S3Proxy::start(o.delay_ms, o.connect_delay_ms, moto.port, tls)?;
     let mut env = Env {
         moto_port: moto.port,
         proxy,
@@ -531,7 +463,7 @@ fn restore_scenario(
             o.pgbr_bundle || t.tool.is_pgstrata(),
         )?;
         r.stanza_create(b)?;
-        b.archive_to(&[&r])?;
+        b.archive_to(&[r.archive_push_line()])?;
         b.wal_switch_and_wait()?;
         let (m, label, req, mix) = step(b, env, t, |b| r.backup(b, "full", &[]))?;
         record(b, &case, "full backup", t, &m, req, mix)?;
@@ -541,7 +473,7 @@ fn restore_scenario(
     delete_ranges(b, o.scale, o.copies, o.change_pct, 0, "test")?;
     b.sql("CHECKPOINT")?;
     for (t, (r, _, incr)) in targets.iter().zip(repos.iter_mut()) {
-        b.archive_to(&[r])?;
+        b.archive_to(&[r.archive_push_line()])?;
         b.wal_switch_and_wait()?;
         let (m, label, req, mix) = step(b, env, t, |b| r.backup(b, "incr", &[]))?;
         record(b, &case, "incr backup", t, &m, req, mix)?;
@@ -594,7 +526,7 @@ fn bundling_scenario(
             let tag = format!("b{i}-{bundle}");
             let r = target_repo(b, env, t, &tag, &o.codec, bundle)?;
             r.stanza_create(b)?;
-            b.archive_to(&[&r])?;
+            b.archive_to(&[r.archive_push_line()])?;
             b.sql("CHECKPOINT")?;
             b.wal_switch_and_wait()?;
             let before = objects(env, &r, t, &tag)?;

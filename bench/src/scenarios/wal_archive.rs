@@ -9,8 +9,8 @@
 use super::{repos, rotated, PgbrMode};
 use crate::args::Args;
 use crate::harness::Bench;
+use crate::repos::{Repo, Setup};
 use crate::results::Row;
-use crate::tools::{Repo, Setup};
 
 pub struct Opts {
     segments: u64,
@@ -51,7 +51,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         Setup::default(),
     )?;
     src.stanza_create(b)?;
-    b.archive_to(&[&src])?;
+    b.archive_to(&[src.archive_push_line()])?;
     eprintln!("[bench] generating {} segments", o.segments);
     let first = super::generate_pgbench_segments(b, o.segments)?;
     b.archive_nowhere();
@@ -98,7 +98,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     Ok(())
 }
 
-fn per_call(m: &crate::harness::Measured, segments: u64) -> String {
+fn per_call(m: &crate::results::Measured, segments: u64) -> String {
     format!(
         "{:.1} segments/s, {:.0} ms a call; CPU {:.2} s",
         segments as f64 / m.seconds,

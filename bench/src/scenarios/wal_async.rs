@@ -3,7 +3,7 @@
 //! file marked done when its command returns), synchronously and with `archive-async`; then
 //! the same segments fetched back the way recovery asks for them (one restore_command after
 //! another), without and with prefetch. pgstrata against pgBackRest 2.59.1 (archive-async,
-//! its default archive-get-queue-max), both on moto's S3 behind bench/delay_proxy.py's
+//! its default archive-get-queue-max), both on moto's S3 behind the test kit's proxy's
 //! DELAY_MS per request (pgstrata over http, pgBackRest over the proxy's TLS listener: it
 //! speaks only https to S3).
 //!
@@ -21,16 +21,18 @@
 //! and the same backlog. The archiver loop is the timed command; the asynchronous workers it
 //! starts are not its children, so peak memory is sampled from /proc: the largest sum of
 //! the resident sets of all the tool's processes during the step. The CPU time of the S3
-//! server and the delay proxy (python, on the same cores) is sampled beside it.
+//! server and the delay proxy (moto in python, the proxy in the bench process, on the same cores) is sampled beside it.
 //!
 //! Options: --segments LIST (64,512) --delay-ms MS (20) --async-process-max N (4)
 //!          --codec C (zst) --scale N (10)
 
-use super::s3_latency::{pki, Proxy, BUCKET};
+use super::s3_latency::{pki, S3Proxy, BUCKET};
 use crate::args::Args;
-use crate::harness::{chown_pg, Bench, Measured, STANZA};
+use crate::harness::{Bench, STANZA};
+use crate::repos::{Repo, Setup};
+use crate::results::Measured;
 use crate::results::Row;
-use crate::tools::{Repo, Setup, Tool};
+use crate::tools::Tool;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -87,8 +89,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     } else {
         Some(pki(b)?)
     };
-    let mut proxy = Proxy::start(
-        b,
+    let mut proxy = S3Proxy::start(
         o.delay_ms,
         0,
         moto.port,
@@ -103,7 +104,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     let src_tool = b.pgstrata.first().cloned().ok_or("no pgstrata binary")?;
     let src = Repo::new(b, &src_tool, "source", "wal-src", "lz4", Setup::default())?;
     src.stanza_create(b)?;
-    b.archive_to(&[&src])?;
+    b.archive_to(&[src.archive_push_line()])?;
     // The base backup recovery replays the segments onto (restored by pgstrata for every
     // tool: only the replay through each tool's restore_command is measured).
     let (_, base) = src.backup(b, "full", &[])?;
@@ -420,7 +421,7 @@ fn time_call_shim(b: &Bench) -> Result<PathBuf, String> {
         let me = std::env::current_exe().map_err(|e| format!("the bench's own path: {e}"))?;
         std::fs::copy(&me, &shim)
             .map_err(|e| format!("copy {} to {}: {e}", me.display(), shim.display()))?;
-        crate::harness::chmod(&shim, 0o755)?;
+        pgstrata_testkit::set_mode(&shim, 0o755)?;
     }
     Ok(shim)
 }
@@ -451,12 +452,11 @@ fn stand_in_data_dir(
         std::fs::write(status.join(format!("{n}.ready")), "").map_err(io)?;
     }
     for d in [&data, &data.join("pg_wal"), &status, &global] {
-        chown_pg(d);
-        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(io)?;
+        pgstrata_testkit::give_to_pg_user(d);
+        pgstrata_testkit::set_mode(d, 0o700)?;
     }
     for e in walk(&data) {
-        chown_pg(&e);
+        pgstrata_testkit::give_to_pg_user(&e);
     }
     Ok(data)
 }
@@ -585,10 +585,11 @@ fn sampled<T>(
         .collect();
     let groups = [
         Matcher::Exe(bins),
+        // The proxy is threads of this process: its CPU counts with the server's.
         Matcher::Pids(
-            ["moto_server", "delay_proxy"]
-                .iter()
-                .flat_map(|p| crate::procs::pids_with_arg(p))
+            crate::procs::pids_with_arg("moto_server")
+                .into_iter()
+                .chain([std::process::id()])
                 .collect(),
         ),
     ];

@@ -20,8 +20,8 @@ use super::{
 };
 use crate::args::Args;
 use crate::harness::Bench;
+use crate::repos::{Repo, Setup};
 use crate::results::Row;
-use crate::tools::{Repo, Setup};
 
 pub struct Opts {
     scales: Vec<u64>,
@@ -227,7 +227,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         }
         let wal_repo = repos.remove(0);
         remove_repos(b, &repos);
-        b.archive_to(&[&wal_repo])?;
+        b.archive_to(&[wal_repo.archive_push_line()])?;
         last_wal_repo = Some(wal_repo);
     }
     if o.segments > 0 {
@@ -278,7 +278,7 @@ fn archive_push_cost(b: &mut Bench, o: &Opts, wal_repo: &Repo) -> Result<(), Str
         // Copied as root: given to the PostgreSQL user, who reads it (archive-get wrote 0600).
         let partial = partial_dir.join(format!("{name}.partial"));
         std::fs::copy(seg_dir.join(&name), &partial).map_err(|e| e.to_string())?;
-        crate::harness::chown_pg(&partial);
+        pgstrata_testkit::give_to_pg_user(&partial);
     }
     for tool in b.pgstrata.clone() {
         for round in 1..=o.push_rounds {

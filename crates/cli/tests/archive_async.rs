@@ -2,6 +2,7 @@
 //! PostgreSQL: its archiver calls archive-push, its startup process archive-get.
 
 use crate::common::*;
+use pgstrata_testkit::set_mode;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -96,7 +97,7 @@ fn alone_config(env: &Env, name: &str, body: &str) -> PathBuf {
     )
     .unwrap();
     pgstrata_testkit::give_to_pg_user(&p);
-    set_mode(&p, 0o600);
+    set_mode(&p, 0o600).unwrap();
     p
 }
 
@@ -358,7 +359,7 @@ fn an_altered_prefetched_segment_is_fetched_again_and_an_open_spool_is_not_used(
     let open = env.scratch.join("open-spool");
     std::fs::create_dir(&open).unwrap();
     pgstrata_testkit::give_to_pg_user(&open);
-    set_mode(&open, 0o777);
+    set_mode(&open, 0o777).unwrap();
     let got = env.scratch.join("got-open");
     let out = get(&open, &first, &got, "64MiB").output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -385,7 +386,7 @@ fn push_queue_max_drops_wal_loudly_and_check_info_verify_report_the_gap() {
     env.flush_wal();
     // The repository refuses writes: WAL piles up in pg_wal.
     let archive_dir = first_archive_dir(&env.repo);
-    set_mode(&archive_dir, 0o500);
+    set_mode(&archive_dir, 0o500).unwrap();
     for i in 0..4 {
         env.sql(&format!(
             "CREATE TABLE t{i} AS SELECT generate_series(1, 1000) AS x"
@@ -397,7 +398,7 @@ fn push_queue_max_drops_wal_loudly_and_check_info_verify_report_the_gap() {
     wait_until("WAL to be dropped", Duration::from_secs(120), || {
         ready(&env).is_empty()
     });
-    set_mode(&archive_dir, 0o750);
+    set_mode(&archive_dir, 0o750).unwrap();
     env.sql("CREATE TABLE later AS SELECT 1 AS x");
     env.flush_wal();
     let worker_log = std::fs::read_to_string(env.scratch.join("spool/test/archive-push-async.log"))
@@ -423,7 +424,7 @@ fn check_fails_when_archiving_falls_behind() {
     env.stanza_create();
     env.flush_wal();
     let archive_dir = first_archive_dir(&env.repo);
-    set_mode(&archive_dir, 0o500);
+    set_mode(&archive_dir, 0o500).unwrap();
     env.sql("SELECT pg_switch_wal()");
     env.sql("CREATE TABLE t AS SELECT 1 AS x");
     env.sql("SELECT pg_switch_wal()");
@@ -443,7 +444,7 @@ fn check_fails_when_archiving_falls_behind() {
         .parse()
         .unwrap();
     assert!(failed > 0);
-    set_mode(&archive_dir, 0o750);
+    set_mode(&archive_dir, 0o750).unwrap();
     env.flush_wal();
     wait_until("archiving to catch up", Duration::from_secs(60), || {
         ready(&env).is_empty()
@@ -465,9 +466,4 @@ fn first_archive_dir(repo: &Path) -> PathBuf {
         }
     }
     panic!("no archived segment under {}", repo.display());
-}
-
-fn set_mode(p: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
 }

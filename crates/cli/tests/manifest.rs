@@ -7,20 +7,11 @@
 //! (`crates/repo/tests/fixtures/format-1`) must restore with every later version.
 
 use crate::common::*;
+use pgstrata_repo::fixture::file_mut;
 use pgstrata_repo::manifest::{Entry, FileEntry, Manifest, Tablespace};
 use pgstrata_testkit::{give_to_pg_user, Cluster, PgBin, Scratch};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-fn file_mut<'a>(m: &'a mut Manifest, path: &str) -> &'a mut FileEntry {
-    m.entries
-        .iter_mut()
-        .find_map(|e| match e {
-            Entry::File(f) if &*f.path == path => Some(f),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("no file {path} in the manifest"))
-}
 
 /// A copy of the file entry `PG_VERSION` at `path`.
 fn file_at(m: &Manifest, path: &str) -> Entry {

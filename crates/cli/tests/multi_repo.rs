@@ -2,6 +2,7 @@
 //! pick one, archive-get falls through them, retention is per repository.
 
 use crate::common::*;
+use pgstrata_testkit::set_mode;
 use std::path::{Path, PathBuf};
 
 fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
@@ -33,11 +34,6 @@ fn segments(dir: &Path) -> Vec<String> {
     }
     v.sort();
     v
-}
-
-fn set_mode(p: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
 #[test]
@@ -141,7 +137,7 @@ fn two_repositories_archive_back_up_restore_and_fall_back() {
     // Repository 2 refusing writes: archiving stalls (PostgreSQL sees failures naming repo2),
     // repository 1 still gets the segment, and both catch up once repository 2 is back.
     let dir2 = in2.parent().unwrap().to_path_buf();
-    set_mode(&dir2, 0o500);
+    set_mode(&dir2, 0o500).unwrap();
     let before = env.sql("SELECT failed_count FROM pg_stat_archiver");
     env.sql("CREATE TABLE stalled AS SELECT 1 AS x");
     let stuck = env.sql("SELECT pg_walfile_name(pg_current_wal_lsn())");
@@ -164,7 +160,7 @@ fn two_repositories_archive_back_up_restore_and_fall_back() {
         "{}",
         env.cluster.log_tail()
     );
-    set_mode(&dir2, 0o750);
+    set_mode(&dir2, 0o750).unwrap();
     env.flush_wal();
     assert!(
         find_file(&repo2, stuck.trim()).is_some(),

@@ -3,9 +3,8 @@
 //! the server acted, storage refusing during a restore, a damaged pack.
 
 use crate::common::*;
-use pgstrata_repo::storage::{RepoConfig, RepoKind, S3Config};
 use pgstrata_repo::Storage;
-use pgstrata_testkit::{FaultProxy, S3Server};
+use pgstrata_testkit::{Proxy, S3Server};
 
 pub(crate) const S3_PREFIX: &str = "/backups/cluster1";
 
@@ -20,24 +19,7 @@ pub(crate) fn s3_toml(bucket: &str, endpoint: &str) -> String {
 
 /// The same repository, reached directly by the test (not through a proxy).
 pub(crate) fn s3_storage(server: &S3Server) -> Storage {
-    Storage::open(&RepoConfig {
-        kind: RepoKind::S3,
-        path: S3_PREFIX.into(),
-        s3: S3Config {
-            bucket: server.bucket.clone(),
-            endpoint: Some(server.endpoint()),
-            region: Some("us-east-1".into()),
-            key: Some("test".into()),
-            key_secret: Some("test".into()),
-            path_style: true,
-            ..Default::default()
-        },
-        verify_tls: true,
-        timeout: std::time::Duration::from_secs(30),
-        retries: 2,
-        ..Default::default()
-    })
-    .unwrap()
+    Storage::open(&server.repo_config(S3_PREFIX)).unwrap()
 }
 
 #[test]
@@ -157,7 +139,7 @@ fn two_backups_of_one_stanza_cannot_run_at_once() {
 #[test]
 fn lost_answers_storage_outages_and_damage_on_s3() {
     let server = S3Server::start("pgstrata-faults").expect("moto S3 server (run .ci/setup)");
-    let proxy = FaultProxy::start(server.port);
+    let proxy = Proxy::http(server.port);
     let env = Env::with_config("s3-faults", &s3_toml(&server.bucket, &proxy.endpoint()));
     env.cluster
         .pgbench(&["-i", "-s", "1", "-q", "postgres"])

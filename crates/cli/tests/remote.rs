@@ -5,8 +5,10 @@
 //! `pg-remote`, which run next to the data and send only frames over the link.
 
 use crate::common::*;
-use pgstrata_testkit::{give_to_pg_user, Cluster, SshServer, BACKUP_OS_USER, PG_OS_USER};
-use std::path::{Path, PathBuf};
+use pgstrata_testkit::{
+    chown_to, give_to_pg_user, set_mode, Cluster, SshServer, BACKUP_OS_USER, PG_OS_USER,
+};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -17,13 +19,6 @@ struct TwoHosts {
     /// The repository, a directory only the backup user can read.
     backup_repo: PathBuf,
     backup_config: PathBuf,
-}
-
-fn chown_to_backup_user(p: &Path) {
-    let u = nix::unistd::User::from_name(BACKUP_OS_USER)
-        .unwrap()
-        .expect("the pgstrata-backup user (.ci/setup creates it)");
-    nix::unistd::chown(p, Some(u.uid), Some(u.gid)).unwrap();
 }
 
 impl TwoHosts {
@@ -40,12 +35,8 @@ impl TwoHosts {
         let ssh = SshServer::start(&ssh_dir).expect("start sshd");
         let backup_repo = ssh_dir.join("backup-host-repo");
         std::fs::create_dir_all(&backup_repo).unwrap();
-        chown_to_backup_user(&backup_repo);
-        std::fs::set_permissions(
-            &backup_repo,
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )
-        .unwrap();
+        chown_to(&backup_repo, BACKUP_OS_USER).unwrap();
+        set_mode(&backup_repo, 0o700).unwrap();
         // The backup host's own configuration file (this machine's /etc/pgstrata may hold
         // the database host's, readable by postgres only, as the Debian package makes it).
         let backup_config = ssh_dir.join("backup-host.toml");
@@ -54,7 +45,7 @@ impl TwoHosts {
             format!("[global]\nlog-level-file = \"off\"\n{extra}"),
         )
         .unwrap();
-        chown_to_backup_user(&backup_config);
+        chown_to(&backup_config, BACKUP_OS_USER).unwrap();
         // The database host's configuration: its repository is on the backup host.
         let env = Env::with_config(
             name,

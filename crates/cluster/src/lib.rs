@@ -85,14 +85,42 @@ fn next_id() -> u16 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Hand a path to the PostgreSQL OS user (no-op when not root).
+/// Hand a path to the PostgreSQL OS user, mode 0755 (no-op when not root).
 pub fn give_to_pg_user(path: &Path) {
     if is_root() {
-        if let Ok(Some(u)) = nix::unistd::User::from_name(PG_OS_USER) {
-            let _ = nix::unistd::chown(path, Some(u.uid), Some(u.gid));
+        let _ = chown_to(path, PG_OS_USER);
+        let _ = set_mode(path, 0o755);
+    }
+}
+
+/// Give a path to OS user `user` and its primary group.
+pub fn chown_to(path: &Path, user: &str) -> Result<(), String> {
+    let u = nix::unistd::User::from_name(user)
+        .ok()
+        .flatten()
+        .ok_or_else(|| format!("no OS user {user} (.ci/setup creates it)"))?;
+    nix::unistd::chown(path, Some(u.uid), Some(u.gid))
+        .map_err(|e| format!("chown {} to {user}: {e}", path.display()))
+}
+
+/// Set a path's permission bits.
+pub fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("chmod {mode:o} {}: {e}", path.display()))
+}
+
+/// Make `cmd` run as OS user `user` (its uid, primary group and HOME) when we are root;
+/// unchanged otherwise, or when there is no such user. Unlike [`pg_command`] no `runuser`
+/// stands between: the process measured or waited for is the program itself.
+pub fn as_user(cmd: &mut Command, user: &str) {
+    use std::os::unix::process::CommandExt;
+    if is_root() {
+        if let Ok(Some(u)) = nix::unistd::User::from_name(user) {
+            cmd.uid(u.uid.as_raw())
+                .gid(u.gid.as_raw())
+                .env("HOME", &u.dir);
         }
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755));
     }
 }
 

@@ -4,7 +4,8 @@
 //!
 //! - [`storage`]: the one way to reach a repository (object_store underneath), write-once,
 //!   with timeouts and retries; `fault` (feature `fault-injection`, tests only) wraps any
-//!   backend to inject failures.
+//!   backend to inject failures; `fixture` (feature `fixtures`, tests and benchmarks only)
+//!   builds sample manifests.
 //! - [`cipher`]: repository encryption (sealed objects and frames, key files).
 //! - [`codec`]: compression types and levels.
 //! - [`named`]: enums configured by name (one list of names for parsing, help and docs).
@@ -30,6 +31,8 @@ pub mod codec;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixture;
 pub(crate) mod json_text;
 pub mod layout;
 pub mod manifest;

@@ -8,31 +8,10 @@
 use bytes::Bytes;
 use object_store::integration;
 use pgstrata_repo::fault::{FaultPlan, FaultyStore};
-use pgstrata_repo::storage::{AzureConfig, RepoConfig, RepoKind, S3Config};
 use pgstrata_repo::{ErrorKind, Storage};
-use pgstrata_testkit::{AzuriteServer, FaultProxy, S3Server};
+use pgstrata_testkit::{AzuriteServer, Proxy, S3Server};
 use std::sync::Arc;
 use std::time::Duration;
-
-fn s3_config(server: &S3Server, prefix: &str) -> RepoConfig {
-    RepoConfig {
-        kind: RepoKind::S3,
-        path: prefix.to_string(),
-        s3: S3Config {
-            bucket: server.bucket.clone(),
-            endpoint: Some(server.endpoint()),
-            region: Some("us-east-1".into()),
-            key: Some("test".into()),
-            key_secret: Some("test".into()),
-            path_style: true,
-            ..Default::default()
-        },
-        verify_tls: true,
-        timeout: Duration::from_secs(30),
-        retries: 2,
-        ..Default::default()
-    }
-}
 
 /// pgstrata's contract, on any backend: create-only writes, ranged reads, listing, deletes.
 async fn write_once_contract(s: &Storage) {
@@ -188,13 +167,13 @@ async fn s3_backend_conformance_against_a_real_server() {
         .await
         .unwrap()
         .expect("moto S3 server (run .ci/setup)");
-    let s = Storage::open(&s3_config(&server, "")).unwrap();
+    let s = Storage::open(&server.repo_config("")).unwrap();
     let store = s.object_store();
     integration::put_get_delete_list(&*store).await;
     integration::list_uses_directories_correctly(&*store).await;
     integration::list_with_delimiter(&*store).await;
     // Through a prefix, as repo-path makes one.
-    let s = Storage::open(&s3_config(&server, "/some/prefix/")).unwrap();
+    let s = Storage::open(&server.repo_config("/some/prefix/")).unwrap();
     write_once_contract(&s).await;
     // moto checks If-None-Match without serializing concurrent PUTs (two racers can both
     // succeed there, never on S3 itself), so against it the writers go one after another.
@@ -257,19 +236,26 @@ async fn local_create_only_has_one_winner() {
     create_only_has_one_winner(&Storage::local(dir.path()).unwrap(), Racing::AtOnce).await;
 }
 
+/// A repository at `p` in `bucket` on a fresh S3 server, reached through an HTTP proxy
+/// (to break the network with); the server lives as long as the first value.
+async fn s3_behind_a_proxy(bucket: &'static str) -> (S3Server, Proxy, Storage) {
+    let server = tokio::task::spawn_blocking(move || S3Server::start(bucket))
+        .await
+        .unwrap()
+        .expect("moto S3 server (run .ci/setup)");
+    let proxy = Proxy::http(server.port);
+    let mut cfg = server.repo_config("p");
+    cfg.s3.endpoint = Some(proxy.endpoint());
+    let s = Storage::open(&cfg).unwrap();
+    (server, proxy, s)
+}
+
 /// S3 stores a create-only write but its answer is lost: object_store's HTTP client sends
 /// the request again and is refused (412). The object is this writer's, so the write
 /// succeeded; another writer's different bytes are still refused.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_answer_to_a_create_only_write_is_no_failure() {
-    let server = tokio::task::spawn_blocking(|| S3Server::start("lost-answers"))
-        .await
-        .unwrap()
-        .expect("moto S3 server (run .ci/setup)");
-    let proxy = FaultProxy::start(server.port);
-    let mut cfg = s3_config(&server, "p");
-    cfg.s3.endpoint = Some(proxy.endpoint());
-    let s = Storage::open(&cfg).unwrap();
+    let (_server, proxy, s) = s3_behind_a_proxy("lost-answers").await;
     proxy.drop_answer_to("PUT", "/p/st/lost-answer");
     s.put_new("st/lost-answer", Bytes::from_static(b"mine"))
         .await
@@ -289,25 +275,7 @@ async fn azure_backend_conformance_against_an_emulator() {
         .await
         .unwrap()
         .expect("Azurite (run .ci/setup)");
-    let cfg = RepoConfig {
-        kind: RepoKind::Azure,
-        path: "prefix".into(),
-        azure: AzureConfig {
-            account: pgstrata_testkit::AZURITE_ACCOUNT.into(),
-            container: server.container.clone(),
-            key: Some(pgstrata_testkit::AZURITE_KEY.into()),
-            endpoint: Some(format!(
-                "{}/{}",
-                server.endpoint(),
-                pgstrata_testkit::AZURITE_ACCOUNT
-            )),
-        },
-        verify_tls: true,
-        timeout: Duration::from_secs(30),
-        retries: 2,
-        ..Default::default()
-    };
-    let s = Storage::open(&cfg).unwrap();
+    let s = Storage::open(&server.repo_config("prefix")).unwrap();
     // Azurite lists some non-ASCII names in another order than Azure, which the generic
     // put_get_delete_list checks; the directory semantics and pgstrata's contract hold.
     integration::list_uses_directories_correctly(&*s.object_store()).await;
@@ -425,14 +393,7 @@ async fn a_backup_cut_off_by_storage_failure_is_never_visible() {
 /// conditions (here: a proxy that strips `If-None-Match`), and leave no probe object.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_store_that_ignores_create_only_writes_is_refused() {
-    let server = tokio::task::spawn_blocking(|| S3Server::start("probe"))
-        .await
-        .unwrap()
-        .expect("moto S3 server (run .ci/setup)");
-    let proxy = FaultProxy::start(server.port);
-    let mut cfg = s3_config(&server, "p");
-    cfg.s3.endpoint = Some(proxy.endpoint());
-    let s = Storage::open(&cfg).unwrap();
+    let (_server, proxy, s) = s3_behind_a_proxy("probe").await;
     s.check_create_only("st")
         .await
         .expect("moto enforces create-only");

@@ -1,13 +1,16 @@
 //! Test fixtures: everything of `pgstrata-cluster` (throwaway PostgreSQL clusters), plus
 //! real storage servers on loopback ports for the object-store tests: moto (S3) and
-//! Azurite (Azure blob), and [`FaultProxy`] to put in front of them. Used by the tests and
-//! benchmarks only, never by the binary.
+//! Azurite (Azure blob) with pgstrata's settings for them, an sshd for the two-host tests,
+//! and the one network [`Proxy`] (rate limit, delays, byte counts, HTTP faults) to put in
+//! front of any of them. Used by the tests and benchmarks only, never by the binary (the
+//! demo and restore-test use `pgstrata-cluster` alone).
 
-mod proxy;
+pub mod proxy;
 mod ssh;
 
 pub use pgstrata_cluster::*;
-pub use proxy::FaultProxy;
+use pgstrata_repo::storage::{AzureConfig, RepoConfig, RepoKind, S3Config};
+pub use proxy::Proxy;
 pub use ssh::{SshServer, BACKUP_OS_USER};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -48,6 +51,29 @@ impl S3Server {
 
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// pgstrata's settings for a repository at `path` in this server's bucket (moto takes
+    /// any key; path-style addressing, as a bucket name is no host name here). Point
+    /// `s3.endpoint` elsewhere to go through a [`Proxy`].
+    pub fn repo_config(&self, path: &str) -> RepoConfig {
+        RepoConfig {
+            kind: RepoKind::S3,
+            path: path.to_string(),
+            s3: S3Config {
+                bucket: self.bucket.clone(),
+                endpoint: Some(self.endpoint()),
+                region: Some("us-east-1".into()),
+                key: Some("test".into()),
+                key_secret: Some("test".into()),
+                path_style: true,
+                ..Default::default()
+            },
+            verify_tls: true,
+            timeout: Duration::from_secs(30),
+            retries: 2,
+            ..Default::default()
+        }
     }
 }
 
@@ -149,6 +175,24 @@ impl AzuriteServer {
 
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// pgstrata's settings for a repository at `path` in this server's container.
+    pub fn repo_config(&self, path: &str) -> RepoConfig {
+        RepoConfig {
+            kind: RepoKind::Azure,
+            path: path.to_string(),
+            azure: AzureConfig {
+                account: AZURITE_ACCOUNT.into(),
+                container: self.container.clone(),
+                key: Some(AZURITE_KEY.into()),
+                endpoint: Some(format!("{}/{AZURITE_ACCOUNT}", self.endpoint())),
+            },
+            verify_tls: true,
+            timeout: Duration::from_secs(30),
+            retries: 2,
+            ..Default::default()
+        }
     }
 }
 

@@ -7,8 +7,7 @@
 //! sshd must start as root (it switches to the user that logs in), so these tests need
 //! root; .ci/setup installs openssh-server and creates the backup user.
 
-use crate::{free_port, is_root, PG_OS_USER};
-use std::os::unix::fs::PermissionsExt;
+use crate::{chown_to, free_port, is_root, run_ok, set_mode, PG_OS_USER};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,32 +19,6 @@ pub struct SshServer {
     pub port: u16,
     dir: PathBuf,
     sshd: Child,
-}
-
-fn run(cmd: &mut Command) -> Result<(), String> {
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(())
-}
-
-fn chown_to(path: &Path, user: &str) -> Result<(), String> {
-    let u = nix::unistd::User::from_name(user)
-        .ok()
-        .flatten()
-        .ok_or_else(|| format!("no OS user {user} (run .ci/setup as root)"))?;
-    nix::unistd::chown(path, Some(u.uid), Some(u.gid))
-        .map_err(|e| format!("chown {}: {e}", path.display()))
-}
-
-fn set_mode(path: &Path, mode: u32) {
-    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
 }
 
 /// Write `user`'s ssh client configuration and wrapper (`ssh_config{suffix}`,
@@ -80,8 +53,8 @@ fn write_client(
     for p in [&config, &wrapper] {
         chown_to(p, user)?;
     }
-    set_mode(&config, 0o600);
-    set_mode(&wrapper, 0o700);
+    set_mode(&config, 0o600)?;
+    set_mode(&wrapper, 0o700)?;
     Ok(wrapper)
 }
 
@@ -101,31 +74,35 @@ impl SshServer {
             );
         }
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-        set_mode(dir, 0o755);
+        set_mode(dir, 0o755)?;
         // sshd's privilege separation directory.
         std::fs::create_dir_all("/run/sshd").map_err(|e| format!("mkdir /run/sshd: {e}"))?;
-        set_mode(Path::new("/run/sshd"), 0o755);
+        set_mode(Path::new("/run/sshd"), 0o755)?;
         let host_key = dir.join("host_key");
-        run(Command::new("ssh-keygen")
-            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-            .arg(&host_key))?;
+        run_ok(
+            Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+                .arg(&host_key),
+        )?;
         let auth_dir = dir.join("authorized_keys");
         std::fs::create_dir_all(&auth_dir).map_err(|e| e.to_string())?;
-        set_mode(&auth_dir, 0o755);
+        set_mode(&auth_dir, 0o755)?;
         let port = free_port();
         let host_pub =
             std::fs::read_to_string(dir.join("host_key.pub")).map_err(|e| e.to_string())?;
         let known_hosts = dir.join("known_hosts");
         std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}"))
             .map_err(|e| e.to_string())?;
-        set_mode(&known_hosts, 0o644);
+        set_mode(&known_hosts, 0o644)?;
         for user in [PG_OS_USER, BACKUP_OS_USER] {
             let home = dir.join(format!("client-{user}"));
             std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
             let key = home.join("id_ed25519");
-            run(Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", "", "-C", user, "-f"])
-                .arg(&key))?;
+            run_ok(
+                Command::new("ssh-keygen")
+                    .args(["-q", "-t", "ed25519", "-N", "", "-C", user, "-f"])
+                    .arg(&key),
+            )?;
             // Each host logs in to the other: this user's key lets it in as the other one.
             let public =
                 std::fs::read_to_string(home.join("id_ed25519.pub")).map_err(|e| e.to_string())?;
@@ -136,12 +113,12 @@ impl SshServer {
             };
             let authorized = auth_dir.join(other);
             std::fs::write(&authorized, public).map_err(|e| e.to_string())?;
-            set_mode(&authorized, 0o644);
+            set_mode(&authorized, 0o644)?;
             for p in [&home, &key] {
                 chown_to(p, user)?;
             }
-            set_mode(&home, 0o700);
-            set_mode(&key, 0o600);
+            set_mode(&home, 0o700)?;
+            set_mode(&key, 0o600)?;
             write_client(&home, user, port, &known_hosts, "")?;
         }
         let config = dir.join("sshd_config");
@@ -207,7 +184,7 @@ impl SshServer {
         let known_hosts = self.dir.join(format!("known_hosts-via-{port}"));
         std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}"))
             .map_err(|e| e.to_string())?;
-        set_mode(&known_hosts, 0o644);
+        set_mode(&known_hosts, 0o644)?;
         write_client(&home, user, port, &known_hosts, &format!("-via-{port}"))
     }
 

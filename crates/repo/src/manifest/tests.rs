@@ -1,15 +1,6 @@
 use super::*;
 use crate::codec::CompressType;
-
-fn owner(mode: u32) -> Owner {
-    Owner {
-        mode,
-        uid: 999,
-        gid: 999,
-        user: Some("postgres".into()),
-        group: Some("postgres".into()),
-    }
-}
+use crate::fixture::{file_mut, owner};
 
 fn dir(path: &str) -> Entry {
     Entry::dir(path, owner(0o700))
@@ -54,38 +45,10 @@ pub(crate) const WHOLE: u32 = 3;
 /// A small manifest as a backup wrote it before format 4 (one object, entries in it):
 /// root, a database file, a tablespace.
 pub(crate) fn sample() -> Manifest {
-    let point = |lsn: &str, wal: &str| WalPoint {
-        time: "2025-03-02T09:15:00Z".into(),
-        epoch: 1_740_906_900,
-        lsn: lsn.parse().unwrap(),
-        timeline: 1,
-        wal: wal.into(),
-    };
     Manifest {
         format_version: WHOLE,
-        label: "20250302-091500I".into(),
-        backup_type: BackupType::Incr,
-        prior: Some("20250301-091500F".into()),
-        stanza: "main".into(),
-        cluster: ClusterIdentity {
-            system_identifier: "7412345678901234567".into(),
-            major_version: 17,
-            catalog_version: 202406281,
-            control_version: 1700,
-            wal_segment_size: 16 << 20,
-            block_size: 8192,
-        },
-        server_version_num: 170002,
-        start: point("0/5000028", "000000010000000000000005"),
-        stop: point("0/5000120", "000000010000000000000005"),
         backup_label: "START WAL LOCATION: 0/5000028\n".into(),
         tablespace_map: Some("16400 /srv/ts1\n".into()),
-        compression: Compression {
-            kind: CompressType::Zst,
-            level: 3,
-        },
-        frame_size: 1 << 20,
-        data_checksums: true,
         tablespaces: vec![Tablespace {
             oid: 16400,
             location: "/srv/ts1".into(),
@@ -119,16 +82,8 @@ pub(crate) fn sample() -> Manifest {
             dir("pg_tblspc/16400/PG_17_202406281/5"),
             file("pg_tblspc/16400/PG_17_202406281/5/16500", 0, vec![]),
         ],
-        stats: Stats::default(),
         pack_codecs: [("20250301-091500F".to_string(), CompressType::Lz4)].into(),
-        track: None,
-        track_reason: None,
-        summary_check: None,
-        delta_reason: None,
-        databases: None,
-        annotations: Default::default(),
-        packs_used: None,
-        parts: Vec::new(),
+        ..crate::fixture::manifest("20250302-091500I", Some("20250301-091500F"))
     }
 }
 
@@ -140,16 +95,6 @@ fn decode_err(m: &Manifest) -> String {
             e.to_string()
         }
     }
-}
-
-fn file_mut<'a>(m: &'a mut Manifest, path: &str) -> &'a mut FileEntry {
-    m.entries
-        .iter_mut()
-        .find_map(|e| match e {
-            Entry::File(f) if &*f.path == path => Some(f),
-            _ => None,
-        })
-        .unwrap()
 }
 
 #[test]
