@@ -396,6 +396,12 @@ impl Storage {
         })
     }
 
+    /// A repository held in memory (`object_store::memory::InMemory`): tests that need
+    /// no directory and no server.
+    pub fn in_memory() -> Storage {
+        Storage::from_store(Arc::new(object_store::memory::InMemory::new()), "memory")
+    }
+
     /// Wrap any object_store backend (tests' fault-injecting wrappers use this).
     pub fn from_store(store: Arc<dyn ObjectStore>, description: impl Into<String>) -> Storage {
         Storage {

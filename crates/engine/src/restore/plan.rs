@@ -128,7 +128,7 @@ impl RestorePlan {
     }
 
     /// The backup's manifest without its entries.
-    pub(crate) fn header(&self) -> &Manifest {
+    pub fn header(&self) -> &Manifest {
         self.manifest.header()
     }
 

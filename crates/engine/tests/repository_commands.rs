@@ -1,0 +1,441 @@
+//! The engine's commands on repositories built without PostgreSQL (`fixture`): verify,
+//! expire (retention and garbage collection), restore and info, on a clean repository and
+//! on deliberately damaged ones. Part of the fast tier: no cluster, no root, no servers.
+
+mod fixture;
+
+use fixture::{BackupSpec, Repo, STANZA};
+use pgstrata_engine::expire::{expire, ExpireOptions, RetentionType};
+use pgstrata_engine::restore::{RecoveryType, RestoreOptions};
+use pgstrata_engine::{info, verify};
+use pgstrata_repo::layout;
+use pgstrata_repo::manifest::{BackupType, Manifest};
+
+const FULL1: &str = "20260101-000000F";
+const FULL2: &str = "20260102-000000F";
+const FULL3: &str = "20260103-000000F";
+
+/// Bytes that differ in every block, so a wrong extent shows.
+fn content(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+/// A repository with three full backups, each with its own files and the WAL from the
+/// first backup's start to the last one's stop (segments 10..=31).
+async fn three_fulls() -> (Repo, Vec<Manifest>) {
+    let repo = Repo::new().await;
+    let (a, b, c) = (content(1, 20_000), content(2, 8192), content(3, 100));
+    let mut manifests = vec![];
+    for (i, label) in [FULL1, FULL2, FULL3].into_iter().enumerate() {
+        let segno = 10 + 10 * i as u64;
+        manifests.push(
+            repo.backup(&BackupSpec {
+                label,
+                backup_type: BackupType::Full,
+                prior: None,
+                segments: (segno, segno + 1),
+                files: &[
+                    ("base/1/16384", &a),
+                    ("base/1/PG_VERSION", b"15\n"),
+                    ("global/pg_control", &b),
+                    ("postgresql.conf", &c),
+                ],
+            })
+            .await,
+        );
+    }
+    repo.archive_wal(10, 31).await;
+    (repo, manifests)
+}
+
+async fn verify_all(repo: &Repo) -> verify::VerifyReport {
+    verify::verify(&repo.settings(None), None).await.unwrap()
+}
+
+fn verdict<'r>(r: &'r verify::VerifyReport, label: &str) -> &'r verify::BackupVerdict {
+    r.backups.iter().find(|b| b.label == label).unwrap()
+}
+
+#[tokio::test]
+async fn a_clean_repository_verifies() {
+    let (repo, _) = three_fulls().await;
+    let r = verify_all(&repo).await;
+    assert!(r.ok, "{}", verify::render_text(&r));
+    assert_eq!(r.backups.len(), 3);
+    assert!(r.backups.iter().all(|b| b.ok && b.files == 4));
+    assert_eq!(r.wal.segments, 22);
+    assert!(r.wal.damaged.is_empty() && r.wal.gaps.is_empty());
+}
+
+#[tokio::test]
+async fn verify_finds_a_flipped_byte_in_a_pack_frame() {
+    let (repo, m) = three_fulls().await;
+    repo.flip_byte(&repo.pack_of(&m[1], "base/1/16384"), 5000);
+    let r = verify_all(&repo).await;
+    assert!(!r.ok, "a damaged frame fails verify (exit 4)");
+    let bad = verdict(&r, FULL2);
+    assert!(!bad.ok);
+    assert!(
+        bad.errors.iter().any(|e| e.contains("base/1/16384")),
+        "the damaged file is named: {:?}",
+        bad.errors
+    );
+    assert!(verdict(&r, FULL1).ok && verdict(&r, FULL3).ok);
+}
+
+#[tokio::test]
+async fn verify_finds_a_missing_pack() {
+    let (repo, m) = three_fulls().await;
+    std::fs::remove_file(repo.pack_of(&m[0], "global/pg_control")).unwrap();
+    let r = verify_all(&repo).await;
+    assert!(!r.ok);
+    let bad = verdict(&r, FULL1);
+    assert!(
+        bad.errors.iter().any(|e| e.contains("global/pg_control")),
+        "{:?}",
+        bad.errors
+    );
+    assert!(verdict(&r, FULL2).ok);
+}
+
+#[tokio::test]
+async fn verify_finds_a_missing_wal_segment_as_a_gap_and_an_invalid_backup() {
+    let (repo, _) = three_fulls().await;
+    // Segment 21 is FULL2's stop: FULL2 cannot become consistent.
+    std::fs::remove_file(repo.path(&repo.wal_key(21))).unwrap();
+    let r = verify_all(&repo).await;
+    assert!(!r.ok);
+    let gap = (fixture::segment_name(21), fixture::segment_name(21));
+    assert_eq!(r.wal.gaps, vec![gap]);
+    assert!(!verdict(&r, FULL2).ok, "{:?}", verdict(&r, FULL2).errors);
+    assert!(verdict(&r, FULL1).ok && verdict(&r, FULL3).ok);
+}
+
+#[tokio::test]
+async fn verify_finds_a_damaged_wal_segment() {
+    let (repo, _) = three_fulls().await;
+    let key = repo.wal_key(15);
+    let len = std::fs::metadata(repo.path(&key)).unwrap().len();
+    repo.flip_byte(&repo.path(&key), len - 1);
+    let r = verify_all(&repo).await;
+    assert!(!r.ok);
+    assert_eq!(r.wal.damaged.len(), 1, "{:?}", r.wal.damaged);
+    assert!(r.wal.damaged[0].contains(&fixture::segment_name(15)));
+}
+
+#[tokio::test]
+async fn a_manifest_damaged_with_its_copy_intact_still_verifies_and_restores() {
+    let (repo, _) = three_fulls().await;
+    let main = repo.path(&layout::manifest(STANZA, FULL2));
+    repo.flip_byte(&main, 40);
+    let copy = repo.path(&layout::manifest_copy(STANZA, FULL2));
+    assert_ne!(std::fs::read(&main).unwrap(), std::fs::read(copy).unwrap());
+    let r = verify_all(&repo).await;
+    assert!(verdict(&r, FULL2).ok, "{}", verify::render_text(&r));
+    let target = tempfile::tempdir().unwrap();
+    restore_into(&repo, FULL2, target.path()).await.unwrap();
+    assert_eq!(
+        std::fs::read(target.path().join("base/1/16384")).unwrap(),
+        content(1, 20_000)
+    );
+}
+
+#[tokio::test]
+async fn a_manifest_damaged_with_its_copy_fails_verify() {
+    let (repo, _) = three_fulls().await;
+    for key in [
+        layout::manifest(STANZA, FULL3),
+        layout::manifest_copy(STANZA, FULL3),
+    ] {
+        repo.flip_byte(&repo.path(&key), 40);
+    }
+    let outcome = verify::verify(&repo.settings(None), None).await;
+    match outcome {
+        Ok(r) => assert!(
+            !r.ok && !verdict(&r, FULL3).ok,
+            "{}",
+            verify::render_text(&r)
+        ),
+        Err(e) => assert_eq!(e.exit_code(), 4, "{e}"),
+    }
+}
+
+fn expire_options(full: u32) -> ExpireOptions {
+    ExpireOptions {
+        set: None,
+        retention_full: Some(full),
+        retention_full_type: RetentionType::Count,
+        retention_diff: None,
+        retention_archive: None,
+    }
+}
+
+#[tokio::test]
+async fn expire_keeps_the_newest_fulls_and_frees_only_what_they_do_not_use() {
+    let (repo, m) = three_fulls().await;
+    let report = expire(&repo.settings(None), &expire_options(2))
+        .await
+        .unwrap();
+    assert_eq!(report.expired, vec![FULL1.to_string()]);
+    assert_eq!(repo.labels().await, vec![FULL2, FULL3]);
+    assert_eq!(report.packs_deleted, 4, "FULL1's four packs");
+    assert!(!repo.pack_of(&m[0], "base/1/16384").exists());
+    assert!(repo.pack_of(&m[1], "base/1/16384").exists());
+    // WAL before the oldest kept backup's start (segment 20) is gone, the rest stays.
+    assert_eq!(report.wal_deleted, 10);
+    assert!(!repo.path(&repo.wal_key(19)).exists());
+    assert!(repo.path(&repo.wal_key(20)).exists());
+    // What is kept still verifies: nothing referenced was removed.
+    let r = verify_all(&repo).await;
+    assert!(r.ok, "{}", verify::render_text(&r));
+}
+
+#[tokio::test]
+async fn expire_keeps_packs_an_incremental_references_in_an_expired_backup() {
+    let repo = Repo::new().await;
+    let big = content(9, 30_000);
+    let full = repo
+        .backup(&BackupSpec {
+            label: FULL1,
+            backup_type: BackupType::Full,
+            prior: None,
+            segments: (10, 10),
+            files: &[("base/1/16384", &big), ("base/1/PG_VERSION", b"15\n")],
+        })
+        .await;
+    // The second backup is a full (retention may expire the first) whose unchanged file
+    // points into the first backup's pack, as an incremental's carried file does.
+    let label2 = FULL2;
+    let mut second = repo
+        .backup(&BackupSpec {
+            label: label2,
+            backup_type: BackupType::Full,
+            prior: None,
+            segments: (20, 20),
+            files: &[("base/1/PG_VERSION", b"15\n")],
+        })
+        .await;
+    // Rewrite its manifest with a file whose extent is in FULL1's pack.
+    let dir = repo.path(&format!("{STANZA}/backup/{label2}"));
+    std::fs::remove_dir_all(dir.join("manifest")).unwrap();
+    std::fs::remove_file(dir.join("backup.manifest")).unwrap();
+    std::fs::remove_file(dir.join("backup.manifest.copy")).unwrap();
+    let mut carried = fixture::file_entry(&full, "base/1/16384").clone();
+    for c in carried.chunks.iter_mut() {
+        c.backup = Some(FULL1.into());
+    }
+    second
+        .entries
+        .push(pgstrata_repo::manifest::Entry::File(Box::new(carried)));
+    second.entries.sort_by(|a, b| a.path().cmp(b.path()));
+    second
+        .pack_codecs
+        .insert(FULL1.into(), full.compression.kind);
+    second.set_packs_used();
+    second.publish(&repo.storage).await.unwrap();
+    repo.archive_wal(10, 20).await;
+
+    let report = expire(&repo.settings(None), &expire_options(1))
+        .await
+        .unwrap();
+    assert_eq!(report.expired, vec![FULL1.to_string()]);
+    let shared = repo.pack_of(&full, "base/1/16384");
+    assert!(shared.exists(), "a pack a kept backup references stays");
+    assert!(
+        !repo.pack_of(&full, "base/1/PG_VERSION").exists(),
+        "an unreferenced pack of the expired backup goes"
+    );
+    let target = tempfile::tempdir().unwrap();
+    restore_into(&repo, FULL2, target.path()).await.unwrap();
+    assert_eq!(
+        std::fs::read(target.path().join("base/1/16384")).unwrap(),
+        big
+    );
+}
+
+#[tokio::test]
+async fn expire_removes_an_old_orphan_pack_and_keeps_young_and_resumable_ones() {
+    let (repo, _) = three_fulls().await;
+    // Packs of backups that never wrote their manifest (a crash).
+    let plant = |label: &str, age_secs: u64| {
+        let path = repo.path(&layout::pack(STANZA, label, "0-0"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, b"frames").unwrap();
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(age_secs))
+            .unwrap();
+        path
+    };
+    let old = plant("20260102-120000F", 2 * 3600);
+    let young = plant("20260101-120000F", 60); // may be a backup running elsewhere
+    let resumable = plant("20260104-000000F", 2 * 3600); // newer than every backup
+    let report = expire(&repo.settings(None), &expire_options(3))
+        .await
+        .unwrap();
+    assert!(report.expired.is_empty());
+    assert!(
+        !old.exists(),
+        "an orphan pack older than an hour is removed"
+    );
+    assert_eq!(report.packs_deleted, 1);
+    assert!(young.exists(), "a young one may belong to a running backup");
+    assert!(
+        resumable.exists(),
+        "the next backup may resume the newest interrupted one"
+    );
+    assert_eq!(repo.labels().await, vec![FULL1, FULL2, FULL3]);
+    assert!(verify_all(&repo).await.ok);
+}
+
+#[tokio::test]
+async fn expire_of_one_set_removes_exactly_that_backup() {
+    let (repo, _) = three_fulls().await;
+    let o = ExpireOptions {
+        set: Some(FULL2.into()),
+        ..expire_options(3)
+    };
+    let report = expire(&repo.settings(None), &o).await.unwrap();
+    assert_eq!(report.expired, vec![FULL2.to_string()]);
+    assert_eq!(repo.labels().await, vec![FULL1, FULL3]);
+    assert!(verify_all(&repo).await.ok);
+}
+
+fn restore_options(set: &str) -> RestoreOptions {
+    RestoreOptions {
+        set: Some(set.into()),
+        delta: false,
+        force: false,
+        dry_run: false,
+        tablespace_map: vec![],
+        tablespace_root: None,
+        recovery_type: RecoveryType::Default,
+        target: None,
+        target_action: None,
+        target_timeline: None,
+        target_exclusive: false,
+        archive_off: false,
+        archive_get_command: "pgstrata".into(),
+        db_include: vec![],
+        db_exclude: vec![],
+    }
+}
+
+async fn restore_into(
+    repo: &Repo,
+    set: &str,
+    target: &std::path::Path,
+) -> pgstrata_engine::Result<pgstrata_engine::restore::RestoreReport> {
+    pgstrata_engine::restore::restore(&repo.settings(Some(target)), &restore_options(set)).await
+}
+
+#[tokio::test]
+async fn restore_writes_every_file_of_the_chosen_backup() {
+    let (repo, _) = three_fulls().await;
+    let target = tempfile::tempdir().unwrap();
+    let report = restore_into(&repo, FULL1, target.path()).await.unwrap();
+    assert_eq!(report.label, FULL1);
+    assert_eq!(report.counts.files_written, 4);
+    for (path, bytes) in [
+        ("base/1/16384", content(1, 20_000)),
+        ("base/1/PG_VERSION", b"15\n".to_vec()),
+        ("global/pg_control", content(2, 8192)),
+        ("postgresql.conf", content(3, 100)),
+    ] {
+        assert_eq!(
+            std::fs::read(target.path().join(path)).unwrap(),
+            bytes,
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn restore_plan_chooses_the_newest_backup_and_writes_nothing() {
+    let (repo, _) = three_fulls().await;
+    let target = tempfile::tempdir().unwrap();
+    let o = RestoreOptions {
+        set: None,
+        ..restore_options(FULL1)
+    };
+    let (plan, _) = pgstrata_engine::restore::plan(&repo.settings(Some(target.path())), &o)
+        .await
+        .unwrap();
+    assert_eq!(plan.header().label, FULL3);
+    assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn restore_of_a_damaged_frame_fails_as_damage() {
+    let (repo, m) = three_fulls().await;
+    repo.flip_byte(&repo.pack_of(&m[0], "postgresql.conf"), 10);
+    let target = tempfile::tempdir().unwrap();
+    let e = restore_into(&repo, FULL1, target.path()).await.unwrap_err();
+    assert_eq!(e.exit_code(), 4, "{e}");
+}
+
+#[tokio::test]
+async fn info_lists_the_backups_oldest_first() {
+    let (repo, _) = three_fulls().await;
+    let r = info::info(&repo.settings(None), None).await.unwrap();
+    let text = info::render_text(&r);
+    let at = |l: &str| text.find(l).unwrap_or_else(|| panic!("{l} in {text}"));
+    assert!(at(FULL1) < at(FULL2) && at(FULL2) < at(FULL3), "{text}");
+}
+
+/// Read every file of backup `label` back the way restore does (frames fetched by ranged
+/// reads, each checked against its recorded check), as `path -> bytes`.
+async fn read_back(repo: &Repo, label: &str) -> pgstrata_repo::Result<Vec<(String, Vec<u8>)>> {
+    let m = Manifest::load(&repo.storage, STANZA, label).await?;
+    let mut reader = pgstrata_repo::pack::FrameReader::new(&repo.storage, &m);
+    let mut files = vec![];
+    for e in &m.entries {
+        if let pgstrata_repo::manifest::Entry::File(f) = e {
+            let chunks: Vec<_> = f.chunks.iter().collect();
+            reader.load(&chunks, &f.path).await?;
+            let mut bytes = vec![];
+            for c in &f.chunks {
+                bytes.extend_from_slice(reader.bytes(c)?);
+            }
+            files.push((f.path.to_string(), bytes));
+        }
+    }
+    Ok(files)
+}
+
+#[tokio::test]
+async fn an_in_memory_repository_reads_back_what_was_written_and_catches_a_flipped_byte() {
+    let repo = Repo::in_memory().await;
+    let (a, b) = (content(4, 50_000), content(5, 300));
+    let m = repo
+        .backup(&BackupSpec {
+            label: FULL1,
+            backup_type: BackupType::Full,
+            prior: None,
+            segments: (10, 10),
+            files: &[("base/1/16384", &a), ("global/pg_control", &b)],
+        })
+        .await;
+    let files = read_back(&repo, FULL1).await.unwrap();
+    assert_eq!(
+        files,
+        vec![
+            ("base/1/16384".to_string(), a),
+            ("global/pg_control".to_string(), b)
+        ]
+    );
+    // Damage one frame in the store: the read fails as damage, naming the file.
+    let chunk = fixture::file_entry(&m, "global/pg_control").chunks[0].clone();
+    let key = layout::pack(STANZA, FULL1, chunk.pack.unwrap().as_str());
+    let mut stored = repo.storage.get_unsealed(&key).await.unwrap().to_vec();
+    stored[chunk.offset as usize + 7] ^= 0x55;
+    repo.storage.delete(&key).await.unwrap();
+    repo.storage
+        .put_new_unsealed(&key, stored.into())
+        .await
+        .unwrap();
+    let e = read_back(&repo, FULL1).await.unwrap_err();
+    assert_eq!(e.kind, pgstrata_repo::ErrorKind::Corrupt, "{e}");
+    assert!(e.to_string().contains("global/pg_control"), "{e}");
+}
