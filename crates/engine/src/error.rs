@@ -17,6 +17,9 @@ pub enum ErrorKind {
     /// The repository refused or failed, with the repository's own kind: `Corrupt` is
     /// damage (exit 4), `Invalid` a configuration problem (exit 2).
     Repo(pgstrata_repo::ErrorKind),
+    /// The other host could not be reached, or its agent not spoken to, with the remote
+    /// layer's own kind (`Link` is retryable).
+    Remote(pgstrata_remote::ErrorKind),
     /// The PostgreSQL server refused a query or a login; its SQLSTATE is
     /// [`Error::sqlstate`].
     Postgres,
@@ -83,6 +86,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self.kind {
             ErrorKind::Repo(k) => k.is_retryable(),
+            ErrorKind::Remote(k) => k.is_retryable(),
             ErrorKind::Timeout | ErrorKind::PostgresConnection => true,
             ErrorKind::Postgres => self.sqlstate().is_some_and(sqlstate_is_transient),
             _ => false,
@@ -123,6 +127,17 @@ impl From<pgstrata_repo::Error> for Error {
     fn from(e: pgstrata_repo::Error) -> Error {
         Error {
             kind: ErrorKind::Repo(e.kind),
+            message: e.context,
+            source: e.source,
+        }
+    }
+}
+
+/// The remote layer's kind, context and source carry over unchanged.
+impl From<pgstrata_remote::Error> for Error {
+    fn from(e: pgstrata_remote::Error) -> Error {
+        Error {
+            kind: ErrorKind::Remote(e.kind),
             message: e.context,
             source: e.source,
         }

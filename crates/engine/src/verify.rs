@@ -438,7 +438,7 @@ async fn verify_archive(
     let mut out = WalVerdict::default();
     let checks = futures::stream::iter(objects)
         .map(|o| async move {
-            let bytes = storage.get(&o.key).await.map_err(|e| e.to_string());
+            let bytes = storage.get(&o.key).await;
             tokio::task::spawn_blocking(move || check_archive_object(&o.key, bytes))
                 .await
                 .expect("WAL check thread")
@@ -477,8 +477,8 @@ async fn verify_archive(
     Ok((out, segments))
 }
 
-/// Whether one check passed, and why not.
-type Verdict = std::result::Result<(), String>;
+/// Whether one check passed, and why not (the repository's error, with its kind).
+type Verdict = pgstrata_repo::Result<()>;
 
 /// What checking one object of the archive found.
 enum ObjectCheck {
@@ -494,16 +494,9 @@ enum ObjectCheck {
 }
 
 /// Check the archive object at `key`, read as `bytes`.
-fn check_archive_object(
-    key: &str,
-    bytes: std::result::Result<bytes::Bytes, String>,
-) -> ObjectCheck {
+fn check_archive_object(key: &str, bytes: pgstrata_repo::Result<bytes::Bytes>) -> ObjectCheck {
     let name = key.rsplit('/').next().unwrap_or_default().to_string();
-    let decode_map = |b: &[u8]| {
-        ChangeMap::decode(b, key)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    };
+    let decode_map = |b: &[u8]| ChangeMap::decode(b, key).map(|_| ());
     if let Some(segment) = name.strip_suffix(".map") {
         return ObjectCheck::Map {
             segment: segment.to_string(),
@@ -527,7 +520,7 @@ fn check_archive_object(
     };
     // Length and hash checked as it is decoded, a piece at a time: eight whole segments at
     // once were most of verify's memory.
-    let wal = wal::decode_to(&bytes, key, &mut std::io::sink()).map_err(|e| e.to_string());
+    let wal = wal::decode_to(&bytes, key, &mut std::io::sink());
     ObjectCheck::Wal { name, wal, map }
 }
 
