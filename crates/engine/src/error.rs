@@ -1,12 +1,26 @@
 //! Errors of the engine. Every error says what was being done and to what; the kind decides
 //! the exit code and whether retrying could help.
 //!
-//! One style across the crates (rustic_core's rules): one error type per crate, a kind to
-//! branch on, context on every failure, and the source kept. An error from the repository
-//! keeps its repository kind (`ErrorKind::Repo`) and its source chain: a storage outage
-//! stays a storage failure (exit 3) and damaged data stays damage (exit 4), whichever layer
-//! passes them on. An error shows as the repository's do: its message, then its source's
-//! (`pgstrata_repo::error::cause_suffix`).
+//! One style across the crates (rustic_core's rules), for whoever adds a failure:
+//! - One error type per library crate (`pgstrata_pg::Error`, `pgstrata_repo::Error`,
+//!   `pgstrata_remote::Error`, this one), each with a kind to branch on. No `String` errors
+//!   and no `map_err(|e| e.to_string())`: a reason flattened to text cannot be branched on.
+//! - Context on every failure (what was done, to what), and the failure underneath kept as
+//!   the source, not copied into the message: `source()` walks down to the backend's or
+//!   the server's own error (a PostgreSQL refusal's SQLSTATE is [`Error::sqlstate`]).
+//! - A kind passes up unchanged: a repository error keeps its kind (`ErrorKind::Repo`) and
+//!   a remote one its (`ErrorKind::Remote`), so a storage outage stays a storage failure
+//!   (exit 3) and damaged data stays damage (exit 4), whichever layer passes them on;
+//!   `pgstrata_pg`'s damaged bytes become `Integrity`, its unsupported releases `Refused`.
+//!   To add words, [`Error::context`]; to judge, wrap it as the source of a new kind.
+//! - Retryable or permanent is asked of the error ([`Error::is_retryable`]: transient
+//!   storage or link failures, timeouts, a failed PostgreSQL connection, the server's
+//!   transient SQLSTATEs), and damage too ([`Error::is_damage`]); never read from text.
+//! - The exit code comes from the kind alone ([`Error::exit_code`]; the binary's `main`
+//!   uses nothing else): 2 configuration, 4 damage, 3 the rest.
+//!
+//! An error shows as the repository's do: its message, then its source's
+//! (`pgstrata_repo::error::cause_suffix`), a PostgreSQL client error as the server's words.
 
 use pgstrata_repo::error::{cause_suffix, Source};
 
