@@ -795,4 +795,32 @@ mod tests {
             ]
         );
     }
+
+    /// A peer that hangs up before its hello is a link failure, worth a new connection;
+    /// one that answers with something else (a login banner) is not one to speak to, and
+    /// the store does not retry it. The error stays the source of the store's.
+    #[test]
+    fn a_lost_hello_is_retryable_and_a_wrong_one_is_not() {
+        let mut sent = Vec::new();
+        let lost = hello(&mut &b""[..], &mut sent, "the agent on bk1", true).unwrap_err();
+        assert_eq!(lost.kind, ErrorKind::Link);
+        assert_eq!(lost.to_string(), "the agent on bk1 closed the connection");
+        assert!(matches!(
+            store_error(lost, true),
+            object_store::Error::Generic { .. }
+        ));
+
+        let banner = b"Welcome to bk1! Last login: yesterday\n".repeat(4);
+        let wrong = hello(&mut &banner[..], &mut sent, "the agent on bk1", true).unwrap_err();
+        assert_eq!(wrong.kind, ErrorKind::Protocol, "{wrong}");
+        assert!(!wrong.is_retryable());
+        let stored = store_error(wrong, true);
+        let object_store::Error::NotSupported { source } = &stored else {
+            panic!("retried: {stored:?}");
+        };
+        let kept = source
+            .downcast_ref::<Error>()
+            .expect("the remote error is the source");
+        assert_eq!(kept.kind, ErrorKind::Protocol);
+    }
 }
