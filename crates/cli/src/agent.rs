@@ -78,8 +78,7 @@ pub(crate) fn agent(
                     Some(Arc::new(Rebuilder::without_key())),
                     Policy::append_only(stanzas),
                     inv.int("agent-buffer-max"),
-                ))
-                .map_err(|m| Error::new(ErrorKind::Io, m))?;
+                ))?;
             Ok(0)
         }
         Some("run") => agent_run(&stanzas, run_command),
@@ -175,8 +174,7 @@ fn agent_run(
     });
 
     let mut input = std::io::stdin();
-    pgstrata_remote::client::hello(&mut input, &mut protocol_out, "the backup host", true)
-        .map_err(|e| Error::new(ErrorKind::Io, String::from(e)))?;
+    pgstrata_remote::client::hello(&mut input, &mut protocol_out, "the backup host", true)?;
     let job = match protocol::read_frame(&mut input) {
         Ok(Some((Message::Job(job), _))) => job,
         Ok(other) => {
@@ -229,9 +227,7 @@ fn agent_run(
             error: Some(e.to_string()),
         },
     };
-    runtime()
-        .block_on(origin.finish(done))
-        .map_err(|m| Error::new(ErrorKind::Io, m))?;
+    runtime().block_on(origin.finish(done))?;
     Ok(0)
 }
 
@@ -348,8 +344,8 @@ async fn serve_job(
         }
         None => None,
     };
-    let mut session = SshSession::start(target, &agent_args)
-        .map_err(|m| Error::new(ErrorKind::Io, format!("{}: {m}", inv.command)))?;
+    let mut session =
+        SshSession::start(target, &agent_args).map_err(|e| Error::from(e).context(&inv.command))?;
     session
         .output
         .write_all(&protocol::frame(&Message::Job(job.clone()), b""))
@@ -382,7 +378,7 @@ async fn serve_job(
         Ok(None) | Err(_) => {
             let why = served
                 .err()
-                .unwrap_or_else(|| "it closed the connection".into());
+                .map_or_else(|| "it closed the connection".into(), |e| e.to_string());
             Err(Error::new(
                 ErrorKind::Io,
                 format!(

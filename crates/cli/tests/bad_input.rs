@@ -277,3 +277,39 @@ fn an_interrupted_backup_is_resumed_and_expire_keeps_what_the_resumed_one_uses()
     let c = env.restore_and_start("resumed", &["--type=immediate"]);
     assert_eq!(c.content_hashes().unwrap(), expected);
 }
+
+/// The real binary, no cluster (pg_control is read before connecting): a data directory
+/// whose pg_control is damaged is damage, exit 4 with the reason, not an I/O failure; one
+/// of a PostgreSQL release pgstrata does not read is refused (exit 3). Nothing is written.
+#[test]
+fn a_damaged_pg_control_exits_as_damage() {
+    let dir = pgstrata_testkit::Scratch::new("damaged-control");
+    let (data, repo) = (dir.join("data"), dir.join("repo"));
+    std::fs::create_dir_all(data.join("global")).unwrap();
+    let stanza_create = || {
+        let mut c = std::process::Command::new(exe());
+        c.env_remove("PGSTRATA_CONFIG")
+            .arg("--stanza=main")
+            .arg(format!("--repo-path={}", repo.display()))
+            .arg(format!("--pg-path={}", data.display()))
+            .arg("stanza-create");
+        run_fail(c)
+    };
+    // PostgreSQL 14-16's control version, and a CRC that does not match.
+    let mut control = vec![0u8; 8192];
+    control[8..12].copy_from_slice(&1300u32.to_le_bytes());
+    std::fs::write(data.join("global/pg_control"), &control).unwrap();
+    let (code, err) = stanza_create();
+    assert_eq!(code, 4, "{err}");
+    assert!(
+        err.contains("pg_control: CRC mismatch") && err.contains("damaged"),
+        "{err}"
+    );
+    // PostgreSQL 12's control version: not damage, a release pgstrata does not read.
+    control[8..12].copy_from_slice(&1201u32.to_le_bytes());
+    std::fs::write(data.join("global/pg_control"), &control).unwrap();
+    let (code, err) = stanza_create();
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("is not one of PostgreSQL 14-18"), "{err}");
+    assert!(tree(&repo).is_empty(), "nothing written to the repository");
+}

@@ -197,7 +197,7 @@ pub(crate) struct PreparedWal {
     obj: bytes::Bytes,
     hash: [u8; 32],
     /// The decoded changes of a full segment, or why they could not be decoded.
-    decoded: Option<std::result::Result<SegmentChanges, String>>,
+    decoded: Option<Result<SegmentChanges>>,
     /// The segment's first pages, when it starts with the rest of a record.
     head: Option<Vec<u8>>,
 }
@@ -288,7 +288,7 @@ pub(crate) async fn store_prepared(
     let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), name);
     let map = match &p.decoded {
         None => None,
-        Some(Err(why)) => Some(unusable_map(name, why.clone())),
+        Some(Err(why)) => Some(unusable_map(name, why.to_string())),
         Some(Ok(changes)) => {
             // The previous segment's last record may have been cut inside its block headers:
             // read it whole now, while the previous segment is at hand, so that a backup
@@ -540,12 +540,12 @@ fn decode_caught<T>(decode: impl FnOnce() -> pgstrata_pg::Result<T>) -> Option<T
 /// not fail the push, or archiving would stall and pg_wal fill up; it becomes an unusable
 /// map, and backups hash instead).
 fn decoded_or_why(
-    r: std::thread::Result<pgstrata_pg::Result<pgstrata_pg::wal::SegmentChanges>>,
-) -> std::result::Result<pgstrata_pg::wal::SegmentChanges, String> {
+    r: std::thread::Result<pgstrata_pg::Result<SegmentChanges>>,
+) -> Result<SegmentChanges> {
     match r {
         Ok(Ok(changes)) => Ok(changes),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(p) => Err(panic_reason(&*p)),
+        Ok(Err(e)) => Err(e.into()),
+        Err(p) => Err(Error::new(crate::ErrorKind::Io, panic_reason(&*p))),
     }
 }
 

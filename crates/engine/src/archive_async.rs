@@ -640,12 +640,14 @@ fn serve_spooled(inbox: &Path, name: &str, dest: &Path, wait: Duration) -> bool 
 /// repository recorded for it (the worker wrote it beside the segment). It is checked
 /// where PostgreSQL will read it, under a temporary name beside `dest`, and renamed to
 /// `dest` only then: nothing done to the spool after the check reaches PostgreSQL.
-fn hand_over(spooled: &Path, name: &str, dest: &Path) -> std::result::Result<(), String> {
+fn hand_over(spooled: &Path, name: &str, dest: &Path) -> Result<()> {
+    let unreadable_hash = "its recorded hash cannot be read";
     let recorded = fs::read_to_string(recorded_hash_path(spooled))
-        .map_err(|e| e.to_string())
-        .and_then(|h| blake3::Hash::from_hex(h.trim()).map_err(|e| e.to_string()))
-        .map_err(|e| format!("its recorded hash cannot be read ({e})"))?;
+        .map_err(|e| Error::io(unreadable_hash, e))?;
+    let recorded = blake3::Hash::from_hex(recorded.trim())
+        .map_err(|e| Error::integrity(format!("{unreadable_hash}: {e}")))?;
     let tmp = dest.with_file_name(format!(".{name}.pgstrata.tmp"));
+    let not_moved = |e| Error::io("could not be moved into place", e);
     let checked = fs::rename(spooled, &tmp)
         .or_else(|e| {
             if e.raw_os_error() != Some(nix::libc::EXDEV) {
@@ -653,16 +655,16 @@ fn hand_over(spooled: &Path, name: &str, dest: &Path) -> std::result::Result<(),
             }
             fs::copy(spooled, &tmp).map(|_| ())
         })
-        .map_err(|e| format!("could not be moved into place ({e})"))
+        .map_err(not_moved)
         .and_then(|()| {
             let mut hasher = blake3::Hasher::new();
             File::open(&tmp)
                 .and_then(|f| hasher.update_reader(f).map(|_| ()))
-                .map_err(|e| format!("could not be read back ({e})"))?;
+                .map_err(|e| Error::io("could not be read back", e))?;
             if hasher.finalize() != recorded {
-                return Err("its content does not match the BLAKE3 hash the repository recorded for it (damaged or altered in the spool)".into());
+                return Err(Error::integrity("its content does not match the BLAKE3 hash the repository recorded for it (damaged or altered in the spool)"));
             }
-            fs::rename(&tmp, dest).map_err(|e| format!("could not be moved into place ({e})"))
+            fs::rename(&tmp, dest).map_err(not_moved)
         });
     if checked.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -674,7 +676,7 @@ fn hand_over(spooled: &Path, name: &str, dest: &Path) -> std::result::Result<(),
 enum Fetched {
     Done,
     NotFound,
-    Failed(String),
+    Failed(Error),
 }
 
 /// Decode stored WAL object `obj` into `tmp` (checking its length and hash), make it
@@ -820,13 +822,13 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
                     }
                     let outcome = match got.expect("at least one repository") {
                         Err(e) if e.is_not_found() => Fetched::NotFound,
-                        Err(e) => Fetched::Failed(e.to_string()),
+                        Err(e) => Fetched::Failed(e.into()),
                         Ok(obj) => tokio::task::spawn_blocking(move || {
                             spool_segment(&obj, &key, &tmp, &done)
                         })
                         .await
                         .expect("prefetch decode thread")
-                        .map_or_else(|e| Fetched::Failed(e.to_string()), |()| Fetched::Done),
+                        .map_or_else(Fetched::Failed, |()| Fetched::Done),
                     };
                     (n.clone(), outcome)
                 }

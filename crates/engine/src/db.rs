@@ -45,6 +45,17 @@ fn default_user() -> String {
         .unwrap_or_else(|| "postgres".to_string())
 }
 
+/// An LSN as the server printed it (`pg_lsn::text`). One it could not have printed is the
+/// server's fault, not damage.
+pub(crate) fn server_lsn(text: &str) -> Result<Lsn> {
+    text.parse().map_err(|e: pgstrata_pg::Error| {
+        Error::new(
+            ErrorKind::Postgres,
+            format!("the server answered an unreadable {e}"),
+        )
+    })
+}
+
 /// Run a connection's I/O until it closes.
 fn spawn_connection<C>(conn: C)
 where
@@ -131,13 +142,18 @@ impl Db {
             spawn_connection(conn);
             client
         } else {
+            let unreachable = |e: Box<dyn std::error::Error + Send + Sync>| Error {
+                kind: ErrorKind::PostgresConnection,
+                message: cannot.clone(),
+                source: Some(e),
+            };
             let stream = tcp_connect(&host, s.pg_port)
                 .await
-                .map_err(|e| Error::new(ErrorKind::Postgres, format!("{cannot}: {e}")))?;
+                .map_err(|e| unreachable(e.into()))?;
             let stream = PasswordGuard::new(stream, s.pg_sslmode);
             let refusal = stream.refusal();
             let tls = MakeTlsConnect::<PasswordGuard<TcpStream>>::make_tls_connect(&mut tls, &host)
-                .map_err(|e| Error::new(ErrorKind::Postgres, format!("{cannot}: {e}")))?;
+                .map_err(|e| unreachable(e.into()))?;
             let (client, conn) = cfg.connect_raw(stream, tls).await.map_err(|e| {
                 match refusal.password_kind() {
                     Some(kind) => Error::refused(format!(
@@ -254,7 +270,7 @@ impl Db {
                 "start backup",
             )
             .await?;
-        let lsn: Lsn = row.get::<_, String>(0).parse()?;
+        let lsn = server_lsn(row.get(0))?;
         let tli = self.timeline_of(lsn).await?;
         Ok((lsn, tli))
     }
@@ -270,7 +286,7 @@ impl Db {
                 "stop backup",
             )
             .await?;
-        let lsn: Lsn = row.get::<_, String>(0).parse()?;
+        let lsn = server_lsn(row.get(0))?;
         let map: Option<String> = row.get(2);
         Ok((lsn, row.get(1), map.filter(|m| !m.is_empty())))
     }
@@ -283,7 +299,7 @@ impl Db {
             .query_one("SELECT pg_current_wal_flush_lsn()::text", &[])
             .await
             .map_err(pg_err("read the current WAL position"))?;
-        Ok(row.get::<_, String>(0).parse()?)
+        server_lsn(row.get(0))
     }
 
     pub(crate) async fn timeline_of(&self, lsn: Lsn) -> Result<u32> {

@@ -18,6 +18,7 @@
 //! created or truncated in the window, dropped relation numbers, databases created by file
 //! copy or dropped, and files the prior backup has no block map for.
 
+use crate::{Error, Result};
 use pgstrata_pg::layout::{self, Fork};
 use pgstrata_pg::lsn::{self, Lsn};
 use pgstrata_pg::wal::SegmentDecoder;
@@ -211,8 +212,9 @@ fn location(rel_path: &str) -> Option<(u32, u32)> {
     }
 }
 
-/// Combine the maps covering `prior`'s start to `start_lsn` on `timeline`. Err gives the
-/// reason they cannot be used.
+/// Combine the maps covering `prior`'s start to `start_lsn` on `timeline`. Err says why
+/// they cannot be used, with its kind: the maps cannot tell (`Refused`), a map or segment
+/// is damaged (damage), the repository or a file could not be read.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn wal_changes(
     storage: &Storage,
@@ -222,16 +224,20 @@ pub(crate) async fn wal_changes(
     start_lsn: Lsn,
     timeline: u32,
     pg_path: &std::path::Path,
-) -> std::result::Result<WalChanges, String> {
+) -> Result<WalChanges> {
     if prior.start.timeline != timeline {
-        return Err(format!(
+        return Err(Error::refused(format!(
             "the timeline changed from {} to {timeline} since backup {}",
             prior.start.timeline, prior.label
-        ));
+        )));
     }
     let seg_size = cluster.wal_segment_size;
-    let (_, first) = lsn::parse_segment_name(&prior.start.wal, seg_size)
-        .ok_or_else(|| format!("backup {} has an invalid start segment", prior.label))?;
+    let (_, first) = lsn::parse_segment_name(&prior.start.wal, seg_size).ok_or_else(|| {
+        Error::integrity(format!(
+            "backup {} has an invalid start segment",
+            prior.label
+        ))
+    })?;
     let current = start_lsn.segment(seg_size);
     // The maps of the window are fetched up to 16 ahead (on an object store each is a
     // round trip) and used in segment order.
@@ -286,8 +292,11 @@ pub(crate) async fn wal_changes(
         } else {
             map
         };
-        map.complete()
-            .map_err(|why| format!("the block-change map of {name} cannot be relied on: {why}"))?;
+        map.complete().map_err(|why| {
+            Error::refused(format!(
+                "the block-change map of {name} cannot be relied on: {why}"
+            ))
+        })?;
         out.add(map);
     }
     Ok(out)
@@ -317,7 +326,7 @@ impl Window<'_> {
         name: &str,
         key: &str,
         fetched: pgstrata_repo::Result<bytes::Bytes>,
-    ) -> std::result::Result<ChangeMap, String> {
+    ) -> Result<ChangeMap> {
         let seg_size = self.cluster.wal_segment_size;
         let current = self.current;
         let until = if segno == current {
@@ -330,15 +339,14 @@ impl Window<'_> {
         match fetched {
             // The current segment's archived map covers WAL past the start LSN too: extra
             // blocks, never missing ones, so it serves when pg_wal no longer has the file.
-            Ok(obj) if segno < current || !in_pg_wal => {
-                ChangeMap::decode(&obj, key).map_err(|e| e.to_string())
-            }
-            Err(e) if !in_pg_wal && e.is_not_found() => Err(format!(
+            Ok(obj) if segno < current || !in_pg_wal => Ok(ChangeMap::decode(&obj, key)?),
+            Err(e) if !in_pg_wal && e.is_not_found() => Err(Error::refused(format!(
                 "segment {name} has no block-change map and is no longer in pg_wal"
-            )),
-            Err(e) if !in_pg_wal => Err(format!(
-                "the block-change map of {name} cannot be read: {e}"
-            )),
+            ))),
+            Err(e) if !in_pg_wal => {
+                Err(Error::from(e)
+                    .context(format!("the block-change map of {name} cannot be read")))
+            }
             _ => {
                 // Of the current segment, only the pages up to `until`: every record of
                 // the window ends there (it is a record's start), and the rest of the
@@ -352,10 +360,9 @@ impl Window<'_> {
                     8192,
                     Some(segno * seg_size),
                     until,
-                )
-                .map_err(|e| e.to_string())?;
+                )?;
                 feed_file(&mut decoder, &path, wanted)
-                    .map_err(|e| format!("cannot decode {name} from pg_wal: {e}"))?;
+                    .map_err(|e| e.context(format!("cannot decode {name} from pg_wal")))?;
                 let decoded = decoder.finish();
                 let mut map = crate::archive::change_map_of(name, decoded);
                 if segno == current {
@@ -370,11 +377,7 @@ impl Window<'_> {
 
     /// The map of segment `segno` (`name`) decoded together with the next segment, so that
     /// the record cut at its end is read whole.
-    async fn decode_with_next(
-        &self,
-        segno: u64,
-        name: &str,
-    ) -> std::result::Result<ChangeMap, String> {
+    async fn decode_with_next(&self, segno: u64, name: &str) -> Result<ChangeMap> {
         let seg_size = self.cluster.wal_segment_size;
         let next = lsn::segment_name(self.timeline, segno + 1, seg_size);
         log::info!("{name}: its last record continues in {next}; decoding the two together");
@@ -387,16 +390,15 @@ impl Window<'_> {
             8192,
             Some(segno * seg_size),
             (segno + 1) * seg_size,
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         for segment in [name, next.as_str()] {
             let bytes = segment_bytes(storage, stanza, archive_id, segment, pg_path).await?;
             if bytes.is_empty() {
-                return Err(format!("segment {segment} is empty"));
+                return Err(Error::integrity(format!("segment {segment} is empty")));
             }
             if !decoder
                 .feed(&bytes)
-                .map_err(|e| format!("cannot decode {name} with {next}: {e}"))?
+                .map_err(|e| Error::from(e).context(format!("cannot decode {name} with {next}")))?
             {
                 break;
             }
@@ -416,35 +418,33 @@ async fn segment_bytes(
     archive_id: &str,
     name: &str,
     pg_path: &std::path::Path,
-) -> std::result::Result<Vec<u8>, String> {
+) -> Result<Vec<u8>> {
     let path = pg_path.join("pg_wal").join(name);
     match std::fs::read(&path) {
         Ok(bytes) => return Ok(bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(e) => return Err(Error::io(format!("cannot read {}", path.display()), e)),
     }
     let key = repo_layout::archive_object(stanza, archive_id, name);
     let obj = storage.get(&key).await.map_err(|e| {
-        format!("segment {name} is neither in pg_wal nor readable from the archive: {e}")
+        Error::from(e).context(format!(
+            "segment {name} is neither in pg_wal nor readable from the archive"
+        ))
     })?;
-    tokio::task::spawn_blocking(move || pgstrata_repo::wal::decode(&obj, &key))
-        .await
-        .expect("decode thread")
-        .map_err(|e| e.to_string())
+    Ok(
+        tokio::task::spawn_blocking(move || pgstrata_repo::wal::decode(&obj, &key))
+            .await
+            .expect("decode thread")?,
+    )
 }
 
 /// Feed `decoder` the first `len` bytes of file `path` (fewer if it is shorter), a
 /// megabyte at a time, until it has what it wants: the memory of a buffer, not of a segment.
-fn feed_file(
-    decoder: &mut SegmentDecoder,
-    path: &std::path::Path,
-    len: u64,
-) -> std::result::Result<(), String> {
+fn feed_file(decoder: &mut SegmentDecoder, path: &std::path::Path, len: u64) -> Result<()> {
     use std::io::Read;
     const CHUNK: usize = 1 << 20;
-    let mut file = std::fs::File::open(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        .take(len);
+    let cannot_read = |e| Error::io(format!("cannot read {}", path.display()), e);
+    let mut file = std::fs::File::open(path).map_err(cannot_read)?.take(len);
     let mut buf = vec![0u8; CHUNK];
     let mut first = true;
     loop {
@@ -456,15 +456,15 @@ fn feed_file(
                 Ok(0) => break,
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+                Err(e) => return Err(cannot_read(e)),
             }
         }
         if filled == 0 && first {
             // Decoding nothing would claim that nothing changed.
-            return Err(format!("{} is empty", path.display()));
+            return Err(Error::integrity(format!("{} is empty", path.display())));
         }
         first = false;
-        if filled == 0 || !decoder.feed(&buf[..filled]).map_err(|e| e.to_string())? {
+        if filled == 0 || !decoder.feed(&buf[..filled])? {
             return Ok(());
         }
         if filled < CHUNK {

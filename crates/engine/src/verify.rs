@@ -440,7 +440,7 @@ async fn verify_archive(
     let mut out = WalVerdict::default();
     let checks = futures::stream::iter(objects)
         .map(|o| async move {
-            let bytes = storage.get(&o.key).await.map_err(|e| e.to_string());
+            let bytes = storage.get(&o.key).await;
             tokio::task::spawn_blocking(move || check_archive_object(&o.key, bytes))
                 .await
                 .expect("WAL check thread")
@@ -479,8 +479,8 @@ async fn verify_archive(
     Ok((out, segments))
 }
 
-/// Whether one check passed, and why not.
-type Verdict = std::result::Result<(), String>;
+/// Whether one check passed, and why not (the repository's error, with its kind).
+type Verdict = pgstrata_repo::Result<()>;
 
 /// What checking one object of the archive found.
 enum ObjectCheck {
@@ -496,15 +496,8 @@ enum ObjectCheck {
 }
 
 /// Check the archive object at `key`, read as `bytes`.
-fn check_archive_object(
-    key: &str,
-    bytes: std::result::Result<bytes::Bytes, String>,
-) -> ObjectCheck {
-    let decode_map = |b: &[u8]| {
-        ChangeMap::decode(b, key)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    };
+fn check_archive_object(key: &str, bytes: pgstrata_repo::Result<bytes::Bytes>) -> ObjectCheck {
+    let decode_map = |b: &[u8]| ChangeMap::decode(b, key).map(|_| ());
     let name = match layout::parse_archive_object(key) {
         ArchiveObject::Wal(name) => name.to_string(),
         ArchiveObject::ChangeMap { segment } => {
@@ -531,7 +524,7 @@ fn check_archive_object(
     };
     // Length and hash checked as it is decoded, a piece at a time: eight whole segments at
     // once were most of verify's memory.
-    let wal = wal::decode_to(&bytes, key, &mut std::io::sink()).map_err(|e| e.to_string());
+    let wal = wal::decode_to(&bytes, key, &mut std::io::sink());
     ObjectCheck::Wal { name, wal, map }
 }
 

@@ -3,7 +3,7 @@
 //! Offsets are those of src/include/catalog/pg_control.h on 64-bit little-endian builds.
 //! The CRC-32C covers every byte before the `crc` field, whose offset moved in PG18.
 
-use crate::{invalid, Result};
+use crate::{invalid, unsupported, Result};
 
 /// The facts a backup needs from pg_control.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,10 +49,18 @@ impl ControlData {
         let crc_offset = match control_version {
             1300 | 1700 => 288,
             1800 => 292,
+            // Versions count up from 1 (PostgreSQL 9.0's is 903): a number in that range
+            // is a release pgstrata does not read, anything else is damage.
+            v if (900..10_000).contains(&v) => {
+                return Err(unsupported(
+                    "pg_control",
+                    format!("control version {v} is not one of PostgreSQL 14-18"),
+                ))
+            }
             v => {
                 return Err(invalid(
                     "pg_control",
-                    format!("control version {v} is not one of PostgreSQL 14-18"),
+                    format!("control version {v} is no PostgreSQL release's: the file is damaged"),
                 ))
             }
         };
@@ -99,7 +107,7 @@ impl ControlData {
             })
             .map(|(major, _, _)| *major)
             .ok_or_else(|| {
-                invalid(
+                unsupported(
                     "pg_control",
                     format!(
                         "catalog version {} (control version {}) is not a PostgreSQL 14-18 release",
@@ -107,5 +115,50 @@ impl ControlData {
                     ),
                 )
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Error;
+
+    /// An 8 KiB pg_control of control version `version` (its CRC at 288), CRC correct.
+    fn control_file(version: u32) -> Vec<u8> {
+        let mut buf = vec![0u8; 8192];
+        buf[8..12].copy_from_slice(&version.to_le_bytes());
+        buf[12..16].copy_from_slice(&202209061u32.to_le_bytes());
+        let crc = crc32c::crc32c(&buf[..288]);
+        buf[288..292].copy_from_slice(&crc.to_le_bytes());
+        buf
+    }
+
+    #[test]
+    fn damage_and_an_unsupported_release_are_told_apart() {
+        let good = control_file(1300);
+        assert_eq!(
+            ControlData::parse(&good).unwrap().major_version().unwrap(),
+            15
+        );
+
+        let mut torn = good.clone();
+        torn[100] ^= 1;
+        let e = ControlData::parse(&torn).unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e:?}");
+        assert!(e.to_string().contains("CRC mismatch"), "{e}");
+        let e = ControlData::parse(&[0u8; 100]).unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e:?}");
+        let mut garbage = good.clone();
+        garbage[8..12].copy_from_slice(&0xdead_beefu32.to_le_bytes());
+        let e = ControlData::parse(&garbage).unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e:?}");
+
+        // PostgreSQL 13 (control 1300, an older catalog) and 12 (1201): valid, not read.
+        let e = ControlData::parse(&control_file(1201)).unwrap_err();
+        assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+        let mut pg13 = ControlData::parse(&good).unwrap();
+        pg13.catalog_version = 202007201;
+        let e = pg13.major_version().unwrap_err();
+        assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
     }
 }

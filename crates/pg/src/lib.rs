@@ -16,11 +16,20 @@ pub mod lsn;
 pub mod page;
 pub mod wal;
 
-/// Errors from reading PostgreSQL's on-disk structures.
+/// Errors from reading PostgreSQL's on-disk structures. The variants are the kinds a
+/// caller branches on (the engine maps each to its own kind, and so to an exit code):
+/// damage, a version pgstrata does not read, and a file that could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The bytes (or text) are not what PostgreSQL writes: a failed CRC, a torn file, a
+    /// WAL record that does not decode. Damage, not a setting to fix.
     #[error("{what}: {reason}")]
     Invalid { what: String, reason: String },
+    /// Well-formed, of a PostgreSQL version or build pgstrata does not read (outside
+    /// 14-18): the data is fine, this pgstrata cannot handle it.
+    #[error("{what}: {reason}")]
+    Unsupported { what: String, reason: String },
+    /// A file of the data directory could not be read.
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -33,6 +42,13 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 pub(crate) fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Error {
     Error::Invalid {
+        what: what.into(),
+        reason: reason.into(),
+    }
+}
+
+pub(crate) fn unsupported(what: impl Into<String>, reason: impl Into<String>) -> Error {
+    Error::Unsupported {
         what: what.into(),
         reason: reason.into(),
     }

@@ -18,7 +18,7 @@
 //! buffer rather than the segment. Most records of a busy cluster touch the same few pages
 //! again; those references are caught by a small table of recent ones before the maps.
 
-use crate::{invalid, Result};
+use crate::{invalid, unsupported, Result};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A relation fork: tablespace, database, relation file number, fork (0 main, 1 fsm, 2 vm,
@@ -194,7 +194,7 @@ impl SegmentDecoder {
         until: u64,
     ) -> Result<SegmentDecoder> {
         let magic = page_magic(major)
-            .ok_or_else(|| invalid("WAL", format!("PostgreSQL {major} is not supported")))?;
+            .ok_or_else(|| unsupported("WAL", format!("PostgreSQL {major} is not supported")))?;
         if page_size < 64 || !page_size.is_multiple_of(8) {
             return Err(invalid(
                 "WAL",

@@ -21,6 +21,7 @@
 //! peer closes the stream the agent finishes what it started and returns.
 
 use crate::client::hello;
+use crate::error::{Error, ErrorKind};
 use crate::protocol::{self, Answer, Done, Failure, FailureKind, Message, Meta, Op, Request};
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -51,15 +52,15 @@ pub const DEFAULT_BUFFER_MAX: u64 = 256 << 20;
 pub trait Rebuild: Send + Sync {
     /// The bytes to store from `patch` and `base` (the object stored as `base_key`); the
     /// result is sealed, when the repository is encrypted, under the name `seal_as`.
-    /// An error says why the patch cannot be applied here: the requester then sends the
-    /// object whole.
+    /// An error (kind [`ErrorKind::Rebuild`]) says why the patch cannot be applied here:
+    /// the requester then sends the object whole.
     async fn rebuild(
         &self,
         base_key: &str,
         base: Bytes,
         seal_as: &str,
         patch: Bytes,
-    ) -> Result<Bytes, String>;
+    ) -> crate::Result<Bytes>;
 }
 
 /// What a holder needs to answer the reads of a peer that holds a session key rather than
@@ -71,12 +72,12 @@ pub trait Rebuild: Send + Sync {
 pub trait Reseal: Send + Sync {
     /// The plain content of the object stored as `key`, or `None` when it is not sealed
     /// whole (packs, key files: sent as stored).
-    fn open(&self, key: &str, stored: &[u8]) -> Result<Option<Vec<u8>>, String>;
+    fn open(&self, key: &str, stored: &[u8]) -> crate::Result<Option<Vec<u8>>>;
     /// `plain` sealed under the peer's session key as the object `key`.
-    fn seal(&self, key: &str, plain: &[u8]) -> Result<Vec<u8>, String>;
+    fn seal(&self, key: &str, plain: &[u8]) -> crate::Result<Vec<u8>>;
     /// The frame stored at `offset` of pack `key`, opened (still compressed): a prior
     /// backup's frame the peer reads (a file map).
-    fn open_frame(&self, key: &str, offset: u64, stored: &[u8]) -> Result<Vec<u8>, String>;
+    fn open_frame(&self, key: &str, offset: u64, stored: &[u8]) -> crate::Result<Vec<u8>>;
 }
 
 /// BLAKE3 of an object's bytes as the protocol carries it (hex).
@@ -228,14 +229,17 @@ pub async fn serve_repo(
     rebuild: Option<Arc<dyn Rebuild>>,
     policy: Policy,
     buffer_max: u64,
-) -> Result<(), String> {
+) -> crate::Result<()> {
     let (mut input, mut output) = (std::io::stdin().lock(), std::io::stdout().lock());
     hello(&mut input, &mut output, "the client", true)?;
     drop((input, output));
     create_repo_dir(root)?;
     let store: Arc<dyn ObjectStore> = Arc::new(
         LocalFileSystem::new_with_prefix(root)
-            .map_err(|e| format!("agent: open repository {}: {e}", root.display()))?
+            .map_err(|e| {
+                let what = format!("agent: open repository {}", root.display());
+                Error::with_source(ErrorKind::Io, what, e)
+            })?
             .with_fsync(true)
             .with_automatic_cleanup(true),
     );
@@ -260,7 +264,7 @@ pub async fn serve(
     serving: Serving,
     input: impl Read + Send + 'static,
     output: impl Write + Send + 'static,
-) -> Result<Option<Done>, String> {
+) -> crate::Result<Option<Done>> {
     let budget = Budget::new(serving.buffer_max);
     let serving = Arc::new(serving);
     // The reader thread takes room in the budget for each frame before reading it, and
@@ -308,12 +312,21 @@ pub async fn serve(
         let (message, body, room) = match incoming.recv().await {
             Some(Ok(Some(f))) => f,
             Some(Ok(None)) | None => break Ok(None),
-            Some(Err(e)) => break Err(format!("agent: read a request: {e}")),
+            Some(Err(e)) => {
+                break Err(Error::with_source(
+                    ErrorKind::Link,
+                    "agent: read a request",
+                    e,
+                ))
+            }
         };
         let req = match message {
             Message::Request(r) => r,
             Message::Done(d) => break Ok(Some(d)),
-            other => break Err(format!("agent: unexpected message {other:?}")),
+            other => {
+                let what = format!("agent: unexpected message {other:?}");
+                break Err(Error::new(ErrorKind::Protocol, what));
+            }
         };
         let permit = slots.clone().acquire_owned().await.expect("never closed");
         let (serving, budget, answers) = (serving.clone(), budget.clone(), answers.clone());
@@ -333,24 +346,38 @@ pub async fn serve(
     drop(answers);
     let written = tokio::task::spawn_blocking(move || writer.join())
         .await
-        .map_err(|e| format!("agent: writer: {e}"))?;
+        .map_err(|e| Error::with_source(ErrorKind::Link, "agent: writer", e))?;
     match written {
         Ok(Ok(())) => {}
         // The peer is gone: nobody to tell.
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-        Ok(Err(e)) => return Err(format!("agent: write an answer: {e}")),
-        Err(_) => return Err("agent: the writer thread panicked".into()),
+        Ok(Err(e)) => {
+            return Err(Error::with_source(
+                ErrorKind::Link,
+                "agent: write an answer",
+                e,
+            ))
+        }
+        Err(_) => {
+            return Err(Error::new(
+                ErrorKind::Link,
+                "agent: the writer thread panicked",
+            ))
+        }
     }
     outcome
 }
 
-fn create_repo_dir(root: &Path) -> Result<(), String> {
+fn create_repo_dir(root: &Path) -> crate::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o750)
         .create(root)
-        .map_err(|e| format!("agent: create repository directory {}: {e}", root.display()))
+        .map_err(|e| {
+            let what = format!("agent: create repository directory {}", root.display());
+            Error::with_source(ErrorKind::Io, what, e)
+        })
 }
 
 fn meta_of(m: &ObjectMeta) -> Meta {
@@ -479,13 +506,16 @@ async fn serve_one(
                 for [offset, len] in frames {
                     let lo = (offset - start) as usize;
                     let frame = stored.get(lo..lo + len as usize).ok_or_else(|| {
-                        format!("{key}: the frame at {offset} lies past the object")
+                        crate::Error::new(
+                            crate::ErrorKind::Reseal,
+                            format!("{key}: the frame at {offset} lies past the object"),
+                        )
                     })?;
                     let opened = reseal.open_frame(&key, offset, frame)?;
                     body.extend_from_slice(&(opened.len() as u32).to_be_bytes());
                     body.extend_from_slice(&opened);
                 }
-                Ok::<_, String>(Bytes::from(body))
+                Ok::<_, crate::Error>(Bytes::from(body))
             })
             .await
             .map_err(|e| object_store::Error::Generic {
@@ -529,7 +559,7 @@ async fn serve_one(
                     store: "agent",
                     source: e.into(),
                 })?
-                .map_err(|m: String| object_store::Error::Generic {
+                .map_err(|m: crate::Error| object_store::Error::Generic {
                     store: "agent",
                     source: m.into(),
                 })?;
@@ -593,7 +623,7 @@ async fn serve_one(
             let bytes = rebuild
                 .rebuild(base, base_bytes, to.as_ref(), body)
                 .await
-                .map_err(|m| object_store::Error::NotSupported { source: m.into() })?;
+                .map_err(|e| object_store::Error::NotSupported { source: e.into() })?;
             store
                 .put_opts(
                     &key,
@@ -620,7 +650,7 @@ mod tests {
     use crate::client::RemoteStore;
     use object_store::{CopyMode, CopyOptions, ObjectStoreExt};
 
-    type Served = tokio::task::JoinHandle<Result<Option<Done>, String>>;
+    type Served = tokio::task::JoinHandle<crate::Result<Option<Done>>>;
 
     /// `store` served by [`serve`] over two OS pipes (stanzas `stanza` and `s`), and the
     /// RemoteStore at their other end.
@@ -728,9 +758,9 @@ mod tests {
             base: Bytes,
             seal_as: &str,
             patch: Bytes,
-        ) -> Result<Bytes, String> {
+        ) -> crate::Result<Bytes> {
             if &patch[..] == b"refuse" {
-                return Err("cannot".into());
+                return Err(Error::new(ErrorKind::Rebuild, "cannot"));
             }
             Ok(Bytes::from(
                 [

@@ -14,6 +14,7 @@
 //! one). When the connection breaks, every request in flight fails (retryably over SSH,
 //! for `pgstrata_repo::Storage` to retry on a new connection).
 
+use crate::error::{Error, ErrorKind};
 use crate::protocol::{
     self, Answer, Done, Failure, FailureKind, Hello, Message, Meta, Op, Request,
 };
@@ -90,7 +91,7 @@ pub struct SshSession {
 impl SshSession {
     /// Start `pgstrata ARGS` on `target` and exchange hellos. Blocking (it waits for the
     /// remote side): call it off the async runtime's threads.
-    pub fn start(target: &SshTarget, args: &[String]) -> std::result::Result<SshSession, String> {
+    pub fn start(target: &SshTarget, args: &[String]) -> crate::Result<SshSession> {
         let mut child = target
             .command(args)
             .stdin(std::process::Stdio::piped())
@@ -98,7 +99,13 @@ impl SshSession {
             // ssh's and the agent's messages reach the user as they are.
             .stderr(std::process::Stdio::inherit())
             .spawn()
-            .map_err(|e| format!("start '{}' to reach {}: {e}", target.ssh, target.host))?;
+            .map_err(|e| {
+                Error::with_source(
+                    ErrorKind::Io,
+                    format!("start '{}' to reach {}", target.ssh, target.host),
+                    e,
+                )
+            })?;
         let mut output = child.stdin.take().expect("piped");
         let mut input = child.stdout.take().expect("piped");
         let peer = format!("the agent on {}", target.host);
@@ -121,14 +128,14 @@ impl SshSession {
                 input,
                 output,
             }),
-            Err(HelloError::Refused(msg)) => {
+            Err(e) if e.kind != ErrorKind::Link => {
                 let _ = child.kill();
                 let _ = child.wait();
-                Err(msg)
+                Err(e)
             }
-            Err(HelloError::Lost(e)) => {
+            Err(e) => {
                 let status = child.wait().ok();
-                Err(format!(
+                Err(Error::new(ErrorKind::Link, format!(
                     "could not start the agent on {} with '{}' ({}; ssh exited with {}; its message, if any, is above): check that ssh reaches the host without a password prompt and that the remote command names pgstrata there",
                     target.host,
                     target.remote_cmd,
@@ -137,59 +144,57 @@ impl SshSession {
                         Some(c) => format!("status {c}"),
                         None => "a signal (no answer within the connect timeout?)".to_string(),
                     }
-                ))
+                )))
             }
-        }
-    }
-}
-
-/// Why a hello exchange failed.
-pub enum HelloError {
-    /// The peer answered, and is not one we can speak to: permanent.
-    Refused(String),
-    /// The stream ended or failed: the peer never answered.
-    Lost(String),
-}
-
-impl From<HelloError> for String {
-    fn from(e: HelloError) -> String {
-        match e {
-            HelloError::Refused(m) | HelloError::Lost(m) => m,
         }
     }
 }
 
 /// Exchange hellos on a fresh stream; `send_first` for the side that starts the
 /// connection's reading (either order works on pipes; both sides send before reading).
+/// A peer that answered and is not one we can speak to is `Protocol` (permanent); a
+/// stream that ended or failed before it answered, `Link`.
 pub fn hello(
     input: &mut impl Read,
     output: &mut impl Write,
     peer: &str,
     send_first: bool,
-) -> std::result::Result<(), HelloError> {
+) -> crate::Result<()> {
     let send = |output: &mut dyn Write| {
         output
             .write_all(&protocol::frame(&Message::Hello(Hello::ours()), b""))
             .and_then(|_| output.flush())
-            .map_err(|e| HelloError::Lost(format!("send hello to {peer}: {e}")))
+            .map_err(|e| Error::with_source(ErrorKind::Link, format!("send hello to {peer}"), e))
     };
     if send_first {
         send(output)?;
     }
     match protocol::read_frame(input) {
-        Ok(Some((Message::Hello(h), _))) => h.check(peer).map_err(HelloError::Refused)?,
+        Ok(Some((Message::Hello(h), _))) => h.check(peer)?,
         Ok(Some((other, _))) => {
-            return Err(HelloError::Refused(format!(
-                "{peer} did not open with a hello (sent {other:?})"
-            )))
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!("{peer} did not open with a hello (sent {other:?})"),
+            ))
         }
-        Ok(None) => return Err(HelloError::Lost(format!("{peer} closed the connection"))),
+        Ok(None) => {
+            return Err(Error::new(
+                ErrorKind::Link,
+                format!("{peer} closed the connection"),
+            ))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-            return Err(HelloError::Refused(format!(
+            return Err(Error::new(ErrorKind::Protocol, format!(
                 "{peer} did not answer as a pgstrata agent ({e}): does the remote shell print something on login?"
             )))
         }
-        Err(e) => return Err(HelloError::Lost(format!("read {peer}'s hello: {e}"))),
+        Err(e) => {
+            return Err(Error::with_source(
+                ErrorKind::Link,
+                format!("read {peer}'s hello"),
+                e,
+            ))
+        }
     }
     if !send_first {
         send(output)?;
@@ -197,7 +202,7 @@ pub fn hello(
     Ok(())
 }
 
-type Reply = std::result::Result<(Answer, Bytes), String>;
+type Reply = crate::Result<(Answer, Bytes)>;
 
 /// A frame to send, and who to tell once it is written and flushed.
 type Outgoing = (Vec<u8>, Option<oneshot::Sender<std::io::Result<()>>>);
@@ -226,16 +231,21 @@ impl Drop for Channel {
 struct Pending {
     waiting: HashMap<u64, oneshot::Sender<Reply>>,
     /// Set when the connection broke: why, for every later request on it.
-    broken: Option<String>,
+    broken: Option<Error>,
 }
 
 impl Pending {
-    fn fail_all(&mut self, why: String) {
+    fn fail_all(&mut self, why: Error) {
         for (_, w) in self.waiting.drain() {
-            let _ = w.send(Err(why.clone()));
+            let _ = w.send(Err(copy_of(&why)));
         }
         self.broken.get_or_insert(why);
     }
+}
+
+/// The same failure again, for one more request (its source shown in the message).
+fn copy_of(e: &Error) -> Error {
+    Error::new(e.kind, e.to_string())
 }
 
 impl Channel {
@@ -260,10 +270,11 @@ impl Channel {
                     Err(mpsc::TryRecvError::Disconnected) => break,
                     Err(mpsc::TryRecvError::Empty) => {
                         if let Err(e) = out.flush() {
-                            broken
-                                .lock()
-                                .unwrap()
-                                .fail_all(format!("connection to {what} lost: {e}"));
+                            broken.lock().unwrap().fail_all(Error::with_source(
+                                ErrorKind::Link,
+                                format!("connection to {what} lost"),
+                                e,
+                            ));
                             return;
                         }
                         match outgoing.recv() {
@@ -280,10 +291,11 @@ impl Channel {
                     let _ = ack.send(r.as_ref().map(|_| ()).map_err(clone_io));
                 }
                 if let Err(e) = r {
-                    broken
-                        .lock()
-                        .unwrap()
-                        .fail_all(format!("connection to {what} lost: {e}"));
+                    broken.lock().unwrap().fail_all(Error::with_source(
+                        ErrorKind::Link,
+                        format!("connection to {what} lost"),
+                        e,
+                    ));
                     return;
                 }
             }
@@ -301,10 +313,21 @@ impl Channel {
                         }
                     }
                     Ok(Some((other, _))) => {
-                        break format!("{peer} sent an unexpected message: {other:?}")
+                        break Error::new(
+                            ErrorKind::Protocol,
+                            format!("{peer} sent an unexpected message: {other:?}"),
+                        )
                     }
-                    Ok(None) => break format!("connection to {peer} closed"),
-                    Err(e) => break format!("connection to {peer} lost: {e}"),
+                    Ok(None) => {
+                        break Error::new(ErrorKind::Link, format!("connection to {peer} closed"))
+                    }
+                    Err(e) => {
+                        break Error::with_source(
+                            ErrorKind::Link,
+                            format!("connection to {peer} lost"),
+                            e,
+                        )
+                    }
                 }
             };
             answers.lock().unwrap().fail_all(why);
@@ -326,7 +349,7 @@ impl Channel {
         &self,
         frame: Vec<u8>,
         flush: bool,
-    ) -> std::result::Result<Option<oneshot::Receiver<std::io::Result<()>>>, String> {
+    ) -> crate::Result<Option<oneshot::Receiver<std::io::Result<()>>>> {
         let (ack, acked) = if flush {
             let (a, b) = oneshot::channel();
             (Some(a), Some(b))
@@ -335,7 +358,7 @@ impl Channel {
         };
         self.frames
             .send((frame, ack))
-            .map_err(|_| "the connection's writer is gone".to_string())?;
+            .map_err(|_| Error::new(ErrorKind::Link, "the connection's writer is gone"))?;
         Ok(acked)
     }
 }
@@ -413,16 +436,20 @@ impl RemoteStore {
     }
 
     /// End an `agent run`: send `done` to the origin and wait until it is written.
-    pub async fn finish(&self, done: Done) -> std::result::Result<(), String> {
+    pub async fn finish(&self, done: Done) -> crate::Result<()> {
         let conn = self.inner.conn.lock().await.clone();
         let Some(conn) = conn else {
-            return Err("no connection to finish".into());
+            return Err(Error::new(ErrorKind::Link, "no connection to finish"));
         };
         let acked = conn.send(protocol::frame(&Message::Done(done), b""), true)?;
+        let what = "send the result to the backup host";
         match acked.expect("asked").await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("send the result to the backup host: {e}")),
-            Err(_) => Err("send the result to the backup host: the connection is gone".into()),
+            Ok(Err(e)) => Err(Error::with_source(ErrorKind::Link, what, e)),
+            Err(_) => Err(Error::new(
+                ErrorKind::Link,
+                format!("{what}: the connection is gone"),
+            )),
         }
     }
 
@@ -513,7 +540,7 @@ impl RemoteStore {
         })
         .await
         .map_err(|e| generic(format!("start the agent: {e}")))?
-        .map_err(generic)?;
+        .map_err(|e| store_error(e, true))?;
         let (s, target) = session;
         let c = Arc::new(Channel::start(
             s.input,
@@ -536,20 +563,14 @@ impl RemoteStore {
             )));
         }
         let conn = self.conn().await?;
-        let lost = |why: String| {
-            if conn.retryable {
-                generic(why)
-            } else {
-                permanent(why)
-            }
-        };
+        let lost = |why: Error| store_error(why, conn.retryable);
         let op = req.op;
         let sent = body.len();
         let (tx, rx) = oneshot::channel();
         {
             let mut p = conn.pending.lock().unwrap();
             if let Some(why) = &p.broken {
-                return Err(lost(why.clone()));
+                return Err(lost(copy_of(why)));
             }
             p.waiting.insert(req.id, tx);
         }
@@ -558,7 +579,12 @@ impl RemoteStore {
         }
         let (answer, body) = rx
             .await
-            .map_err(|_| lost("the connection's reader is gone".into()))?
+            .map_err(|_| {
+                lost(Error::new(
+                    ErrorKind::Link,
+                    "the connection's reader is gone",
+                ))
+            })?
             .map_err(lost)?;
         log::debug!(
             "agent {op:?} {key}: {sent} bytes sent, {} bytes back",
@@ -576,16 +602,26 @@ fn request(op: Op, key: &Path) -> Request {
 }
 
 /// A failure worth retrying (object_store's catch-all: pgstrata retries these).
-fn generic(msg: String) -> object_store::Error {
+fn generic(why: impl Into<crate::error::Source>) -> object_store::Error {
     object_store::Error::Generic {
         store: "remote",
-        source: msg.into(),
+        source: why.into(),
     }
 }
 
 /// A failure not worth retrying.
-fn permanent(msg: String) -> object_store::Error {
-    object_store::Error::NotSupported { source: msg.into() }
+fn permanent(why: impl Into<crate::error::Source>) -> object_store::Error {
+    object_store::Error::NotSupported { source: why.into() }
+}
+
+/// `e` as the store reports it, kept as the source: worth retrying when it is a link that
+/// failed and the link can be made again (over SSH, not the origin's one stream).
+fn store_error(e: Error, link_can_be_remade: bool) -> object_store::Error {
+    if e.is_retryable() && link_can_be_remade {
+        generic(e)
+    } else {
+        permanent(e)
+    }
 }
 
 fn into_error(f: Failure, key: &str) -> object_store::Error {
@@ -782,5 +818,33 @@ mod tests {
                 "'/opt/pg strata/pgstrata' agent repo '--repo-path=/srv/it'\\''s here'"
             ]
         );
+    }
+
+    /// A peer that hangs up before its hello is a link failure, worth a new connection;
+    /// one that answers with something else (a login banner) is not one to speak to, and
+    /// the store does not retry it. The error stays the source of the store's.
+    #[test]
+    fn a_lost_hello_is_retryable_and_a_wrong_one_is_not() {
+        let mut sent = Vec::new();
+        let lost = hello(&mut &b""[..], &mut sent, "the agent on bk1", true).unwrap_err();
+        assert_eq!(lost.kind, ErrorKind::Link);
+        assert_eq!(lost.to_string(), "the agent on bk1 closed the connection");
+        assert!(matches!(
+            store_error(lost, true),
+            object_store::Error::Generic { .. }
+        ));
+
+        let banner = b"Welcome to bk1! Last login: yesterday\n".repeat(4);
+        let wrong = hello(&mut &banner[..], &mut sent, "the agent on bk1", true).unwrap_err();
+        assert_eq!(wrong.kind, ErrorKind::Protocol, "{wrong}");
+        assert!(!wrong.is_retryable());
+        let stored = store_error(wrong, true);
+        let object_store::Error::NotSupported { source } = &stored else {
+            panic!("retried: {stored:?}");
+        };
+        let kept = source
+            .downcast_ref::<Error>()
+            .expect("the remote error is the source");
+        assert_eq!(kept.kind, ErrorKind::Protocol);
     }
 }

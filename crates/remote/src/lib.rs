@@ -25,6 +25,8 @@
 
 pub mod agent;
 pub mod client;
+pub mod error;
 pub mod protocol;
 
 pub use client::{RemoteStore, SshSession, SshTarget};
+pub use error::{Error, ErrorKind, Result};

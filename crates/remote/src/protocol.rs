@@ -54,21 +54,25 @@ impl Hello {
     }
 
     /// Ok when `self` (the peer's hello) speaks our protocol; else why not, for the user.
-    pub fn check(&self, peer: &str) -> Result<(), String> {
+    pub fn check(&self, peer: &str) -> crate::Result<()> {
+        use crate::{Error, ErrorKind::Protocol};
         if self.hello != HELLO {
-            return Err(format!(
-                "{peer} did not answer as a pgstrata agent (said '{}')",
-                self.hello
+            return Err(Error::new(
+                Protocol,
+                format!(
+                    "{peer} did not answer as a pgstrata agent (said '{}')",
+                    self.hello
+                ),
             ));
         }
         if self.protocol != PROTOCOL_VERSION {
-            return Err(format!(
+            return Err(Error::new(Protocol, format!(
                 "{peer} speaks agent protocol {} (pgstrata {}), this pgstrata {} speaks {}: install the same pgstrata version on both hosts",
                 self.protocol,
                 self.version,
                 env!("CARGO_PKG_VERSION"),
                 PROTOCOL_VERSION
-            ));
+            )));
         }
         Ok(())
     }
@@ -385,7 +389,9 @@ mod tests {
         let mut theirs = Hello::ours();
         theirs.protocol = PROTOCOL_VERSION + 1;
         theirs.version = "9.9.9".into();
-        let msg = theirs.check("the agent on db1").unwrap_err();
+        let e = theirs.check("the agent on db1").unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Protocol);
+        let msg = e.to_string();
         assert!(
             msg.contains("the agent on db1 speaks agent protocol 4 (pgstrata 9.9.9)"),
             "{msg}"

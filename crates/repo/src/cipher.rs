@@ -349,7 +349,7 @@ impl SessionReseal {
 }
 
 impl pgstrata_remote::agent::Reseal for SessionReseal {
-    fn open(&self, key: &str, stored: &[u8]) -> std::result::Result<Option<Vec<u8>>, String> {
+    fn open(&self, key: &str, stored: &[u8]) -> pgstrata_remote::Result<Option<Vec<u8>>> {
         if !is_sealed(stored) {
             return Ok(None);
         }
@@ -361,13 +361,11 @@ impl pgstrata_remote::agent::Reseal for SessionReseal {
                 None => Err(e),
             })
             .map(Some)
-            .map_err(|e| e.to_string())
+            .map_err(resealing(key))
     }
 
-    fn seal(&self, key: &str, plain: &[u8]) -> std::result::Result<Vec<u8>, String> {
-        self.session
-            .seal_object(key, plain)
-            .map_err(|e| e.to_string())
+    fn seal(&self, key: &str, plain: &[u8]) -> pgstrata_remote::Result<Vec<u8>> {
+        self.session.seal_object(key, plain).map_err(resealing(key))
     }
 
     fn open_frame(
@@ -375,13 +373,24 @@ impl pgstrata_remote::agent::Reseal for SessionReseal {
         key: &str,
         offset: u64,
         stored: &[u8],
-    ) -> std::result::Result<Vec<u8>, String> {
+    ) -> pgstrata_remote::Result<Vec<u8>> {
         let mut out = Vec::new();
         let what = format!("frame at {key} offset {offset}");
         self.master
             .open_frame_into(key, offset, stored, &mut out, &what)
-            .map_err(|e| e.to_string())?;
+            .map_err(resealing(&what))?;
         Ok(out)
+    }
+}
+
+/// A repository error of resealing `what` for a session, as the remote layer's.
+fn resealing(what: &str) -> impl FnOnce(Error) -> pgstrata_remote::Error + '_ {
+    move |e| {
+        pgstrata_remote::Error::with_source(
+            pgstrata_remote::ErrorKind::Reseal,
+            format!("reseal {what} for the agent"),
+            e,
+        )
     }
 }
 

@@ -254,11 +254,22 @@ async fn refuse_untracked_window(
     )
     .await
     .map(|_| ())
-    .map_err(|why| {
-        Error::refused(format!(
-            "--track=wal: the WAL cannot tell what changed: {why}"
-        ))
-    })
+    .map_err(wal_cannot_tell)
+}
+
+/// `--track=wal` refused because the maps cannot be used (`why`, kept as the source): a
+/// refusal, as a damaged map only costs incrementals their shortcut; a transient failure
+/// to read them stays what it is, so the backup may be retried.
+fn wal_cannot_tell(why: Error) -> Error {
+    let what = "--track=wal: the WAL cannot tell what changed";
+    if why.is_retryable() {
+        return why.context(what);
+    }
+    Error {
+        kind: crate::ErrorKind::Refused,
+        message: what.to_string(),
+        source: Some(Box::new(why)),
+    }
 }
 
 /// `pg_backup_start`, then how changed blocks are found.
@@ -356,14 +367,10 @@ async fn changes_from_wal(
     .await;
     let mut w = match changes {
         Ok(w) => w,
-        Err(why) if opts.track == Track::Wal => {
-            return Err(Error::refused(format!(
-                "--track=wal: the WAL cannot tell what changed: {why}"
-            )));
-        }
+        Err(why) if opts.track == Track::Wal => return Err(wal_cannot_tell(why)),
         Err(why) => {
             log::warn!("hashing changed files instead of using the WAL: {why}");
-            started.detection.track_reason = Some(why);
+            started.detection.track_reason = Some(why.to_string());
             return Ok(());
         }
     };

@@ -119,7 +119,7 @@ impl Standby {
                 .await
                 .map_err(crate::error::pg_err("query the standby's replay position"))?;
             let replayed: Option<String> = row.get(0);
-            let replayed: Lsn = replayed.as_deref().unwrap_or("0/0").parse()?;
+            let replayed = crate::db::server_lsn(replayed.as_deref().unwrap_or("0/0"))?;
             if replayed >= start_lsn {
                 // Replayed is not written: the standby's files hold what its last
                 // restartpoint flushed. A restartpoint at (or after) the primary's start
@@ -167,7 +167,7 @@ impl Standby {
             .query_one("SELECT redo_lsn::text FROM pg_control_checkpoint()", &[])
             .await
             .map_err(crate::error::pg_err("read the standby's restartpoint"))?;
-        Ok(row.get::<_, String>(0).parse()?)
+        crate::db::server_lsn(row.get(0))
     }
 }
 

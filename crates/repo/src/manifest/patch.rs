@@ -177,30 +177,38 @@ impl pgstrata_remote::agent::Rebuild for Rebuilder {
         base: Bytes,
         seal_as: &str,
         patch: Bytes,
-    ) -> std::result::Result<Bytes, String> {
+    ) -> pgstrata_remote::Result<Bytes> {
+        use pgstrata_remote::{Error as RemoteError, ErrorKind::Rebuild};
         if !crate::layout::is_manifest_object(base_key)
             || !crate::layout::is_manifest_object(seal_as)
         {
-            return Err(format!(
-                "{seal_as}: only manifests and their parts are rebuilt from patches"
+            return Err(RemoteError::new(
+                Rebuild,
+                format!("{seal_as}: only manifests and their parts are rebuilt from patches"),
             ));
         }
         let cipher = self.cipher.clone().await;
         let base = match (&cipher, is_sealed(&base)) {
-            (Some(c), _) => c.open_object(base_key, &base).map_err(|e| e.to_string())?,
+            (Some(c), _) => c
+                .open_object(base_key, &base)
+                .map_err(|e| RemoteError::with_source(Rebuild, format!("open {base_key}"), e))?,
             (None, true) => {
-                return Err(format!(
-                    "{base_key} is encrypted and this host does not hold the stanza's key"
+                return Err(RemoteError::new(
+                    Rebuild,
+                    format!("{base_key} is encrypted and this host does not hold the stanza's key"),
                 ))
             }
             (None, false) => base.to_vec(),
         };
+        let rebuilding = format!("rebuild {seal_as}");
         let stored = tokio::task::spawn_blocking(move || apply(&base, &patch))
             .await
-            .map_err(|e| format!("rebuild {seal_as}: {e}"))?
-            .map_err(|e| format!("rebuild {seal_as}: {e}"))?;
+            .map_err(|e| RemoteError::with_source(Rebuild, &rebuilding, e))?
+            .map_err(|e| RemoteError::with_source(Rebuild, &rebuilding, e))?;
         Ok(Bytes::from(match cipher {
-            Some(c) => c.seal_object(seal_as, &stored).map_err(|e| e.to_string())?,
+            Some(c) => c
+                .seal_object(seal_as, &stored)
+                .map_err(|e| RemoteError::with_source(Rebuild, format!("seal {seal_as}"), e))?,
             None => stored,
         }))
     }
@@ -291,7 +299,11 @@ mod tests {
             .rebuild(base_key, sealed_base, new_key, Bytes::from(patch.clone()))
             .await
             .unwrap_err();
-        assert!(err.contains("does not hold the stanza's key"), "{err}");
+        assert_eq!(err.kind, pgstrata_remote::ErrorKind::Rebuild);
+        assert!(
+            err.to_string().contains("does not hold the stanza's key"),
+            "{err}"
+        );
         let plain = keyless
             .rebuild(
                 base_key,
@@ -311,6 +323,6 @@ mod tests {
             )
             .await
             .unwrap_err();
-        assert!(err.contains("only manifests"), "{err}");
+        assert!(err.to_string().contains("only manifests"), "{err}");
     }
 }
