@@ -515,6 +515,7 @@ fn repo_config(inv: &config::Invocation) -> RepoConfig {
             ssh: inv.text("cmd-ssh").to_string(),
             remote_cmd: inv.text("repo-remote-cmd").to_string(),
         }),
+        remote_stanza: inv.get("stanza").map(str::to_string),
     }
 }
 

@@ -375,7 +375,11 @@ pub struct RemoteStore {
 
 enum Source {
     /// `pgstrata agent repo --repo-path=PATH` on the target, started on demand.
-    Ssh { target: SshTarget, path: String },
+    Ssh {
+        target: SshTarget,
+        path: String,
+        stanza: Option<String>,
+    },
     /// The backup host that started this `agent run`: one stream, never made again.
     Origin,
 }
@@ -395,23 +399,30 @@ impl std::fmt::Debug for RemoteStore {
 impl std::fmt::Display for RemoteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.inner.source {
-            Source::Ssh { target, path } => write!(f, "{}:{path}", target.host),
+            Source::Ssh { target, path, .. } => write!(f, "{}:{path}", target.host),
             Source::Origin => f.write_str("the backup host's repository"),
         }
     }
 }
 
 impl RemoteStore {
-    /// The repository in `path` on `target`. One connection per target and path for the
-    /// whole process: every `Storage::open` of it shares it.
-    pub fn ssh(target: SshTarget, path: String) -> RemoteStore {
-        static SHARED: OnceLock<Mutex<HashMap<(SshTarget, String), RemoteStore>>> = OnceLock::new();
+    /// The repository in `path` on `target`, for `stanza` (named on the agent's command
+    /// line: without a forced command, `agent repo` serves that stanza only). One
+    /// connection per target, path and stanza for the whole process: every
+    /// `Storage::open` of it shares it.
+    pub fn ssh(target: SshTarget, path: String, stanza: Option<String>) -> RemoteStore {
+        type Shared = HashMap<(SshTarget, String, Option<String>), RemoteStore>;
+        static SHARED: OnceLock<Mutex<Shared>> = OnceLock::new();
         let mut shared = SHARED.get_or_init(Default::default).lock().unwrap();
         shared
-            .entry((target.clone(), path.clone()))
+            .entry((target.clone(), path.clone(), stanza.clone()))
             .or_insert_with(|| RemoteStore {
                 inner: Arc::new(Inner {
-                    source: Source::Ssh { target, path },
+                    source: Source::Ssh {
+                        target,
+                        path,
+                        stanza,
+                    },
                     conn: tokio::sync::Mutex::new(None),
                     next_id: AtomicU64::new(1),
                 }),
@@ -524,17 +535,21 @@ impl RemoteStore {
                 return Ok(c.clone());
             }
         }
-        let Source::Ssh { target, path } = &self.inner.source else {
+        let Source::Ssh {
+            target,
+            path,
+            stanza,
+        } = &self.inner.source
+        else {
             unreachable!("the origin's channel is made with the store");
         };
-        let (target, args) = (
-            target.clone(),
-            vec![
-                "agent".to_string(),
-                "repo".to_string(),
-                format!("--repo-path={path}"),
-            ],
-        );
+        let mut args = vec![
+            "agent".to_string(),
+            "repo".to_string(),
+            format!("--repo-path={path}"),
+        ];
+        args.extend(stanza.iter().map(|s| format!("--stanza={s}")));
+        let target = target.clone();
         let session = tokio::task::spawn_blocking(move || {
             SshSession::start(&target, &args).map(|s| (s, target))
         })

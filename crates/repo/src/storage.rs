@@ -60,6 +60,9 @@ pub struct RepoConfig {
     /// A posix repository on another host (`repo-remote`): `path` is a directory there,
     /// served by `pgstrata agent repo` started over SSH.
     pub remote: Option<SshTarget>,
+    /// The stanza the command works on, named on `agent repo`'s command line (which
+    /// serves only the stanzas it is given) when no forced command replaces it.
+    pub remote_stanza: Option<String>,
 }
 
 // Names as configured (`repo-type`).
@@ -220,7 +223,7 @@ impl Storage {
             RepoKind::Posix if cfg.remote.is_some() => {
                 let target = cfg.remote.clone().expect("checked");
                 let description = format!("{}:{}", target.host, cfg.path);
-                let store = RemoteStore::ssh(target, cfg.path.clone());
+                let store = RemoteStore::ssh(target, cfg.path.clone(), cfg.remote_stanza.clone());
                 remote = Some(store.clone());
                 (Arc::new(store), description)
             }
