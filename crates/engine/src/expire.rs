@@ -391,40 +391,15 @@ mod tests {
         plant(&format!("{pack_dir}/0-0#1"), 2 * 3600); // left by a killed writer
         plant(&format!("{pack_dir}/0-1#7"), 60); // may be a write in progress
         plant("not#staging", 2 * 3600); // not a staging name: left alone
-        let s = Settings {
-            repo_index: 1,
-            stanza: "st".into(),
-            repo: pgstrata_repo::storage::RepoConfig {
+        let s = Settings::for_repository(
+            "st",
+            pgstrata_repo::storage::RepoConfig {
                 path: dir.path().display().to_string(),
                 retries: 1,
                 ..Default::default()
             },
-            pg_path: None,
-            pg_host: None,
-            pg_port: 5432,
-            pg_user: None,
-            pg_database: "postgres".into(),
-            pg_sslmode: Default::default(),
-            pg_sslrootcert: None,
-            compression: pgstrata_repo::codec::Compression::new(
-                pgstrata_repo::codec::CompressType::None,
-                None,
-            )
-            .unwrap(),
-            process_max: 1,
-            start_fast: false,
-            archive_timeout: std::time::Duration::from_secs(1),
-            archive_lag_max: std::time::Duration::from_secs(600),
-            lock_path: dir.path().join("locks"),
-            config_file: None,
-            frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
-            pack_size: pgstrata_repo::pack::DEFAULT_PACK_SIZE,
-            bundle_limit: 0,
-            cipher_type: Default::default(),
-            cipher_pass: None,
-            standby: None,
-            cipher_key_cache: false,
-        };
+            dir.path().join("locks"),
+        );
         let o = ExpireOptions {
             set: None,
             retention_full: Some(1),

@@ -66,6 +66,39 @@ pub struct StandbySource {
 }
 
 impl Settings {
+    /// Settings of a command that reaches repository `repo` only (no PostgreSQL, no
+    /// passphrase), one process, locks in `lock_path`: for tests of the repository
+    /// commands without a cluster.
+    pub fn for_repository(stanza: &str, repo: RepoConfig, lock_path: PathBuf) -> Settings {
+        Settings {
+            repo_index: 1,
+            stanza: stanza.into(),
+            repo,
+            pg_path: None,
+            pg_host: None,
+            pg_port: 5432,
+            pg_user: None,
+            pg_database: "postgres".into(),
+            pg_sslmode: Default::default(),
+            pg_sslrootcert: None,
+            compression: Compression::new(pgstrata_repo::codec::CompressType::None, None)
+                .expect("no compression"),
+            process_max: 1,
+            start_fast: false,
+            archive_timeout: Duration::from_secs(1),
+            archive_lag_max: Duration::from_secs(600),
+            lock_path,
+            config_file: None,
+            frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
+            pack_size: pgstrata_repo::pack::DEFAULT_PACK_SIZE,
+            bundle_limit: 0,
+            cipher_type: Default::default(),
+            cipher_pass: None,
+            cipher_key_cache: false,
+            standby: None,
+        }
+    }
+
     /// The repository as stored, without a stanza's key: `open_stanza` attaches it.
     pub fn storage(&self) -> Result<Storage> {
         pgstrata_repo::layout::check_stanza_name(&self.stanza).map_err(Error::config)?;
