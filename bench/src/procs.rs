@@ -5,7 +5,7 @@
 //! group of processes, their resident sets (less shared memory: a PostgreSQL backend's
 //! RSS includes the shared buffers it touched) and keeps their CPU time.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -61,6 +61,35 @@ pub struct Sampled {
     /// 10 ms may be missed; a process that was running before the step counts from its
     /// start).
     pub cpu_seconds: f64,
+    /// The same per OS user (real uid) running the processes: on one machine standing for
+    /// two hosts, each host is a user (the backup host's, the database host's).
+    pub by_user: BTreeMap<u32, UserShare>,
+}
+
+/// What one OS user's processes of a group used during a step.
+#[derive(Clone, Debug, Default)]
+pub struct UserShare {
+    /// Largest sum of their resident sets (less shared memory) at one instant, KiB.
+    pub peak_rss_kb: u64,
+    /// CPU time (user + system), seconds.
+    pub cpu_seconds: f64,
+}
+
+impl Sampled {
+    /// The share of the processes OS user `name` runs (zero when it ran none).
+    pub fn of_user(&self, name: &str) -> UserShare {
+        uid_of(name)
+            .and_then(|uid| self.by_user.get(&uid).cloned())
+            .unwrap_or_default()
+    }
+}
+
+/// The uid of OS user `name`.
+pub fn uid_of(name: &str) -> Option<u32> {
+    nix::unistd::User::from_name(name)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw())
 }
 
 /// CPU time (utime + stime, in clock ticks) of a process from its `/proc/PID/stat`:
@@ -107,27 +136,35 @@ pub fn sampled<T>(
     // CPU ticks of the processes already running (servers): only what they use from now
     // on counts.
     let mut before: HashMap<(usize, u32), u64> = HashMap::new();
-    sweep(&groups, |g, pid, _, ticks| {
+    sweep(&groups, |g, pid, _, _, ticks| {
         before.insert((g, pid), ticks);
     });
     let sampler = std::thread::spawn(move || {
         let mut out = vec![Sampled::default(); groups.len()];
-        // CPU ticks per (group, pid): the largest seen.
+        // CPU ticks per (group, pid): the largest seen; and the uid of each.
         let mut ticks: HashMap<(usize, u32), u64> = HashMap::new();
+        let mut owner: HashMap<u32, u32> = HashMap::new();
         loop {
             // One more sweep after the step, for the servers' final CPU time.
             let last = flag.load(Ordering::Relaxed);
             let mut rss = vec![0u64; groups.len()];
             let mut procs = vec![0u64; groups.len()];
-            sweep(&groups, |g, pid, rss_kb, used| {
+            let mut user_rss: HashMap<(usize, u32), u64> = HashMap::new();
+            sweep(&groups, |g, pid, uid, rss_kb, used| {
                 rss[g] += rss_kb;
                 procs[g] += 1;
+                *user_rss.entry((g, uid)).or_default() += rss_kb;
+                owner.insert(pid, uid);
                 let seen = ticks.entry((g, pid)).or_default();
                 *seen = (*seen).max(used);
             });
             for (i, o) in out.iter_mut().enumerate() {
                 o.peak_rss_kb = o.peak_rss_kb.max(rss[i]);
                 o.peak_procs = o.peak_procs.max(procs[i]);
+            }
+            for ((g, uid), kb) in user_rss {
+                let share = out[g].by_user.entry(uid).or_default();
+                share.peak_rss_kb = share.peak_rss_kb.max(kb);
             }
             if last {
                 break;
@@ -141,6 +178,9 @@ pub fn sampled<T>(
         for (key, t) in ticks {
             let used = t.saturating_sub(before.get(&key).copied().unwrap_or(0));
             out[key.0].cpu_seconds += used as f64 / hz;
+            if let Some(uid) = owner.get(&key.1) {
+                out[key.0].by_user.entry(*uid).or_default().cpu_seconds += used as f64 / hz;
+            }
         }
         out
     });
@@ -152,9 +192,9 @@ pub fn sampled<T>(
     Ok((r?, seen))
 }
 
-/// Call `each(group, pid, resident KiB less shared memory, CPU ticks)` for every process
-/// that matches one of `groups` (the first it matches).
-fn sweep(groups: &[Matcher], mut each: impl FnMut(usize, u32, u64, u64)) {
+/// Call `each(group, pid, uid, resident KiB less shared memory, CPU ticks)` for every
+/// process that matches one of `groups` (the first it matches).
+fn sweep(groups: &[Matcher], mut each: impl FnMut(usize, u32, u32, u64, u64)) {
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
@@ -178,8 +218,40 @@ fn sweep(groups: &[Matcher], mut each: impl FnMut(usize, u32, u64, u64)) {
         each(
             g,
             pid,
+            field("Uid:") as u32,
             field("VmRSS:").saturating_sub(field("RssShmem:")),
             cpu_ticks(&stat),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the per-host rows of remote_link stand on: a busy child's CPU time and memory
+    /// are counted for the OS user running it.
+    #[test]
+    fn a_processs_cpu_counts_for_its_user() {
+        let sh = std::fs::canonicalize("/bin/sh").unwrap();
+        let me = nix::unistd::getuid().as_raw();
+        let ((), seen) = sampled(&[Matcher::Exe(vec![sh])], || {
+            let status = std::process::Command::new("/bin/sh")
+                .args(["-c", "i=0; while [ $i -lt 300000 ]; do i=$((i + 1)); done"])
+                .status()
+                .map_err(|e| e.to_string())?;
+            assert!(status.success());
+            Ok(())
+        })
+        .unwrap();
+        let share = seen[0].by_user.get(&me).cloned().unwrap_or_default();
+        assert!(share.cpu_seconds > 0.1, "{seen:?}");
+        assert!(share.peak_rss_kb > 0, "{seen:?}");
+        assert_eq!(seen[0].by_user.len(), 1, "{seen:?}");
+        let name = nix::unistd::User::from_uid(nix::unistd::getuid())
+            .unwrap()
+            .unwrap()
+            .name;
+        assert_eq!(seen[0].of_user(&name).cpu_seconds, share.cpu_seconds);
     }
 }

@@ -26,9 +26,6 @@ pub struct Opts {
     ciphers: Vec<bool>,
 }
 
-/// Passphrase of the benchmark's encrypted repositories (both tools).
-const BENCH_CIPHER_PASS: &str = "pgstrata-bench-passphrase";
-
 impl Opts {
     pub fn parse(a: &mut Args) -> Result<Opts, String> {
         Ok(Opts {
@@ -119,13 +116,13 @@ fn cipher_repos(b: &Bench, case: &str, codec: &str, o: &Opts) -> Result<Vec<Repo
         let pgstrata = Setup {
             settings: vec![
                 "repo-cipher-type = \"aes-256-gcm\"".to_string(),
-                format!("repo-cipher-pass = \"{BENCH_CIPHER_PASS}\""),
+                format!("repo-cipher-pass = \"{}\"", super::BENCH_CIPHER_PASS),
             ],
             ..Setup::default()
         };
         let pgbr = [
             "repo1-cipher-type=aes-256-cbc".to_string(),
-            format!("repo1-cipher-pass={BENCH_CIPHER_PASS}"),
+            format!("repo1-cipher-pass={}", super::BENCH_CIPHER_PASS),
         ];
         let mut encrypted = repos(
             b,

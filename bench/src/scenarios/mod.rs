@@ -23,6 +23,9 @@ use crate::results::Measured;
 use crate::results::Results;
 use crate::tools::{Kind, Tool};
 
+/// Passphrase of the benchmarks' encrypted repositories (every tool).
+const BENCH_CIPHER_PASS: &str = "pgstrata-bench-passphrase";
+
 pub fn run(name: &str, mut a: Args) -> Result<(), String> {
     macro_rules! scenario {
         ($m:ident) => {{

@@ -35,8 +35,18 @@
 //! repositories over SSH through its own relay on the same line; every timed step starts
 //! after a WAL switch is archived.
 //!
+//! Each timed step also reports, per host, the CPU time and peak RSS of the tool's processes
+//! there (the processes each host's OS user runs): a row `STEP: CPU on the backup host`
+//! and a note with the database host's share. With `--encrypt y` every tool's repository is
+//! encrypted (pgstrata aes-256-gcm, the passphrase on both hosts' configurations as
+//! archive-push and restore through `repo-remote` need it; pgBackRest aes-256-cbc):
+//! pgstrata's agent then seals with a session key and the backup host opens and seals
+//! again what the agent reads (issue 41), which is what the backup host's CPU row
+//! measures.
+//!
 //! Options: --scale N (30) --copies N (0) --change-pct P (1) --link-mbit M (100)
 //!          --link-test-mb MB (64) --codec C (zst) --basebackup LIST (lz4,zstd; none)
+//!          --encrypt n|y (n)
 
 use super::{pgbr_setup, rotated, PgbrMode};
 use crate::args::Args;
@@ -60,6 +70,8 @@ pub struct Opts {
     link_test_mb: u64,
     codec: String,
     basebackup: Vec<String>,
+    /// Every tool's repository encrypted.
+    encrypt: bool,
 }
 
 impl Opts {
@@ -73,13 +85,18 @@ impl Opts {
             link_test_mb: a.uint("link-test-mb", 64, 1)?,
             codec: a.string("codec", "zst"),
             basebackup: bb.into_iter().filter(|m| m != "none").collect(),
+            encrypt: match a.string("encrypt", "n").as_str() {
+                "n" => false,
+                "y" => true,
+                other => return Err(format!("--encrypt takes n or y, not {other:?}")),
+            },
         };
         crate::tools::default_level(&o.codec)?;
         Ok(o)
     }
     pub fn params(&self) -> String {
         format!(
-            "scale={} copies={} change-pct={} link-mbit={} codec={} basebackup={}",
+            "scale={} copies={} change-pct={} link-mbit={} codec={} basebackup={}{}",
             self.scale,
             self.copies,
             self.change_pct,
@@ -89,7 +106,8 @@ impl Opts {
                 "none".to_string()
             } else {
                 self.basebackup.join(",")
-            }
+            },
+            if self.encrypt { " encrypt=y" } else { "" }
         )
     }
 }
@@ -443,7 +461,9 @@ fn groups(procs: &Matcher) -> Vec<Matcher> {
     ]
 }
 
-/// A timed row whose peak RSS is that of all the column's processes (both hosts).
+/// A timed row whose peak RSS is that of all the column's processes (both hosts), and a
+/// row of the CPU time its processes used on the backup host (the backup host's user),
+/// the database host's beside it in the note.
 fn record(
     b: &mut Bench,
     case: &str,
@@ -455,14 +475,31 @@ fn record(
 ) -> Result<(), String> {
     let largest = m.max_rss_kb;
     m.max_rss_kb = seen[0].peak_rss_kb;
+    let (bh, db) = (seen[0].of_user(BACKUP_OS_USER), seen[0].of_user(PG_OS_USER));
+    let mb = |kb: u64| kb as f64 / 1024.0;
     b.results.record(Row::timed(case, step, label, run, &m).note(format!(
         "all processes on both hosts: peak RSS {:.0} MB, up to {} at once, CPU {:.2} s; ssh clients up to {}; wait4 (largest process on this side) {:.0} MB",
-        seen[0].peak_rss_kb as f64 / 1024.0,
+        mb(seen[0].peak_rss_kb),
         seen[0].peak_procs,
         seen[0].cpu_seconds,
         seen[1].peak_procs,
-        largest as f64 / 1024.0
-    )))
+        mb(largest)
+    )))?;
+    b.results.record(Row {
+        case: case.into(),
+        step: format!("{step}: CPU on the backup host"),
+        tool: label.into(),
+        run,
+        seconds: Some(bh.cpu_seconds),
+        max_rss_mb: Some(mb(bh.peak_rss_kb)),
+        note: format!(
+            "CPU seconds of the tool's processes run by {BACKUP_OS_USER} (peak RSS {:.0} MB); on the database host ({PG_OS_USER}): CPU {:.2} s, peak RSS {:.0} MB",
+            mb(bh.peak_rss_kb),
+            db.cpu_seconds,
+            mb(db.peak_rss_kb)
+        ),
+        ..Row::default()
+    })
 }
 
 fn moved_note(m: &Moved, arch: &Moved, seconds: f64, raw_rate: f64) -> String {
@@ -673,10 +710,16 @@ fn pgstrata_repos(
     pgstrata_testkit::set_mode(&db_lock, 0o700)?;
     let level = crate::tools::default_level(&o.codec)?;
     let c = b.cluster();
-    let common = format!(
+    let mut common = format!(
         "compress-type = \"{}\"\ncompress-level = {level}\nprocess-max = {}\n",
         o.codec, b.process_max
     );
+    if o.encrypt {
+        common += &format!(
+            "repo-cipher-type = \"aes-256-gcm\"\nrepo-cipher-pass = \"{}\"\n",
+            super::BENCH_CIPHER_PASS
+        );
+    }
     let pg = format!(
         "pg-path = \"{}\"\npg-host = \"{}\"\npg-port = {}\npg-user = \"postgres\"\n",
         c.data.display(),
@@ -746,10 +789,16 @@ fn pgbr_repos(
     let c = b.cluster();
     let bh_conf = b.scratch.join(&format!("{name}-backup-host.conf"));
     let db_conf = b.scratch.join(&format!("{name}-db-host.conf"));
-    let common = format!(
+    let mut common = format!(
         "compress-type={}\ncompress-level={level}\nprocess-max={}\nlog-level-console=warn\nlog-level-file=off\n",
         o.codec, b.process_max
     );
+    if o.encrypt {
+        common += &format!(
+            "repo1-cipher-type=aes-256-cbc\nrepo1-cipher-pass={}\n",
+            super::BENCH_CIPHER_PASS
+        );
+    }
     write_config(
         &bh_conf,
         &format!(
