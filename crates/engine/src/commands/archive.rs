@@ -462,6 +462,9 @@ async fn open_repositories(
     }
 }
 
+/// A WAL file waiting to be pushed, with what its acknowledgement will vouch for.
+type Waiting = (String, Stamp);
+
 /// The files not acknowledged yet in `out`: those to push, and those whose push failed
 /// (retried once PostgreSQL's call has reported the failure and removed the `.error`).
 /// `wanted` (the launching foreground's file) is among them, ready or not. Acknowledgements
@@ -470,7 +473,7 @@ fn unacknowledged(
     wal_dir: &Path,
     out: &Path,
     wanted: Option<String>,
-) -> Result<(Vec<(String, Stamp)>, Vec<(String, Stamp)>)> {
+) -> Result<(Vec<Waiting>, Vec<Waiting>)> {
     let mut ready = ready_files(wal_dir)?;
     prune_acks(out, &ready);
     if let Some(w) = wanted {
@@ -497,14 +500,14 @@ fn unacknowledged(
 /// waiting file is acknowledged as dropped, with a warning. True when it dropped them.
 fn drop_over_queue_max(
     o: &AsyncOptions,
-    todo: &[(String, Stamp)],
-    failed: &[(String, Stamp)],
+    todo: &[Waiting],
+    failed: &[Waiting],
     out: &Path,
 ) -> Result<bool> {
     let Some(max) = o.push_queue_max else {
         return Ok(false);
     };
-    let mut waiting: Vec<(String, Stamp)> = todo.iter().chain(failed).cloned().collect();
+    let mut waiting: Vec<Waiting> = todo.iter().chain(failed).cloned().collect();
     // Segments only: history and backup-label files are small and must not tip it.
     let bytes: u64 = waiting
         .iter()
@@ -538,7 +541,7 @@ async fn push_and_acknowledge(
     o: &AsyncOptions,
     wal_dir: &Path,
     out: &Path,
-    todo: Vec<(String, Stamp)>,
+    todo: Vec<Waiting>,
 ) -> Result<()> {
     // Two stages: files read, compressed and decoded (once for every repository), each
     // on one thread, as many at once as there are cores (at most process-max); and
