@@ -200,7 +200,7 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
     let codec = Compression::new(CompressType::Zst, Some(3)).unwrap();
     let (full_label, incr_label) = ("20261124-000000F", "20261125-000000I");
     let size = o.size_gb * 1_000_000_000 / o.files;
-    let bs = pgstrata_engine::backup::block_size_for(size, None) as u64;
+    let bs = pgstrata_engine::commands::backup::block_size_for(size, None) as u64;
     let owner = pgstrata_repo::fixture::owner(0o600);
     let dir = |path: &str| Entry::dir(path, owner.clone());
     let mut full = header(full_label, None);

@@ -188,7 +188,7 @@ fn agent_run(
     if let Some(wire) = &job.sealing {
         let session =
             SessionKey::from_wire(wire).map_err(|e| io_err("the backup host's session key", e))?;
-        pgstrata_engine::keys::use_session_key(session);
+        pgstrata_engine::encryption::use_session_key(session);
     }
     let origin = RemoteStore::origin(std::io::stdin(), protocol_out);
     Storage::serve_every_open_from(origin.clone(), "the backup host's repository".to_string())?;
@@ -287,7 +287,7 @@ pub(crate) fn run_on_pg_remote(
         };
         let session = serve_job(inv, target, &settings, &storage, &job);
         let done = if kind == JobKind::Backup {
-            rt.block_on(pgstrata_engine::backup::with_backup_lock(
+            rt.block_on(pgstrata_engine::commands::backup::with_backup_lock(
                 &settings, session,
             ))?
         } else {
@@ -334,7 +334,8 @@ async fn serve_job(
     // An encrypted stanza: the agent seals with a session key of its own, and this host
     // reseals for it what it reads; the passphrase and master keys stay here.
     let master =
-        pgstrata_engine::keys::master_for_peer(settings, job.job == JobKind::StanzaCreate).await?;
+        pgstrata_engine::encryption::master_for_peer(settings, job.job == JobKind::StanzaCreate)
+            .await?;
     let mut job = job.clone();
     let reseal = match &master {
         Some(m) => {

@@ -6,9 +6,9 @@
 //! Run as root, it first becomes the `postgres` user, since PostgreSQL will not run as root.
 
 use pgstrata_cluster::{Cluster, PgBin, Scratch};
-use pgstrata_engine::backup::BackupOptions;
+use pgstrata_engine::commands::backup::BackupOptions;
+use pgstrata_engine::commands::restore::{RecoveryType, RestoreOptions, TargetAction};
 use pgstrata_engine::progress::human_bytes;
-use pgstrata_engine::restore::{RecoveryType, RestoreOptions, TargetAction};
 use pgstrata_engine::{Error, Settings};
 use pgstrata_repo::codec::{CompressType, Compression};
 use pgstrata_repo::manifest::BackupType;
@@ -113,9 +113,9 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(pgstrata_engine::stanza::stanza_create(&s))?;
+    rt.block_on(pgstrata_engine::commands::stanza_create::stanza_create(&s))?;
     println!("3. stanza-create: stanza 'demo' in {}", repo.display());
-    let full = rt.block_on(pgstrata_engine::backup::backup(
+    let full = rt.block_on(pgstrata_engine::commands::backup::backup(
         &s,
         &BackupOptions {
             backup_type: BackupType::Full,
@@ -145,7 +145,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
     }
     println!("5. changed the data: 600 pgbench transactions, 1% of accounts deleted (one range, as in the block-incremental test report), a new table");
     let expected = src.content_hashes().map_err(fail("hash tables"))?;
-    let second = rt.block_on(pgstrata_engine::backup::backup(
+    let second = rt.block_on(pgstrata_engine::commands::backup::backup(
         &s,
         &BackupOptions {
             backup_type: BackupType::Incr,
@@ -189,7 +189,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         db_include: vec![],
         db_exclude: vec![],
     };
-    let r = rt.block_on(pgstrata_engine::restore::restore(&s, &opts))?;
+    let r = rt.block_on(pgstrata_engine::commands::restore::restore(&s, &opts))?;
     println!(
         "7. restored {} into {} ({} files)",
         r.label,
@@ -213,11 +213,11 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         got.len(),
         copy.psql("postgres", "SELECT count(*) FROM pgbench_accounts").unwrap_or_default()
     );
-    let v = rt.block_on(pgstrata_engine::verify::verify(&s, None))?;
+    let v = rt.block_on(pgstrata_engine::commands::verify::verify(&s, None))?;
     if !v.ok {
         return Err(Error::integrity(format!(
             "demo: verify found problems:\n{}",
-            pgstrata_engine::verify::render_text(&v)
+            pgstrata_engine::commands::verify::render_text(&v)
         )));
     }
     println!(
@@ -226,8 +226,11 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         v.backups[1].files_read,
         v.wal.segments
     );
-    let report = rt.block_on(pgstrata_engine::info::info(&s, None))?;
-    println!("\n{}", pgstrata_engine::info::render_text(&report));
+    let report = rt.block_on(pgstrata_engine::commands::info::info(&s, None))?;
+    println!(
+        "\n{}",
+        pgstrata_engine::commands::info::render_text(&report)
+    );
     println!("demo finished in {:.0}s", t0.elapsed().as_secs_f64());
     Ok(())
 }

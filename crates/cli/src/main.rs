@@ -13,11 +13,11 @@ mod generate;
 mod logging;
 mod options;
 
-use pgstrata_engine::archive_async;
-use pgstrata_engine::backup::BackupOptions;
-use pgstrata_engine::expire::ExpireOptions;
-use pgstrata_engine::metrics;
-use pgstrata_engine::restore::RestoreOptions;
+use pgstrata_engine::commands::archive;
+use pgstrata_engine::commands::backup::BackupOptions;
+use pgstrata_engine::commands::expire::ExpireOptions;
+use pgstrata_engine::commands::metrics;
+use pgstrata_engine::commands::restore::RestoreOptions;
 use pgstrata_engine::{Error, Settings, StandbySource};
 use pgstrata_repo::cipher::Passphrase;
 use pgstrata_repo::codec::Compression;
@@ -341,7 +341,7 @@ fn apply_retention(
         );
         return Ok(());
     }
-    rt.block_on(pgstrata_engine::expire::expire(s, &e))?;
+    rt.block_on(pgstrata_engine::commands::expire::expire(s, &e))?;
     Ok(())
 }
 
@@ -425,9 +425,9 @@ fn per_file_runtime() -> tokio::runtime::Runtime {
 }
 
 /// Asynchronous archiving and prefetch settings of archive-push and archive-get.
-fn async_options(inv: &config::Invocation) -> archive_async::AsyncOptions {
+fn async_options(inv: &config::Invocation) -> archive::AsyncOptions {
     let pushing = inv.command == "archive-push";
-    archive_async::AsyncOptions {
+    archive::AsyncOptions {
         spool_path: inv.text("spool-path").into(),
         process_max: inv.int("process-max"),
         push_queue_max: if pushing {
@@ -449,15 +449,15 @@ fn async_options(inv: &config::Invocation) -> archive_async::AsyncOptions {
 }
 
 /// The role this process was started in as an asynchronous worker, if it was.
-fn worker_role() -> Option<archive_async::WorkerRole> {
-    archive_async::WorkerRole::parse(&std::env::var(archive_async::WORKER_ENV).ok()?)
+fn worker_role() -> Option<archive::WorkerRole> {
+    archive::WorkerRole::parse(&std::env::var(archive::WORKER_ENV).ok()?)
 }
 
 /// Start an asynchronous worker: this command line again, with the worker's role in the
 /// environment, in a process group of its own (PostgreSQL's signals to its archiver or
 /// startup process must not reach it), stderr appended to `log`.
 fn launch_worker(
-    role: archive_async::WorkerRole,
+    role: archive::WorkerRole,
     env: &[(&str, String)],
     log: &std::path::Path,
 ) -> std::io::Result<()> {
@@ -468,7 +468,7 @@ fn launch_worker(
         .open(log)?;
     std::process::Command::new(std::env::current_exe()?)
         .args(std::env::args_os().skip(1))
-        .env(archive_async::WORKER_ENV, role.name())
+        .env(archive::WORKER_ENV, role.name())
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -637,11 +637,11 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 } else {
                     String::new()
                 };
-                match rt.block_on(pgstrata_engine::stanza::stanza_create(s))? {
-                    pgstrata_engine::stanza::CreateOutcome::Created => {
+                match rt.block_on(pgstrata_engine::commands::stanza_create::stanza_create(s))? {
+                    pgstrata_engine::commands::stanza_create::CreateOutcome::Created => {
                         println!("stanza '{}' created{place}", s.stanza)
                     }
-                    pgstrata_engine::stanza::CreateOutcome::AlreadyExists => {
+                    pgstrata_engine::commands::stanza_create::CreateOutcome::AlreadyExists => {
                         println!(
                             "stanza '{}' already exists for this cluster{place}",
                             s.stanza
@@ -655,13 +655,14 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let repos = covered_repos(inv)?;
             let rt = runtime(2);
             for s in &repos {
-                rt.block_on(pgstrata_engine::check::check(s)).map_err(|e| {
-                    if repos.len() > 1 {
-                        e.context(format!("repo{}", s.repo_index))
-                    } else {
-                        e
-                    }
-                })?;
+                rt.block_on(pgstrata_engine::commands::check::check(s))
+                    .map_err(|e| {
+                        if repos.len() > 1 {
+                            e.context(format!("repo{}", s.repo_index))
+                        } else {
+                            e
+                        }
+                    })?;
                 println!(
                     "check of stanza '{}' passed{}",
                     s.stanza,
@@ -678,7 +679,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let s = settings(inv)?;
             let rt = runtime(s.process_max);
             let opts = backup_options(inv)?;
-            let m = rt.block_on(pgstrata_engine::backup::backup(&s, &opts))?;
+            let m = rt.block_on(pgstrata_engine::commands::backup::backup(&s, &opts))?;
             println!("{}", m.label);
             apply_retention(inv, &s, &rt)?;
             Ok(0)
@@ -688,7 +689,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let opts = restore_options(inv, &s)?;
             if opts.dry_run {
                 let (plan, settings) =
-                    runtime(2).block_on(pgstrata_engine::restore::plan(&s, &opts))?;
+                    runtime(2).block_on(pgstrata_engine::commands::restore::plan(&s, &opts))?;
                 print!("restore plan: {plan}");
                 for line in settings {
                     println!("  recovery: {line}");
@@ -696,8 +697,8 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 println!("nothing was written (--dry-run)");
                 return Ok(0);
             }
-            let r =
-                runtime(s.process_max).block_on(pgstrata_engine::restore::restore(&s, &opts))?;
+            let r = runtime(s.process_max)
+                .block_on(pgstrata_engine::commands::restore::restore(&s, &opts))?;
             println!(
                 "restored backup {}: {} files written, {} patched, {} unchanged, {} zeroed, {} removed; {} bytes fetched",
                 r.label, r.counts.files_written, r.counts.files_patched, r.counts.files_kept, r.counts.files_zeroed, r.removed, r.counts.bytes_fetched
@@ -706,16 +707,21 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         }
         "restore-test" => {
             let s = settings(inv)?;
-            let o = pgstrata_engine::restore_test::RestoreTestOptions {
+            let o = pgstrata_engine::commands::restore_test::RestoreTestOptions {
                 restore: recovery_options(inv, &s),
                 scratch: inv.get("pg-path").map(PathBuf::from),
                 keep: inv.flag("keep"),
                 pg_bin: inv.get("pg-bin").map(PathBuf::from),
                 preload: inv.list("restore-test-preload").to_vec(),
             };
-            let report = runtime(s.process_max)
-                .block_on(pgstrata_engine::restore_test::restore_test(&s, &o))?;
-            print_report(inv, &report, pgstrata_engine::restore_test::render_text);
+            let report = runtime(s.process_max).block_on(
+                pgstrata_engine::commands::restore_test::restore_test(&s, &o),
+            )?;
+            print_report(
+                inv,
+                &report,
+                pgstrata_engine::commands::restore_test::render_text,
+            );
             if report.ok {
                 Ok(0)
             } else {
@@ -740,14 +746,14 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let path = std::path::Path::new(path);
             let rt = per_file_runtime();
             if let Some(role) = worker_role() {
-                let wal_dir = std::env::var_os(archive_async::WAL_DIR_ENV)
+                let wal_dir = std::env::var_os(archive::WAL_DIR_ENV)
                     .map(PathBuf::from)
                     .ok_or_else(|| {
                         Error::config("an archive-push worker needs its WAL directory")
                     })?;
-                assert_eq!(role, archive_async::WorkerRole::Push);
-                let wanted = std::env::var(archive_async::WANTED_ENV).ok();
-                rt.block_on(archive_async::push_worker(
+                assert_eq!(role, archive::WorkerRole::Push);
+                let wanted = std::env::var(archive::WANTED_ENV).ok();
+                rt.block_on(archive::push_worker(
                     &repos,
                     &async_options(inv),
                     &wal_dir,
@@ -756,7 +762,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 return Ok(0);
             }
             if inv.flag("archive-async") {
-                rt.block_on(archive_async::push(
+                rt.block_on(archive::push(
                     &repos,
                     &async_options(inv),
                     path,
@@ -764,7 +770,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 ))?;
                 return Ok(0);
             }
-            rt.block_on(pgstrata_engine::archive::archive_push_all(&repos, path))?;
+            rt.block_on(archive::archive_push_all(&repos, path))?;
             Ok(0)
         }
         "archive-get" => {
@@ -773,11 +779,11 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                 return Err(Error::config("archive-get takes two arguments: the WAL file name (%f) and the destination (\"%p\")"));
             };
             let rt = per_file_runtime();
-            if worker_role() == Some(archive_async::WorkerRole::Get) {
-                rt.block_on(archive_async::get_worker(&repos, &async_options(inv)))?;
+            if worker_role() == Some(archive::WorkerRole::Get) {
+                rt.block_on(archive::get_worker(&repos, &async_options(inv)))?;
                 return Ok(0);
             }
-            let found = rt.block_on(archive_async::get(
+            let found = rt.block_on(archive::get(
                 &repos,
                 &async_options(inv),
                 name,
@@ -794,7 +800,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
                     "nothing to expire by: set repo-retention-full (and optionally repo-retention-diff), or give --set=LABEL",
                 ));
             };
-            let r = runtime(2).block_on(pgstrata_engine::expire::expire(&s, &o))?;
+            let r = runtime(2).block_on(pgstrata_engine::commands::expire::expire(&s, &o))?;
             println!(
                 "expired {} backup(s){}; deleted {} pack(s) ({} bytes) and {} WAL file(s); {} bytes held in partly referenced packs",
                 r.expired.len(),
@@ -810,10 +816,11 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let rt = runtime(2);
             let mut reports = Vec::new();
             for s in covered_repos(inv)? {
-                let report = rt.block_on(pgstrata_engine::info::info(&s, inv.get("set")))?;
+                let report =
+                    rt.block_on(pgstrata_engine::commands::info::info(&s, inv.get("set")))?;
                 reports.push((s, report));
             }
-            let text = pgstrata_engine::info::render_text;
+            let text = pgstrata_engine::commands::info::render_text;
             print_repo_reports(inv, &reports, text, metrics::render_info);
             Ok(0)
         }
@@ -822,10 +829,13 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
             let rt = runtime(repos[0].process_max.max(2));
             let mut reports = Vec::new();
             for s in repos {
-                let report = rt.block_on(pgstrata_engine::verify::verify(&s, inv.get("set")))?;
+                let report = rt.block_on(pgstrata_engine::commands::verify::verify(
+                    &s,
+                    inv.get("set"),
+                ))?;
                 reports.push((s, report));
             }
-            let text = pgstrata_engine::verify::render_text;
+            let text = pgstrata_engine::commands::verify::render_text;
             print_repo_reports(inv, &reports, text, metrics::render_verify);
             match reports.iter().find(|(_, r)| !r.ok) {
                 None => Ok(0),
@@ -843,13 +853,13 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         "key-add" => {
             let s = settings(inv)?;
             let new_pass = new_passphrase(inv)?;
-            let k = runtime(2).block_on(pgstrata_engine::keys::key_add(&s, new_pass))?;
+            let k = runtime(2).block_on(pgstrata_engine::commands::key::key_add(&s, new_pass))?;
             println!("key {} added to stanza '{}'", k.id, s.stanza);
             Ok(0)
         }
         "key-list" => {
             let s = settings(inv)?;
-            let keys = runtime(2).block_on(pgstrata_engine::keys::key_list(&s))?;
+            let keys = runtime(2).block_on(pgstrata_engine::commands::key::key_list(&s))?;
             print_report(inv, &keys, |keys| {
                 keys.iter()
                     .map(|k| format!("{}  created {} by {}@{}\n", k.id, k.created, k.user, k.host))
@@ -860,7 +870,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
         "key-remove" => {
             let s = settings(inv)?;
             let id = inv.require("key-id").map_err(Error::config)?;
-            runtime(2).block_on(pgstrata_engine::keys::key_remove(&s, id))?;
+            runtime(2).block_on(pgstrata_engine::commands::key::key_remove(&s, id))?;
             println!("key {id} removed from stanza '{}'", s.stanza);
             Ok(0)
         }
@@ -871,7 +881,7 @@ fn run(inv: &config::Invocation) -> Result<i32, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pgstrata_engine::restore::{RecoveryType, TargetAction};
+    use pgstrata_engine::commands::restore::{RecoveryType, TargetAction};
     use pgstrata_engine::track::Track;
     use pgstrata_repo::manifest::BackupType;
     use std::collections::HashMap;

@@ -5,10 +5,10 @@
 //! the environment variable `PGSTRATA_NAME` (upper case, '-' as '_'), the stanza's table of
 //! the config file, the config file's `[global]` table, and finally the default.
 
-use pgstrata_engine::expire::RetentionType;
+use pgstrata_engine::commands::expire::RetentionType;
+use pgstrata_engine::commands::restore::{RecoveryType, TargetAction};
 use pgstrata_engine::pg_tls::SslMode;
 use pgstrata_engine::progress::ProgressMode;
-use pgstrata_engine::restore::{RecoveryType, TargetAction};
 use pgstrata_engine::track::Track;
 use pgstrata_repo::cipher::CipherType;
 use pgstrata_repo::codec::CompressType;

@@ -1,8 +1,10 @@
 //! Throwaway PostgreSQL clusters: find the server binaries, initdb, start, stop, SQL,
 //! pgbench, and a content hash of every table to compare a restored cluster with its source.
 //!
-//! `pgstrata demo` runs on this crate, and so do the tests and benchmarks (through
-//! `pgstrata-testkit`, which adds the storage servers they need). PostgreSQL
+//! The binary uses it: `pgstrata restore-test` starts the restored scratch cluster with it
+//! (`pgstrata-engine`'s `commands::restore_test`), and `pgstrata demo` runs on it. So do
+//! the tests and benchmarks (through `pgstrata-testkit`, which adds the storage servers
+//! they need). PostgreSQL
 //! refuses to run as root, so when the caller is root the server programs run as the
 //! `postgres` user (created by Debian's postgresql packages) through `runuser`, and scratch
 //! directories are handed to that user.

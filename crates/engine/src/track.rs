@@ -249,7 +249,7 @@ pub(crate) async fn wal_changes(
             let archive_id = &archive_id;
             async move {
                 let (key, fetched) =
-                    crate::archive::fetch_change_map(storage, stanza, archive_id, &name).await;
+                    crate::wal_archive::fetch_change_map(storage, stanza, archive_id, &name).await;
                 (segno, name, key, fetched)
             }
         })
@@ -364,7 +364,7 @@ impl Window<'_> {
                 feed_file(&mut decoder, &path, wanted)
                     .map_err(|e| e.context(format!("cannot decode {name} from pg_wal")))?;
                 let decoded = decoder.finish();
-                let mut map = crate::archive::change_map_of(name, decoded);
+                let mut map = crate::wal_archive::change_map_of(name, decoded);
                 if segno == current {
                     // Every record of the window ends before `until`, which lies in this
                     // segment: a record cut at its end is past the window.
@@ -404,7 +404,7 @@ impl Window<'_> {
             }
         }
         let decoded = decoder.finish();
-        let mut joined = crate::archive::change_map_of(name, decoded);
+        let mut joined = crate::wal_archive::change_map_of(name, decoded);
         joined.incomplete_tail = false;
         Ok(joined)
     }

@@ -5,9 +5,9 @@
 mod fixture;
 
 use fixture::{BackupSpec, Repo, STANZA};
-use pgstrata_engine::expire::{expire, ExpireOptions, RetentionType};
-use pgstrata_engine::restore::{RecoveryType, RestoreOptions};
-use pgstrata_engine::{info, verify};
+use pgstrata_engine::commands::expire::{expire, ExpireOptions, RetentionType};
+use pgstrata_engine::commands::restore::{RecoveryType, RestoreOptions};
+use pgstrata_engine::commands::{info, verify};
 use pgstrata_repo::layout;
 use pgstrata_repo::manifest::{BackupType, Manifest};
 
@@ -326,8 +326,9 @@ async fn restore_into(
     repo: &Repo,
     set: &str,
     target: &std::path::Path,
-) -> pgstrata_engine::Result<pgstrata_engine::restore::RestoreReport> {
-    pgstrata_engine::restore::restore(&repo.settings(Some(target)), &restore_options(set)).await
+) -> pgstrata_engine::Result<pgstrata_engine::commands::restore::RestoreReport> {
+    pgstrata_engine::commands::restore::restore(&repo.settings(Some(target)), &restore_options(set))
+        .await
 }
 
 #[tokio::test]
@@ -359,9 +360,10 @@ async fn restore_plan_chooses_the_newest_backup_and_writes_nothing() {
         set: None,
         ..restore_options(FULL1)
     };
-    let (plan, _) = pgstrata_engine::restore::plan(&repo.settings(Some(target.path())), &o)
-        .await
-        .unwrap();
+    let (plan, _) =
+        pgstrata_engine::commands::restore::plan(&repo.settings(Some(target.path())), &o)
+            .await
+            .unwrap();
     assert_eq!(plan.header().label, FULL3);
     assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 0);
 }

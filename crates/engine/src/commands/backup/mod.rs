@@ -14,11 +14,12 @@
 //!    need.
 
 mod assemble;
+mod checkpoints;
 mod copy;
+mod copy_context;
 mod ordered;
 mod preflight;
 mod primary_sql;
-mod resume;
 mod standby;
 
 pub use copy::block_size_for;
@@ -26,17 +27,18 @@ pub use copy::block_size_for;
 use crate::progress::{human_bytes, Progress};
 use crate::track::{Track, WalChanges};
 use crate::walk;
-use crate::{open_stanza, Error, ErrorKind, Result, Settings};
+use crate::{open_stanza, Error, Result, Settings};
 use assemble::{Copied, Stopped};
-use copy::{CopyContext, Job, Prior};
+use copy::Job;
+use copy_context::{CopyContext, Prior, Resumed};
 use ordered::Parts;
 use pgstrata_pg::lsn;
-use pgstrata_repo::manifest::{BackupType, Manifest, PartsWriter, PART_ENTRIES};
+use pgstrata_repo::manifest::{BackupType, Manifest, PartsWriter, Tablespace, PART_ENTRIES};
 use pgstrata_repo::stanza::StanzaInfo;
 use pgstrata_repo::Named;
-use pgstrata_repo::{layout as repo_layout, Storage};
+use pgstrata_repo::Storage;
 use preflight::{Preflight, Started};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[derive(Debug, Clone)]
 pub struct BackupOptions {
@@ -120,7 +122,7 @@ async fn backup_locked(
     manifest.annotations = opts.annotations.clone();
     assemble::publish(storage, &mut manifest).await?;
     if opts.resume {
-        resume::remove_checkpoints(storage, &s.stanza, &manifest.label).await;
+        checkpoints::remove_checkpoints(storage, &s.stanza, &manifest.label).await;
     }
     let (st, label) = (&manifest.stats, &manifest.label);
     if st.page_errors > 0 {
@@ -158,30 +160,7 @@ async fn copy_data_directory(
             pf.db.target()
         );
     }
-    // The walk: the data directory's as it goes, or (from a standby) the primary's and
-    // the standby's merged, whole.
-    let (major, catver) = (pf.control.major_version()?, pf.control.catalog_version);
-    type Source = Box<dyn Iterator<Item = Result<walk::Walked>> + Send>;
-    let (walk, tablespaces): (Source, _) = match &pf.standby {
-        None => {
-            let mut walker = walk::Walker::new(&pf.pg_path, major, catver)?;
-            let tablespaces = std::mem::take(&mut walker.tablespaces);
-            (Box::new(walker), tablespaces)
-        }
-        Some(sb) => {
-            let (p, sp) = (pf.pg_path.clone(), sb.source.path.clone());
-            let over_sql = pf.primary_copy.is_some();
-            let mut merged = tokio::task::spawn_blocking(move || -> Result<walk::Walk> {
-                let primary = walk::walk(&p, major, catver)?;
-                let standby = walk::walk(&sp, major, catver)?;
-                Ok(standby::merge_walks(primary, standby, over_sql))
-            })
-            .await
-            .expect("walk thread")?;
-            let tablespaces = std::mem::take(&mut merged.tablespaces);
-            (Box::new(walk::in_order(merged)), tablespaces)
-        }
-    };
+    let (walk, tablespaces) = walk_source(pf).await?;
     // The prior backup's size until the walk finds more.
     let estimate = pf.prior.as_ref().map(|p| p.header().stats.clone());
     let progress = Progress::start(
@@ -190,20 +169,7 @@ async fn copy_data_directory(
         estimate.as_ref().map_or(0, |st| st.files),
     );
     let prior = pf.prior.clone().map(Prior::new);
-    let resume = match opts.resume {
-        true => {
-            let complete = pgstrata_repo::manifest::list_backups(storage, &s.stanza).await?;
-            resume::find(storage, &s.stanza, &complete, pf.control.block_size).await?
-        }
-        false => None,
-    };
-    if let Some(r) = &resume {
-        log::info!(
-            "resuming: backup {} was interrupted; the frames it stored for {} file(s) are reused where their blocks still match",
-            r.label,
-            r.files.len()
-        );
-    }
+    let resume = interrupted_backup(s, opts, storage, pf).await?;
     let resumed_from = resume.as_ref().map(|r| (r.label.clone(), r.compression));
     let runtime = tokio::runtime::Handle::current();
     let ctx = CopyContext {
@@ -232,29 +198,100 @@ async fn copy_data_directory(
     let mut parts = Parts::new(writer, storage.clone(), runtime);
     let ctx = std::sync::Arc::new(ctx);
     let (c, totals) = (ctx.clone(), progress.totals());
-    let (mut outcome, mut control, mut parts) = tokio::task::spawn_blocking(move || {
+    let (mut outcome, control, parts) = tokio::task::spawn_blocking(move || {
         ordered::copy_in_order(&c, walk, &mut parts, workers, &totals)
             .map(|(outcome, control)| (outcome, control, parts))
     })
     .await
     .expect("copy threads")?;
+    let (control_outcome, parts) = copy_control_last(pf, ctx, control, parts, workers).await?;
+    outcome.absorb(control_outcome);
+    progress.finish();
+    let (parts, page_errors) = parts;
+    Ok(Copied {
+        parts,
+        page_errors,
+        tablespaces,
+        outcome,
+        resumed_from,
+    })
+}
+
+/// What the copy walks, in path order, and the tablespaces found: the data directory's
+/// walk as it goes, or (from a standby) the primary's and the standby's merged, whole.
+async fn walk_source(pf: &Preflight) -> Result<(WalkSource, Vec<Tablespace>)> {
+    let (major, catver) = (pf.control.major_version()?, pf.control.catalog_version);
+    Ok(match &pf.standby {
+        None => {
+            let mut walker = walk::Walker::new(&pf.pg_path, major, catver)?;
+            let tablespaces = std::mem::take(&mut walker.tablespaces);
+            (Box::new(walker), tablespaces)
+        }
+        Some(sb) => {
+            let (p, sp) = (pf.pg_path.clone(), sb.source.path.clone());
+            let over_sql = pf.primary_copy.is_some();
+            let mut merged = tokio::task::spawn_blocking(move || -> Result<walk::Walk> {
+                let primary = walk::walk(&p, major, catver)?;
+                let standby = walk::walk(&sp, major, catver)?;
+                Ok(standby::merge_walks(primary, standby, over_sql))
+            })
+            .await
+            .expect("walk thread")?;
+            let tablespaces = std::mem::take(&mut merged.tablespaces);
+            (Box::new(walk::in_order(merged)), tablespaces)
+        }
+    })
+}
+
+/// The walk the copy reads, in path order.
+type WalkSource = Box<dyn Iterator<Item = Result<walk::Walked>> + Send>;
+
+/// With `--resume`, the interrupted backup whose stored frames this one may reuse.
+async fn interrupted_backup(
+    s: &Settings,
+    opts: &BackupOptions,
+    storage: &Storage,
+    pf: &Preflight,
+) -> Result<Option<Resumed>> {
+    if !opts.resume {
+        return Ok(None);
+    }
+    let complete = pgstrata_repo::manifest::list_backups(storage, &s.stanza).await?;
+    let resume = checkpoints::find(storage, &s.stanza, &complete, pf.control.block_size).await?;
+    if let Some(r) = &resume {
+        log::info!(
+            "resuming: backup {} was interrupted; the frames it stored for {} file(s) are reused where their blocks still match",
+            r.label,
+            r.files.len()
+        );
+    }
+    Ok(resume)
+}
+
+/// Copy `global/pg_control` last (from a primary read over SQL, as the primary has it
+/// now), and finish the manifest's parts: the parts written and the page errors found.
+async fn copy_control_last(
+    pf: &Preflight,
+    ctx: std::sync::Arc<CopyContext>,
+    mut control: walk::WalkedFile,
+    mut parts: Parts,
+    workers: usize,
+) -> Result<(copy::CopyOutcome, (PartsWriter, u64))> {
     if let Some(copy) = &pf.primary_copy {
-        // pg_control last, as the primary has it now.
         primary_sql::refresh_control(&pf.db, &copy.dir).await?;
         let md = std::fs::metadata(control.abs())
             .map_err(|e| Error::io(format!("stat {}", control.abs().display()), e))?;
         control.size = md.len();
         control.mtime = std::os::unix::fs::MetadataExt::mtime(&md);
     }
-    let c = ctx.clone();
-    let (control_outcome, parts) = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let copied = std::sync::Mutex::new(None);
         let job = Job {
             file: control,
             prior: None,
         };
         let outcome = copy::copy_files(
-            &c,
+            &ctx,
             copy::groups(std::iter::once((0, job))),
             1,
             workers,
@@ -271,17 +308,7 @@ async fn copy_data_directory(
         Ok::<_, Error>((outcome, parts.finish()?))
     })
     .await
-    .expect("copy threads")?;
-    outcome.absorb(control_outcome);
-    progress.finish();
-    let (parts, page_errors) = parts;
-    Ok(Copied {
-        parts,
-        page_errors,
-        tablespaces,
-        outcome,
-        resumed_from,
-    })
+    .expect("copy threads")
 }
 
 /// `pg_backup_stop`, then wait until the WAL from the start to the stop is archived:
@@ -310,7 +337,7 @@ async fn stop(
         started.start_wal
     );
     let needed = lsn::segments_between(started.timeline, started.start_lsn, stop_lsn, seg_size);
-    wait_for_wal(
+    crate::wal_archive::wait_for_wal(
         storage,
         &s.stanza,
         &stanza.cluster.archive_id(),
@@ -324,34 +351,4 @@ async fn stop(
         tablespace_map,
         databases,
     })
-}
-
-/// Poll the archive until every segment is there.
-pub(crate) async fn wait_for_wal(
-    storage: &Storage,
-    stanza: &str,
-    archive_id: &str,
-    segments: &[String],
-    timeout: Duration,
-) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    for seg in segments {
-        let key = repo_layout::archive_object(stanza, archive_id, seg);
-        loop {
-            if storage.exists(&key).await? {
-                break;
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "WAL segment {seg} did not reach the archive within {}s: check that archive_command runs 'pgstrata archive-push --stanza={stanza} %p' and look in the PostgreSQL log for archiver errors",
-                        timeout.as_secs()
-                    ),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    Ok(())
 }

@@ -1,9 +1,9 @@
-//! Resume (see `pgstrata_repo::resume` for the format and the why): the copy workers'
-//! checkpoints while a backup runs, and the interrupted backup the next one reuses.
+//! Resume checkpoints (see `pgstrata_repo::resume` for the format and the why): the copy
+//! workers' checkpoints while a backup runs, finding the interrupted backup the next one
+//! reuses, and removing a complete backup's checkpoints.
 
-use super::copy::CopyContext;
+use super::copy_context::{CopyContext, Resumed};
 use crate::{Error, Result};
-use pgstrata_repo::codec::CompressType;
 use pgstrata_repo::layout::{self, BackupObject};
 use pgstrata_repo::manifest::FileEntry;
 use pgstrata_repo::pack::PackWriter;
@@ -23,14 +23,6 @@ pub(crate) const MIN_FILE_SIZE: u64 = 1 << 20;
 /// line, a checkpoint of one changed 1 GB segment is a third of what its incremental
 /// stores).
 pub(crate) const MIN_NEW_BYTES: u64 = 64 << 20;
-
-/// An interrupted backup whose stored frames this backup may point at.
-pub(crate) struct Resumed {
-    pub label: String,
-    pub compression: CompressType,
-    /// By path: extents and block hashes of files whose frames are all stored.
-    pub files: HashMap<String, FileEntry>,
-}
 
 /// The newest interrupted backup of the stanza, when it is newer than every complete one
 /// (`complete`, oldest first) and left checkpoints. Damaged checkpoints are passed over

@@ -1,5 +1,8 @@
-//! Asynchronous archive-push (`archive-async`) and archive-get prefetch
-//! (`archive-get-queue-max`): a spool directory on the database host and a background
+//! `archive-push` and `archive-get`, PostgreSQL's archive_command and restore_command.
+//! Without `archive-async`, archive-push stores the file at once ([`archive_push_all`]);
+//! storing and fetching WAL is [`crate::wal_archive`]'s. This module is what the commands
+//! add to it: asynchronous archive-push (`archive-async`) and archive-get prefetch
+//! (`archive-get-queue-max`), a spool directory on the database host and a background
 //! worker that PostgreSQL's own calls start on demand.
 //!
 //! PostgreSQL runs archive_command and restore_command for one WAL file at a time and waits
@@ -64,16 +67,21 @@
 //! stdin on /dev/null and stderr appended to `<spool>/<stanza>/<role>.log`. It thus
 //! resolves exactly the options the foreground did.
 
-use crate::archive;
+use crate::wal_archive;
 use crate::{open_stanza, Error, Result, Settings};
 use futures::stream::{self, StreamExt};
 use pgstrata_pg::lsn;
 use pgstrata_repo::layout;
+use pgstrata_repo::stanza::StanzaInfo;
+use pgstrata_repo::Storage;
 use std::fs::{self, File};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+/// archive-push without `archive-async`: the file stored in every repository at once.
+pub use crate::wal_archive::archive_push_all;
 
 /// The environment variable that makes a `pgstrata archive-push` or `archive-get` a worker.
 pub const WORKER_ENV: &str = "PGSTRATA_ASYNC_WORKER";
@@ -270,7 +278,7 @@ pub async fn push(
     launch: Launcher<'_>,
 ) -> Result<()> {
     let s = &repos[0];
-    let name = archive::checked_wal_name(wal_path)?;
+    let name = wal_archive::checked_wal_name(wal_path)?;
     let dir = o.stanza_dir(s);
     let out = dir.join("out");
     create_private_dir(&o.spool_path, &out)?;
@@ -316,7 +324,7 @@ pub async fn push(
                     "the asynchronous archive-push worker exited twice before acknowledging {name}; pushing it directly (see {})",
                     log.display()
                 );
-                return archive::archive_push_all(repos, wal_path).await;
+                return wal_archive::archive_push_all(repos, wal_path).await;
             }
             launches += 1;
             launch(
@@ -358,7 +366,7 @@ fn ready_files(wal_dir: &Path) -> Result<Vec<String>> {
                 .strip_suffix(".ready")
                 .map(str::to_string)
         })
-        .filter(|n| archive::valid_wal_name(n))
+        .filter(|n| wal_archive::valid_wal_name(n))
         .collect();
     names.sort_by_key(|n| (!n.ends_with(".history"), n.clone()));
     Ok(names)
@@ -407,76 +415,15 @@ pub async fn push_worker(
     let Some(_lock) = try_lock(&dir.join("archive-push.lock"))? else {
         return Ok(());
     };
-    let opened = match futures::future::try_join_all(repos.iter().map(|r| async move {
-        open_stanza(r)
-            .await
-            .map_err(|e| e.context(format!("repo{}", r.repo_index)))
-    }))
-    .await
-    {
-        Ok(o) => o,
-        Err(e) => {
-            // Tell the waiting foreground why at once rather than let it time out.
-            for name in ready_files(wal_dir)? {
-                let _ = write_durable(&out, &format!("{name}.error"), e.to_string().as_bytes());
-            }
-            return Err(e);
-        }
-    };
-    let opened = &opened;
+    let opened = &open_repositories(repos, wal_dir, &out).await?;
     let mut idle_since = Instant::now();
     let mut wanted = wanted
-        .filter(|w| archive::valid_wal_name(w))
+        .filter(|w| wal_archive::valid_wal_name(w))
         .map(str::to_string);
     loop {
-        let mut ready = ready_files(wal_dir)?;
-        prune_acks(&out, &ready);
-        // The launching foreground's file, once, ready or not.
-        if let Some(w) = wanted.take() {
-            if !ready.contains(&w) {
-                ready.insert(0, w);
-            }
-        }
-        // Not acknowledged yet: `todo` to push, and those whose push failed (retried once
-        // PostgreSQL's call has reported the failure and removed the `.error`).
-        let mut todo = Vec::new();
-        let mut failed = Vec::new();
-        for name in ready {
-            let Ok(stamp) = Stamp::of(&wal_dir.join(&name)) else {
-                continue; // recycled meanwhile
-            };
-            match read_ack(&out, &name, stamp) {
-                Ack::None => todo.push((name, stamp)),
-                Ack::Error(_) => failed.push((name, stamp)),
-                Ack::Ok => {}
-            }
-        }
-        if let Some(max) = o.push_queue_max {
-            let mut waiting: Vec<(String, Stamp)> = todo.iter().chain(&failed).cloned().collect();
-            // Segments only: history and backup-label files are small and must not tip it.
-            let bytes: u64 = waiting
-                .iter()
-                .filter(|(n, _)| lsn::is_segment_name(n))
-                .map(|(_, st)| st.size)
-                .sum();
-            if bytes > max {
-                waiting.sort_by(|a, b| a.0.cmp(&b.0));
-                log::warn!(
-                    "{bytes} bytes of WAL wait to be archived, more than archive-push-queue-max ({max}): dropping {} file(s) ({} .. {}) without archiving them. \
-                     The archive now has a gap: point-in-time recovery cannot cross it; take a full backup",
-                    waiting.len(),
-                    waiting[0].0,
-                    waiting[waiting.len() - 1].0
-                );
-                for (name, stamp) in &waiting {
-                    let _ = fs::remove_file(out.join(format!("{name}.error")));
-                    write_durable(&out, &format!("{name}.ok"), stamp.ack_text(true).as_bytes())
-                        .map_err(|e| {
-                            Error::io(format!("acknowledge {name} in {}", out.display()), e)
-                        })?;
-                }
-                continue;
-            }
+        let (todo, failed) = unacknowledged(wal_dir, &out, wanted.take())?;
+        if drop_over_queue_max(o, &todo, &failed, &out)? {
+            continue;
         }
         if todo.is_empty() {
             if idle_since.elapsed() > PUSH_IDLE {
@@ -486,47 +433,156 @@ pub async fn push_worker(
             continue;
         }
         idle_since = Instant::now();
-        // Two stages: files read, compressed and decoded (once for every repository), each
-        // on one thread, as many at once as there are cores (at most process-max); and
-        // process-max files being stored. More files compressing than cores only evict
-        // each other's data from the cores' caches: in `bench wal_async` on 2 cores, 4
-        // files compressing beside 4 in flight took 12 % more CPU a segment than 4 files
-        // each compressed then stored, and 2 compressing beside 4 in flight the same CPU
-        // as those, in 17 % less memory.
-        let width = o.process_max.max(1);
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let out = &out;
-        let mut acked = stream::iter(todo)
-            .map(|(name, stamp)| async move {
-                let path = wal_dir.join(&name);
-                let prepared = archive::prepare_push_all(repos, opened, &name, &path, 1).await;
-                (name, stamp, path, prepared)
-            })
-            .buffer_unordered(width.min(cores))
-            .map(|(name, stamp, path, prepared)| async move {
-                let stored = match prepared {
-                    Ok(p) => archive::store_prepared_all(repos, opened, &path, &p).await,
-                    Err(e) => Err(e),
-                };
-                // Acknowledged only once every repository has it.
-                let (file, text) = match stored {
-                    Ok(()) => (format!("{name}.ok"), stamp.ack_text(false)),
-                    Err(e) => {
-                        log::error!("{name}: {e}");
-                        (format!("{name}.error"), e.to_string())
-                    }
-                };
-                let dir = out.clone();
-                tokio::task::spawn_blocking(move || write_durable(&dir, &file, text.as_bytes()))
-                    .await
-                    .expect("acknowledgement writer")
-                    .map_err(|e| Error::io(format!("acknowledge {name} in {}", out.display()), e))
-            })
-            .buffer_unordered(width);
-        while let Some(written) = acked.next().await {
-            written?;
+        push_and_acknowledge(repos, opened, o, wal_dir, &out, todo).await?;
+    }
+}
+
+/// The stanza opened in every repository, for the push worker. When one fails, every
+/// ready file is acknowledged with the error in `out`: the waiting foreground learns why
+/// at once rather than time out.
+async fn open_repositories(
+    repos: &[Settings],
+    wal_dir: &Path,
+    out: &Path,
+) -> Result<Vec<(Storage, StanzaInfo)>> {
+    match futures::future::try_join_all(repos.iter().map(|r| async move {
+        open_stanza(r)
+            .await
+            .map_err(|e| e.context(format!("repo{}", r.repo_index)))
+    }))
+    .await
+    {
+        Ok(o) => Ok(o),
+        Err(e) => {
+            for name in ready_files(wal_dir)? {
+                let _ = write_durable(out, &format!("{name}.error"), e.to_string().as_bytes());
+            }
+            Err(e)
         }
     }
+}
+
+/// A WAL file waiting to be pushed, with what its acknowledgement will vouch for.
+type Waiting = (String, Stamp);
+
+/// The files not acknowledged yet in `out`: those to push, and those whose push failed
+/// (retried once PostgreSQL's call has reported the failure and removed the `.error`).
+/// `wanted` (the launching foreground's file) is among them, ready or not. Acknowledgements
+/// of files no longer ready are removed.
+fn unacknowledged(
+    wal_dir: &Path,
+    out: &Path,
+    wanted: Option<String>,
+) -> Result<(Vec<Waiting>, Vec<Waiting>)> {
+    let mut ready = ready_files(wal_dir)?;
+    prune_acks(out, &ready);
+    if let Some(w) = wanted {
+        if !ready.contains(&w) {
+            ready.insert(0, w);
+        }
+    }
+    let mut todo = Vec::new();
+    let mut failed = Vec::new();
+    for name in ready {
+        let Ok(stamp) = Stamp::of(&wal_dir.join(&name)) else {
+            continue; // recycled meanwhile
+        };
+        match read_ack(out, &name, stamp) {
+            Ack::None => todo.push((name, stamp)),
+            Ack::Error(_) => failed.push((name, stamp)),
+            Ack::Ok => {}
+        }
+    }
+    Ok((todo, failed))
+}
+
+/// `archive-push-queue-max`: when more WAL than that waits (`todo` and `failed`), every
+/// waiting file is acknowledged as dropped, with a warning. True when it dropped them.
+fn drop_over_queue_max(
+    o: &AsyncOptions,
+    todo: &[Waiting],
+    failed: &[Waiting],
+    out: &Path,
+) -> Result<bool> {
+    let Some(max) = o.push_queue_max else {
+        return Ok(false);
+    };
+    let mut waiting: Vec<Waiting> = todo.iter().chain(failed).cloned().collect();
+    // Segments only: history and backup-label files are small and must not tip it.
+    let bytes: u64 = waiting
+        .iter()
+        .filter(|(n, _)| lsn::is_segment_name(n))
+        .map(|(_, st)| st.size)
+        .sum();
+    if bytes <= max {
+        return Ok(false);
+    }
+    waiting.sort_by(|a, b| a.0.cmp(&b.0));
+    log::warn!(
+        "{bytes} bytes of WAL wait to be archived, more than archive-push-queue-max ({max}): dropping {} file(s) ({} .. {}) without archiving them. \
+         The archive now has a gap: point-in-time recovery cannot cross it; take a full backup",
+        waiting.len(),
+        waiting[0].0,
+        waiting[waiting.len() - 1].0
+    );
+    for (name, stamp) in &waiting {
+        let _ = fs::remove_file(out.join(format!("{name}.error")));
+        write_durable(out, &format!("{name}.ok"), stamp.ack_text(true).as_bytes())
+            .map_err(|e| Error::io(format!("acknowledge {name} in {}", out.display()), e))?;
+    }
+    Ok(true)
+}
+
+/// Push the files of `todo` to every repository and acknowledge each in `out`: `.ok` once
+/// every repository has it, else `.error` with the reason.
+async fn push_and_acknowledge(
+    repos: &[Settings],
+    opened: &[(Storage, StanzaInfo)],
+    o: &AsyncOptions,
+    wal_dir: &Path,
+    out: &Path,
+    todo: Vec<Waiting>,
+) -> Result<()> {
+    // Two stages: files read, compressed and decoded (once for every repository), each
+    // on one thread, as many at once as there are cores (at most process-max); and
+    // process-max files being stored. More files compressing than cores only evict
+    // each other's data from the cores' caches: in `bench wal_async` on 2 cores, 4
+    // files compressing beside 4 in flight took 12 % more CPU a segment than 4 files
+    // each compressed then stored, and 2 compressing beside 4 in flight the same CPU
+    // as those, in 17 % less memory.
+    let width = o.process_max.max(1);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut acked = stream::iter(todo)
+        .map(|(name, stamp)| async move {
+            let path = wal_dir.join(&name);
+            let prepared = wal_archive::prepare_push_all(repos, opened, &name, &path, 1).await;
+            (name, stamp, path, prepared)
+        })
+        .buffer_unordered(width.min(cores))
+        .map(|(name, stamp, path, prepared)| async move {
+            let stored = match prepared {
+                Ok(p) => wal_archive::store_prepared_all(repos, opened, &path, &p).await,
+                Err(e) => Err(e),
+            };
+            // Acknowledged only once every repository has it.
+            let (file, text) = match stored {
+                Ok(()) => (format!("{name}.ok"), stamp.ack_text(false)),
+                Err(e) => {
+                    log::error!("{name}: {e}");
+                    (format!("{name}.error"), e.to_string())
+                }
+            };
+            let dir = out.to_path_buf();
+            tokio::task::spawn_blocking(move || write_durable(&dir, &file, text.as_bytes()))
+                .await
+                .expect("acknowledgement writer")
+                .map_err(|e| Error::io(format!("acknowledge {name} in {}", out.display()), e))
+        })
+        .buffer_unordered(width);
+    while let Some(written) = acked.next().await {
+        written?;
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -545,7 +601,7 @@ fn recorded_hash_path(spooled: &Path) -> PathBuf {
 
 /// archive-get with prefetch: serve `name` from the spool when it is there, tell the worker
 /// what was asked, and otherwise fetch from the repository. Same answer as
-/// [`archive::archive_get`]: true when found.
+/// [`wal_archive::archive_get`]: true when found.
 pub async fn get(
     repos: &[Settings],
     o: &AsyncOptions,
@@ -555,7 +611,7 @@ pub async fn get(
 ) -> Result<bool> {
     let s = &repos[0];
     if o.get_queue_max == 0 || !lsn::is_segment_name(name) {
-        return archive::archive_get_any(repos, name, dest).await;
+        return wal_archive::archive_get_any(repos, name, dest).await;
     }
     let dir = o.stanza_dir(s);
     let inbox = dir.join("in");
@@ -566,7 +622,7 @@ pub async fn get(
         } else {
             log::debug!("prefetch off: {e}");
         }
-        return archive::archive_get_any(repos, name, dest).await;
+        return wal_archive::archive_get_any(repos, name, dest).await;
     }
     let served = serve_spooled(&inbox, name, dest, Duration::ZERO);
     // Tell the worker (atomically: it must never read half a name) and make sure it runs.
@@ -586,7 +642,7 @@ pub async fn get(
     if served || serve_spooled(&inbox, name, dest, Duration::from_secs(5)) {
         return Ok(true);
     }
-    archive::archive_get_any(repos, name, dest).await
+    wal_archive::archive_get_any(repos, name, dest).await
 }
 
 /// Write `dir/name` through a temporary file and a rename, without fsync (spool contents
@@ -726,32 +782,12 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
     let Some(_lock) = try_lock(&dir.join("archive-get.lock"))? else {
         return Ok(());
     };
-    // The repositories that open, in the order given (the one asked for first); segments
-    // come from the first that has them.
-    let mut storages = Vec::new();
-    let mut first_stanza = None;
-    for r in repos {
-        match open_stanza(r).await {
-            Ok((storage, stanza)) => {
-                first_stanza.get_or_insert(stanza);
-                storages.push(storage);
-            }
-            Err(e) => log::warn!("prefetch: repo{}: {e}", r.repo_index),
-        }
-    }
-    let Some(stanza) = first_stanza else {
+    let Some((storages, stanza)) = open_for_prefetch(repos).await else {
         return Ok(()); // the foreground fetches and reports the failure itself
     };
     let archive_id = stanza.cluster.archive_id();
     let seg_size = stanza.cluster.wal_segment_size;
-    let queue = inbox.join(&archive_id);
-    create_private_dir(&o.spool_path, &queue)?;
-    // Queues of another archive id (before a stanza upgrade) are of no use now.
-    for e in fs::read_dir(&inbox).into_iter().flatten().flatten() {
-        if e.file_type().is_ok_and(|t| t.is_dir()) && e.path() != queue {
-            let _ = fs::remove_dir_all(e.path());
-        }
-    }
+    let queue = prefetch_queue(o, &inbox, &archive_id)?;
     let depth = (o.get_queue_max / seg_size).max(1);
     let mut last_request = String::new();
     let mut last_change = Instant::now();
@@ -773,14 +809,7 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
         let window: Vec<String> = (1..=depth)
             .map(|i| lsn::segment_name(tli, segno + i, seg_size))
             .collect();
-        // Everything else goes: served segments, another timeline, segments behind a seek.
-        for e in fs::read_dir(&queue).into_iter().flatten().flatten() {
-            let file = e.file_name().to_string_lossy().to_string();
-            let segment = file.strip_suffix(".blake3").unwrap_or(&file);
-            if !window.iter().any(|w| w == segment) {
-                let _ = fs::remove_file(e.path());
-            }
-        }
+        keep_only_window(&queue, &window);
         // Past the end of the archive found less than a second ago: wait before asking again.
         let end = end_of_archive
             .as_ref()
@@ -796,71 +825,127 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         }
-        // Fetched in order, process-max at a time, each decoded (its hash checked) and made
-        // durable beside the queue before it is renamed in; the first one missing ends the
-        // round.
-        let fetched: Vec<(String, Fetched)> = stream::iter(missing)
-            .map(|n| {
-                let key = layout::archive_object(&s.stanza, &archive_id, n);
-                let storages = &storages;
-                let tmp = queue.join(format!(".{n}.tmp"));
-                let done = queue.join(n);
-                async move {
-                    // Marks the fetch in flight for a foreground that wants this segment.
-                    let _ = File::create(&tmp);
-                    let mut got = None;
-                    for storage in storages {
-                        match storage.get(&key).await {
-                            Ok(obj) => {
-                                got = Some(Ok(obj));
-                                break;
-                            }
-                            Err(e) => {
-                                got.get_or_insert(Err(e));
-                            }
-                        }
-                    }
-                    let outcome = match got.expect("at least one repository") {
-                        Err(e) if e.is_not_found() => Fetched::NotFound,
-                        Err(e) => Fetched::Failed(e.into()),
-                        Ok(obj) => tokio::task::spawn_blocking(move || {
-                            spool_segment(&obj, &key, &tmp, &done)
-                        })
-                        .await
-                        .expect("prefetch decode thread")
-                        .map_or_else(Fetched::Failed, |()| Fetched::Done),
-                    };
-                    (n.clone(), outcome)
-                }
-            })
-            .buffered(o.process_max.max(1))
-            .collect()
-            .await;
-        let mut stop = false;
-        for (n, outcome) in fetched {
-            if stop {
-                // Past the end: not kept (the next round asks again).
-                let _ = fs::remove_file(queue.join(&n));
-                let _ = fs::remove_file(recorded_hash_path(&queue.join(&n)));
-                continue;
-            }
-            match outcome {
-                Fetched::Done => {}
-                Fetched::NotFound => {
-                    end_of_archive = Some((n, Instant::now()));
-                    stop = true;
-                }
-                Fetched::Failed(why) => {
-                    log::warn!("prefetch {n}: {why}");
-                    end_of_archive = Some((n, Instant::now()));
-                    stop = true;
-                }
-            }
-        }
-        if stop {
+        let fetched = fetch_into_queue(s, o, &storages, &archive_id, &queue, missing).await;
+        if let Some(end) = end_of_round(&queue, fetched) {
+            end_of_archive = Some((end, Instant::now()));
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// The repositories that open, in the order given (the one asked for first; segments
+/// come from the first that has them), with the stanza record of the first. None when none
+/// opens.
+async fn open_for_prefetch(repos: &[Settings]) -> Option<(Vec<Storage>, StanzaInfo)> {
+    let mut storages = Vec::new();
+    let mut first_stanza = None;
+    for r in repos {
+        match open_stanza(r).await {
+            Ok((storage, stanza)) => {
+                first_stanza.get_or_insert(stanza);
+                storages.push(storage);
+            }
+            Err(e) => log::warn!("prefetch: repo{}: {e}", r.repo_index),
+        }
+    }
+    Some((storages, first_stanza?))
+}
+
+/// The prefetch queue of `archive_id` in `inbox`, created; queues of another archive id
+/// (before a stanza upgrade) are of no use now and removed.
+fn prefetch_queue(o: &AsyncOptions, inbox: &Path, archive_id: &str) -> Result<PathBuf> {
+    let queue = inbox.join(archive_id);
+    create_private_dir(&o.spool_path, &queue)?;
+    for e in fs::read_dir(inbox).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) && e.path() != queue {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+    Ok(queue)
+}
+
+/// Remove from `queue` everything outside `window`: served segments, another timeline,
+/// segments behind a seek.
+fn keep_only_window(queue: &Path, window: &[String]) {
+    for e in fs::read_dir(queue).into_iter().flatten().flatten() {
+        let file = e.file_name().to_string_lossy().to_string();
+        let segment = file.strip_suffix(".blake3").unwrap_or(&file);
+        if !window.iter().any(|w| w == segment) {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Fetch the `missing` segments into `queue`, in order, process-max at a time, each decoded
+/// (its hash checked) and made durable beside the queue before it is renamed in.
+async fn fetch_into_queue(
+    s: &Settings,
+    o: &AsyncOptions,
+    storages: &[Storage],
+    archive_id: &str,
+    queue: &Path,
+    missing: Vec<&String>,
+) -> Vec<(String, Fetched)> {
+    stream::iter(missing)
+        .map(|n| {
+            let key = layout::archive_object(&s.stanza, archive_id, n);
+            let tmp = queue.join(format!(".{n}.tmp"));
+            let done = queue.join(n);
+            async move {
+                // Marks the fetch in flight for a foreground that wants this segment.
+                let _ = File::create(&tmp);
+                let mut got = None;
+                for storage in storages {
+                    match storage.get(&key).await {
+                        Ok(obj) => {
+                            got = Some(Ok(obj));
+                            break;
+                        }
+                        Err(e) => {
+                            got.get_or_insert(Err(e));
+                        }
+                    }
+                }
+                let outcome = match got.expect("at least one repository") {
+                    Err(e) if e.is_not_found() => Fetched::NotFound,
+                    Err(e) => Fetched::Failed(e.into()),
+                    Ok(obj) => {
+                        tokio::task::spawn_blocking(move || spool_segment(&obj, &key, &tmp, &done))
+                            .await
+                            .expect("prefetch decode thread")
+                            .map_or_else(Fetched::Failed, |()| Fetched::Done)
+                    }
+                };
+                (n.clone(), outcome)
+            }
+        })
+        .buffered(o.process_max.max(1))
+        .collect()
+        .await
+}
+
+/// The first segment of a round of `fetched` (in order) that the archive did not have or
+/// that failed, which ends the round: the segments after it are not kept (the next round
+/// asks again). None when every one was fetched.
+fn end_of_round(queue: &Path, fetched: Vec<(String, Fetched)>) -> Option<String> {
+    let mut end = None;
+    for (n, outcome) in fetched {
+        if end.is_some() {
+            // Past the end: not kept (the next round asks again).
+            let _ = fs::remove_file(queue.join(&n));
+            let _ = fs::remove_file(recorded_hash_path(&queue.join(&n)));
+            continue;
+        }
+        match outcome {
+            Fetched::Done => {}
+            Fetched::NotFound => end = Some(n),
+            Fetched::Failed(why) => {
+                log::warn!("prefetch {n}: {why}");
+                end = Some(n);
+            }
+        }
+    }
+    end
 }
 
 #[cfg(test)]

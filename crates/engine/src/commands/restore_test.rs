@@ -38,7 +38,7 @@
 //! index expression that amcheck evaluates) sees none of pgstrata's secrets, which
 //! restore_command reads from the config file instead.
 
-use crate::restore::{RecoveryType, RestoreOptions, RestoreReport, TargetAction};
+use crate::data_restore::{RecoveryType, RestoreOptions, RestoreReport, TargetAction};
 use crate::{Error, ErrorKind, Result, Settings};
 use pgstrata_cluster::{give_to_pg_user, Cluster, PgBin, Scratch};
 use serde::Serialize;
@@ -135,7 +135,7 @@ pub async fn restore_test(s: &Settings, o: &RestoreTestOptions) -> Result<Restor
         dry_run: false,
         ..o.restore.clone()
     };
-    let restored = crate::restore::restore(&settings, &restore).await?;
+    let restored = crate::data_restore::restore(&settings, &restore).await?;
     let restore_ms = started.elapsed().as_millis() as u64;
     let (scratch, report) = tokio::task::spawn_blocking({
         let o = o.clone();
@@ -160,7 +160,7 @@ pub async fn restore_test(s: &Settings, o: &RestoreTestOptions) -> Result<Restor
 fn make_scratch(s: &Settings, o: &RestoreTestOptions) -> Result<Scratch> {
     let path = match &o.scratch {
         Some(p) => {
-            if !crate::restore::dir_is_empty(p)? {
+            if !crate::data_restore::dir_is_empty(p)? {
                 return Err(Error::refused(format!(
                     "restore-test: {} is not empty: give an absent or empty scratch directory with --pg-path",
                     p.display()
@@ -352,7 +352,7 @@ fn forced_settings(
         ("archive_command", String::new()),
         (
             "restore_command",
-            crate::restore::restore_command(&o.restore),
+            crate::data_restore::restore_command(&o.restore),
         ),
         ("recovery_end_command", String::new()),
         ("archive_cleanup_command", String::new()),

@@ -8,7 +8,7 @@
 
 use super::{make_label, BackupOptions};
 use crate::db::Db;
-use crate::stanza::LocalCluster;
+use crate::local_cluster::LocalCluster;
 use crate::track::{ChangeDetection, Track, WalChanges};
 use crate::{Error, Result, Settings};
 use pgstrata_pg::control::ControlData;

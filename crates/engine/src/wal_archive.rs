@@ -1,6 +1,9 @@
-//! `archive-push` and `archive-get`: PostgreSQL's archive_command and restore_command.
+//! The WAL archive in the repository: storing and fetching WAL files (what `archive-push`
+//! and `archive-get` do, directly or from their asynchronous workers), and what the
+//! commands ask of it: which segments are archived, gaps and lag (check, info, verify),
+//! the block-change maps of segments (track), waiting for WAL to arrive (backup, check).
 //!
-//! archive-push is idempotent: pushing a file that is already archived with the same content
+//! A push is idempotent: pushing a file that is already archived with the same content
 //! succeeds (PostgreSQL retries after crashes and may push twice); a different file under an
 //! existing name fails and leaves the stored copy alone, because overwriting could destroy
 //! the WAL a backup needs. The write is create-only, so two pushers racing on one name
@@ -839,6 +842,36 @@ pub(crate) async fn archive_range(
         }
     }
     Ok(range)
+}
+
+/// Poll the archive until every segment is there.
+pub(crate) async fn wait_for_wal(
+    storage: &pgstrata_repo::Storage,
+    stanza: &str,
+    archive_id: &str,
+    segments: &[String],
+    timeout: std::time::Duration,
+) -> Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    for seg in segments {
+        let key = layout::archive_object(stanza, archive_id, seg);
+        loop {
+            if storage.exists(&key).await? {
+                break;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Error::new(
+                    crate::ErrorKind::Timeout,
+                    format!(
+                        "WAL segment {seg} did not reach the archive within {}s: check that archive_command runs 'pgstrata archive-push --stanza={stanza} %p' and look in the PostgreSQL log for archiver errors",
+                        timeout.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

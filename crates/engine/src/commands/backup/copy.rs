@@ -8,9 +8,9 @@
 //! every block in order; the WAL-tracked path feeds it only the blocks the WAL says
 //! changed and tells it to carry the others from the prior backup unread.
 
-use super::resume::Checkpointer;
+use super::checkpoints::Checkpointer;
+use super::copy_context::{CopyContext, Prior};
 use crate::content::read_full_at;
-use crate::track::WalChanges;
 use crate::walk::WalkedFile;
 use crate::{pool, Error, Result};
 use pgstrata_pg::layout;
@@ -18,48 +18,13 @@ use pgstrata_pg::lsn::Lsn;
 use pgstrata_pg::page::{self, PageCheck};
 use pgstrata_repo::chunk::Chunk;
 use pgstrata_repo::manifest::{
-    block_hash, BlockHashes, Chunks, FileEntry, MapDelta, MapRun, StoredManifest, ThinVec,
-    MAX_MAP_DEPTH,
+    block_hash, BlockHashes, Chunks, FileEntry, MapDelta, MapRun, ThinVec, MAX_MAP_DEPTH,
 };
 use pgstrata_repo::pack::PackWriter;
-use pgstrata_repo::Storage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
-
-/// What an incremental compares against: the prior backup's manifest, opened for reading
-/// in order. Its entries are not held: each job is handed the prior's entry of its file
-/// as the walk and the prior's entries are read side by side ([`super::ordered`]). Files
-/// whose maps are stored apart (format 2) come without them: a map is loaded only for a
-/// file that changed.
-pub(super) struct Prior {
-    pub manifest: std::sync::Arc<StoredManifest>,
-}
-
-impl Prior {
-    pub fn new(manifest: std::sync::Arc<StoredManifest>) -> Prior {
-        Prior { manifest }
-    }
-
-    fn label(&self) -> &str {
-        &self.manifest.header().label
-    }
-
-    /// The entry with its extents and block hashes, loading its map if it is stored apart.
-    fn loaded<'e>(
-        &self,
-        ctx: &CopyContext,
-        e: &'e FileEntry,
-    ) -> Result<std::borrow::Cow<'e, FileEntry>> {
-        if !e.map_unloaded() {
-            return Ok(std::borrow::Cow::Borrowed(e));
-        }
-        Ok(std::borrow::Cow::Owned(ctx.runtime.block_on(
-            self.manifest.header().load_map(&ctx.storage, e),
-        )?))
-    }
-}
 
 /// A file to copy, as the walk found it, with the prior backup's entry of it.
 #[derive(Debug)]
@@ -88,34 +53,6 @@ pub fn block_size_for(size: u64, prior: Option<&FileEntry>) -> u32 {
         0x400_0001..=0x1000_0000 => 16384, // up to 256 MiB
         _ => 32768,
     }
-}
-
-/// Everything a copy worker needs, shared read-only.
-pub(super) struct CopyContext {
-    pub storage: Storage,
-    pub runtime: tokio::runtime::Handle,
-    pub stanza: String,
-    pub label: String,
-    pub compression: pgstrata_repo::codec::Compression,
-    pub frame_size: usize,
-    pub pack_size: usize,
-    pub start_lsn: Lsn,
-    pub data_checksums: bool,
-    /// PostgreSQL's page size.
-    pub page_size: usize,
-    pub relseg_size: u32,
-    pub counters: std::sync::Arc<crate::progress::Counters>,
-    pub prior: Option<Prior>,
-    /// Hash every block of every file instead of trusting size and mtime.
-    pub delta: bool,
-    /// Files at least this large get pack objects of their own (not shared with others).
-    pub bundle_limit: u64,
-    /// Blocks changed since the prior backup, learned from the WAL (None: hash files).
-    pub wal: Option<WalChanges>,
-    /// An interrupted backup whose stored frames may be pointed at.
-    pub resume: Option<super::resume::Resumed>,
-    /// Write resume checkpoints as packs are stored.
-    pub checkpoints: bool,
 }
 
 /// Result of copying files on a set of workers.
@@ -819,7 +756,7 @@ impl<'a> BlockCopier<'a> {
             .chunks
             .iter()
             .any(|c| c.pack.is_some() && c.backup.is_none());
-        if self.ctx.checkpoints && new_frames && entry.size >= super::resume::MIN_FILE_SIZE {
+        if self.ctx.checkpoints && new_frames && entry.size >= super::checkpoints::MIN_FILE_SIZE {
             out.new_files.push(entry.clone());
         }
         if !entry.inline_map() {

@@ -14,8 +14,7 @@
 //! database host, which info does not read). verify records no results in the repository,
 //! so its results are exported by `verify --output=prometheus` itself.
 
-use crate::info::StanzaReport;
-use crate::verify::VerifyReport;
+use crate::reports::{StanzaReport, VerifyReport};
 use pgstrata_repo::manifest::BackupType;
 use pgstrata_repo::Named;
 use std::fmt::Write;
@@ -138,7 +137,7 @@ pub fn render_info(r: &StanzaReport, now: i64) -> String {
         "Backups in the repository, per type.",
         &count,
     );
-    let per_newest = |value: &dyn Fn(&crate::info::BackupInfo) -> f64| -> Vec<(Labels, f64)> {
+    let per_newest = |value: &dyn Fn(&crate::reports::BackupInfo) -> f64| -> Vec<(Labels, f64)> {
         newest.iter().map(|(l, b)| (l.clone(), value(b))).collect()
     };
     x.gauge(
@@ -290,7 +289,7 @@ pub fn render_verify(r: &VerifyReport, now: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::info::BackupInfo;
+    use crate::reports::BackupInfo;
 
     fn backup(label: &str, t: &str, start: i64, stop: i64) -> BackupInfo {
         BackupInfo {
@@ -325,7 +324,7 @@ mod tests {
             archive_max: Some("000000010000000000000009".into()),
             archive_max_time: Some(1_699_999_900),
             archive_gaps: vec![],
-            archive_lag: Some(crate::archive::ArchiveLag {
+            archive_lag: Some(crate::wal_archive::ArchiveLag {
                 ready: 2,
                 ready_not_in_repo: 1,
                 oldest_ready_age_secs: Some(30),

@@ -1,7 +1,7 @@
 //! `check`: is the stanza ready to take backups? Each problem is reported in plain words;
 //! the command fails on the first one that makes backups impossible.
 
-use crate::stanza::LocalCluster;
+use crate::local_cluster::LocalCluster;
 use crate::{open_stanza, Error, Result, Settings};
 
 pub async fn check(s: &Settings) -> Result<()> {
@@ -32,12 +32,16 @@ pub async fn check(s: &Settings) -> Result<()> {
         );
     }
     let seg_size = stanza.cluster.wal_segment_size;
-    let range =
-        crate::archive::archive_range(&storage, &s.stanza, &stanza.cluster.archive_id(), seg_size)
-            .await?;
-    let empty = crate::archive::ArchivedSegments::new();
+    let range = crate::wal_archive::archive_range(
+        &storage,
+        &s.stanza,
+        &stanza.cluster.archive_id(),
+        seg_size,
+    )
+    .await?;
+    let empty = crate::wal_archive::ArchivedSegments::new();
     let archived = range.as_ref().map_or(&empty, |r| &r.segments);
-    for (a, b) in crate::archive::archive_gaps(archived, None, seg_size) {
+    for (a, b) in crate::wal_archive::archive_gaps(archived, None, seg_size) {
         log::warn!(
             "the archive has a gap: {a} .. {b} missing (dropped by archive-push-queue-max, or deleted); point-in-time recovery cannot cross it: take a full backup"
         );
@@ -45,7 +49,7 @@ pub async fn check(s: &Settings) -> Result<()> {
     if let Some(lag) = s
         .pg_path
         .as_deref()
-        .and_then(|p| crate::archive::archive_lag(p, archived, seg_size))
+        .and_then(|p| crate::wal_archive::archive_lag(p, archived, seg_size))
     {
         let age = lag.oldest_ready_age_secs.unwrap_or(0);
         if age > s.archive_lag_max.as_secs() {
@@ -62,7 +66,7 @@ pub async fn check(s: &Settings) -> Result<()> {
     }
     let segment = db.switch_wal().await?;
     log::info!("switched WAL; waiting for {segment} to reach the archive");
-    crate::backup::wait_for_wal(
+    crate::wal_archive::wait_for_wal(
         &storage,
         &s.stanza,
         &stanza.cluster.archive_id(),

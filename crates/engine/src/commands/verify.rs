@@ -26,9 +26,9 @@
 //! bytes; each entry joins the total as verify reads it from its manifest, and the WAL
 //! check before them is not counted.
 
-use crate::archive::ArchivedSegments;
 use crate::content::{extents_of, for_each_extent, with_streamed_jobs, ContentCheck, FileJob};
 use crate::progress::{Counters, Progress};
+use crate::wal_archive::ArchivedSegments;
 use crate::{open_stanza, Error, Result, Settings};
 use futures::StreamExt;
 use pgstrata_pg::lsn;
@@ -40,46 +40,10 @@ use pgstrata_repo::manifest::{
 };
 use pgstrata_repo::pack::FrameReader;
 use pgstrata_repo::{wal, Storage};
-use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-#[derive(Debug, Serialize)]
-pub struct VerifyReport {
-    pub stanza: String,
-    /// Where the repository is (its path or URL, no credentials), for metrics' labels.
-    #[serde(skip)]
-    pub repository: String,
-    /// No backup is invalid, no archived WAL object is damaged and the archive has no gap.
-    pub ok: bool,
-    pub backups: Vec<BackupVerdict>,
-    pub wal: WalVerdict,
-}
-
-#[derive(Debug, Serialize)]
-pub struct BackupVerdict {
-    pub label: String,
-    pub ok: bool,
-    pub files: u64,
-    /// Files read back here; the others are identical to entries checked before.
-    pub files_read: u64,
-    /// Bytes of file content checked by reading it back.
-    pub bytes_read: u64,
-    pub errors: Vec<String>,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct WalVerdict {
-    /// Archived segments (full segments, not .partial) whose checksum was checked.
-    pub segments: u64,
-    /// Archived WAL objects (segments, .partial, .backup, .history) that fail their checksum.
-    pub damaged: Vec<String>,
-    /// Holes in the archive, `[first missing, last missing]`, after the oldest backup's start.
-    pub gaps: Vec<(String, String)>,
-    /// Block-change maps checked, and those that fail their checksum.
-    pub maps: u64,
-    pub(crate) maps_damaged: Vec<String>,
-}
+pub use crate::reports::{BackupVerdict, VerifyReport, WalVerdict};
 
 fn hex_or_none(v: &Option<impl std::fmt::Debug>) -> String {
     format!("{v:x?}")
@@ -155,48 +119,15 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     // One backup at a time, oldest first, each manifest alone in memory: its new file
     // entries are added to the progress total when it is reached.
     let progress = Progress::start("verify", 0, 0);
-    // Every entry checked so far, and why those that failed did: a verdict per distinct
-    // entry of every backup, so the failures (few) are kept apart from the keys.
-    let mut checked: HashSet<EntryKey> = HashSet::new();
-    let mut failed: HashMap<EntryKey, String> = HashMap::new();
+    let mut seen = Seen::default();
     let mut backups = Vec::new();
     let mut oldest_start: Option<u64> = None;
     for label in &labels {
         let selected = set.is_none_or(|w| w == label);
-        // The selected backups' manifests are read as a stream, checked entry by entry
-        // first (never decoded whole); the others' headers alone.
-        let opened = if selected {
-            Manifest::open(&storage, &s.stanza, label, &[])
-                .await
-                .map(|m| (m.header().clone(), Some(Arc::new(m))))
-        } else {
-            Manifest::load_header(&storage, &s.stanza, label)
-                .await
-                .map(|h| (h, None))
-        };
-        let (m, stored) = match opened {
-            Ok(opened) => opened,
-            Err(e) if e.is_not_found() => {
-                log::warn!("backup {label} was expired while verify ran");
-                continue;
-            }
-            // A backup whose manifest and its copy are damaged cannot be restored; the
-            // others are still checked.
-            Err(e) if e.kind == pgstrata_repo::ErrorKind::Corrupt => {
-                if selected {
-                    log::error!("backup {label}: {e}");
-                    backups.push(BackupVerdict {
-                        label: label.clone(),
-                        ok: false,
-                        files: 0,
-                        files_read: 0,
-                        bytes_read: 0,
-                        errors: vec![e.to_string()],
-                    });
-                }
-                continue;
-            }
-            Err(e) => return Err(e.into()),
+        let Some((m, stored)) =
+            open_backup(&storage, &s.stanza, label, selected, &mut backups).await?
+        else {
+            continue;
         };
         if let Some((_, segno)) = lsn::parse_segment_name(&m.start.wal, seg_size) {
             oldest_start = Some(oldest_start.map_or(segno, |o| o.min(segno)));
@@ -208,57 +139,9 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
             files: 0,
             files_read: 0,
             bytes_read: 0,
-            errors: Vec::new(),
+            errors: needed_wal_errors(&m, seg_size, &archived, &wal),
         };
-        // The WAL this backup needs to become consistent.
-        for name in lsn::segments_between(m.start.timeline, m.start.lsn, m.stop.lsn, seg_size) {
-            if !archived(&name) {
-                v.errors.push(format!(
-                    "WAL segment {name}, needed to make the backup consistent, is not archived"
-                ));
-            } else if wal.damaged.contains(&name) {
-                v.errors.push(format!(
-                    "WAL segment {name}, needed to make the backup consistent, is damaged"
-                ));
-            }
-        }
-        let workers = s.process_max.max(1);
-        let read = check_files(
-            &storage,
-            &stored,
-            checked,
-            workers,
-            progress.counters.clone(),
-            progress.totals(),
-        )
-        .await?;
-        checked = read.checked;
-        (v.files, v.files_read, v.bytes_read) = (read.files, read.files_read, read.bytes_read);
-        failed.extend(read.failed);
-        if m.packs_used.is_some() && m.packs_used() != read.pack_usage {
-            v.errors.push(format!(
-                "{}: packs_used does not match the entries: the manifest is damaged or was altered",
-                pgstrata_repo::layout::manifest(&s.stanza, &m.label)
-            ));
-        }
-        if !failed.is_empty() {
-            // The entries again, for the paths of those that failed (here or before).
-            let mut text = String::new();
-            stored
-                .for_each_entry::<Error>(|e| {
-                    if let Entry::File(f) = e {
-                        if let Some(why) = failed.get(&entry_key(&m, &f, &mut text)) {
-                            v.errors.push(if why.contains(&*f.path) {
-                                why.clone()
-                            } else {
-                                format!("{}: {why}", f.path)
-                            });
-                        }
-                    }
-                    Ok(())
-                })
-                .await?;
-        }
+        check_backup(s, &storage, &m, &stored, &mut seen, &progress, &mut v).await?;
         v.ok = v.errors.is_empty();
         if v.ok {
             log::info!(
@@ -272,7 +155,7 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         }
         backups.push(v);
     }
-    wal.gaps = crate::archive::archive_gaps(&segments, oldest_start, seg_size);
+    wal.gaps = crate::wal_archive::archive_gaps(&segments, oldest_start, seg_size);
     progress.finish();
     backups.sort_by(|a, b| a.label.cmp(&b.label));
     // A gap is a failure even when every backup is consistent: point-in-time recovery
@@ -285,6 +168,134 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         backups,
         wal,
     })
+}
+
+/// Every entry checked so far, and why those that failed did: a verdict per distinct
+/// entry of every backup, so the failures (few) are kept apart from the keys.
+#[derive(Default)]
+struct Seen {
+    checked: HashSet<EntryKey>,
+    failed: HashMap<EntryKey, String>,
+}
+
+/// Backup `label`'s header, with its manifest opened for reading when it is `selected`.
+/// The selected backups' manifests are read as a stream, checked entry by entry first
+/// (never decoded whole); the others' headers alone. None for a backup to pass over: one
+/// expired meanwhile, or one whose manifest and its copy are damaged (it cannot be
+/// restored: a failed verdict in `backups` when selected; the others are still checked).
+async fn open_backup(
+    storage: &Storage,
+    stanza: &str,
+    label: &str,
+    selected: bool,
+    backups: &mut Vec<BackupVerdict>,
+) -> Result<Option<(Manifest, Option<Arc<StoredManifest>>)>> {
+    let opened = if selected {
+        Manifest::open(storage, stanza, label, &[])
+            .await
+            .map(|m| (m.header().clone(), Some(Arc::new(m))))
+    } else {
+        Manifest::load_header(storage, stanza, label)
+            .await
+            .map(|h| (h, None))
+    };
+    match opened {
+        Ok(opened) => Ok(Some(opened)),
+        Err(e) if e.is_not_found() => {
+            log::warn!("backup {label} was expired while verify ran");
+            Ok(None)
+        }
+        Err(e) if e.kind == pgstrata_repo::ErrorKind::Corrupt => {
+            if selected {
+                log::error!("backup {label}: {e}");
+                backups.push(BackupVerdict {
+                    label: label.to_string(),
+                    ok: false,
+                    files: 0,
+                    files_read: 0,
+                    bytes_read: 0,
+                    errors: vec![e.to_string()],
+                });
+            }
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What is wrong with the WAL backup `m` needs to become consistent: segments not
+/// archived, or damaged.
+fn needed_wal_errors(
+    m: &Manifest,
+    seg_size: u64,
+    archived: &impl Fn(&str) -> bool,
+    wal: &WalVerdict,
+) -> Vec<String> {
+    let mut errors = vec![];
+    for name in lsn::segments_between(m.start.timeline, m.start.lsn, m.stop.lsn, seg_size) {
+        if !archived(&name) {
+            errors.push(format!(
+                "WAL segment {name}, needed to make the backup consistent, is not archived"
+            ));
+        } else if wal.damaged.contains(&name) {
+            errors.push(format!(
+                "WAL segment {name}, needed to make the backup consistent, is damaged"
+            ));
+        }
+    }
+    errors
+}
+
+/// Check the files of backup `m` (read from `stored`) into verdict `v`: read back the
+/// entries not `seen` before, compare what the manifest says it uses in packs with its
+/// entries, and name the paths of its entries that failed (here or before).
+async fn check_backup(
+    s: &Settings,
+    storage: &Storage,
+    m: &Manifest,
+    stored: &Arc<StoredManifest>,
+    seen: &mut Seen,
+    progress: &Progress,
+    v: &mut BackupVerdict,
+) -> Result<()> {
+    let workers = s.process_max.max(1);
+    let read = check_files(
+        storage,
+        stored,
+        std::mem::take(&mut seen.checked),
+        workers,
+        progress.counters.clone(),
+        progress.totals(),
+    )
+    .await?;
+    seen.checked = read.checked;
+    (v.files, v.files_read, v.bytes_read) = (read.files, read.files_read, read.bytes_read);
+    seen.failed.extend(read.failed);
+    if m.packs_used.is_some() && m.packs_used() != read.pack_usage {
+        v.errors.push(format!(
+            "{}: packs_used does not match the entries: the manifest is damaged or was altered",
+            pgstrata_repo::layout::manifest(&s.stanza, &m.label)
+        ));
+    }
+    if !seen.failed.is_empty() {
+        // The entries again, for the paths of those that failed (here or before).
+        let mut text = String::new();
+        stored
+            .for_each_entry::<Error>(|e| {
+                if let Entry::File(f) = e {
+                    if let Some(why) = seen.failed.get(&entry_key(m, &f, &mut text)) {
+                        v.errors.push(if why.contains(&*f.path) {
+                            why.clone()
+                        } else {
+                            format!("{}: {why}", f.path)
+                        });
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+    }
+    Ok(())
 }
 
 /// What [`check_files`] found in one backup.

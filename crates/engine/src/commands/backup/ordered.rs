@@ -27,7 +27,8 @@
 //! The parts are written while the backup runs, one stored while the next fills; without
 //! the manifest, written last, they are not a backup (`expire` removes them).
 
-use super::copy::{copy_files, groups, CopyContext, CopyOutcome, Job};
+use super::copy::{copy_files, groups, CopyOutcome, Job};
+use super::copy_context::CopyContext;
 use crate::progress::Counters;
 use crate::walk::{ItemKind, Walked, WalkedFile};
 use crate::{Error, ErrorKind, Result};
@@ -183,25 +184,7 @@ pub(super) fn copy_in_order(
     let mut control: Option<WalkedFile> = None;
     let mut walk_error: Option<Error> = None;
     std::thread::scope(|scope| {
-        let reader = match ctx.prior.as_ref() {
-            None => {
-                drop(prior_tx);
-                None
-            }
-            Some(p) => Some({
-                let window = &window;
-                scope.spawn(move || {
-                    let read = ctx.runtime.block_on(p.manifest.for_each_entry(|e| match e {
-                        Entry::File(f) => prior_tx.send(f).map_err(|_| stopped()),
-                        _ => Ok(()),
-                    }));
-                    if read.as_ref().is_err_and(|e| !is_stopped(e)) {
-                        window.fail();
-                    }
-                    read
-                })
-            }),
-        };
+        let reader = spawn_prior_reader(scope, ctx, prior_tx, &window);
         let writer = {
             let (window, parts) = (&window, &mut *parts);
             scope.spawn(move || {
@@ -273,18 +256,7 @@ pub(super) fn copy_in_order(
         let read = reader
             .map(|r| r.join().expect("prior manifest reader thread"))
             .unwrap_or(Ok(()));
-        // The first failure is the one to report: a walk, reader or writer that failed
-        // stops the copy, whose error is then only that it was stopped.
-        if let Some(e) = walk_error.take() {
-            return Err(e);
-        }
-        match (read, written, copied) {
-            (Err(e), _, _) if !is_stopped(&e) => Err(e),
-            (_, Err(e), _) if !is_stopped(&e) => Err(e),
-            (_, _, Err(e)) => Err(e),
-            (_, Err(e), _) => Err(e),
-            (_, Ok(()), Ok(outcome)) => Ok(outcome),
-        }
+        first_failure(walk_error.take(), read, written, copied)
     })
     .and_then(|outcome| {
         let control = control.ok_or_else(|| {
@@ -292,6 +264,51 @@ pub(super) fn copy_in_order(
         })?;
         Ok((outcome, control))
     })
+}
+
+/// With a prior backup, a thread that reads its manifest's file entries in order into
+/// `prior_tx` (for [`PriorCursor`]); a failed read fails the `window`.
+fn spawn_prior_reader<'scope, 'env>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    ctx: &'env CopyContext,
+    prior_tx: mpsc::SyncSender<Box<FileEntry>>,
+    window: &'env Window,
+) -> Option<std::thread::ScopedJoinHandle<'scope, Result<()>>> {
+    let Some(p) = ctx.prior.as_ref() else {
+        drop(prior_tx);
+        return None;
+    };
+    Some(scope.spawn(move || {
+        let read = ctx.runtime.block_on(p.manifest.for_each_entry(|e| match e {
+            Entry::File(f) => prior_tx.send(f).map_err(|_| stopped()),
+            _ => Ok(()),
+        }));
+        if read.as_ref().is_err_and(|e| !is_stopped(e)) {
+            window.fail();
+        }
+        read
+    }))
+}
+
+/// The outcome of the copy, or the first failure, which is the one to report: a walk,
+/// reader or writer that failed stops the copy, whose error is then only that it was
+/// stopped.
+fn first_failure(
+    walk_error: Option<Error>,
+    read: Result<()>,
+    written: Result<()>,
+    copied: Result<CopyOutcome>,
+) -> Result<CopyOutcome> {
+    if let Some(e) = walk_error {
+        return Err(e);
+    }
+    match (read, written, copied) {
+        (Err(e), _, _) if !is_stopped(&e) => Err(e),
+        (_, Err(e), _) if !is_stopped(&e) => Err(e),
+        (_, _, Err(e)) => Err(e),
+        (_, Err(e), _) => Err(e),
+        (_, Ok(()), Ok(outcome)) => Ok(outcome),
+    }
 }
 
 fn stopped() -> Error {

@@ -1,12 +1,14 @@
-//! `restore`: rebuild a data directory from one backup's manifest, and write the recovery
-//! settings that bring it to a consistent state (or to a target) from the archive.
+//! Rebuilding a data directory from one backup's manifest, and writing the recovery
+//! settings that bring it to a consistent state (or to a target) from the archive: the
+//! work of the `restore` command (`commands/restore.rs`, which is its surface) and of
+//! `restore-test`, which restores into a scratch directory.
 //!
 //! Every backup is logically full, so restore reads one manifest and fetches what it points
 //! at. Each file's BLAKE3 is checked as it is written; a mismatch stops the restore naming
 //! the file. With `--delta`, files whose size and hash already match are left alone and
 //! files the backup does not have are removed, so the result equals a fresh restore.
 //!
-//! The command is a plan, then its execution:
+//! A restore is a plan, then its execution:
 //!
 //! - [`plan`]: choose the backup, map tablespaces, check that the targets may be written.
 //!   Nothing is written; `--dry-run` prints the plan and stops.
@@ -279,30 +281,7 @@ fn execute(
         cache: ParentCache::default(),
     };
     layout.make_dirs_and_links()?;
-    let result = crate::content::with_streamed_jobs(
-        |files| read_files(&sh.runtime, &plan.manifest, files),
-        |f| f,
-        |window| {
-            // The extents of small files, which are fetched in groups by pack (format 2+
-            // stores the maps of files over 8 blocks apart). A larger file's map is
-            // loaded by the worker that restores it.
-            let mut small: Vec<&mut FileEntry> = window
-                .iter_mut()
-                .filter(|f| f.size <= crate::content::SMALL_FILE)
-                .map(|f| &mut **f)
-                .collect();
-            Ok(sh.runtime.block_on(m.load_maps_into(storage, &mut small))?)
-        },
-        |jobs| {
-            crate::pool::run(
-                workers,
-                jobs,
-                |_| Worker::new(&sh),
-                |w, job| write::run_job(&sh, w, &job?),
-                |w| Ok(w.finish()),
-            )
-        },
-    );
+    let result = write_files(&sh, plan, storage, workers);
     progress.finish();
     tallies.extend(result.map_err(|mut e| {
         if e.is_damage() {
@@ -330,6 +309,42 @@ fn execute(
         report.counts.add(t);
     }
     Ok(report)
+}
+
+/// Restore every file of the plan but the first (`PG_VERSION`) and `pg_control`, on
+/// `workers` threads: the tallies of the workers.
+fn write_files(
+    sh: &Shared,
+    plan: &RestorePlan,
+    storage: &Storage,
+    workers: usize,
+) -> Result<Vec<RestoreCounts>> {
+    crate::content::with_streamed_jobs(
+        |files| read_files(&sh.runtime, &plan.manifest, files),
+        |f| f,
+        |window| {
+            // The extents of small files, which are fetched in groups by pack (format 2+
+            // stores the maps of files over 8 blocks apart). A larger file's map is
+            // loaded by the worker that restores it.
+            let mut small: Vec<&mut FileEntry> = window
+                .iter_mut()
+                .filter(|f| f.size <= crate::content::SMALL_FILE)
+                .map(|f| &mut **f)
+                .collect();
+            Ok(sh
+                .runtime
+                .block_on(plan.header().load_maps_into(storage, &mut small))?)
+        },
+        |jobs| {
+            crate::pool::run(
+                workers,
+                jobs,
+                |_| Worker::new(sh),
+                |w, job| write::run_job(sh, w, &job?),
+                |w| Ok(w.finish()),
+            )
+        },
+    )
 }
 
 /// Send every file of `manifest` but `PG_VERSION` and `global/pg_control` (written first

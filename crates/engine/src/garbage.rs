@@ -1,0 +1,120 @@
+//! Garbage collection of a stanza's backup objects: what pack storage holds, and, for
+//! `expire`, deleting what no kept manifest references. `info` measures with it and deletes
+//! nothing.
+//!
+//! Storage is freed by reference: a pack object is deleted only when no kept manifest
+//! points into it, so a kept backup is never broken, whatever it was compared against.
+//! Packs that kept backups reference only in part stay whole; the bytes in them that
+//! nothing references are reported as held.
+
+use crate::Result;
+use pgstrata_repo::layout::{self, BackupObject};
+use pgstrata_repo::manifest::Manifest;
+use pgstrata_repo::Storage;
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// Unreferenced data of a backup that has no manifest is deleted only once it is this old:
+/// younger, it may belong to a backup still running on another host.
+pub(crate) const ORPHAN_GRACE_SECS: i64 = 3600;
+
+/// How the stanza's pack storage is used.
+#[derive(Debug, Default)]
+pub(crate) struct PackStorage {
+    pub deleted: u64,
+    pub freed: u64,
+    pub held: u64,
+    pub total: u64,
+}
+
+/// Measure pack storage, given the kept backups' headers (what each uses in packs is in
+/// its header: `packs_used`); with `expired` (labels whose manifests were just deleted),
+/// also delete the packs no kept manifest references. Packs of a label that never had a
+/// manifest (an interrupted backup, or one still running elsewhere) go only after a grace
+/// period, and not while that backup can still be resumed (it is newer than every backup
+/// with a manifest). Resume checkpoints go once their backup is complete, or can no longer
+/// be resumed and is past the grace period.
+pub(crate) async fn collect_garbage(
+    storage: &Storage,
+    stanza: &str,
+    kept: &[&Manifest],
+    expired: Option<&BTreeSet<String>>,
+) -> Result<PackStorage> {
+    // Referenced bytes per pack: the most any one kept backup references in it (each
+    // manifest lists its packs' use without its maps being read; frames that different
+    // backups reference apart are not added up, so what is shown held may be more).
+    let mut referenced: HashMap<(String, String), u64> = HashMap::new();
+    for m in kept {
+        for (pack, used) in m.packs_used() {
+            let most = referenced.entry(pack).or_default();
+            *most = (*most).max(used);
+        }
+    }
+    let with_manifest: HashSet<&str> = kept.iter().map(|m| m.label.as_str()).collect();
+    let now = chrono::Utc::now().timestamp();
+    let mut usage = PackStorage::default();
+    let objects = storage.list(&layout::backup_root(stanza)).await?;
+    let parsed: Vec<_> = objects
+        .iter()
+        .filter_map(|o| Some((o, layout::parse_backup_object(stanza, &o.key)?)))
+        .collect();
+    // Labels whose manifest exists, readable or not: a damaged backup keeps its packs.
+    let manifest_objects: HashSet<&str> = parsed
+        .iter()
+        .filter_map(|(_, (label, kind))| (*kind == BackupObject::Manifest).then_some(*label))
+        .collect();
+    // An interrupted backup newer than every backup with a manifest can still be resumed
+    // by the next backup: its packs and checkpoints stay whatever their age.
+    let newest_with_manifest = manifest_objects.iter().max().copied().unwrap_or("");
+    let resumable = |label: &str| {
+        pgstrata_repo::resume::resumable(
+            label,
+            manifest_objects.contains(label),
+            newest_with_manifest,
+        )
+    };
+    for &(obj, (label, kind)) in &parsed {
+        let pack = match kind {
+            BackupObject::Manifest => continue,
+            BackupObject::ResumeCheckpoint(_) => {
+                // Checkpoints serve only a resume: garbage once the backup is complete, or
+                // once it can no longer be resumed and is past the grace period.
+                let stale = manifest_objects.contains(label)
+                    || (!resumable(label) && now - obj.modified >= ORPHAN_GRACE_SECS);
+                if expired.is_some() && stale {
+                    storage.delete(&obj.key).await?;
+                }
+                continue;
+            }
+            BackupObject::ManifestCopy | BackupObject::Part(_) => {
+                // A copy or a part (format 4) without its manifest: a backup stopped before
+                // its last write, or expired (the manifest goes first).
+                let stray = !manifest_objects.contains(label)
+                    && (expired.is_some_and(|e| e.contains(label))
+                        || now - obj.modified >= ORPHAN_GRACE_SECS);
+                if expired.is_some() && stray {
+                    storage.delete(&obj.key).await?;
+                }
+                continue;
+            }
+            BackupObject::Pack(pack) => pack,
+        };
+        usage.total += obj.size;
+        match referenced.get(&(label.to_string(), pack.to_string())) {
+            Some(used) => usage.held += obj.size.saturating_sub(*used),
+            None => {
+                let young_orphan = !with_manifest.contains(label)
+                    && !expired.is_some_and(|e| e.contains(label))
+                    && (now - obj.modified < ORPHAN_GRACE_SECS || resumable(label));
+                let damaged = manifest_objects.contains(label) && !with_manifest.contains(label);
+                if expired.is_some() && !young_orphan && !damaged {
+                    storage.delete(&obj.key).await?;
+                    usage.deleted += 1;
+                    usage.freed += obj.size;
+                } else {
+                    usage.held += obj.size;
+                }
+            }
+        }
+    }
+    Ok(usage)
+}
