@@ -94,7 +94,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         pg_sslmode: Default::default(),
         pg_sslrootcert: None,
         compression: Compression::new(CompressType::Zst, None)?,
-        process_max: 2,
+        process_max: std::num::NonZeroUsize::new(2).expect("two"),
         start_fast: true,
         archive_timeout: Duration::from_secs(60),
         archive_lag_max: Duration::from_secs(600),

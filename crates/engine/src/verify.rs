@@ -222,7 +222,7 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
                 ));
             }
         }
-        let workers = s.process_max.max(1);
+        let workers = s.process_max.get();
         let read = check_files(
             &storage,
             &stored,
