@@ -16,17 +16,17 @@ use std::path::PathBuf;
 pub(crate) struct Invocation {
     pub(crate) command: String,
     /// The repository whose `repo-*` values this holds (1 for the unnumbered options).
-    pub(crate) repo_index: u8,
+    pub(super) repo_index: u8,
     /// The other configured repositories' views of the same invocation: identical but for
     /// the `repo-*` values, which come from their `repoN-*` options.
-    pub(crate) other_repos: Vec<Invocation>,
-    pub(crate) args: Vec<String>,
+    pub(super) other_repos: Vec<Invocation>,
+    pub(super) args: Vec<String>,
     values: HashMap<&'static str, String>,
     lists: HashMap<&'static str, Vec<String>>,
     /// The options read by name so far: the parser's tests compare them with the table.
     read: std::sync::Mutex<std::collections::BTreeSet<&'static str>>,
     /// The config file actually read, if any.
-    pub(crate) config_file: Option<PathBuf>,
+    pub(super) config_file: Option<PathBuf>,
     /// Problems worth a warning once logging is set up (a config file others can read).
     pub(crate) warnings: Vec<String>,
 }
