@@ -12,7 +12,8 @@ use pgstrata_engine::progress::human_bytes;
 use pgstrata_engine::{Error, Settings};
 use pgstrata_repo::codec::{CompressType, Compression};
 use pgstrata_repo::manifest::BackupType;
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 fn fail(what: &str) -> impl FnOnce(String) -> Error + '_ {
@@ -53,14 +54,7 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         None => PgBin::default_install().map_err(fail("find PostgreSQL"))?,
     };
     let scratch = Scratch::new("demo");
-    // The server runs archive-push as its own user: give it a copy of this binary it can run.
-    let exe_src = std::env::current_exe().map_err(|e| Error::io("find pgstrata binary", e))?;
-    let bin_dir = scratch.join("bin");
-    std::fs::create_dir_all(&bin_dir).map_err(|e| Error::io("create demo bin dir", e))?;
-    let exe = bin_dir.join("pgstrata");
-    std::fs::copy(&exe_src, &exe).map_err(|e| Error::io("copy pgstrata binary", e))?;
-    pgstrata_cluster::give_to_pg_user(&bin_dir);
-    pgstrata_cluster::give_to_pg_user(&exe);
+    let exe = install_binary(&scratch)?;
     become_postgres()?;
 
     let repo = scratch.join("repo");
@@ -78,7 +72,74 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         .map_err(fail("pgbench -i"))?;
     println!("2. loaded pgbench data (scale 10, 1,000,000 accounts)");
 
-    let mut s = Settings {
+    let mut s = settings(&repo, &src, scratch.path.join("lock"))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(pgstrata_engine::commands::stanza_create::stanza_create(&s))?;
+    println!("3. stanza-create: stanza 'demo' in {}", repo.display());
+    let full = rt.block_on(backup(&s, BackupType::Full))?;
+    println!(
+        "4. full backup {}: {} of data stored as {} ({:.1}s)",
+        full.label,
+        human_bytes(full.stats.db_size),
+        human_bytes(full.stats.stored_size),
+        full.stats.duration_ms as f64 / 1000.0
+    );
+
+    change_data(&src)?;
+    let expected = src.content_hashes().map_err(fail("hash tables"))?;
+    let second = rt.block_on(backup(&s, BackupType::Incr))?;
+    println!(
+        "6. block-incremental backup {} (compared with {}): {} files unchanged, {} read, only {} of changed blocks stored ({:.1}s)",
+        second.label,
+        full.label,
+        second.stats.files_unchanged,
+        human_bytes(second.stats.bytes_read),
+        human_bytes(second.stats.stored_size),
+        second.stats.duration_ms as f64 / 1000.0
+    );
+
+    let restored = scratch.join("restored");
+    s.pg_path = Some(restored.clone());
+    let archive_get_command = format!(
+        "{} --stanza=demo --repo-path={}",
+        exe.display(),
+        repo.display()
+    );
+    let r = rt.block_on(pgstrata_engine::commands::restore::restore(
+        &s,
+        &restore_options(&second.label, archive_get_command),
+    ))?;
+    println!(
+        "7. restored {} into {} ({} files)",
+        r.label,
+        restored.display(),
+        r.counts.files_written
+    );
+    compare_restored(&bin, &restored, &scratch, &expected)?;
+    verify_and_show(&rt, &s)?;
+    println!("demo finished in {:.0}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The server runs archive-push as its own user: give it a copy of this binary it can run.
+fn install_binary(scratch: &Scratch) -> Result<PathBuf, Error> {
+    let exe_src = std::env::current_exe().map_err(|e| Error::io("find pgstrata binary", e))?;
+    let bin_dir = scratch.join("bin");
+    std::fs::create_dir_all(&bin_dir).map_err(|e| Error::io("create demo bin dir", e))?;
+    let exe = bin_dir.join("pgstrata");
+    std::fs::copy(&exe_src, &exe).map_err(|e| Error::io("copy pgstrata binary", e))?;
+    pgstrata_cluster::give_to_pg_user(&bin_dir);
+    pgstrata_cluster::give_to_pg_user(&exe);
+    Ok(exe)
+}
+
+/// The demo's settings: stanza `demo` in local repository `repo`, cluster `src`.
+fn settings(repo: &Path, src: &Cluster, lock_path: PathBuf) -> Result<Settings, Error> {
+    Ok(Settings {
         repo_index: 1,
         stanza: "demo".into(),
         repo: pgstrata_repo::storage::RepoConfig {
@@ -94,11 +155,11 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         pg_sslmode: Default::default(),
         pg_sslrootcert: None,
         compression: Compression::new(CompressType::Zst, None)?,
-        process_max: 2,
+        process_max: std::num::NonZeroUsize::new(2).expect("two"),
         start_fast: true,
         archive_timeout: Duration::from_secs(60),
         archive_lag_max: Duration::from_secs(600),
-        lock_path: scratch.path.join("lock"),
+        lock_path,
         config_file: None,
         frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
         pack_size: pgstrata_repo::pack::DEFAULT_PACK_SIZE,
@@ -107,33 +168,28 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         cipher_pass: None,
         standby: None,
         cipher_key_cache: false,
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(pgstrata_engine::commands::stanza_create::stanza_create(&s))?;
-    println!("3. stanza-create: stanza 'demo' in {}", repo.display());
-    let full = rt.block_on(pgstrata_engine::commands::backup::backup(
-        &s,
+    })
+}
+
+async fn backup(
+    s: &Settings,
+    backup_type: BackupType,
+) -> Result<pgstrata_repo::manifest::Manifest, Error> {
+    pgstrata_engine::commands::backup::backup(
+        s,
         &BackupOptions {
-            backup_type: BackupType::Full,
+            backup_type,
             delta: false,
             track: pgstrata_engine::track::Track::Auto,
             annotations: Default::default(),
             resume: true,
             locked_by_caller: false,
         },
-    ))?;
-    println!(
-        "4. full backup {}: {} of data stored as {} ({:.1}s)",
-        full.label,
-        human_bytes(full.stats.db_size),
-        human_bytes(full.stats.stored_size),
-        full.stats.duration_ms as f64 / 1000.0
-    );
+    )
+    .await
+}
 
+fn change_data(src: &Cluster) -> Result<(), Error> {
     src.pgbench(&["-n", "-t", "300", "-c", "2", "postgres"])
         .map_err(fail("pgbench run"))?;
     for sql in [
@@ -144,32 +200,13 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         src.psql("postgres", sql).map_err(fail("change data"))?;
     }
     println!("5. changed the data: 600 pgbench transactions, 1% of accounts deleted (one range, as in the block-incremental test report), a new table");
-    let expected = src.content_hashes().map_err(fail("hash tables"))?;
-    let second = rt.block_on(pgstrata_engine::commands::backup::backup(
-        &s,
-        &BackupOptions {
-            backup_type: BackupType::Incr,
-            delta: false,
-            track: pgstrata_engine::track::Track::Auto,
-            annotations: Default::default(),
-            resume: true,
-            locked_by_caller: false,
-        },
-    ))?;
-    println!(
-        "6. block-incremental backup {} (compared with {}): {} files unchanged, {} read, only {} of changed blocks stored ({:.1}s)",
-        second.label,
-        full.label,
-        second.stats.files_unchanged,
-        human_bytes(second.stats.bytes_read),
-        human_bytes(second.stats.stored_size),
-        second.stats.duration_ms as f64 / 1000.0
-    );
+    Ok(())
+}
 
-    let restored = scratch.join("restored");
-    s.pg_path = Some(restored.clone());
-    let opts = RestoreOptions {
-        set: Some(second.label.clone()),
+/// Restore backup `label` to its consistency point and promote.
+fn restore_options(label: &str, archive_get_command: String) -> RestoreOptions {
+    RestoreOptions {
+        set: Some(label.to_string()),
         delta: false,
         force: false,
         dry_run: false,
@@ -181,29 +218,27 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         target_timeline: None,
         target_exclusive: false,
         archive_off: true,
-        archive_get_command: format!(
-            "{} --stanza=demo --repo-path={}",
-            exe.display(),
-            repo.display()
-        ),
+        archive_get_command,
         db_include: vec![],
         db_exclude: vec![],
-    };
-    let r = rt.block_on(pgstrata_engine::commands::restore::restore(&s, &opts))?;
-    println!(
-        "7. restored {} into {} ({} files)",
-        r.label,
-        restored.display(),
-        r.counts.files_written
-    );
-    let copy = Cluster::adopt(&bin, &restored, &scratch.path);
+    }
+}
+
+/// Start the restored cluster and compare every table with the source's `expected`.
+fn compare_restored(
+    bin: &PgBin,
+    restored: &Path,
+    scratch: &Scratch,
+    expected: &BTreeMap<String, String>,
+) -> Result<(), Error> {
+    let copy = Cluster::adopt(bin, restored, &scratch.path);
     copy.start().map_err(fail("start the restored cluster"))?;
     copy.wait_for_promotion(Duration::from_secs(120))
         .map_err(fail("recover"))?;
     let got = copy
         .content_hashes()
         .map_err(fail("hash restored tables"))?;
-    if got != expected {
+    if &got != expected {
         return Err(Error::integrity(format!(
             "demo: the restored cluster differs from the source:\n source: {expected:?}\n restored: {got:?}"
         )));
@@ -213,7 +248,11 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         got.len(),
         copy.psql("postgres", "SELECT count(*) FROM pgbench_accounts").unwrap_or_default()
     );
-    let v = rt.block_on(pgstrata_engine::commands::verify::verify(&s, None))?;
+    Ok(())
+}
+
+fn verify_and_show(rt: &tokio::runtime::Runtime, s: &Settings) -> Result<(), Error> {
+    let v = rt.block_on(pgstrata_engine::commands::verify::verify(s, None))?;
     if !v.ok {
         return Err(Error::integrity(format!(
             "demo: verify found problems:\n{}",
@@ -226,11 +265,10 @@ pub(crate) fn run(pg_bin: Option<PathBuf>) -> Result<(), Error> {
         v.backups[1].files_read,
         v.wal.segments
     );
-    let report = rt.block_on(pgstrata_engine::commands::info::info(&s, None))?;
+    let report = rt.block_on(pgstrata_engine::commands::info::info(s, None))?;
     println!(
         "\n{}",
         pgstrata_engine::commands::info::render_text(&report)
     );
-    println!("demo finished in {:.0}s", t0.elapsed().as_secs_f64());
     Ok(())
 }

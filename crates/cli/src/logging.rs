@@ -24,14 +24,28 @@ impl Logger {
     }
 }
 
-fn level(s: &str) -> log::LevelFilter {
-    match s {
-        "off" => log::LevelFilter::Off,
-        "error" => log::LevelFilter::Error,
-        "warn" => log::LevelFilter::Warn,
-        "info" => log::LevelFilter::Info,
-        "debug" => log::LevelFilter::Debug,
-        _ => log::LevelFilter::Trace,
+pgstrata_repo::named! {
+    /// A level of log-level-console and log-level-file.
+    pub(crate) enum LogLevel {
+        Off = "off",
+        Error = "error",
+        Warn = "warn",
+        Info = "info",
+        Debug = "debug",
+        Trace = "trace",
+    }
+}
+
+impl LogLevel {
+    pub(crate) fn filter(self) -> log::LevelFilter {
+        match self {
+            LogLevel::Off => log::LevelFilter::Off,
+            LogLevel::Error => log::LevelFilter::Error,
+            LogLevel::Warn => log::LevelFilter::Warn,
+            LogLevel::Info => log::LevelFilter::Info,
+            LogLevel::Debug => log::LevelFilter::Debug,
+            LogLevel::Trace => log::LevelFilter::Trace,
+        }
     }
 }
 
@@ -87,30 +101,26 @@ static LOGGER: std::sync::OnceLock<Logger> = std::sync::OnceLock::new();
 /// The file is `<log_path>/<stanza>-<command>.log`: `stanza` must be a name config
 /// resolution checked (letters, digits, '-', '_'), never a path.
 pub(crate) fn init(
-    console: &str,
-    file_level: &str,
-    log_path: Option<&str>,
+    console: log::LevelFilter,
+    file_level: log::LevelFilter,
+    log_path: &std::path::Path,
     stanza: Option<&str>,
     command: &str,
 ) {
-    let file_level = level(file_level);
     let mut file = None;
     if file_level != log::LevelFilter::Off {
-        if let Some(dir) = log_path {
-            let name = format!("{}-{command}.log", stanza.unwrap_or("all"));
-            let p = std::path::Path::new(dir).join(name);
-            match std::fs::create_dir_all(dir).and_then(|_| {
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&p)
-            }) {
-                Ok(f) => file = Some(Mutex::new(f)),
-                Err(e) => eprintln!("WARN: cannot open log file {}: {e}", p.display()),
-            }
+        let name = format!("{}-{command}.log", stanza.unwrap_or("all"));
+        let p = log_path.join(name);
+        match std::fs::create_dir_all(log_path).and_then(|_| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&p)
+        }) {
+            Ok(f) => file = Some(Mutex::new(f)),
+            Err(e) => eprintln!("WARN: cannot open log file {}: {e}", p.display()),
         }
     }
-    let console = level(console);
     let max = console.max(if file.is_some() {
         file_level
     } else {
@@ -127,9 +137,8 @@ pub(crate) fn init(
 
 /// Change the console's level (`agent run`: its job's `log-level-console`, which reaches
 /// the backup host's terminal through ssh).
-pub(crate) fn set_console_level(console: &str) {
+pub(crate) fn set_console_level(console: log::LevelFilter) {
     if let Some(l) = LOGGER.get() {
-        let console = level(console);
         l.console.store(console as usize, Ordering::Relaxed);
         let file = if l.file.is_some() {
             l.file_level

@@ -1,29 +1,31 @@
 //! The `pgstrata` binary: resolve options, set up logging, run one command, map the
 //! outcome to an exit code.
 //!
+//! Options become a typed [`args::Command`] in one place (`args`); [`run`] hands it to one
+//! function per command.
+//!
 //! Exit codes: 0 success; 1 archive-get found no such WAL file (what restore_command must
 //! say for "not found"); 2 configuration or usage error; 3 any other failure; 4 damaged
 //! repository data, or corruption restore-test found in the restored cluster. archive-get
 //! outside standby mode adds 128 to 2, 3 and 4 (see [`archive_get_exit_code`]).
 
-mod agent;
-mod config;
+mod agent_commands;
+mod args;
 mod demo;
 mod generate;
 mod logging;
 mod options;
 
+use args::{
+    ArchiveGet, ArchivePush, Backup, Command, KeyAdd, Output, RemoteJob, Repo, Report,
+    ReportOutput, Repos, Restore, RestoreTest,
+};
 use pgstrata_engine::commands::archive;
-use pgstrata_engine::commands::backup::BackupOptions;
-use pgstrata_engine::commands::expire::ExpireOptions;
 use pgstrata_engine::commands::metrics;
-use pgstrata_engine::commands::restore::RestoreOptions;
-use pgstrata_engine::{Error, Settings, StandbySource};
+use pgstrata_engine::{Error, Settings};
+use pgstrata_remote::protocol::JobKind;
 use pgstrata_repo::cipher::Passphrase;
-use pgstrata_repo::codec::Compression;
-use pgstrata_repo::storage::{AzureConfig, GcsConfig, RepoConfig, S3Config, Secret, SshTarget};
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
 
 fn main() {
     limit_malloc_arenas();
@@ -43,26 +45,23 @@ fn main() {
             code
         })
     };
-    let inv = match config::resolve(&argv, &env) {
+    let inv = match args::resolve(&argv, &env) {
         Ok(i) => i,
         Err(msg) => {
             eprintln!("ERROR: {msg}");
             exit(2);
         }
     };
+    let reporting = args::reporting(&inv);
     logging::init(
-        if inv.command == "demo" {
-            "info"
-        } else {
-            inv.text("log-level-console")
-        },
-        inv.text("log-level-file"),
-        inv.get("log-path"),
-        inv.stanza(),
+        reporting.console,
+        reporting.file,
+        &reporting.log_path,
+        reporting.stanza.as_deref(),
         &inv.command,
     );
-    if options::find("progress", &inv.command).is_some() {
-        pgstrata_engine::progress::set_mode(inv.choice("progress"));
+    if let Some(mode) = reporting.progress {
+        pgstrata_engine::progress::set_mode(mode);
     }
     for w in &inv.warnings {
         log::warn!("{w}");
@@ -101,55 +100,6 @@ fn archive_get_exit_code(code: i32, standby: bool) -> i32 {
     }
 }
 
-/// The settings of the repository `--repo` selects (repository 1 without it).
-fn settings(inv: &config::Invocation) -> Result<Settings, Error> {
-    settings_of(inv.selected_repo().map_err(Error::config)?)
-}
-
-/// The settings of every configured repository: the one `--repo` selects first.
-fn all_settings(inv: &config::Invocation) -> Result<Vec<Settings>, Error> {
-    let first = inv.selected_repo().map_err(Error::config)?.repo_index;
-    let mut views: Vec<&config::Invocation> = inv.repo_views().collect();
-    views.sort_by_key(|v| (v.repo_index != first, v.repo_index));
-    views.into_iter().map(settings_of).collect()
-}
-
-/// The settings of repository view `inv`.
-fn settings_of(inv: &config::Invocation) -> Result<Settings, Error> {
-    let stanza = inv.require("stanza").map_err(Error::config)?.to_string();
-    let compression = Compression::new(inv.choice("compress-type"), inv.int_opt("compress-level"))?;
-    Ok(Settings {
-        stanza,
-        repo_index: inv.repo_index,
-        repo: repo_config(inv),
-        pg_path: inv.get("pg-path").map(PathBuf::from),
-        pg_host: Some(inv.text("pg-host").to_string()),
-        pg_port: inv.int("pg-port"),
-        pg_user: inv.get("pg-user").map(str::to_string),
-        pg_database: inv.text("pg-database").to_string(),
-        pg_sslmode: inv.choice("pg-sslmode"),
-        pg_sslrootcert: inv.get("pg-sslrootcert").map(PathBuf::from),
-        compression,
-        process_max: inv.int("process-max"),
-        start_fast: inv.flag("start-fast"),
-        archive_timeout: Duration::from_secs(inv.int("archive-timeout")),
-        archive_lag_max: Duration::from_secs(inv.int("archive-lag-max")),
-        lock_path: inv.text("lock-path").into(),
-        config_file: inv.config_file.clone(),
-        frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
-        pack_size: inv.int("bundle-size"),
-        bundle_limit: if inv.flag("bundle") {
-            inv.int("bundle-limit")
-        } else {
-            0
-        },
-        cipher_type: inv.choice("repo-cipher-type"),
-        cipher_pass: inv.get("repo-cipher-pass").map(Passphrase::new),
-        cipher_key_cache: inv.flag("repo-cipher-key-cache"),
-        standby: standby_source(inv)?,
-    })
-}
-
 /// Two malloc arenas instead of glibc's eight per core: every worker and runtime thread
 /// would otherwise get an arena of its own, and memory freed in one is not reused by
 /// another, which on a backup of 90,000 files added a quarter to the peak RSS. Small
@@ -165,36 +115,360 @@ fn limit_malloc_arenas() {
     }
 }
 
-/// backup-standby's standby, when it is on.
-fn standby_source(inv: &config::Invocation) -> Result<Option<StandbySource>, Error> {
-    if inv.command != "backup" || !inv.flag("backup-standby") {
-        return Ok(None);
+/// Parse `inv` into its command and run it: the exit code.
+fn run(inv: &args::Invocation) -> Result<i32, Error> {
+    match args::command(inv)? {
+        Command::Help { topic } => help(topic.as_deref()),
+        Command::Completions { shell } => completions(shell.as_deref()),
+        Command::Version => version(),
+        Command::Demo { pg_bin } => demo::run(pg_bin).map(|_| 0),
+        Command::Agent(agent) => agent_commands::agent(&agent, run),
+        Command::OnAnotherHost(job) => on_another_host(&job),
+        Command::StanzaCreate(repos) => stanza_create(&repos),
+        Command::Check(repos) => check(&repos),
+        Command::Backup(b) => backup(&b),
+        Command::Restore(r) => restore(&r),
+        Command::RestoreTest(r) => restore_test(&r),
+        Command::ArchivePush(a) => archive_push(&a),
+        Command::ArchiveGet(a) => archive_get(&a),
+        Command::Expire(repos) => expire(&repos),
+        Command::Info(r) => info(&r),
+        Command::Verify(r) => verify(&r),
+        Command::KeyAdd(k) => key_add(&k),
+        Command::KeyList { repos, output } => key_list(&repos, output),
+        Command::KeyRemove { repos, key_id } => key_remove(&repos, &key_id),
     }
-    // The backup runs on another host (the standby's or the database host's), whose own
-    // configuration names its standby.
-    if inv.get("standby-remote").is_some() || inv.get("pg-remote").is_some() {
-        return Ok(None);
+}
+
+fn help(topic: Option<&str>) -> Result<i32, Error> {
+    match topic {
+        None => print!("{}", options::general_help()),
+        Some("options") => print!("{}", options::reference_markdown()),
+        Some("man") => print!("{}", generate::man_page()),
+        Some(c) if options::COMMANDS.iter().any(|(n, _)| *n == c) => {
+            print!("{}", options::command_help(c))
+        }
+        Some(c) => return Err(Error::config(format!("unknown command '{c}'"))),
     }
-    Ok(Some(StandbySource {
-        path: inv
-            .get("standby-path")
-            .ok_or_else(|| {
-                Error::config("backup-standby needs standby-path: the standby's data directory")
-            })?
-            .into(),
-        host: inv.text("standby-host").to_string(),
-        port: inv.int("standby-port"),
-    }))
+    Ok(0)
+}
+
+fn completions(shell: Option<&str>) -> Result<i32, Error> {
+    match shell {
+        Some("bash") => print!("{}", generate::bash()),
+        Some("zsh") => print!("{}", generate::zsh()),
+        _ => return Err(Error::config("completions takes one argument: bash or zsh")),
+    }
+    Ok(0)
+}
+
+fn version() -> Result<i32, Error> {
+    println!(
+        "pgstrata {} (repository format {})",
+        env!("CARGO_PKG_VERSION"),
+        pgstrata_repo::FORMAT_VERSION
+    );
+    Ok(0)
+}
+
+/// stanza-create, check or backup as a job of `agent run` on another host, once for each
+/// repository it covers; after a backup, retention here.
+fn on_another_host(job: &RemoteJob) -> Result<i32, Error> {
+    let views: Vec<&Repo> = if job.kind == JobKind::Backup || job.repos.chosen.is_some() {
+        vec![job.repos.selected()]
+    } else {
+        job.repos.all.iter().collect()
+    };
+    let code = agent_commands::run_on_pg_remote(job, &views)?;
+    if code == 0 && job.kind == JobKind::Backup {
+        apply_retention(job.repos.selected(), &runtime(2))?;
+    }
+    Ok(code)
+}
+
+/// " in repoN" (or `with` around the number) when a command covers several repositories.
+fn place(repos: &[&Repo], s: &Settings, before: &str, after: &str) -> String {
+    if repos.len() > 1 {
+        format!("{before}repo{}{after}", s.repo_index)
+    } else {
+        String::new()
+    }
+}
+
+fn stanza_create(repos: &Repos) -> Result<i32, Error> {
+    let repos = repos.covered();
+    let rt = runtime(2);
+    for r in &repos {
+        let s = &r.settings;
+        let place = place(&repos, s, " in ", "");
+        match rt.block_on(pgstrata_engine::commands::stanza_create::stanza_create(s))? {
+            pgstrata_engine::commands::stanza_create::CreateOutcome::Created => {
+                println!("stanza '{}' created{place}", s.stanza)
+            }
+            pgstrata_engine::commands::stanza_create::CreateOutcome::AlreadyExists => {
+                println!(
+                    "stanza '{}' already exists for this cluster{place}",
+                    s.stanza
+                )
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn check(repos: &Repos) -> Result<i32, Error> {
+    let repos = repos.covered();
+    let rt = runtime(2);
+    for r in &repos {
+        let s = &r.settings;
+        rt.block_on(pgstrata_engine::commands::check::check(s))
+            .map_err(|e| {
+                if repos.len() > 1 {
+                    e.context(format!("repo{}", s.repo_index))
+                } else {
+                    e
+                }
+            })?;
+        println!(
+            "check of stanza '{}' passed{}",
+            s.stanza,
+            place(&repos, s, " for ", "")
+        );
+    }
+    Ok(0)
+}
+
+fn backup(b: &Backup) -> Result<i32, Error> {
+    let repo = b.repos.selected();
+    let s = &repo.settings;
+    let rt = runtime(s.process_max.get());
+    let m = rt.block_on(pgstrata_engine::commands::backup::backup(s, &b.options))?;
+    println!("{}", m.label);
+    apply_retention(repo, &rt)?;
+    Ok(0)
+}
+
+/// Retention after a backup, as pgBackRest does when it is configured; where the
+/// repository is: a database host that reaches it through `repo-remote`, or does a backup
+/// host's job (`agent run`), may only add to it, and the backup host applies it.
+fn apply_retention(repo: &Repo, rt: &tokio::runtime::Runtime) -> Result<(), Error> {
+    let Some(e) = repo.expire_options() else {
+        return Ok(());
+    };
+    if agent_commands::in_agent_run() {
+        return Ok(());
+    }
+    if repo.settings.repo.remote.is_some() {
+        log::info!(
+            "retention is applied on the backup host ('pgstrata expire' there): this host adds to the repository, it does not delete"
+        );
+        return Ok(());
+    }
+    rt.block_on(pgstrata_engine::commands::expire::expire(&repo.settings, e))?;
+    Ok(())
+}
+
+fn restore(r: &Restore) -> Result<i32, Error> {
+    let s = &r.repos.selected().settings;
+    let opts = &r.options;
+    if opts.dry_run {
+        let (plan, settings) =
+            runtime(2).block_on(pgstrata_engine::commands::restore::plan(s, opts))?;
+        print!("restore plan: {plan}");
+        for line in settings {
+            println!("  recovery: {line}");
+        }
+        println!("nothing was written (--dry-run)");
+        return Ok(0);
+    }
+    let r = runtime(s.process_max.get())
+        .block_on(pgstrata_engine::commands::restore::restore(s, opts))?;
+    println!(
+        "restored backup {}: {} files written, {} patched, {} unchanged, {} zeroed, {} removed; {} bytes fetched",
+        r.label, r.counts.files_written, r.counts.files_patched, r.counts.files_kept, r.counts.files_zeroed, r.removed, r.counts.bytes_fetched
+    );
+    Ok(0)
+}
+
+fn restore_test(r: &RestoreTest) -> Result<i32, Error> {
+    let s = &r.repos.selected().settings;
+    let report = runtime(s.process_max.get()).block_on(
+        pgstrata_engine::commands::restore_test::restore_test(s, &r.options),
+    )?;
+    print_report(
+        r.output,
+        &report,
+        pgstrata_engine::commands::restore_test::render_text,
+    );
+    if report.ok {
+        Ok(0)
+    } else {
+        Err(Error::integrity(format!(
+            "restore-test found corruption in backup {}: {}",
+            report.backup,
+            report
+                .problems
+                .first()
+                .map(String::as_str)
+                .unwrap_or("see the report above")
+        )))
+    }
+}
+
+fn archive_push(a: &ArchivePush) -> Result<i32, Error> {
+    let repos = a.repos.selected_first();
+    let rt = per_file_runtime();
+    if let Some(role) = worker_role() {
+        let wal_dir = std::env::var_os(archive::WAL_DIR_ENV)
+            .map(PathBuf::from)
+            .ok_or_else(|| Error::config("an archive-push worker needs its WAL directory"))?;
+        assert_eq!(role, archive::WorkerRole::Push);
+        let wanted = std::env::var(archive::WANTED_ENV).ok();
+        rt.block_on(archive::push_worker(
+            &repos,
+            &a.async_options,
+            &wal_dir,
+            wanted.as_deref(),
+        ))?;
+        return Ok(0);
+    }
+    if a.asynchronous {
+        rt.block_on(archive::push(
+            &repos,
+            &a.async_options,
+            &a.wal,
+            &launch_worker,
+        ))?;
+        return Ok(0);
+    }
+    rt.block_on(pgstrata_engine::commands::archive::archive_push_all(
+        &repos, &a.wal,
+    ))?;
+    Ok(0)
+}
+
+fn archive_get(a: &ArchiveGet) -> Result<i32, Error> {
+    let repos = a.repos.selected_first();
+    let rt = per_file_runtime();
+    if worker_role() == Some(archive::WorkerRole::Get) {
+        rt.block_on(archive::get_worker(&repos, &a.async_options))?;
+        return Ok(0);
+    }
+    let found = rt.block_on(archive::get(
+        &repos,
+        &a.async_options,
+        &a.name,
+        &a.dest,
+        &launch_worker,
+    ))?;
+    Ok(if found { 0 } else { 1 })
+}
+
+fn expire(repos: &Repos) -> Result<i32, Error> {
+    let repo = repos.selected();
+    // Retention is per repository: repoN-retention-* for repository N.
+    let Some(o) = repo.expire_options() else {
+        return Err(Error::config(
+            "nothing to expire by: set repo-retention-full (and optionally repo-retention-diff), or give --set=LABEL",
+        ));
+    };
+    let r = runtime(2).block_on(pgstrata_engine::commands::expire::expire(&repo.settings, o))?;
+    println!(
+        "expired {} backup(s){}; deleted {} pack(s) ({} bytes) and {} WAL file(s); {} bytes held in partly referenced packs",
+        r.expired.len(),
+        if r.expired.is_empty() { String::new() } else { format!(" ({})", r.expired.join(", ")) },
+        r.packs_deleted,
+        r.bytes_freed,
+        r.wal_deleted,
+        r.bytes_held
+    );
+    Ok(0)
+}
+
+fn info(r: &Report) -> Result<i32, Error> {
+    let rt = runtime(2);
+    let mut reports = Vec::new();
+    for repo in r.repos.covered() {
+        let s = &repo.settings;
+        let report = rt.block_on(pgstrata_engine::commands::info::info(s, r.set.as_deref()))?;
+        reports.push((s, report));
+    }
+    let text = pgstrata_engine::commands::info::render_text;
+    print_repo_reports(r.output, &reports, text, metrics::render_info);
+    Ok(0)
+}
+
+fn verify(r: &Report) -> Result<i32, Error> {
+    let repos = r.repos.covered();
+    let rt = runtime(repos[0].settings.process_max.get());
+    let mut reports = Vec::new();
+    for repo in repos {
+        let s = &repo.settings;
+        let report = rt.block_on(pgstrata_engine::commands::verify::verify(
+            s,
+            r.set.as_deref(),
+        ))?;
+        reports.push((s, report));
+    }
+    let text = pgstrata_engine::commands::verify::render_text;
+    print_repo_reports(r.output, &reports, text, metrics::render_verify);
+    match reports.iter().find(|(_, r)| !r.ok) {
+        None => Ok(0),
+        Some((s, _)) => Err(Error::integrity(format!(
+            "verify found problems in stanza '{}'{}: see the report above",
+            s.stanza,
+            if reports.len() > 1 {
+                format!(" (repo{})", s.repo_index)
+            } else {
+                String::new()
+            }
+        ))),
+    }
+}
+
+fn key_add(k: &KeyAdd) -> Result<i32, Error> {
+    let s = &k.repos.selected().settings;
+    let new_pass = new_passphrase(
+        k.new_pass.as_deref().map(String::as_str),
+        k.new_pass_file.as_deref(),
+    )?;
+    let key = runtime(2).block_on(pgstrata_engine::commands::key::key_add(s, new_pass))?;
+    println!("key {} added to stanza '{}'", key.id, s.stanza);
+    Ok(0)
+}
+
+fn key_list(repos: &Repos, output: ReportOutput) -> Result<i32, Error> {
+    let s = &repos.selected().settings;
+    let keys = runtime(2).block_on(pgstrata_engine::commands::key::key_list(s))?;
+    print_report(output, &keys, |keys| {
+        keys.iter()
+            .map(|k| format!("{}  created {} by {}@{}\n", k.id, k.created, k.user, k.host))
+            .collect()
+    });
+    Ok(0)
+}
+
+fn key_remove(repos: &Repos, id: &str) -> Result<i32, Error> {
+    let s = &repos.selected().settings;
+    runtime(2).block_on(pgstrata_engine::commands::key::key_remove(s, id))?;
+    println!("key {id} removed from stanza '{}'", s.stanza);
+    Ok(0)
 }
 
 /// key-add's new passphrase: from PGSTRATA_NEW_CIPHER_PASS or the first line of
 /// --new-cipher-pass-file, exactly one of them, not empty.
-fn new_passphrase(inv: &config::Invocation) -> Result<Passphrase, Error> {
-    let pass = match (inv.get("new-cipher-pass"), inv.get("new-cipher-pass-file")) {
+fn new_passphrase(pass: Option<&str>, file: Option<&Path>) -> Result<Passphrase, Error> {
+    let pass = match (pass, file) {
         (Some(p), None) => p.to_string(),
         (None, Some(file)) => {
             let text = zeroize::Zeroizing::new(std::fs::read_to_string(file).map_err(|e| {
-                Error::io(format!("read the new passphrase from --new-cipher-pass-file={file}"), e)
+                Error::io(
+                    format!(
+                        "read the new passphrase from --new-cipher-pass-file={}",
+                        file.display()
+                    ),
+                    e,
+                )
             })?);
             text.lines().next().unwrap_or_default().to_string()
         }
@@ -217,28 +491,30 @@ fn new_passphrase(inv: &config::Invocation) -> Result<Passphrase, Error> {
 
 /// A report on standard output: JSON with `--output=json`, else the command's text form.
 fn print_report<T: serde::Serialize>(
-    inv: &config::Invocation,
+    output: ReportOutput,
     report: &T,
     render_text: impl Fn(&T) -> String,
 ) {
-    print_report_or_metrics(inv, report, render_text, |_, _| String::new());
+    print_report_or_metrics(output.into(), report, render_text, |_, _| String::new());
 }
 
 /// [`print_report`] of a command that also speaks Prometheus (`--output=prometheus`):
 /// `render_metrics` gets the report and the time now (Unix seconds).
 fn print_report_or_metrics<T: serde::Serialize>(
-    inv: &config::Invocation,
+    output: Output,
     report: &T,
     render_text: impl Fn(&T) -> String,
     render_metrics: impl Fn(&T, i64) -> String,
 ) {
-    match inv.text("output") {
-        "json" => println!(
+    match output {
+        Output::Json => println!(
             "{}",
             serde_json::to_string_pretty(report).expect("serialize report")
         ),
-        "prometheus" => print!("{}", render_metrics(report, chrono::Utc::now().timestamp())),
-        _ => print!("{}", render_text(report)),
+        Output::Prometheus => {
+            print!("{}", render_metrics(report, chrono::Utc::now().timestamp()))
+        }
+        Output::Text => print!("{}", render_text(report)),
     }
 }
 
@@ -246,16 +522,16 @@ fn print_report_or_metrics<T: serde::Serialize>(
 /// array of the reports with a `repo` field, one Prometheus exposition, or text sections
 /// headed by repository.
 fn print_repo_reports<T: serde::Serialize>(
-    inv: &config::Invocation,
-    reports: &[(Settings, T)],
+    output: Output,
+    reports: &[(&Settings, T)],
     render_text: impl Fn(&T) -> String,
     render_metrics: impl Fn(&T, i64) -> String,
 ) {
     if let [(_, only)] = reports {
-        return print_report_or_metrics(inv, only, render_text, render_metrics);
+        return print_report_or_metrics(output, only, render_text, render_metrics);
     }
-    match inv.text("output") {
-        "json" => {
+    match output {
+        Output::Json => {
             let all: Vec<serde_json::Value> = reports
                 .iter()
                 .map(|(s, r)| {
@@ -271,7 +547,7 @@ fn print_repo_reports<T: serde::Serialize>(
                 serde_json::to_string_pretty(&all).expect("serialize reports")
             );
         }
-        "prometheus" => {
+        Output::Prometheus => {
             let now = chrono::Utc::now().timestamp();
             let parts: Vec<String> = reports
                 .iter()
@@ -279,7 +555,7 @@ fn print_repo_reports<T: serde::Serialize>(
                 .collect();
             print!("{}", metrics::merge_expositions(&parts));
         }
-        _ => {
+        Output::Text => {
             for (i, (s, r)) in reports.iter().enumerate() {
                 if i > 0 {
                     println!();
@@ -298,115 +574,6 @@ fn repo_location(s: &Settings) -> String {
         .unwrap_or_else(|_| s.repo.path.clone())
 }
 
-/// The repositories a command that can cover all of them works on: the one `--repo`
-/// names, else every configured one.
-fn covered_repos(inv: &config::Invocation) -> Result<Vec<Settings>, Error> {
-    if inv.get("repo").is_some() {
-        Ok(vec![settings(inv)?])
-    } else {
-        let mut all = all_settings(inv)?;
-        all.sort_by_key(|s| s.repo_index);
-        Ok(all)
-    }
-}
-
-fn expire_options(inv: &config::Invocation) -> Option<ExpireOptions> {
-    let o = ExpireOptions {
-        set: inv.get("set").map(str::to_string),
-        retention_full: inv.int_opt("repo-retention-full"),
-        retention_full_type: inv.choice("repo-retention-full-type"),
-        retention_diff: inv.int_opt("repo-retention-diff"),
-        retention_archive: inv.int_opt("repo-retention-archive"),
-    };
-    (o.set.is_some() || o.retention_full.is_some() || o.retention_diff.is_some()).then_some(o)
-}
-
-/// Retention after a backup, as pgBackRest does when it is configured; where the
-/// repository is: a database host that reaches it through `repo-remote`, or does a backup
-/// host's job (`agent run`), may only add to it, and the backup host applies it.
-fn apply_retention(
-    inv: &config::Invocation,
-    s: &Settings,
-    rt: &tokio::runtime::Runtime,
-) -> Result<(), Error> {
-    let Some(e) = expire_options(inv.selected_repo().map_err(Error::config)?) else {
-        return Ok(());
-    };
-    if agent::in_agent_run() {
-        return Ok(());
-    }
-    if s.repo.remote.is_some() {
-        log::info!(
-            "retention is applied on the backup host ('pgstrata expire' there): this host adds to the repository, it does not delete"
-        );
-        return Ok(());
-    }
-    rt.block_on(pgstrata_engine::commands::expire::expire(s, &e))?;
-    Ok(())
-}
-
-fn backup_options(inv: &config::Invocation) -> Result<BackupOptions, Error> {
-    let mut annotations = std::collections::BTreeMap::new();
-    for a in inv.list("annotation") {
-        let (key, value) = a
-            .split_once('=')
-            .ok_or_else(|| Error::config(format!("--annotation='{a}': expected KEY=VALUE")))?;
-        pgstrata_repo::manifest::check_annotation(key, value)
-            .map_err(|why| Error::config(format!("--annotation='{a}': {why}")))?;
-        annotations.insert(key.to_string(), value.to_string());
-    }
-    Ok(BackupOptions {
-        backup_type: inv.choice("type"),
-        delta: inv.flag("delta"),
-        track: inv.choice("track"),
-        annotations,
-        resume: inv.flag("resume"),
-        locked_by_caller: agent::in_agent_run(),
-    })
-}
-
-fn restore_options(inv: &config::Invocation, s: &Settings) -> Result<RestoreOptions, Error> {
-    let mut tablespace_map = Vec::new();
-    for m in inv.list("tablespace-map") {
-        let (oid, dir) = m
-            .split_once('=')
-            .and_then(|(o, d)| o.parse::<u32>().ok().map(|o| (o, PathBuf::from(d))))
-            .ok_or_else(|| Error::config(format!("--tablespace-map='{m}': expected OID=DIR")))?;
-        tablespace_map.push((oid, dir));
-    }
-    Ok(RestoreOptions {
-        delta: inv.flag("delta"),
-        force: inv.flag("force"),
-        dry_run: inv.flag("dry-run"),
-        tablespace_map,
-        target_action: inv.choice_opt("target-action"),
-        archive_off: inv.text("archive-mode") == "off",
-        ..recovery_options(inv, s)
-    })
-}
-
-/// The options restore and restore-test share: which backup, how far to recover, which
-/// databases. The rest as a fresh restore into an empty directory has them.
-fn recovery_options(inv: &config::Invocation, s: &Settings) -> RestoreOptions {
-    RestoreOptions {
-        set: inv.get("set").map(str::to_string),
-        delta: false,
-        force: false,
-        dry_run: false,
-        tablespace_map: vec![],
-        tablespace_root: None,
-        recovery_type: inv.choice("type"),
-        target: inv.get("target").map(str::to_string),
-        target_action: None,
-        target_timeline: inv.get("target-timeline").map(str::to_string),
-        target_exclusive: inv.flag("target-exclusive"),
-        archive_off: false,
-        archive_get_command: archive_get_command(inv, s),
-        db_include: inv.list("db-include").to_vec(),
-        db_exclude: inv.list("db-exclude").to_vec(),
-    }
-}
-
 fn runtime(workers: usize) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers.clamp(2, 8))
@@ -422,30 +589,6 @@ fn per_file_runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("start async runtime")
-}
-
-/// Asynchronous archiving and prefetch settings of archive-push and archive-get.
-fn async_options(inv: &config::Invocation) -> archive::AsyncOptions {
-    let pushing = inv.command == "archive-push";
-    archive::AsyncOptions {
-        spool_path: inv.text("spool-path").into(),
-        process_max: inv.int("process-max"),
-        push_queue_max: if pushing {
-            inv.int_opt("archive-push-queue-max")
-        } else {
-            None
-        },
-        get_queue_max: if pushing {
-            0
-        } else {
-            inv.int("archive-get-queue-max")
-        },
-        timeout: Duration::from_secs(if pushing {
-            inv.int("archive-timeout")
-        } else {
-            60
-        }),
-    }
 }
 
 /// The role this process was started in as an asynchronous worker, if it was.
@@ -478,459 +621,9 @@ fn launch_worker(
         .map(|_child| ())
 }
 
-fn repo_config(inv: &config::Invocation) -> RepoConfig {
-    let get = |n: &str| inv.get(n).map(str::to_string);
-    RepoConfig {
-        kind: inv.choice("repo-type"),
-        path: inv.text("repo-path").to_string(),
-        s3: S3Config {
-            bucket: get("repo-s3-bucket").unwrap_or_default(),
-            endpoint: get("repo-s3-endpoint"),
-            region: get("repo-s3-region"),
-            key: get("repo-s3-key").map(Secret::from),
-            key_secret: get("repo-s3-key-secret").map(Secret::from),
-            token: get("repo-s3-token").map(Secret::from),
-            path_style: inv.text("repo-s3-uri-style") == "path",
-            storage_class: get("repo-s3-storage-class"),
-            kms_key_id: get("repo-s3-kms-key-id"),
-        },
-        gcs: GcsConfig {
-            bucket: get("repo-gcs-bucket").unwrap_or_default(),
-            key_file: get("repo-gcs-key"),
-            endpoint: get("repo-gcs-endpoint"),
-        },
-        azure: AzureConfig {
-            account: get("repo-azure-account").unwrap_or_default(),
-            container: get("repo-azure-container").unwrap_or_default(),
-            key: get("repo-azure-key").map(Secret::from),
-            endpoint: get("repo-azure-endpoint"),
-        },
-        ca_file: get("repo-s3-ca-file"),
-        verify_tls: inv.flag("repo-storage-verify-tls"),
-        timeout: Duration::from_secs(inv.int("repo-storage-timeout")),
-        retries: inv.int("repo-storage-retries"),
-        remote: inv.get("repo-remote").map(|host| SshTarget {
-            host: host.to_string(),
-            port: inv.int_opt("repo-remote-port"),
-            ssh: inv.text("cmd-ssh").to_string(),
-            remote_cmd: inv.text("repo-remote-cmd").to_string(),
-        }),
-        remote_stanza: inv.get("stanza").map(str::to_string),
-    }
-}
-
-/// The command restore_command runs: this binary with the options that locate the
-/// repository, so archive-get reads where backups were written. Secrets are left out: they
-/// must come from the config file or the server's environment.
-fn archive_get_command(inv: &config::Invocation, s: &Settings) -> String {
-    let exe = std::env::current_exe()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| "pgstrata".into());
-    let mut parts = vec![shell_quote(&exe)];
-    if let Some(c) = &s.config_file {
-        parts.push(shell_quote(&format!("--config={}", c.display())));
-    }
-    parts.push(shell_quote(&format!("--stanza={}", s.stanza)));
-    // Every repository's location (repoN-* for repository N), and archive-get's own options
-    // given to restore. Secrets come from the config file or the server's environment,
-    // never from here.
-    const CARRIED: &[&str] = &["repo", "spool-path", "archive-get-queue-max", "cmd-ssh"];
-    let carried = |o: &&options::OptionDef| !o.secret && o.applies_to("archive-get");
-    for view in inv.repo_views() {
-        for o in options::OPTIONS
-            .iter()
-            .filter(carried)
-            .filter(|o| options::is_repo_option(o.name))
-        {
-            let Some(v) = view.get(o.name) else { continue };
-            if o.default_value().as_deref() != Some(v) || o.name == "repo-path" {
-                let name = options::repo_option_name(o.name, view.repo_index);
-                parts.push(shell_quote(&format!("--{name}={v}")));
-            }
-        }
-    }
-    for o in options::OPTIONS
-        .iter()
-        .filter(carried)
-        .filter(|o| CARRIED.contains(&o.name))
-    {
-        let Some(v) = inv.get(o.name) else { continue };
-        if o.default_value().as_deref() != Some(v) {
-            parts.push(shell_quote(&format!("--{}={v}", o.name)));
-        }
-    }
-    parts.join(" ")
-}
-
-/// Quote one word for `sh -c` (restore_command runs through the shell): plain words stay
-/// as they are; anything else goes in double quotes with `\`, `"`, `$` and `` ` `` escaped.
-fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_=/.,:@".contains(&b))
-    {
-        s.to_string()
-    } else {
-        format!(
-            "\"{}\"",
-            s.replace('\\', "\\\\")
-                .replace('"', "\\\"")
-                .replace('$', "\\$")
-                .replace('`', "\\`")
-        )
-    }
-}
-
-fn run(inv: &config::Invocation) -> Result<i32, Error> {
-    if let Some(target) = agent::standby_remote(inv).or_else(|| agent::pg_remote(inv)) {
-        let views: Vec<&config::Invocation> =
-            if inv.command == "backup" || inv.get("repo").is_some() {
-                vec![inv.selected_repo().map_err(Error::config)?]
-            } else {
-                let mut all: Vec<_> = inv.repo_views().collect();
-                all.sort_by_key(|v| v.repo_index);
-                all
-            };
-        let code = agent::run_on_pg_remote(inv, &target, &views)?;
-        if code == 0 && inv.command == "backup" {
-            apply_retention(inv, &settings(inv)?, &runtime(2))?;
-        }
-        return Ok(code);
-    }
-    match inv.command.as_str() {
-        "agent" => agent::agent(inv, run),
-        "help" => {
-            match inv.args.first().map(String::as_str) {
-                None => print!("{}", options::general_help()),
-                Some("options") => print!("{}", options::reference_markdown()),
-                Some("man") => print!("{}", generate::man_page()),
-                Some(c) if options::COMMANDS.iter().any(|(n, _)| *n == c) => {
-                    print!("{}", options::command_help(c))
-                }
-                Some(c) => return Err(Error::config(format!("unknown command '{c}'"))),
-            }
-            Ok(0)
-        }
-        "completions" => {
-            match inv.args.first().map(String::as_str) {
-                Some("bash") => print!("{}", generate::bash()),
-                Some("zsh") => print!("{}", generate::zsh()),
-                _ => return Err(Error::config("completions takes one argument: bash or zsh")),
-            }
-            Ok(0)
-        }
-        "version" => {
-            println!(
-                "pgstrata {} (repository format {})",
-                env!("CARGO_PKG_VERSION"),
-                pgstrata_repo::FORMAT_VERSION
-            );
-            Ok(0)
-        }
-        "demo" => demo::run(inv.get("pg-bin").map(PathBuf::from)).map(|_| 0),
-        "stanza-create" => {
-            let repos = covered_repos(inv)?;
-            let rt = runtime(2);
-            for s in &repos {
-                let place = if repos.len() > 1 {
-                    format!(" in repo{}", s.repo_index)
-                } else {
-                    String::new()
-                };
-                match rt.block_on(pgstrata_engine::commands::stanza_create::stanza_create(s))? {
-                    pgstrata_engine::commands::stanza_create::CreateOutcome::Created => {
-                        println!("stanza '{}' created{place}", s.stanza)
-                    }
-                    pgstrata_engine::commands::stanza_create::CreateOutcome::AlreadyExists => {
-                        println!(
-                            "stanza '{}' already exists for this cluster{place}",
-                            s.stanza
-                        )
-                    }
-                }
-            }
-            Ok(0)
-        }
-        "check" => {
-            let repos = covered_repos(inv)?;
-            let rt = runtime(2);
-            for s in &repos {
-                rt.block_on(pgstrata_engine::commands::check::check(s))
-                    .map_err(|e| {
-                        if repos.len() > 1 {
-                            e.context(format!("repo{}", s.repo_index))
-                        } else {
-                            e
-                        }
-                    })?;
-                println!(
-                    "check of stanza '{}' passed{}",
-                    s.stanza,
-                    if repos.len() > 1 {
-                        format!(" for repo{}", s.repo_index)
-                    } else {
-                        String::new()
-                    }
-                );
-            }
-            Ok(0)
-        }
-        "backup" => {
-            let s = settings(inv)?;
-            let rt = runtime(s.process_max);
-            let opts = backup_options(inv)?;
-            let m = rt.block_on(pgstrata_engine::commands::backup::backup(&s, &opts))?;
-            println!("{}", m.label);
-            apply_retention(inv, &s, &rt)?;
-            Ok(0)
-        }
-        "restore" => {
-            let s = settings(inv)?;
-            let opts = restore_options(inv, &s)?;
-            if opts.dry_run {
-                let (plan, settings) =
-                    runtime(2).block_on(pgstrata_engine::commands::restore::plan(&s, &opts))?;
-                print!("restore plan: {plan}");
-                for line in settings {
-                    println!("  recovery: {line}");
-                }
-                println!("nothing was written (--dry-run)");
-                return Ok(0);
-            }
-            let r = runtime(s.process_max)
-                .block_on(pgstrata_engine::commands::restore::restore(&s, &opts))?;
-            println!(
-                "restored backup {}: {} files written, {} patched, {} unchanged, {} zeroed, {} removed; {} bytes fetched",
-                r.label, r.counts.files_written, r.counts.files_patched, r.counts.files_kept, r.counts.files_zeroed, r.removed, r.counts.bytes_fetched
-            );
-            Ok(0)
-        }
-        "restore-test" => {
-            let s = settings(inv)?;
-            let o = pgstrata_engine::commands::restore_test::RestoreTestOptions {
-                restore: recovery_options(inv, &s),
-                scratch: inv.get("pg-path").map(PathBuf::from),
-                keep: inv.flag("keep"),
-                pg_bin: inv.get("pg-bin").map(PathBuf::from),
-                preload: inv.list("restore-test-preload").to_vec(),
-            };
-            let report = runtime(s.process_max).block_on(
-                pgstrata_engine::commands::restore_test::restore_test(&s, &o),
-            )?;
-            print_report(
-                inv,
-                &report,
-                pgstrata_engine::commands::restore_test::render_text,
-            );
-            if report.ok {
-                Ok(0)
-            } else {
-                Err(Error::integrity(format!(
-                    "restore-test found corruption in backup {}: {}",
-                    report.backup,
-                    report
-                        .problems
-                        .first()
-                        .map(String::as_str)
-                        .unwrap_or("see the report above")
-                )))
-            }
-        }
-        "archive-push" => {
-            let repos = all_settings(inv)?;
-            let [path] = inv.args.as_slice() else {
-                return Err(Error::config(
-                    "archive-push takes one argument: the WAL file path (%p)",
-                ));
-            };
-            let path = std::path::Path::new(path);
-            let rt = per_file_runtime();
-            if let Some(role) = worker_role() {
-                let wal_dir = std::env::var_os(archive::WAL_DIR_ENV)
-                    .map(PathBuf::from)
-                    .ok_or_else(|| {
-                        Error::config("an archive-push worker needs its WAL directory")
-                    })?;
-                assert_eq!(role, archive::WorkerRole::Push);
-                let wanted = std::env::var(archive::WANTED_ENV).ok();
-                rt.block_on(archive::push_worker(
-                    &repos,
-                    &async_options(inv),
-                    &wal_dir,
-                    wanted.as_deref(),
-                ))?;
-                return Ok(0);
-            }
-            if inv.flag("archive-async") {
-                rt.block_on(archive::push(
-                    &repos,
-                    &async_options(inv),
-                    path,
-                    &launch_worker,
-                ))?;
-                return Ok(0);
-            }
-            rt.block_on(archive::archive_push_all(&repos, path))?;
-            Ok(0)
-        }
-        "archive-get" => {
-            let repos = all_settings(inv)?;
-            let [name, dest] = inv.args.as_slice() else {
-                return Err(Error::config("archive-get takes two arguments: the WAL file name (%f) and the destination (\"%p\")"));
-            };
-            let rt = per_file_runtime();
-            if worker_role() == Some(archive::WorkerRole::Get) {
-                rt.block_on(archive::get_worker(&repos, &async_options(inv)))?;
-                return Ok(0);
-            }
-            let found = rt.block_on(archive::get(
-                &repos,
-                &async_options(inv),
-                name,
-                std::path::Path::new(dest),
-                &launch_worker,
-            ))?;
-            Ok(if found { 0 } else { 1 })
-        }
-        "expire" => {
-            let s = settings(inv)?;
-            // Retention is per repository: repoN-retention-* for repository N.
-            let Some(o) = expire_options(inv.selected_repo().map_err(Error::config)?) else {
-                return Err(Error::config(
-                    "nothing to expire by: set repo-retention-full (and optionally repo-retention-diff), or give --set=LABEL",
-                ));
-            };
-            let r = runtime(2).block_on(pgstrata_engine::commands::expire::expire(&s, &o))?;
-            println!(
-                "expired {} backup(s){}; deleted {} pack(s) ({} bytes) and {} WAL file(s); {} bytes held in partly referenced packs",
-                r.expired.len(),
-                if r.expired.is_empty() { String::new() } else { format!(" ({})", r.expired.join(", ")) },
-                r.packs_deleted,
-                r.bytes_freed,
-                r.wal_deleted,
-                r.bytes_held
-            );
-            Ok(0)
-        }
-        "info" => {
-            let rt = runtime(2);
-            let mut reports = Vec::new();
-            for s in covered_repos(inv)? {
-                let report =
-                    rt.block_on(pgstrata_engine::commands::info::info(&s, inv.get("set")))?;
-                reports.push((s, report));
-            }
-            let text = pgstrata_engine::commands::info::render_text;
-            print_repo_reports(inv, &reports, text, metrics::render_info);
-            Ok(0)
-        }
-        "verify" => {
-            let repos = covered_repos(inv)?;
-            let rt = runtime(repos[0].process_max.max(2));
-            let mut reports = Vec::new();
-            for s in repos {
-                let report = rt.block_on(pgstrata_engine::commands::verify::verify(
-                    &s,
-                    inv.get("set"),
-                ))?;
-                reports.push((s, report));
-            }
-            let text = pgstrata_engine::commands::verify::render_text;
-            print_repo_reports(inv, &reports, text, metrics::render_verify);
-            match reports.iter().find(|(_, r)| !r.ok) {
-                None => Ok(0),
-                Some((s, _)) => Err(Error::integrity(format!(
-                    "verify found problems in stanza '{}'{}: see the report above",
-                    s.stanza,
-                    if reports.len() > 1 {
-                        format!(" (repo{})", s.repo_index)
-                    } else {
-                        String::new()
-                    }
-                ))),
-            }
-        }
-        "key-add" => {
-            let s = settings(inv)?;
-            let new_pass = new_passphrase(inv)?;
-            let k = runtime(2).block_on(pgstrata_engine::commands::key::key_add(&s, new_pass))?;
-            println!("key {} added to stanza '{}'", k.id, s.stanza);
-            Ok(0)
-        }
-        "key-list" => {
-            let s = settings(inv)?;
-            let keys = runtime(2).block_on(pgstrata_engine::commands::key::key_list(&s))?;
-            print_report(inv, &keys, |keys| {
-                keys.iter()
-                    .map(|k| format!("{}  created {} by {}@{}\n", k.id, k.created, k.user, k.host))
-                    .collect()
-            });
-            Ok(0)
-        }
-        "key-remove" => {
-            let s = settings(inv)?;
-            let id = inv.require("key-id").map_err(Error::config)?;
-            runtime(2).block_on(pgstrata_engine::commands::key::key_remove(&s, id))?;
-            println!("key {id} removed from stanza '{}'", s.stanza);
-            Ok(0)
-        }
-        other => Err(Error::config(format!("unknown command '{other}'"))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pgstrata_engine::commands::restore::{RecoveryType, TargetAction};
-    use pgstrata_engine::track::Track;
-    use pgstrata_repo::manifest::BackupType;
-    use std::collections::HashMap;
-
-    fn resolve(args: &str, env: &[(&str, &str)]) -> config::Invocation {
-        let argv: Vec<String> = args.split_whitespace().map(str::to_string).collect();
-        let env: HashMap<String, String> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        config::resolve(&argv, &env).unwrap()
-    }
-
-    #[test]
-    fn shell_quote_survives_a_real_shell() {
-        for s in [
-            "plain-/path_1.2,x:y@z=w",
-            "with space",
-            "it's",
-            "$HOME and ${HOME}",
-            "`id` $(id)",
-            "back\\slash\\",
-            "quote\"d",
-            "semi;colon | pipe & amp > redirect",
-            "new\nline",
-            "*?[glob]",
-            "",
-        ] {
-            let quoted = shell_quote(s);
-            let out = std::process::Command::new("sh")
-                .arg("-c")
-                // Exactly one argument, whatever it holds.
-                .arg(format!(
-                    "f() {{ [ $# -eq 1 ] || exit 9; printf %s \"$1\"; }}; f {quoted}"
-                ))
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{s:?} quoted as {quoted} is not one word"
-            );
-            assert_eq!(
-                String::from_utf8_lossy(&out.stdout),
-                s,
-                "{s:?} quoted as {quoted}"
-            );
-        }
-        assert_eq!(shell_quote("/usr/bin/pgstrata"), "/usr/bin/pgstrata");
-    }
 
     #[test]
     fn archive_get_fails_above_125_unless_standby() {
@@ -942,70 +635,5 @@ mod tests {
             assert_eq!(archive_get_exit_code(0, standby), 0);
             assert_eq!(archive_get_exit_code(1, standby), 1);
         }
-    }
-
-    /// Every typed read of every command matches the table (kind, default, engine names).
-    #[test]
-    fn every_command_reads_its_options_typed() {
-        for (command, _) in options::COMMANDS {
-            // The agent takes a list of stanzas (the ones it serves), not one to work on.
-            let takes_stanza = options::find("stanza", command).is_some() && *command != "agent";
-            let stanza = if takes_stanza { "--stanza=main" } else { "" };
-            let inv = resolve(&format!("{stanza} {command}"), &[]);
-            if takes_stanza {
-                let s = settings(&inv).unwrap();
-                assert_eq!(s.repo.retries, 4);
-                assert_eq!(s.pack_size, pgstrata_repo::pack::DEFAULT_PACK_SIZE);
-            }
-            match *command {
-                "backup" => {
-                    let o = backup_options(&inv).unwrap();
-                    assert_eq!((o.backup_type, o.track), (BackupType::Incr, Track::Auto));
-                    assert!(expire_options(&inv).is_none());
-                }
-                "expire" => assert!(expire_options(&inv).is_none()),
-                "restore" => {
-                    let s = settings(&inv).unwrap();
-                    let o = restore_options(&inv, &s).unwrap();
-                    assert_eq!(o.recovery_type, RecoveryType::Default);
-                    assert_eq!(o.target_action, None);
-                }
-                "restore-test" => {
-                    let o = recovery_options(&inv, &settings(&inv).unwrap());
-                    assert_eq!(o.recovery_type, RecoveryType::Immediate);
-                }
-                _ => {}
-            }
-        }
-        let inv = resolve("--stanza=main --type=diff --track=wal backup", &[]);
-        let o = backup_options(&inv).unwrap();
-        assert_eq!((o.backup_type, o.track), (BackupType::Diff, Track::Wal));
-        let inv = resolve(
-            "--stanza=main --type=time --target=now --target-action=shutdown restore",
-            &[],
-        );
-        let o = restore_options(&inv, &settings(&inv).unwrap()).unwrap();
-        assert_eq!(o.recovery_type, RecoveryType::Time);
-        assert_eq!(o.target_action, Some(TargetAction::Shutdown));
-    }
-
-    #[test]
-    fn secrets_never_show() {
-        let inv = resolve(
-            "--stanza=main --repo-type=s3 info",
-            &[
-                ("PGSTRATA_REPO_S3_KEY_SECRET", "hunter2"),
-                ("PGSTRATA_REPO_AZURE_KEY", "azure-hunter2"),
-                ("PGSTRATA_REPO_CIPHER_PASS", "cipher-hunter2"),
-            ],
-        );
-        let s = settings(&inv).unwrap();
-        assert!(s.cipher_pass.is_some());
-        assert_eq!(s.repo.s3.key_secret.as_deref(), Some("hunter2"));
-        for shown in [format!("{s:?}"), format!("{inv:?}"), inv.describe()] {
-            assert!(!shown.contains("hunter2"), "{shown}");
-            assert!(shown.contains("redacted"), "{shown}");
-        }
-        assert!(!archive_get_command(&inv, &s).contains("hunter2"));
     }
 }

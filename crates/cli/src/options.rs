@@ -5,6 +5,8 @@
 //! the environment variable `PGSTRATA_NAME` (upper case, '-' as '_'), the stanza's table of
 //! the config file, the config file's `[global]` table, and finally the default.
 
+use crate::args::{Output, ReportOutput};
+use crate::logging::LogLevel;
 use pgstrata_engine::commands::expire::RetentionType;
 use pgstrata_engine::commands::restore::{RecoveryType, TargetAction};
 use pgstrata_engine::pg_tls::SslMode;
@@ -85,8 +87,6 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ("completions", "Print a shell completion script: 'completions bash' or 'completions zsh'"),
     ("version", "Print the version"),
 ];
-
-const LOG_LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
 
 const REPO_CMDS: &[&str] = &[
     "agent",
@@ -315,15 +315,15 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "A library the scratch server preloads (repeatable; its shared_preload_libraries): the backup's own shared_preload_libraries, like every setting of the backup that runs a command or loads code, is not used. For extensions the restored cluster cannot start or recover without (a custom WAL resource manager, for example)." },
     OptionDef { name: "keep", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["restore-test"],
         help: "Keep the scratch directory (stopped cluster, server log) instead of removing it." },
-    OptionDef { name: "output", kind: Kind::Enum(&["text", "json", "prometheus"]), default: Some("text"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["info", "verify"],
+    OptionDef { name: "output", kind: Kind::Enum(Output::NAMES), default: Some("text"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["info", "verify"],
         help: "Output format. prometheus: metrics in Prometheus' text format, for node_exporter's textfile collector (info: newest backup per type, its end time, age and sizes, backup counts, repository size, newest archived WAL segment and its age; verify: its results)." },
-    OptionDef { name: "output", kind: Kind::Enum(&["text", "json"]), default: Some("text"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["key-list", "restore-test"],
+    OptionDef { name: "output", kind: Kind::Enum(ReportOutput::NAMES), default: Some("text"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["key-list", "restore-test"],
         help: "Output format." },
     OptionDef { name: "progress", kind: Kind::Enum(ProgressMode::NAMES), default: Some("auto"), scope: Scope::Config, secret: false, peer: true, commands: &["backup", "restore", "restore-test", "verify"],
         help: "Progress (bytes done of the total, percent, rate, time left): auto shows a live line on standard error when it is a terminal, else logs a progress line at info level at most every 30 s; on always shows the live line; off shows nothing." },
-    OptionDef { name: "log-level-console", kind: Kind::Enum(LOG_LEVELS), default: Some("warn"), scope: Scope::Config, secret: false, peer: true, commands: &[],
+    OptionDef { name: "log-level-console", kind: Kind::Enum(LogLevel::NAMES), default: Some("warn"), scope: Scope::Config, secret: false, peer: true, commands: &[],
         help: "Messages shown on standard error." },
-    OptionDef { name: "log-level-file", kind: Kind::Enum(LOG_LEVELS), default: Some("off"), scope: Scope::Config, secret: false, peer: false, commands: &[],
+    OptionDef { name: "log-level-file", kind: Kind::Enum(LogLevel::NAMES), default: Some("off"), scope: Scope::Config, secret: false, peer: false, commands: &[],
         help: "Messages written to the log file in log-path." },
     OptionDef { name: "log-path", kind: Kind::Path, default: Some("/var/log/pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: &[],
         help: "Directory for log files, named STANZA-COMMAND.log." },
@@ -650,5 +650,8 @@ mod tests {
         check_named::<RecoveryType>();
         check_named::<TargetAction>();
         check_named::<SslMode>();
+        check_named::<LogLevel>();
+        check_named::<Output>();
+        check_named::<ReportOutput>();
     }
 }

@@ -424,7 +424,7 @@ mod tests {
                 None,
             )
             .unwrap(),
-            process_max: 1,
+            process_max: std::num::NonZeroUsize::MIN,
             start_fast: false,
             archive_timeout: Duration::from_secs(1),
             archive_lag_max: Duration::from_secs(600),

@@ -27,7 +27,8 @@ pub struct Settings {
     /// CA certificates (PEM) that verify-ca and verify-full trust.
     pub pg_sslrootcert: Option<PathBuf>,
     pub compression: Compression,
-    pub process_max: usize,
+    /// Worker threads of the parallel stages (`process-max`): at least one.
+    pub process_max: std::num::NonZeroUsize,
     pub start_fast: bool,
     /// How long backup and check wait for WAL to reach the archive.
     pub archive_timeout: Duration,
@@ -83,7 +84,7 @@ impl Settings {
             pg_sslrootcert: None,
             compression: Compression::new(pgstrata_repo::codec::CompressType::None, None)
                 .expect("no compression"),
-            process_max: 1,
+            process_max: std::num::NonZeroUsize::MIN,
             start_fast: false,
             archive_timeout: Duration::from_secs(1),
             archive_lag_max: Duration::from_secs(600),

@@ -128,7 +128,7 @@ pub type Launcher<'a> = &'a dyn Fn(WorkerRole, &[(&str, String)], &Path) -> std:
 pub struct AsyncOptions {
     pub spool_path: PathBuf,
     /// Files pushed, or segments fetched, at once.
-    pub process_max: usize,
+    pub process_max: std::num::NonZeroUsize,
     /// Ready WAL bytes past which a push worker drops WAL instead of pushing it.
     pub push_queue_max: Option<u64>,
     /// Bytes of WAL prefetched after the requested segment; 0 turns prefetch off.
@@ -550,7 +550,7 @@ async fn push_and_acknowledge(
     // files compressing beside 4 in flight took 12 % more CPU a segment than 4 files
     // each compressed then stored, and 2 compressing beside 4 in flight the same CPU
     // as those, in 17 % less memory.
-    let width = o.process_max.max(1);
+    let width = o.process_max.get();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut acked = stream::iter(todo)
         .map(|(name, stamp)| async move {
@@ -819,7 +819,7 @@ pub async fn get_worker(repos: &[Settings], o: &AsyncOptions) -> Result<()> {
             .iter()
             .take_while(|n| end.as_ref().is_none_or(|end| *n < end))
             .filter(|n| !queue.join(n).exists())
-            .take(o.process_max.max(1))
+            .take(o.process_max.get())
             .collect();
         if missing.is_empty() {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -919,7 +919,7 @@ async fn fetch_into_queue(
                 (n.clone(), outcome)
             }
         })
-        .buffered(o.process_max.max(1))
+        .buffered(o.process_max.get())
         .collect()
         .await
 }

@@ -258,7 +258,7 @@ async fn check_backup(
     progress: &Progress,
     v: &mut BackupVerdict,
 ) -> Result<()> {
-    let workers = s.process_max.max(1);
+    let workers = s.process_max.get();
     let read = check_files(
         storage,
         stored,

@@ -206,7 +206,7 @@ pub async fn restore(s: &Settings, o: &RestoreOptions) -> Result<RestoreReport> 
         plan.pg_path.display()
     );
     let runtime = tokio::runtime::Handle::current();
-    let (o, workers) = (o.clone(), s.process_max.max(1));
+    let (o, workers) = (o.clone(), s.process_max.get());
     let report =
         tokio::task::spawn_blocking(move || execute(&plan, &storage, runtime, &o, workers))
             .await

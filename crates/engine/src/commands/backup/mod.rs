@@ -192,7 +192,7 @@ async fn copy_data_directory(
         resume,
         checkpoints: opts.resume,
     };
-    let workers = s.process_max.max(1);
+    let workers = s.process_max.get();
     let prior_label = pf.prior.as_ref().map(|p| p.header().label.as_str());
     let writer = PartsWriter::new(&s.stanza, &pf.label, prior_label, PART_ENTRIES);
     let mut parts = Parts::new(writer, storage.clone(), runtime);

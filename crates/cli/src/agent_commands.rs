@@ -1,4 +1,6 @@
-//! pgstrata across hosts, as the binary does it (the protocol is `pgstrata-remote`).
+//! The agent commands (`agent repo`, `agent run`) and the backup host's side of
+//! `pg-remote`: pgstrata across hosts, as the binary does it (the protocol and the serving
+//! side are `pgstrata-remote`, whose `agent` module this one drives).
 //!
 //! - `repo-remote` needs nothing here: its repository opens as a `RemoteStore`, and every
 //!   command works through it unchanged. The far side is `pgstrata agent repo`, which
@@ -28,12 +30,12 @@
 //! ssh client is run, or which file is parsed as a configuration; the database host may
 //! add a backup, not remove one.
 
-use crate::config::{self, Invocation};
+use crate::args::{self, Agent, Invocation, RemoteJob, Repo};
 use crate::options;
 use pgstrata_engine::{Error, ErrorKind};
 use pgstrata_remote::agent::{Policy, Reseal, Serving};
 use pgstrata_remote::protocol::{self, Done, Job, JobKind, Message};
-use pgstrata_remote::{RemoteStore, SshSession, SshTarget};
+use pgstrata_remote::{RemoteStore, SshSession};
 use pgstrata_repo::cipher::{SessionKey, SessionReseal};
 use pgstrata_repo::manifest::patch::Rebuilder;
 use pgstrata_repo::Storage;
@@ -41,9 +43,6 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-
-/// Commands that run on the database host when `pg-remote` is set.
-pub(crate) const PG_REMOTE_COMMANDS: &[&str] = &["stanza-create", "check", "backup"];
 
 /// Set in `agent run`: the job runs for the backup host, which holds the stanza lock and
 /// applies retention itself.
@@ -56,29 +55,23 @@ pub(crate) fn in_agent_run() -> bool {
 
 /// `pgstrata agent repo` and `pgstrata agent run`.
 pub(crate) fn agent(
-    inv: &Invocation,
+    agent: &Agent,
     run_command: fn(&Invocation) -> Result<i32, Error>,
 ) -> Result<i32, Error> {
-    let stanzas = inv.list("stanza").to_vec();
-    for s in &stanzas {
-        pgstrata_repo::layout::check_stanza_name(s)
-            .map_err(|why| Error::config(format!("agent: --stanza: {why}")))?;
-    }
-    match inv.args.first().map(String::as_str) {
+    let stanzas = agent.stanzas.clone();
+    match agent.mode.as_deref() {
         Some("repo") => {
             if stanzas.is_empty() {
                 return Err(Error::config(
                     "agent repo serves only the stanzas it is given: put --stanza=NAME (repeatable) in the forced command of authorized_keys",
                 ));
             }
-            let root = std::path::PathBuf::from(inv.text("repo-path"));
-            runtime()
-                .block_on(pgstrata_remote::agent::serve_repo(
-                    &root,
-                    Some(Arc::new(Rebuilder::without_key())),
-                    Policy::append_only(stanzas),
-                    inv.int("agent-buffer-max"),
-                ))?;
+            runtime().block_on(pgstrata_remote::agent::serve_repo(
+                &agent.repo_path,
+                Some(Arc::new(Rebuilder::without_key())),
+                Policy::append_only(stanzas),
+                agent.buffer_max,
+            ))?;
             Ok(0)
         }
         Some("run") => agent_run(&stanzas, run_command),
@@ -141,16 +134,9 @@ fn job_invocation(own_args: &[String], stanzas: &[String], job: &Job) -> Result<
         }
     }
     let env = std::env::vars().collect();
-    let inv = config::resolve(&argv, &env).map_err(Error::config)?;
-    for hop in ["pg-remote", "standby-remote"] {
-        if inv.get(hop).is_some() {
-            return Err(Error::config(format!(
-                "{hop} is set for stanza '{}' in this host's configuration, where the agent does the backup host's jobs: it belongs in the backup host's configuration",
-                job.stanza
-            )));
-        }
-    }
-    Ok(inv)
+    // The job's command refuses pg-remote and standby-remote in this host's configuration
+    // when it is parsed (`args::parse`): this host does the job itself.
+    args::resolve(&argv, &env).map_err(Error::config)
 }
 
 /// `pgstrata agent run` on the database host: the hellos, the [`Job`], the job with every
@@ -196,7 +182,7 @@ fn agent_run(
 
     let own_args: Vec<String> = std::env::args().skip(1).collect();
     let outcome = job_invocation(&own_args, stanzas, &job).and_then(|inv| {
-        crate::logging::set_console_level(inv.text("log-level-console"));
+        crate::logging::set_console_level(args::reporting(&inv).console);
         log::info!(
             "agent: {} of stanza '{}' for the backup host",
             job.job.command(),
@@ -231,64 +217,31 @@ fn agent_run(
     Ok(0)
 }
 
-/// The database host of `inv`, when `pg-remote` is set and the command runs there.
-pub(crate) fn pg_remote(inv: &Invocation) -> Option<SshTarget> {
-    if !PG_REMOTE_COMMANDS.contains(&inv.command.as_str()) {
-        return None;
-    }
-    Some(SshTarget {
-        host: inv.get("pg-remote")?.to_string(),
-        port: inv.int_opt("pg-remote-port"),
-        ssh: inv.text("cmd-ssh").to_string(),
-        remote_cmd: inv.text("pg-remote-cmd").to_string(),
-    })
-}
-
-/// The standby's host, when a backup from a standby on another host runs there
-/// (`standby-remote`): the bulk (every relation file) is read where it is, and the
-/// primary's few other files come over its database connection (so `pg-path` is not sent:
-/// the primary's data directory is not on that host).
-pub(crate) fn standby_remote(inv: &Invocation) -> Option<SshTarget> {
-    if inv.command != "backup" || !inv.flag("backup-standby") {
-        return None;
-    }
-    Some(SshTarget {
-        host: inv.get("standby-remote")?.to_string(),
-        port: inv.int_opt("standby-remote-port"),
-        ssh: inv.text("cmd-ssh").to_string(),
-        remote_cmd: inv.text("standby-remote-cmd").to_string(),
-    })
-}
-
-/// Run `inv`'s job on `target` (the database host of pg-remote, or the standby's host of
-/// standby-remote), once for each repository it covers, serving each repository from
+/// Run `job` on its target (the database host of pg-remote, or the standby's host of
+/// standby-remote), once for each repository of `views`, serving each repository from
 /// here (the job's stanza only, append-only). A backup holds the stanza lock here while
 /// it runs. Returns the exit code; the agent's errors are printed as they would be by a
 /// local run.
-pub(crate) fn run_on_pg_remote(
-    inv: &Invocation,
-    target: &SshTarget,
-    views: &[&Invocation],
-) -> Result<i32, Error> {
+pub(crate) fn run_on_pg_remote(job: &RemoteJob, views: &[&Repo]) -> Result<i32, Error> {
     let rt = runtime();
-    let kind = JobKind::from_command(&inv.command).expect("a pg-remote command");
+    let kind = job.kind;
     for view in views {
-        let settings = crate::settings_of(view)?;
+        let settings = &view.settings;
         let storage = if kind == JobKind::StanzaCreate {
             Storage::open_or_create(&settings.repo)?
         } else {
             settings.storage()?
         };
-        let job = Job {
+        let message = Job {
             job: kind,
             stanza: settings.stanza.clone(),
-            choices: peer_choices(view),
+            choices: view.peer_choices.clone(),
             sealing: None,
         };
-        let session = serve_job(inv, target, &settings, &storage, &job);
+        let session = serve_job(job, settings, &storage, &message);
         let done = if kind == JobKind::Backup {
             rt.block_on(pgstrata_engine::commands::backup::with_backup_lock(
-                &settings, session,
+                settings, session,
             ))?
         } else {
             rt.block_on(session)?
@@ -296,7 +249,7 @@ pub(crate) fn run_on_pg_remote(
         print!("{}", done.stdout);
         if let Some(e) = &done.error {
             let msg = if views.len() > 1 {
-                format!("repo{}: {e}", view.repo_index)
+                format!("repo{}: {e}", settings.repo_index)
             } else {
                 e.clone()
             };
@@ -310,14 +263,16 @@ pub(crate) fn run_on_pg_remote(
     Ok(0)
 }
 
-/// Start `agent run` on `target`, send it `job`, and serve `store` to it until it is done.
+/// Start `agent run` on the remote job's target, send it `job`, and serve `storage` to it
+/// until it is done.
 async fn serve_job(
-    inv: &Invocation,
-    target: &SshTarget,
+    remote: &RemoteJob,
     settings: &pgstrata_engine::Settings,
     storage: &Storage,
     job: &Job,
 ) -> Result<Done, Error> {
+    let target = &remote.target;
+    let command = remote.kind.command();
     // Without a forced command these words are the agent's command line; with one (as the
     // README sets up), the database host's own words replace them.
     let mut agent_args = vec![
@@ -325,12 +280,12 @@ async fn serve_job(
         "run".to_string(),
         format!("--stanza={}", job.stanza),
     ];
-    let config = if standby_remote(inv).is_some() {
-        inv.get("standby-remote-config")
-    } else {
-        inv.get("pg-remote-config")
-    };
-    agent_args.extend(config.map(|c| format!("--config={c}")));
+    agent_args.extend(
+        remote
+            .config
+            .as_ref()
+            .map(|c| format!("--config={}", c.display())),
+    );
     // An encrypted stanza: the agent seals with a session key of its own, and this host
     // reseals for it what it reads; the passphrase and master keys stay here.
     let master =
@@ -346,7 +301,7 @@ async fn serve_job(
         None => None,
     };
     let mut session =
-        SshSession::start(target, &agent_args).map_err(|e| Error::from(e).context(&inv.command))?;
+        SshSession::start(target, &agent_args).map_err(|e| Error::from(e).context(command))?;
     session
         .output
         .write_all(&protocol::frame(&Message::Job(job.clone()), b""))
@@ -370,7 +325,7 @@ async fn serve_job(
         rebuild: Some(Arc::new(rebuilder)),
         reseal,
         policy: Policy::append_only(vec![job.stanza.clone()]),
-        buffer_max: inv.int("agent-buffer-max"),
+        buffer_max: remote.buffer_max,
     };
     let served = pgstrata_remote::agent::serve(serving, input, output).await;
     let status = child.wait().ok();
@@ -384,7 +339,7 @@ async fn serve_job(
                 ErrorKind::Io,
                 format!(
                     "{} on {} did not finish: {why} (ssh exited with {}); nothing it wrote is visible in the repository, and the next run starts afresh",
-                    inv.command,
+                    command,
                     target.host,
                     status
                         .and_then(|s| s.code())
@@ -393,26 +348,6 @@ async fn serve_job(
             ))
         }
     }
-}
-
-/// The per-job choices of repository view `view` the agent gets: every option the table
-/// marks as the backup host's to choose for this command (defaults included, so the
-/// backup host decides them), and nothing else.
-fn peer_choices(view: &Invocation) -> Vec<(String, String)> {
-    let mut choices = Vec::new();
-    for def in options::OPTIONS
-        .iter()
-        .filter(|o| o.peer && o.applies_to(&view.command))
-    {
-        if def.kind == options::Kind::List {
-            for v in view.list(def.name) {
-                choices.push((def.name.to_string(), v.clone()));
-            }
-        } else if let Some(v) = view.get(def.name) {
-            choices.push((def.name.to_string(), v.to_string()));
-        }
-    }
-    choices
 }
 
 #[cfg(test)]
@@ -450,10 +385,19 @@ mod tests {
             sealing: None,
         };
         let inv = job_invocation(&own, &["main".to_string()], &job).unwrap();
-        assert_eq!(inv.command, "backup");
-        assert_eq!(inv.get("pg-path"), Some("/srv/pg/main"));
-        assert_eq!(inv.int::<i64>("process-max"), 2);
-        assert_eq!(inv.get("type"), Some("full"));
+        let Ok(args::Command::Backup(backup)) = args::command(&inv) else {
+            panic!("a backup here")
+        };
+        let s = &backup.repos.selected().settings;
+        assert_eq!(
+            s.pg_path.as_deref(),
+            Some(std::path::Path::new("/srv/pg/main"))
+        );
+        assert_eq!(s.process_max.get(), 2);
+        assert_eq!(
+            backup.options.backup_type,
+            pgstrata_repo::manifest::BackupType::Full
+        );
         let mut other = job.clone();
         other.choices = vec![("pg-path".into(), "/etc".into())];
         let e = job_invocation(&own, &["main".to_string()], &other).unwrap_err();

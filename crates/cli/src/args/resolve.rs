@@ -4,7 +4,8 @@
 //! Every value in an [`Invocation`] was validated against its option's [`Kind`], and every
 //! option with a default in the table has a value; so the typed getters cannot fail on
 //! input, only on a programming error (asking for an option the command does not take, or
-//! as the wrong type), which the unit tests exercise for every command.
+//! as the wrong type), which the parser's tests exercise for every command. The getters
+//! are for the parser (`super::parse`) alone: the rest of the binary reads typed settings.
 
 use crate::options::{self, Kind, OptionDef, Scope};
 use pgstrata_repo::Named;
@@ -15,15 +16,17 @@ use std::path::PathBuf;
 pub(crate) struct Invocation {
     pub(crate) command: String,
     /// The repository whose `repo-*` values this holds (1 for the unnumbered options).
-    pub(crate) repo_index: u8,
+    pub(super) repo_index: u8,
     /// The other configured repositories' views of the same invocation: identical but for
     /// the `repo-*` values, which come from their `repoN-*` options.
-    pub(crate) other_repos: Vec<Invocation>,
-    pub(crate) args: Vec<String>,
+    pub(super) other_repos: Vec<Invocation>,
+    pub(super) args: Vec<String>,
     values: HashMap<&'static str, String>,
     lists: HashMap<&'static str, Vec<String>>,
+    /// The options read by name so far: the parser's tests compare them with the table.
+    read: std::sync::Mutex<std::collections::BTreeSet<&'static str>>,
     /// The config file actually read, if any.
-    pub(crate) config_file: Option<PathBuf>,
+    pub(super) config_file: Option<PathBuf>,
     /// Problems worth a warning once logging is set up (a config file others can read).
     pub(crate) warnings: Vec<String>,
 }
@@ -34,6 +37,13 @@ impl Invocation {
     /// one kind and no default (`pg-path`), its first definition: it reads as unset.
     /// Anything else is a programming error.
     fn def(&self, name: &str) -> &'static OptionDef {
+        let def = self.def_quietly(name);
+        self.read.lock().expect("not poisoned").insert(def.name);
+        def
+    }
+
+    /// [`Self::def`], not counted as a read (table-driven walks over every option).
+    fn def_quietly(&self, name: &str) -> &'static OptionDef {
         options::find(name, &self.command)
             .or_else(|| options::unique(name))
             .or_else(|| {
@@ -52,23 +62,23 @@ impl Invocation {
     }
 
     /// A text or path option's value, if set.
-    pub(crate) fn get(&self, name: &str) -> Option<&str> {
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
         self.def(name);
         self.values.get(name).map(String::as_str)
     }
 
     /// A text option that has a default.
-    pub(crate) fn text(&self, name: &str) -> &str {
+    pub(super) fn text(&self, name: &str) -> &str {
         self.with_default(name)
     }
 
-    pub(crate) fn flag(&self, name: &str) -> bool {
+    pub(super) fn flag(&self, name: &str) -> bool {
         assert_eq!(self.def(name).kind, Kind::Bool, "{name} is not a boolean");
         self.with_default(name) == "true"
     }
 
     /// An integer (or size) option, if set.
-    pub(crate) fn int_opt<T: TryFrom<i64>>(&self, name: &str) -> Option<T> {
+    pub(super) fn int_opt<T: TryFrom<i64>>(&self, name: &str) -> Option<T> {
         assert!(
             matches!(
                 self.def(name).kind,
@@ -81,13 +91,13 @@ impl Invocation {
     }
 
     /// An integer (or size) option that has a default.
-    pub(crate) fn int<T: TryFrom<i64>>(&self, name: &str) -> T {
+    pub(super) fn int<T: TryFrom<i64>>(&self, name: &str) -> T {
         self.with_default(name);
         self.int_opt(name).expect("has a default")
     }
 
     /// An option whose values are the names of engine type `T`, if set.
-    pub(crate) fn choice_opt<T: Named>(&self, name: &str) -> Option<T> {
+    pub(super) fn choice_opt<T: Named>(&self, name: &str) -> Option<T> {
         assert!(
             self.def(name).kind == Kind::Enum(T::NAMES),
             "{name} does not list the names of {}",
@@ -98,12 +108,12 @@ impl Invocation {
     }
 
     /// An option whose values are the names of engine type `T`, with a default.
-    pub(crate) fn choice<T: Named>(&self, name: &str) -> T {
+    pub(super) fn choice<T: Named>(&self, name: &str) -> T {
         self.with_default(name);
         self.choice_opt(name).expect("has a default")
     }
 
-    pub(crate) fn list(&self, name: &str) -> &[String] {
+    pub(super) fn list(&self, name: &str) -> &[String] {
         self.def(name);
         self.lists.get(name).map(Vec::as_slice).unwrap_or(&[])
     }
@@ -115,7 +125,7 @@ impl Invocation {
         let mut out: Vec<String> = names
             .into_iter()
             .map(|n| {
-                let shown = if self.def(n).secret {
+                let shown = if self.def_quietly(n).secret {
                     "<redacted>"
                 } else {
                     self.values[*n].as_str()
@@ -129,18 +139,14 @@ impl Invocation {
         out.join(" ")
     }
 
-    /// The stanza, for commands that take one and for naming log files.
     /// Every configured repository's view of this invocation: repository 1 first.
-    pub(crate) fn repo_views(&self) -> impl Iterator<Item = &Invocation> {
+    pub(super) fn repo_views(&self) -> impl Iterator<Item = &Invocation> {
         std::iter::once(self).chain(&self.other_repos)
     }
 
     /// The view of the repository `--repo` names (repository 1 without it).
-    pub(crate) fn selected_repo(&self) -> Result<&Invocation, String> {
-        let n: u8 = match options::find("repo", &self.command) {
-            Some(_) => self.int_opt("repo").unwrap_or(1),
-            None => 1,
-        };
+    pub(super) fn selected_repo(&self) -> Result<&Invocation, String> {
+        let n: u8 = self.int_opt("repo").unwrap_or(1);
         self.repo_views().find(|v| v.repo_index == n).ok_or_else(|| {
             format!(
                 "--repo={n}: repository {n} is not configured (set repo{n}-path, or repo{n}-type and its settings, in the config file or as --repo{n}-... options)"
@@ -148,11 +154,28 @@ impl Invocation {
         })
     }
 
-    pub(crate) fn stanza(&self) -> Option<&str> {
+    pub(super) fn stanza(&self) -> Option<&str> {
         self.values.get("stanza").map(String::as_str)
     }
 
-    pub(crate) fn require(&self, name: &str) -> Result<&str, String> {
+    /// The value of `def` as given or defaulted, not counted as a read: for walks over the
+    /// table (what a peer may choose, what restore_command carries).
+    pub(super) fn value_of(&self, def: &OptionDef) -> Option<&str> {
+        self.values.get(def.name).map(String::as_str)
+    }
+
+    /// The values of list option `def`, not counted as a read (see [`Self::value_of`]).
+    pub(super) fn values_of(&self, def: &OptionDef) -> &[String] {
+        self.lists.get(def.name).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The option names read so far through the typed getters.
+    #[cfg(test)]
+    pub(super) fn names_read(&self) -> std::collections::BTreeSet<&'static str> {
+        self.read.lock().expect("not poisoned").clone()
+    }
+
+    pub(super) fn require(&self, name: &str) -> Result<&str, String> {
         self.get(name).ok_or_else(|| {
             format!(
                 "option '{name}' is required for {}: give --{name} or set it in the config file",
@@ -366,22 +389,7 @@ fn resolve_repo(
     let (command, args, raw) = split_args(argv)?;
     let wants_help = raw.iter().any(|(n, _)| n == "help");
     let command = match (command, wants_help) {
-        (Some(c), true) if c != "help" => {
-            return Ok(Invocation {
-                command: "help".into(),
-                repo_index,
-                other_repos: Vec::new(),
-                args: vec![c],
-                values: options::OPTIONS
-                    .iter()
-                    .filter(|o| options::unique(o.name).is_some())
-                    .filter_map(|o| Some((o.name, o.default_value()?)))
-                    .collect(),
-                lists: HashMap::new(),
-                config_file: None,
-                warnings: Vec::new(),
-            })
-        }
+        (Some(c), true) if c != "help" => return Ok(help_invocation(c, repo_index)),
         (None, _) => "help".to_string(),
         (Some(c), _) => c,
     };
@@ -389,12 +397,69 @@ fn resolve_repo(
         return Err(format!("unknown command '{command}' (see 'pgstrata help')"));
     }
     let raw: Vec<(String, String)> = raw.into_iter().filter(|(n, _)| n != "help").collect();
-    for (name, _) in &raw {
+    check_command_line(&raw, &command)?;
+    let config = read_config_file(&raw, env, &command)?;
+
+    // Checked before anything is named after it (the log file, the spool directory): a
+    // name like `../../x` would put them outside their directories.
+    let stanza = flag_or_env(&raw, env, "stanza");
+    if let Some(s) = &stanza {
+        pgstrata_repo::layout::check_stanza_name(s)?;
+    }
+    if let (Some(t), Some(s)) = (&config.table, &stanza) {
+        if s != "global" && !t.contains_key(s) && t.keys().any(|k| k != "global") {
+            log::debug!("config file has no [{s}] table");
+        }
+    }
+
+    let sources = Sources {
+        raw: &raw,
+        env,
+        table: config.table.as_ref(),
+        config_path: &config.path,
+        stanza: stanza.as_deref(),
+    };
+    let (values, lists) = resolve_values(&sources, &command, repo_index)?;
+    Ok(Invocation {
+        command,
+        repo_index,
+        other_repos: Vec::new(),
+        args,
+        values,
+        lists,
+        read: Default::default(),
+        config_file: config.table.as_ref().map(|_| config.path.clone()),
+        warnings: config.warnings,
+    })
+}
+
+/// `pgstrata COMMAND --help`: help about COMMAND.
+fn help_invocation(about: String, repo_index: u8) -> Invocation {
+    Invocation {
+        command: "help".into(),
+        repo_index,
+        other_repos: Vec::new(),
+        args: vec![about],
+        values: options::OPTIONS
+            .iter()
+            .filter(|o| options::unique(o.name).is_some())
+            .filter_map(|o| Some((o.name, o.default_value()?)))
+            .collect(),
+        lists: HashMap::new(),
+        read: Default::default(),
+        config_file: None,
+        warnings: Vec::new(),
+    }
+}
+
+/// Every option on the command line must apply to `command` and must not be a secret.
+fn check_command_line(raw: &[(String, String)], command: &str) -> Result<(), String> {
+    for (name, _) in raw {
         let base = match options::indexed(name) {
             Some(Ok((_, base))) => base,
             _ => name.as_str(),
         };
-        let Some(def) = options::find(base, &command) else {
+        let Some(def) = options::find(base, command) else {
             return Err(format!(
                 "option '--{name}' does not apply to command '{command}'"
             ));
@@ -408,14 +473,28 @@ fn resolve_repo(
             ));
         }
     }
+    Ok(())
+}
 
-    // The config file: --config, else PGSTRATA_CONFIG, else the default (optional).
-    let explicit = flag_or_env(&raw, env, "config");
-    let (config_path, required) = match explicit {
+/// The config file as read: its path, its tables if it was read, warnings about it.
+struct ConfigFile {
+    path: PathBuf,
+    table: Option<toml::Table>,
+    warnings: Vec<String>,
+}
+
+/// The config file: --config, else PGSTRATA_CONFIG, else the default (optional).
+fn read_config_file(
+    raw: &[(String, String)],
+    env: &HashMap<String, String>,
+    command: &str,
+) -> Result<ConfigFile, String> {
+    let explicit = flag_or_env(raw, env, "config");
+    let (path, required) = match explicit {
         Some(p) => (PathBuf::from(p), true),
         None => (
             PathBuf::from(
-                options::find("config", &command)
+                options::find("config", command)
                     .and_then(|o| o.default)
                     .unwrap_or_default(),
             ),
@@ -427,38 +506,50 @@ fn resolve_repo(
     // the `run` frame): a config file here, perhaps of another user, is not its business.
     let table = if command == "agent" {
         None
-    } else if config_path.exists() {
-        let (table, warning) = load_config(&config_path)?;
+    } else if path.exists() {
+        let (table, warning) = load_config(&path)?;
         warnings.extend(warning);
         Some(table)
     } else if required {
-        return Err(format!(
-            "config file {} does not exist",
-            config_path.display()
-        ));
+        return Err(format!("config file {} does not exist", path.display()));
     } else {
         None
     };
-    let config_file = table.as_ref().map(|_| config_path.clone());
+    Ok(ConfigFile {
+        path,
+        table,
+        warnings,
+    })
+}
 
-    // Checked before anything is named after it (the log file, the spool directory): a
-    // name like `../../x` would put them outside their directories.
-    let stanza = flag_or_env(&raw, env, "stanza");
-    if let Some(s) = &stanza {
-        pgstrata_repo::layout::check_stanza_name(s)?;
-    }
-    if let (Some(t), Some(s)) = (&table, &stanza) {
-        if s != "global" && !t.contains_key(s) && t.keys().any(|k| k != "global") {
-            log::debug!("config file has no [{s}] table");
-        }
-    }
+/// Where option values come from, in order of precedence.
+struct Sources<'a> {
+    /// The command line's options.
+    raw: &'a [(String, String)],
+    env: &'a HashMap<String, String>,
+    /// The config file's tables, if one was read.
+    table: Option<&'a toml::Table>,
+    config_path: &'a std::path::Path,
+    /// The stanza, whose table of the config file comes before `[global]`.
+    stanza: Option<&'a str>,
+}
 
+/// Resolved option values, validated and normalized.
+type Values = (
+    HashMap<&'static str, String>,
+    HashMap<&'static str, Vec<String>>,
+);
+
+/// Every option of `command`, as repository `repo_index` sees it: from `sources`, else its
+/// default; options of other commands as their defaults.
+fn resolve_values(sources: &Sources, command: &str, repo_index: u8) -> Result<Values, String> {
     let mut values = HashMap::new();
-    let mut sources = HashMap::new();
+    let mut sources_of = HashMap::new();
     let mut lists: HashMap<&'static str, Vec<String>> = HashMap::new();
-    for def in options::OPTIONS.iter().filter(|o| o.applies_to(&command)) {
+    for def in options::OPTIONS.iter().filter(|o| o.applies_to(command)) {
         if def.kind == Kind::List {
-            let vals: Vec<String> = raw
+            let vals: Vec<String> = sources
+                .raw
                 .iter()
                 .filter(|(n, _)| n == def.name)
                 .map(|(_, v)| v.clone())
@@ -469,53 +560,10 @@ fn resolve_repo(
             lists.insert(def.name, vals);
             continue;
         }
-        // A repository option is read under this repository's names: repo-X or repo1-X for
-        // repository 1, repoN-X for repository N.
-        let names: Vec<String> = if options::is_repo_option(def.name) {
-            let mut v = vec![options::repo_option_name(def.name, repo_index)];
-            if repo_index == 1 {
-                v.push(format!("repo1{}", &def.name["repo".len()..]));
-            }
-            v
-        } else {
-            vec![def.name.to_string()]
-        };
-        let from_flag = raw
-            .iter()
-            .rev()
-            .find(|(n, _)| names.contains(n))
-            .map(|(n, v)| (v.clone(), format!("--{n}")));
-        let from_env = || {
-            names.iter().find_map(|n| {
-                let e = options::env_name(n);
-                env.get(&e).map(|v| (v.clone(), e))
-            })
-        };
-        let from_table = |section: &str| {
-            let body = table.as_ref().and_then(|t| t.get(section))?;
-            names.iter().find_map(|n| {
-                body.get(n.as_str()).and_then(toml_value_string).map(|v| {
-                    (
-                        v,
-                        format!("{n} in [{section}] of {}", config_path.display()),
-                    )
-                })
-            })
-        };
-        let found = from_flag.or_else(from_env).or_else(|| {
-            if def.scope == Scope::Config {
-                stanza
-                    .as_deref()
-                    .and_then(from_table)
-                    .or_else(|| from_table("global"))
-            } else {
-                None
-            }
-        });
-        match found {
+        match find_value(sources, def, repo_index) {
             Some((v, source)) => {
                 values.insert(def.name, def.validate(&v, &source)?);
-                sources.insert(def.name, source);
+                sources_of.insert(def.name, source);
             }
             None => {
                 if let Some(d) = def.default_value() {
@@ -525,24 +573,65 @@ fn resolve_repo(
         }
     }
     // Options of other commands read as their defaults, so that settings are complete.
-    for def in options::OPTIONS.iter().filter(|o| !o.applies_to(&command)) {
+    for def in options::OPTIONS.iter().filter(|o| !o.applies_to(command)) {
         if let (Some(d), Some(_)) = (def.default_value(), options::unique(def.name)) {
             values.insert(def.name, d);
         }
     }
     if let (Some(level), Some(codec)) = (values.get("compress-level"), values.get("compress-type"))
     {
-        options::check_compress_level(level, codec, &sources["compress-level"])?;
+        options::check_compress_level(level, codec, &sources_of["compress-level"])?;
     }
-    Ok(Invocation {
-        command,
-        repo_index,
-        other_repos: Vec::new(),
-        args,
-        values,
-        lists,
-        config_file,
-        warnings,
+    Ok((values, lists))
+}
+
+/// The value of `def` for repository `repo_index` and where it came from: the last
+/// `--name`, the environment, the stanza's table, `[global]` (the last two only for options
+/// the config file may set).
+fn find_value(sources: &Sources, def: &OptionDef, repo_index: u8) -> Option<(String, String)> {
+    // A repository option is read under this repository's names: repo-X or repo1-X for
+    // repository 1, repoN-X for repository N.
+    let names: Vec<String> = if options::is_repo_option(def.name) {
+        let mut v = vec![options::repo_option_name(def.name, repo_index)];
+        if repo_index == 1 {
+            v.push(format!("repo1{}", &def.name["repo".len()..]));
+        }
+        v
+    } else {
+        vec![def.name.to_string()]
+    };
+    let from_flag = sources
+        .raw
+        .iter()
+        .rev()
+        .find(|(n, _)| names.contains(n))
+        .map(|(n, v)| (v.clone(), format!("--{n}")));
+    let from_env = || {
+        names.iter().find_map(|n| {
+            let e = options::env_name(n);
+            sources.env.get(&e).map(|v| (v.clone(), e))
+        })
+    };
+    let from_table = |section: &str| {
+        let body = sources.table.and_then(|t| t.get(section))?;
+        names.iter().find_map(|n| {
+            body.get(n.as_str()).and_then(toml_value_string).map(|v| {
+                (
+                    v,
+                    format!("{n} in [{section}] of {}", sources.config_path.display()),
+                )
+            })
+        })
+    };
+    from_flag.or_else(from_env).or_else(|| {
+        if def.scope == Scope::Config {
+            sources
+                .stanza
+                .and_then(from_table)
+                .or_else(|| from_table("global"))
+        } else {
+            None
+        }
     })
 }
 

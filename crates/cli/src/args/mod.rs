@@ -1,0 +1,230 @@
+//! What the user asked for, typed: one [`Command`] per invocation, holding one struct of
+//! settings per command.
+//!
+//! Options are resolved in [`resolve`] (command line, environment, config file, defaults,
+//! each value checked against the option table in `options.rs`) and turned into these
+//! types in [`parse`], the one place that reads an option by its name. Everything after
+//! that works with fields: a misspelt field does not compile, and a misspelt option name
+//! in the parser fails its tests, which parse every command and compare the names each one
+//! read with the names the table lists for it (`parse::tests`). The table stays the one
+//! source of help, docs/options.md, the man page and the completions.
+
+pub(crate) mod parse;
+pub(crate) mod resolve;
+
+pub(crate) use parse::{command, reporting};
+pub(crate) use resolve::{resolve, Invocation};
+
+use pgstrata_engine::commands::archive::AsyncOptions;
+use pgstrata_engine::commands::backup::BackupOptions;
+use pgstrata_engine::commands::expire::ExpireOptions;
+use pgstrata_engine::commands::restore::RestoreOptions;
+use pgstrata_engine::commands::restore_test::RestoreTestOptions;
+use pgstrata_engine::progress::ProgressMode;
+use pgstrata_engine::Settings;
+use pgstrata_remote::protocol::JobKind;
+use pgstrata_remote::SshTarget;
+use std::path::PathBuf;
+
+pgstrata_repo::named! {
+    /// `--output` of info and verify.
+    pub(crate) enum Output {
+        Text = "text",
+        Json = "json",
+        /// Prometheus' text format, for node_exporter's textfile collector.
+        Prometheus = "prometheus",
+    }
+}
+
+pgstrata_repo::named! {
+    /// `--output` of key-list and restore-test.
+    pub(crate) enum ReportOutput {
+        Text = "text",
+        Json = "json",
+    }
+}
+
+impl From<ReportOutput> for Output {
+    fn from(o: ReportOutput) -> Output {
+        match o {
+            ReportOutput::Text => Output::Text,
+            ReportOutput::Json => Output::Json,
+        }
+    }
+}
+
+/// How the run reports, set up before the command runs: log levels and files, progress.
+pub(crate) struct Reporting {
+    pub(crate) console: log::LevelFilter,
+    pub(crate) file: log::LevelFilter,
+    pub(crate) log_path: PathBuf,
+    /// For the log file's name.
+    pub(crate) stanza: Option<String>,
+    /// The progress display, for commands that show one.
+    pub(crate) progress: Option<ProgressMode>,
+}
+
+/// One invocation's command and its settings.
+pub(crate) enum Command {
+    /// `help [TOPIC]`.
+    Help {
+        topic: Option<String>,
+    },
+    /// `completions SHELL`.
+    Completions {
+        shell: Option<String>,
+    },
+    Version,
+    Demo {
+        pg_bin: Option<PathBuf>,
+    },
+    Agent(Agent),
+    /// stanza-create, check or backup with `pg-remote` or `standby-remote`: a job of
+    /// `agent run` on another host.
+    OnAnotherHost(RemoteJob),
+    StanzaCreate(Repos),
+    Check(Repos),
+    Backup(Backup),
+    Restore(Restore),
+    RestoreTest(RestoreTest),
+    ArchivePush(ArchivePush),
+    ArchiveGet(ArchiveGet),
+    Expire(Repos),
+    Info(Report),
+    Verify(Report),
+    KeyAdd(KeyAdd),
+    KeyList {
+        repos: Repos,
+        output: ReportOutput,
+    },
+    KeyRemove {
+        repos: Repos,
+        key_id: String,
+    },
+}
+
+/// The repositories of a command on one stanza: every configured one (`repo-*` and
+/// `repoN-*` options), and the one `--repo` names.
+pub(crate) struct Repos {
+    /// By repository number, 1 first.
+    pub(crate) all: Vec<Repo>,
+    /// `--repo`, checked to be configured.
+    pub(crate) chosen: Option<u8>,
+}
+
+/// One repository's view of the invocation.
+pub(crate) struct Repo {
+    pub(crate) settings: Settings,
+    /// Retention (`repoN-retention-*`) and `--set`, for expire and after a backup.
+    pub(crate) expire: ExpireOptions,
+    /// What a job on another host gets to choose (`peer` options, this repository's).
+    pub(crate) peer_choices: Vec<(String, String)>,
+}
+
+impl Repos {
+    /// The repository `--repo` names, repository 1 without it.
+    pub(crate) fn selected(&self) -> &Repo {
+        let n = self.chosen.unwrap_or(1);
+        self.all
+            .iter()
+            .find(|r| r.settings.repo_index == n)
+            .expect("--repo was checked when parsed")
+    }
+
+    /// Every repository's settings, the selected one first (archive-push writes them all;
+    /// archive-get tries them in this order).
+    pub(crate) fn selected_first(&self) -> Vec<Settings> {
+        let first = self.selected().settings.repo_index;
+        let mut all: Vec<&Repo> = self.all.iter().collect();
+        all.sort_by_key(|r| (r.settings.repo_index != first, r.settings.repo_index));
+        all.into_iter().map(|r| r.settings.clone()).collect()
+    }
+
+    /// The repositories a command that can cover all of them works on: the one `--repo`
+    /// names, else every configured one.
+    pub(crate) fn covered(&self) -> Vec<&Repo> {
+        match self.chosen {
+            Some(_) => vec![self.selected()],
+            None => self.all.iter().collect(),
+        }
+    }
+}
+
+impl Repo {
+    /// What expire goes by: retention or `--set`, when either is given.
+    pub(crate) fn expire_options(&self) -> Option<&ExpireOptions> {
+        let o = &self.expire;
+        (o.set.is_some() || o.retention_full.is_some() || o.retention_diff.is_some()).then_some(o)
+    }
+}
+
+/// `agent repo` or `agent run`.
+pub(crate) struct Agent {
+    /// `repo` or `run` (anything else is refused when it runs).
+    pub(crate) mode: Option<String>,
+    /// The stanzas it works for (checked names).
+    pub(crate) stanzas: Vec<String>,
+    /// `agent repo`: the repository it serves.
+    pub(crate) repo_path: PathBuf,
+    pub(crate) buffer_max: u64,
+}
+
+/// A job run on another host (see `agent_commands`).
+pub(crate) struct RemoteJob {
+    pub(crate) kind: JobKind,
+    pub(crate) target: SshTarget,
+    /// The configuration file the agent there is told to read (`pg-remote-config` or
+    /// `standby-remote-config`).
+    pub(crate) config: Option<PathBuf>,
+    pub(crate) repos: Repos,
+    pub(crate) buffer_max: u64,
+}
+
+pub(crate) struct Backup {
+    pub(crate) repos: Repos,
+    pub(crate) options: BackupOptions,
+}
+
+pub(crate) struct Restore {
+    pub(crate) repos: Repos,
+    pub(crate) options: RestoreOptions,
+}
+
+pub(crate) struct RestoreTest {
+    pub(crate) repos: Repos,
+    pub(crate) options: RestoreTestOptions,
+    pub(crate) output: ReportOutput,
+}
+
+pub(crate) struct ArchivePush {
+    pub(crate) repos: Repos,
+    /// The WAL file (`%p`).
+    pub(crate) wal: PathBuf,
+    /// `archive-async`.
+    pub(crate) asynchronous: bool,
+    pub(crate) async_options: AsyncOptions,
+}
+
+pub(crate) struct ArchiveGet {
+    pub(crate) repos: Repos,
+    /// The WAL file's name (`%f`).
+    pub(crate) name: String,
+    /// Where to put it (`%p`).
+    pub(crate) dest: PathBuf,
+    pub(crate) async_options: AsyncOptions,
+}
+
+/// info and verify.
+pub(crate) struct Report {
+    pub(crate) repos: Repos,
+    pub(crate) set: Option<String>,
+    pub(crate) output: Output,
+}
+
+pub(crate) struct KeyAdd {
+    pub(crate) repos: Repos,
+    /// `new-cipher-pass` (environment or config file), checked when it is used.
+    pub(crate) new_pass: Option<zeroize::Zeroizing<String>>,
+    /// `--new-cipher-pass-file`.
+    pub(crate) new_pass_file: Option<PathBuf>,
+}
