@@ -360,7 +360,7 @@ fn find_use(code: &str, from: usize) -> Option<(usize, usize, bool)> {
         let line_start = code[..i].rfind('\n').map_or(0, |k| k + 1);
         let before = code[line_start..i].trim();
         let public = before.starts_with("pub");
-        if before.is_empty() || (public && before.ends_with(|c| c == 'b' || c == ')')) {
+        if before.is_empty() || (public && before.ends_with(['b', ')'])) {
             return Some((line_start, i + 4, public));
         }
         at = i + 4;
