@@ -197,91 +197,17 @@ fn change_blocks(map: &mut FileMap, n: u64, bs: u64, rng: &mut Rng) {
 /// Build, encode and decode one format's full and incremental; print `key value` lines.
 fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-    let codec = Compression::new(CompressType::Zst, Some(3)).unwrap();
-    let (full_label, incr_label) = ("20261124-000000F", "20261125-000000I");
     let size = o.size_gb * 1_000_000_000 / o.files;
-    let bs = pgstrata_engine::commands::backup::block_size_for(size, None) as u64;
-    let owner = pgstrata_repo::fixture::owner(0o600);
-    let dir = |path: &str| Entry::dir(path, owner.clone());
-    let mut full = header(full_label, None);
-    full.entries = vec![dir(""), dir("base"), dir("base/16384")];
-    let mut full_maps = 0u64;
-    for i in 0..o.files {
-        let map = full_map(i, size, bs);
-        let mut f = FileEntry {
-            path: format!("base/16384/{}", 20000 + i).into(),
-            size,
-            mtime: 1_795_000_000,
-            owner: owner.clone(),
-            hash: Some(std::array::from_fn(|_| rng.next() as u8)),
-            chunks: map.chunks.clone().into(),
-            bad_pages: Default::default(),
-            block_size: bs as u32,
-            block_hashes: map.block_hashes.clone().into(),
-            map: None,
-            packs: Default::default(),
-            map_depth: 0,
-        };
-        if format2 && !f.inline_map() {
-            let map = f.take_map();
-            let raw = map.encode();
-            let stored = codec.compress(&raw).len();
-            full_maps += stored as u64;
-            let r = map_ref(
-                raw.len(),
-                stored,
-                format!("1-{}", i / 1000),
-                i % 1000,
-                &mut rng,
-            );
-            f.set_map(r, &map);
-        }
-        full.entries.push(Entry::File(Box::new(f)));
-    }
-    full.set_packs_used(); // as a backup writes it
+    let shape = Shape {
+        files: o.files,
+        size,
+        bs: pgstrata_engine::commands::backup::block_size_for(size, None) as u64,
+        format2,
+        codec: Compression::new(CompressType::Zst, Some(3)).unwrap(),
+    };
+    let (full, full_maps) = full_manifest(&shape, &mut rng);
     let full_bytes = full.encode().len();
-
-    // The incremental: changed files get new blocks (and, in format 2, a new map); the
-    // others are carried as they are.
-    let mut incr = header(incr_label, Some(full_label));
-    let blocks_total = o.files * size.div_ceil(bs);
-    let changed_files = ((o.files as f64 * spread).ceil() as u64).clamp(1, o.files);
-    let per_file = ((blocks_total as f64 * o.change) as u64 / changed_files).max(1);
-    let stride = (o.files / changed_files).max(1);
-    let mut incr_maps = 0u64;
-    for (i, e) in full.entries.iter().enumerate() {
-        let Entry::File(f) = e else {
-            incr.entries.push(e.clone());
-            continue;
-        };
-        let i = i as u64 - 3;
-        let mut f = f.clone();
-        f.rebase(full_label, incr_label);
-        if i.is_multiple_of(stride) && i / stride < changed_files {
-            let mut map = if format2 {
-                // What loading the full's map gives, seen from the incremental.
-                let mut m = full_map(i, size, bs);
-                for c in &mut m.chunks {
-                    *c = c.rebased(full_label, incr_label);
-                }
-                m
-            } else {
-                f.take_map()
-            };
-            change_blocks(&mut map, per_file, bs, &mut rng);
-            if format2 {
-                let raw = map.encode();
-                let stored = codec.compress(&raw).len();
-                incr_maps += stored as u64;
-                let r = map_ref(raw.len(), stored, "1-1".into(), i, &mut rng);
-                f.set_map(r, &map);
-            } else {
-                f.chunks = map.chunks.into();
-                f.block_hashes = map.block_hashes.into();
-            }
-        }
-        incr.entries.push(Entry::File(f));
-    }
+    let (mut incr, incr_maps) = incr_manifest(&shape, &full, o.change, spread, &mut rng);
     drop(full);
     let t = Instant::now();
     incr.set_packs_used();
@@ -310,4 +236,120 @@ fn measure(o: &Opts, format2: bool, spread: f64) -> Result<(), String> {
     println!("decode_ms {decode_ms}");
     println!("rss_mb {}", rss_kb / 1024);
     Ok(())
+}
+
+const FULL_LABEL: &str = "20261124-000000F";
+const INCR_LABEL: &str = "20261125-000000I";
+
+/// The manifests measured: `files` files of `size` bytes in blocks of `bs`, their maps
+/// stored apart (format 2) or inline, compressed with `codec`.
+struct Shape {
+    files: u64,
+    size: u64,
+    bs: u64,
+    format2: bool,
+    codec: Compression,
+}
+
+/// The full backup's manifest, and the bytes of the maps stored apart.
+fn full_manifest(shape: &Shape, rng: &mut Rng) -> (Manifest, u64) {
+    let Shape {
+        files,
+        size,
+        bs,
+        format2,
+        ref codec,
+    } = *shape;
+    let owner = pgstrata_repo::fixture::owner(0o600);
+    let dir = |path: &str| Entry::dir(path, owner.clone());
+    let mut full = header(FULL_LABEL, None);
+    full.entries = vec![dir(""), dir("base"), dir("base/16384")];
+    let mut full_maps = 0u64;
+    for i in 0..files {
+        let map = full_map(i, size, bs);
+        let mut f = FileEntry {
+            path: format!("base/16384/{}", 20000 + i).into(),
+            size,
+            mtime: 1_795_000_000,
+            owner: owner.clone(),
+            hash: Some(std::array::from_fn(|_| rng.next() as u8)),
+            chunks: map.chunks.clone().into(),
+            bad_pages: Default::default(),
+            block_size: bs as u32,
+            block_hashes: map.block_hashes.clone().into(),
+            map: None,
+            packs: Default::default(),
+            map_depth: 0,
+        };
+        if format2 && !f.inline_map() {
+            let map = f.take_map();
+            let raw = map.encode();
+            let stored = codec.compress(&raw).len();
+            full_maps += stored as u64;
+            let r = map_ref(raw.len(), stored, format!("1-{}", i / 1000), i % 1000, rng);
+            f.set_map(r, &map);
+        }
+        full.entries.push(Entry::File(Box::new(f)));
+    }
+    full.set_packs_used(); // as a backup writes it
+    (full, full_maps)
+}
+
+/// The incremental over `full` with `change` of its blocks changed in `spread` of its
+/// files: changed files get new blocks (and, in format 2, a new map); the others are
+/// carried as they are. The manifest, and the bytes of the new maps.
+fn incr_manifest(
+    shape: &Shape,
+    full: &Manifest,
+    change: f64,
+    spread: f64,
+    rng: &mut Rng,
+) -> (Manifest, u64) {
+    let Shape {
+        files,
+        size,
+        bs,
+        format2,
+        ref codec,
+    } = *shape;
+    let mut incr = header(INCR_LABEL, Some(FULL_LABEL));
+    let blocks_total = files * size.div_ceil(bs);
+    let changed_files = ((files as f64 * spread).ceil() as u64).clamp(1, files);
+    let per_file = ((blocks_total as f64 * change) as u64 / changed_files).max(1);
+    let stride = (files / changed_files).max(1);
+    let mut incr_maps = 0u64;
+    for (i, e) in full.entries.iter().enumerate() {
+        let Entry::File(f) = e else {
+            incr.entries.push(e.clone());
+            continue;
+        };
+        let i = i as u64 - 3;
+        let mut f = f.clone();
+        f.rebase(FULL_LABEL, INCR_LABEL);
+        if i.is_multiple_of(stride) && i / stride < changed_files {
+            let mut map = if format2 {
+                // What loading the full's map gives, seen from the incremental.
+                let mut m = full_map(i, size, bs);
+                for c in &mut m.chunks {
+                    *c = c.rebased(FULL_LABEL, INCR_LABEL);
+                }
+                m
+            } else {
+                f.take_map()
+            };
+            change_blocks(&mut map, per_file, bs, rng);
+            if format2 {
+                let raw = map.encode();
+                let stored = codec.compress(&raw).len();
+                incr_maps += stored as u64;
+                let r = map_ref(raw.len(), stored, "1-1".into(), i, rng);
+                f.set_map(r, &map);
+            } else {
+                f.chunks = map.chunks.into();
+                f.block_hashes = map.block_hashes.into();
+            }
+        }
+        incr.entries.push(Entry::File(f));
+    }
+    (incr, incr_maps)
 }

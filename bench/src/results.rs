@@ -377,36 +377,12 @@ pub fn render(records: &[Record]) -> String {
     let Some(first) = records.first() else {
         return String::new();
     };
-    let mut tools: Vec<String> = Vec::new();
-    let mut keys: Vec<(String, String)> = Vec::new();
-    let mut versions: BTreeMap<String, String> = BTreeMap::new();
-    let mut context = Vec::new();
-    for r in records {
-        if r.get("tool") == "source" {
-            let v = r
-                .num("bytes")
-                .map(|b| format!("{:.1} MB", b / 1048576.0))
-                .or_else(|| r.num("seconds").map(|s| format!("{s:.2} s")))
-                .unwrap_or_else(|| r.get("count").to_string());
-            let note = if r.get("note").is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", r.get("note"))
-            };
-            context.push(format!("- source: {} {v}{note}\n", r.get("step")));
-            continue;
-        }
-        if !tools.contains(&r.get("tool").to_string()) {
-            tools.push(r.get("tool").into());
-        }
-        let k = (r.get("case").to_string(), r.get("step").to_string());
-        if !keys.contains(&k) {
-            keys.push(k);
-        }
-        if !r.get("tool_version").is_empty() {
-            versions.insert(base_tool(r.get("tool")), r.get("tool_version").into());
-        }
-    }
+    let Columns {
+        mut tools,
+        keys,
+        versions,
+        context,
+    } = columns(records);
     if tools.is_empty() {
         return context.concat();
     }
@@ -419,6 +395,70 @@ pub fn render(records: &[Record]) -> String {
             .unwrap_or(usize::MAX)
     };
     tools.sort_by_key(|t| (!t.starts_with("pgstrata"), rank(t)));
+    let mut out = heading(records, first, &tools, &versions);
+    out = out.replacen("\n\n", &format!("\n\n{}", context.concat()), 1);
+    out += &tables(records, &tools, &keys);
+    out += &notes(records);
+    out
+}
+
+/// What [`render`]'s tables are made of.
+struct Columns {
+    /// The tools, in the order first seen.
+    tools: Vec<String>,
+    /// (case, step) of the rows, in the order first seen.
+    keys: Vec<(String, String)>,
+    /// Each tool's version, by its base name.
+    versions: BTreeMap<String, String>,
+    /// A line for each record of the source measured (not a tool's).
+    context: Vec<String>,
+}
+
+fn columns(records: &[Record]) -> Columns {
+    let mut c = Columns {
+        tools: Vec::new(),
+        keys: Vec::new(),
+        versions: BTreeMap::new(),
+        context: Vec::new(),
+    };
+    for r in records {
+        if r.get("tool") == "source" {
+            let v = r
+                .num("bytes")
+                .map(|b| format!("{:.1} MB", b / 1048576.0))
+                .or_else(|| r.num("seconds").map(|s| format!("{s:.2} s")))
+                .unwrap_or_else(|| r.get("count").to_string());
+            let note = if r.get("note").is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", r.get("note"))
+            };
+            c.context
+                .push(format!("- source: {} {v}{note}\n", r.get("step")));
+            continue;
+        }
+        if !c.tools.contains(&r.get("tool").to_string()) {
+            c.tools.push(r.get("tool").into());
+        }
+        let k = (r.get("case").to_string(), r.get("step").to_string());
+        if !c.keys.contains(&k) {
+            c.keys.push(k);
+        }
+        if !r.get("tool_version").is_empty() {
+            c.versions
+                .insert(base_tool(r.get("tool")), r.get("tool_version").into());
+        }
+    }
+    c
+}
+
+/// What was run, by which tools, and how to read the tables.
+fn heading(
+    records: &[Record],
+    first: &Record,
+    tools: &[String],
+    versions: &BTreeMap<String, String>,
+) -> String {
     let runs = records
         .iter()
         .filter_map(|r| r.get("run").parse::<u64>().ok())
@@ -438,7 +478,7 @@ pub fn render(records: &[Record]) -> String {
     } else {
         "largest single process (wait4)"
     };
-    let mut out = format!(
+    format!(
         "{} `{}` — {} (commit {}; {})\n\n- tools: {}\n- times: wall clock of the command, best of {runs} run(s), sync + 1 s pause before each; \
          ratio (×) = that tool / {} (> 1: {} is faster or smaller); peak RSS: {rss}\n\n",
         first.get("run_id"),
@@ -449,42 +489,53 @@ pub fn render(records: &[Record]) -> String {
         versions.iter().map(|(k, v)| if k == v { v.clone() } else { format!("{k}: {v}") }).collect::<Vec<_>>().join("; "),
         tools[0],
         tools[0]
-    );
-    out = out.replacen("\n\n", &format!("\n\n{}", context.concat()), 1);
-    let cell = |case: &str, step: &str, tool: &str| -> Option<(f64, String, Option<f64>)> {
-        let rs: Vec<&Record> = records
-            .iter()
-            .filter(|r| r.get("case") == case && r.get("step") == step && r.get("tool") == tool)
-            .collect();
-        let best = rs
-            .iter()
-            .filter(|r| r.num("seconds").is_some())
-            .min_by(|a, b| a.num("seconds").partial_cmp(&b.num("seconds")).unwrap());
-        if let Some(b) = best {
-            let s = b.num("seconds").unwrap();
-            let req = b
-                .num("count")
-                .map(|c| format!(", {c:.0} req"))
-                .unwrap_or_default();
-            return Some((s, format!("{s:.2} s{req}"), b.num("max_rss_mb")));
-        }
-        let r = rs.first()?;
-        if let Some(bytes) = r.num("bytes") {
-            return Some((bytes, format!("{:.2} MB", bytes / 1048576.0), None));
-        }
-        if let Some(c) = r.num("count") {
-            return Some((c, format!("{c:.0}"), None));
-        }
-        (!r.get("note").is_empty()).then(|| (f64::NAN, r.get("note").to_string(), None))
-    };
-    out += &format!(
+    )
+}
+
+/// One cell of [`render`]'s table: the value compared (best seconds, bytes, count), its
+/// text, and the peak RSS of the best run.
+fn cell(
+    records: &[Record],
+    case: &str,
+    step: &str,
+    tool: &str,
+) -> Option<(f64, String, Option<f64>)> {
+    let rs: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.get("case") == case && r.get("step") == step && r.get("tool") == tool)
+        .collect();
+    let best = rs
+        .iter()
+        .filter(|r| r.num("seconds").is_some())
+        .min_by(|a, b| a.num("seconds").partial_cmp(&b.num("seconds")).unwrap());
+    if let Some(b) = best {
+        let s = b.num("seconds").unwrap();
+        let req = b
+            .num("count")
+            .map(|c| format!(", {c:.0} req"))
+            .unwrap_or_default();
+        return Some((s, format!("{s:.2} s{req}"), b.num("max_rss_mb")));
+    }
+    let r = rs.first()?;
+    if let Some(bytes) = r.num("bytes") {
+        return Some((bytes, format!("{:.2} MB", bytes / 1048576.0), None));
+    }
+    if let Some(c) = r.num("count") {
+        return Some((c, format!("{c:.0}"), None));
+    }
+    (!r.get("note").is_empty()).then(|| (f64::NAN, r.get("note").to_string(), None))
+}
+
+/// The table of best values with ratios to the first tool, then the table of peak RSS.
+fn tables(records: &[Record], tools: &[String], keys: &[(String, String)]) -> String {
+    let mut out = format!(
         "| case | step | {} |\n|---|---|{}\n",
         tools.join(" | "),
         "---:|".repeat(tools.len())
     );
     let mut rss = String::new();
-    for (case, step) in &keys {
-        let cells: Vec<_> = tools.iter().map(|t| cell(case, step, t)).collect();
+    for (case, step) in keys {
+        let cells: Vec<_> = tools.iter().map(|t| cell(records, case, step, t)).collect();
         let reference = cells[0]
             .as_ref()
             .map(|c| c.0)
@@ -524,6 +575,11 @@ pub fn render(records: &[Record]) -> String {
             "---:|".repeat(tools.len())
         );
     }
+    out
+}
+
+/// The notes of the measured rows, one a line.
+fn notes(records: &[Record]) -> String {
     let notes: Vec<String> = records
         .iter()
         .filter(|r| {
@@ -544,10 +600,10 @@ pub fn render(records: &[Record]) -> String {
             )
         })
         .collect();
-    if !notes.is_empty() {
-        out += &format!("\nNotes:\n\n{}\n", notes.join("\n"));
+    if notes.is_empty() {
+        return String::new();
     }
-    out
+    format!("\nNotes:\n\n{}\n", notes.join("\n"))
 }
 
 /// The MB/s table of the latest limits measurement (`bench limits`).

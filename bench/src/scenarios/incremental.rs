@@ -16,7 +16,7 @@ use super::{
 };
 use crate::args::Args;
 use crate::harness::Bench;
-use crate::repos::Setup;
+use crate::repos::{Repo, Setup};
 use crate::results::Row;
 
 pub struct Opts {
@@ -73,8 +73,24 @@ impl Opts {
 
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     load_settled_pgbench(b, o.scale, o.copies)?;
-    let variants: Vec<(String, Setup)> = o
-        .tracks
+    let variants = track_variants(o);
+    let variants: Vec<(&str, Setup)> = variants
+        .iter()
+        .map(|(l, s)| (l.as_str(), s.clone()))
+        .collect();
+    let mut change = 0;
+    for (ci, codec) in o.codecs.iter().enumerate() {
+        for run in 1..=b.runs {
+            codec_run(b, o, &variants, codec, ci, run, change)?;
+            change += 1;
+        }
+    }
+    Ok(())
+}
+
+/// One pgstrata variant per `--track` mode.
+fn track_variants(o: &Opts) -> Vec<(String, Setup)> {
+    o.tracks
         .iter()
         .map(|t| {
             let incr_args = if t == "none" {
@@ -90,86 +106,90 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 },
             )
         })
+        .collect()
+}
+
+/// Run `run` of codec `codec` (the `ci`th): fresh repositories, a full backup with each,
+/// the `change`th change, an incremental with each (and, verifying, pgstrata's restored).
+fn codec_run(
+    b: &mut Bench,
+    o: &Opts,
+    variants: &[(&str, Setup)],
+    codec: &str,
+    ci: usize,
+    run: u64,
+    change: u64,
+) -> Result<(), String> {
+    let repos = repos(b, &format!("{codec}-r{run}"), codec, variants, &o.pgbr, &[])?;
+    stanza_create_all(b, &repos)?;
+    b.sql("VACUUM ANALYZE")?;
+    b.sql("CHECKPOINT")?;
+    b.wal_switch_and_wait()?;
+    let order: Vec<usize> = rotated(&(0..repos.len()).collect::<Vec<_>>(), ci + run as usize)
+        .into_iter()
+        .copied()
         .collect();
-    let variants: Vec<(&str, Setup)> = variants
-        .iter()
-        .map(|(l, s)| (l.as_str(), s.clone()))
-        .collect();
-    let mut change = 0;
-    for (ci, codec) in o.codecs.iter().enumerate() {
-        for run in 1..=b.runs {
-            let repos = repos(
-                b,
-                &format!("{codec}-r{run}"),
-                codec,
-                &variants,
-                &o.pgbr,
-                &[],
-            )?;
-            stanza_create_all(b, &repos)?;
-            b.sql("VACUUM ANALYZE")?;
-            b.sql("CHECKPOINT")?;
-            b.wal_switch_and_wait()?;
-            let order: Vec<usize> =
-                rotated(&(0..repos.len()).collect::<Vec<_>>(), ci + run as usize)
-                    .into_iter()
-                    .copied()
-                    .collect();
-            let mut labels = vec![(String::new(), String::new()); repos.len()];
-            for &i in &order {
-                let (m, label) = repos[i].backup(b, "full", &[])?;
-                b.results
-                    .record(Row::timed(codec, "full backup", &repos[i].label, run, &m))?;
-                labels[i].0 = label;
-            }
-            delete_ranges(b, o.scale, o.copies, o.change_pct, change, "test")?;
-            change += 1;
-            let after = if b.verify && run == 1 {
-                b.source_check()?
-            } else {
-                String::new()
-            };
-            b.sql("CHECKPOINT")?;
-            b.wal_switch_and_wait()?;
-            for &i in &order {
-                let r = &repos[i];
-                let (m, label) = r.backup(b, "incr", &[])?;
-                let sizes = r.backup_sizes(b, &label)?;
-                if sizes.kind != "incr" {
-                    return Err(format!(
-                        "{}: backup {label} is '{}', not incr",
-                        r.label, sizes.kind
-                    ));
-                }
-                b.results.record(
-                    Row::timed(codec, "incr backup", &r.label, run, &m).note(sizes.track.clone()),
-                )?;
-                if run == 1 {
-                    let full = r.backup_sizes(b, &labels[i].0)?;
-                    b.results
-                        .record(Row::bytes(codec, "full stored", &r.label, 1, full.stored))?;
-                    b.results.record(Row::bytes(
-                        codec,
-                        "incr stored",
-                        &r.label,
-                        1,
-                        sizes.stored,
-                    ))?;
-                    b.results
-                        .record(Row::bytes(codec, "incr read", &r.label, 1, sizes.read))?;
-                }
-                labels[i].1 = label;
-            }
-            if b.verify && run == 1 {
-                for (i, r) in repos.iter().enumerate().filter(|(_, r)| r.is_pgstrata()) {
-                    let dir = b.empty_data_dir("restore-verify")?;
-                    r.restore(b, &dir, &[&format!("--set={}", labels[i].1)])?;
-                    b.verify_restore(&dir, &after, &format!("{codec}-{i}"))?;
-                    let _ = std::fs::remove_dir_all(&dir);
-                }
-            }
-            remove_repos(b, &repos);
+    let mut labels = vec![(String::new(), String::new()); repos.len()];
+    for &i in &order {
+        let (m, label) = repos[i].backup(b, "full", &[])?;
+        b.results
+            .record(Row::timed(codec, "full backup", &repos[i].label, run, &m))?;
+        labels[i].0 = label;
+    }
+    delete_ranges(b, o.scale, o.copies, o.change_pct, change, "test")?;
+    let after = if b.verify && run == 1 {
+        b.source_check()?
+    } else {
+        String::new()
+    };
+    b.sql("CHECKPOINT")?;
+    b.wal_switch_and_wait()?;
+    incr_backups(b, codec, run, &repos, &order, &mut labels)?;
+    if b.verify && run == 1 {
+        for (i, r) in repos.iter().enumerate().filter(|(_, r)| r.is_pgstrata()) {
+            let dir = b.empty_data_dir("restore-verify")?;
+            r.restore(b, &dir, &[&format!("--set={}", labels[i].1)])?;
+            b.verify_restore(&dir, &after, &format!("{codec}-{i}"))?;
+            let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+    remove_repos(b, &repos);
+    Ok(())
+}
+
+/// An incremental with each of `repos` in `order`, checked to be one, its label put beside
+/// its full's in `labels`; in the first run, what each stored and read.
+fn incr_backups(
+    b: &mut Bench,
+    codec: &str,
+    run: u64,
+    repos: &[Repo],
+    order: &[usize],
+    labels: &mut [(String, String)],
+) -> Result<(), String> {
+    for &i in order {
+        let r = &repos[i];
+        let (m, label) = r.backup(b, "incr", &[])?;
+        let sizes = r.backup_sizes(b, &label)?;
+        if sizes.kind != "incr" {
+            return Err(format!(
+                "{}: backup {label} is '{}', not incr",
+                r.label, sizes.kind
+            ));
+        }
+        b.results.record(
+            Row::timed(codec, "incr backup", &r.label, run, &m).note(sizes.track.clone()),
+        )?;
+        if run == 1 {
+            let full = r.backup_sizes(b, &labels[i].0)?;
+            b.results
+                .record(Row::bytes(codec, "full stored", &r.label, 1, full.stored))?;
+            b.results
+                .record(Row::bytes(codec, "incr stored", &r.label, 1, sizes.stored))?;
+            b.results
+                .record(Row::bytes(codec, "incr read", &r.label, 1, sizes.read))?;
+        }
+        labels[i].1 = label;
     }
     Ok(())
 }

@@ -101,34 +101,14 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     stanza_create_all(b, &repos)?;
     b.wal_switch_and_wait()?;
     let case = format!("{} % change", o.change_pct);
-    let mut full = Vec::new();
-    for r in &repos {
-        let (m, label) = r.backup(b, "full", &[])?;
-        b.results
-            .record(Row::timed(&case, "full backup", &r.label, 1, &m))?;
-        full.push(label);
-    }
+    let full = full_backups(b, &repos, &case)?;
     delete_ranges(b, o.scale, o.copies, o.change_pct, 0, "test")?;
     let after = b.source_check()?;
     b.sql("CHECKPOINT")?;
     b.wal_switch_and_wait()?;
-    let mut incr = vec![String::new(); repos.len()];
-    for (i, r) in repos.iter().enumerate().rev() {
-        let (m, label) = r.backup(b, "incr", &[])?;
-        b.results
-            .record(Row::timed(&case, "incr backup", &r.label, 1, &m))?;
-        let sizes = r.backup_sizes(b, &label)?;
-        if sizes.kind != "incr" {
-            return Err(format!(
-                "{}: backup {label} is '{}', not incr",
-                r.label, sizes.kind
-            ));
-        }
-        b.results
-            .record(Row::bytes(&case, "incr stored", &r.label, 1, sizes.stored))?;
-        incr[i] = label;
-    }
+    let incr = incr_backups(b, &repos, &case)?;
     b.archive_nowhere();
+    let sets = Sets { full, incr, after };
     let mut differ = Vec::new();
     // Per repository, the best full and delta restore times; the bytes a restore writes.
     let mut best = vec![(f64::MAX, f64::MAX); repos.len()];
@@ -137,70 +117,13 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         let idx: Vec<usize> = (0..repos.len()).collect();
         for &i in rotated(&idx, run as usize - 1) {
             let r = &repos[i];
-            let full_dir = b.empty_data_dir("restore-full")?;
-            if o.cold {
-                crate::harness::drop_page_cache()?;
-            }
-            let m = r.restore(b, &full_dir, &[&format!("--set={}", incr[i])])?;
-            best[i].0 = best[i].0.min(m.seconds);
-            restored = restored.max(b.du(&full_dir));
-            b.results.record(Row::timed(
-                &case,
-                "full restore of the incr",
-                &r.label,
-                run,
-                &m,
-            ))?;
-            let delta_dir = b.empty_data_dir("restore-delta")?;
-            r.restore(b, &delta_dir, &[&format!("--set={}", full[i])])?;
-            let set = format!("--set={}", incr[i]);
-            let mut args = vec!["--delta", set.as_str()];
-            if !r.is_pgstrata() {
-                args.push("--log-level-console=detail"); // lists the files it rewrote
-            }
-            if o.cold {
-                crate::harness::drop_page_cache()?;
-            }
-            let m = r.restore(b, &delta_dir, &args)?;
-            let fetched = if r.is_pgstrata() {
-                pgstrata_fetched(&m.stdout)
-            } else {
-                pgbr_fetched(r, &incr[i], &delta_dir, &m.stdout)
-            };
-            best[i].1 = best[i].1.min(m.seconds);
-            b.results.record(Row::timed(
-                &case,
-                "delta restore of the incr",
-                &r.label,
-                run,
-                &m,
-            ))?;
-            if run == 1 {
-                b.results.record(Row::bytes(
-                    &case,
-                    "delta restore: fetched",
-                    &r.label,
-                    1,
-                    fetched,
-                ))?;
-            }
-            let same = same_files(&full_dir, &delta_dir)?;
-            if run == 1 {
-                b.results.record(Row::text(
-                    &case,
-                    "delta = full restore",
-                    &r.label,
-                    if same { "yes" } else { "NO" },
-                ))?;
-            }
-            if !same {
+            let t = restore_both(b, o, r, i, run, &case, &sets)?;
+            best[i].0 = best[i].0.min(t.full_seconds);
+            best[i].1 = best[i].1.min(t.delta_seconds);
+            restored = restored.max(t.restored);
+            if !t.same {
                 differ.push(r.label.clone());
             }
-            if b.verify && run == 1 && i == 0 {
-                b.verify_restore(&delta_dir, &after, "delta")?;
-            }
-            let _ = std::fs::remove_dir_all(&full_dir);
-            let _ = std::fs::remove_dir_all(&delta_dir);
         }
     }
     remove_repos(b, &repos);
@@ -212,6 +135,137 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// A full backup in every repository: their labels.
+fn full_backups(b: &mut Bench, repos: &[Repo], case: &str) -> Result<Vec<String>, String> {
+    let mut full = Vec::new();
+    for r in repos {
+        let (m, label) = r.backup(b, "full", &[])?;
+        b.results
+            .record(Row::timed(case, "full backup", &r.label, 1, &m))?;
+        full.push(label);
+    }
+    Ok(full)
+}
+
+/// An incremental backup in every repository (the last first), checked to be one: their
+/// labels, in the repositories' order.
+fn incr_backups(b: &mut Bench, repos: &[Repo], case: &str) -> Result<Vec<String>, String> {
+    let mut incr = vec![String::new(); repos.len()];
+    for (i, r) in repos.iter().enumerate().rev() {
+        let (m, label) = r.backup(b, "incr", &[])?;
+        b.results
+            .record(Row::timed(case, "incr backup", &r.label, 1, &m))?;
+        let sizes = r.backup_sizes(b, &label)?;
+        if sizes.kind != "incr" {
+            return Err(format!(
+                "{}: backup {label} is '{}', not incr",
+                r.label, sizes.kind
+            ));
+        }
+        b.results
+            .record(Row::bytes(case, "incr stored", &r.label, 1, sizes.stored))?;
+        incr[i] = label;
+    }
+    Ok(incr)
+}
+
+/// The backups restored, per repository, and the source's content check after the change.
+struct Sets {
+    full: Vec<String>,
+    incr: Vec<String>,
+    after: String,
+}
+
+/// What one run's two restores from one repository took.
+struct Restored {
+    full_seconds: f64,
+    delta_seconds: f64,
+    /// The bytes the full restore wrote.
+    restored: u64,
+    /// Whether the delta restore left the same files as the full restore.
+    same: bool,
+}
+
+/// Run `run` of repository `i` (`r`): a full restore of its incremental, then a delta
+/// restore of it over a restore of its full backup, compared with the full restore.
+fn restore_both(
+    b: &mut Bench,
+    o: &Opts,
+    r: &Repo,
+    i: usize,
+    run: u64,
+    case: &str,
+    sets: &Sets,
+) -> Result<Restored, String> {
+    let (full, incr) = (&sets.full, &sets.incr);
+    let full_dir = b.empty_data_dir("restore-full")?;
+    if o.cold {
+        crate::harness::drop_page_cache()?;
+    }
+    let m = r.restore(b, &full_dir, &[&format!("--set={}", incr[i])])?;
+    let full_seconds = m.seconds;
+    let restored = b.du(&full_dir);
+    b.results.record(Row::timed(
+        case,
+        "full restore of the incr",
+        &r.label,
+        run,
+        &m,
+    ))?;
+    let delta_dir = b.empty_data_dir("restore-delta")?;
+    r.restore(b, &delta_dir, &[&format!("--set={}", full[i])])?;
+    let set = format!("--set={}", incr[i]);
+    let mut args = vec!["--delta", set.as_str()];
+    if !r.is_pgstrata() {
+        args.push("--log-level-console=detail"); // lists the files it rewrote
+    }
+    if o.cold {
+        crate::harness::drop_page_cache()?;
+    }
+    let m = r.restore(b, &delta_dir, &args)?;
+    let fetched = if r.is_pgstrata() {
+        pgstrata_fetched(&m.stdout)
+    } else {
+        pgbr_fetched(r, &incr[i], &delta_dir, &m.stdout)
+    };
+    b.results.record(Row::timed(
+        case,
+        "delta restore of the incr",
+        &r.label,
+        run,
+        &m,
+    ))?;
+    if run == 1 {
+        b.results.record(Row::bytes(
+            case,
+            "delta restore: fetched",
+            &r.label,
+            1,
+            fetched,
+        ))?;
+    }
+    let same = same_files(&full_dir, &delta_dir)?;
+    if run == 1 {
+        b.results.record(Row::text(
+            case,
+            "delta = full restore",
+            &r.label,
+            if same { "yes" } else { "NO" },
+        ))?;
+    }
+    if b.verify && run == 1 && i == 0 {
+        b.verify_restore(&delta_dir, &sets.after, "delta")?;
+    }
+    let _ = std::fs::remove_dir_all(&full_dir);
+    let _ = std::fs::remove_dir_all(&delta_dir);
+    Ok(Restored {
+        full_seconds,
+        delta_seconds: m.seconds,
+        restored,
+        same,
+    })
 }
 
 /// The best restore times against the disk's rates, measured now on the scratch disk: a full

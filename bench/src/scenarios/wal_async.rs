@@ -89,15 +89,71 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     } else {
         Some(pki(b)?)
     };
-    let mut proxy = S3Proxy::start(
+    let proxy = S3Proxy::start(
         o.delay_ms,
         0,
         moto.port,
         tls.as_ref().map(|(_, c, k)| (c.clone(), k.clone())),
     )?;
-    let ca = tls.as_ref().map(|(ca, _, _)| ca.clone());
+    let mut link = Link {
+        proxy,
+        ca: tls.as_ref().map(|(ca, _, _)| ca.clone()),
+    };
+    let segments = generate_segments(b, o)?;
+    let targets = targets(b);
+    let mut labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
+    labels.push(FLOOR);
+    b.results.declare(&labels);
 
-    // The segments, generated once.
+    for &n in &o.segments {
+        // The base backup's own segments come first (`lead` of them), then n of the load.
+        let case = Case {
+            names: &segments.names[..(segments.lead + n) as usize],
+            push: format!("{n} ready segments, S3 +{} ms", o.delay_ms),
+            get: format!("{n} segments fetched in order, S3 +{} ms", o.delay_ms),
+            replay: format!("{n} segments replayed by recovery, S3 +{} ms", o.delay_ms),
+        };
+        for (i, t) in targets.iter().enumerate() {
+            let tag = format!("async-{n}-{i}");
+            measure_target(b, o, &mut link, &segments, &case, t, &tag)?;
+        }
+        replay_floor(b, &segments, &case, n)?;
+    }
+    Ok(())
+}
+
+/// The S3 server's delay proxy, and the CA certificate of its TLS listener (pgBackRest's).
+struct Link {
+    proxy: S3Proxy,
+    ca: Option<PathBuf>,
+}
+
+/// The segments every tool archives and fetches, and the base backup recovery replays
+/// them onto.
+struct Segments {
+    /// The repository (pgstrata's) holding the base backup.
+    src: Repo,
+    /// The base backup's label.
+    base: String,
+    /// A directory of the segments, plain.
+    dir: PathBuf,
+    /// Their names, in order: the base backup's own first, then the load's.
+    names: Vec<String>,
+    /// How many of `names` are the base backup's own.
+    lead: u64,
+}
+
+/// One count of segments: the first `names`, and its three measurements' cases.
+struct Case<'a> {
+    names: &'a [String],
+    push: String,
+    get: String,
+    replay: String,
+}
+
+/// Generate the largest count of segments once (pgbench traffic after a base backup) and
+/// fetch them from the base backup's start on into a directory.
+fn generate_segments(b: &mut Bench, o: &Opts) -> Result<Segments, String> {
     b.start_cluster("max_wal_size = '4GB'\nsynchronous_commit = off")?;
     b.load_pgbench(o.scale, 0, "")?;
     let most = *o.segments.iter().max().unwrap();
@@ -115,7 +171,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     eprintln!("[bench] generating {most} segments");
     let first = super::generate_pgbench_segments(b, most)?;
     b.archive_nowhere();
-    let seg_dir = b.dir("segments")?;
+    let dir = b.dir("segments")?;
     // The segments from the base backup's start on: the backup's own first, then the load.
     let seg_size = super::wal_segment_size(b)?;
     let base_start = pgstrata_pg::lsn::parse_segment_name(&base_wal, seg_size)
@@ -123,11 +179,19 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         .1
         * seg_size;
     let lead = (first - base_start) / seg_size;
-    let names = super::fetch_segments(b, &src, base_start, lead + most, &seg_dir)?;
+    let names = super::fetch_segments(b, &src, base_start, lead + most, &dir)?;
+    Ok(Segments {
+        src,
+        base,
+        dir,
+        names,
+        lead,
+    })
+}
 
-    // Every tool synchronously, then asynchronously.
-    let targets: Vec<Target> = b
-        .pgstrata
+/// Every tool synchronously, then asynchronously.
+fn targets(b: &Bench) -> Vec<Target> {
+    b.pgstrata
         .iter()
         .chain(&b.pgbackrest)
         .flat_map(|t| {
@@ -141,165 +205,215 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                 asynchronous,
             })
         })
-        .collect();
-    let mut labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
-    labels.push(FLOOR);
-    b.results.declare(&labels);
+        .collect()
+}
 
-    for &n in &o.segments {
-        // The base backup's own segments come first (`lead` of them), then n of the load.
-        let names = &names[..(lead + n) as usize];
-        let push_case = format!("{n} ready segments, S3 +{} ms", o.delay_ms);
-        let get_case = format!("{n} segments fetched in order, S3 +{} ms", o.delay_ms);
-        let replay_case = format!("{n} segments replayed by recovery, S3 +{} ms", o.delay_ms);
-        for (i, t) in targets.iter().enumerate() {
-            let endpoint = if t.tool.is_pgstrata() {
-                format!("http://127.0.0.1:{}", proxy.port)
-            } else {
-                proxy
-                    .tls_port
-                    .ok_or("pgBackRest needs the proxy's TLS listener")?
-                    .to_string()
-            };
-            let tag = format!("async-{n}-{i}");
-            let data = stand_in_data_dir(b, &tag, &seg_dir, names)?;
-            let spool = b.dir(&format!("spool-{tag}"))?;
-            let repo = repo(b, o, t, &tag, &endpoint, &spool, ca.as_deref())?;
-            repo.stanza_create(b)?;
-            use_stand_in(b, &repo, &data)?;
-            let wal = data.join("pg_wal");
-            let before = proxy.turns()?;
-            // PostgreSQL's archiver: each ready file in order, marked done when its command returns.
-            let (m, seen) = sampled(Some(&t.tool), || {
-                super::per_segment_loop(
-                    b,
-                    &repo,
-                    &wal,
-                    names,
-                    "archive-push",
-                    "mv \"$d/archive_status/$f.ready\" \"$d/archive_status/$f.done\";",
-                )
-            })?;
-            let after = proxy.turns()?;
-            b.results.record(
-                Row::timed(&push_case, "archive backlog", &t.label, 1, &m)
-                    .with_count(Some(after - before))
-                    .note(format!(
-                        "{:.1} segments/s; {:.1} requests a segment ({}); {}",
-                        names.len() as f64 / m.seconds,
-                        (after - before) as f64 / names.len() as f64,
-                        proxy.mix(before + 1, after),
-                        seen.note(&t.tool.label, names.len())
-                    )),
-            )?;
-            // Fetch back as recovery does; pgstrata asynchronous = with prefetch, its
-            // synchronous row without (archive-get-queue-max=0).
-            let out = b.dir(&format!("get-{tag}"))?;
-            std::thread::sleep(Duration::from_secs(3)); // let idle workers exit
-            let before = proxy.turns()?;
-            let (m, seen) = sampled(Some(&t.tool), || {
-                super::per_segment_loop(b, &repo, &out, names, "archive-get", "")
-            })?;
-            let after = proxy.turns()?;
-            for name in names {
-                if std::fs::read(out.join(name)).ok() != std::fs::read(seg_dir.join(name)).ok() {
-                    return Err(format!("{}: archive-get of {name} differs", t.label));
-                }
-            }
-            b.results.record(
-                Row::timed(&get_case, "restore_command", &t.label, 1, &m)
-                    .with_count(Some(after - before))
-                    .note(format!(
-                        "{:.1} segments/s, {:.0} ms a call; {}; {}",
-                        names.len() as f64 / m.seconds,
-                        1000.0 * m.seconds / names.len() as f64,
-                        if t.asynchronous {
-                            "prefetch (default queue)"
-                        } else {
-                            "no prefetch"
-                        },
-                        seen.note(&t.tool.label, names.len())
-                    )),
-            )?;
-            std::thread::sleep(Duration::from_secs(6)); // prefetch workers exit when idle
-            let _ = std::fs::remove_dir_all(&out);
-            let _ = std::fs::remove_dir_all(&spool);
-            let spool = b.dir(&format!("spool-{tag}"))?;
-            // Recovery for real: the base backup replaying every segment through the tool's
-            // restore_command, from start to promotion at the end of the archive.
-            let restore_command = format!(
-                "{} --config={} --stanza={STANZA}{} archive-get %f \"%p\"",
-                t.tool.bin.display(),
-                repo.config.display(),
-                // pgBackRest insists that pg1-path is the server's data directory.
-                if t.tool.is_pgstrata() {
-                    String::new()
-                } else {
-                    " --pg1-path=@DATA@".to_string()
-                }
-            );
-            let before = proxy.turns()?;
-            let (seconds, seen, calls) =
-                replay(b, &src, &base, &tag, &restore_command, Some(&t.tool), names)?;
-            let after = proxy.turns()?;
-            let m = Measured {
-                seconds,
-                max_rss_kb: seen.tool.peak_rss_kb,
-                ..Measured::default()
-            };
-            b.results.record(
-                Row::timed(&replay_case, "restore + replay", &t.label, 1, &m)
-                    .with_count(Some(after - before))
-                    .note(format!(
-                        "{:.1} segments/s replayed; {}; {}; {}",
-                        names.len() as f64 / seconds,
-                        if t.asynchronous {
-                            "prefetch (default queue)"
-                        } else {
-                            "no prefetch"
-                        },
-                        calls.note(),
-                        seen.note(&t.tool.label, names.len())
-                    )),
-            )?;
-            for d in [&data, &spool] {
-                let _ = std::fs::remove_dir_all(d);
-            }
-        }
-        // The limit: PostgreSQL replaying the same segments copied from a local directory
-        // of plain segments, no tool in the way. Only these `names` (hard links): the
-        // segments directory holds those of the largest count.
-        let floor_dir = b.dir(&format!("segments-{n}"))?;
-        for name in names {
-            let link = floor_dir.join(name);
-            if !link.exists() {
-                std::fs::hard_link(seg_dir.join(name), &link)
-                    .map_err(|e| format!("link {}: {e}", link.display()))?;
-            }
-        }
-        let restore_command = format!("cp \"{}/%f\" \"%p\"", floor_dir.display());
-        let (seconds, _, calls) = replay(
-            b,
-            &src,
-            &base,
-            &format!("floor-{n}"),
-            &restore_command,
-            None,
-            names,
-        )?;
-        let m = Measured {
-            seconds,
-            ..Measured::default()
-        };
-        b.results.record(
-            Row::timed(&replay_case, "restore + replay", FLOOR, 1, &m).note(format!(
-                "{:.1} segments/s replayed; restore_command cp from a local directory (PostgreSQL's apply rate); {}",
-                names.len() as f64 / seconds,
-                calls.note()
-            )),
-        )?;
+/// `t` archiving `case`'s segments from a stand-in data directory, fetching them back as
+/// recovery does, and recovery replaying them through it: three rows.
+fn measure_target(
+    b: &mut Bench,
+    o: &Opts,
+    link: &mut Link,
+    segments: &Segments,
+    case: &Case,
+    t: &Target,
+    tag: &str,
+) -> Result<(), String> {
+    let names = case.names;
+    let endpoint = if t.tool.is_pgstrata() {
+        format!("http://127.0.0.1:{}", link.proxy.port)
+    } else {
+        link.proxy
+            .tls_port
+            .ok_or("pgBackRest needs the proxy's TLS listener")?
+            .to_string()
+    };
+    let data = stand_in_data_dir(b, tag, &segments.dir, names)?;
+    let spool = b.dir(&format!("spool-{tag}"))?;
+    let repo = repo(b, o, t, tag, &endpoint, &spool, link.ca.as_deref())?;
+    repo.stanza_create(b)?;
+    use_stand_in(b, &repo, &data)?;
+    time_push(b, &mut link.proxy, &repo, &data.join("pg_wal"), case, t)?;
+    // Fetch back as recovery does; pgstrata asynchronous = with prefetch, its
+    // synchronous row without (archive-get-queue-max=0).
+    let out = b.dir(&format!("get-{tag}"))?;
+    std::thread::sleep(Duration::from_secs(3)); // let idle workers exit
+    time_get(b, &mut link.proxy, &repo, &out, &segments.dir, case, t)?;
+    std::thread::sleep(Duration::from_secs(6)); // prefetch workers exit when idle
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&spool);
+    let spool = b.dir(&format!("spool-{tag}"))?;
+    time_replay(b, &mut link.proxy, &repo, segments, case, t, tag)?;
+    for d in [&data, &spool] {
+        let _ = std::fs::remove_dir_all(d);
     }
     Ok(())
+}
+
+/// PostgreSQL's archiver: each ready file of `wal` in order, marked done when its command
+/// returns.
+fn time_push(
+    b: &mut Bench,
+    proxy: &mut S3Proxy,
+    repo: &Repo,
+    wal: &Path,
+    case: &Case,
+    t: &Target,
+) -> Result<(), String> {
+    let names = case.names;
+    let before = proxy.turns()?;
+    let (m, seen) = sampled(Some(&t.tool), || {
+        super::per_segment_loop(
+            b,
+            repo,
+            wal,
+            names,
+            "archive-push",
+            "mv \"$d/archive_status/$f.ready\" \"$d/archive_status/$f.done\";",
+        )
+    })?;
+    let after = proxy.turns()?;
+    b.results.record(
+        Row::timed(&case.push, "archive backlog", &t.label, 1, &m)
+            .with_count(Some(after - before))
+            .note(format!(
+                "{:.1} segments/s; {:.1} requests a segment ({}); {}",
+                names.len() as f64 / m.seconds,
+                (after - before) as f64 / names.len() as f64,
+                proxy.mix(before + 1, after),
+                seen.note(&t.tool.label, names.len())
+            )),
+    )
+}
+
+/// One restore_command after another into `out`, each segment checked against `seg_dir`'s.
+fn time_get(
+    b: &mut Bench,
+    proxy: &mut S3Proxy,
+    repo: &Repo,
+    out: &Path,
+    seg_dir: &Path,
+    case: &Case,
+    t: &Target,
+) -> Result<(), String> {
+    let names = case.names;
+    let before = proxy.turns()?;
+    let (m, seen) = sampled(Some(&t.tool), || {
+        super::per_segment_loop(b, repo, out, names, "archive-get", "")
+    })?;
+    let after = proxy.turns()?;
+    for name in names {
+        if std::fs::read(out.join(name)).ok() != std::fs::read(seg_dir.join(name)).ok() {
+            return Err(format!("{}: archive-get of {name} differs", t.label));
+        }
+    }
+    b.results.record(
+        Row::timed(&case.get, "restore_command", &t.label, 1, &m)
+            .with_count(Some(after - before))
+            .note(format!(
+                "{:.1} segments/s, {:.0} ms a call; {}; {}",
+                names.len() as f64 / m.seconds,
+                1000.0 * m.seconds / names.len() as f64,
+                if t.asynchronous {
+                    "prefetch (default queue)"
+                } else {
+                    "no prefetch"
+                },
+                seen.note(&t.tool.label, names.len())
+            )),
+    )
+}
+
+/// Recovery for real: the base backup replaying every segment through the tool's
+/// restore_command, from start to promotion at the end of the archive.
+fn time_replay(
+    b: &mut Bench,
+    proxy: &mut S3Proxy,
+    repo: &Repo,
+    segments: &Segments,
+    case: &Case,
+    t: &Target,
+    tag: &str,
+) -> Result<(), String> {
+    let names = case.names;
+    let restore_command = format!(
+        "{} --config={} --stanza={STANZA}{} archive-get %f \"%p\"",
+        t.tool.bin.display(),
+        repo.config.display(),
+        // pgBackRest insists that pg1-path is the server's data directory.
+        if t.tool.is_pgstrata() {
+            String::new()
+        } else {
+            " --pg1-path=@DATA@".to_string()
+        }
+    );
+    let before = proxy.turns()?;
+    let (seconds, seen, calls) = replay(
+        b,
+        &segments.src,
+        &segments.base,
+        tag,
+        &restore_command,
+        Some(&t.tool),
+        names,
+    )?;
+    let after = proxy.turns()?;
+    let m = Measured {
+        seconds,
+        max_rss_kb: seen.tool.peak_rss_kb,
+        ..Measured::default()
+    };
+    b.results.record(
+        Row::timed(&case.replay, "restore + replay", &t.label, 1, &m)
+            .with_count(Some(after - before))
+            .note(format!(
+                "{:.1} segments/s replayed; {}; {}; {}",
+                names.len() as f64 / seconds,
+                if t.asynchronous {
+                    "prefetch (default queue)"
+                } else {
+                    "no prefetch"
+                },
+                calls.note(),
+                seen.note(&t.tool.label, names.len())
+            )),
+    )
+}
+
+/// The limit: PostgreSQL replaying the same segments copied from a local directory of
+/// plain segments, no tool in the way. Only these `names` (hard links): the segments
+/// directory holds those of the largest count.
+fn replay_floor(b: &mut Bench, segments: &Segments, case: &Case, n: u64) -> Result<(), String> {
+    let names = case.names;
+    let floor_dir = b.dir(&format!("segments-{n}"))?;
+    for name in names {
+        let link = floor_dir.join(name);
+        if !link.exists() {
+            std::fs::hard_link(segments.dir.join(name), &link)
+                .map_err(|e| format!("link {}: {e}", link.display()))?;
+        }
+    }
+    let restore_command = format!("cp \"{}/%f\" \"%p\"", floor_dir.display());
+    let (seconds, _, calls) = replay(
+        b,
+        &segments.src,
+        &segments.base,
+        &format!("floor-{n}"),
+        &restore_command,
+        None,
+        names,
+    )?;
+    let m = Measured {
+        seconds,
+        ..Measured::default()
+    };
+    b.results.record(
+        Row::timed(&case.replay, "restore + replay", FLOOR, 1, &m).note(format!(
+            "{:.1} segments/s replayed; restore_command cp from a local directory (PostgreSQL's apply rate); {}",
+            names.len() as f64 / seconds,
+            calls.note()
+        )),
+    )
 }
 
 /// Column of the replay without any tool: what recovery itself costs.

@@ -102,7 +102,8 @@ impl Settings {
 
     /// The repository as stored, without a stanza's key: `open_stanza` attaches it.
     pub fn storage(&self) -> Result<Storage> {
-        pgstrata_repo::layout::check_stanza_name(&self.stanza).map_err(Error::config)?;
+        pgstrata_repo::layout::check_stanza_name(&self.stanza)
+            .map_err(|e| Error::config(e.to_string()))?;
         Ok(Storage::open(&self.repo)?)
     }
 

@@ -909,7 +909,7 @@ mod tests {
         let why = caught.unwrap_err();
         let map = unusable_map("000000010000000000000002", why);
         assert!(!map.usable);
-        let reason = map.complete().unwrap_err();
+        let reason = map.complete().unwrap_err().to_string();
         assert!(
             reason.contains("WAL decoder failed") && reason.contains("index out of bounds"),
             "{reason}"

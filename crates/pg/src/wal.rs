@@ -254,6 +254,19 @@ impl SegmentDecoder {
     }
 
     fn page(&mut self, page: &[u8]) -> Result<()> {
+        let Some(page_addr) = self.page_addr(page)? else {
+            return self.end();
+        };
+        match self.continue_record(page)? {
+            Some(pos) => self.records_from(page, page_addr, pos),
+            None => Ok(()),
+        }
+    }
+
+    /// The WAL address of `page` from its header, or `None` where written WAL ended before
+    /// it (an error on a segment's first page: that is not this version's WAL).
+    #[inline]
+    fn page_addr(&self, page: &[u8]) -> Result<Option<u64>> {
         let page_no = self.page_no;
         if u16_at(page, 0) != self.magic {
             if page_no == 0 {
@@ -267,14 +280,24 @@ impl SegmentDecoder {
                 ));
             }
             // Pages past the end of written WAL (a .partial segment, recycled bytes).
-            return self.end();
+            return Ok(None);
         }
         let page_addr = u64::from_le_bytes(page[8..16].try_into().unwrap());
         if let Some(start) = self.seg_start {
             if page_addr != start + (page_no * self.page_size) as u64 {
-                return self.end(); // a recycled page: written WAL ends before it
+                return Ok(None); // a recycled page: written WAL ends before it
             }
         }
+        Ok(Some(page_addr))
+    }
+
+    /// Take what `page` holds of a record begun on an earlier page (skipped if it began in
+    /// the previous segment, gathered otherwise): where the first record starting on this
+    /// page is, or `None` when nothing more starts on it (the record goes on, or decoding
+    /// ended).
+    #[inline]
+    fn continue_record(&mut self, page: &[u8]) -> Result<Option<usize>> {
+        let page_no = self.page_no;
         let info = u16_at(page, 2);
         let rem_len = u32_at(page, 16) as usize;
         let mut pos = if info & XLP_LONG_HEADER != 0 {
@@ -289,7 +312,7 @@ impl SegmentDecoder {
             let n = self.skip.min(page.len() - pos);
             self.skip -= n;
             if self.skip > 0 {
-                return Ok(());
+                return Ok(None);
             }
             pos = align8(pos + n);
         } else if self.want > 0 {
@@ -307,17 +330,25 @@ impl SegmentDecoder {
             self.rec.extend_from_slice(&page[pos..pos + n]);
             pos += n;
             if self.rec.len() < self.want {
-                return Ok(());
+                return Ok(None);
             }
             finish_record(&self.rec, self.major, &mut self.recent, &mut self.out)?;
             self.rec.clear();
             self.want = 0;
             if self.out.switched {
-                return self.end();
+                self.end()?;
+                return Ok(None);
             }
             pos = align8(pos);
         }
-        // Records starting on this page.
+        Ok(Some(pos))
+    }
+
+    /// Decode the records starting on `page` (at `page_addr`) from `pos`; one running past
+    /// the page is kept in `rec` to be continued.
+    #[inline]
+    fn records_from(&mut self, page: &[u8], page_addr: u64, mut pos: usize) -> Result<()> {
+        let page_no = self.page_no;
         // A record header may be split across pages, but its length (the first field) is
         // always on the page where the record starts.
         while pos + 4 <= page.len() {
@@ -443,9 +474,46 @@ fn parse_record(
     if rec.len() < RECORD_HEADER {
         return Err(short("record header"));
     }
-    let tot_len = u32_at(rec, 0) as usize;
     let info = rec[16];
     let rmid = rec[17];
+    let (main_start, main_len) = read_block_headers(rec, major, recent, out)?;
+    let main = rec.get(main_start..main_start + main_len);
+    if rmid >= 128 {
+        out.unknown_rmgrs.insert(rmid);
+        return Ok(());
+    }
+    match rmid {
+        RM_XLOG if info & 0xF0 == 0x40 => out.switched = true,
+        RM_XLOG if info & 0xF0 == 0x60 => parse_parameter_change(main, out)?,
+        RM_SMGR => parse_smgr(info, main.ok_or_else(|| short("SMGR main data"))?, out),
+        RM_XACT => {
+            let op = info & 0x70;
+            if matches!(op, 0x00 | 0x20 | 0x30 | 0x40) && info & 0x80 != 0 {
+                let m = main.ok_or_else(|| short("XACT main data"))?;
+                parse_xact_dropped(m, out)?;
+            }
+        }
+        RM_DBASE => parse_dbase(
+            info,
+            major,
+            main.ok_or_else(|| short("DBASE main data"))?,
+            out,
+        ),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Walk a record's block headers (after its fixed header), putting each block reference in
+/// `out` through `recent`; the main data's offset and length in `rec`.
+#[inline]
+fn read_block_headers(
+    rec: &[u8],
+    major: u32,
+    recent: &mut RecentBlocks,
+    out: &mut SegmentChanges,
+) -> Result<(usize, usize)> {
+    let tot_len = u32_at(rec, 0) as usize;
     let mut p = RECORD_HEADER;
     let mut data_total = 0usize; // images + block data, after the headers
     let mut main_len = 0usize;
@@ -520,90 +588,79 @@ fn parse_record(
             other => return Err(invalid("WAL record", format!("unknown block id {other}"))),
         }
     }
-    let main_start = p + data_total;
-    let main = rec.get(main_start..main_start + main_len);
-    if rmid >= 128 {
-        out.unknown_rmgrs.insert(rmid);
-        return Ok(());
+    Ok((p + data_total, main_len))
+}
+
+/// An XLOG parameter-change record (xl_parameter_change: MaxConnections,
+/// max_worker_processes, max_wal_senders, max_prepared_xacts, max_locks_per_xact, wal_level
+/// (int32 each), then bools): whether it sets wal_level below replica.
+fn parse_parameter_change(main: Option<&[u8]>, out: &mut SegmentChanges) -> Result<()> {
+    let m = main.ok_or_else(|| short("XLOG parameter-change main data"))?;
+    if m.len() < 24 {
+        return Err(short("XLOG parameter-change main data"));
     }
-    match rmid {
-        RM_XLOG if info & 0xF0 == 0x40 => out.switched = true,
-        RM_XLOG if info & 0xF0 == 0x60 => {
-            // xl_parameter_change: MaxConnections, max_worker_processes, max_wal_senders,
-            // max_prepared_xacts, max_locks_per_xact, wal_level (int32 each), then bools.
-            let m = main.ok_or_else(|| short("XLOG parameter-change main data"))?;
-            if m.len() < 24 {
-                return Err(short("XLOG parameter-change main data"));
-            }
-            if (u32_at(m, 20) as i32) < WAL_LEVEL_REPLICA {
-                out.wal_level_minimal = true;
-            }
+    if (u32_at(m, 20) as i32) < WAL_LEVEL_REPLICA {
+        out.wal_level_minimal = true;
+    }
+    Ok(())
+}
+
+/// An SMGR record: a fork created, or a relation's forks truncated.
+fn parse_smgr(info: u8, m: &[u8], out: &mut SegmentChanges) {
+    match info & 0xF0 {
+        0x10 if m.len() >= 16 => {
+            out.created.insert(RelFork {
+                spc: u32_at(m, 0),
+                db: u32_at(m, 4),
+                rel: u32_at(m, 8),
+                fork: u32_at(m, 12) as u8,
+            });
         }
-        RM_SMGR => {
-            let m = main.ok_or_else(|| short("SMGR main data"))?;
-            match info & 0xF0 {
-                0x10 if m.len() >= 16 => {
-                    out.created.insert(RelFork {
-                        spc: u32_at(m, 0),
-                        db: u32_at(m, 4),
-                        rel: u32_at(m, 8),
-                        fork: u32_at(m, 12) as u8,
-                    });
-                }
-                0x20 if m.len() >= 20 => {
-                    let blkno = u32_at(m, 0);
-                    let (spc, db, rel) = (u32_at(m, 4), u32_at(m, 8), u32_at(m, 12));
-                    let flags = u32_at(m, 16);
-                    for (flag, fork) in [(0x1, 0u8), (0x4, 1), (0x2, 2)] {
-                        if flags & flag != 0 {
-                            // The FSM and VM are truncated to lengths derived from blkno; treat
-                            // them as truncated to 0 so nothing stale survives.
-                            let limit = if fork == 0 { blkno } else { 0 };
-                            let e = out
-                                .truncated
-                                .entry(RelFork { spc, db, rel, fork })
-                                .or_insert(limit);
-                            *e = (*e).min(limit);
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        RM_XACT => {
-            let op = info & 0x70;
-            if matches!(op, 0x00 | 0x20 | 0x30 | 0x40) && info & 0x80 != 0 {
-                let m = main.ok_or_else(|| short("XACT main data"))?;
-                parse_xact_dropped(m, out)?;
-            }
-        }
-        RM_DBASE => {
-            let m = main.ok_or_else(|| short("DBASE main data"))?;
-            let op = info & 0xF0;
-            let (file_copy, wal_log, drop) = if major >= 15 {
-                (0x00, Some(0x10), 0x20)
-            } else {
-                (0x00, None, 0x10)
-            };
-            if op == file_copy && m.len() >= 8 {
-                out.databases.insert((u32_at(m, 4), u32_at(m, 0)));
-            } else if Some(op) == wal_log {
-                // Blocks are WAL-logged one by one; nothing to add.
-            } else if op == drop && m.len() >= 8 {
-                let db = u32_at(m, 0);
-                // The count is bounded by the bytes present, not trusted.
-                let n = (u32_at(m, 4) as usize).min((m.len() - 8) / 4);
-                for i in 0..n {
-                    if let Some(spc) = m.get(8 + 4 * i..12 + 4 * i) {
-                        out.databases
-                            .insert((u32::from_le_bytes(spc.try_into().unwrap()), db));
-                    }
+        0x20 if m.len() >= 20 => {
+            let blkno = u32_at(m, 0);
+            let (spc, db, rel) = (u32_at(m, 4), u32_at(m, 8), u32_at(m, 12));
+            let flags = u32_at(m, 16);
+            for (flag, fork) in [(0x1, 0u8), (0x4, 1), (0x2, 2)] {
+                if flags & flag != 0 {
+                    // The FSM and VM are truncated to lengths derived from blkno; treat
+                    // them as truncated to 0 so nothing stale survives.
+                    let limit = if fork == 0 { blkno } else { 0 };
+                    let e = out
+                        .truncated
+                        .entry(RelFork { spc, db, rel, fork })
+                        .or_insert(limit);
+                    *e = (*e).min(limit);
                 }
             }
         }
         _ => {}
     }
-    Ok(())
+}
+
+/// A DBASE record: a database created by copying files (its blocks are not in the WAL), or
+/// dropped.
+fn parse_dbase(info: u8, major: u32, m: &[u8], out: &mut SegmentChanges) {
+    let op = info & 0xF0;
+    let (file_copy, wal_log, drop) = if major >= 15 {
+        (0x00, Some(0x10), 0x20)
+    } else {
+        (0x00, None, 0x10)
+    };
+    if op == file_copy && m.len() >= 8 {
+        out.databases.insert((u32_at(m, 4), u32_at(m, 0)));
+    } else if Some(op) == wal_log {
+        // Blocks are WAL-logged one by one; nothing to add.
+    } else if op == drop && m.len() >= 8 {
+        let db = u32_at(m, 0);
+        // The count is bounded by the bytes present, not trusted.
+        let n = (u32_at(m, 4) as usize).min((m.len() - 8) / 4);
+        for i in 0..n {
+            if let Some(spc) = m.get(8 + 4 * i..12 + 4 * i) {
+                out.databases
+                    .insert((u32::from_le_bytes(spc.try_into().unwrap()), db));
+            }
+        }
+    }
 }
 
 /// Relations dropped by a commit or abort record (xl_xact_commit / xl_xact_abort with

@@ -269,42 +269,8 @@ pub async fn serve(
     let serving = Arc::new(serving);
     // The reader thread takes room in the budget for each frame before reading it, and
     // hands frames to this task; the writer thread sends answers and frees their room.
-    type Incoming = std::io::Result<Option<(Message, Bytes, OwnedSemaphorePermit)>>;
-    let (frames_in, mut incoming) = mpsc::channel::<Incoming>(4);
-    let (reader_budget, runtime) = (budget.clone(), tokio::runtime::Handle::current());
-    std::thread::spawn(move || {
-        let mut input = std::io::BufReader::with_capacity(1 << 20, input);
-        loop {
-            let f = protocol::read_frame_reserving(&mut input, |len| {
-                runtime.block_on(reader_budget.reserve(len as u64))
-            });
-            let last = !matches!(f, Ok(Some(_)));
-            if frames_in.blocking_send(f).is_err() || last {
-                return;
-            }
-        }
-    });
-    let (answers, outgoing) = std::sync::mpsc::sync_channel::<Outgoing>(CONCURRENCY);
-    let writer = std::thread::spawn(move || -> std::io::Result<()> {
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, output);
-        loop {
-            let (head, body, room) = match outgoing.try_recv() {
-                Ok(f) => f,
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
-                Err(std::sync::mpsc::TryRecvError::Empty) => {
-                    out.flush()?;
-                    match outgoing.recv() {
-                        Ok(f) => f,
-                        Err(_) => break,
-                    }
-                }
-            };
-            out.write_all(&head)?;
-            out.write_all(&body)?;
-            drop((body, room));
-        }
-        out.flush()
-    });
+    let mut incoming = spawn_reader(input, budget.clone());
+    let (answers, writer) = spawn_writer(output);
 
     let slots = Arc::new(Semaphore::new(CONCURRENCY));
     let mut tasks = tokio::task::JoinSet::new();
@@ -344,28 +310,86 @@ pub async fn serve(
     };
     while tasks.join_next().await.is_some() {}
     drop(answers);
+    join_writer(writer).await?;
+    outcome
+}
+
+/// A frame as [`serve`]'s reader thread hands it over: the message, its body and the budget
+/// they hold; `None` at the end of the stream.
+type Incoming = std::io::Result<Option<(Message, Bytes, OwnedSemaphorePermit)>>;
+
+/// Start [`serve`]'s reader thread: it takes room in `budget` for each frame of `input`
+/// before reading it, and sends the frames on (the last one an end or an error).
+fn spawn_reader(input: impl Read + Send + 'static, budget: Budget) -> mpsc::Receiver<Incoming> {
+    let (frames_in, incoming) = mpsc::channel::<Incoming>(4);
+    let runtime = tokio::runtime::Handle::current();
+    std::thread::spawn(move || {
+        let mut input = std::io::BufReader::with_capacity(1 << 20, input);
+        loop {
+            let f = protocol::read_frame_reserving(&mut input, |len| {
+                runtime.block_on(budget.reserve(len as u64))
+            });
+            let last = !matches!(f, Ok(Some(_)));
+            if frames_in.blocking_send(f).is_err() || last {
+                return;
+            }
+        }
+    });
+    incoming
+}
+
+/// Start [`serve`]'s writer thread: it writes the answers sent to it to `output` (flushing
+/// whenever none is waiting) and frees their room, until every sender is dropped.
+fn spawn_writer(
+    output: impl Write + Send + 'static,
+) -> (
+    std::sync::mpsc::SyncSender<Outgoing>,
+    std::thread::JoinHandle<std::io::Result<()>>,
+) {
+    let (answers, outgoing) = std::sync::mpsc::sync_channel::<Outgoing>(CONCURRENCY);
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, output);
+        loop {
+            let (head, body, room) = match outgoing.try_recv() {
+                Ok(f) => f,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => break,
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    out.flush()?;
+                    match outgoing.recv() {
+                        Ok(f) => f,
+                        Err(_) => break,
+                    }
+                }
+            };
+            out.write_all(&head)?;
+            out.write_all(&body)?;
+            drop((body, room));
+        }
+        out.flush()
+    });
+    (answers, writer)
+}
+
+/// Wait for [`serve`]'s writer thread (its senders dropped): how its writing ended. A peer
+/// that is gone (a broken pipe) is nobody to tell, not a failure.
+async fn join_writer(writer: std::thread::JoinHandle<std::io::Result<()>>) -> crate::Result<()> {
     let written = tokio::task::spawn_blocking(move || writer.join())
         .await
         .map_err(|e| Error::with_source(ErrorKind::Link, "agent: writer", e))?;
     match written {
-        Ok(Ok(())) => {}
+        Ok(Ok(())) => Ok(()),
         // The peer is gone: nobody to tell.
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-        Ok(Err(e)) => {
-            return Err(Error::with_source(
-                ErrorKind::Link,
-                "agent: write an answer",
-                e,
-            ))
-        }
-        Err(_) => {
-            return Err(Error::new(
-                ErrorKind::Link,
-                "agent: the writer thread panicked",
-            ))
-        }
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Ok(Err(e)) => Err(Error::with_source(
+            ErrorKind::Link,
+            "agent: write an answer",
+            e,
+        )),
+        Err(_) => Err(Error::new(
+            ErrorKind::Link,
+            "agent: the writer thread panicked",
+        )),
     }
-    outcome
 }
 
 fn create_repo_dir(root: &Path) -> crate::Result<()> {
@@ -448,12 +472,38 @@ async fn read_within(
     Ok((r.bytes().await?, room))
 }
 
+/// An answer with its body and the budget the body holds.
+type Answered = (Answer, Bytes, Option<OwnedSemaphorePermit>);
+
+/// A failure of the blocking task that opens or reseals, or of the opening or resealing,
+/// as the store's error the peer is answered with.
+fn agent_failure(
+    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "agent",
+        source: source.into(),
+    }
+}
+
+/// A create-only or overwriting put.
+fn create_or_overwrite(create_only: bool) -> PutOptions {
+    PutOptions {
+        mode: if create_only {
+            PutMode::Create
+        } else {
+            PutMode::Overwrite
+        },
+        ..Default::default()
+    }
+}
+
 async fn serve_one(
     serving: &Serving,
     budget: &Budget,
     req: &Request,
     body: Bytes,
-) -> object_store::Result<(Answer, Bytes, Option<OwnedSemaphorePermit>)> {
+) -> object_store::Result<Answered> {
     let store = &*serving.store;
     let path = |k: &str| ObjPath::parse(k).map_err(object_store::Error::from);
     let mut answer = Answer {
@@ -461,14 +511,6 @@ async fn serve_one(
         ..Default::default()
     };
     let key = path(&req.key)?;
-    let create_or_overwrite = |create_only: bool| PutOptions {
-        mode: if create_only {
-            PutMode::Create
-        } else {
-            PutMode::Overwrite
-        },
-        ..Default::default()
-    };
     match req.op {
         Op::Put => {
             let opts = create_or_overwrite(req.create_only);
@@ -477,110 +519,9 @@ async fn serve_one(
             Ok((answer, Bytes::new(), None))
         }
         Op::Get if req.open_frames.is_some() => {
-            let frames = req.open_frames.as_deref().unwrap_or_default();
-            let Some(reseal) = &serving.reseal else {
-                return Err(object_store::Error::NotSupported {
-                    source: "this holder opens no frames: read them as stored".into(),
-                });
-            };
-            let (Some(start), Some(end)) = (
-                frames.iter().map(|f| f[0]).min(),
-                frames.iter().map(|f| f[0].saturating_add(f[1])).max(),
-            ) else {
-                return Ok((answer, Bytes::new(), None));
-            };
-            let r = store
-                .get_opts(
-                    &key,
-                    GetOptions {
-                        range: Some(GetRange::Bounded(start..end)),
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            answer.meta = Some(meta_of(&r.meta));
-            let (stored, room) = read_within(budget, r).await?;
-            let (reseal, key, frames) = (reseal.clone(), req.key.clone(), frames.to_vec());
-            let body = tokio::task::spawn_blocking(move || {
-                let mut body = Vec::with_capacity(stored.len());
-                for [offset, len] in frames {
-                    let lo = (offset - start) as usize;
-                    let frame = stored.get(lo..lo + len as usize).ok_or_else(|| {
-                        crate::Error::new(
-                            crate::ErrorKind::Reseal,
-                            format!("{key}: the frame at {offset} lies past the object"),
-                        )
-                    })?;
-                    let opened = reseal.open_frame(&key, offset, frame)?;
-                    body.extend_from_slice(&(opened.len() as u32).to_be_bytes());
-                    body.extend_from_slice(&opened);
-                }
-                Ok::<_, crate::Error>(Bytes::from(body))
-            })
-            .await
-            .map_err(|e| object_store::Error::Generic {
-                store: "agent",
-                source: e.into(),
-            })?
-            .map_err(|m| object_store::Error::Generic {
-                store: "agent",
-                source: m.into(),
-            })?;
-            Ok((answer, body, Some(room)))
+            get_opened_frames(serving, budget, req, &key, answer).await
         }
-        Op::Get => {
-            let opts = GetOptions {
-                head: req.head_only,
-                range: req.range.map(|[a, b]| GetRange::Bounded(a..b)),
-                ..Default::default()
-            };
-            let whole = opts.range.is_none() && !opts.head;
-            let r = store.get_opts(&key, opts).await?;
-            answer.meta = Some(meta_of(&r.meta));
-            answer.range = Some([r.range.start, r.range.end]);
-            if req.head_only {
-                return Ok((answer, Bytes::new(), None));
-            }
-            let (bytes, room) = read_within(budget, r).await?;
-            if let (true, Some(reseal)) = (whole, &serving.reseal) {
-                let (reseal, key, unless) =
-                    (reseal.clone(), req.key.clone(), req.unless_hash.clone());
-                let resealed = tokio::task::spawn_blocking(move || {
-                    let Some(plain) = reseal.open(&key, &bytes)? else {
-                        return Ok(Some(bytes));
-                    };
-                    if unless.as_deref() == Some(&object_hash(&plain)) {
-                        return Ok(None);
-                    }
-                    reseal.seal(&key, &plain).map(|b| Some(Bytes::from(b)))
-                })
-                .await
-                .map_err(|e| object_store::Error::Generic {
-                    store: "agent",
-                    source: e.into(),
-                })?
-                .map_err(|m: crate::Error| object_store::Error::Generic {
-                    store: "agent",
-                    source: m.into(),
-                })?;
-                let Some(resealed) = resealed else {
-                    answer.unchanged = true;
-                    return Ok((answer, Bytes::new(), None));
-                };
-                let len = resealed.len() as u64;
-                answer.range = Some([0, len]);
-                if let Some(meta) = &mut answer.meta {
-                    meta.size = len;
-                }
-                return Ok((answer, resealed, Some(room)));
-            }
-            // The requester holds these bytes already: say so instead of sending them.
-            if whole && req.unless_hash.as_deref() == Some(&object_hash(&bytes)) {
-                answer.unchanged = true;
-                return Ok((answer, Bytes::new(), None));
-            }
-            Ok((answer, bytes, Some(room)))
-        }
+        Op::Get => get(serving, budget, req, &key, answer).await,
         Op::List => {
             let prefix = (!req.key.is_empty()).then_some(&key);
             answer.objects = store
@@ -611,37 +552,160 @@ async fn serve_one(
             store.put_opts(&to, PutPayload::from(bytes), opts).await?;
             Ok((answer, Bytes::new(), None))
         }
-        Op::PutPatch => {
-            let (Some(rebuild), Some(base), Some(to)) = (&serving.rebuild, &req.base, &req.to)
-            else {
-                return Err(object_store::Error::NotSupported {
-                    source: "this agent rebuilds no patched objects: send the object whole".into(),
-                });
-            };
-            let to = path(to)?;
-            let (base_bytes, _room) = read_within(budget, store.get(&path(base)?).await?).await?;
-            let bytes = rebuild
-                .rebuild(base, base_bytes, to.as_ref(), body)
-                .await
-                .map_err(|e| object_store::Error::NotSupported { source: e.into() })?;
-            store
-                .put_opts(
-                    &key,
-                    PutPayload::from(bytes.clone()),
-                    create_or_overwrite(true),
-                )
-                .await?;
-            store
-                .put_opts(
-                    &to,
-                    PutPayload::from(bytes.clone()),
-                    create_or_overwrite(true),
-                )
-                .await?;
-            answer.hash = Some(object_hash(&bytes));
-            Ok((answer, Bytes::new(), None))
-        }
+        Op::PutPatch => put_patch(serving, budget, req, &key, body, answer).await,
     }
+}
+
+/// [`Op::Get`] with `open_frames`: the frames named, read with one ranged read, each opened
+/// with the holder's keys and sent with its length before it.
+async fn get_opened_frames(
+    serving: &Serving,
+    budget: &Budget,
+    req: &Request,
+    key: &ObjPath,
+    mut answer: Answer,
+) -> object_store::Result<Answered> {
+    let frames = req.open_frames.as_deref().unwrap_or_default();
+    let Some(reseal) = &serving.reseal else {
+        return Err(object_store::Error::NotSupported {
+            source: "this holder opens no frames: read them as stored".into(),
+        });
+    };
+    let (Some(start), Some(end)) = (
+        frames.iter().map(|f| f[0]).min(),
+        frames.iter().map(|f| f[0].saturating_add(f[1])).max(),
+    ) else {
+        return Ok((answer, Bytes::new(), None));
+    };
+    let r = serving
+        .store
+        .get_opts(
+            key,
+            GetOptions {
+                range: Some(GetRange::Bounded(start..end)),
+                ..Default::default()
+            },
+        )
+        .await?;
+    answer.meta = Some(meta_of(&r.meta));
+    let (stored, room) = read_within(budget, r).await?;
+    let (reseal, key, frames) = (reseal.clone(), req.key.clone(), frames.to_vec());
+    let body = tokio::task::spawn_blocking(move || {
+        let mut body = Vec::with_capacity(stored.len());
+        for [offset, len] in frames {
+            let lo = (offset - start) as usize;
+            let frame = stored.get(lo..lo + len as usize).ok_or_else(|| {
+                crate::Error::new(
+                    crate::ErrorKind::Reseal,
+                    format!("{key}: the frame at {offset} lies past the object"),
+                )
+            })?;
+            let opened = reseal.open_frame(&key, offset, frame)?;
+            body.extend_from_slice(&(opened.len() as u32).to_be_bytes());
+            body.extend_from_slice(&opened);
+        }
+        Ok::<_, crate::Error>(Bytes::from(body))
+    })
+    .await
+    .map_err(agent_failure)?
+    .map_err(agent_failure)?;
+    Ok((answer, body, Some(room)))
+}
+
+/// [`Op::Get`]: an object's head, a range of it, or the whole of it (resealed for the
+/// requester where the holder reseals; not sent when the requester holds it already).
+async fn get(
+    serving: &Serving,
+    budget: &Budget,
+    req: &Request,
+    key: &ObjPath,
+    mut answer: Answer,
+) -> object_store::Result<Answered> {
+    let opts = GetOptions {
+        head: req.head_only,
+        range: req.range.map(|[a, b]| GetRange::Bounded(a..b)),
+        ..Default::default()
+    };
+    let whole = opts.range.is_none() && !opts.head;
+    let r = serving.store.get_opts(key, opts).await?;
+    answer.meta = Some(meta_of(&r.meta));
+    answer.range = Some([r.range.start, r.range.end]);
+    if req.head_only {
+        return Ok((answer, Bytes::new(), None));
+    }
+    let (bytes, room) = read_within(budget, r).await?;
+    if let (true, Some(reseal)) = (whole, &serving.reseal) {
+        let (reseal, key, unless) = (reseal.clone(), req.key.clone(), req.unless_hash.clone());
+        let resealed = tokio::task::spawn_blocking(move || {
+            let Some(plain) = reseal.open(&key, &bytes)? else {
+                return Ok(Some(bytes));
+            };
+            if unless.as_deref() == Some(&object_hash(&plain)) {
+                return Ok(None);
+            }
+            reseal.seal(&key, &plain).map(|b| Some(Bytes::from(b)))
+        })
+        .await
+        .map_err(agent_failure)?
+        .map_err(|m: crate::Error| agent_failure(m))?;
+        let Some(resealed) = resealed else {
+            answer.unchanged = true;
+            return Ok((answer, Bytes::new(), None));
+        };
+        let len = resealed.len() as u64;
+        answer.range = Some([0, len]);
+        if let Some(meta) = &mut answer.meta {
+            meta.size = len;
+        }
+        return Ok((answer, resealed, Some(room)));
+    }
+    // The requester holds these bytes already: say so instead of sending them.
+    if whole && req.unless_hash.as_deref() == Some(&object_hash(&bytes)) {
+        answer.unchanged = true;
+        return Ok((answer, Bytes::new(), None));
+    }
+    Ok((answer, bytes, Some(room)))
+}
+
+/// [`Op::PutPatch`]: the object rebuilt from its base and the patch in `body`, stored
+/// create-only at `key` and at the request's `to`; the answer carries its hash.
+async fn put_patch(
+    serving: &Serving,
+    budget: &Budget,
+    req: &Request,
+    key: &ObjPath,
+    body: Bytes,
+    mut answer: Answer,
+) -> object_store::Result<Answered> {
+    let store = &*serving.store;
+    let path = |k: &str| ObjPath::parse(k).map_err(object_store::Error::from);
+    let (Some(rebuild), Some(base), Some(to)) = (&serving.rebuild, &req.base, &req.to) else {
+        return Err(object_store::Error::NotSupported {
+            source: "this agent rebuilds no patched objects: send the object whole".into(),
+        });
+    };
+    let to = path(to)?;
+    let (base_bytes, _room) = read_within(budget, store.get(&path(base)?).await?).await?;
+    let bytes = rebuild
+        .rebuild(base, base_bytes, to.as_ref(), body)
+        .await
+        .map_err(|e| object_store::Error::NotSupported { source: e.into() })?;
+    store
+        .put_opts(
+            key,
+            PutPayload::from(bytes.clone()),
+            create_or_overwrite(true),
+        )
+        .await?;
+    store
+        .put_opts(
+            &to,
+            PutPayload::from(bytes.clone()),
+            create_or_overwrite(true),
+        )
+        .await?;
+    answer.hash = Some(object_hash(&bytes));
+    Ok((answer, Bytes::new(), None))
 }
 
 #[cfg(test)]

@@ -91,30 +91,27 @@ impl ChangeMap {
             && self.unknown_rmgrs.is_empty()
     }
 
-    /// Whether a backup may rely on this map alone.
-    pub fn complete(&self) -> std::result::Result<(), String> {
-        if !self.usable {
-            return Err(self
-                .reason
+    /// Whether a backup may rely on this map alone: `Err` of kind `Format` (the map is
+    /// sound but cannot be relied on) saying why not.
+    pub fn complete(&self) -> crate::Result<()> {
+        let why = if !self.usable {
+            self.reason
                 .clone()
-                .unwrap_or_else(|| "not decodable".into()));
-        }
-        if self.wal_level_minimal {
-            return Err(
-                "the server ran with wal_level=minimal, which does not WAL-log every change".into(),
-            );
-        }
-        if !self.unknown_rmgrs.is_empty() {
-            return Err(format!(
+                .unwrap_or_else(|| "not decodable".into())
+        } else if self.wal_level_minimal {
+            "the server ran with wal_level=minimal, which does not WAL-log every change".into()
+        } else if !self.unknown_rmgrs.is_empty() {
+            format!(
                 "it has records of unknown resource managers {:?}",
                 self.unknown_rmgrs
-            ));
-        }
-        // Last: the other reasons cannot be mended by reading the next segment.
-        if self.incomplete_tail {
-            return Err("its last record's block references run into the next segment".into());
-        }
-        Ok(())
+            )
+        } else if self.incomplete_tail {
+            // Last: the other reasons cannot be mended by reading the next segment.
+            "its last record's block references run into the next segment".into()
+        } else {
+            return Ok(());
+        };
+        Err(crate::Error::new(crate::ErrorKind::Format, why))
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -191,7 +188,7 @@ mod tests {
             reason: Some("bad page".into()),
             ..m
         };
-        assert_eq!(unusable.complete().unwrap_err(), "bad page");
+        assert_eq!(unusable.complete().unwrap_err().to_string(), "bad page");
     }
 
     #[test]
@@ -218,6 +215,7 @@ mod tests {
         assert!(minimal
             .complete()
             .unwrap_err()
+            .to_string()
             .contains("wal_level=minimal"));
     }
 }

@@ -37,7 +37,7 @@
 //! zeroized when dropped.
 
 use crate::layout::{self, KeysObject};
-use crate::{Error, ErrorKind, Named, Result, Storage};
+use crate::{Error, ErrorKind, Named, Result};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use aws_lc_rs::agreement::{self, PrivateKey, UnparsedPublicKey, X25519};
 use aws_lc_rs::hkdf::{Salt, HKDF_SHA256};
@@ -1101,7 +1101,7 @@ impl KeyFile {
 
     /// Check a key file read from `key` (its name must be its id, its Argon2id cost within
     /// the limits, its generations ascending from 1).
-    fn parse(bytes: &[u8], key: &str) -> Result<KeyFile> {
+    pub(crate) fn parse(bytes: &[u8], key: &str) -> Result<KeyFile> {
         let k: KeyFile = serde_json::from_slice(bytes).map_err(|e| {
             Error::with_source(
                 ErrorKind::Corrupt,
@@ -1133,14 +1133,6 @@ impl KeyFile {
             )));
         }
         Ok(k)
-    }
-
-    /// Write it, create-only (in the clear: key files are the public header).
-    pub async fn store(&self, storage: &Storage, stanza: &str) -> Result<()> {
-        let json = serde_json::to_vec_pretty(self).expect("serialize key file");
-        storage
-            .put_new_unsealed(&layout::key_file(stanza, &self.id), json.into())
-            .await
     }
 }
 
@@ -1253,7 +1245,7 @@ impl Grant {
         Some((prev, next))
     }
 
-    fn parse(bytes: &[u8], key: &str) -> Result<Grant> {
+    pub(crate) fn parse(bytes: &[u8], key: &str) -> Result<Grant> {
         let g: Grant = serde_json::from_slice(bytes).map_err(|e| {
             Error::with_source(ErrorKind::Corrupt, format!("{key}: not a valid grant"), e)
         })?;
@@ -1276,17 +1268,6 @@ impl Grant {
         }
         Ok(g)
     }
-
-    /// Write it, create-only, in the clear like key files.
-    pub async fn store(&self, storage: &Storage, stanza: &str) -> Result<()> {
-        let json = serde_json::to_vec_pretty(self).expect("serialize grant");
-        storage
-            .put_new_unsealed(
-                &layout::key_grant(stanza, &self.id, self.generation),
-                json.into(),
-            )
-            .await
-    }
 }
 
 /// Everything under `<stanza>/keys/`: the key files and grants that parse, and what was
@@ -1308,36 +1289,6 @@ pub struct KeySet {
 }
 
 impl KeySet {
-    /// List and read `<stanza>/keys/`.
-    pub async fn load(storage: &Storage, stanza: &str) -> Result<KeySet> {
-        let mut set = KeySet::default();
-        let mut names = Vec::new();
-        for o in storage.list(&layout::keys_dir(stanza)).await? {
-            names.push(o.key.clone());
-            let is_key = match layout::parse_keys_object(&o.key) {
-                Some(KeysObject::KeyFile { .. }) => true,
-                Some(KeysObject::Grant { .. }) => false,
-                None => continue,
-            };
-            set.encrypted |= is_key;
-            let bytes = storage.get_unsealed(&o.key).await?;
-            let parsed = if is_key {
-                KeyFile::parse(&bytes, &o.key).map(|k| set.files.push(k))
-            } else {
-                Grant::parse(&bytes, &o.key).map(|g| set.grants.push(g))
-            };
-            if let Err(e) = parsed {
-                log::warn!("{e}: skipped");
-                set.skipped.push(e.to_string());
-            }
-        }
-        set.files
-            .sort_by(|a, b| (&a.created, &a.id).cmp(&(&b.created, &b.id)));
-        set.grants.sort_by_key(|g| g.generation);
-        set.fingerprint = KeySet::fingerprint_of(names);
-        Ok(set)
-    }
-
     /// The fingerprint of a listing of `keys/`.
     pub fn fingerprint_of(mut names: Vec<String>) -> String {
         names.sort();

@@ -239,15 +239,16 @@ pub fn parse_keys_object(key: &str) -> Option<KeysObject<'_>> {
 }
 
 /// Validate a stanza name: it becomes part of object names.
-pub fn check_stanza_name(stanza: &str) -> Result<(), String> {
+pub fn check_stanza_name(stanza: &str) -> crate::Result<()> {
     if stanza.is_empty()
         || stanza.len() > 64
         || !stanza
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
-        return Err(format!(
-            "stanza name '{stanza}' is not allowed: use 1-64 letters, digits, '-' or '_'"
+        return Err(crate::Error::new(
+            crate::ErrorKind::Invalid,
+            format!("stanza name '{stanza}' is not allowed: use 1-64 letters, digits, '-' or '_'"),
         ));
     }
     Ok(())

@@ -34,6 +34,7 @@ pub mod fault;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixture;
 pub(crate) mod json_text;
+mod key_objects;
 pub mod layout;
 pub mod manifest;
 mod map_read;

@@ -410,6 +410,30 @@ impl<'a> FrameReader<'a> {
         &mut self,
         chunks: impl IntoIterator<Item = (&'c Chunk, &'c str)>,
     ) -> Result<()> {
+        let wanted = self.not_loaded(chunks);
+        for run in merged_reads(&wanted) {
+            let first = &run[0];
+            let key = layout::pack(self.stanza, first.owner(), first.pack());
+            let in_context = |e: Error| Error {
+                context: format!("{}: {}", first.file, e.context),
+                ..e
+            };
+            // Under a session key (the agent of a pg-remote backup), earlier backups'
+            // frames come opened from the backup host, which holds the master keys.
+            if self.storage.cipher().is_some_and(|c| c.is_session()) {
+                self.load_opened_run(run, &key, in_context).await?;
+            } else {
+                self.load_run(run, &key, in_context).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The frames `chunks` need that are not loaded, each once, in pack order.
+    fn not_loaded<'c>(
+        &self,
+        chunks: impl IntoIterator<Item = (&'c Chunk, &'c str)>,
+    ) -> Vec<WantedFrame<'c>> {
         let mut seen = std::collections::HashSet::new();
         let mut wanted: Vec<WantedFrame> = chunks
             .into_iter()
@@ -426,93 +450,105 @@ impl<'a> FrameReader<'a> {
             })
             .collect();
         wanted.sort_by(|a, b| a.key.cmp(&b.key));
-        for run in merged_reads(&wanted) {
-            let first = &run[0];
-            let (owner, pack, start) = (first.owner(), first.pack(), first.offset());
-            let end = run.last().map_or(start, WantedFrame::end);
-            let key = layout::pack(self.stanza, owner, pack);
-            let in_context = |e: Error| Error {
-                context: format!("{}: {}", first.file, e.context),
-                ..e
-            };
-            // Under a session key (the agent of a pg-remote backup), earlier backups'
-            // frames come opened from the backup host, which holds the master keys.
-            if self.storage.cipher().is_some_and(|c| c.is_session()) {
-                let frames: Vec<[u64; 2]> = run
-                    .iter()
-                    .map(|w| [w.offset(), w.chunk.stored as u64])
-                    .collect();
-                let opened = self
-                    .storage
-                    .get_opened_frames(&key, &frames)
-                    .await
-                    .map_err(in_context)?;
-                self.requests += 1;
-                for (w, opened) in run.iter().zip(opened) {
-                    self.fetched += w.chunk.stored as u64;
-                    let what = format!("{} (frame at {key} offset {})", w.file, w.offset());
-                    let codec = self.manifest.codec_of(owner);
-                    let raw_len = w.chunk.frame_len() as usize;
-                    if self.pinned {
-                        let frame = StoredFrame {
-                            bytes: opened,
-                            codec,
-                            raw_len,
-                        };
-                        self.stored.insert(w.key.clone(), frame);
-                        continue;
-                    }
-                    let mut raw = self.pool.pop().unwrap_or_default();
-                    decompress_into(codec, &opened, raw_len, &what, &mut raw)?;
-                    self.frames.insert(w.key.clone(), raw);
-                }
+        wanted
+    }
+
+    /// Load one run of neighbouring frames of pack `key` opened by the backup host (under a
+    /// session key): one request for the run, a failure of which `in_context` names the
+    /// file of the run's first frame in.
+    async fn load_opened_run(
+        &mut self,
+        run: &[WantedFrame<'_>],
+        key: &str,
+        in_context: impl FnOnce(Error) -> Error,
+    ) -> Result<()> {
+        let owner = run[0].owner();
+        let frames: Vec<[u64; 2]> = run
+            .iter()
+            .map(|w| [w.offset(), w.chunk.stored as u64])
+            .collect();
+        let opened = self
+            .storage
+            .get_opened_frames(key, &frames)
+            .await
+            .map_err(in_context)?;
+        self.requests += 1;
+        for (w, opened) in run.iter().zip(opened) {
+            self.fetched += w.chunk.stored as u64;
+            let what = format!("{} (frame at {key} offset {})", w.file, w.offset());
+            let codec = self.manifest.codec_of(owner);
+            let raw_len = w.chunk.frame_len() as usize;
+            if self.pinned {
+                let frame = StoredFrame {
+                    bytes: opened,
+                    codec,
+                    raw_len,
+                };
+                self.stored.insert(w.key.clone(), frame);
                 continue;
             }
-            let bytes = self
-                .storage
-                .get_range(&key, start..end)
-                .await
-                .map_err(in_context)?;
-            self.fetched += bytes.len() as u64;
-            self.requests += 1;
-            for w in run {
-                let lo = (w.offset() - start) as usize;
-                let stored = &bytes[lo..lo + w.chunk.stored as usize];
-                let file = w.file;
-                if Some(frame_check(stored)) != w.chunk.check {
-                    return Err(Error::corrupt(format!(
-                        "{file}: stored frame at {key} offset {} fails its checksum: the repository is damaged",
-                        w.offset()
-                    )));
-                }
-                let what = format!("{file} (frame at {key} offset {})", w.offset());
-                let (codec, raw_len) =
-                    (self.manifest.codec_of(owner), w.chunk.frame_len() as usize);
-                // Opened: decrypted where the stanza is encrypted, still compressed.
-                let opened = match self.storage.cipher() {
-                    Some(c) => {
-                        c.open_frame_into(&key, w.offset(), stored, &mut self.opened, &what)?;
-                        Some(&self.opened[..])
-                    }
-                    None => None,
-                };
-                if self.pinned {
-                    let bytes = match opened {
-                        Some(o) => bytes::Bytes::copy_from_slice(o),
-                        None => bytes.slice(lo..lo + w.chunk.stored as usize),
-                    };
-                    let frame = StoredFrame {
-                        bytes,
-                        codec,
-                        raw_len,
-                    };
-                    self.stored.insert(w.key.clone(), frame);
-                    continue;
-                }
-                let mut raw = self.pool.pop().unwrap_or_default();
-                decompress_into(codec, opened.unwrap_or(stored), raw_len, &what, &mut raw)?;
-                self.frames.insert(w.key.clone(), raw);
+            let mut raw = self.pool.pop().unwrap_or_default();
+            decompress_into(codec, &opened, raw_len, &what, &mut raw)?;
+            self.frames.insert(w.key.clone(), raw);
+        }
+        Ok(())
+    }
+
+    /// Load one run of neighbouring frames of pack `key` with one ranged read, checking,
+    /// opening (in an encrypted stanza) and decoding each (kept as stored while pinned).
+    /// `in_context` names the file of the run's first frame in a failed read.
+    async fn load_run(
+        &mut self,
+        run: &[WantedFrame<'_>],
+        key: &str,
+        in_context: impl FnOnce(Error) -> Error,
+    ) -> Result<()> {
+        let owner = run[0].owner();
+        let start = run[0].offset();
+        let end = run.last().map_or(start, WantedFrame::end);
+        let bytes = self
+            .storage
+            .get_range(key, start..end)
+            .await
+            .map_err(in_context)?;
+        self.fetched += bytes.len() as u64;
+        self.requests += 1;
+        for w in run {
+            let lo = (w.offset() - start) as usize;
+            let stored = &bytes[lo..lo + w.chunk.stored as usize];
+            let file = w.file;
+            if Some(frame_check(stored)) != w.chunk.check {
+                return Err(Error::corrupt(format!(
+                    "{file}: stored frame at {key} offset {} fails its checksum: the repository is damaged",
+                    w.offset()
+                )));
             }
+            let what = format!("{file} (frame at {key} offset {})", w.offset());
+            let (codec, raw_len) = (self.manifest.codec_of(owner), w.chunk.frame_len() as usize);
+            // Opened: decrypted where the stanza is encrypted, still compressed.
+            let opened = match self.storage.cipher() {
+                Some(c) => {
+                    c.open_frame_into(key, w.offset(), stored, &mut self.opened, &what)?;
+                    Some(&self.opened[..])
+                }
+                None => None,
+            };
+            if self.pinned {
+                let bytes = match opened {
+                    Some(o) => bytes::Bytes::copy_from_slice(o),
+                    None => bytes.slice(lo..lo + w.chunk.stored as usize),
+                };
+                let frame = StoredFrame {
+                    bytes,
+                    codec,
+                    raw_len,
+                };
+                self.stored.insert(w.key.clone(), frame);
+                continue;
+            }
+            let mut raw = self.pool.pop().unwrap_or_default();
+            decompress_into(codec, opened.unwrap_or(stored), raw_len, &what, &mut raw)?;
+            self.frames.insert(w.key.clone(), raw);
         }
         Ok(())
     }

@@ -11,6 +11,7 @@
 //! Reading by the group is not checked here: the callers make their directories 0700 and
 //! their files private.
 
+use crate::{Error, ErrorKind};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -19,22 +20,25 @@ use std::path::Path;
 /// mode, what is wrong and how to fix it. A symbolic link at `dir` is refused unless
 /// `follow_link` (a directory the operator named may be reached through one: it is the
 /// directory the link leads to that must be private then).
-pub fn check(dir: &Path, what: &str, follow_link: bool) -> Result<(), String> {
+pub fn check(dir: &Path, what: &str, follow_link: bool) -> crate::Result<()> {
     let md = if follow_link {
         std::fs::metadata(dir)
     } else {
         std::fs::symlink_metadata(dir)
     }
-    .map_err(|e| format!("{what} {}: {e}", dir.display()))?;
+    .map_err(|e| Error::with_source(ErrorKind::Invalid, format!("{what} {}", dir.display()), e))?;
     if !md.is_dir() {
         let kind = if md.file_type().is_symlink() {
             "a symbolic link"
         } else {
             "a file"
         };
-        return Err(format!(
-            "{what} {} is not a directory but {kind}: name a directory of this user, mode 0700",
-            dir.display()
+        return Err(Error::new(
+            ErrorKind::Invalid,
+            format!(
+                "{what} {} is not a directory but {kind}: name a directory of this user, mode 0700",
+                dir.display()
+            ),
         ));
     }
     let me = nix::unistd::geteuid().as_raw();
@@ -49,7 +53,9 @@ pub fn check(dir: &Path, what: &str, follow_link: bool) -> Result<(), String> {
     if wrong.is_empty() {
         return Ok(());
     }
-    Err(format!(
+    Err(Error::new(
+        ErrorKind::Invalid,
+        format!(
         "{what} {dir} (owner {owner}, mode {mode:04o}) {wrong}: it must belong to this user \
          ({me_name}) and be writable by no one else; fix: chown {me_user} {dir} && chmod 0700 {dir}",
         dir = dir.display(),
@@ -57,6 +63,7 @@ pub fn check(dir: &Path, what: &str, follow_link: bool) -> Result<(), String> {
         wrong = wrong.join(" and "),
         me_name = user(me),
         me_user = user_name(me).unwrap_or_else(|| me.to_string()),
+        ),
     ))
 }
 
@@ -92,6 +99,8 @@ mod tests {
         for mode in [0o777, 0o770, 0o702, 0o1777] {
             std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(mode)).unwrap();
             let e = check(&mine, "spool-path", false).unwrap_err();
+            assert_eq!(e.kind, crate::ErrorKind::Invalid);
+            let e = e.to_string();
             assert!(
                 e.contains(&format!("spool-path {}", mine.display()))
                     && e.contains(&format!("mode {mode:04o}"))
@@ -103,12 +112,12 @@ mod tests {
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&mine, &link).unwrap();
         std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let e = check(&link, "lock-path", false).unwrap_err();
+        let e = check(&link, "lock-path", false).unwrap_err().to_string();
         assert!(e.contains("not a directory but a symbolic link"), "{e}");
         check(&link, "spool-path", true).unwrap();
         if nix::unistd::geteuid().is_root() {
             std::os::unix::fs::chown(&mine, Some(65534), None).unwrap();
-            let e = check(&mine, "lock-path", false).unwrap_err();
+            let e = check(&mine, "lock-path", false).unwrap_err().to_string();
             assert!(
                 e.contains("owner uid 65534")
                     && e.contains("mode 0700")

@@ -83,7 +83,9 @@ impl Checkpoint {
         for f in &c.files {
             validate::check_path(&f.path)
                 .and_then(|()| match f.map.is_some() || !f.packs.is_empty() {
-                    true => Err("a map reference (checkpoints hold maps inline)".into()),
+                    true => Err(validate::not_allowed(
+                        "a map reference (checkpoints hold maps inline)",
+                    )),
                     false => Ok(()),
                 })
                 .and_then(|()| validate::check_file_content(label, page_size, f))

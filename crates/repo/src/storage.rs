@@ -209,6 +209,109 @@ fn built(
     Ok((Arc::new(store), url))
 }
 
+/// A local repository directory, which must exist. The store and how it is shown.
+fn open_local(cfg: &RepoConfig) -> Result<(Arc<dyn ObjectStore>, String)> {
+    let dir = std::path::Path::new(&cfg.path);
+    if !dir.is_dir() {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!(
+                "repository path {} does not exist or is not a directory (stanza-create makes it)",
+                dir.display()
+            ),
+        ));
+    }
+    let store = LocalFileSystem::new_with_prefix(dir)
+        .map_err(|e| map_err(e, format!("open repository {}", dir.display())))?
+        .with_fsync(true)
+        .with_automatic_cleanup(true);
+    Ok((Arc::new(store), dir.display().to_string()))
+}
+
+/// An S3 bucket (or an S3-compatible store). The store and how it is shown.
+fn open_s3(cfg: &RepoConfig) -> Result<(Arc<dyn ObjectStore>, String)> {
+    let c = &cfg.s3;
+    required(&c.bucket, "repo-type=s3 needs repo-s3-bucket")?;
+    // Environment first (AWS_* variables, web identity, instance metadata when no
+    // key is given), then explicit settings.
+    let mut b = object_store::aws::AmazonS3Builder::from_env()
+        .with_bucket_name(&c.bucket)
+        .with_virtual_hosted_style_request(!c.path_style)
+        .with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch)
+        .with_client_options(client_options(cfg, c.endpoint.as_deref())?)
+        .with_retry(http_retry());
+    if let Some(e) = &c.endpoint {
+        b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
+    }
+    use object_store::aws::AmazonS3ConfigKey as Key;
+    for (key, value) in [
+        (Key::Region, c.region.as_deref()),
+        (Key::AccessKeyId, c.key.as_deref()),
+        (Key::SecretAccessKey, c.key_secret.as_deref()),
+        (Key::Token, c.token.as_deref()),
+    ] {
+        if let Some(v) = value {
+            b = b.with_config(key, v);
+        }
+    }
+    if let Some(k) = &c.kms_key_id {
+        b = b.with_sse_kms_encryption(k);
+    }
+    let url = format!("s3://{}/{}", c.bucket, cfg.path.trim_matches('/'));
+    built(b.build(), "S3", url)
+}
+
+/// A Google Cloud Storage bucket. The store and how it is shown.
+fn open_gcs(cfg: &RepoConfig) -> Result<(Arc<dyn ObjectStore>, String)> {
+    let c = &cfg.gcs;
+    required(&c.bucket, "repo-type=gcs needs repo-gcs-bucket")?;
+    let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+        .with_bucket_name(&c.bucket)
+        .with_client_options(client_options(cfg, c.endpoint.as_deref())?)
+        .with_retry(http_retry());
+    if let Some(k) = &c.key_file {
+        b = b.with_service_account_path(k);
+    }
+    if let Some(e) = &c.endpoint {
+        b = b.with_base_url(e);
+        // An http:// endpoint is an emulator, which takes unsigned requests.
+        if e.starts_with("http://") && c.key_file.is_none() {
+            let anonymous = object_store::gcp::GcpCredential {
+                bearer: String::new(),
+            };
+            b = b.with_credentials(Arc::new(object_store::StaticCredentialProvider::new(
+                anonymous,
+            )));
+        }
+    }
+    let url = format!("gs://{}/{}", c.bucket, cfg.path.trim_matches('/'));
+    built(b.build(), "GCS", url)
+}
+
+/// An Azure blob container. The store and how it is shown.
+fn open_azure(cfg: &RepoConfig) -> Result<(Arc<dyn ObjectStore>, String)> {
+    let c = &cfg.azure;
+    let needs = "repo-type=azure needs repo-azure-account and repo-azure-container";
+    required(&c.account, needs)?;
+    required(&c.container, needs)?;
+    let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
+        .with_account(&c.account)
+        .with_container_name(&c.container)
+        .with_client_options(client_options(cfg, c.endpoint.as_deref())?)
+        .with_retry(http_retry());
+    if let Some(k) = c.key.as_deref() {
+        b = b.with_access_key(k);
+    }
+    if let Some(e) = &c.endpoint {
+        b = b
+            .with_endpoint(e.clone())
+            .with_allow_http(e.starts_with("http://"));
+    }
+    let path = cfg.path.trim_matches('/');
+    let url = format!("azure://{}/{}/{path}", c.account, c.container);
+    built(b.build(), "Azure", url)
+}
+
 impl Storage {
     /// Open the repository `cfg` describes. A local repository directory must exist.
     pub fn open(cfg: &RepoConfig) -> Result<Storage> {
@@ -236,101 +339,10 @@ impl Storage {
                     ),
                 ))
             }
-            RepoKind::Posix => {
-                let dir = std::path::Path::new(&cfg.path);
-                if !dir.is_dir() {
-                    return Err(Error::new(
-                        ErrorKind::NotFound,
-                        format!(
-                            "repository path {} does not exist or is not a directory (stanza-create makes it)",
-                            dir.display()
-                        ),
-                    ));
-                }
-                let store = LocalFileSystem::new_with_prefix(dir)
-                    .map_err(|e| map_err(e, format!("open repository {}", dir.display())))?
-                    .with_fsync(true)
-                    .with_automatic_cleanup(true);
-                (Arc::new(store), dir.display().to_string())
-            }
-            RepoKind::S3 => {
-                let c = &cfg.s3;
-                required(&c.bucket, "repo-type=s3 needs repo-s3-bucket")?;
-                // Environment first (AWS_* variables, web identity, instance metadata when no
-                // key is given), then explicit settings.
-                let mut b = object_store::aws::AmazonS3Builder::from_env()
-                    .with_bucket_name(&c.bucket)
-                    .with_virtual_hosted_style_request(!c.path_style)
-                    .with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch)
-                    .with_client_options(client_options(cfg, c.endpoint.as_deref())?)
-                    .with_retry(http_retry());
-                if let Some(e) = &c.endpoint {
-                    b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
-                }
-                use object_store::aws::AmazonS3ConfigKey as Key;
-                for (key, value) in [
-                    (Key::Region, c.region.as_deref()),
-                    (Key::AccessKeyId, c.key.as_deref()),
-                    (Key::SecretAccessKey, c.key_secret.as_deref()),
-                    (Key::Token, c.token.as_deref()),
-                ] {
-                    if let Some(v) = value {
-                        b = b.with_config(key, v);
-                    }
-                }
-                if let Some(k) = &c.kms_key_id {
-                    b = b.with_sse_kms_encryption(k);
-                }
-                let url = format!("s3://{}/{}", c.bucket, cfg.path.trim_matches('/'));
-                built(b.build(), "S3", url)?
-            }
-            RepoKind::Gcs => {
-                let c = &cfg.gcs;
-                required(&c.bucket, "repo-type=gcs needs repo-gcs-bucket")?;
-                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                    .with_bucket_name(&c.bucket)
-                    .with_client_options(client_options(cfg, c.endpoint.as_deref())?)
-                    .with_retry(http_retry());
-                if let Some(k) = &c.key_file {
-                    b = b.with_service_account_path(k);
-                }
-                if let Some(e) = &c.endpoint {
-                    b = b.with_base_url(e);
-                    // An http:// endpoint is an emulator, which takes unsigned requests.
-                    if e.starts_with("http://") && c.key_file.is_none() {
-                        let anonymous = object_store::gcp::GcpCredential {
-                            bearer: String::new(),
-                        };
-                        b = b.with_credentials(Arc::new(
-                            object_store::StaticCredentialProvider::new(anonymous),
-                        ));
-                    }
-                }
-                let url = format!("gs://{}/{}", c.bucket, cfg.path.trim_matches('/'));
-                built(b.build(), "GCS", url)?
-            }
-            RepoKind::Azure => {
-                let c = &cfg.azure;
-                let needs = "repo-type=azure needs repo-azure-account and repo-azure-container";
-                required(&c.account, needs)?;
-                required(&c.container, needs)?;
-                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
-                    .with_account(&c.account)
-                    .with_container_name(&c.container)
-                    .with_client_options(client_options(cfg, c.endpoint.as_deref())?)
-                    .with_retry(http_retry());
-                if let Some(k) = c.key.as_deref() {
-                    b = b.with_access_key(k);
-                }
-                if let Some(e) = &c.endpoint {
-                    b = b
-                        .with_endpoint(e.clone())
-                        .with_allow_http(e.starts_with("http://"));
-                }
-                let path = cfg.path.trim_matches('/');
-                let url = format!("azure://{}/{}/{path}", c.account, c.container);
-                built(b.build(), "Azure", url)?
-            }
+            RepoKind::Posix => open_local(cfg)?,
+            RepoKind::S3 => open_s3(cfg)?,
+            RepoKind::Gcs => open_gcs(cfg)?,
+            RepoKind::Azure => open_azure(cfg)?,
         };
         let store: Arc<dyn ObjectStore> = match cfg.kind {
             RepoKind::Posix => store,

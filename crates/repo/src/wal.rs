@@ -357,7 +357,6 @@ fn decode_frames_to(
     // Frames that are whole subtrees of the file's BLAKE3 tree are hashed by the decoders
     // too, and the writer only writes.
     let subtree_len = subtree_frame_len(frames);
-    let subtrees = subtree_len.is_some();
     let decoders = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, 4)
@@ -368,103 +367,152 @@ fn decode_frames_to(
         free_tx.send(Vec::new()).expect("room for every buffer");
     }
     let free_rx = std::sync::Mutex::new(free_rx);
-    type Decoded = (
-        usize,
-        std::io::Result<(Vec<u8>, Option<blake3::hazmat::ChainingValue>)>,
-    );
-    let (done_tx, done_rx) = channel::<Decoded>();
+    let (done_tx, done_rx) = channel::<DecodedFrame>();
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
         for _ in 0..decoders {
             let done_tx = done_tx.clone();
-            let (free_rx, next, stop) = (&free_rx, &next, &stop);
-            scope.spawn(move || {
-                let mut d = match zstd::bulk::Decompressor::new() {
-                    Ok(d) => d,
-                    Err(e) => {
-                        let _ = done_tx.send((usize::MAX, Err(e)));
-                        return;
-                    }
-                };
-                loop {
-                    let Ok(mut buf) = free_rx.lock().expect("no panics while held").recv() else {
-                        return;
-                    };
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if stop.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    let Some(&(frame, size)) = frames.get(i) else {
-                        return;
-                    };
-                    buf.clear();
-                    buf.reserve(size);
-                    let decoded = d.decompress_to_buffer(frame, &mut buf).and_then(|n| {
-                        if n == size {
-                            let cv = subtree_len.map(|len| subtree_hash(&buf, i, len));
-                            Ok((buf, cv))
-                        } else {
-                            Err(std::io::Error::other(format!(
-                                "frame {i} decoded to {n} bytes, its header says {size}"
-                            )))
-                        }
-                    });
-                    if done_tx.send((i, decoded)).is_err() {
-                        return;
-                    }
-                }
-            });
+            let decoder = FrameDecoder {
+                frames,
+                subtree_len,
+                free: &free_rx,
+                next: &next,
+                stop: &stop,
+            };
+            scope.spawn(move || decoder.run(done_tx));
         }
         drop(done_tx);
-        let written = (|| {
-            let mut hasher = blake3::Hasher::new();
-            let mut subtree_cvs = Vec::with_capacity(if subtrees { frames.len() } else { 0 });
-            let mut waiting = std::collections::BTreeMap::new();
-            let mut want = 0;
-            while want < frames.len() {
-                let Ok((i, decoded)) = done_rx.recv() else {
-                    return Err(Error::corrupt(format!("{what}: a frame decoder stopped")));
-                };
-                let decoded = decoded.map_err(|e| {
-                    Error::with_source(
-                        crate::ErrorKind::Corrupt,
-                        format!("{what}: cannot decode zst data"),
-                        e,
-                    )
-                })?;
-                waiting.insert(i, decoded);
-                while let Some((buf, cv)) = waiting.remove(&want) {
-                    match cv {
-                        Some(cv) => subtree_cvs.push(cv),
-                        None => {
-                            hasher.update(&buf);
-                        }
-                    }
-                    out.write_all(&buf).map_err(|e| {
-                        Error::with_source(crate::ErrorKind::Storage, format!("{what}: write"), e)
-                    })?;
-                    let _ = free_tx.try_send(buf);
-                    want += 1;
-                }
-            }
-            let hash = if subtrees {
-                root_of_subtrees(&subtree_cvs)
-            } else {
-                hasher.finalize()
-            };
-            if *hash.as_bytes() != h.hash {
-                return Err(Error::corrupt(format!(
-                    "{what}: content does not match its recorded BLAKE3 hash"
-                )));
-            }
-            Ok(())
-        })();
+        let written = write_frames_in_order(
+            frames.len(),
+            subtree_len.is_some(),
+            &done_rx,
+            &free_tx,
+            h,
+            what,
+            out,
+        );
         // Decoders waiting for a buffer see the channel closed; the others, `stop`.
         stop.store(true, Ordering::Relaxed);
         drop(free_tx);
         written
     })
+}
+
+/// A frame [`decode_frames_to`]'s decoders hand its writer: its index, and its decoded
+/// bytes with their subtree's chaining value (when the frames are subtrees).
+type DecodedFrame = (
+    usize,
+    std::io::Result<(Vec<u8>, Option<blake3::hazmat::ChainingValue>)>,
+);
+
+/// One of [`decode_frames_to`]'s decoder threads: what it shares with the others.
+struct FrameDecoder<'a, 'f> {
+    frames: &'a [(&'f [u8], usize)],
+    subtree_len: Option<usize>,
+    /// Buffers free to decode into.
+    free: &'a std::sync::Mutex<std::sync::mpsc::Receiver<Vec<u8>>>,
+    /// The next frame to claim.
+    next: &'a std::sync::atomic::AtomicUsize,
+    /// Set when the writer has finished or failed.
+    stop: &'a std::sync::atomic::AtomicBool,
+}
+
+impl FrameDecoder<'_, '_> {
+    /// Take a free buffer, claim the next frame, decode it into the buffer and send it to
+    /// the writer, until the frames, the buffers or the writer are done.
+    fn run(self, done: std::sync::mpsc::Sender<DecodedFrame>) {
+        use std::sync::atomic::Ordering;
+        let mut d = match zstd::bulk::Decompressor::new() {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = done.send((usize::MAX, Err(e)));
+                return;
+            }
+        };
+        loop {
+            let Ok(mut buf) = self.free.lock().expect("no panics while held").recv() else {
+                return;
+            };
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let Some(&(frame, size)) = self.frames.get(i) else {
+                return;
+            };
+            buf.clear();
+            buf.reserve(size);
+            let decoded = d.decompress_to_buffer(frame, &mut buf).and_then(|n| {
+                if n == size {
+                    let cv = self.subtree_len.map(|len| subtree_hash(&buf, i, len));
+                    Ok((buf, cv))
+                } else {
+                    Err(std::io::Error::other(format!(
+                        "frame {i} decoded to {n} bytes, its header says {size}"
+                    )))
+                }
+            });
+            if done.send((i, decoded)).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// [`decode_frames_to`]'s writer: take the `count` decoded frames as they come, write them
+/// to `out` in order (returning each buffer to `free`), and check the file's BLAKE3 against
+/// `h`'s, from the frames' chaining values when they are `subtrees`.
+fn write_frames_in_order(
+    count: usize,
+    subtrees: bool,
+    done: &std::sync::mpsc::Receiver<DecodedFrame>,
+    free: &std::sync::mpsc::SyncSender<Vec<u8>>,
+    h: &WalHeader,
+    what: &str,
+    out: &mut impl std::io::Write,
+) -> Result<()> {
+    let mut hasher = blake3::Hasher::new();
+    let mut subtree_cvs = Vec::with_capacity(if subtrees { count } else { 0 });
+    let mut waiting = std::collections::BTreeMap::new();
+    let mut want = 0;
+    while want < count {
+        let Ok((i, decoded)) = done.recv() else {
+            return Err(Error::corrupt(format!("{what}: a frame decoder stopped")));
+        };
+        let decoded = decoded.map_err(|e| {
+            Error::with_source(
+                crate::ErrorKind::Corrupt,
+                format!("{what}: cannot decode zst data"),
+                e,
+            )
+        })?;
+        waiting.insert(i, decoded);
+        while let Some((buf, cv)) = waiting.remove(&want) {
+            match cv {
+                Some(cv) => subtree_cvs.push(cv),
+                None => {
+                    hasher.update(&buf);
+                }
+            }
+            out.write_all(&buf).map_err(|e| {
+                Error::with_source(crate::ErrorKind::Storage, format!("{what}: write"), e)
+            })?;
+            let _ = free.try_send(buf);
+            want += 1;
+        }
+    }
+    let hash = if subtrees {
+        root_of_subtrees(&subtree_cvs)
+    } else {
+        hasher.finalize()
+    };
+    if *hash.as_bytes() != h.hash {
+        return Err(Error::corrupt(format!(
+            "{what}: content does not match its recorded BLAKE3 hash"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

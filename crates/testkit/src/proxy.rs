@@ -461,52 +461,13 @@ fn serve(
     let mut first = Vec::new();
     let mut drop_answer = false;
     if o.http {
-        let Some(head) = read_head(&mut client, &mut first).map_err(|e| e.to_string())? else {
-            return Ok(());
-        };
-        let line = String::from_utf8_lossy(&head[..find(&head, b"\r\n").unwrap_or(0)]).to_string();
-        let method = line.split(' ').next().unwrap_or_default().to_string();
-        let strip = {
-            let mut r = shared.rules.lock().unwrap();
-            if r.refuse.as_ref().is_some_and(|n| line.contains(n.as_str())) {
-                r.refused += 1;
-                return client.shutdown(Shutdown::Both).map_err(|e| e.to_string());
-            }
-            drop_answer = r
-                .drop_answer
-                .as_ref()
-                .is_some_and(|(m, n)| *m == method && line.contains(n.as_str()));
-            if drop_answer {
-                r.drop_answer = None;
-                r.dropped.push(line.clone());
-            }
-            r.strip_header.clone()
-        };
-        let head = match strip {
-            Some(name) => without_header(&head, &name),
-            None => head,
-        };
-        let rest = first.split_off(find(&first, b"\r\n\r\n").map_or(first.len(), |i| i + 4));
-        first = with_connection_close(&head);
-        first.extend_from_slice(&rest);
-        // The head starts the connection's first turn: counted and delayed here.
-        connection_turn_spoken.store(false, Ordering::SeqCst);
-        let turn = shared.counts.turns.fetch_add(1, Ordering::SeqCst) + 1;
-        shared.requests.lock().unwrap().push(Request { turn, line });
-        std::thread::sleep(o.turn_delay);
+        match http_request_head(&mut client, shared, &connection_turn_spoken)? {
+            Some((head, drop)) => (first, drop_answer) = (head, drop),
+            None => return Ok(()),
+        }
     }
     std::thread::sleep(o.connect_delay);
-    let mut server = match &o.target {
-        Target::Tcp(p) => {
-            let s = TcpStream::connect(("127.0.0.1", *p))
-                .map_err(|e| format!("connect 127.0.0.1:{p}: {e}"))?;
-            let _ = s.set_nodelay(true);
-            Stream::Tcp(s)
-        }
-        Target::Unix(path) => Stream::Unix(
-            UnixStream::connect(path).map_err(|e| format!("connect {}: {e}", path.display()))?,
-        ),
-    };
+    let mut server = connect_target(&o.target)?;
     if !first.is_empty() {
         server.write_all(&first).map_err(|e| e.to_string())?;
         shared
@@ -539,6 +500,68 @@ fn serve(
     let _ = up.join();
     drop(forget);
     Ok(())
+}
+
+/// Read the client's first HTTP request head and apply the rules to it: `None` when the
+/// connection ends here (closed before a head, or the request refused); else what to send
+/// the target first (the head, rewritten, and what came after it) and whether to drop the
+/// answer. The head starts the connection's first turn: it is counted and delayed here.
+fn http_request_head(
+    client: &mut Stream,
+    shared: &Shared,
+    connection_turn_spoken: &AtomicBool,
+) -> Result<Option<(Vec<u8>, bool)>, String> {
+    let mut first = Vec::new();
+    let Some(head) = read_head(client, &mut first).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let line = String::from_utf8_lossy(&head[..find(&head, b"\r\n").unwrap_or(0)]).to_string();
+    let method = line.split(' ').next().unwrap_or_default().to_string();
+    let drop_answer;
+    let strip = {
+        let mut r = shared.rules.lock().unwrap();
+        if r.refuse.as_ref().is_some_and(|n| line.contains(n.as_str())) {
+            r.refused += 1;
+            client.shutdown(Shutdown::Both).map_err(|e| e.to_string())?;
+            return Ok(None);
+        }
+        drop_answer = r
+            .drop_answer
+            .as_ref()
+            .is_some_and(|(m, n)| *m == method && line.contains(n.as_str()));
+        if drop_answer {
+            r.drop_answer = None;
+            r.dropped.push(line.clone());
+        }
+        r.strip_header.clone()
+    };
+    let head = match strip {
+        Some(name) => without_header(&head, &name),
+        None => head,
+    };
+    let rest = first.split_off(find(&first, b"\r\n\r\n").map_or(first.len(), |i| i + 4));
+    first = with_connection_close(&head);
+    first.extend_from_slice(&rest);
+    connection_turn_spoken.store(false, Ordering::SeqCst);
+    let turn = shared.counts.turns.fetch_add(1, Ordering::SeqCst) + 1;
+    shared.requests.lock().unwrap().push(Request { turn, line });
+    std::thread::sleep(shared.opts.turn_delay);
+    Ok(Some((first, drop_answer)))
+}
+
+/// A connection to the proxied server.
+fn connect_target(target: &Target) -> Result<Stream, String> {
+    Ok(match target {
+        Target::Tcp(p) => {
+            let s = TcpStream::connect(("127.0.0.1", *p))
+                .map_err(|e| format!("connect 127.0.0.1:{p}: {e}"))?;
+            let _ = s.set_nodelay(true);
+            Stream::Tcp(s)
+        }
+        Target::Unix(path) => Stream::Unix(
+            UnixStream::connect(path).map_err(|e| format!("connect {}: {e}", path.display()))?,
+        ),
+    })
 }
 
 /// Forgets an open connection (its sockets then close) when both directions are done.

@@ -404,7 +404,7 @@ fn resolve_repo(
     // name like `../../x` would put them outside their directories.
     let stanza = flag_or_env(&raw, env, "stanza");
     if let Some(s) = &stanza {
-        pgstrata_repo::layout::check_stanza_name(s)?;
+        pgstrata_repo::layout::check_stanza_name(s).map_err(|e| e.to_string())?;
     }
     if let (Some(t), Some(s)) = (&config.table, &stanza) {
         if s != "global" && !t.contains_key(s) && t.keys().any(|k| k != "global") {

@@ -161,7 +161,7 @@ fn create_private_dir(spool: &Path, dir: &Path) -> Result<()> {
                 )
             })
     };
-    let refuse = |why: String| {
+    let refuse = |why: pgstrata_repo::Error| {
         Error::refused(format!(
             "{why}; or set spool-path to a directory of this user's"
         ))

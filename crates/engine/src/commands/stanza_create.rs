@@ -11,7 +11,8 @@ pub enum CreateOutcome {
 }
 
 pub async fn stanza_create(s: &Settings) -> Result<CreateOutcome> {
-    pgstrata_repo::layout::check_stanza_name(&s.stanza).map_err(Error::config)?;
+    pgstrata_repo::layout::check_stanza_name(&s.stanza)
+        .map_err(|e| Error::config(e.to_string()))?;
     let cluster = cluster_identity(s).await?;
     let storage = Storage::open_or_create(&s.repo)?;
     storage.check_create_only(&s.stanza).await?;

@@ -31,7 +31,7 @@ pub(crate) const MAX_OWNER_NAME_LEN: usize = 256;
 pub(crate) const PERMISSION_BITS: u32 = 0o777;
 
 /// The error of manifest `what` failing a check.
-fn damaged(what: &str, msg: String) -> Error {
+fn damaged(what: &str, msg: impl std::fmt::Display) -> Error {
     Error::corrupt(format!(
         "{what}: {msg}: the manifest is damaged or was altered"
     ))
@@ -162,7 +162,7 @@ impl<'m> EntryChecker<'m> {
         if self.count == 0 {
             return Err(damaged(
                 self.what,
-                "no entries (the data directory itself is missing)".into(),
+                "no entries (the data directory itself is missing)",
             ));
         }
         for t in &self.m.tablespaces {
@@ -194,7 +194,14 @@ impl Kind {
     }
 }
 
-type Check = std::result::Result<(), String>;
+/// A check's outcome: `Err` of kind `Invalid` saying what is not allowed (the caller names
+/// what it was checking, e.g. [`damaged`]).
+type Check = Result<()>;
+
+/// What a check found not allowed.
+pub(crate) fn not_allowed(why: impl Into<String>) -> Error {
+    Error::new(crate::ErrorKind::Invalid, why)
+}
 
 /// Longest database name (PostgreSQL's NAMEDATALEN - 1).
 pub(crate) const MAX_DATABASE_NAME_LEN: usize = 63;
@@ -208,14 +215,14 @@ pub(crate) const MAX_ANNOTATION_VALUE_LEN: usize = 64 << 10;
 /// An annotation as the manifest may hold it (and `backup --annotation` may give it).
 pub fn check_annotation(key: &str, value: &str) -> Check {
     if key.is_empty() || key.len() > MAX_ANNOTATION_KEY_LEN || key.contains(['\0', '=']) {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "annotation key {key:?} is not 1 to {MAX_ANNOTATION_KEY_LEN} bytes without NUL or '='"
-        ));
+        )));
     }
     if value.len() > MAX_ANNOTATION_VALUE_LEN || value.contains('\0') {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "annotation {key:?}: the value is longer than {MAX_ANNOTATION_VALUE_LEN} bytes or holds NUL"
-        ));
+        )));
     }
     Ok(())
 }
@@ -223,30 +230,33 @@ pub fn check_annotation(key: &str, value: &str) -> Check {
 fn check_databases_and_annotations(m: &Manifest) -> Check {
     if let Some(dbs) = &m.databases {
         if dbs.len() > MAX_DATABASES {
-            return Err(format!("{} databases (at most {MAX_DATABASES})", dbs.len()));
+            return Err(not_allowed(format!(
+                "{} databases (at most {MAX_DATABASES})",
+                dbs.len()
+            )));
         }
         let mut oids = std::collections::HashSet::new();
         let mut names = std::collections::HashSet::new();
         for d in dbs {
             if d.name.is_empty() || d.name.len() > MAX_DATABASE_NAME_LEN || d.name.contains('\0') {
-                return Err(format!(
+                return Err(not_allowed(format!(
                     "database name {:?} is not 1 to {MAX_DATABASE_NAME_LEN} bytes without NUL",
                     d.name
-                ));
+                )));
             }
             if !oids.insert(d.oid) || !names.insert(d.name.as_str()) {
-                return Err(format!(
+                return Err(not_allowed(format!(
                     "database {:?} (OID {}) is listed twice",
                     d.name, d.oid
-                ));
+                )));
             }
         }
     }
     if m.annotations.len() > MAX_ANNOTATIONS {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "{} annotations (at most {MAX_ANNOTATIONS})",
             m.annotations.len()
-        ));
+        )));
     }
     for (k, v) in &m.annotations {
         check_annotation(k, v)?;
@@ -256,52 +266,66 @@ fn check_databases_and_annotations(m: &Manifest) -> Check {
 
 fn check_header(m: &Manifest) -> Check {
     if m.format_version == 0 {
-        return Err("format_version 0".into());
+        return Err(not_allowed("format_version 0"));
     }
     if m.format_version < 4 && !m.parts.is_empty() {
-        return Err(format!("parts in a format {} manifest", m.format_version));
+        return Err(not_allowed(format!(
+            "parts in a format {} manifest",
+            m.format_version
+        )));
     }
     if !is_backup_label(&m.label) {
-        return Err(format!("label {:?} is not a backup label", m.label));
+        return Err(not_allowed(format!(
+            "label {:?} is not a backup label",
+            m.label
+        )));
     }
     if let Some(p) = &m.prior {
         if !is_backup_label(p) || p == &m.label {
-            return Err(format!("prior {p:?} is not another backup's label"));
+            return Err(not_allowed(format!(
+                "prior {p:?} is not another backup's label"
+            )));
         }
     }
     layout::check_stanza_name(&m.stanza)?;
     for label in m.pack_codecs.keys() {
         if !is_backup_label(label) || label == &m.label {
-            return Err(format!(
+            return Err(not_allowed(format!(
                 "pack_codecs names {label:?}, not another backup's label"
-            ));
+            )));
         }
     }
     let c = &m.cluster;
     if !c.wal_segment_size.is_power_of_two() || !(1 << 20..=1 << 30).contains(&c.wal_segment_size) {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "wal_segment_size {} is not a power of two from 1 MiB to 1 GiB",
             c.wal_segment_size
-        ));
+        )));
     }
     if !c.block_size.is_power_of_two() || !(1024..=32768).contains(&c.block_size) {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "cluster block_size {} is not a power of two from 1 KiB to 32 KiB",
             c.block_size
-        ));
+        )));
     }
     if m.frame_size == 0 || m.frame_size > MAX_FRAME_LEN {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "frame_size {} is not within 1..={MAX_FRAME_LEN}",
             m.frame_size
-        ));
+        )));
     }
     for (name, p) in [("start", &m.start), ("stop", &m.stop)] {
         if p.wal.len() != 24 || !p.wal.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!("{name}.wal {:?} is not a segment name", p.wal));
+            return Err(not_allowed(format!(
+                "{name}.wal {:?} is not a segment name",
+                p.wal
+            )));
         }
         if p.time.len() > 64 {
-            return Err(format!("{name}.time is {} bytes long", p.time.len()));
+            return Err(not_allowed(format!(
+                "{name}.time is {} bytes long",
+                p.time.len()
+            )));
         }
     }
     let texts = [
@@ -314,10 +338,10 @@ fn check_header(m: &Manifest) -> Check {
     for (name, text) in texts {
         if let Some(t) = text {
             if t.len() > MAX_TEXT_LEN || t.contains('\0') {
-                return Err(format!(
+                return Err(not_allowed(format!(
                     "{name} is {} bytes long or holds a NUL byte (at most {MAX_TEXT_LEN})",
                     t.len()
-                ));
+                )));
             }
         }
     }
@@ -328,10 +352,14 @@ fn check_tablespaces(m: &Manifest) -> Check {
     let mut seen = std::collections::HashSet::new();
     for t in &m.tablespaces {
         if !seen.insert(t.oid) {
-            return Err(format!("tablespace {} is listed twice", t.oid));
+            return Err(not_allowed(format!("tablespace {} is listed twice", t.oid)));
         }
-        check_absolute(&t.location)
-            .map_err(|r| format!("tablespace {} location {:?}: {r}", t.oid, t.location))?;
+        check_absolute(&t.location).map_err(|r| {
+            not_allowed(format!(
+                "tablespace {} location {:?}: {r}",
+                t.oid, t.location
+            ))
+        })?;
     }
     Ok(())
 }
@@ -339,12 +367,12 @@ fn check_tablespaces(m: &Manifest) -> Check {
 /// An absolute path a link may point at.
 fn check_absolute(target: &str) -> Check {
     if !target.starts_with('/') {
-        return Err("not an absolute path".into());
+        return Err(not_allowed("not an absolute path"));
     }
     if target.len() > MAX_PATH_LEN || target.contains('\0') {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "longer than {MAX_PATH_LEN} bytes or holds a NUL byte"
-        ));
+        )));
     }
     Ok(())
 }
@@ -360,12 +388,16 @@ fn check_entry(
     let path = e.path();
     if index == 0 {
         if !(path.is_empty() && matches!(e, Entry::Dir { .. })) {
-            return Err("the first entry must be the data directory itself (dir \"\")".into());
+            return Err(not_allowed(
+                "the first entry must be the data directory itself (dir \"\")",
+            ));
         }
     } else {
         check_path(path)?;
         if previous.is_some_and(|p| p >= path) {
-            return Err("entries are not sorted by path, or the path is listed twice".into());
+            return Err(not_allowed(
+                "entries are not sorted by path, or the path is listed twice",
+            ));
         }
         // Sorted order puts every parent before its children.
         let parent = path.rsplit_once('/').map_or("", |(p, _)| p);
@@ -375,19 +407,21 @@ fn check_entry(
             // which restore maps to the tablespace location.
             Some(Kind::Link) if path.ends_with(&format!("/{version_dir}")) => {
                 if !matches!(e, Entry::Dir { .. }) {
-                    return Err(format!("{version_dir} in a tablespace must be a directory"));
+                    return Err(not_allowed(format!(
+                        "{version_dir} in a tablespace must be a directory"
+                    )));
                 }
             }
             Some(Kind::Link) => {
-                return Err(format!(
+                return Err(not_allowed(format!(
                     "lies under the link {parent:?}: only {parent}/{version_dir} may"
-                ))
+                )))
             }
             // Files are not kept: a path under a file finds no directory either.
             Some(Kind::File) | None => {
-                return Err(format!(
+                return Err(not_allowed(format!(
                     "its directory {parent:?} is not a directory of the manifest"
-                ))
+                )))
             }
         }
     }
@@ -398,18 +432,20 @@ fn check_entry(
             let oid = path
                 .strip_prefix("pg_tblspc/")
                 .and_then(|o| o.parse::<u32>().ok().filter(|n| n.to_string() == o))
-                .ok_or("a link may only be a tablespace link pg_tblspc/<oid>")?;
-            let t = m
-                .tablespaces
-                .iter()
-                .find(|t| t.oid == oid)
-                .ok_or(format!("no tablespace with OID {oid} is listed"))?;
-            check_absolute(target).map_err(|r| format!("link target {target:?}: {r}"))?;
+                .ok_or_else(|| {
+                    not_allowed("a link may only be a tablespace link pg_tblspc/<oid>")
+                })?;
+            let t =
+                m.tablespaces.iter().find(|t| t.oid == oid).ok_or_else(|| {
+                    not_allowed(format!("no tablespace with OID {oid} is listed"))
+                })?;
+            check_absolute(target)
+                .map_err(|r| not_allowed(format!("link target {target:?}: {r}")))?;
             if *target != t.location {
-                return Err(format!(
+                return Err(not_allowed(format!(
                     "link target {target:?} differs from tablespace location {:?}",
                     t.location
-                ));
+                )));
             }
             check_owner(owner, false)
         }
@@ -423,20 +459,24 @@ fn check_entry(
 /// Relative, `/`-separated, no empty, `.` or `..` component, no NUL, bounded.
 pub(crate) fn check_path(path: &str) -> Check {
     if path.len() > MAX_PATH_LEN {
-        return Err(format!("path longer than {MAX_PATH_LEN} bytes"));
+        return Err(not_allowed(format!(
+            "path longer than {MAX_PATH_LEN} bytes"
+        )));
     }
     if path.contains('\0') {
-        return Err("path holds a NUL byte".into());
+        return Err(not_allowed("path holds a NUL byte"));
     }
     if path.starts_with('/') {
-        return Err("path is absolute".into());
+        return Err(not_allowed("path is absolute"));
     }
     for c in path.split('/') {
         match c {
-            "" => return Err("path has an empty component".into()),
-            "." | ".." => return Err(format!("path has a '{c}' component")),
+            "" => return Err(not_allowed("path has an empty component")),
+            "." | ".." => return Err(not_allowed(format!("path has a '{c}' component"))),
             _ if c.len() > MAX_NAME_LEN => {
-                return Err(format!("path component longer than {MAX_NAME_LEN} bytes"))
+                return Err(not_allowed(format!(
+                    "path component longer than {MAX_NAME_LEN} bytes"
+                )))
             }
             _ => {}
         }
@@ -446,18 +486,24 @@ pub(crate) fn check_path(path: &str) -> Check {
 
 fn check_owner(o: &Owner, is_file: bool) -> Check {
     if o.mode & !0o7777 != 0 {
-        return Err(format!("mode {:o} has bits beyond 7777", o.mode));
+        return Err(not_allowed(format!(
+            "mode {:o} has bits beyond 7777",
+            o.mode
+        )));
     }
     // A data directory never holds setuid programs; a setgid directory can be inherited
     // from its parent, and restore applies permission bits only anyway.
     if o.mode & 0o4000 != 0 || (is_file && o.mode & 0o2000 != 0) {
-        return Err(format!("mode {:o} has setuid or setgid", o.mode));
+        return Err(not_allowed(format!(
+            "mode {:o} has setuid or setgid",
+            o.mode
+        )));
     }
     for name in [&o.user, &o.group].into_iter().flatten() {
         if name.is_empty() || name.len() > MAX_OWNER_NAME_LEN || name.contains('\0') {
-            return Err(format!(
+            return Err(not_allowed(format!(
                 "owner name {name:?} is empty, too long or holds a NUL"
-            ));
+            )));
         }
     }
     Ok(())
@@ -466,55 +512,60 @@ fn check_owner(o: &Owner, is_file: bool) -> Check {
 fn check_file(m: &Manifest, f: &FileEntry) -> Check {
     let Some(map) = &f.map else {
         if !f.packs.is_empty() || f.map_depth != 0 {
-            return Err("packs or map_depth without a map".into());
+            return Err(not_allowed("packs or map_depth without a map"));
         }
         return check_file_content(&m.label, m.cluster.block_size, f);
     };
     if m.format_version < 2 {
-        return Err("a map in a format 1 manifest".into());
+        return Err(not_allowed("a map in a format 1 manifest"));
     }
     if !f.chunks.is_empty() || !f.block_hashes.is_empty() {
-        return Err("both a map and inline extents or block hashes".into());
+        return Err(not_allowed("both a map and inline extents or block hashes"));
     }
     if !BLOCK_SIZES.contains(&f.block_size) {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "block_size {} is not one of {BLOCK_SIZES:?}",
             f.block_size
-        ));
+        )));
     }
     if f.map_depth > 0 && m.format_version < 3 {
-        return Err("a delta map in a format 2 manifest".into());
+        return Err(not_allowed("a delta map in a format 2 manifest"));
     }
     if f.map_depth > super::MAX_MAP_DEPTH {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "map_depth {} is more than {}",
             f.map_depth,
             super::MAX_MAP_DEPTH
-        ));
+        )));
     }
-    check_chunk(&m.label, map).map_err(|r| format!("map: {r}"))?;
+    check_chunk(&m.label, map).map_err(|r| not_allowed(format!("map: {r}")))?;
     if map.is_zero() || map.at != 0 || map.frame != 0 {
-        return Err("map is not a whole stored frame".into());
+        return Err(not_allowed("map is not a whole stored frame"));
     }
     let mut seen = std::collections::HashSet::new();
     for p in &f.packs {
         if !is_pack_name(&p.pack) {
-            return Err(format!(
+            return Err(not_allowed(format!(
                 "packs: pack name {:?} is not <worker>-<seq>",
                 p.pack
-            ));
+            )));
         }
         if let Some(b) = &p.backup {
             if !is_backup_label(b) || **b == m.label {
-                return Err(format!("packs: b {b:?} is not another backup's label"));
+                return Err(not_allowed(format!(
+                    "packs: b {b:?} is not another backup's label"
+                )));
             }
         }
         if !seen.insert((&p.backup, &p.pack)) {
-            return Err(format!("packs: pack {:?} is listed twice", p.pack));
+            return Err(not_allowed(format!(
+                "packs: pack {:?} is listed twice",
+                p.pack
+            )));
         }
     }
     if !seen.contains(&(&map.backup, map.pack.as_ref().expect("stored"))) {
-        return Err("packs does not list the map's own pack".into());
+        return Err(not_allowed("packs does not list the map's own pack"));
     }
     Ok(())
 }
@@ -534,11 +585,11 @@ pub(crate) fn check_loaded_map(m: &Manifest, f: &FileEntry, what: &str) -> Resul
                     .as_deref()
                     .is_some_and(|p| !listed.contains(&(c.owner(&m.label), p)))
             }) {
-                Some(c) => Err(format!(
+                Some(c) => Err(not_allowed(format!(
                     "an extent in pack {:?} of {}, which its entry does not list",
                     c.pack.as_deref().unwrap_or_default(),
                     c.owner(&m.label)
-                )),
+                ))),
                 None => Ok(()),
             }
         })
@@ -555,50 +606,53 @@ pub(crate) fn check_loaded_map(m: &Manifest, f: &FileEntry, what: &str) -> Resul
 pub(crate) fn check_file_content(label: &str, page_size: u32, f: &FileEntry) -> Check {
     if f.block_size == 0 {
         if !f.block_hashes.is_empty() {
-            return Err("block_hashes without a block_size".into());
+            return Err(not_allowed("block_hashes without a block_size"));
         }
     } else {
         if !BLOCK_SIZES.contains(&f.block_size) {
-            return Err(format!(
+            return Err(not_allowed(format!(
                 "block_size {} is not one of {BLOCK_SIZES:?}",
                 f.block_size
-            ));
+            )));
         }
         let blocks = f.size.div_ceil(f.block_size as u64);
         if f.block_hashes.len() as u64 != blocks {
-            return Err(format!(
+            return Err(not_allowed(format!(
                 "block_hashes holds {} hashes, not one for each of {blocks} blocks",
                 f.block_hashes.len()
-            ));
+            )));
         }
     }
     let pages = f.size.div_ceil(page_size.max(1) as u64);
     if f.bad_pages.len() as u64 > pages {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "{} bad pages in a file of {pages} pages",
             f.bad_pages.len()
-        ));
+        )));
     }
     let mut covered: u64 = 0;
     for (i, c) in f.chunks.iter().enumerate() {
-        check_chunk(label, c).map_err(|r| format!("extent {i}: {r}"))?;
+        check_chunk(label, c).map_err(|r| not_allowed(format!("extent {i}: {r}")))?;
         covered += c.raw as u64;
         if covered > f.size {
-            return Err(format!("extents cover more than its size {}", f.size));
+            return Err(not_allowed(format!(
+                "extents cover more than its size {}",
+                f.size
+            )));
         }
     }
     if covered != f.size {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "extents cover {covered} bytes, not its size {}",
             f.size
-        ));
+        )));
     }
     Ok(())
 }
 
 fn check_chunk(label: &str, c: &Chunk) -> Check {
     if c.raw == 0 {
-        return Err("covers no bytes".into());
+        return Err(not_allowed("covers no bytes"));
     }
     let Some(pack) = &c.pack else {
         let stray = c.backup.is_some()
@@ -608,39 +662,45 @@ fn check_chunk(label: &str, c: &Chunk) -> Check {
             || c.at != 0
             || c.frame != 0;
         return match stray {
-            true => Err("a zero extent with frame fields".into()),
-            false if c.raw > 1 << 30 => Err(format!("a zero extent of {} bytes", c.raw)),
+            true => Err(not_allowed("a zero extent with frame fields")),
+            false if c.raw > 1 << 30 => {
+                Err(not_allowed(format!("a zero extent of {} bytes", c.raw)))
+            }
             false => Ok(()),
         };
     };
     if !is_pack_name(pack) {
-        return Err(format!("pack name {pack:?} is not <worker>-<seq>"));
+        return Err(not_allowed(format!(
+            "pack name {pack:?} is not <worker>-<seq>"
+        )));
     }
     if let Some(b) = &c.backup {
         if !is_backup_label(b) || b.as_str() == label {
-            return Err(format!("b {b:?} is not another backup's label"));
+            return Err(not_allowed(format!(
+                "b {b:?} is not another backup's label"
+            )));
         }
     }
     if c.check.is_none() {
-        return Err("h is not 16 lowercase hex digits".into());
+        return Err(not_allowed("h is not 16 lowercase hex digits"));
     }
     if c.stored == 0 || c.stored > MAX_FRAME_LEN || c.frame_len() > MAX_FRAME_LEN {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "stored length {} or frame length {} is not within 1..={MAX_FRAME_LEN}",
             c.stored,
             c.frame_len()
-        ));
+        )));
     }
     if c.offset.checked_add(c.stored as u64).is_none() {
-        return Err(format!("offset {} overflows", c.offset));
+        return Err(not_allowed(format!("offset {} overflows", c.offset)));
     }
     if c.at as u64 + c.raw as u64 > c.frame_len() as u64 {
-        return Err(format!(
+        return Err(not_allowed(format!(
             "bytes {}..{} lie outside its {}-byte frame",
             c.at,
             c.at as u64 + c.raw as u64,
             c.frame_len()
-        ));
+        )));
     }
     Ok(())
 }
