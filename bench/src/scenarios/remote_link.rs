@@ -156,6 +156,36 @@ struct Best {
     written: u64,
 }
 
+/// The best run of each column's steps, and every run's incremental: the targets' inputs.
+#[derive(Default)]
+struct Tally {
+    best: HashMap<(String, &'static str), Best>,
+    /// Every run's incremental: what it moves and stores depends on the change, not on the
+    /// machine's load, so the target is judged on all of them.
+    incr_runs: HashMap<String, Vec<Best>>,
+}
+
+impl Tally {
+    fn keep(&mut self, label: &str, step: &'static str, x: Best) {
+        let e = self.best.entry((label.to_string(), step)).or_insert(x);
+        if x.seconds < e.seconds {
+            *e = x;
+        }
+    }
+
+    fn best(&self, label: &str, step: &'static str) -> Option<Best> {
+        self.best.get(&(label.to_string(), step)).copied()
+    }
+}
+
+/// What every timed step records against: the line and its rate.
+struct Stage<'a> {
+    hosts: &'a Hosts,
+    case: String,
+    /// The line's raw rate, bytes per second.
+    raw_rate: f64,
+}
+
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     b.start_cluster("max_wal_senders = 4\n")?;
     let tables = b.load_pgbench(o.scale, o.copies, "acc_")?;
@@ -182,204 +212,255 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     }
     b.archive_to(&Repo::push_commands(&db_repos))?;
 
-    let case = format!("{} Mbit/s link", o.link_mbit);
-    let mut best: HashMap<(String, &'static str), Best> = HashMap::new();
-    let mut keep = |label: &str, step: &'static str, x: Best| {
-        let e = best.entry((label.to_string(), step)).or_insert(x);
-        if x.seconds < e.seconds {
-            *e = x;
-        }
+    let stage = Stage {
+        hosts: &hosts,
+        case: format!("{} Mbit/s link", o.link_mbit),
+        raw_rate,
     };
-    // Every run's incremental: what it moves and stores depends on the change, not on the
-    // machine's load, so the target is judged on all of them.
-    let mut incr_runs: HashMap<String, Vec<Best>> = HashMap::new();
+    let mut tally = Tally::default();
     let pgbb_dir = backup_host_dir(b, "pgbb")?;
+    let tools: Vec<&Column> = cols
+        .iter()
+        .filter(|c| matches!(c.kind, Kind::Tool { .. }))
+        .collect();
     for run in 1..=b.runs {
-        // Full backups, from the backup host.
         for c in rotated(&cols, run as usize) {
-            b.wal_switch_and_wait()?;
-            let relay = if matches!(c.kind, Kind::Basebackup(_)) {
-                &hosts.pg
-            } else {
-                &hosts.ssh_backup
-            };
-            let (before, arch) = (relay.moved(), hosts.ssh_archive.moved());
-            let (m, seen, stored) = match &c.kind {
-                Kind::Tool { bh, .. } => {
-                    let (r, seen) = sampled(&groups(&c.procs), || bh.backup(b, "full", &[]))?;
-                    (r.0.clone(), seen, b.du(&bh.backup_area().join(&r.1)))
-                }
-                Kind::Basebackup(method) => {
-                    let out = pgbb_dir.join(format!("{method}-r{run}"));
-                    let (m, seen) =
-                        sampled(&groups(&c.procs), || basebackup(b, &hosts, method, &out))?;
-                    let stored = b.du(&out);
-                    let _ = std::fs::remove_dir_all(&out);
-                    (m, seen, stored)
-                }
-            };
-            let moved = relay.moved().since(before);
-            let arch = hosts.ssh_archive.moved().since(arch);
-            record(b, &case, "full backup", &c.label, run, m.clone(), &seen)?;
-            b.results.record(
-                Row::bytes(
-                    &case,
-                    "full backup: over the link",
-                    &c.label,
-                    run,
-                    Some(moved.total()),
-                )
-                .note(moved_note(&moved, &arch, m.seconds, raw_rate)),
-            )?;
-            b.results.record(Row::bytes(
-                &case,
-                "full backup: stored",
-                &c.label,
-                run,
-                Some(stored),
-            ))?;
-            keep(
-                &c.label,
-                "full",
-                Best {
-                    seconds: m.seconds,
-                    moved: moved.total(),
-                    stored,
-                    written: stored,
-                },
-            );
+            full_backup(b, &stage, c, run, &pgbb_dir, &mut tally)?;
         }
-
         // The change, its WAL archived (block-change maps included), an incremental.
         change(b, &tables, o, run)?;
         b.wal_switch_and_wait()?;
-        let tools: Vec<&Column> = cols
-            .iter()
-            .filter(|c| matches!(c.kind, Kind::Tool { .. }))
-            .collect();
         for c in rotated(&tools, run as usize) {
-            let Kind::Tool { bh, .. } = &c.kind else {
-                continue;
-            };
-            b.wal_switch_and_wait()?;
-            let (before, arch) = (hosts.ssh_backup.moved(), hosts.ssh_archive.moved());
-            let ((m, label), seen) = sampled(&groups(&c.procs), || bh.backup(b, "incr", &[]))?;
-            let moved = hosts.ssh_backup.moved().since(before);
-            let arch = hosts.ssh_archive.moved().since(arch);
-            let sizes = bh.backup_sizes(b, &label)?;
-            if sizes.kind != "incr" {
-                return Err(format!("{}: {label} is a {} backup", c.label, sizes.kind));
-            }
-            let stored = sizes.stored.unwrap_or(0);
-            let written = b.du(&bh.backup_area().join(&label));
-            record(b, &case, "incr backup", &c.label, run, m.clone(), &seen)?;
-            b.results.record(
-                Row::bytes(
-                    &case,
-                    "incr backup: over the link",
-                    &c.label,
-                    run,
-                    Some(moved.total()),
-                )
-                .note(moved_note(&moved, &arch, m.seconds, raw_rate)),
-            )?;
-            b.results.record(
-                Row::bytes(&case, "incr backup: stored", &c.label, run, Some(stored)).note(
-                    format!(
-                        "read {:.2} MB{}",
-                        sizes.read.unwrap_or(0) as f64 / 1048576.0,
-                        if sizes.track.is_empty() {
-                            String::new()
-                        } else {
-                            format!("; track {}", sizes.track)
-                        }
-                    ),
-                ),
-            )?;
-            incr_runs.entry(c.label.clone()).or_default().push(Best {
-                seconds: m.seconds,
-                moved: moved.total(),
-                stored,
-                written,
-            });
-            b.results.record(
-                Row::bytes(
-                    &case,
-                    "incr backup: written to the repository",
-                    &c.label,
-                    run,
-                    Some(written),
-                )
-                .note("the backup's directory: its data and its manifests"),
-            )?;
+            incr_backup(b, &stage, c, run, &mut tally)?;
         }
-
-        // Restores of the incremental on the database host, over the line.
+        // Restores of the incremental on the database host, over the line; the first
+        // column's first restore is checked against the source.
         let check = if b.verify && run == 1 {
             Some(b.source_check()?)
         } else {
             None
         };
         for c in rotated(&tools, run as usize) {
-            let Kind::Tool { db, .. } = &c.kind else {
-                continue;
-            };
-            let dir = b.empty_data_dir("restore")?;
-            let ssh = format!("--cmd-ssh={}", hosts.wrap_db.display());
-            let before = hosts.ssh_db.moved();
-            let (m, seen) = sampled(&groups(&c.procs), || db.restore(b, &dir, &[&ssh]))?;
-            let moved = hosts.ssh_db.moved().since(before);
-            let restored = b.du(&dir);
-            record(
-                b,
-                &case,
-                "restore of the incr",
-                &c.label,
-                run,
-                m.clone(),
-                &seen,
-            )?;
-            b.results.record(
-                Row::bytes(
-                    &case,
-                    "restore: over the link",
-                    &c.label,
-                    run,
-                    Some(moved.total()),
-                )
-                .note(format!(
-                    "{}; restored {:.1} MB",
-                    moved_note(&moved, &Moved::default(), m.seconds, raw_rate),
-                    restored as f64 / 1048576.0
-                )),
-            )?;
-            keep(
-                &c.label,
-                "restore",
-                Best {
-                    seconds: m.seconds,
-                    moved: moved.total(),
-                    stored: restored,
-                    written: 0,
-                },
-            );
-            if let (Some(check), true) = (&check, c.label == cols[0].label) {
-                b.verify_restore(&dir, check, "remote-link")?;
-            }
-            let _ = std::fs::remove_dir_all(&dir);
+            let check = check.as_deref().filter(|_| c.label == cols[0].label);
+            restore(b, &stage, c, run, check, &mut tally)?;
         }
     }
     b.archive_nowhere();
 
-    // The targets, from the best runs.
     let first = cols[0].label.clone();
-    let get = |label: &str, step: &'static str| best.get(&(label.to_string(), step)).copied();
+    for (what, result) in targets(&cols, &tally, raw_rate) {
+        eprintln!("[bench] target: {what}: {result}");
+        b.results
+            .record(Row::text("targets", &what, &first, &result))?;
+    }
+    Ok(())
+}
+
+/// A full backup of column `c` from the backup host (pg_basebackup's output removed again).
+fn full_backup(
+    b: &mut Bench,
+    st: &Stage,
+    c: &Column,
+    run: u64,
+    pgbb_dir: &Path,
+    tally: &mut Tally,
+) -> Result<(), String> {
+    b.wal_switch_and_wait()?;
+    let relay = if matches!(c.kind, Kind::Basebackup(_)) {
+        &st.hosts.pg
+    } else {
+        &st.hosts.ssh_backup
+    };
+    let (before, arch) = (relay.moved(), st.hosts.ssh_archive.moved());
+    let (m, seen, stored) = match &c.kind {
+        Kind::Tool { bh, .. } => {
+            let (r, seen) = sampled(&groups(&c.procs), || bh.backup(b, "full", &[]))?;
+            (r.0.clone(), seen, b.du(&bh.backup_area().join(&r.1)))
+        }
+        Kind::Basebackup(method) => {
+            let out = pgbb_dir.join(format!("{method}-r{run}"));
+            let (m, seen) = sampled(&groups(&c.procs), || basebackup(b, st.hosts, method, &out))?;
+            let stored = b.du(&out);
+            let _ = std::fs::remove_dir_all(&out);
+            (m, seen, stored)
+        }
+    };
+    let moved = relay.moved().since(before);
+    let arch = st.hosts.ssh_archive.moved().since(arch);
+    let case = &st.case;
+    record(b, case, "full backup", &c.label, run, m.clone(), &seen)?;
+    b.results.record(
+        Row::bytes(
+            case,
+            "full backup: over the link",
+            &c.label,
+            run,
+            Some(moved.total()),
+        )
+        .note(moved_note(&moved, &arch, m.seconds, st.raw_rate)),
+    )?;
+    b.results.record(Row::bytes(
+        case,
+        "full backup: stored",
+        &c.label,
+        run,
+        Some(stored),
+    ))?;
+    tally.keep(
+        &c.label,
+        "full",
+        Best {
+            seconds: m.seconds,
+            moved: moved.total(),
+            stored,
+            written: stored,
+        },
+    );
+    Ok(())
+}
+
+/// An incremental backup of tool column `c` after the change.
+fn incr_backup(
+    b: &mut Bench,
+    st: &Stage,
+    c: &Column,
+    run: u64,
+    tally: &mut Tally,
+) -> Result<(), String> {
+    let Kind::Tool { bh, .. } = &c.kind else {
+        return Ok(());
+    };
+    b.wal_switch_and_wait()?;
+    let (before, arch) = (st.hosts.ssh_backup.moved(), st.hosts.ssh_archive.moved());
+    let ((m, label), seen) = sampled(&groups(&c.procs), || bh.backup(b, "incr", &[]))?;
+    let moved = st.hosts.ssh_backup.moved().since(before);
+    let arch = st.hosts.ssh_archive.moved().since(arch);
+    let sizes = bh.backup_sizes(b, &label)?;
+    if sizes.kind != "incr" {
+        return Err(format!("{}: {label} is a {} backup", c.label, sizes.kind));
+    }
+    let stored = sizes.stored.unwrap_or(0);
+    let written = b.du(&bh.backup_area().join(&label));
+    let case = &st.case;
+    record(b, case, "incr backup", &c.label, run, m.clone(), &seen)?;
+    b.results.record(
+        Row::bytes(
+            case,
+            "incr backup: over the link",
+            &c.label,
+            run,
+            Some(moved.total()),
+        )
+        .note(moved_note(&moved, &arch, m.seconds, st.raw_rate)),
+    )?;
+    let track = if sizes.track.is_empty() {
+        String::new()
+    } else {
+        format!("; track {}", sizes.track)
+    };
+    b.results.record(
+        Row::bytes(case, "incr backup: stored", &c.label, run, Some(stored)).note(format!(
+            "read {:.2} MB{track}",
+            sizes.read.unwrap_or(0) as f64 / 1048576.0
+        )),
+    )?;
+    tally
+        .incr_runs
+        .entry(c.label.clone())
+        .or_default()
+        .push(Best {
+            seconds: m.seconds,
+            moved: moved.total(),
+            stored,
+            written,
+        });
+    b.results.record(
+        Row::bytes(
+            case,
+            "incr backup: written to the repository",
+            &c.label,
+            run,
+            Some(written),
+        )
+        .note("the backup's directory: its data and its manifests"),
+    )
+}
+
+/// A restore of the incremental of tool column `c` on the database host, compared with the
+/// source when `check` is given.
+fn restore(
+    b: &mut Bench,
+    st: &Stage,
+    c: &Column,
+    run: u64,
+    check: Option<&str>,
+    tally: &mut Tally,
+) -> Result<(), String> {
+    let Kind::Tool { db, .. } = &c.kind else {
+        return Ok(());
+    };
+    let dir = b.empty_data_dir("restore")?;
+    let ssh = format!("--cmd-ssh={}", st.hosts.wrap_db.display());
+    let before = st.hosts.ssh_db.moved();
+    let (m, seen) = sampled(&groups(&c.procs), || db.restore(b, &dir, &[&ssh]))?;
+    let moved = st.hosts.ssh_db.moved().since(before);
+    let restored = b.du(&dir);
+    let case = &st.case;
+    record(
+        b,
+        case,
+        "restore of the incr",
+        &c.label,
+        run,
+        m.clone(),
+        &seen,
+    )?;
+    b.results.record(
+        Row::bytes(
+            case,
+            "restore: over the link",
+            &c.label,
+            run,
+            Some(moved.total()),
+        )
+        .note(format!(
+            "{}; restored {:.1} MB",
+            moved_note(&moved, &Moved::default(), m.seconds, st.raw_rate),
+            restored as f64 / 1048576.0
+        )),
+    )?;
+    tally.keep(
+        &c.label,
+        "restore",
+        Best {
+            seconds: m.seconds,
+            moved: moved.total(),
+            stored: restored,
+            written: 0,
+        },
+    );
+    if let Some(check) = check {
+        b.verify_restore(&dir, check, "remote-link")?;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The targets, from the best runs: `(what, result)`; "met" or "not met" is said
+/// for the first column.
+fn targets(cols: &[Column], tally: &Tally, raw_rate: f64) -> Vec<(String, String)> {
+    let first = &cols[0].label;
+    let verdict = |c: &Column, met: bool| match (&c.label == first, met) {
+        (false, _) => "",
+        (true, true) => ": met",
+        (true, false) => ": not met",
+    };
     let mut targets = Vec::new();
     if let (Some(p), Some(l)) = (
-        get(&first, "full"),
+        tally.best(first, "full"),
         cols.iter()
             .find(|c| matches!(&c.kind, Kind::Basebackup(m) if m == "lz4"))
-            .and_then(|c| get(&c.label, "full")),
+            .and_then(|c| tally.best(&c.label, "full")),
     ) {
         let x = l.seconds / p.seconds;
         targets.push((
@@ -393,7 +474,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         ));
     }
     for c in cols.iter().filter(|c| matches!(c.kind, Kind::Tool { .. })) {
-        if let Some(runs) = incr_runs.get(&c.label) {
+        if let Some(runs) = tally.incr_runs.get(&c.label) {
             let list =
                 |f: &dyn Fn(&Best) -> String| runs.iter().map(f).collect::<Vec<_>>().join(", ");
             let worst = runs
@@ -408,19 +489,11 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                     list(&|i| format!("{:.3}", i.moved as f64 / 1048576.0)),
                     list(&|i| format!("{:.3}", i.stored as f64 / 1048576.0)),
                     list(&|i| format!("{:.2}x", i.moved as f64 / i.written.max(1) as f64)),
-                    if c.label == first {
-                        if worst <= 1.2 {
-                            ": met"
-                        } else {
-                            ": not met"
-                        }
-                    } else {
-                        ""
-                    }
+                    verdict(c, worst <= 1.2)
                 ),
             ));
         }
-        if let Some(r) = get(&c.label, "restore") {
+        if let Some(r) = tally.best(&c.label, "restore") {
             let bound = r.moved as f64 / raw_rate;
             let x = r.seconds / bound;
             targets.push((
@@ -431,25 +504,12 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
                     r.moved as f64 / 1048576.0,
                     raw_rate / 1048576.0,
                     r.stored as f64 / 1048576.0 / r.seconds,
-                    if c.label == first {
-                        if x <= 1.2 {
-                            ": met"
-                        } else {
-                            ": not met"
-                        }
-                    } else {
-                        ""
-                    }
+                    verdict(c, x <= 1.2)
                 ),
             ));
         }
     }
-    for (what, result) in &targets {
-        eprintln!("[bench] target: {what}: {result}");
-        b.results
-            .record(Row::text("targets", what, &first, result))?;
-    }
-    Ok(())
+    targets
 }
 
 /// The per-step sample groups: the column's processes, and the SSH clients (to count
