@@ -41,17 +41,7 @@ use pgstrata_repo::manifest::patch::Rebuilder;
 use pgstrata_repo::Storage;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-
-/// Set in `agent run`: the job runs for the backup host, which holds the stanza lock and
-/// applies retention itself.
-static IN_AGENT_RUN: AtomicBool = AtomicBool::new(false);
-
-/// Whether this process is `agent run` doing a backup host's job.
-pub(crate) fn in_agent_run() -> bool {
-    IN_AGENT_RUN.load(Ordering::Relaxed)
-}
 
 /// `pgstrata agent repo` and `pgstrata agent run`.
 pub(crate) fn agent(
@@ -178,7 +168,7 @@ fn agent_run(
     }
     let origin = RemoteStore::origin(std::io::stdin(), protocol_out);
     Storage::serve_every_open_from(origin.clone(), "the backup host's repository".to_string())?;
-    IN_AGENT_RUN.store(true, Ordering::Relaxed);
+    args::enter_agent_run();
 
     let own_args: Vec<String> = std::env::args().skip(1).collect();
     let outcome = job_invocation(&own_args, stanzas, &job).and_then(|inv| {

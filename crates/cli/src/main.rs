@@ -255,7 +255,7 @@ fn apply_retention(repo: &Repo, rt: &tokio::runtime::Runtime) -> Result<(), Erro
     let Some(e) = repo.expire_options() else {
         return Ok(());
     };
-    if agent_commands::in_agent_run() {
+    if args::in_agent_run() {
         return Ok(());
     }
     if repo.settings.repo.remote.is_some() {

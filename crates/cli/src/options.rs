@@ -5,7 +5,6 @@
 //! the environment variable `PGSTRATA_NAME` (upper case, '-' as '_'), the stanza's table of
 //! the config file, the config file's `[global]` table, and finally the default.
 
-use crate::args::{Output, ReportOutput};
 use crate::logging::LogLevel;
 use pgstrata_engine::commands::expire::RetentionType;
 use pgstrata_engine::commands::restore::{RecoveryType, TargetAction};
@@ -17,6 +16,33 @@ use pgstrata_repo::codec::CompressType;
 use pgstrata_repo::manifest::BackupType;
 use pgstrata_repo::storage::RepoKind;
 use pgstrata_repo::Named;
+
+pgstrata_repo::named! {
+    /// `--output` of info and verify.
+    pub(crate) enum Output {
+        Text = "text",
+        Json = "json",
+        /// Prometheus' text format, for node_exporter's textfile collector.
+        Prometheus = "prometheus",
+    }
+}
+
+pgstrata_repo::named! {
+    /// `--output` of key-list and restore-test.
+    pub(crate) enum ReportOutput {
+        Text = "text",
+        Json = "json",
+    }
+}
+
+impl From<ReportOutput> for Output {
+    fn from(o: ReportOutput) -> Output {
+        match o {
+            ReportOutput::Text => Output::Text,
+            ReportOutput::Json => Output::Json,
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {

@@ -25,32 +25,23 @@ use pgstrata_engine::Settings;
 use pgstrata_remote::protocol::JobKind;
 use pgstrata_remote::SshTarget;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-pgstrata_repo::named! {
-    /// `--output` of info and verify.
-    pub(crate) enum Output {
-        Text = "text",
-        Json = "json",
-        /// Prometheus' text format, for node_exporter's textfile collector.
-        Prometheus = "prometheus",
-    }
+pub(crate) use crate::options::{Output, ReportOutput};
+
+/// Set in `agent run`: the job runs for the backup host, which holds the stanza lock and
+/// applies retention itself. The parser reads it (a job refuses to go on to another host,
+/// and its backup is locked by the caller); `agent_commands` sets it.
+static IN_AGENT_RUN: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process is `agent run` doing a backup host's job.
+pub(crate) fn in_agent_run() -> bool {
+    IN_AGENT_RUN.load(Ordering::Relaxed)
 }
 
-pgstrata_repo::named! {
-    /// `--output` of key-list and restore-test.
-    pub(crate) enum ReportOutput {
-        Text = "text",
-        Json = "json",
-    }
-}
-
-impl From<ReportOutput> for Output {
-    fn from(o: ReportOutput) -> Output {
-        match o {
-            ReportOutput::Text => Output::Text,
-            ReportOutput::Json => Output::Json,
-        }
-    }
+/// From now on this process is `agent run` doing a backup host's job.
+pub(crate) fn enter_agent_run() {
+    IN_AGENT_RUN.store(true, Ordering::Relaxed);
 }
 
 /// How the run reports, set up before the command runs: log levels and files, progress.

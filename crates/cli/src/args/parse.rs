@@ -135,7 +135,7 @@ fn on_database_host(inv: &Invocation) -> Result<Command, Error> {
         (None, None, false)
     };
     let buffer_max = inv.int("agent-buffer-max");
-    if crate::agent_commands::in_agent_run() {
+    if super::in_agent_run() {
         let hop = [
             ("pg-remote", &pg_remote),
             ("standby-remote", &standby_remote),
@@ -338,7 +338,7 @@ fn backup_options(inv: &Invocation) -> Result<BackupOptions, Error> {
         track: inv.choice("track"),
         annotations,
         resume: inv.flag("resume"),
-        locked_by_caller: crate::agent_commands::in_agent_run(),
+        locked_by_caller: super::in_agent_run(),
     })
 }
 
