@@ -65,7 +65,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     for round in 1..=o.rounds {
         let t = Instant::now();
         for s in &segs {
-            std::hint::black_box(pgstrata_repo::wal::encode(s, lz4, 1));
+            std::hint::black_box(pgstrata_repo::wal_object::encode(s, lz4, 1));
         }
         let encode = t.elapsed().as_secs_f64();
         let t = Instant::now();

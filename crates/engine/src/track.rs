@@ -19,12 +19,12 @@
 //! copy or dropped, and files the prior backup has no block map for.
 
 use crate::{Error, Result};
-use pgstrata_pg::layout::{self, Fork};
+use pgstrata_pg::data_dir::{self, Fork};
 use pgstrata_pg::lsn::{self, Lsn};
 use pgstrata_pg::wal::SegmentDecoder;
 use pgstrata_repo::changemap::ChangeMap;
 use pgstrata_repo::manifest::{FileEntry, Manifest, Tracking};
-use pgstrata_repo::{layout as repo_layout, Storage};
+use pgstrata_repo::{layout, Storage};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 // Names as given to `--track`.
@@ -133,7 +133,7 @@ impl WalChanges {
         if prior.block_size == 0 {
             return Err(HashReason::NoPriorBlockMap);
         }
-        let rf = layout::relation_file(rel_path).ok_or(HashReason::NotRelation)?;
+        let rf = data_dir::relation_file(rel_path).ok_or(HashReason::NotRelation)?;
         let fork = match rf.fork {
             Fork::Main => 0,
             // FSM pages are not reliably WAL-logged, and visibility-map bits are cleared by
@@ -425,14 +425,14 @@ async fn segment_bytes(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::io(format!("cannot read {}", path.display()), e)),
     }
-    let key = repo_layout::archive_object(stanza, archive_id, name);
+    let key = layout::archive_object(stanza, archive_id, name);
     let obj = storage.get(&key).await.map_err(|e| {
         Error::from(e).context(format!(
             "segment {name} is neither in pg_wal nor readable from the archive"
         ))
     })?;
     Ok(
-        tokio::task::spawn_blocking(move || pgstrata_repo::wal::decode(&obj, &key))
+        tokio::task::spawn_blocking(move || pgstrata_repo::wal_object::decode(&obj, &key))
             .await
             .expect("decode thread")?,
     )

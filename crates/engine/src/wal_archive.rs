@@ -13,7 +13,7 @@ use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_pg::lsn;
 use pgstrata_pg::wal::SegmentChanges;
 use pgstrata_repo::changemap::{ChangeMap, ForkBlocks};
-use pgstrata_repo::{layout, wal, ErrorKind as RepoKind};
+use pgstrata_repo::{layout, wal_object, ErrorKind as RepoKind};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -244,19 +244,19 @@ pub(crate) async fn prepare_push(
                     pgstrata_pg::wal::decode_segment(&raw, major, 8192)
                 }))
             });
-            return Ok((wal::encode(&raw, compression, 1), decoded, head));
+            return Ok((wal_object::encode(&raw, compression, 1), decoded, head));
         }
         Ok(std::thread::scope(|scope| {
             let decoded =
                 decode.then(|| scope.spawn(|| pgstrata_pg::wal::decode_segment(&raw, major, 8192)));
-            let obj = wal::encode(&raw, compression, workers);
+            let obj = wal_object::encode(&raw, compression, workers);
             let decoded = decoded.map(|t| decoded_or_why(t.join()));
             (obj, decoded, head)
         }))
     })
     .await
     .expect("compress thread")?;
-    let hash = wal::parse_header(&obj, name)?.hash;
+    let hash = wal_object::parse_header(&obj, name)?.hash;
     Ok(PreparedWal {
         name: name.to_string(),
         obj: obj.into(),
@@ -323,7 +323,7 @@ pub(crate) async fn store_prepared(
     // stays an object of its own, which a backup reads without fetching the segment.
     let embed = storage.cipher().is_none();
     let obj = match &map {
-        Some(m) if embed => wal::with_map(&p.obj, &m.encode()).into(),
+        Some(m) if embed => wal_object::with_map(&p.obj, &m.encode()).into(),
         _ => p.obj.clone(),
     };
     let stored_bytes = obj.len();
@@ -337,9 +337,13 @@ pub(crate) async fn store_prepared(
             // stanza the whole object, which opens only as a whole.
             let existing = match storage.cipher() {
                 Some(_) => storage.get(&key).await?,
-                None => storage.get_range(&key, 0..wal::HEADER_LEN as u64).await?,
+                None => {
+                    storage
+                        .get_range(&key, 0..wal_object::HEADER_LEN as u64)
+                        .await?
+                }
             };
-            let header = wal::parse_header(&existing, &key)?;
+            let header = wal_object::parse_header(&existing, &key)?;
             if header.hash == p.hash {
                 log::info!("{name} is already in the archive with the same content");
                 (PushOutcome::AlreadyArchived, header.map_len > 0)
@@ -455,8 +459,8 @@ pub(crate) async fn fetch_change_map(
         let key = layout::archive_object(stanza, archive_id, name);
         let inside = async {
             let start = storage.get_prefix(&key, MAP_READ_AHEAD).await?;
-            let header = wal::parse_header(&start, &key)?;
-            let map = wal::HEADER_LEN..header.payload_start();
+            let header = wal_object::parse_header(&start, &key)?;
+            let map = wal_object::HEADER_LEN..header.payload_start();
             Ok(match header.map_len {
                 0 => None,
                 _ if start.len() >= map.end => Some(start.slice(map)),
@@ -511,7 +515,7 @@ async fn previous_cut_record(
                 return None;
             }
             let k = layout::archive_object(stanza, &archive_id, &prev);
-            let whole = wal::decode(&storage.get(&k).await.ok()?, &k).ok()?;
+            let whole = wal_object::decode(&storage.get(&k).await.ok()?, &k).ok()?;
             whole[whole.len().checked_sub(tail_len)?..].to_vec()
         }
     };
@@ -707,7 +711,7 @@ fn write_verified(obj: &[u8], key: &str, tmp: &Path, dest: &Path, what: &str) ->
         .map_err(|e| Error::io(format!("{what}: create {}", tmp.display()), e))
         .and_then(|mut f| {
             // Damage exits as damage (4), a failed write as a failure (3).
-            wal::decode_to(obj, key, &mut f).map_err(|e| Error::from(e).context(what))
+            wal_object::decode_to(obj, key, &mut f).map_err(|e| Error::from(e).context(what))
         })
         .and_then(|()| {
             std::fs::rename(tmp, dest)

@@ -15,7 +15,7 @@
 
 use crate::owner::OwnerNames;
 use crate::{Error, Result};
-use pgstrata_pg::layout::{self, Disposition};
+use pgstrata_pg::data_dir::{self, Disposition};
 use pgstrata_repo::manifest::{Owner, Tablespace};
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
@@ -317,11 +317,11 @@ impl Walker {
         };
         let Children { names, order, .. } = &mut children;
         // Relations with an _init fork are unlogged: their other forks are not copied.
-        let unlogged: HashSet<u32> = if layout::in_relation_dir(&join_rel(rel, "x")) {
+        let unlogged: HashSet<u32> = if data_dir::in_relation_dir(&join_rel(rel, "x")) {
             order
                 .iter()
-                .filter_map(|c| layout::RelFile::parse(name_in(names, c).to_str()?))
-                .filter(|r| r.fork == layout::Fork::Init)
+                .filter_map(|c| data_dir::RelFile::parse(name_in(names, c).to_str()?))
+                .filter(|r| r.fork == data_dir::Fork::Init)
                 .map(|r| r.relnumber)
                 .collect()
         } else {
@@ -350,7 +350,7 @@ impl Walker {
                 kept += 1;
                 second.extend(second_place.map(|place| Child { place, ..c }));
             };
-            match layout::classify(&child_rel, is_dir) {
+            match data_dir::classify(&child_rel, is_dir) {
                 Disposition::Skip => continue,
                 Disposition::KeepEmpty => {
                     let status = (child_rel == "pg_wal").then_some(Place::ArchiveStatus);
@@ -367,11 +367,11 @@ impl Walker {
                 keep(Place::Itself, Some(contents));
                 continue;
             }
-            if let Some(r) = layout::relation_file(&child_rel) {
-                if layout::unlogged_skip(&r, |n| unlogged.contains(&n)) {
+            if let Some(r) = data_dir::relation_file(&child_rel) {
+                if data_dir::unlogged_skip(&r, |n| unlogged.contains(&n)) {
                     continue;
                 }
-            } else if layout::in_relation_dir(&child_rel) && is_temp_relation(&name) {
+            } else if data_dir::in_relation_dir(&child_rel) && is_temp_relation(&name) {
                 continue;
             }
             keep(Place::Itself, None);

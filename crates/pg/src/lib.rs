@@ -7,11 +7,11 @@
 //! - [`control`]: parse and check `global/pg_control`.
 //! - [`page`]: data page header fields and the page checksum algorithm.
 //! - [`lsn`]: log sequence numbers, timelines and WAL segment names.
-//! - [`layout`]: which files of a data directory a backup copies, and which are relation files.
+//! - [`data_dir`]: which files of a data directory a backup copies, and which are relation files.
 //! - [`wal`]: a WAL decoder that lists the blocks and files each segment changes.
 
 pub mod control;
-pub mod layout;
+pub mod data_dir;
 pub mod lsn;
 pub mod page;
 pub mod wal;

@@ -86,7 +86,7 @@ impl Compression {
     /// [`Compression::compress`] of one large input (a WAL segment) with up to `workers`
     /// threads. zstd compresses it as independent frames of [`WAL_FRAME`] bytes each,
     /// concatenated: one standard stream, which any zstd decoder reads in order, and whose
-    /// frames a reader can also decode in parallel (archive-get, `wal::decode_to`). Other
+    /// frames a reader can also decode in parallel (archive-get, `wal_object::decode_to`). Other
     /// codecs use one thread and one stream.
     pub fn compress_parallel(&self, raw: &[u8], workers: u32) -> Vec<u8> {
         if self.kind != CompressType::Zst || raw.is_empty() {

@@ -18,7 +18,7 @@
 //!   the stored form it shares with resume checkpoints; `map_read`: loading file maps
 //!   through the frame reader.
 //! - [`resume`]: checkpoints of a running backup, which let the next one reuse its frames.
-//! - [`wal`]: archived WAL objects; [`changemap`]: the block-change map beside each segment.
+//! - [`wal_object`]: archived WAL objects; [`changemap`]: the block-change map beside each segment.
 //! - [`cache`]: objects of a remote repository kept on this host; [`private_dir`]: the
 //!   check that a directory pgstrata keeps state in is this user's alone.
 
@@ -47,7 +47,7 @@ mod props;
 pub mod resume;
 pub mod stanza;
 pub mod storage;
-pub mod wal;
+pub mod wal_object;
 
 pub use error::{Error, ErrorKind, Result};
 pub use named::Named;

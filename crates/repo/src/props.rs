@@ -7,7 +7,7 @@ use crate::changemap::{ChangeMap, ForkBlocks};
 use crate::chunk::MAX_FRAME_LEN;
 use crate::codec::{decompress, CompressType, Compression};
 use crate::manifest::{Entry, Manifest};
-use crate::wal;
+use crate::wal_object;
 use crate::Named;
 use proptest::prelude::*;
 
@@ -154,10 +154,10 @@ proptest! {
         obj.extend_from_slice(&raw_len.to_le_bytes());
         obj.extend_from_slice(&[0; 32]);
         obj.extend_from_slice(&payload);
-        let _ = wal::decode(&obj, "w");
-        let good = wal::encode(&payload, Compression::new(CompressType::Zst, None).unwrap(), 1);
+        let _ = wal_object::decode(&obj, "w");
+        let good = wal_object::encode(&payload, Compression::new(CompressType::Zst, None).unwrap(), 1);
         let damaged = mutate(good, &edits);
-        if let Ok(raw) = wal::decode(&damaged, "w") {
+        if let Ok(raw) = wal_object::decode(&damaged, "w") {
             prop_assert_eq!(raw, payload);
         }
     }

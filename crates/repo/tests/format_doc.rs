@@ -2,7 +2,7 @@
 //! contract for independent readers and writers, so its examples must stay true.
 
 use pgstrata_repo::codec::{CompressType, Compression};
-use pgstrata_repo::{chunk, layout, manifest, wal, FORMAT_VERSION};
+use pgstrata_repo::{chunk, layout, manifest, wal_object, FORMAT_VERSION};
 
 const DOC: &str = include_str!("../../../docs/repository-format.md");
 
@@ -229,17 +229,20 @@ fn wal_object_header_vector() {
         .map(|b| u8::from_str_radix(b, 16).unwrap())
         .collect();
     let raw = vec![0u8; 16 << 20];
-    let obj = wal::encode(&raw, Compression::new(CompressType::Zst, None).unwrap(), 1);
+    let obj = wal_object::encode(&raw, Compression::new(CompressType::Zst, None).unwrap(), 1);
     assert_eq!(&obj[..expected.len()], &expected[..]);
-    assert_eq!(wal::decode(&obj, "vector").unwrap().len(), raw.len());
+    assert_eq!(wal_object::decode(&obj, "vector").unwrap().len(), raw.len());
     let v = quoted_after("With a block-change map of 300 bytes inside, its first 16 bytes are\n`");
     let expected: Vec<u8> = v
         .split_whitespace()
         .map(|b| u8::from_str_radix(b, 16).unwrap())
         .collect();
-    let with_map = wal::with_map(&obj, &[7u8; 300]);
+    let with_map = wal_object::with_map(&obj, &[7u8; 300]);
     assert_eq!(&with_map[..expected.len()], &expected[..]);
-    assert_eq!(wal::decode(&with_map, "vector").unwrap().len(), raw.len());
+    assert_eq!(
+        wal_object::decode(&with_map, "vector").unwrap().len(),
+        raw.len()
+    );
 }
 
 /// §15 reimplemented from the document alone (Argon2id, AES-256-GCM and HKDF-SHA256 used

@@ -278,7 +278,7 @@ pub fn tree(dir: &Path) -> BTreeMap<String, u64> {
 /// segment's object, encoded map), in key order: each from inside its segment's object, or
 /// from the `.map` object beside a segment archived without one inside.
 pub fn archived_maps(repo: &Path) -> Vec<(String, Vec<u8>)> {
-    use pgstrata_repo::wal;
+    use pgstrata_repo::wal_object;
     let keys = tree(repo).into_keys().collect::<Vec<_>>();
     let is_segment = |k: &str| {
         k.contains("/archive/")
@@ -287,7 +287,7 @@ pub fn archived_maps(repo: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     for key in keys.iter().filter(|k| is_segment(k)) {
         let obj = std::fs::read(repo.join(key)).unwrap();
-        match wal::embedded_map(&obj, key).unwrap() {
+        match wal_object::embedded_map(&obj, key).unwrap() {
             Some(map) => out.push((key.clone(), map.to_vec())),
             None => {
                 if let Ok(map) = std::fs::read(repo.join(format!("{key}.map"))) {
@@ -303,12 +303,12 @@ pub fn archived_maps(repo: &Path) -> Vec<(String, Vec<u8>)> {
 /// with `map` (damage, or a test's forgery); `None` leaves the segment without a map, as
 /// an older writer that crashed before writing its `.map` would have.
 pub fn rewrite_map(repo: &Path, key: &str, map: Option<&[u8]>) {
-    use pgstrata_repo::wal;
+    use pgstrata_repo::wal_object;
     let path = repo.join(key);
-    let plain = wal::without_map(&std::fs::read(&path).unwrap(), key).unwrap();
+    let plain = wal_object::without_map(&std::fs::read(&path).unwrap(), key).unwrap();
     let _ = std::fs::remove_file(repo.join(format!("{key}.map")));
     let rewritten = match map {
-        Some(m) => wal::with_map(&plain, m),
+        Some(m) => wal_object::with_map(&plain, m),
         None => plain,
     };
     std::fs::write(&path, rewritten).unwrap();

@@ -746,11 +746,11 @@ enum Fetched {
 /// waited for each segment's writeback, and replaying 64 segments took 12.4 s instead of
 /// 9.7 s (`bench wal_async --segments 64`).
 fn spool_segment(obj: &[u8], key: &str, tmp: &Path, done: &Path) -> Result<()> {
-    let recorded = pgstrata_repo::wal::parse_header(obj, key)?.hash;
+    let recorded = pgstrata_repo::wal_object::parse_header(obj, key)?.hash;
     let written = File::create(tmp)
         .map_err(|e| Error::io(format!("create {}", tmp.display()), e))
         .and_then(|mut f| {
-            pgstrata_repo::wal::decode_to(obj, key, &mut f)?;
+            pgstrata_repo::wal_object::decode_to(obj, key, &mut f)?;
             f.sync_all()
                 .map_err(|e| Error::io(format!("fsync {}", tmp.display()), e))
         })

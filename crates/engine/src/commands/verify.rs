@@ -39,7 +39,7 @@ use pgstrata_repo::manifest::{
     list_backups, Entry, FileEntry, Manifest, PackUsage, StoredManifest,
 };
 use pgstrata_repo::pack::FrameReader;
-use pgstrata_repo::{wal, Storage};
+use pgstrata_repo::{wal_object, Storage};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -529,13 +529,13 @@ fn check_archive_object(key: &str, bytes: pgstrata_repo::Result<bytes::Bytes>) -
         }
     };
     // No map, or a header too bad to find one in: decoding reports the latter.
-    let map = match wal::embedded_map(&bytes, key) {
+    let map = match wal_object::embedded_map(&bytes, key) {
         Ok(Some(map)) => Some(decode_map(map)),
         _ => None,
     };
     // Length and hash checked as it is decoded, a piece at a time: eight whole segments at
     // once were most of verify's memory.
-    let wal = wal::decode_to(&bytes, key, &mut std::io::sink());
+    let wal = wal_object::decode_to(&bytes, key, &mut std::io::sink());
     ObjectCheck::Wal { name, wal, map }
 }
 

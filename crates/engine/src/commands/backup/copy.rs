@@ -13,7 +13,7 @@ use super::copy_context::{CopyContext, Prior};
 use crate::content::read_full_at;
 use crate::walk::WalkedFile;
 use crate::{pool, Error, Result};
-use pgstrata_pg::layout;
+use pgstrata_pg::data_dir;
 use pgstrata_pg::lsn::Lsn;
 use pgstrata_pg::page::{self, PageCheck};
 use pgstrata_repo::chunk::Chunk;
@@ -499,7 +499,7 @@ impl<'a> BlockCopier<'a> {
         if own_pack {
             writer.flush()?;
         }
-        let first_page = layout::relation_file(&job.rel)
+        let first_page = data_dir::relation_file(&job.rel)
             .filter(|_| ctx.data_checksums)
             .map(|r| r.segno as u64 * ctx.relseg_size as u64);
         Ok(BlockCopier {

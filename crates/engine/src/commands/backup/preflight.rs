@@ -16,7 +16,7 @@ use pgstrata_pg::lsn::{self, Lsn};
 use pgstrata_repo::manifest::{list_backups, BackupType, Manifest, StoredManifest, Tracking};
 use pgstrata_repo::stanza::StanzaInfo;
 use pgstrata_repo::Named;
-use pgstrata_repo::{layout as repo_layout, Storage};
+use pgstrata_repo::{layout, Storage};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -212,9 +212,7 @@ async fn unique_label(
     storage: &Storage,
     backup_type: BackupType,
 ) -> Result<(String, chrono::DateTime<chrono::Utc>)> {
-    let existing = storage
-        .list_dirs(&repo_layout::backup_root(&s.stanza))
-        .await?;
+    let existing = storage.list_dirs(&layout::backup_root(&s.stanza)).await?;
     let mut start_time = chrono::Utc::now();
     let mut label = make_label(start_time, backup_type);
     while existing.iter().any(|l| l.get(..15) == label.get(..15)) {

@@ -14,7 +14,7 @@ use crate::db::Db;
 use crate::error::pg_err;
 use crate::{Error, Result};
 use pgstrata_pg::control::ControlData;
-use pgstrata_pg::layout::{self, Disposition};
+use pgstrata_pg::data_dir::{self, Disposition};
 use std::path::{Path, PathBuf};
 
 /// The primary's non-relation files, copied here; removed on drop.
@@ -133,7 +133,7 @@ pub(crate) async fn copy_non_relation_files(db: &Db, dir: &Path) -> Result<(u64,
                 format!("{rel_dir}/{name}")
             };
             if is_dir {
-                match layout::classify(&rel, true) {
+                match data_dir::classify(&rel, true) {
                     Disposition::Skip => continue,
                     disposition => {
                         let path = dir.join(&rel);
@@ -147,8 +147,8 @@ pub(crate) async fn copy_non_relation_files(db: &Db, dir: &Path) -> Result<(u64,
                 }
                 continue;
             }
-            if layout::classify(&rel, false) == Disposition::Skip
-                || layout::relation_file(&rel).is_some()
+            if data_dir::classify(&rel, false) == Disposition::Skip
+                || data_dir::relation_file(&rel).is_some()
             {
                 continue;
             }

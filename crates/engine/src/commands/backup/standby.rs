@@ -20,7 +20,7 @@ use crate::db::Db;
 use crate::walk::{Walk, WalkedFile};
 use crate::{Error, ErrorKind, Result, Settings, StandbySource};
 use pgstrata_pg::control::ControlData;
-use pgstrata_pg::layout;
+use pgstrata_pg::data_dir;
 use pgstrata_pg::lsn::Lsn;
 use std::time::{Duration, Instant};
 
@@ -177,7 +177,7 @@ impl Standby {
 /// `tablespaces_from_standby`: the primary's side was read over its connection and has
 /// no tablespace links; the standby's links, directories and locations stand for them.
 pub(crate) fn merge_walks(primary: Walk, standby: Walk, tablespaces_from_standby: bool) -> Walk {
-    let is_relation = |f: &WalkedFile| layout::relation_file(&f.rel).is_some();
+    let is_relation = |f: &WalkedFile| data_dir::relation_file(&f.rel).is_some();
     let in_tablespace = |rel: &str| rel.starts_with("pg_tblspc/");
     let mut files: Vec<WalkedFile> = primary
         .files
