@@ -218,7 +218,7 @@ pub(crate) fn run_on_pg_remote(job: &RemoteJob, views: &[&Repo]) -> Result<i32, 
     for view in views {
         let settings = &view.settings;
         let storage = if kind == JobKind::StanzaCreate {
-            Storage::open_or_create(&settings.repo)?
+            settings.storage_or_create()?
         } else {
             settings.storage()?
         };

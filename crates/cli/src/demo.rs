@@ -139,35 +139,22 @@ fn install_binary(scratch: &Scratch) -> Result<PathBuf, Error> {
 
 /// The demo's settings: stanza `demo` in local repository `repo`, cluster `src`.
 fn settings(repo: &Path, src: &Cluster, lock_path: PathBuf) -> Result<Settings, Error> {
+    let repo = pgstrata_repo::storage::RepoConfig {
+        path: repo.display().to_string(),
+        retries: 3,
+        ..Default::default()
+    };
     Ok(Settings {
-        repo_index: 1,
-        stanza: "demo".into(),
-        repo: pgstrata_repo::storage::RepoConfig {
-            path: repo.display().to_string(),
-            retries: 3,
-            ..Default::default()
-        },
         pg_path: Some(src.data.clone()),
         pg_host: Some(src.socket_dir.display().to_string()),
         pg_port: src.port,
         pg_user: Some("postgres".into()),
-        pg_database: "postgres".into(),
-        pg_sslmode: Default::default(),
-        pg_sslrootcert: None,
         compression: Compression::new(CompressType::Zst, None)?,
         process_max: std::num::NonZeroUsize::new(2).expect("two"),
         start_fast: true,
         archive_timeout: Duration::from_secs(60),
-        archive_lag_max: Duration::from_secs(600),
-        lock_path,
-        config_file: None,
-        frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
-        pack_size: pgstrata_repo::pack::DEFAULT_PACK_SIZE,
         bundle_limit: 2 << 20,
-        cipher_type: Default::default(),
-        cipher_pass: None,
-        standby: None,
-        cipher_key_cache: false,
+        ..Settings::for_repository("demo", repo, lock_path)
     })
 }
 

@@ -409,34 +409,11 @@ mod tests {
 
     fn settings(port: u16, mode: SslMode) -> Settings {
         Settings {
-            repo_index: 1,
-            stanza: "st".into(),
-            repo: Default::default(),
-            pg_path: None,
             pg_host: Some("127.0.0.1".into()),
             pg_port: port,
             pg_user: Some("backup".into()),
-            pg_database: "postgres".into(),
             pg_sslmode: mode,
-            pg_sslrootcert: None,
-            compression: pgstrata_repo::codec::Compression::new(
-                pgstrata_repo::codec::CompressType::None,
-                None,
-            )
-            .unwrap(),
-            process_max: std::num::NonZeroUsize::MIN,
-            start_fast: false,
-            archive_timeout: Duration::from_secs(1),
-            archive_lag_max: Duration::from_secs(600),
-            lock_path: std::env::temp_dir(),
-            config_file: None,
-            frame_size: pgstrata_repo::pack::DEFAULT_FRAME_SIZE,
-            pack_size: pgstrata_repo::pack::DEFAULT_PACK_SIZE,
-            bundle_limit: 0,
-            cipher_type: Default::default(),
-            cipher_pass: None,
-            cipher_key_cache: false,
-            standby: None,
+            ..Settings::for_repository("st", Default::default(), std::env::temp_dir())
         }
     }
 

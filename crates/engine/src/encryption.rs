@@ -39,7 +39,7 @@ pub fn use_session_key(session: cipher::SessionKey) {
 /// the stanza record the agent then seals under the session opens with this passphrase.
 pub async fn master_for_peer(s: &Settings, create: bool) -> Result<Option<Arc<Cipher>>> {
     let storage = if create {
-        Storage::open_or_create(&s.repo)?
+        s.storage_or_create()?
     } else {
         s.storage()?
     };

@@ -16,6 +16,10 @@ pub struct Settings {
     pub repo_index: u8,
     /// Where the repository is: a local directory or an object store.
     pub repo: RepoConfig,
+    /// The repository already opened, used instead of opening `repo` (which then only
+    /// names it in messages): the engine's library tests run commands on an in-memory
+    /// object store or a fault-injecting wrapper this way. `None` everywhere else.
+    pub opened: Option<Storage>,
     pub pg_path: Option<PathBuf>,
     /// Socket directory (starting with '/') or host name, as libpq means it.
     pub pg_host: Option<String>,
@@ -75,6 +79,7 @@ impl Settings {
             repo_index: 1,
             stanza: stanza.into(),
             repo,
+            opened: None,
             pg_path: None,
             pg_host: None,
             pg_port: 5432,
@@ -100,11 +105,32 @@ impl Settings {
         }
     }
 
+    /// Settings of a command on the repository `storage` already opened (an in-memory
+    /// store in the engine's library tests), otherwise as [`Settings::for_repository`].
+    pub fn for_opened(stanza: &str, storage: Storage, lock_path: PathBuf) -> Settings {
+        Settings {
+            opened: Some(storage),
+            ..Settings::for_repository(stanza, RepoConfig::default(), lock_path)
+        }
+    }
+
     /// The repository as stored, without a stanza's key: `open_stanza` attaches it.
     pub fn storage(&self) -> Result<Storage> {
         pgstrata_repo::layout::check_stanza_name(&self.stanza)
             .map_err(|e| Error::config(e.to_string()))?;
-        Ok(Storage::open(&self.repo)?)
+        match &self.opened {
+            Some(storage) => Ok(storage.clone()),
+            None => Ok(Storage::open(&self.repo)?),
+        }
+    }
+
+    /// [`Settings::storage`] for stanza-create, which first makes the directory of a new
+    /// local repository.
+    pub fn storage_or_create(&self) -> Result<Storage> {
+        match &self.opened {
+            Some(_) => self.storage(),
+            None => Ok(Storage::open_or_create(&self.repo)?),
+        }
     }
 
     pub fn pg_path(&self) -> Result<&std::path::Path> {

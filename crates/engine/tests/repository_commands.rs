@@ -1,10 +1,15 @@
 //! The engine's commands on repositories built without PostgreSQL (`fixture`): verify,
 //! expire (retention and garbage collection), restore and info, on a clean repository and
 //! on deliberately damaged ones. Part of the fast tier: no cluster, no root, no servers.
+//!
+//! Each test in `on_both_backends!` runs twice: on a local directory (opened from its
+//! path, as the CLI configures it) and on an in-memory object store handed to the
+//! command already opened (`Settings::opened`), so object-store code paths (whole puts,
+//! listings by prefix, no directories) are covered without a server.
 
 mod fixture;
 
-use fixture::{BackupSpec, Repo, STANZA};
+use fixture::{Backend, BackupSpec, Repo, STANZA};
 use pgstrata_engine::commands::expire::{expire, ExpireOptions, RetentionType};
 use pgstrata_engine::commands::restore::{RecoveryType, RestoreOptions};
 use pgstrata_engine::commands::{info, verify};
@@ -24,8 +29,8 @@ fn content(seed: u8, len: usize) -> Vec<u8> {
 
 /// A repository with three full backups, each with its own files and the WAL from the
 /// first backup's start to the last one's stop (segments 10..=31).
-async fn three_fulls() -> (Repo, Vec<Manifest>) {
-    let repo = Repo::new().await;
+async fn three_fulls(backend: Backend) -> (Repo, Vec<Manifest>) {
+    let repo = Repo::on(backend).await;
     let (a, b, c) = (content(1, 20_000), content(2, 8192), content(3, 100));
     let mut manifests = vec![];
     for (i, label) in [FULL1, FULL2, FULL3].into_iter().enumerate() {
@@ -58,9 +63,8 @@ fn verdict<'r>(r: &'r verify::VerifyReport, label: &str) -> &'r verify::BackupVe
     r.backups.iter().find(|b| b.label == label).unwrap()
 }
 
-#[tokio::test]
-async fn a_clean_repository_verifies() {
-    let (repo, _) = three_fulls().await;
+async fn a_clean_repository_verifies(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
     let r = verify_all(&repo).await;
     assert!(r.ok, "{}", verify::render_text(&r));
     assert_eq!(r.backups.len(), 3);
@@ -69,10 +73,10 @@ async fn a_clean_repository_verifies() {
     assert!(r.wal.damaged.is_empty() && r.wal.gaps.is_empty());
 }
 
-#[tokio::test]
-async fn verify_finds_a_flipped_byte_in_a_pack_frame() {
-    let (repo, m) = three_fulls().await;
-    repo.flip_byte(&repo.pack_of(&m[1], "base/1/16384"), 5000);
+async fn verify_finds_a_flipped_byte_in_a_pack_frame(backend: Backend) {
+    let (repo, m) = three_fulls(backend).await;
+    repo.flip_byte(&repo.pack_of(&m[1], "base/1/16384"), 5000)
+        .await;
     let r = verify_all(&repo).await;
     assert!(!r.ok, "a damaged frame fails verify (exit 4)");
     let bad = verdict(&r, FULL2);
@@ -85,10 +89,9 @@ async fn verify_finds_a_flipped_byte_in_a_pack_frame() {
     assert!(verdict(&r, FULL1).ok && verdict(&r, FULL3).ok);
 }
 
-#[tokio::test]
-async fn verify_finds_a_missing_pack() {
-    let (repo, m) = three_fulls().await;
-    std::fs::remove_file(repo.pack_of(&m[0], "global/pg_control")).unwrap();
+async fn verify_finds_a_missing_pack(backend: Backend) {
+    let (repo, m) = three_fulls(backend).await;
+    repo.remove(&repo.pack_of(&m[0], "global/pg_control")).await;
     let r = verify_all(&repo).await;
     assert!(!r.ok);
     let bad = verdict(&r, FULL1);
@@ -100,11 +103,10 @@ async fn verify_finds_a_missing_pack() {
     assert!(verdict(&r, FULL2).ok);
 }
 
-#[tokio::test]
-async fn verify_finds_a_missing_wal_segment_as_a_gap_and_an_invalid_backup() {
-    let (repo, _) = three_fulls().await;
+async fn verify_finds_a_missing_wal_segment_as_a_gap_and_an_invalid_backup(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
     // Segment 21 is FULL2's stop: FULL2 cannot become consistent.
-    std::fs::remove_file(repo.path(&repo.wal_key(21))).unwrap();
+    repo.remove(&repo.wal_key(21)).await;
     let r = verify_all(&repo).await;
     assert!(!r.ok);
     let gap = (fixture::segment_name(21), fixture::segment_name(21));
@@ -113,25 +115,24 @@ async fn verify_finds_a_missing_wal_segment_as_a_gap_and_an_invalid_backup() {
     assert!(verdict(&r, FULL1).ok && verdict(&r, FULL3).ok);
 }
 
-#[tokio::test]
-async fn verify_finds_a_damaged_wal_segment() {
-    let (repo, _) = three_fulls().await;
-    let key = repo.wal_key(15);
-    let len = std::fs::metadata(repo.path(&key)).unwrap().len();
-    repo.flip_byte(&repo.path(&key), len - 1);
+async fn verify_finds_a_damaged_wal_segment(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
+    repo.flip_byte(&repo.wal_key(15), -1).await;
     let r = verify_all(&repo).await;
     assert!(!r.ok);
     assert_eq!(r.wal.damaged.len(), 1, "{:?}", r.wal.damaged);
     assert!(r.wal.damaged[0].contains(&fixture::segment_name(15)));
 }
 
-#[tokio::test]
-async fn a_manifest_damaged_with_its_copy_intact_still_verifies_and_restores() {
-    let (repo, _) = three_fulls().await;
-    let main = repo.path(&layout::manifest(STANZA, FULL2));
-    repo.flip_byte(&main, 40);
-    let copy = repo.path(&layout::manifest_copy(STANZA, FULL2));
-    assert_ne!(std::fs::read(&main).unwrap(), std::fs::read(copy).unwrap());
+async fn a_manifest_damaged_with_its_copy_intact_still_verifies_and_restores(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
+    let main = layout::manifest(STANZA, FULL2);
+    repo.flip_byte(&main, 40).await;
+    let copy = layout::manifest_copy(STANZA, FULL2);
+    assert_ne!(
+        repo.storage.get_unsealed(&main).await.unwrap(),
+        repo.storage.get_unsealed(&copy).await.unwrap()
+    );
     let r = verify_all(&repo).await;
     assert!(verdict(&r, FULL2).ok, "{}", verify::render_text(&r));
     let target = tempfile::tempdir().unwrap();
@@ -142,14 +143,13 @@ async fn a_manifest_damaged_with_its_copy_intact_still_verifies_and_restores() {
     );
 }
 
-#[tokio::test]
-async fn a_manifest_damaged_with_its_copy_fails_verify() {
-    let (repo, _) = three_fulls().await;
+async fn a_manifest_damaged_with_its_copy_fails_verify(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
     for key in [
         layout::manifest(STANZA, FULL3),
         layout::manifest_copy(STANZA, FULL3),
     ] {
-        repo.flip_byte(&repo.path(&key), 40);
+        repo.flip_byte(&key, 40).await;
     }
     let outcome = verify::verify(&repo.settings(None), None).await;
     match outcome {
@@ -172,29 +172,27 @@ fn expire_options(full: u32) -> ExpireOptions {
     }
 }
 
-#[tokio::test]
-async fn expire_keeps_the_newest_fulls_and_frees_only_what_they_do_not_use() {
-    let (repo, m) = three_fulls().await;
+async fn expire_keeps_the_newest_fulls_and_frees_only_what_they_do_not_use(backend: Backend) {
+    let (repo, m) = three_fulls(backend).await;
     let report = expire(&repo.settings(None), &expire_options(2))
         .await
         .unwrap();
     assert_eq!(report.expired, vec![FULL1.to_string()]);
     assert_eq!(repo.labels().await, vec![FULL2, FULL3]);
     assert_eq!(report.packs_deleted, 4, "FULL1's four packs");
-    assert!(!repo.pack_of(&m[0], "base/1/16384").exists());
-    assert!(repo.pack_of(&m[1], "base/1/16384").exists());
+    assert!(!repo.exists(&repo.pack_of(&m[0], "base/1/16384")).await);
+    assert!(repo.exists(&repo.pack_of(&m[1], "base/1/16384")).await);
     // WAL before the oldest kept backup's start (segment 20) is gone, the rest stays.
     assert_eq!(report.wal_deleted, 10);
-    assert!(!repo.path(&repo.wal_key(19)).exists());
-    assert!(repo.path(&repo.wal_key(20)).exists());
+    assert!(!repo.exists(&repo.wal_key(19)).await);
+    assert!(repo.exists(&repo.wal_key(20)).await);
     // What is kept still verifies: nothing referenced was removed.
     let r = verify_all(&repo).await;
     assert!(r.ok, "{}", verify::render_text(&r));
 }
 
-#[tokio::test]
-async fn expire_keeps_packs_an_incremental_references_in_an_expired_backup() {
-    let repo = Repo::new().await;
+async fn expire_keeps_packs_an_incremental_references_in_an_expired_backup(backend: Backend) {
+    let repo = Repo::on(backend).await;
     let big = content(9, 30_000);
     let full = repo
         .backup(&BackupSpec {
@@ -218,10 +216,10 @@ async fn expire_keeps_packs_an_incremental_references_in_an_expired_backup() {
         })
         .await;
     // Rewrite its manifest with a file whose extent is in FULL1's pack.
-    let dir = repo.path(&format!("{STANZA}/backup/{label2}"));
-    std::fs::remove_dir_all(dir.join("manifest")).unwrap();
-    std::fs::remove_file(dir.join("backup.manifest")).unwrap();
-    std::fs::remove_file(dir.join("backup.manifest.copy")).unwrap();
+    repo.remove_all(&format!("{STANZA}/backup/{label2}/manifest"))
+        .await;
+    repo.remove(&layout::manifest(STANZA, label2)).await;
+    repo.remove(&layout::manifest_copy(STANZA, label2)).await;
     let mut carried = fixture::file_entry(&full, "base/1/16384").clone();
     for c in carried.chunks.iter_mut() {
         c.backup = Some(FULL1.into());
@@ -242,9 +240,12 @@ async fn expire_keeps_packs_an_incremental_references_in_an_expired_backup() {
         .unwrap();
     assert_eq!(report.expired, vec![FULL1.to_string()]);
     let shared = repo.pack_of(&full, "base/1/16384");
-    assert!(shared.exists(), "a pack a kept backup references stays");
     assert!(
-        !repo.pack_of(&full, "base/1/PG_VERSION").exists(),
+        repo.exists(&shared).await,
+        "a pack a kept backup references stays"
+    );
+    assert!(
+        !repo.exists(&repo.pack_of(&full, "base/1/PG_VERSION")).await,
         "an unreferenced pack of the expired backup goes"
     );
     let target = tempfile::tempdir().unwrap();
@@ -255,9 +256,10 @@ async fn expire_keeps_packs_an_incremental_references_in_an_expired_backup() {
     );
 }
 
+/// Local only: the orphans' ages are set through their files' modification times.
 #[tokio::test]
 async fn expire_removes_an_old_orphan_pack_and_keeps_young_and_resumable_ones() {
-    let (repo, _) = three_fulls().await;
+    let (repo, _) = three_fulls(Backend::Local).await;
     // Packs of backups that never wrote their manifest (a crash).
     let plant = |label: &str, age_secs: u64| {
         let path = repo.path(&layout::pack(STANZA, label, "0-0"));
@@ -289,9 +291,8 @@ async fn expire_removes_an_old_orphan_pack_and_keeps_young_and_resumable_ones() 
     assert!(verify_all(&repo).await.ok);
 }
 
-#[tokio::test]
-async fn expire_of_one_set_removes_exactly_that_backup() {
-    let (repo, _) = three_fulls().await;
+async fn expire_of_one_set_removes_exactly_that_backup(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
     let o = ExpireOptions {
         set: Some(FULL2.into()),
         ..expire_options(3)
@@ -331,9 +332,8 @@ async fn restore_into(
         .await
 }
 
-#[tokio::test]
-async fn restore_writes_every_file_of_the_chosen_backup() {
-    let (repo, _) = three_fulls().await;
+async fn restore_writes_every_file_of_the_chosen_backup(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
     let target = tempfile::tempdir().unwrap();
     let report = restore_into(&repo, FULL1, target.path()).await.unwrap();
     assert_eq!(report.label, FULL1);
@@ -352,9 +352,8 @@ async fn restore_writes_every_file_of_the_chosen_backup() {
     }
 }
 
-#[tokio::test]
-async fn restore_plan_chooses_the_newest_backup_and_writes_nothing() {
-    let (repo, _) = three_fulls().await;
+async fn restore_plan_chooses_the_newest_backup_and_writes_nothing(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
     let target = tempfile::tempdir().unwrap();
     let o = RestoreOptions {
         set: None,
@@ -368,18 +367,17 @@ async fn restore_plan_chooses_the_newest_backup_and_writes_nothing() {
     assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 0);
 }
 
-#[tokio::test]
-async fn restore_of_a_damaged_frame_fails_as_damage() {
-    let (repo, m) = three_fulls().await;
-    repo.flip_byte(&repo.pack_of(&m[0], "postgresql.conf"), 10);
+async fn restore_of_a_damaged_frame_fails_as_damage(backend: Backend) {
+    let (repo, m) = three_fulls(backend).await;
+    repo.flip_byte(&repo.pack_of(&m[0], "postgresql.conf"), 10)
+        .await;
     let target = tempfile::tempdir().unwrap();
     let e = restore_into(&repo, FULL1, target.path()).await.unwrap_err();
     assert_eq!(e.exit_code(), 4, "{e}");
 }
 
-#[tokio::test]
-async fn info_lists_the_backups_oldest_first() {
-    let (repo, _) = three_fulls().await;
+async fn info_lists_the_backups_oldest_first(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
     let r = info::info(&repo.settings(None), None).await.unwrap();
     let text = info::render_text(&r);
     let at = |l: &str| text.find(l).unwrap_or_else(|| panic!("{l} in {text}"));
@@ -406,9 +404,8 @@ async fn read_back(repo: &Repo, label: &str) -> pgstrata_repo::Result<Vec<(Strin
     Ok(files)
 }
 
-#[tokio::test]
-async fn an_in_memory_repository_reads_back_what_was_written_and_catches_a_flipped_byte() {
-    let repo = Repo::in_memory().await;
+async fn the_readers_read_back_what_was_written_and_catch_a_flipped_byte(backend: Backend) {
+    let repo = Repo::on(backend).await;
     let (a, b) = (content(4, 50_000), content(5, 300));
     let m = repo
         .backup(&BackupSpec {
@@ -430,14 +427,42 @@ async fn an_in_memory_repository_reads_back_what_was_written_and_catches_a_flipp
     // Damage one frame in the store: the read fails as damage, naming the file.
     let chunk = fixture::file_entry(&m, "global/pg_control").chunks[0].clone();
     let key = layout::pack(STANZA, FULL1, chunk.pack.unwrap().as_str());
-    let mut stored = repo.storage.get_unsealed(&key).await.unwrap().to_vec();
-    stored[chunk.offset as usize + 7] ^= 0x55;
-    repo.storage.delete(&key).await.unwrap();
-    repo.storage
-        .put_new_unsealed(&key, stored.into())
-        .await
-        .unwrap();
+    repo.flip_byte(&key, chunk.offset as i64 + 7).await;
     let e = read_back(&repo, FULL1).await.unwrap_err();
     assert_eq!(e.kind, pgstrata_repo::ErrorKind::Corrupt, "{e}");
     assert!(e.to_string().contains("global/pg_control"), "{e}");
 }
+
+/// Each test `name(backend)` as `name::local` and `name::in_memory`.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn local() {
+                super::$name(super::Backend::Local).await
+            }
+            #[tokio::test]
+            async fn in_memory() {
+                super::$name(super::Backend::Memory).await
+            }
+        }
+    )*};
+}
+
+on_both_backends!(
+    a_clean_repository_verifies,
+    verify_finds_a_flipped_byte_in_a_pack_frame,
+    verify_finds_a_missing_pack,
+    verify_finds_a_missing_wal_segment_as_a_gap_and_an_invalid_backup,
+    verify_finds_a_damaged_wal_segment,
+    a_manifest_damaged_with_its_copy_intact_still_verifies_and_restores,
+    a_manifest_damaged_with_its_copy_fails_verify,
+    expire_keeps_the_newest_fulls_and_frees_only_what_they_do_not_use,
+    expire_keeps_packs_an_incremental_references_in_an_expired_backup,
+    expire_of_one_set_removes_exactly_that_backup,
+    restore_writes_every_file_of_the_chosen_backup,
+    restore_plan_chooses_the_newest_backup_and_writes_nothing,
+    restore_of_a_damaged_frame_fails_as_damage,
+    info_lists_the_backups_oldest_first,
+    the_readers_read_back_what_was_written_and_catch_a_flipped_byte,
+);

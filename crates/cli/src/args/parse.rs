@@ -204,6 +204,7 @@ fn settings(inv: &Invocation) -> Result<Settings, Error> {
         stanza,
         repo_index: inv.repo_index,
         repo: repo_config(inv),
+        opened: None,
         pg_path: path(inv, "pg-path"),
         pg_host: Some(inv.text("pg-host").to_string()),
         pg_port: inv.int("pg-port"),

@@ -3,7 +3,7 @@
 use crate::local_cluster::cluster_identity;
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_repo::stanza::{ClusterIdentity, StanzaInfo};
-use pgstrata_repo::{ErrorKind as RepoErrorKind, Storage, FORMAT_VERSION};
+use pgstrata_repo::{ErrorKind as RepoErrorKind, FORMAT_VERSION};
 
 pub enum CreateOutcome {
     Created,
@@ -14,7 +14,7 @@ pub async fn stanza_create(s: &Settings) -> Result<CreateOutcome> {
     pgstrata_repo::layout::check_stanza_name(&s.stanza)
         .map_err(|e| Error::config(e.to_string()))?;
     let cluster = cluster_identity(s).await?;
-    let storage = Storage::open_or_create(&s.repo)?;
+    let storage = s.storage_or_create()?;
     storage.check_create_only(&s.stanza).await?;
     if StanzaInfo::exists(&storage, &s.stanza).await? {
         return existing_stanza(s, &cluster).await;
