@@ -203,7 +203,7 @@ impl Bench {
     }
 
     pub fn sql(&self, sql: &str) -> Result<String, String> {
-        self.cluster().psql("postgres", sql)
+        Ok(self.cluster().psql("postgres", sql)?)
     }
 
     /// Switch WAL and wait until the segment just completed, and everything before it, is
@@ -261,7 +261,7 @@ impl Bench {
     /// hashes (cheaper than the test kit's md5 of every row, for GB-sized tables).
     pub fn content_check(&self, cluster: &Cluster) -> Result<String, String> {
         if let Some(sql) = &self.check_sql {
-            return cluster.psql("postgres", sql);
+            return Ok(cluster.psql("postgres", sql)?);
         }
         let tables = cluster.psql(
             "postgres",
@@ -277,7 +277,7 @@ impl Bench {
             })
             .collect::<Vec<_>>()
             .join(" UNION ALL ");
-        cluster.psql("postgres", &format!("SELECT * FROM ({sql}) s ORDER BY 1"))
+        Ok(cluster.psql("postgres", &format!("SELECT * FROM ({sql}) s ORDER BY 1"))?)
     }
 
     pub fn source_check(&self) -> Result<String, String> {

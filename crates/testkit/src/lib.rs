@@ -25,11 +25,14 @@ pub struct S3Server {
 }
 
 impl S3Server {
-    pub fn start(bucket: &str) -> Result<S3Server, String> {
+    pub fn start(bucket: &str) -> Result<S3Server> {
         let port = free_port();
-        let exe = which("moto_server").ok_or(
-            "moto_server not found: pip install 'moto[server]' (.ci/setup does) or put it on PATH",
-        )?;
+        let exe = which("moto_server").ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotInstalled,
+                "moto_server not found: pip install 'moto[server]' (.ci/setup does) or put it on PATH",
+            )
+        })?;
         let mut command = Command::new(exe);
         command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
         let server = S3Server {
@@ -43,7 +46,10 @@ impl S3Server {
                 return Ok(server);
             }
             if Instant::now() > deadline {
-                return Err("moto_server did not come up within 30 s".into());
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    "moto_server did not come up within 30 s",
+                ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -81,12 +87,12 @@ impl S3Server {
 struct ServerProcess(std::process::Child);
 
 impl ServerProcess {
-    fn spawn(mut command: Command, what: &str) -> Result<ServerProcess, String> {
+    fn spawn(mut command: Command, what: &str) -> Result<ServerProcess> {
         let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start {what}: {e}"))?;
+            .map_err(|e| Error::io(format!("cannot start {what}"), e))?;
         Ok(ServerProcess(child))
     }
 }
@@ -137,7 +143,7 @@ pub const AZURITE_KEY: &str =
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 
 impl AzuriteServer {
-    pub fn start(container: &str) -> Result<AzuriteServer, String> {
+    pub fn start(container: &str) -> Result<AzuriteServer> {
         let exe = tool("azurite-blob")?;
         let port = free_port();
         let data = Scratch::new("azurite-data");
@@ -169,7 +175,12 @@ impl AzuriteServer {
         run_ok(Command::new("python3").arg("-c").arg(format!(
             "from azure.storage.blob import BlobServiceClient; BlobServiceClient.from_connection_string('{cs}').create_container('{container}')"
         )))
-        .map_err(|e| format!("create Azurite container (pip install azure-storage-blob): {e}"))?;
+        .map_err(|e| {
+            Error::new(
+                e.kind,
+                format!("create Azurite container (pip install azure-storage-blob): {e}"),
+            )
+        })?;
         Ok(server)
     }
 
@@ -197,7 +208,7 @@ impl AzuriteServer {
 }
 
 /// A test server program: on PATH, or where .ci/setup installs tools.
-fn tool(name: &str) -> Result<PathBuf, String> {
+fn tool(name: &str) -> Result<PathBuf> {
     which(name)
         .or_else(|| {
             [format!(
@@ -207,14 +218,22 @@ fn tool(name: &str) -> Result<PathBuf, String> {
             .map(PathBuf::from)
             .find(|p| p.is_file())
         })
-        .ok_or_else(|| format!("{name} not found: run .ci/setup"))
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotInstalled,
+                format!("{name} not found: run .ci/setup"),
+            )
+        })
 }
 
-fn wait_for_port(port: u16, what: &str) -> Result<(), String> {
+fn wait_for_port(port: u16, what: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         if Instant::now() > deadline {
-            return Err(format!("{what} did not listen on port {port} within 30 s"));
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                format!("{what} did not listen on port {port} within 30 s"),
+            ));
         }
         std::thread::sleep(Duration::from_millis(100));
     }

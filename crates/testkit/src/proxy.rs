@@ -21,6 +21,7 @@
 //!
 //! It listens on 127.0.0.1 only and stops (its open connections shut down) when dropped.
 
+use crate::{Error, ErrorKind, Result};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::io::{Read, Write};
@@ -98,7 +99,7 @@ impl Line {
 
     /// A relay whose clients are on `client`'s side of the line, forwarding to `target` on
     /// the other side.
-    pub fn relay(&self, client: Host, target: Target) -> Result<Proxy, String> {
+    pub fn relay(&self, client: Host, target: Target) -> Result<Proxy> {
         Proxy::to(target).on_line(self, client).start()
     }
 
@@ -106,9 +107,10 @@ impl Line {
     /// through a fresh relay (database host -> backup host) into a socket that reads and
     /// drops them, timed from the first byte written to the sink's acknowledgement of the
     /// last. Returns seconds.
-    pub fn measure_raw(&self, bytes: usize) -> Result<f64, String> {
-        let sink = TcpListener::bind(("127.0.0.1", 0)).map_err(|e| e.to_string())?;
-        let sink_port = sink.local_addr().map_err(|e| e.to_string())?.port();
+    pub fn measure_raw(&self, bytes: usize) -> Result<f64> {
+        let io = |what: &'static str| move |e| Error::io(format!("line test: {what}"), e);
+        let sink = TcpListener::bind(("127.0.0.1", 0)).map_err(io("bind the sink"))?;
+        let sink_port = sink.local_addr().map_err(io("bind the sink"))?.port();
         let drain = std::thread::spawn(move || -> std::io::Result<u64> {
             let (mut s, _) = sink.accept()?;
             let mut buf = vec![0u8; 1 << 16];
@@ -126,21 +128,23 @@ impl Line {
         let mut data = vec![0u8; bytes];
         std::fs::File::open("/dev/urandom")
             .and_then(|mut f| f.read_exact(&mut data))
-            .map_err(|e| format!("/dev/urandom: {e}"))?;
-        let mut c = TcpStream::connect(("127.0.0.1", relay.port)).map_err(|e| e.to_string())?;
+            .map_err(io("read /dev/urandom"))?;
+        let mut c = TcpStream::connect(("127.0.0.1", relay.port)).map_err(io("connect"))?;
         let t0 = Instant::now();
-        c.write_all(&data).map_err(|e| e.to_string())?;
-        c.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
+        c.write_all(&data).map_err(io("send"))?;
+        c.shutdown(Shutdown::Write).map_err(io("send"))?;
         let mut ack = Vec::new();
-        c.read_to_end(&mut ack).map_err(|e| e.to_string())?;
+        c.read_to_end(&mut ack)
+            .map_err(io("read the acknowledgement"))?;
         let seconds = t0.elapsed().as_secs_f64();
         let got = drain
             .join()
-            .map_err(|_| "line sink panicked".to_string())?
-            .map_err(|e| format!("line sink: {e}"))?;
+            .map_err(|_| Error::new(ErrorKind::Failed, "line test: the sink panicked"))?
+            .map_err(io("the sink"))?;
         if got != bytes as u64 || ack != b"k" {
-            return Err(format!(
-                "line test: {got} of {bytes} bytes arrived (ack {ack:?})"
+            return Err(Error::new(
+                ErrorKind::Failed,
+                format!("line test: {got} of {bytes} bytes arrived (ack {ack:?})"),
             ));
         }
         Ok(seconds)
@@ -248,12 +252,12 @@ impl ProxyBuilder {
         self
     }
 
-    pub fn start(self) -> Result<Proxy, String> {
-        let listen = || -> Result<(TcpListener, u16), String> {
-            let l = TcpListener::bind(("127.0.0.1", 0))
-                .map_err(|e| format!("proxy: bind 127.0.0.1: {e}"))?;
-            let port = l.local_addr().map_err(|e| e.to_string())?.port();
-            l.set_nonblocking(true).map_err(|e| format!("proxy: {e}"))?;
+    pub fn start(self) -> Result<Proxy> {
+        let listen = || -> Result<(TcpListener, u16)> {
+            let io = |e| Error::io("proxy: listen on 127.0.0.1", e);
+            let l = TcpListener::bind(("127.0.0.1", 0)).map_err(io)?;
+            let port = l.local_addr().map_err(io)?.port();
+            l.set_nonblocking(true).map_err(io)?;
             Ok((l, port))
         };
         let (plain, port) = listen()?;
@@ -443,13 +447,13 @@ fn serve(
     client: TcpStream,
     shared: &Arc<Shared>,
     tls: Option<Arc<rustls::ServerConfig>>,
-) -> Result<(), String> {
+) -> std::io::Result<()> {
     let o = &shared.opts;
-    client.set_nonblocking(false).map_err(|e| e.to_string())?;
+    client.set_nonblocking(false)?;
     let _ = client.set_nodelay(true);
     let mut client = match tls {
         Some(config) => {
-            let (plain, bridge) = UnixStream::pair().map_err(|e| e.to_string())?;
+            let (plain, bridge) = UnixStream::pair()?;
             std::thread::spawn(move || {
                 let _ = end_tls(client, bridge, config);
             });
@@ -469,14 +473,14 @@ fn serve(
     std::thread::sleep(o.connect_delay);
     let mut server = connect_target(&o.target)?;
     if !first.is_empty() {
-        server.write_all(&first).map_err(|e| e.to_string())?;
+        server.write_all(&first)?;
         shared
             .counts
             .to_target
             .fetch_add(first.len() as u64, Ordering::Relaxed);
     }
     let id = shared.counts.connections.fetch_add(1, Ordering::Relaxed);
-    let clone = |s: &Stream| s.try_clone().map_err(|e| e.to_string());
+    let clone = |s: &Stream| s.try_clone();
     shared
         .open
         .lock()
@@ -510,9 +514,9 @@ fn http_request_head(
     client: &mut Stream,
     shared: &Shared,
     connection_turn_spoken: &AtomicBool,
-) -> Result<Option<(Vec<u8>, bool)>, String> {
+) -> std::io::Result<Option<(Vec<u8>, bool)>> {
     let mut first = Vec::new();
-    let Some(head) = read_head(client, &mut first).map_err(|e| e.to_string())? else {
+    let Some(head) = read_head(client, &mut first)? else {
         return Ok(None);
     };
     let line = String::from_utf8_lossy(&head[..find(&head, b"\r\n").unwrap_or(0)]).to_string();
@@ -522,7 +526,7 @@ fn http_request_head(
         let mut r = shared.rules.lock().unwrap();
         if r.refuse.as_ref().is_some_and(|n| line.contains(n.as_str())) {
             r.refused += 1;
-            client.shutdown(Shutdown::Both).map_err(|e| e.to_string())?;
+            client.shutdown(Shutdown::Both)?;
             return Ok(None);
         }
         drop_answer = r
@@ -550,16 +554,19 @@ fn http_request_head(
 }
 
 /// A connection to the proxied server.
-fn connect_target(target: &Target) -> Result<Stream, String> {
+fn connect_target(target: &Target) -> std::io::Result<Stream> {
+    let context = |what: String| {
+        move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"))
+    };
     Ok(match target {
         Target::Tcp(p) => {
             let s = TcpStream::connect(("127.0.0.1", *p))
-                .map_err(|e| format!("connect 127.0.0.1:{p}: {e}"))?;
+                .map_err(context(format!("connect 127.0.0.1:{p}")))?;
             let _ = s.set_nodelay(true);
             Stream::Tcp(s)
         }
         Target::Unix(path) => Stream::Unix(
-            UnixStream::connect(path).map_err(|e| format!("connect {}: {e}", path.display()))?,
+            UnixStream::connect(path).map_err(context(format!("connect {}", path.display())))?,
         ),
     })
 }
@@ -679,18 +686,23 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, String> {
+fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig> {
     let certs = CertificateDer::pem_file_iter(cert)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("proxy: certificate {}: {e}", cert.display()))?;
+        .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!("proxy: certificate {}: {e}", cert.display()),
+            )
+        })?;
     let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("proxy: key {}: {e}", key.display()))?;
+        .map_err(|e| Error::new(ErrorKind::Io, format!("proxy: key {}: {e}", key.display())))?;
     rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
-    .map_err(|e| format!("proxy: TLS: {e}"))
+    .map_err(|e| Error::new(ErrorKind::Io, format!("proxy: TLS: {e}")))
 }
 
 /// End TLS on `tcp`, passing the plain bytes to and from `plain` (the other end of which
@@ -700,19 +712,18 @@ fn end_tls(
     mut tcp: TcpStream,
     mut plain: UnixStream,
     config: Arc<rustls::ServerConfig>,
-) -> Result<(), String> {
+) -> std::io::Result<()> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
-    let e = |e: std::io::Error| e.to_string();
-    let mut conn = rustls::ServerConnection::new(config).map_err(|e| e.to_string())?;
+    let mut conn = rustls::ServerConnection::new(config).map_err(std::io::Error::other)?;
     while conn.is_handshaking() {
-        conn.complete_io(&mut tcp).map_err(e)?;
+        conn.complete_io(&mut tcp)?;
     }
     let mut buf = vec![0u8; CHUNK];
     let mut client_done = false;
     loop {
         while conn.wants_write() {
-            conn.write_tls(&mut tcp).map_err(e)?;
+            conn.write_tls(&mut tcp)?;
         }
         let (tcp_ready, plain_ready) = {
             let tcp_fd = tcp.as_fd();
@@ -721,22 +732,22 @@ fn end_tls(
             if !client_done {
                 fds.push(PollFd::new(tcp_fd, PollFlags::POLLIN));
             }
-            poll(&mut fds, PollTimeout::NONE).map_err(|e| e.to_string())?;
+            poll(&mut fds, PollTimeout::NONE)?;
             let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
             (fds.get(1).is_some_and(ready), ready(&fds[0]))
         };
         if tcp_ready {
-            let n = conn.read_tls(&mut tcp).map_err(e)?;
-            conn.process_new_packets().map_err(|e| e.to_string())?;
+            let n = conn.read_tls(&mut tcp)?;
+            conn.process_new_packets().map_err(std::io::Error::other)?;
             loop {
                 match conn.reader().read(&mut buf) {
                     Ok(0) => {
                         client_done = true;
                         break;
                     }
-                    Ok(k) => plain.write_all(&buf[..k]).map_err(e)?,
+                    Ok(k) => plain.write_all(&buf[..k])?,
                     Err(x) if x.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(x) => return Err(x.to_string()),
+                    Err(x) => return Err(x),
                 }
             }
             if n == 0 || client_done {
@@ -745,16 +756,16 @@ fn end_tls(
             }
         }
         if plain_ready {
-            let n = plain.read(&mut buf).map_err(e)?;
+            let n = plain.read(&mut buf)?;
             if n == 0 {
                 conn.send_close_notify();
                 while conn.wants_write() {
-                    conn.write_tls(&mut tcp).map_err(e)?;
+                    conn.write_tls(&mut tcp)?;
                 }
                 let _ = tcp.shutdown(Shutdown::Both);
                 return Ok(());
             }
-            conn.writer().write_all(&buf[..n]).map_err(e)?;
+            conn.writer().write_all(&buf[..n])?;
         }
     }
 }

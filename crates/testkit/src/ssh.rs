@@ -7,7 +7,9 @@
 //! sshd must start as root (it switches to the user that logs in), so these tests need
 //! root; .ci/setup installs openssh-server and creates the backup user.
 
-use crate::{chown_to, free_port, is_root, run_ok, set_mode, PG_OS_USER};
+use crate::{
+    chown_to, free_port, fs, is_root, run_ok, set_mode, Error, ErrorKind, Result, PG_OS_USER,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,27 +31,25 @@ fn write_client(
     port: u16,
     known_hosts: &Path,
     suffix: &str,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf> {
     let key = home.join("id_ed25519");
     let config = home.join(format!("ssh_config{suffix}"));
-    std::fs::write(
+    fs::write(
         &config,
         format!(
             "Host *\n  HostName 127.0.0.1\n  Port {port}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n  BatchMode yes\n  LogLevel ERROR\n",
             key.display(),
             known_hosts.display()
         ),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let wrapper = home.join(format!("ssh{suffix}"));
-    std::fs::write(
+    fs::write(
         &wrapper,
         format!(
             "#!/bin/sh\nexec /usr/bin/ssh -F {} \"$@\"\n",
             config.display()
         ),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     for p in [&config, &wrapper] {
         chown_to(p, user)?;
     }
@@ -61,22 +61,24 @@ fn write_client(
 impl SshServer {
     /// Start sshd in `dir` (a fresh directory, given to root) for [`PG_OS_USER`] and
     /// [`BACKUP_OS_USER`].
-    pub fn start(dir: &Path) -> Result<SshServer, String> {
+    pub fn start(dir: &Path) -> Result<SshServer> {
         if !is_root() {
-            return Err(
-                "the SSH tests start sshd, which needs root (run them as root, as CI does)".into(),
-            );
+            return Err(Error::new(
+                ErrorKind::NotInstalled,
+                "the SSH tests start sshd, which needs root (run them as root, as CI does)",
+            ));
         }
         let sshd = Path::new("/usr/sbin/sshd");
         if !sshd.exists() {
-            return Err(
-                "/usr/sbin/sshd not found: apt-get install openssh-server (.ci/setup does)".into(),
-            );
+            return Err(Error::new(
+                ErrorKind::NotInstalled,
+                "/usr/sbin/sshd not found: apt-get install openssh-server (.ci/setup does)",
+            ));
         }
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        fs::create_dir_all(dir)?;
         set_mode(dir, 0o755)?;
         // sshd's privilege separation directory.
-        std::fs::create_dir_all("/run/sshd").map_err(|e| format!("mkdir /run/sshd: {e}"))?;
+        fs::create_dir_all("/run/sshd")?;
         set_mode(Path::new("/run/sshd"), 0o755)?;
         let host_key = dir.join("host_key");
         run_ok(
@@ -85,18 +87,16 @@ impl SshServer {
                 .arg(&host_key),
         )?;
         let auth_dir = dir.join("authorized_keys");
-        std::fs::create_dir_all(&auth_dir).map_err(|e| e.to_string())?;
+        fs::create_dir_all(&auth_dir)?;
         set_mode(&auth_dir, 0o755)?;
         let port = free_port();
-        let host_pub =
-            std::fs::read_to_string(dir.join("host_key.pub")).map_err(|e| e.to_string())?;
+        let host_pub = fs::read_to_string(dir.join("host_key.pub"))?;
         let known_hosts = dir.join("known_hosts");
-        std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}"))
-            .map_err(|e| e.to_string())?;
+        fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}"))?;
         set_mode(&known_hosts, 0o644)?;
         for user in [PG_OS_USER, BACKUP_OS_USER] {
             let home = dir.join(format!("client-{user}"));
-            std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
+            fs::create_dir_all(&home)?;
             let key = home.join("id_ed25519");
             run_ok(
                 Command::new("ssh-keygen")
@@ -104,15 +104,14 @@ impl SshServer {
                     .arg(&key),
             )?;
             // Each host logs in to the other: this user's key lets it in as the other one.
-            let public =
-                std::fs::read_to_string(home.join("id_ed25519.pub")).map_err(|e| e.to_string())?;
+            let public = fs::read_to_string(home.join("id_ed25519.pub"))?;
             let other = if user == PG_OS_USER {
                 BACKUP_OS_USER
             } else {
                 PG_OS_USER
             };
             let authorized = auth_dir.join(other);
-            std::fs::write(&authorized, public).map_err(|e| e.to_string())?;
+            fs::write(&authorized, public)?;
             set_mode(&authorized, 0o644)?;
             for p in [&home, &key] {
                 chown_to(p, user)?;
@@ -122,7 +121,7 @@ impl SshServer {
             write_client(&home, user, port, &known_hosts, "")?;
         }
         let config = dir.join("sshd_config");
-        std::fs::write(
+        fs::write(
             &config,
             format!(
                 "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nPidFile {}\nAuthorizedKeysFile {}/%u\n\
@@ -133,8 +132,7 @@ impl SshServer {
                 dir.join("sshd.pid").display(),
                 auth_dir.display()
             ),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         let child = Command::new(sshd)
             .arg("-D")
             .arg("-e")
@@ -142,11 +140,9 @@ impl SshServer {
             .arg(&config)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::from(
-                std::fs::File::create(dir.join("sshd.log")).map_err(|e| e.to_string())?,
-            ))
+            .stderr(Stdio::from(fs::create(dir.join("sshd.log"))?))
             .spawn()
-            .map_err(|e| format!("start sshd: {e}"))?;
+            .map_err(|e| Error::io("start sshd", e))?;
         let server = SshServer {
             port,
             dir: dir.to_path_buf(),
@@ -155,7 +151,10 @@ impl SshServer {
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if Instant::now() > deadline {
-                return Err(format!("sshd did not listen within 20 s: {}", server.log()));
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("sshd did not listen within 20 s: {}", server.log()),
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -171,19 +170,17 @@ impl SshServer {
     /// Another ssh client wrapper for `user` that connects to 127.0.0.1:`port` instead of
     /// this server's own port: a relay in front of the server (a throttled link, say) that
     /// forwards to it. It trusts this server's host key at that port, and only it.
-    pub fn client_via(&self, user: &str, port: u16) -> Result<PathBuf, String> {
+    pub fn client_via(&self, user: &str, port: u16) -> Result<PathBuf> {
         let home = self.dir.join(format!("client-{user}"));
         if !home.is_dir() {
-            return Err(format!(
-                "no ssh client for {user} in {}",
-                self.dir.display()
+            return Err(Error::new(
+                ErrorKind::NotInstalled,
+                format!("no ssh client for {user} in {}", self.dir.display()),
             ));
         }
-        let host_pub =
-            std::fs::read_to_string(self.dir.join("host_key.pub")).map_err(|e| e.to_string())?;
+        let host_pub = fs::read_to_string(self.dir.join("host_key.pub"))?;
         let known_hosts = self.dir.join(format!("known_hosts-via-{port}"));
-        std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}"))
-            .map_err(|e| e.to_string())?;
+        fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}"))?;
         set_mode(&known_hosts, 0o644)?;
         write_client(&home, user, port, &known_hosts, &format!("-via-{port}"))
     }
@@ -192,9 +189,9 @@ impl SshServer {
     /// `authorized_keys` does: `restrict,command="..."` before the key. Whatever command
     /// the client asks for, sshd runs `command` (the client's words are in
     /// `SSH_ORIGINAL_COMMAND`, which pgstrata ignores).
-    pub fn force_command(&self, user: &str, command: &str) -> Result<(), String> {
+    pub fn force_command(&self, user: &str, command: &str) -> Result<()> {
         let p = self.dir.join("authorized_keys").join(user);
-        let key = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let key = fs::read_to_string(&p)?;
         let key = key
             .rsplit_once('"')
             .map_or(key.as_str(), |(_, k)| k.trim_start());
@@ -202,7 +199,7 @@ impl SshServer {
             "restrict,command=\"{}\" {key}",
             command.replace('\\', "\\\\").replace('"', "\\\"")
         );
-        std::fs::write(&p, line).map_err(|e| format!("{}: {e}", p.display()))
+        fs::write(&p, line)
     }
 
     pub fn log(&self) -> String {

@@ -500,7 +500,9 @@ fn is_library_name(name: &str) -> bool {
 /// tail as soon as the server is gone (a missing WAL file, a bad setting).
 fn wait_until_promoted(c: &Cluster, label: &str) -> Result<()> {
     loop {
-        if c.psql("template1", "SELECT pg_is_in_recovery()").as_deref() == Ok("f") {
+        if c.psql("template1", "SELECT pg_is_in_recovery()")
+            .is_ok_and(|v| v == "f")
+        {
             return Ok(());
         }
         if !c.is_running() {
