@@ -260,11 +260,17 @@ fn wrong_passphrases_and_damage_are_refused() {
     let mut c = env.cmd(&[&format!("--set={incr}"), "verify"]);
     c.env("PGSTRATA_REPO_PATH", &copy);
     let out = c.output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "verify with an intact copy: {err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "verify reports the lost redundancy: {text}"
+    );
     assert!(
-        err.contains("backup.manifest.copy") && err.contains("intact"),
-        "{err}"
+        text.contains(&format!("backup {incr}: ok"))
+            && text.contains("backup.manifest is damaged")
+            && text.contains("backup.manifest.copy is intact"),
+        "{text}"
     );
 
     // Two pack objects swapped.

@@ -250,8 +250,9 @@ fn a_damaged_manifest_is_read_from_its_copy_and_a_damaged_backup_stops_nothing_e
         "warns: {err}"
     );
 
-    // A damaged part of its entries (format 4): the part's copy is read, with a warning
-    // naming it, and the backup verifies.
+    // A damaged part of its entries (format 4): the part's copy serves the reads, so the
+    // backup is valid, but verify fails (exit 4) naming the part and its intact twin:
+    // the backup has lost its redundancy.
     let part = dir.join("manifest/0");
     let intact = std::fs::read(&part).unwrap();
     damage(&part);
@@ -259,9 +260,19 @@ fn a_damaged_manifest_is_read_from_its_copy_and_a_damaged_backup_stops_nothing_e
         .cmd(&[&format!("--set={second}"), "verify"])
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "verify with a damaged part: {err}");
-    assert!(err.contains("manifest/0.copy"), "warns: {err}");
+    let (text, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(4), "verify with a damaged part: {err}");
+    assert!(
+        text.contains(&format!("backup {second}: ok")),
+        "the backup still restores: {text}"
+    );
+    assert!(
+        text.contains("manifest/0 is damaged") && text.contains("manifest/0.copy is intact"),
+        "names the part and its twin: {text}"
+    );
     std::fs::write(&part, intact).unwrap();
     assert!(target.join("PG_VERSION").exists());
 

@@ -135,9 +135,13 @@ pub struct VerifyReport {
     /// Where the repository is (its path or URL, no credentials), for metrics' labels.
     #[serde(skip)]
     pub repository: String,
-    /// No backup is invalid, no archived WAL object is damaged and the archive has no gap.
+    /// No backup is invalid, no twinned object is damaged, no archived WAL object is
+    /// damaged and the archive has no gap.
     pub ok: bool,
     pub backups: Vec<BackupVerdict>,
+    /// Manifests, parts and their copies that are missing or fail their check, including
+    /// those whose twin is intact (the backup restores, but has lost its redundancy).
+    pub damaged_objects: Vec<pgstrata_repo::manifest::DamagedTwin>,
     pub wal: WalVerdict,
 }
 

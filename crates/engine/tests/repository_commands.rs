@@ -124,7 +124,16 @@ async fn verify_finds_a_damaged_wal_segment(backend: Backend) {
     assert!(r.wal.damaged[0].contains(&fixture::segment_name(15)));
 }
 
-async fn a_manifest_damaged_with_its_copy_intact_still_verifies_and_restores(backend: Backend) {
+/// The value of metric `name` in an exposition.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {text}"))
+}
+
+async fn a_manifest_damaged_with_its_copy_intact_restores_but_fails_verify(backend: Backend) {
     let (repo, _) = three_fulls(backend).await;
     let main = layout::manifest(STANZA, FULL2);
     repo.flip_byte(&main, 40).await;
@@ -133,14 +142,51 @@ async fn a_manifest_damaged_with_its_copy_intact_still_verifies_and_restores(bac
         repo.storage.get_unsealed(&main).await.unwrap(),
         repo.storage.get_unsealed(&copy).await.unwrap()
     );
-    let r = verify_all(&repo).await;
-    assert!(verdict(&r, FULL2).ok, "{}", verify::render_text(&r));
+    // The backup restores from the copy...
     let target = tempfile::tempdir().unwrap();
     restore_into(&repo, FULL2, target.path()).await.unwrap();
     assert_eq!(
         std::fs::read(target.path().join("base/1/16384")).unwrap(),
         content(1, 20_000)
     );
+    // ...but its redundancy is gone, and verify says so: exit 4, the object named.
+    let r = verify_all(&repo).await;
+    let text = verify::render_text(&r);
+    assert!(!r.ok, "{text}");
+    assert!(verdict(&r, FULL2).ok, "the backup itself restores: {text}");
+    assert_eq!(r.damaged_objects.len(), 1, "{text}");
+    let d = &r.damaged_objects[0];
+    assert_eq!((&d.key, &d.twin, d.twin_intact), (&main, &copy, true));
+    assert!(
+        text.contains(&main) && text.contains("lost its redundancy"),
+        "{text}"
+    );
+    let metrics = pgstrata_engine::commands::metrics::render_verify(&r, 0);
+    assert_eq!(metric(&metrics, "pgstrata_verify_damaged_objects"), 1.0);
+    assert_eq!(metric(&metrics, "pgstrata_verify_ok"), 0.0);
+}
+
+async fn a_removed_manifest_copy_and_a_damaged_part_fail_verify(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
+    let copy = layout::manifest_copy(STANZA, FULL1);
+    repo.remove(&copy).await;
+    let part = layout::manifest_part(STANZA, FULL3, 0);
+    repo.flip_byte(&part, 50).await;
+    let r = verify_all(&repo).await;
+    let text = verify::render_text(&r);
+    assert!(!r.ok, "{text}");
+    assert!(r.backups.iter().all(|b| b.ok), "all still restore: {text}");
+    let found: Vec<_> = r
+        .damaged_objects
+        .iter()
+        .map(|d| (d.key.as_str(), d.twin_intact))
+        .collect();
+    assert_eq!(
+        found,
+        vec![(copy.as_str(), true), (part.as_str(), true)],
+        "{text}"
+    );
+    assert!(r.damaged_objects[0].why.contains("missing"), "{text}");
 }
 
 async fn a_manifest_damaged_with_its_copy_fails_verify(backend: Backend) {
@@ -455,7 +501,8 @@ on_both_backends!(
     verify_finds_a_missing_pack,
     verify_finds_a_missing_wal_segment_as_a_gap_and_an_invalid_backup,
     verify_finds_a_damaged_wal_segment,
-    a_manifest_damaged_with_its_copy_intact_still_verifies_and_restores,
+    a_manifest_damaged_with_its_copy_intact_restores_but_fails_verify,
+    a_removed_manifest_copy_and_a_damaged_part_fail_verify,
     a_manifest_damaged_with_its_copy_fails_verify,
     expire_keeps_the_newest_fulls_and_frees_only_what_they_do_not_use,
     expire_keeps_packs_an_incremental_references_in_an_expired_backup,

@@ -248,7 +248,7 @@ pub fn render_verify(r: &VerifyReport, now: i64) -> String {
     );
     x.single(
         "pgstrata_verify_ok",
-        "1 when verify found every backup valid and the WAL archive undamaged and without gaps.",
+        "1 when verify found every backup valid, every manifest object and its copy intact, and the WAL archive undamaged and without gaps.",
         if r.ok { 1.0 } else { 0.0 },
     );
     let invalid = r.backups.iter().filter(|b| !b.ok).count();
@@ -267,6 +267,11 @@ pub fn render_verify(r: &VerifyReport, now: i64) -> String {
         "pgstrata_verify_read_bytes",
         "Bytes of backup file content verify read back and checked.",
         r.backups.iter().map(|b| b.bytes_read).sum::<u64>() as f64,
+    );
+    x.single(
+        "pgstrata_verify_damaged_objects",
+        "Manifests, manifest parts and their copies that are missing or fail their check, those whose twin is intact included.",
+        r.damaged_objects.len() as f64,
     );
     x.single(
         "pgstrata_verify_wal_segments",

@@ -121,9 +121,17 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     let progress = Progress::start("verify", 0, 0);
     let mut seen = Seen::default();
     let mut backups = Vec::new();
+    let mut damaged_objects = Vec::new();
     let mut oldest_start: Option<u64> = None;
     for label in &labels {
         let selected = set.is_none_or(|w| w == label);
+        if selected {
+            let damaged = Manifest::check_twins(&storage, &s.stanza, label).await?;
+            for d in &damaged {
+                log::error!("{}", describe_damaged_twin(d));
+            }
+            damaged_objects.extend(damaged);
+        }
         let Some((m, stored)) =
             open_backup(&storage, &s.stanza, label, selected, &mut backups).await?
         else {
@@ -160,14 +168,35 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     backups.sort_by(|a, b| a.label.cmp(&b.label));
     // A gap is a failure even when every backup is consistent: point-in-time recovery
     // cannot cross it, and monitoring watches the exit code.
-    let ok = backups.iter().all(|b| b.ok) && wal.damaged.is_empty() && wal.gaps.is_empty();
+    // So is a damaged twin whose other half is intact: the backup restores today, but the
+    // next damage loses it.
+    let ok = backups.iter().all(|b| b.ok)
+        && damaged_objects.is_empty()
+        && wal.damaged.is_empty()
+        && wal.gaps.is_empty();
     Ok(VerifyReport {
         stanza: s.stanza.clone(),
         repository: storage.description().to_string(),
         ok,
         backups,
+        damaged_objects,
         wal,
     })
+}
+
+/// One line on a damaged twin: what, why, and whether its twin still serves reads.
+fn describe_damaged_twin(d: &pgstrata_repo::manifest::DamagedTwin) -> String {
+    if d.twin_intact {
+        format!(
+            "{} is damaged ({}); its twin {} is intact and serves reads: the backup has lost its redundancy",
+            d.key, d.why, d.twin
+        )
+    } else {
+        format!(
+            "{} is damaged ({}); its twin {} is damaged too",
+            d.key, d.why, d.twin
+        )
+    }
 }
 
 /// Every entry checked so far, and why those that failed did: a verdict per distinct
@@ -557,6 +586,15 @@ pub fn render_text(r: &VerifyReport) -> String {
         ));
         for e in &b.errors {
             out.push_str(&format!("        error: {e}\n"));
+        }
+    }
+    if !r.damaged_objects.is_empty() {
+        out.push_str(&format!(
+            "\n    manifest objects: {} damaged\n",
+            r.damaged_objects.len()
+        ));
+        for d in &r.damaged_objects {
+            out.push_str(&format!("        damaged: {}\n", describe_damaged_twin(d)));
         }
     }
     out.push_str(&format!(

@@ -32,6 +32,7 @@ pub mod patch;
 mod stream;
 #[cfg(test)]
 pub(crate) mod tests;
+mod twins;
 pub(crate) mod validate;
 mod wire;
 
@@ -40,6 +41,7 @@ pub use map::{
 };
 pub use parts::{EncodedPart, PartsWriter};
 pub use stream::StoredManifest;
+pub use twins::DamagedTwin;
 pub use validate::{check_annotation, is_backup_label};
 
 const MAGIC: &[u8; 8] = b"PGSTRMAN";
