@@ -239,7 +239,10 @@ fn compare_restored(
 }
 
 fn verify_and_show(rt: &tokio::runtime::Runtime, s: &Settings) -> Result<(), Error> {
-    let v = rt.block_on(pgstrata_engine::commands::verify::verify(s, None))?;
+    let v = rt.block_on(pgstrata_engine::commands::verify::verify(
+        s,
+        &Default::default(),
+    ))?;
     if !v.ok {
         return Err(Error::integrity(format!(
             "demo: verify found problems:\n{}",

@@ -18,7 +18,7 @@ mod options;
 
 use args::{
     ArchiveGet, ArchivePush, Backup, Command, KeyAdd, Output, RemoteJob, Repo, Report,
-    ReportOutput, Repos, Restore, RestoreTest,
+    ReportOutput, Repos, Restore, RestoreTest, Verify,
 };
 use pgstrata_engine::commands::archive;
 use pgstrata_engine::commands::metrics;
@@ -398,16 +398,18 @@ fn info(r: &Report) -> Result<i32, Error> {
     Ok(0)
 }
 
-fn verify(r: &Report) -> Result<i32, Error> {
+fn verify(v: &Verify) -> Result<i32, Error> {
+    let r = &v.report;
+    let options = pgstrata_engine::commands::verify::VerifyOptions {
+        set: r.set.clone(),
+        repair: v.repair,
+    };
     let repos = r.repos.covered();
     let rt = runtime(repos[0].settings.process_max.get());
     let mut reports = Vec::new();
     for repo in repos {
         let s = &repo.settings;
-        let report = rt.block_on(pgstrata_engine::commands::verify::verify(
-            s,
-            r.set.as_deref(),
-        ))?;
+        let report = rt.block_on(pgstrata_engine::commands::verify::verify(s, &options))?;
         reports.push((s, report));
     }
     let text = pgstrata_engine::commands::verify::render_text;

@@ -313,6 +313,8 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "How far the scratch cluster recovers before it is checked: to consistency (immediate), all archived WAL (default), or a target (time, lsn, xid, name with --target). standby and none are refused." },
     OptionDef { name: "set", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["restore", "restore-test", "info", "expire", "verify"],
         help: "Backup label. restore, restore-test: default the latest (for --type=time, the newest backup that ended before the target); expire: expire just this backup; info, verify: just this backup." },
+    OptionDef { name: "repair", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["verify"],
+        help: "Rewrite each damaged or missing manifest, manifest part or copy whose twin is intact from that twin (under the stanza lock), then report what is left." },
     OptionDef { name: "delta", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["restore"],
         help: "Restore over an existing directory, rewriting only files whose content differs and removing files the backup lacks." },
     OptionDef { name: "force", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["restore"],

@@ -272,6 +272,20 @@ fn wrong_passphrases_and_damage_are_refused() {
             && text.contains("backup.manifest.copy is intact"),
         "{text}"
     );
+    // verify --repair rewrites it from the copy (sealed under the manifest's name, as
+    // written); a second verify passes.
+    let mut c = env.cmd(&["verify", "--repair"]);
+    c.env("PGSTRATA_REPO_PATH", &copy);
+    let out = c.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "verify --repair: {text}");
+    assert!(
+        text.contains("repaired:") && text.contains("backup.manifest"),
+        "{text}"
+    );
+    let mut c = env.cmd(&["verify"]);
+    c.env("PGSTRATA_REPO_PATH", &copy);
+    assert!(c.status().unwrap().success(), "a second verify passes");
 
     // Two pack objects swapped.
     let copy = damaged_copy(&env, "swapped");

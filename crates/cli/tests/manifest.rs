@@ -264,7 +264,11 @@ fn a_damaged_manifest_is_read_from_its_copy_and_a_damaged_backup_stops_nothing_e
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    assert_eq!(out.status.code(), Some(4), "verify with a damaged part: {err}");
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "verify with a damaged part: {err}"
+    );
     assert!(
         text.contains(&format!("backup {second}: ok")),
         "the backup still restores: {text}"

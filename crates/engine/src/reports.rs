@@ -142,6 +142,9 @@ pub struct VerifyReport {
     /// Manifests, parts and their copies that are missing or fail their check, including
     /// those whose twin is intact (the backup restores, but has lost its redundancy).
     pub damaged_objects: Vec<pgstrata_repo::manifest::DamagedTwin>,
+    /// With `--repair`: the damaged objects rewritten from their intact twins (no longer
+    /// in `damaged_objects`).
+    pub repaired: Vec<String>,
     pub wal: WalVerdict,
 }
 

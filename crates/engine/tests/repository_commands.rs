@@ -56,7 +56,9 @@ async fn three_fulls(backend: Backend) -> (Repo, Vec<Manifest>) {
 }
 
 async fn verify_all(repo: &Repo) -> verify::VerifyReport {
-    verify::verify(&repo.settings(None), None).await.unwrap()
+    verify::verify(&repo.settings(None), &Default::default())
+        .await
+        .unwrap()
 }
 
 fn verdict<'r>(r: &'r verify::VerifyReport, label: &str) -> &'r verify::BackupVerdict {
@@ -189,6 +191,59 @@ async fn a_removed_manifest_copy_and_a_damaged_part_fail_verify(backend: Backend
     assert!(r.damaged_objects[0].why.contains("missing"), "{text}");
 }
 
+async fn verify_repair_rewrites_damaged_twins_and_a_second_verify_passes(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
+    let main = layout::manifest(STANZA, FULL1);
+    let intact = repo.storage.get_unsealed(&main).await.unwrap();
+    repo.flip_byte(&main, 40).await;
+    let (part, part_copy) = (
+        layout::manifest_part(STANZA, FULL2, 0),
+        layout::manifest_part_copy(STANZA, FULL2, 0),
+    );
+    repo.remove(&part_copy).await;
+    let repair = verify::VerifyOptions {
+        set: None,
+        repair: true,
+    };
+    let r = verify::verify(&repo.settings(None), &repair).await.unwrap();
+    let text = verify::render_text(&r);
+    assert_eq!(r.repaired, vec![main.clone(), part_copy.clone()], "{text}");
+    assert!(r.damaged_objects.is_empty() && r.ok, "{text}");
+    assert!(text.contains(&format!("repaired: {main}")), "{text}");
+    // The same bytes as before the damage; the removed copy is back.
+    assert_eq!(repo.storage.get_unsealed(&main).await.unwrap(), intact);
+    assert_eq!(
+        repo.storage.get_unsealed(&part_copy).await.unwrap(),
+        repo.storage.get_unsealed(&part).await.unwrap()
+    );
+    let again = verify_all(&repo).await;
+    assert!(
+        again.ok && again.repaired.is_empty(),
+        "{}",
+        verify::render_text(&again)
+    );
+}
+
+async fn verify_repair_leaves_a_pair_damaged_twice_and_fails(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
+    for key in [
+        layout::manifest_part(STANZA, FULL3, 0),
+        layout::manifest_part_copy(STANZA, FULL3, 0),
+    ] {
+        repo.flip_byte(&key, 50).await;
+    }
+    let repair = verify::VerifyOptions {
+        set: None,
+        repair: true,
+    };
+    let r = verify::verify(&repo.settings(None), &repair).await.unwrap();
+    let text = verify::render_text(&r);
+    assert!(!r.ok && r.repaired.is_empty(), "{text}");
+    assert_eq!(r.damaged_objects.len(), 2, "{text}");
+    assert!(r.damaged_objects.iter().all(|d| !d.twin_intact), "{text}");
+    assert!(!verdict(&r, FULL3).ok, "{text}");
+}
+
 async fn a_manifest_damaged_with_its_copy_fails_verify(backend: Backend) {
     let (repo, _) = three_fulls(backend).await;
     for key in [
@@ -197,7 +252,7 @@ async fn a_manifest_damaged_with_its_copy_fails_verify(backend: Backend) {
     ] {
         repo.flip_byte(&key, 40).await;
     }
-    let outcome = verify::verify(&repo.settings(None), None).await;
+    let outcome = verify::verify(&repo.settings(None), &Default::default()).await;
     match outcome {
         Ok(r) => assert!(
             !r.ok && !verdict(&r, FULL3).ok,
@@ -503,6 +558,8 @@ on_both_backends!(
     verify_finds_a_damaged_wal_segment,
     a_manifest_damaged_with_its_copy_intact_restores_but_fails_verify,
     a_removed_manifest_copy_and_a_damaged_part_fail_verify,
+    verify_repair_rewrites_damaged_twins_and_a_second_verify_passes,
+    verify_repair_leaves_a_pair_damaged_twice_and_fails,
     a_manifest_damaged_with_its_copy_fails_verify,
     expire_keeps_the_newest_fulls_and_frees_only_what_they_do_not_use,
     expire_keeps_packs_an_incremental_references_in_an_expired_backup,

@@ -519,6 +519,35 @@ impl Storage {
         self.put_new_unsealed(key, data).await
     }
 
+    /// Replace object `key` with `data` (sealed under `sealed_as`'s name in an encrypted
+    /// stanza, as [`Storage::put_new_twice`] seals both twins): the one write that is not
+    /// create-only, for `verify --repair` to rewrite a damaged twin from its intact one. The
+    /// replacement is whole and atomic on every backend (a rename into place on a local
+    /// directory, a PUT on object stores): readers see the damaged bytes or the new ones,
+    /// never neither.
+    pub async fn replace(&self, key: &str, sealed_as: &str, data: Bytes) -> Result<()> {
+        let data = match &self.cipher {
+            Some(c) => Bytes::from(c.seal_object(sealed_as, &data)?),
+            None => data,
+        };
+        self.retry_object(key, format!("rewrite {key}"), |path, what| {
+            let opts = PutOptions {
+                mode: PutMode::Overwrite,
+                attributes: self.put_attributes.clone(),
+                ..Default::default()
+            };
+            let payload = PutPayload::from(data.clone());
+            async move {
+                self.store
+                    .put_opts(&path, payload, opts)
+                    .await
+                    .map(drop)
+                    .map_err(|e| map_err(e, what))
+            }
+        })
+        .await
+    }
+
     /// Write a new object as given: packs (whose frames are sealed one by one), key files
     /// and probes. Fails with `AlreadyExists` if another one is there.
     ///

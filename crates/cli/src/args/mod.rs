@@ -82,7 +82,7 @@ pub(crate) enum Command {
     ArchiveGet(ArchiveGet),
     Expire(Repos),
     Info(Report),
-    Verify(Report),
+    Verify(Verify),
     KeyAdd(KeyAdd),
     KeyList {
         repos: Repos,
@@ -210,6 +210,12 @@ pub(crate) struct Report {
     pub(crate) repos: Repos,
     pub(crate) set: Option<String>,
     pub(crate) output: Output,
+}
+
+pub(crate) struct Verify {
+    pub(crate) report: Report,
+    /// `--repair`: rewrite damaged manifest objects from their intact twins.
+    pub(crate) repair: bool,
 }
 
 pub(crate) struct KeyAdd {

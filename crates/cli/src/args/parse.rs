@@ -5,7 +5,7 @@
 use super::resolve::Invocation;
 use super::{
     Agent, ArchiveGet, ArchivePush, Backup, Command, KeyAdd, RemoteJob, Repo, Report, Reporting,
-    Repos, Restore, RestoreTest,
+    Repos, Restore, RestoreTest, Verify,
 };
 use crate::logging::LogLevel;
 use crate::options;
@@ -58,7 +58,10 @@ pub(crate) fn command(inv: &Invocation) -> Result<Command, Error> {
         "archive-get" => Command::ArchiveGet(archive_get(inv)?),
         "expire" => Command::Expire(repos(inv)?),
         "info" => Command::Info(report(inv)?),
-        "verify" => Command::Verify(report(inv)?),
+        "verify" => Command::Verify(Verify {
+            report: report(inv)?,
+            repair: inv.flag("repair"),
+        }),
         "key-add" => Command::KeyAdd(KeyAdd {
             repos: repos(inv)?,
             new_pass: inv
@@ -638,7 +641,7 @@ mod tests {
                 }
                 Command::ArchivePush(a) => Some(&a.repos),
                 Command::ArchiveGet(a) => Some(&a.repos),
-                Command::Info(r) | Command::Verify(r) => Some(&r.repos),
+                Command::Info(r) | Command::Verify(Verify { report: r, .. }) => Some(&r.repos),
                 Command::KeyAdd(k) => Some(&k.repos),
                 Command::KeyList { repos, .. } | Command::KeyRemove { repos, .. } => Some(repos),
                 _ => None,

@@ -97,7 +97,18 @@ fn entry_key(m: &Manifest, f: &FileEntry, text: &mut String) -> EntryKey {
     *blake3::hash(text.as_bytes()).as_bytes()
 }
 
-pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
+/// What to verify, and whether to repair.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyOptions {
+    /// One backup (`--set`); all when `None`.
+    pub set: Option<String>,
+    /// Rewrite each damaged manifest object whose twin is intact from that twin
+    /// (`--repair`), under the stanza lock.
+    pub repair: bool,
+}
+
+pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
+    let set = o.set.as_deref();
     let (storage, stanza) = open_stanza(s).await?;
     let labels = list_backups(&storage, &s.stanza).await?;
     if let Some(want) = set {
@@ -168,6 +179,11 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
     backups.sort_by(|a, b| a.label.cmp(&b.label));
     // A gap is a failure even when every backup is consistent: point-in-time recovery
     // cannot cross it, and monitoring watches the exit code.
+    let repaired = if o.repair && damaged_objects.iter().any(|d| d.twin_intact) {
+        repair(s, &storage, &mut damaged_objects).await?
+    } else {
+        Vec::new()
+    };
     // So is a damaged twin whose other half is intact: the backup restores today, but the
     // next damage loses it.
     let ok = backups.iter().all(|b| b.ok)
@@ -180,8 +196,46 @@ pub async fn verify(s: &Settings, set: Option<&str>) -> Result<VerifyReport> {
         ok,
         backups,
         damaged_objects,
+        repaired,
         wal,
     })
+}
+
+/// `--repair`: under the stanza lock (expire must not remove a backup while one of its
+/// objects is rewritten), rewrite every damaged object whose twin is intact from the twin
+/// and take it out of `damaged`; returns the keys repaired. One that fails to be rewritten
+/// stays in `damaged`, its failure logged.
+async fn repair(
+    s: &Settings,
+    storage: &Storage,
+    damaged: &mut Vec<pgstrata_repo::manifest::DamagedTwin>,
+) -> Result<Vec<String>> {
+    let candidates = std::mem::take(damaged);
+    let work = async {
+        let mut repaired = Vec::new();
+        let mut left = Vec::new();
+        for d in candidates {
+            if !d.twin_intact {
+                left.push(d);
+                continue;
+            }
+            match d.repair(storage).await {
+                Ok(()) => {
+                    log::warn!("{}: rewritten from its intact twin {}", d.key, d.twin);
+                    repaired.push(d.key);
+                }
+                Err(e) => {
+                    log::error!("{}: not repaired: {e}", d.key);
+                    left.push(d);
+                }
+            }
+        }
+        Ok((repaired, left))
+    };
+    let (repaired, left) =
+        crate::lock::with_lock(storage, &s.stanza, &s.lock_path, "verify --repair", work).await?;
+    *damaged = left;
+    Ok(repaired)
 }
 
 /// One line on a damaged twin: what, why, and whether its twin still serves reads.
@@ -587,6 +641,11 @@ pub fn render_text(r: &VerifyReport) -> String {
         for e in &b.errors {
             out.push_str(&format!("        error: {e}\n"));
         }
+    }
+    for key in &r.repaired {
+        out.push_str(&format!(
+            "\n    repaired: {key} (rewritten from its intact twin)\n"
+        ));
     }
     if !r.damaged_objects.is_empty() {
         out.push_str(&format!(

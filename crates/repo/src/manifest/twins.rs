@@ -25,6 +25,31 @@ pub struct DamagedTwin {
     pub why: String,
 }
 
+impl DamagedTwin {
+    /// Rewrite this damaged object from its intact twin (sealed, in an encrypted stanza,
+    /// under the original's name as both twins are), then check it as `check_twins` does.
+    /// The caller holds the stanza lock, so expire cannot remove the backup meanwhile.
+    pub async fn repair(&self, storage: &Storage) -> Result<()> {
+        if !self.twin_intact {
+            return Err(crate::Error::corrupt(format!(
+                "{} cannot be repaired: its twin {} is damaged too",
+                self.key, self.twin
+            )));
+        }
+        let original = layout::copied_from(&self.key).unwrap_or(&self.key);
+        let intact = storage.get_sealed_as(&self.twin, original).await?;
+        storage.replace(&self.key, original, intact.clone()).await?;
+        let written = storage.get_sealed_as(&self.key, original).await?;
+        if written != intact {
+            return Err(crate::Error::corrupt(format!(
+                "{}: rewritten from {}, but reads back different bytes",
+                self.key, self.twin
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// A pair: the original's key and its copy's.
 struct Pair {
     key: String,
