@@ -355,6 +355,8 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Messages written to the log file in log-path." },
     OptionDef { name: "log-path", kind: Kind::Path, default: Some("/var/log/pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: &[],
         help: "Directory for log files, named STANZA-COMMAND.log." },
+    OptionDef { name: "state-path", kind: Kind::Path, default: Some("/var/lib/pgstrata/state"), scope: Scope::Config, secret: false, peer: false, commands: &["backup", "expire", "info", "verify"],
+        help: "Directory where this host remembers the backups and newest WAL it saw in each repository, to report those that vanish without an expire record (an attacker deleting backups); created mode 0700. When it cannot be made, a warning, and only the repository's expire records are used." },
     OptionDef { name: "lock-path", kind: Kind::Path, default: Some("/tmp/pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: &["backup", "expire"],
         help: "Directory of the host-local lock that lets one process at a time remove a stale stanza lock; created mode 0700, and refused when another user owns it or others can write to it (give each OS user running pgstrata its own)." },
     OptionDef { name: "pg-bin", kind: Kind::Path, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["demo"],

@@ -65,6 +65,23 @@ pub(crate) async fn collect_garbage(
     // An interrupted backup newer than every backup with a manifest can still be resumed
     // by the next backup: its packs and checkpoints stay whatever their age.
     let newest_with_manifest = manifest_objects.iter().max().copied().unwrap_or("");
+    // A label with its manifest's copy but no manifest, that no expire (this run or a
+    // recorded one) removed, has vanished (see `vanished`): what is left of it is evidence
+    // and may restore it, so nothing of it is deleted until `expire --set` names it.
+    let records = match expired {
+        Some(_) => pgstrata_repo::expire_record::ExpireRecord::load_all(storage, stanza).await?,
+        None => Default::default(),
+    };
+    let vanished: HashSet<&str> = parsed
+        .iter()
+        .filter(|(_, (label, kind))| {
+            *kind == BackupObject::ManifestCopy
+                && !manifest_objects.contains(label)
+                && !expired.is_some_and(|e| e.contains(*label))
+                && !records.expired_backup(label)
+        })
+        .map(|(_, (label, _))| *label)
+        .collect();
     let resumable = |label: &str| {
         pgstrata_repo::resume::resumable(
             label,
@@ -89,6 +106,7 @@ pub(crate) async fn collect_garbage(
                 // A copy or a part (format 4) without its manifest: a backup stopped before
                 // its last write, or expired (the manifest goes first).
                 let stray = !manifest_objects.contains(label)
+                    && !vanished.contains(label)
                     && (expired.is_some_and(|e| e.contains(label))
                         || now - obj.modified >= ORPHAN_GRACE_SECS);
                 if expired.is_some() && stray {
@@ -106,7 +124,7 @@ pub(crate) async fn collect_garbage(
                     && !expired.is_some_and(|e| e.contains(label))
                     && (now - obj.modified < ORPHAN_GRACE_SECS || resumable(label));
                 let damaged = manifest_objects.contains(label) && !with_manifest.contains(label);
-                if expired.is_some() && !young_orphan && !damaged {
+                if expired.is_some() && !young_orphan && !damaged && !vanished.contains(label) {
                     storage.delete(&obj.key).await?;
                     usage.deleted += 1;
                     usage.freed += obj.size;

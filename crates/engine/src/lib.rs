@@ -41,6 +41,7 @@ pub mod progress;
 mod reports;
 mod settings;
 pub mod track;
+mod vanished;
 mod wal_archive;
 mod walk;
 
@@ -66,7 +67,7 @@ mod layers {
         &["settings", "walk"],
         &["db", "encryption"],
         &["local_cluster", "wal_archive", "garbage"],
-        &["track", "data_restore"],
+        &["track", "data_restore", "vanished"],
         &["reports"],
     ];
 

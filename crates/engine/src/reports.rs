@@ -85,6 +85,9 @@ pub struct StanzaReport {
     /// Backups whose manifest and its copy are both damaged: they cannot be restored.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) damaged: Vec<DamagedBackup>,
+    /// Backups and WAL gone without an expire record (`vanished`).
+    #[serde(skip_serializing_if = "crate::vanished::Vanished::is_empty")]
+    pub vanished: crate::vanished::Vanished,
 }
 
 #[derive(Debug, Serialize)]
@@ -142,6 +145,8 @@ pub struct VerifyReport {
     /// Manifests, parts and their copies that are missing or fail their check, including
     /// those whose twin is intact (the backup restores, but has lost its redundancy).
     pub damaged_objects: Vec<pgstrata_repo::manifest::DamagedTwin>,
+    /// Backups and WAL gone without an expire record: a failure.
+    pub vanished: crate::vanished::Vanished,
     /// With `--repair`: the damaged objects rewritten from their intact twins (no longer
     /// in `damaged_objects`).
     pub repaired: Vec<String>,

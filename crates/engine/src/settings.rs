@@ -55,6 +55,9 @@ pub struct Settings {
     pub cipher_pass: Option<Passphrase>,
     /// Keep the opened master key in the host's key cache (`repo-cipher-key-cache`).
     pub cipher_key_cache: bool,
+    /// Where this host remembers what it saw of each repository (`state-path`), to tell
+    /// vanished backups from expired ones; `None`: not kept (the expire records alone).
+    pub state_path: Option<PathBuf>,
     /// backup: read relation files from this standby instead of the primary
     /// (`backup-standby`).
     pub standby: Option<StandbySource>,
@@ -102,6 +105,7 @@ impl Settings {
             cipher_pass: None,
             cipher_key_cache: false,
             standby: None,
+            state_path: None,
         }
     }
 

@@ -534,6 +534,150 @@ async fn the_readers_read_back_what_was_written_and_catch_a_flipped_byte(backend
     assert!(e.to_string().contains("global/pg_control"), "{e}");
 }
 
+async fn info_of(repo: &Repo) -> info::StanzaReport {
+    info::info(&repo.settings(None), None).await.unwrap()
+}
+
+async fn a_backup_deleted_without_expire_is_reported_as_vanished(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
+    // This host looks (info), then an attacker deletes the newest backup's manifest, its
+    // copy and its parts: the repository looks as if it never had it.
+    assert!(info_of(&repo).await.vanished.is_empty());
+    repo.remove_all(&format!("{STANZA}/backup/{FULL3}/manifest"))
+        .await;
+    repo.remove(&layout::manifest(STANZA, FULL3)).await;
+    repo.remove(&layout::manifest_copy(STANZA, FULL3)).await;
+    let r = info_of(&repo).await;
+    assert_eq!(r.vanished.backups, vec![FULL3.to_string()]);
+    let text = info::render_text(&r);
+    assert!(
+        text.contains(&format!("VANISHED: backup {FULL3} vanished")),
+        "{text}"
+    );
+    let metrics = pgstrata_engine::commands::metrics::render_info(&r, 0);
+    assert_eq!(metric(&metrics, "pgstrata_vanished_backups"), 1.0);
+    // verify fails on it (exit 4), and keeps saying so.
+    for _ in 0..2 {
+        let v = verify_all(&repo).await;
+        assert!(!v.ok, "{}", verify::render_text(&v));
+        assert_eq!(v.vanished.backups, vec![FULL3.to_string()]);
+    }
+}
+
+async fn an_expired_backup_has_not_vanished(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
+    assert!(info_of(&repo).await.vanished.is_empty());
+    expire(&repo.settings(None), &expire_options(1))
+        .await
+        .unwrap();
+    let r = info_of(&repo).await;
+    assert!(r.vanished.is_empty(), "{:?}", r.vanished);
+    let v = verify_all(&repo).await;
+    assert!(v.ok, "{}", verify::render_text(&v));
+    // The record names what went: two backups and the WAL before the kept one.
+    let records = pgstrata_repo::expire_record::ExpireRecord::load_all(&repo.storage, STANZA)
+        .await
+        .unwrap();
+    assert_eq!(records.records.len(), 1);
+    assert_eq!(records.records[0].backups, vec![FULL1, FULL2]);
+    assert!(records.expired_wal(&fixture::cluster().archive_id(), &fixture::segment_name(29)));
+    assert!(!records.expired_wal(&fixture::cluster().archive_id(), &fixture::segment_name(30)));
+}
+
+async fn the_newest_wal_deleted_is_reported_as_vanished(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
+    assert!(verify_all(&repo).await.ok);
+    for segno in 29..=31 {
+        repo.remove(&repo.wal_key(segno)).await;
+    }
+    let v = verify_all(&repo).await;
+    let names: Vec<String> = (29..=31).map(fixture::segment_name).collect();
+    assert_eq!(v.vanished.wal, names, "{}", verify::render_text(&v));
+    assert!(!v.ok);
+    let r = info_of(&repo).await;
+    let metrics = pgstrata_engine::commands::metrics::render_info(&r, 0);
+    assert_eq!(metric(&metrics, "pgstrata_vanished_wal_segments"), 3.0);
+}
+
+async fn without_host_state_a_manifest_copy_left_alone_is_vanished(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
+    repo.remove(&layout::manifest(STANZA, FULL2)).await;
+    let s = pgstrata_engine::Settings {
+        state_path: None,
+        ..repo.settings(None)
+    };
+    let r = info::info(&s, None).await.unwrap();
+    assert_eq!(r.vanished.backups, vec![FULL2.to_string()]);
+    // An expire --set of it records it: no longer reported.
+    let o = ExpireOptions {
+        set: Some(FULL2.into()),
+        ..expire_options(3)
+    };
+    let report = expire(&s, &o).await.unwrap();
+    assert_eq!(report.expired, vec![FULL2.to_string()]);
+    assert!(!repo.exists(&layout::manifest_copy(STANZA, FULL2)).await);
+    let r = info::info(&s, None).await.unwrap();
+    assert!(r.vanished.is_empty(), "{:?}", r.vanished);
+    assert!(verify_all(&repo).await.ok);
+}
+
+async fn an_expire_record_under_another_name_is_refused(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
+    assert!(info_of(&repo).await.vanished.is_empty());
+    // The attacker deletes FULL3 and plants a record claiming expire removed it, stored
+    // under a name other than its own (as a replayed record would be).
+    let mut forged = pgstrata_repo::expire_record::ExpireRecord::new(
+        STANZA,
+        "2026-01-04T00:00:00Z".into(),
+        vec![FULL3.into()],
+        vec![],
+    );
+    forged.name = "1-1".into();
+    let key = layout::expire_record(STANZA, "2-2");
+    repo.storage
+        .put_new(&key, serde_json::to_vec(&forged).unwrap().into())
+        .await
+        .unwrap();
+    repo.remove(&layout::manifest(STANZA, FULL3)).await;
+    repo.remove(&layout::manifest_copy(STANZA, FULL3)).await;
+    let r = info_of(&repo).await;
+    assert_eq!(r.vanished.backups, vec![FULL3.to_string()]);
+    assert_eq!(r.vanished.refused_records, vec![key]);
+}
+
+/// Local only: the objects' ages are set through their files' modification times.
+#[tokio::test]
+async fn expire_keeps_what_is_left_of_a_vanished_backup_until_expire_set_names_it() {
+    let (repo, m) = three_fulls(Backend::Local).await;
+    repo.remove(&layout::manifest(STANZA, FULL2)).await;
+    let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    let copy = layout::manifest_copy(STANZA, FULL2);
+    let pack = repo.pack_of(&m[1], "base/1/16384");
+    for key in [&copy, &pack] {
+        let f = std::fs::File::options()
+            .write(true)
+            .open(repo.path(key))
+            .unwrap();
+        f.set_modified(two_hours_ago).unwrap();
+    }
+    // By retention (all three kept): an old copy without its manifest would be a stray,
+    // but no expire record names it, so it and its packs stay.
+    expire(&repo.settings(None), &expire_options(3))
+        .await
+        .unwrap();
+    assert!(repo.exists(&copy).await && repo.exists(&pack).await);
+    let r = info_of(&repo).await;
+    assert_eq!(r.vanished.backups, vec![FULL2.to_string()]);
+    // expire --set names it: recorded, then removed.
+    let o = ExpireOptions {
+        set: Some(FULL2.into()),
+        ..expire_options(3)
+    };
+    expire(&repo.settings(None), &o).await.unwrap();
+    assert!(!repo.exists(&copy).await && !repo.exists(&pack).await);
+    assert!(info_of(&repo).await.vanished.is_empty());
+}
+
 /// Each test `name(backend)` as `name::local` and `name::in_memory`.
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {$(
@@ -569,4 +713,9 @@ on_both_backends!(
     restore_of_a_damaged_frame_fails_as_damage,
     info_lists_the_backups_oldest_first,
     the_readers_read_back_what_was_written_and_catch_a_flipped_byte,
+    a_backup_deleted_without_expire_is_reported_as_vanished,
+    an_expired_backup_has_not_vanished,
+    the_newest_wal_deleted_is_reported_as_vanished,
+    without_host_state_a_manifest_copy_left_alone_is_vanished,
+    an_expire_record_under_another_name_is_refused,
 );

@@ -16,6 +16,7 @@
 //! <stanza>/backup/<label>/backup.manifest               the manifest, written last
 //! <stanza>/lock/backup.lock                             held while a backup or expire runs
 //! <stanza>/probe/create-only-<unique>                   stanza-create's and check's test object (removed)
+//! <stanza>/expired/<unique>.json                        what one expire removed (kept)
 //! <stanza>/keys/<id>.json                               encrypted stanzas: one wrapped master key each
 //! <stanza>/keys/<id>-<generation>.grant                 encrypted stanzas: a newer master key for <id>
 //! ```
@@ -52,6 +53,28 @@ pub fn lock(stanza: &str) -> String {
 /// refuses the second create.
 pub fn create_only_probe(stanza: &str, unique: &str) -> String {
     format!("{stanza}/probe/create-only-{unique}")
+}
+
+/// A name no other writer makes: this process's id and the time in nanoseconds,
+/// `<pid>-<nanos>` (the `<unique>` of object names).
+pub fn unique_name() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    )
+}
+
+/// Where expire records are ([`expire_record`]).
+pub fn expire_records_dir(stanza: &str) -> String {
+    format!("{stanza}/expired")
+}
+
+/// The record of what one expire removed: backups and WAL (`expire_record` module).
+pub fn expire_record(stanza: &str, unique: &str) -> String {
+    format!("{}/{unique}.json", expire_records_dir(stanza))
 }
 
 /// Where an encrypted stanza's key files are.

@@ -17,6 +17,8 @@
 //! - [`manifest`]: a backup's manifest, the object that makes a backup exist; `checked`:
 //!   the stored form it shares with resume checkpoints; `map_read`: loading file maps
 //!   through the frame reader.
+//! - [`expire_record`]: what each expire removed, so a vanished backup is told from an
+//!   expired one.
 //! - [`resume`]: checkpoints of a running backup, which let the next one reuse its frames.
 //! - [`wal_object`]: archived WAL objects; [`changemap`]: the block-change map beside each segment.
 //! - [`cache`]: objects of a remote repository kept on this host; [`private_dir`]: the
@@ -29,6 +31,7 @@ pub mod chunk;
 pub mod cipher;
 pub mod codec;
 pub mod error;
+pub mod expire_record;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 #[cfg(any(test, feature = "fixtures"))]

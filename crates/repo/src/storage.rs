@@ -1014,14 +1014,7 @@ impl Storage {
         if !self.s3_compatible {
             return Ok(());
         }
-        let unique = format!(
-            "{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos())
-        );
-        let key = crate::layout::create_only_probe(stanza, &unique);
+        let key = crate::layout::create_only_probe(stanza, &crate::layout::unique_name());
         let first = self.put_new(&key, Bytes::from_static(b"first")).await;
         let second = match first {
             Ok(()) => Some(self.put_new(&key, Bytes::from_static(b"second")).await),

@@ -229,6 +229,7 @@ fn settings(inv: &Invocation) -> Result<Settings, Error> {
         cipher_pass: inv.get("repo-cipher-pass").map(Passphrase::new),
         cipher_key_cache: inv.flag("repo-cipher-key-cache"),
         standby: standby_source(inv)?,
+        state_path: Some(inv.text("state-path").into()),
     })
 }
 

@@ -156,6 +156,7 @@ impl Env {
             None => c.env("PGSTRATA_REPO_PATH", &self.repo),
         };
         c.env("PGSTRATA_STANZA", STANZA)
+            .env("PGSTRATA_STATE_PATH", self.scratch.join("host-state"))
             .env("PGSTRATA_PG_PATH", &self.cluster.data)
             .env("PGSTRATA_PG_HOST", &self.cluster.socket_dir)
             .env("PGSTRATA_PG_PORT", self.cluster.port.to_string())

@@ -24,6 +24,7 @@ use crate::lock::with_lock;
 use crate::progress::human_bytes;
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_pg::lsn;
+use pgstrata_repo::expire_record::{ExpireRecord, WalRange};
 use pgstrata_repo::layout::{self, ArchiveObject};
 use pgstrata_repo::manifest::{scan_headers, BackupType, Manifest};
 use pgstrata_repo::Storage;
@@ -62,13 +63,34 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
         // Each backup's header, with the packs it uses: no manifest is read whole.
         let scan = scan_headers(&storage, &s.stanza).await?;
         let headers: Vec<&Manifest> = scan.headers.iter().collect();
-        let damaged: Vec<&str> = scan.damaged.iter().map(|d| d.label.as_str()).collect();
+        let mut damaged: Vec<&str> = scan.damaged.iter().map(|d| d.label.as_str()).collect();
+        // A vanished backup (what is left of it) may be named by --set: its record then
+        // says it is gone on purpose, and it is reported no more.
+        let vanished = match &o.set {
+            Some(_) => vanished_backups(s, &storage, &scan, stanza.cluster.wal_segment_size).await?,
+            None => Vec::new(),
+        };
+        damaged.extend(vanished.iter().map(String::as_str));
         let doomed = choose(&headers, &damaged, o)?;
         for d in scan.damaged.iter().filter(|d| !doomed.contains(&d.label)) {
             log::warn!(
                 "backup {} is damaged and is kept with its packs ({}); expire it with --set={}",
                 d.label, d.error, d.label
             );
+        }
+        let kept: Vec<&Manifest> = headers.iter().copied().filter(|m| !doomed.contains(&m.label)).collect();
+        let archive_id = stanza.cluster.archive_id();
+        let wal = doomed_wal(&storage, &s.stanza, &stanza.cluster, &kept, o.retention_archive).await?;
+        // The record first: whatever is deleted after it is known to have been expired.
+        if !doomed.is_empty() || !wal.is_empty() {
+            let names = wal.iter().map(|(_, name)| name.as_str());
+            let record = ExpireRecord::new(
+                &s.stanza,
+                chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                doomed.iter().cloned().collect(),
+                wal_ranges(&archive_id, stanza.cluster.wal_segment_size, names),
+            );
+            record.write(&storage).await?;
         }
         let mut report = ExpireReport::default();
         for label in &doomed {
@@ -79,12 +101,13 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
             log::info!("expired backup {label}");
             report.expired.push(label.clone());
         }
-        let kept: Vec<&Manifest> = headers.iter().copied().filter(|m| !doomed.contains(&m.label)).collect();
         let usage = collect_garbage(&storage, &s.stanza, &kept, Some(&doomed)).await?;
         report.packs_deleted = usage.deleted;
         report.bytes_freed = usage.freed;
         report.bytes_held = usage.held;
-        report.wal_deleted = expire_wal(&storage, &s.stanza, &stanza.cluster, &kept, o.retention_archive).await?;
+        let wal_keys: Vec<String> = wal.into_iter().map(|(key, _)| key).collect();
+        storage.delete_many(&wal_keys).await?;
+        report.wal_deleted = wal_keys.len() as u64;
         report.staging_removed = remove_staging(&storage, &s.stanza)?;
         log::info!(
             "expire: {} backup(s) expired, {} pack(s) deleted ({} freed), {} WAL file(s) deleted, {} held in partly referenced packs",
@@ -99,7 +122,25 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
     .await
 }
 
-/// The labels to expire. A damaged backup (`damaged`) goes only when `--set` names it.
+/// The backups that vanished (`vanished`), for `expire --set` of one of them.
+async fn vanished_backups(
+    s: &Settings,
+    storage: &Storage,
+    scan: &pgstrata_repo::manifest::Backups,
+    segment_size: u64,
+) -> Result<Vec<String>> {
+    let mut labels: Vec<String> = scan.headers.iter().map(|m| m.label.clone()).collect();
+    labels.extend(scan.damaged.iter().map(|d| d.label.clone()));
+    let found = crate::vanished::Found {
+        labels: &labels,
+        wal: None,
+        segment_size,
+    };
+    Ok(crate::vanished::check(s, storage, &found).await?.backups)
+}
+
+/// The labels to expire. A damaged or vanished backup (`damaged`) goes only when `--set`
+/// names it.
 fn choose(
     manifests: &[&Manifest],
     damaged: &[&str],
@@ -187,13 +228,13 @@ fn remove_staging(storage: &Storage, stanza: &str) -> Result<u64> {
     Ok(removed.len() as u64)
 }
 
-async fn expire_wal(
+async fn doomed_wal(
     storage: &Storage,
     stanza: &str,
     cluster: &pgstrata_repo::stanza::ClusterIdentity,
     kept: &[&Manifest],
     retention_archive: Option<u32>,
-) -> Result<u64> {
+) -> Result<Vec<(String, String)>> {
     let seg = cluster.wal_segment_size;
     let seg_of = |name: &str| lsn::parse_segment_name(name, seg).map(|(_, s)| s);
     let kept_ranges: Vec<(u64, u64)> = kept
@@ -208,18 +249,47 @@ async fn expire_wal(
     let objects = storage
         .list(&layout::archive_root(stanza, &cluster.archive_id()))
         .await?;
-    let doomed: Vec<String> = objects
+    let doomed = objects
         .into_iter()
-        .filter(|obj| {
+        .filter_map(|obj| {
             let name = match layout::parse_archive_object(&obj.key) {
                 ArchiveObject::Wal(name) | ArchiveObject::ChangeMap { segment: name } => name,
             };
-            seg_of(name).is_some_and(|segno| wal_expires(segno, &kept_ranges, retention_archive))
+            let expires = seg_of(name)
+                .is_some_and(|segno| wal_expires(segno, &kept_ranges, retention_archive));
+            let name = name.to_string();
+            expires.then_some((obj.key, name))
         })
-        .map(|obj| obj.key)
         .collect();
-    storage.delete_many(&doomed).await?;
-    Ok(doomed.len() as u64)
+    Ok(doomed)
+}
+
+/// The segments of WAL file `names` (a map, .partial or .backup file counts as its
+/// segment), as ranges of consecutive segments of one timeline, for the expire record.
+fn wal_ranges<'a>(
+    archive_id: &str,
+    segment_size: u64,
+    names: impl Iterator<Item = &'a str>,
+) -> Vec<WalRange> {
+    let segments: BTreeSet<(u32, u64)> = names
+        .filter_map(|n| lsn::parse_segment_name(n.get(..24)?, segment_size))
+        .collect();
+    let name = |(tli, segno): (u32, u64)| lsn::segment_name(tli, segno, segment_size);
+    let mut ranges: Vec<((u32, u64), (u32, u64))> = Vec::new();
+    for s in segments {
+        match ranges.last_mut() {
+            Some((_, last)) if last.0 == s.0 && last.1 + 1 == s.1 => *last = s,
+            _ => ranges.push((s, s)),
+        }
+    }
+    ranges
+        .into_iter()
+        .map(|(first, last)| WalRange {
+            archive_id: archive_id.to_string(),
+            first: name(first),
+            last: name(last),
+        })
+        .collect()
 }
 
 /// Whether archived WAL of segment number `segno` (a segment, its change map, a .partial or

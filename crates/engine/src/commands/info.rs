@@ -61,6 +61,15 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
         .pg_path
         .as_deref()
         .and_then(|p| crate::wal_archive::archive_lag(p, archived, seg_size));
+    let mut labels: Vec<String> = scan.headers.iter().map(|m| m.label.clone()).collect();
+    labels.extend(scan.damaged.iter().map(|d| d.label.clone()));
+    let archive_id = stanza.cluster.archive_id();
+    let found = crate::vanished::Found {
+        labels: &labels,
+        wal: Some((&archive_id, archived)),
+        segment_size: seg_size,
+    };
+    let vanished = crate::vanished::check(s, &storage, &found).await?;
     Ok(StanzaReport {
         stanza: s.stanza.clone(),
         repository: storage.description().to_string(),
@@ -75,6 +84,7 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
         held_size: usage.held,
         backups,
         damaged,
+        vanished,
     })
 }
 
@@ -101,6 +111,9 @@ pub fn render_text(r: &StanzaReport) -> String {
                 .map(|a| format!(", oldest ready for {a} s"))
                 .unwrap_or_default()
         ));
+    }
+    for line in r.vanished.lines() {
+        out.push_str(&format!("    VANISHED: {line}\n"));
     }
     out.push_str(&format!(
         "    repository size: {}, held in partly referenced packs: {}\n",

@@ -186,6 +186,7 @@ pub fn render_info(r: &StanzaReport, now: i64) -> String {
         r.held_size as f64,
     );
     archive_metrics(&mut x, r, now);
+    vanished_metrics(&mut x, &r.vanished);
     x.out
 }
 
@@ -235,6 +236,26 @@ fn archive_metrics(x: &mut Exposition, r: &StanzaReport, now: i64) {
         "pgstrata_archive_newest_segment_age_seconds",
         "Seconds from the storing of the newest archived WAL segment to when these metrics were taken (the archive's lag as the repository sees it).",
         (now - stored) as f64,
+    );
+}
+
+/// What vanished (`vanished`), from info (verify's vanished findings show in
+/// `pgstrata_verify_ok`: a textfile collector refuses one metric from two files).
+fn vanished_metrics(x: &mut Exposition, v: &crate::vanished::Vanished) {
+    x.single(
+        "pgstrata_vanished_backups",
+        "Backups gone from the repository without an expire record naming them (deleted by someone other than expire).",
+        v.backups.len() as f64,
+    );
+    x.single(
+        "pgstrata_vanished_wal_segments",
+        "Archived WAL segments gone without an expire record naming them.",
+        v.wal.len() as f64,
+    );
+    x.single(
+        "pgstrata_expire_records_refused",
+        "Expire records that failed to open or were stored under another name (forged or replayed).",
+        v.refused_records.len() as f64,
     );
 }
 

@@ -175,6 +175,12 @@ pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
         backups.push(v);
     }
     wal.gaps = crate::wal_archive::archive_gaps(&segments, oldest_start, seg_size);
+    let found = crate::vanished::Found {
+        labels: &labels,
+        wal: Some((&archive_id, &segments)),
+        segment_size: seg_size,
+    };
+    let vanished = crate::vanished::check(s, &storage, &found).await?;
     progress.finish();
     backups.sort_by(|a, b| a.label.cmp(&b.label));
     // A gap is a failure even when every backup is consistent: point-in-time recovery
@@ -188,6 +194,7 @@ pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
     // next damage loses it.
     let ok = backups.iter().all(|b| b.ok)
         && damaged_objects.is_empty()
+        && vanished.is_empty()
         && wal.damaged.is_empty()
         && wal.gaps.is_empty();
     Ok(VerifyReport {
@@ -196,6 +203,7 @@ pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
         ok,
         backups,
         damaged_objects,
+        vanished,
         repaired,
         wal,
     })
@@ -641,6 +649,9 @@ pub fn render_text(r: &VerifyReport) -> String {
         for e in &b.errors {
             out.push_str(&format!("        error: {e}\n"));
         }
+    }
+    for line in r.vanished.lines() {
+        out.push_str(&format!("\n    VANISHED: {line}\n"));
     }
     for key in &r.repaired {
         out.push_str(&format!(

@@ -68,17 +68,37 @@ pub(crate) fn make_label(now: chrono::DateTime<chrono::Utc>, backup_type: Backup
 
 pub async fn backup(s: &Settings, opts: &BackupOptions) -> Result<Manifest> {
     let (storage, stanza) = open_stanza(s).await?;
-    if opts.locked_by_caller {
-        return backup_locked(s, opts, &storage, &stanza).await;
+    let m = if opts.locked_by_caller {
+        backup_locked(s, opts, &storage, &stanza).await?
+    } else {
+        crate::lock::with_lock(
+            &storage,
+            &s.stanza,
+            &s.lock_path,
+            "backup",
+            backup_locked(s, opts, &storage, &stanza),
+        )
+        .await?
+    };
+    report_vanished(s, &storage, stanza.cluster.wal_segment_size).await;
+    Ok(m)
+}
+
+/// After a backup, the backups that vanished from the repository (logged as errors by
+/// `vanished`): the backup stands whatever is found, and a failure to look is a warning.
+async fn report_vanished(s: &Settings, storage: &Storage, segment_size: u64) {
+    let labels = match pgstrata_repo::manifest::list_backups(storage, &s.stanza).await {
+        Ok(labels) => labels,
+        Err(e) => return log::warn!("cannot list backups to look for vanished ones: {e}"),
+    };
+    let found = crate::vanished::Found {
+        labels: &labels,
+        wal: None,
+        segment_size,
+    };
+    if let Err(e) = crate::vanished::check(s, storage, &found).await {
+        log::warn!("cannot look for vanished backups: {e}");
     }
-    crate::lock::with_lock(
-        &storage,
-        &s.stanza,
-        &s.lock_path,
-        "backup",
-        backup_locked(s, opts, &storage, &stanza),
-    )
-    .await
 }
 
 /// Run `work`, a backup of stanza `s.stanza` that another host does (pg-remote), holding
