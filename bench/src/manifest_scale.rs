@@ -251,14 +251,28 @@ struct Shape {
     codec: Compression,
 }
 
+impl Shape {
+    /// `f`'s map `map` stored apart (format 2), as the frame at `offset` of pack `pack`:
+    /// the bytes it takes, compressed.
+    fn store_apart(
+        &self,
+        f: &mut FileEntry,
+        map: &FileMap,
+        pack: String,
+        offset: u64,
+        rng: &mut Rng,
+    ) -> u64 {
+        let raw = map.encode();
+        let stored = self.codec.compress(&raw).len();
+        f.set_map(map_ref(raw.len(), stored, pack, offset, rng), map);
+        stored as u64
+    }
+}
+
 /// The full backup's manifest, and the bytes of the maps stored apart.
 fn full_manifest(shape: &Shape, rng: &mut Rng) -> (Manifest, u64) {
     let Shape {
-        files,
-        size,
-        bs,
-        format2,
-        ref codec,
+        files, size, bs, ..
     } = *shape;
     let owner = pgstrata_repo::fixture::owner(0o600);
     let dir = |path: &str| Entry::dir(path, owner.clone());
@@ -281,13 +295,9 @@ fn full_manifest(shape: &Shape, rng: &mut Rng) -> (Manifest, u64) {
             packs: Default::default(),
             map_depth: 0,
         };
-        if format2 && !f.inline_map() {
+        if shape.format2 && !f.inline_map() {
             let map = f.take_map();
-            let raw = map.encode();
-            let stored = codec.compress(&raw).len();
-            full_maps += stored as u64;
-            let r = map_ref(raw.len(), stored, format!("1-{}", i / 1000), i % 1000, rng);
-            f.set_map(r, &map);
+            full_maps += shape.store_apart(&mut f, &map, format!("1-{}", i / 1000), i % 1000, rng);
         }
         full.entries.push(Entry::File(Box::new(f)));
     }
@@ -310,7 +320,7 @@ fn incr_manifest(
         size,
         bs,
         format2,
-        ref codec,
+        ..
     } = *shape;
     let mut incr = header(INCR_LABEL, Some(FULL_LABEL));
     let blocks_total = files * size.div_ceil(bs);
@@ -339,11 +349,7 @@ fn incr_manifest(
             };
             change_blocks(&mut map, per_file, bs, rng);
             if format2 {
-                let raw = map.encode();
-                let stored = codec.compress(&raw).len();
-                incr_maps += stored as u64;
-                let r = map_ref(raw.len(), stored, "1-1".into(), i, rng);
-                f.set_map(r, &map);
+                incr_maps += shape.store_apart(&mut f, &map, "1-1".into(), i, rng);
             } else {
                 f.chunks = map.chunks.into();
                 f.block_hashes = map.block_hashes.into();

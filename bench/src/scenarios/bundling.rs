@@ -144,20 +144,13 @@ fn repos_for(b: &Bench, variant: &str, case: &str, codec: &str) -> Result<Vec<Re
         None if variant == "off" => (vec!["--bundle=false".into()], vec![]),
         None => (vec!["--bundle=true".into()], vec![]),
     };
-    let mut out = Vec::new();
+    let mut setups = Vec::new();
     for t in &b.pgstrata {
         let setup = Setup {
             backup_args: pgs_args.clone(),
             ..Setup::default()
         };
-        out.push(Repo::new(
-            b,
-            t,
-            &t.label,
-            &format!("{case}-{}", out.len()),
-            codec,
-            setup,
-        )?);
+        setups.push((t, t.label.clone(), setup));
     }
     for t in &b.pgbackrest {
         let modes = if variant == "off" {
@@ -168,17 +161,10 @@ fn repos_for(b: &Bench, variant: &str, case: &str, codec: &str) -> Result<Vec<Re
         for mode in modes {
             let (_, mut setup) = pgbr_setup(t, mode);
             setup.settings.extend(pgbr_extra.iter().cloned());
-            out.push(Repo::new(
-                b,
-                t,
-                &t.label,
-                &format!("{case}-{}", out.len()),
-                codec,
-                setup,
-            )?);
+            setups.push((t, t.label.clone(), setup));
         }
     }
-    Ok(out)
+    super::new_repos(b, case, codec, setups)
 }
 
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {

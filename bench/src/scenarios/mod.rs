@@ -179,7 +179,7 @@ pub fn repos(
     pgbr_asked: &[PgbrMode],
     pgbr_extra: &[String],
 ) -> Result<Vec<Repo>, String> {
-    let mut out = Vec::new();
+    let mut setups = Vec::new();
     for t in &b.pgstrata {
         for (suffix, setup) in variants {
             let label = if suffix.is_empty() {
@@ -187,31 +187,31 @@ pub fn repos(
             } else {
                 format!("{} {suffix}", t.label)
             };
-            out.push(Repo::new(
-                b,
-                t,
-                &label,
-                &format!("{case}-{}", out.len()),
-                codec,
-                setup.clone(),
-            )?);
+            setups.push((t, label, setup.clone()));
         }
     }
     for t in &b.pgbackrest {
         for mode in pgbr_modes(t, pgbr_asked) {
             let (label, mut setup) = pgbr_setup(t, mode);
             setup.settings.extend(pgbr_extra.iter().cloned());
-            out.push(Repo::new(
-                b,
-                t,
-                &label,
-                &format!("{case}-{}", out.len()),
-                codec,
-                setup,
-            )?);
+            setups.push((t, label, setup));
         }
     }
-    Ok(out)
+    new_repos(b, case, codec, setups)
+}
+
+/// A repository for each (tool, column title, setup) of `setups`, in order, named
+/// `<case>-<n>`.
+pub fn new_repos(
+    b: &Bench,
+    case: &str,
+    codec: &str,
+    setups: Vec<(&Tool, String, Setup)>,
+) -> Result<Vec<Repo>, String> {
+    (0..)
+        .zip(setups)
+        .map(|(n, (t, label, setup))| Repo::new(b, t, &label, &format!("{case}-{n}"), codec, setup))
+        .collect()
 }
 
 /// `items` rotated by `k`: which tool goes first changes between runs and cases.
@@ -241,8 +241,9 @@ pub fn remove_repos(b: &Bench, repos: &[Repo]) {
     }
 }
 
-/// Seed 000's change: delete `pct` % of every copy as one contiguous aid range; `n` numbers
-/// the change so that successive changes hit rows that are still there.
+/// Seed 000's change: delete `pct` % of every copy (`{prefix}1` to `{prefix}{copies}`) as
+/// one contiguous aid range; `n` numbers the change so that successive changes hit rows
+/// that are still there.
 pub fn delete_ranges(
     b: &Bench,
     scale: u64,
@@ -251,14 +252,28 @@ pub fn delete_ranges(
     n: u64,
     prefix: &str,
 ) -> Result<(), String> {
+    let tables: Vec<String> = (1..=copies).map(|i| format!("{prefix}{i}")).collect();
+    delete_ranges_of(b, &tables, scale, pct, n)
+}
+
+/// [`delete_ranges`] of pgbench_accounts copies `tables` of a database of pgbench `scale`:
+/// `pct` % of each deleted as one contiguous aid range, placed by the change's number `n`
+/// and the table's position, then VACUUM ANALYZE.
+pub fn delete_ranges_of(
+    b: &Bench,
+    tables: &[String],
+    scale: u64,
+    pct: u64,
+    n: u64,
+) -> Result<(), String> {
     let rows = scale * 100_000;
     let chunk = rows * pct / 100;
     let mut sql = String::new();
-    for i in 1..=copies {
-        let frac = (5 + 13 * (i - 1) + 37 * n) % (100 - pct);
+    for (i, t) in (0u64..).zip(tables) {
+        let frac = (5 + 13 * i + 37 * n) % (100 - pct.min(99));
         let a = rows * frac / 100 + 1;
         sql += &format!(
-            "DELETE FROM {prefix}{i} WHERE aid BETWEEN {a} AND {}; ",
+            "DELETE FROM {t} WHERE aid BETWEEN {a} AND {}; ",
             a + chunk - 1
         );
     }

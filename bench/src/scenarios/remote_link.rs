@@ -939,20 +939,7 @@ fn basebackup(b: &mut Bench, h: &Hosts, method: &str, out: &Path) -> Result<Meas
 /// CHANGE_PCT % of every large table deleted as one contiguous range (`n` moves it between
 /// runs), vacuumed and checkpointed.
 fn change(b: &Bench, tables: &[String], o: &Opts, n: u64) -> Result<(), String> {
-    let rows = o.scale * 100_000;
-    let chunk = rows * o.change_pct / 100;
-    let mut sql = String::new();
-    for (i, t) in tables.iter().enumerate() {
-        let frac = (5 + 13 * i as u64 + 37 * n) % (100 - o.change_pct.min(99));
-        let a = rows * frac / 100 + 1;
-        sql += &format!(
-            "DELETE FROM {t} WHERE aid BETWEEN {a} AND {}; ",
-            a + chunk - 1
-        );
-    }
-    eprintln!("[bench] change #{n}: {sql}");
-    b.sql(&sql)?;
-    b.sql("VACUUM ANALYZE")?;
+    super::delete_ranges_of(b, tables, o.scale, o.change_pct, n)?;
     b.sql("CHECKPOINT")?;
     Ok(())
 }

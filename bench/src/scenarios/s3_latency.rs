@@ -165,72 +165,34 @@ fn targets(b: &Bench, o: &Opts, env: &Env) -> Vec<Target> {
     let d = o.delay_ms;
     let http = format!("http://127.0.0.1:{}", env.proxy.port);
     let mut out = Vec::new();
-    let t = |label: String, tool: &Tool, endpoint: Option<String>, pm: u64, proxied: bool| Target {
-        label,
+    let t = |tool: &Tool, what: String, endpoint: Option<String>, pm: u64, proxied: bool| Target {
+        label: format!("{} {what}", tool.label),
         tool: tool.clone(),
         endpoint,
         process_max: pm,
         proxied,
     };
-    for p in &b.pgstrata {
-        out.push(t(
-            format!("{} local", p.label),
-            p,
-            None,
-            b.process_max,
-            false,
-        ));
-        out.push(t(
-            format!("{} S3+{d}ms", p.label),
-            p,
-            Some(http.clone()),
-            b.process_max,
-            true,
-        ));
-        for &pm in o.s3_pm.iter().filter(|&&pm| pm != b.process_max) {
-            out.push(t(
-                format!("{} S3+{d}ms pm{pm}", p.label),
-                p,
-                Some(http.clone()),
-                pm,
-                true,
-            ));
-        }
-        if o.nodelay {
-            out.push(t(
-                format!("{} S3 no delay", p.label),
-                p,
-                Some(format!("http://127.0.0.1:{}", env.moto_port)),
-                b.process_max,
-                false,
-            ));
+    let pm = b.process_max;
+    for p in b.pgstrata.iter().chain(&b.pgbackrest) {
+        out.push(t(p, "local".into(), None, pm, false));
+        if p.is_pgstrata() {
+            out.push(t(p, format!("S3+{d}ms"), Some(http.clone()), pm, true));
+            for &n in o.s3_pm.iter().filter(|&&n| n != pm) {
+                out.push(t(p, format!("S3+{d}ms pm{n}"), Some(http.clone()), n, true));
+            }
+            if o.nodelay {
+                let direct = format!("http://127.0.0.1:{}", env.moto_port);
+                out.push(t(p, "S3 no delay".into(), Some(direct), pm, false));
+            }
         }
         if let Some(tls) = env.proxy.tls_port {
-            out.push(t(
-                format!("{} S3+{d}ms https", p.label),
-                p,
-                Some(format!("https://127.0.0.1:{tls}")),
-                b.process_max,
-                true,
-            ));
-        }
-    }
-    for p in &b.pgbackrest {
-        out.push(t(
-            format!("{} local", p.label),
-            p,
-            None,
-            b.process_max,
-            false,
-        ));
-        if let Some(tls) = env.proxy.tls_port {
-            out.push(t(
-                format!("{} S3+{d}ms https", p.label),
-                p,
-                Some(tls.to_string()),
-                b.process_max,
-                true,
-            ));
+            // pgBackRest is given the port alone (repo1-storage-port; see target_repo).
+            let endpoint = if p.is_pgstrata() {
+                format!("https://127.0.0.1:{tls}")
+            } else {
+                tls.to_string()
+            };
+            out.push(t(p, format!("S3+{d}ms https"), Some(endpoint), pm, true));
         }
     }
     out

@@ -250,6 +250,66 @@ fn measure_target(
     Ok(())
 }
 
+/// The proxy's requests during one step: its turns after `before` up to `after`.
+struct Turns {
+    before: u64,
+    after: u64,
+}
+
+impl Turns {
+    /// `step` run with `proxy` counting its requests.
+    fn counting<T>(
+        proxy: &mut S3Proxy,
+        step: impl FnOnce() -> Result<T, String>,
+    ) -> Result<(T, Turns), String> {
+        let before = proxy.turns()?;
+        let out = step()?;
+        let after = proxy.turns()?;
+        Ok((out, Turns { before, after }))
+    }
+
+    fn count(&self) -> u64 {
+        self.after - self.before
+    }
+
+    /// `t`'s row of `case` and `step`, measured `m`, with the step's request count.
+    fn row(&self, case: &str, step: &str, t: &Target, m: &Measured) -> Row {
+        Row::timed(case, step, &t.label, 1, m).with_count(Some(self.count()))
+    }
+}
+
+impl Target {
+    /// How its restore_command fetches.
+    fn fetching(&self) -> &'static str {
+        if self.asynchronous {
+            "prefetch (default queue)"
+        } else {
+            "no prefetch"
+        }
+    }
+}
+
+/// `t` running `command` once for each of `case`'s segments in `dir` in order (`then`
+/// after each: [`super::per_segment_loop`]), timed and sampled, the proxy counting.
+#[allow(clippy::too_many_arguments)]
+fn time_per_segment(
+    b: &mut Bench,
+    proxy: &mut S3Proxy,
+    repo: &Repo,
+    dir: &Path,
+    case: &Case,
+    t: &Target,
+    command: &str,
+    then: &str,
+) -> Result<(Measured, Sampled, Turns), String> {
+    let ((m, seen), turns) = Turns::counting(proxy, || {
+        sampled(Some(&t.tool), || {
+            super::per_segment_loop(b, repo, dir, case.names, command, then)
+        })
+    })?;
+    Ok((m, seen, turns))
+}
+
 /// PostgreSQL's archiver: each ready file of `wal` in order, marked done when its command
 /// returns.
 fn time_push(
@@ -260,28 +320,26 @@ fn time_push(
     case: &Case,
     t: &Target,
 ) -> Result<(), String> {
-    let names = case.names;
-    let before = proxy.turns()?;
-    let (m, seen) = sampled(Some(&t.tool), || {
-        super::per_segment_loop(
-            b,
-            repo,
-            wal,
-            names,
-            "archive-push",
-            "mv \"$d/archive_status/$f.ready\" \"$d/archive_status/$f.done\";",
-        )
-    })?;
-    let after = proxy.turns()?;
+    let n = case.names.len() as f64;
+    let (m, seen, turns) = time_per_segment(
+        b,
+        proxy,
+        repo,
+        wal,
+        case,
+        t,
+        "archive-push",
+        "mv \"$d/archive_status/$f.ready\" \"$d/archive_status/$f.done\";",
+    )?;
     b.results.record(
-        Row::timed(&case.push, "archive backlog", &t.label, 1, &m)
-            .with_count(Some(after - before))
+        turns
+            .row(&case.push, "archive backlog", t, &m)
             .note(format!(
                 "{:.1} segments/s; {:.1} requests a segment ({}); {}",
-                names.len() as f64 / m.seconds,
-                (after - before) as f64 / names.len() as f64,
-                proxy.mix(before + 1, after),
-                seen.note(&t.tool.label, names.len())
+                n / m.seconds,
+                turns.count() as f64 / n,
+                proxy.mix(turns.before + 1, turns.after),
+                seen.note(&t.tool.label, case.names.len())
             )),
     )
 }
@@ -297,31 +355,20 @@ fn time_get(
     t: &Target,
 ) -> Result<(), String> {
     let names = case.names;
-    let before = proxy.turns()?;
-    let (m, seen) = sampled(Some(&t.tool), || {
-        super::per_segment_loop(b, repo, out, names, "archive-get", "")
-    })?;
-    let after = proxy.turns()?;
+    let (m, seen, turns) = time_per_segment(b, proxy, repo, out, case, t, "archive-get", "")?;
     for name in names {
         if std::fs::read(out.join(name)).ok() != std::fs::read(seg_dir.join(name)).ok() {
             return Err(format!("{}: archive-get of {name} differs", t.label));
         }
     }
-    b.results.record(
-        Row::timed(&case.get, "restore_command", &t.label, 1, &m)
-            .with_count(Some(after - before))
-            .note(format!(
-                "{:.1} segments/s, {:.0} ms a call; {}; {}",
-                names.len() as f64 / m.seconds,
-                1000.0 * m.seconds / names.len() as f64,
-                if t.asynchronous {
-                    "prefetch (default queue)"
-                } else {
-                    "no prefetch"
-                },
-                seen.note(&t.tool.label, names.len())
-            )),
-    )
+    b.results
+        .record(turns.row(&case.get, "restore_command", t, &m).note(format!(
+            "{:.1} segments/s, {:.0} ms a call; {}; {}",
+            names.len() as f64 / m.seconds,
+            1000.0 * m.seconds / names.len() as f64,
+            t.fetching(),
+            seen.note(&t.tool.label, names.len())
+        )))
 }
 
 /// Recovery for real: the base backup replaying every segment through the tool's
@@ -347,33 +394,21 @@ fn time_replay(
             " --pg1-path=@DATA@".to_string()
         }
     );
-    let before = proxy.turns()?;
-    let (seconds, seen, calls) = replay(
-        b,
-        &segments.src,
-        &segments.base,
-        tag,
-        &restore_command,
-        Some(&t.tool),
-        names,
-    )?;
-    let after = proxy.turns()?;
+    let ((seconds, seen, calls), turns) = Turns::counting(proxy, || {
+        replay(b, segments, tag, &restore_command, Some(&t.tool), names)
+    })?;
     let m = Measured {
         seconds,
         max_rss_kb: seen.tool.peak_rss_kb,
         ..Measured::default()
     };
     b.results.record(
-        Row::timed(&case.replay, "restore + replay", &t.label, 1, &m)
-            .with_count(Some(after - before))
+        turns
+            .row(&case.replay, "restore + replay", t, &m)
             .note(format!(
                 "{:.1} segments/s replayed; {}; {}; {}",
                 names.len() as f64 / seconds,
-                if t.asynchronous {
-                    "prefetch (default queue)"
-                } else {
-                    "no prefetch"
-                },
+                t.fetching(),
                 calls.note(),
                 seen.note(&t.tool.label, names.len())
             )),
@@ -394,15 +429,8 @@ fn replay_floor(b: &mut Bench, segments: &Segments, case: &Case, n: u64) -> Resu
         }
     }
     let restore_command = format!("cp \"{}/%f\" \"%p\"", floor_dir.display());
-    let (seconds, _, calls) = replay(
-        b,
-        &segments.src,
-        &segments.base,
-        &format!("floor-{n}"),
-        &restore_command,
-        None,
-        names,
-    )?;
+    let tag = format!("floor-{n}");
+    let (seconds, _, calls) = replay(b, segments, &tag, &restore_command, None, names)?;
     let m = Measured {
         seconds,
         ..Measured::default()
@@ -419,15 +447,14 @@ fn replay_floor(b: &mut Bench, segments: &Segments, case: &Case, n: u64) -> Resu
 /// Column of the replay without any tool: what recovery itself costs.
 const FLOOR: &str = "cp from local disk";
 
-/// Restore the base backup `base` from `src` into a new data directory, start it with
+/// Restore the base backup of `segments` into a new data directory, start it with
 /// `restore_command` (`@DATA@` stands for the data directory) and time it from start to
 /// promotion at the end of the archive; checks that it replayed every one of `names`.
 /// Samples `tool`'s processes meanwhile, and times every restore_command call through
 /// `bench time-call` (the same few milliseconds a call in every row, `cp` included).
 fn replay(
     b: &mut Bench,
-    src: &Repo,
-    base: &str,
+    segments: &Segments,
     tag: &str,
     restore_command: &str,
     tool: Option<&Tool>,
@@ -440,10 +467,10 @@ fn replay(
         time_call_shim(b)?.display(),
         calls_log.display()
     );
-    src.restore(
+    segments.src.restore(
         b,
         &restored,
-        &[&format!("--set={base}"), "--archive-mode=off"],
+        &[&format!("--set={}", segments.base), "--archive-mode=off"],
     )?;
     let conf = restored.join("postgresql.auto.conf");
     let text = std::fs::read_to_string(&conf).map_err(|e| e.to_string())?;

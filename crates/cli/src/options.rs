@@ -114,24 +114,8 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ("version", "Print the version"),
 ];
 
-const REPO_CMDS: &[&str] = &[
-    "agent",
-    "stanza-create",
-    "check",
-    "backup",
-    "restore",
-    "restore-test",
-    "archive-push",
-    "archive-get",
-    "info",
-    "expire",
-    "verify",
-    "key-add",
-    "key-list",
-    "key-remove",
-];
 /// The commands that work on one stanza (`agent` takes a list: see its own definition).
-const STANZA_CMDS: &[&str] = &[
+const STANZA_CMDS: [&str; 13] = [
     "stanza-create",
     "check",
     "backup",
@@ -146,6 +130,27 @@ const STANZA_CMDS: &[&str] = &[
     "key-list",
     "key-remove",
 ];
+/// The commands that reach a repository: the stanza commands and `agent`.
+const REPO_CMDS: &[&str] = &concat::<_, _, { STANZA_CMDS.len() + 1 }>(["agent"], STANZA_CMDS);
+
+/// `a` then `b`, in a constant (`N` is their lengths' sum).
+const fn concat<const A: usize, const B: usize, const N: usize>(
+    a: [&'static str; A],
+    b: [&'static str; B],
+) -> [&'static str; N] {
+    assert!(A + B == N, "concat: N must be the sum of the lengths");
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < A {
+        out[i] = a[i];
+        i += 1;
+    }
+    while i < N {
+        out[i] = b[i - A];
+        i += 1;
+    }
+    out
+}
 const RETENTION_CMDS: &[&str] = &["backup", "expire"];
 const PG_CMDS: &[&str] = &["stanza-create", "check", "backup"];
 const COMPRESS_CMDS: &[&str] = &["backup", "archive-push"];
@@ -153,7 +158,7 @@ const COMPRESS_CMDS: &[&str] = &["backup", "archive-push"];
 pub(crate) const OPTIONS: &[OptionDef] = &[
     OptionDef { name: "config", kind: Kind::Path, default: Some("/etc/pgstrata/pgstrata.toml"), scope: Scope::CommandLine, secret: false, peer: false, commands: &[],
         help: "Configuration file (TOML: a [global] table and one table per stanza). A missing default file is ignored; a missing file given explicitly is an error." },
-    OptionDef { name: "stanza", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: STANZA_CMDS,
+    OptionDef { name: "stanza", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &STANZA_CMDS,
         help: "Stanza name: the cluster being backed up. Letters, digits, '-' and '_'." },
     OptionDef { name: "stanza", kind: Kind::List, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["agent"],
         help: "The stanzas an agent works for, written in the forced command of authorized_keys. 'agent repo' (required, repeatable) serves only these stanzas, append-only. 'agent run' (optional) does jobs for this stanza only; without it, for any stanza whose settings are in its configuration file." },

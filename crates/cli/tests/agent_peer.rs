@@ -22,15 +22,20 @@ struct Peer {
     from: ChildStdout,
 }
 
+/// `pgstrata ARGS` started with its stdin, stdout and stderr piped to us.
+fn spawn_piped(args: &[&str]) -> Child {
+    Command::new(exe())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 impl Peer {
     fn start(args: &[&str]) -> Peer {
-        let mut child = Command::new(exe())
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_piped(args);
         let mut to = child.stdin.take().unwrap();
         let mut from = child.stdout.take().unwrap();
         to.write_all(&protocol::frame(&Message::Hello(Hello::ours()), b""))
@@ -292,13 +297,7 @@ fn agent_run_does_a_backup_hosts_jobs_and_nothing_else() {
         r#"{"msg":"run","args":["archive-get","00000002.history","postgresql.auto.conf"],"env":[]}"#,
         r#"{"msg":"job","job":"restore","stanza":"main","choices":[]}"#,
     ] {
-        let mut child = Command::new(exe())
-            .args(["agent", "run", &config_arg])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_piped(&["agent", "run", &config_arg]);
         let mut to = child.stdin.take().unwrap();
         let mut frames = protocol::frame(&Message::Hello(Hello::ours()), b"");
         frames.extend((4 + header.len() as u32).to_le_bytes());

@@ -109,9 +109,7 @@ fn async_push_to_local_and_s3_under_load_survives_killed_workers() {
     let env = Env::with_config("async", &async_toml(&s3_repo2));
     let config = env.config.clone().unwrap();
     env.stanza_create();
-    env.cluster
-        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(2);
     env.backup(&["--type=full"]);
     env.backup(&["--repo=2", "--type=full"]);
     // Load, with WAL switched often so that many segments become ready at once.
@@ -213,9 +211,7 @@ fn async_push_to_local_and_s3_under_load_survives_killed_workers() {
 fn prefetch_follows_a_timeline_switch() {
     let env = Env::with_config("async-tli", &async_toml(""));
     env.stanza_create();
-    env.cluster
-        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(1);
     env.backup(&["--type=full"]);
     for i in 0..3 {
         env.sql(&format!(

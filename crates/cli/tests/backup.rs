@@ -45,14 +45,10 @@ fn in_place_tablespace_is_backed_up_and_restored() {
 #[test]
 fn a_backup_whose_prior_packs_vanish_is_not_written() {
     let env = Env::new("prior_gone");
-    env.cluster
-        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(1);
     env.stanza_create();
     let full = env.backup(&["--type=full"]);
-    env.cluster
-        .pgbench(&["-n", "-t", "50", "postgres"])
-        .unwrap();
+    env.pgbench(&["-n", "-t", "50"]);
     env.sql("ALTER SYSTEM SET archive_command = 'false'");
     env.sql("SELECT pg_reload_conf()");
     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -94,12 +90,9 @@ fn a_backup_whose_prior_packs_vanish_is_not_written() {
             && rest.contains("was deleted while the backup ran"),
         "{rest}"
     );
-    let info = env.info_json();
-    let labels: Vec<&str> = info["backups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|b| b["label"].as_str())
-        .collect();
-    assert_eq!(labels, [full.as_str()], "no manifest for the incremental");
+    assert_eq!(
+        backup_labels(&env.info_json()),
+        [full.as_str()],
+        "no manifest for the incremental"
+    );
 }

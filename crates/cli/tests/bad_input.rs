@@ -8,9 +8,7 @@ use std::time::Duration;
 #[test]
 fn bad_input_is_refused_clearly_and_writes_nothing() {
     let env = Env::new("bad");
-    env.cluster
-        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(1);
     env.stanza_create();
     let label = env.backup(&[]);
     // The archiver pushes the backup's .backup history file after the backup returns: let
@@ -144,9 +142,7 @@ fn bad_input_is_refused_clearly_and_writes_nothing() {
 #[test]
 fn killed_backup_leaves_no_half_backup_and_the_next_one_succeeds() {
     let env = Env::new("kill");
-    env.cluster
-        .pgbench(&["-i", "-s", "30", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(30);
     env.stanza_create();
     // Killed once packs are written, then once the parts of its manifest are (the first
     // is written as the copy reaches global/pg_control, whose place it keeps): neither
@@ -201,9 +197,7 @@ fn age_objects(dir: &std::path::Path, age: Duration) {
 #[test]
 fn an_interrupted_backup_is_resumed_and_expire_keeps_what_the_resumed_one_uses() {
     let env = Env::new("resume");
-    env.cluster
-        .pgbench(&["-i", "-s", "30", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(30);
     env.stanza_create();
     kill_midway(
         &env,

@@ -223,6 +223,19 @@ fn wrong_passphrases_and_damage_are_refused() {
     assert!(err.contains("exists and is encrypted"), "{err}");
 
     let backup_dir = |repo: &Path, label: &str| repo.join(STANZA).join("backup").join(label);
+    // Objects `names` (one and its copy) of the full copied over the incremental's, in a
+    // fresh copy of the repository `case`: refused as damaged, naming the first.
+    let replayed = |case: &str, names: [&str; 2]| {
+        let copy = damaged_copy(&env, case);
+        for name in names {
+            std::fs::copy(
+                backup_dir(&copy, &full).join(name),
+                backup_dir(&copy, &incr).join(name),
+            )
+            .unwrap();
+        }
+        refused_as_damaged(&env, &copy, &incr, &format!("backup/{incr}/{}", names[0]));
+    };
 
     // A flipped bit in a pack.
     let copy = damaged_copy(&env, "flipped");
@@ -300,32 +313,11 @@ fn wrong_passphrases_and_damage_are_refused() {
     refused_as_damaged(&env, &copy, &full, &format!("backup/{full}/pack/"));
 
     // The manifest (and its copy) of another backup copied over this one's.
-    let copy = damaged_copy(&env, "replayed");
-    for name in ["backup.manifest", "backup.manifest.copy"] {
-        std::fs::copy(
-            backup_dir(&copy, &full).join(name),
-            backup_dir(&copy, &incr).join(name),
-        )
-        .unwrap();
-    }
-    refused_as_damaged(
-        &env,
-        &copy,
-        &incr,
-        &format!("backup/{incr}/backup.manifest"),
-    );
+    replayed("replayed", ["backup.manifest", "backup.manifest.copy"]);
 
     // The first part of another backup's manifest (and its copy) copied over this one's:
     // sealed under the other backup's names, it fails authentication.
-    let copy = damaged_copy(&env, "replayed-part");
-    for name in ["manifest/0", "manifest/0.copy"] {
-        std::fs::copy(
-            backup_dir(&copy, &full).join(name),
-            backup_dir(&copy, &incr).join(name),
-        )
-        .unwrap();
-    }
-    refused_as_damaged(&env, &copy, &incr, &format!("backup/{incr}/manifest/0"));
+    replayed("replayed-part", ["manifest/0", "manifest/0.copy"]);
 
     // A damaged WAL object: archive-get fails above 125, so PostgreSQL stops instead of
     // ending recovery early.

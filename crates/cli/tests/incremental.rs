@@ -2,23 +2,12 @@
 
 use crate::common::*;
 
-fn json_backup<'a>(info: &'a serde_json::Value, label: &str) -> &'a serde_json::Value {
-    info["backups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["label"] == label)
-        .unwrap()
-}
-
 /// The seed scenario in small: copies of pgbench_accounts, a full backup, 1 % of each
 /// table's rows deleted as one range, VACUUM, an incremental.
 #[test]
 fn incremental_after_one_percent_deletes_stores_a_small_fraction() {
     let env = Env::new("seed");
-    env.cluster
-        .pgbench(&["-i", "-s", "10", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(10);
     for i in 1..=3 {
         env.sql(&format!(
             "CREATE TABLE test{i} AS SELECT * FROM pgbench_accounts"
@@ -40,8 +29,8 @@ fn incremental_after_one_percent_deletes_stores_a_small_fraction() {
     env.sql("CHECKPOINT");
     let incr = env.backup(&["--type=incr"]);
     let info = env.info_json();
-    let f = json_backup(&info, &full);
-    let i = json_backup(&info, &incr);
+    let f = info_backup(&info, &full);
+    let i = info_backup(&info, &incr);
     assert_eq!(i["type"], "incr");
     assert_eq!(i["prior"], full.as_str());
     let db = i["database_size"].as_u64().unwrap();
@@ -58,8 +47,7 @@ fn incremental_after_one_percent_deletes_stores_a_small_fraction() {
     );
     // Restoring the incremental alone gives the source.
     let expected = env.hashes();
-    let c = env.restore_and_start("incr", &["--type=immediate", &format!("--set={incr}")]);
-    assert_eq!(c.content_hashes().unwrap(), expected);
+    env.restore_set_exactly("incr", &incr, &expected);
 }
 
 /// Ten incrementals with varied changes; the tenth restores exactly, and still does after
@@ -67,9 +55,7 @@ fn incremental_after_one_percent_deletes_stores_a_small_fraction() {
 #[test]
 fn chain_of_ten_incrementals_survives_expiring_its_ancestors() {
     let env = Env::new("chain");
-    env.cluster
-        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(2);
     env.sql("CREATE TABLE keep (id int primary key, v text)");
     env.sql("INSERT INTO keep SELECT g, md5(g::text) FROM generate_series(1, 20000) g");
     env.stanza_create();
@@ -93,12 +79,7 @@ fn chain_of_ten_incrementals_survives_expiring_its_ancestors() {
     }
     let expected = env.hashes();
     let tenth = labels.last().unwrap().clone();
-    let c = env.restore_and_start("tenth", &["--type=immediate", &format!("--set={tenth}")]);
-    assert_eq!(
-        c.content_hashes().unwrap(),
-        expected,
-        "tenth incremental restores exactly"
-    );
+    let c = env.restore_set_exactly("tenth", &tenth, &expected);
     c.stop().unwrap();
     drop(c);
 
@@ -107,71 +88,46 @@ fn chain_of_ten_incrementals_survives_expiring_its_ancestors() {
         env.ok(&[&format!("--set={label}"), "expire"]);
     }
     let info = env.info_json();
-    let left: Vec<&str> = info["backups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["label"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        left,
-        labels[6..].iter().map(String::as_str).collect::<Vec<_>>()
-    );
+    assert_eq!(backup_labels(&info), labels[6..]);
     assert!(
         info["repo_size"].as_u64().unwrap() < before,
         "expire freed storage"
     );
-    let c = env.restore_and_start(
-        "tenth-after-expire",
-        &["--type=immediate", &format!("--set={tenth}")],
-    );
-    assert_eq!(
-        c.content_hashes().unwrap(),
-        expected,
-        "tenth still restores after its ancestors expired"
-    );
+    // The tenth still restores exactly after its ancestors expired.
+    env.restore_set_exactly("tenth-after-expire", &tenth, &expected);
 }
 
 #[test]
 fn differential_backups_restore_exactly() {
     let env = Env::new("diff");
-    env.cluster
-        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(2);
     env.stanza_create();
     let full = env.backup(&["--type=full"]);
-    env.cluster
-        .pgbench(&["-n", "-t", "200", "postgres"])
-        .unwrap();
+    env.pgbench(&["-n", "-t", "200"]);
     let incr = env.backup(&["--type=incr"]);
     env.sql("CREATE TABLE d AS SELECT g FROM generate_series(1, 10000) g");
     let diff = env.backup(&["--type=diff"]);
     let expected = env.hashes();
     let info = env.info_json();
     assert_eq!(
-        json_backup(&info, &diff)["prior"],
+        info_backup(&info, &diff)["prior"],
         full.as_str(),
         "a diff compares with the newest full"
     );
-    assert_eq!(json_backup(&info, &incr)["prior"], full.as_str());
-    let c = env.restore_and_start("diff", &["--type=immediate", &format!("--set={diff}")]);
-    assert_eq!(c.content_hashes().unwrap(), expected);
+    assert_eq!(info_backup(&info, &incr)["prior"], full.as_str());
+    env.restore_set_exactly("diff", &diff, &expected);
 }
 
 /// A restored cluster diverges; delta restore brings it back to exactly a fresh restore.
 #[test]
 fn delta_restore_equals_a_fresh_restore_after_divergence() {
     let env = Env::new("delta");
-    env.cluster
-        .pgbench(&["-i", "-s", "5", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(5);
     env.sql("CREATE TABLE doomed AS SELECT g FROM generate_series(1, 5000) g");
     env.sql("CREATE TABLE shrink AS SELECT g FROM generate_series(1, 50000) g");
     env.stanza_create();
     env.backup(&["--type=full"]);
-    env.cluster
-        .pgbench(&["-n", "-t", "100", "postgres"])
-        .unwrap();
+    env.pgbench(&["-n", "-t", "100"]);
     let label = env.backup(&["--type=incr"]);
 
     let fresh = restore_only(&env, "fresh", &[&format!("--set={label}")]);
@@ -241,19 +197,13 @@ fn bundling_keeps_the_object_count_small() {
         "without bundling each file gets its own pack ({u})"
     );
     let expected = env.hashes();
-    let c = env.restore_and_start(
-        "bundled",
-        &["--type=immediate", &format!("--set={bundled}")],
-    );
-    assert_eq!(c.content_hashes().unwrap(), expected);
+    env.restore_set_exactly("bundled", &bundled, &expected);
 }
 
 #[test]
 fn killed_incremental_leaves_the_repository_valid() {
     let env = Env::new("killincr");
-    env.cluster
-        .pgbench(&["-i", "-s", "20", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(20);
     env.stanza_create();
     env.backup(&["--type=full"]);
     env.sql("UPDATE pgbench_accounts SET abalance = 1 WHERE aid % 3 = 0");
@@ -277,41 +227,25 @@ fn killed_incremental_leaves_the_repository_valid() {
     // The killed process left its lock: the next backup sees it is stale and proceeds.
     let label = env.backup(&["--type=incr"]);
     let expected = env.hashes();
-    let c = env.restore_and_start(
-        "after-kill",
-        &["--type=immediate", &format!("--set={label}")],
-    );
-    assert_eq!(c.content_hashes().unwrap(), expected);
+    env.restore_set_exactly("after-kill", &label, &expected);
 }
 
 #[test]
 fn retention_expires_old_backups_and_their_wal_and_keeps_the_rest_restorable() {
     let env = Env::new("retention");
-    env.cluster
-        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(2);
     env.stanza_create();
     let old_full = env.backup(&["--type=full"]);
-    env.cluster
-        .pgbench(&["-n", "-t", "100", "postgres"])
-        .unwrap();
+    env.pgbench(&["-n", "-t", "100"]);
     let old_incr = env.backup(&["--type=incr"]);
-    env.cluster
-        .pgbench(&["-n", "-t", "100", "postgres"])
-        .unwrap();
+    env.pgbench(&["-n", "-t", "100"]);
     env.flush_wal();
     let min_before = env.info_json()["archive_min"].as_str().unwrap().to_string();
     let new_full = env.backup(&["--type=full", "--repo-retention-full=1"]);
     let info = env.info_json();
-    let left: Vec<&str> = info["backups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["label"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        left,
-        vec![new_full.as_str()],
+        backup_labels(&info),
+        [new_full.as_str()],
         "{old_full} and {old_incr} expired after the new full"
     );
     assert!(
@@ -327,7 +261,7 @@ fn retention_expires_old_backups_and_their_wal_and_keeps_the_rest_restorable() {
     );
     assert_eq!(
         min_after,
-        json_backup(&info, &new_full)["wal_start"].as_str().unwrap()
+        info_backup(&info, &new_full)["wal_start"].as_str().unwrap()
     );
     let (code, err) = run_fail(env.cmd(&["expire"]));
     assert_eq!(code, 2, "{err}");

@@ -405,12 +405,7 @@ fn frozen_repository_restores(version: u32) {
     };
     let info: serde_json::Value =
         serde_json::from_str(&run_ok(pgstrata(&["--output=json", "info"]))).unwrap();
-    let labels: Vec<&str> = info["backups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["label"].as_str().unwrap())
-        .collect();
+    let labels = backup_labels(&info);
     assert_eq!(labels.len(), 2, "{info}");
     assert!(
         labels[0].ends_with('F') && labels[1].ends_with('I'),

@@ -114,12 +114,7 @@ fn prometheus_metrics_parse_and_match_info() {
     assert_eq!(sample(&rows, "pgstrata_backups", &typed("incr")), 1.0);
     assert_eq!(sample(&rows, "pgstrata_backups", &typed("diff")), 0.0);
     // The newest full's end time is the one info's JSON gives.
-    let newest_full = info["backups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["label"] == full.as_str())
-        .unwrap();
+    let newest_full = info_backup(&info, &full);
     let stop = chrono::DateTime::parse_from_rfc3339(newest_full["stop_time"].as_str().unwrap())
         .unwrap()
         .timestamp() as f64;

@@ -48,9 +48,7 @@ fn two_repositories_archive_back_up_restore_and_fall_back() {
         created.contains("created in repo1") && created.contains("created in repo2"),
         "{created}"
     );
-    env.cluster
-        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(1);
     env.backup(&["--type=full"]); // repository 1
     env.backup(&["--repo=2", "--type=full"]);
     env.sql("CREATE TABLE after AS SELECT generate_series(1, 5000) AS x");
@@ -72,15 +70,8 @@ fn two_repositories_archive_back_up_restore_and_fall_back() {
         serde_json::from_str(&env.ok(&["--output=json", "info"])).unwrap();
     let per_repo = info.as_array().expect("one report per repository");
     assert_eq!(per_repo.len(), 2, "{info}");
-    let labels = |n: u64| -> Vec<String> {
-        per_repo.iter().find(|r| r["repo"] == n).unwrap()["backups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| b["label"].as_str().unwrap().to_string())
-            .collect()
-    };
-    assert_eq!(labels(2), vec![label2.clone()]);
+    let labels = |n: u64| backup_labels(per_repo.iter().find(|r| r["repo"] == n).unwrap());
+    assert_eq!(labels(2), [label2.as_str()]);
     assert_eq!(labels(1).len(), 1);
     let text = env.ok(&["info"]);
     assert!(

@@ -26,15 +26,11 @@ pub(crate) fn s3_storage(server: &S3Server) -> Storage {
 fn full_cycle_on_an_s3_repository() {
     let server = S3Server::start("pgstrata-test").expect("moto S3 server (run .ci/setup)");
     let env = Env::with_config("s3", &s3_toml(&server.bucket, &server.endpoint()));
-    env.cluster
-        .pgbench(&["-i", "-s", "5", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(5);
     env.stanza_create();
     env.ok(&["check"]); // WAL reaches the S3 archive
     let full = env.backup(&["--type=full"]);
-    env.cluster
-        .pgbench(&["-n", "-t", "300", "postgres"])
-        .unwrap();
+    env.pgbench(&["-n", "-t", "300"]);
     env.sql("CREATE TABLE on_s3 AS SELECT g FROM generate_series(1, 10000) g");
     let incr = env.backup(&["--type=incr"]);
     env.sql("INSERT INTO on_s3 SELECT g FROM generate_series(10001, 12000) g");
@@ -94,9 +90,7 @@ fn full_cycle_on_an_s3_repository() {
 #[test]
 fn two_backups_of_one_stanza_cannot_run_at_once() {
     let env = Env::new("lock");
-    env.cluster
-        .pgbench(&["-i", "-s", "10", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(10);
     env.stanza_create();
     let spawn = || {
         env.cmd(&[
@@ -141,9 +135,7 @@ fn lost_answers_storage_outages_and_damage_on_s3() {
     let server = S3Server::start("pgstrata-faults").expect("moto S3 server (run .ci/setup)");
     let proxy = Proxy::http(server.port);
     let env = Env::with_config("s3-faults", &s3_toml(&server.bucket, &proxy.endpoint()));
-    env.cluster
-        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(1);
     env.stanza_create();
     let storage = s3_storage(&server);
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -182,13 +174,11 @@ fn lost_answers_storage_outages_and_damage_on_s3() {
             "{what}: no lock left behind"
         );
     }
-    let listed: Vec<String> = env.info_json()["backups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["label"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(listed, labels, "info lists each backup once");
+    assert_eq!(
+        backup_labels(&env.info_json()),
+        labels,
+        "info lists each backup once"
+    );
 
     // Storage refuses every pack read after the manifest was read: a storage failure.
     proxy.refuse(Some("/pack/"));

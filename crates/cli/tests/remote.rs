@@ -8,6 +8,7 @@ use crate::common::*;
 use pgstrata_testkit::{
     chown_to, give_to_pg_user, set_mode, Cluster, SshServer, BACKUP_OS_USER, PG_OS_USER,
 };
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -123,7 +124,16 @@ impl TwoHosts {
     }
 
     /// Restore on the database host (through repo-remote), start it, wait for promotion.
-    fn restore_on_db_host(&self, name: &str, extra: &[&str]) -> Cluster {
+    /// Restore on the database host (through repo-remote) into scratch/`name`, start it
+    /// until it recovers, stop it, and assert its content is `expected` (`what` says which
+    /// restore differs otherwise).
+    fn assert_restores_on_db_host(
+        &self,
+        name: &str,
+        extra: &[&str],
+        expected: &BTreeMap<String, String>,
+        what: &str,
+    ) {
         let target = self.env.scratch.join(name);
         let pg_path = format!("--pg-path={}", target.display());
         let mut args = vec![
@@ -139,7 +149,9 @@ impl TwoHosts {
         c.start().expect("start restored cluster");
         c.wait_for_promotion(Duration::from_secs(180))
             .expect("restored cluster recovers");
-        c
+        let content = c.content_hashes().unwrap();
+        c.stop().unwrap();
+        assert_eq!(&content, expected, "{what}");
     }
 
     fn packs_of_running_backup(&self) -> usize {
@@ -212,9 +224,7 @@ fn backup_host_and_database_host_over_ssh() {
     assert!(out.contains("created"), "{out}");
     run_ok(h.backup_host(&["check"]));
 
-    env.cluster
-        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(2);
     let full = run_ok(h.backup_host(&["--start-fast", "--process-max=2", "--type=full", "backup"]));
     let full_label = full.trim().to_string();
     assert!(
@@ -224,9 +234,7 @@ fn backup_host_and_database_host_over_ssh() {
 
     // A WAL-tracked incremental: the agent reads the change maps (stored through
     // repo-remote by archive-push) from the backup host's repository.
-    env.cluster
-        .pgbench(&["-t", "300", "-c", "2", "postgres"])
-        .unwrap();
+    env.pgbench(&["-t", "300", "-c", "2"]);
     env.sql("DELETE FROM pgbench_accounts WHERE aid % 100 = 0; CREATE TABLE added AS SELECT generate_series(1, 10000) AS x");
     env.flush_wal();
     let incr = h
@@ -297,9 +305,7 @@ fn backup_host_and_database_host_over_ssh() {
 
     // An SSH connection dropped mid-backup fails the backup with a clear message and
     // leaves nothing visible; the next backup succeeds.
-    env.cluster
-        .pgbench(&["-i", "-s", "6", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(6);
     let before = h.packs_of_running_backup();
     let mut slow = h.backup_host(&[
         "--start-fast",
@@ -341,22 +347,17 @@ fn backup_host_and_database_host_over_ssh() {
 
     // Restore on the database host through repo-remote: the incremental equals the
     // source as it was, replaying WAL fetched through repo-remote by restore_command.
-    let restored = h.restore_on_db_host(
+    h.assert_restores_on_db_host(
         "restored-incr",
         &["--type=immediate", &format!("--set={incr_label}")],
+        &expected,
+        "the incremental restored through repo-remote differs",
     );
-    let got = restored.content_hashes().unwrap();
-    restored.stop().unwrap();
-    assert_eq!(
-        got, expected,
-        "the incremental restored through repo-remote differs"
-    );
-    let restored = h.restore_on_db_host("restored-latest", &[]);
-    let got = restored.content_hashes().unwrap();
-    restored.stop().unwrap();
-    assert_eq!(
-        got, after_drop,
-        "the newest backup restored through repo-remote differs"
+    h.assert_restores_on_db_host(
+        "restored-latest",
+        &[],
+        &after_drop,
+        "the newest backup restored through repo-remote differs",
     );
     give_to_pg_user(&env.scratch.path);
 }
@@ -416,14 +417,10 @@ fn an_encrypted_stanza_is_backed_up_through_an_agent_without_its_passphrase() {
         c
     };
     run_ok(backup_host(&["stanza-create"]));
-    env.cluster
-        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(1);
     let full = run_ok(backup_host(&["--start-fast", "--type=full", "backup"]));
     let full_label = full.trim().to_string();
-    env.cluster
-        .pgbench(&["-t", "200", "-c", "2", "postgres"])
-        .unwrap();
+    env.pgbench(&["-t", "200", "-c", "2"]);
     let incr = backup_host(&[
         "--start-fast",
         "--type=incr",
@@ -495,10 +492,12 @@ fn an_encrypted_stanza_is_backed_up_through_an_agent_without_its_passphrase() {
         "the rebuilt manifest is stored in the clear"
     );
     let expected = env.hashes();
-    let restored = h.restore_on_db_host("restored", &["--type=immediate"]);
-    let got = restored.content_hashes().unwrap();
-    restored.stop().unwrap();
-    assert_eq!(got, expected, "the encrypted incremental restored differs");
+    h.assert_restores_on_db_host(
+        "restored",
+        &["--type=immediate"],
+        &expected,
+        "the encrypted incremental restored differs",
+    );
     give_to_pg_user(&env.scratch.path);
 }
 
@@ -511,9 +510,7 @@ fn a_backup_runs_on_the_standby_host_and_reads_the_primary_over_its_connection()
     let h = TwoHosts::new("standby-remote");
     let env = &h.env;
     run_ok(h.backup_host(&["stanza-create"]));
-    env.cluster
-        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(2);
     let standby = crate::standby::start_standby(env);
     // The standby's host has its own configuration: its standby, and the primary's
     // connection (no pg-path: the primary's data directory is not there). The backup
@@ -567,9 +564,7 @@ fn a_backup_runs_on_the_standby_host_and_reads_the_primary_over_its_connection()
     assert!(err.contains("over its connection"), "{err}");
     assert!(err.contains("reading relation files from"), "{err}");
 
-    env.cluster
-        .pgbench(&["-t", "300", "-c", "2", "postgres"])
-        .unwrap();
+    env.pgbench(&["-t", "300", "-c", "2"]);
     env.sql("DELETE FROM pgbench_accounts WHERE aid % 70 = 0; CREATE TABLE added AS SELECT generate_series(1, 5000) AS x");
     env.flush_wal();
     let (incr, err) = backup(&["--type=incr", "--track=wal"]);
@@ -579,15 +574,11 @@ fn a_backup_runs_on_the_standby_host_and_reads_the_primary_over_its_connection()
         "{err}"
     );
     let expected = env.hashes();
-    let restored = h.restore_on_db_host(
+    h.assert_restores_on_db_host(
         "restored-from-standby",
         &["--type=immediate", &format!("--set={incr}")],
-    );
-    let got = restored.content_hashes().unwrap();
-    restored.stop().unwrap();
-    assert_eq!(
-        got, expected,
-        "the backup taken on the standby host differs"
+        &expected,
+        "the backup taken on the standby host differs",
     );
     standby.stop().unwrap();
 }

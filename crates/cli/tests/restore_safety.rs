@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 
 fn small_env(name: &str) -> Env {
     let env = Env::new(name);
-    env.cluster
-        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(1);
     env.stanza_create();
     env.backup(&[]);
     env

@@ -92,12 +92,7 @@ fn restore_test_passes_a_sound_backup_and_names_a_corrupt_index() {
         b["annotations"],
         serde_json::json!({"ticket": "OPS-1", "why": "nightly check"})
     );
-    let dbs: Vec<&str> = b["databases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["name"].as_str().unwrap())
-        .collect();
+    let dbs = each_str(&b["databases"], "name");
     assert!(
         dbs.contains(&"postgres") && dbs.contains(&"template0"),
         "{dbs:?}"
@@ -112,12 +107,7 @@ fn restore_test_passes_a_sound_backup_and_names_a_corrupt_index() {
     assert_eq!(report["backup"], label.as_str());
     assert_eq!(report["ok"], true);
     assert_eq!(report["page_check"]["checked"], true);
-    let checked: Vec<&str> = report["databases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["name"].as_str().unwrap())
-        .collect();
+    let checked = each_str(&report["databases"], "name");
     assert!(
         checked.contains(&"postgres") && checked.contains(&"template1"),
         "{checked:?}"

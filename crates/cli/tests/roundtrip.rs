@@ -7,9 +7,7 @@ use std::os::unix::fs::MetadataExt;
 #[test]
 fn full_backup_under_load_restores_exactly() {
     let env = Env::new("load");
-    env.cluster
-        .pgbench(&["-i", "-s", "10", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(10);
     env.stanza_create();
     let mut load = env
         .cluster
@@ -175,9 +173,7 @@ fn tablespace_outside_the_data_directory_is_restored_and_remapped() {
 #[test]
 fn every_codec_backs_up_and_restores() {
     let env = Env::new("codecs");
-    env.cluster
-        .pgbench(&["-i", "-s", "1", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(1);
     env.stanza_create();
     let expected = env.hashes();
     let mut labels = vec![];
@@ -189,16 +185,7 @@ fn every_codec_backs_up_and_restores() {
         std::thread::sleep(std::time::Duration::from_millis(1000));
     }
     let info = env.info_json();
-    let size_of = |label: &str| {
-        info["backups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|b| b["label"] == label)
-            .unwrap()["stored_size"]
-            .as_u64()
-            .unwrap()
-    };
+    let size_of = |label: &str| info_backup(&info, label)["stored_size"].as_u64().unwrap();
     let none_size = size_of(&labels[0].1);
     for (codec, label) in &labels {
         if *codec != "none" {
@@ -234,9 +221,7 @@ fn round_trip_on_major(major: u32) {
         "ALTER SYSTEM SET wal_compression = '{compression}'"
     ));
     env.sql("SELECT pg_reload_conf()");
-    env.cluster
-        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(2);
     env.stanza_create();
     env.backup(&["--type=full"]);
     env.sql("DELETE FROM pgbench_accounts WHERE aid % 7 = 0");

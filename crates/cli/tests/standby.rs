@@ -79,9 +79,7 @@ fn is_relation_file(rel: &str) -> bool {
 fn a_backup_from_a_standby_restores_equal_and_reads_no_primary_relation_file() {
     let env = Env::new("standby");
     env.stanza_create();
-    env.cluster
-        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(2);
     let standby = start_standby(&env);
     let from_standby = standby_args(&standby);
 
@@ -131,9 +129,7 @@ fn a_backup_from_a_standby_restores_equal_and_reads_no_primary_relation_file() {
     );
 
     // Changes, then an incremental from the standby; restore equals the primary.
-    env.cluster
-        .pgbench(&["-t", "300", "-c", "2", "postgres"])
-        .unwrap();
+    env.pgbench(&["-t", "300", "-c", "2"]);
     env.sql("DELETE FROM pgbench_accounts WHERE aid % 50 = 0; CREATE TABLE added AS SELECT generate_series(1, 20000) AS x");
     let mut args: Vec<&str> = from_standby.iter().map(String::as_str).collect();
     args.extend(["--type=incr"]);

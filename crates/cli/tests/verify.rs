@@ -18,18 +18,14 @@ fn verify(env: &Env, args: &[&str]) -> (i32, String, String) {
 #[test]
 fn verify_passes_a_sound_repository_and_names_damage_and_missing_wal() {
     let env = Env::new("verify");
-    env.cluster
-        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(2);
     env.sql("CHECKPOINT");
     env.stanza_create();
     // Files modified in the second a backup starts are re-read by the next one: keep the
     // load's mtimes out of the full's second so the incremental carries them unchanged.
     std::thread::sleep(std::time::Duration::from_millis(1100));
     let full = env.backup(&["--type=full"]);
-    env.cluster
-        .pgbench(&["-n", "-t", "200", "postgres"])
-        .unwrap();
+    env.pgbench(&["-n", "-t", "200"]);
     let incr = env.backup(&["--type=incr"]);
     env.flush_wal();
 

@@ -213,14 +213,10 @@ fn wal_tracking_misses_no_changed_block() {
     let env = Env::new("walcheck");
     env.sql("ALTER SYSTEM SET autovacuum = off");
     env.sql("SELECT pg_reload_conf()");
-    env.cluster
-        .pgbench(&["-i", "-s", "5", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(5);
     env.stanza_create();
     env.backup(&["--type=full"]);
-    env.cluster
-        .pgbench(&["-n", "-t", "500", "-c", "2", "postgres"])
-        .unwrap();
+    env.pgbench(&["-n", "-t", "500", "-c", "2"]);
     env.sql("DELETE FROM pgbench_accounts WHERE aid BETWEEN 100000 AND 104000");
     env.sql("VACUUM pgbench_accounts");
     env.sql("CHECKPOINT");
@@ -265,14 +261,10 @@ fn wal_tracking_misses_no_changed_block() {
 #[test]
 fn a_gap_in_the_maps_falls_back_to_hashing() {
     let env = Env::new("walgap");
-    env.cluster
-        .pgbench(&["-i", "-s", "3", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(3);
     env.stanza_create();
     env.backup(&["--type=full"]);
-    env.cluster
-        .pgbench(&["-n", "-t", "300", "postgres"])
-        .unwrap();
+    env.pgbench(&["-n", "-t", "300"]);
     env.flush_wal();
     // A damaged map (inside its segment's object; the WAL itself is intact).
     let maps = archived_maps(&env.repo);
@@ -289,27 +281,18 @@ fn a_gap_in_the_maps_falls_back_to_hashing() {
     );
     let label = env.backup(&["--type=incr"]);
     let info = env.info_json();
-    let b = info["backups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["label"] == label.as_str())
-        .unwrap();
+    let b = info_backup(&info, &label);
     assert_eq!(b["track"], "hash");
     assert!(
         b["track_reason"].as_str().unwrap().contains("checksum"),
         "{b}"
     );
     let expected = env.hashes();
-    let c = env.restore_and_start("gap", &["--type=immediate", &format!("--set={label}")]);
-    assert_eq!(c.content_hashes().unwrap(), expected);
-    drop(c);
+    drop(env.restore_set_exactly("gap", &label, &expected));
 
     // A missing map, for a segment PostgreSQL has already removed from pg_wal.
     let start_wal = manifest(&env, &label).start.wal;
-    env.cluster
-        .pgbench(&["-n", "-t", "300", "postgres"])
-        .unwrap();
+    env.pgbench(&["-n", "-t", "300"]);
     env.flush_wal();
     env.sql("CHECKPOINT");
     assert!(
@@ -345,11 +328,7 @@ fn refused_then_hashed(env: &Env, why: &str, restore_name: &str) {
         m.track_reason
     );
     let expected = env.hashes();
-    let c = env.restore_and_start(
-        restore_name,
-        &["--type=immediate", &format!("--set={label}")],
-    );
-    assert_eq!(c.content_hashes().unwrap(), expected);
+    env.restore_set_exactly(restore_name, &label, &expected);
 }
 
 /// A standby promotion (timeline switch) between backups: the first incremental on the new
@@ -358,9 +337,7 @@ fn refused_then_hashed(env: &Env, why: &str, restore_name: &str) {
 #[test]
 fn a_timeline_switch_forces_hashing_then_tracking_resumes() {
     let env = Env::new("promote");
-    env.cluster
-        .pgbench(&["-i", "-s", "3", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(3);
     env.stanza_create();
     let full = env.backup(&["--type=full"]);
     // A standby from the backup, fed from the archive; the old primary goes away.
@@ -371,9 +348,7 @@ fn a_timeline_switch_forces_hashing_then_tracking_resumes() {
         &format!("--set={full}"),
         "restore",
     ]));
-    env.cluster
-        .pgbench(&["-n", "-t", "200", "postgres"])
-        .unwrap();
+    env.pgbench(&["-n", "-t", "200"]);
     env.flush_wal();
     env.cluster.stop().unwrap();
     let standby =
@@ -419,11 +394,7 @@ fn a_timeline_switch_forces_hashing_then_tracking_resumes() {
     let m2 = manifest(&env, &second);
     assert_eq!(m2.track, Some(Tracking::Wal), "{:?}", m2.track_reason);
     standby.stop().unwrap();
-    let c = env.restore_and_start(
-        "after-promotion",
-        &["--type=immediate", &format!("--set={second}")],
-    );
-    assert_eq!(c.content_hashes().unwrap(), expected);
+    env.restore_set_exactly("after-promotion", &second, &expected);
 }
 
 /// PostgreSQL 17's own WAL summaries cross-check the maps: they list nothing the maps miss.
@@ -433,18 +404,14 @@ fn postgresql_17_wal_summaries_agree_with_the_maps() {
     let env = Env::with_bin("summaries", &bin);
     env.sql("ALTER SYSTEM SET summarize_wal = on");
     env.sql("SELECT pg_reload_conf()");
-    env.cluster
-        .pgbench(&["-i", "-s", "2", "-q", "postgres"])
-        .unwrap();
+    env.pgbench_init(2);
     env.stanza_create();
     let full = env.backup(&["--type=full"]);
     let full_start = env.info_json()["backups"][0]["start_lsn"]
         .as_str()
         .unwrap()
         .to_string();
-    env.cluster
-        .pgbench(&["-n", "-t", "300", "postgres"])
-        .unwrap();
+    env.pgbench(&["-n", "-t", "300"]);
     env.sql("CHECKPOINT");
     // Wait for the summarizer to write a summary past the full backup's start.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -468,8 +435,7 @@ fn postgresql_17_wal_summaries_agree_with_the_maps() {
         "the server's summaries list nothing the maps missed"
     );
     let expected = env.hashes();
-    let c = env.restore_and_start("summaries", &["--type=immediate", &format!("--set={incr}")]);
-    assert_eq!(c.content_hashes().unwrap(), expected);
+    env.restore_set_exactly("summaries", &incr, &expected);
 }
 
 /// Small records and 1 MiB segments: records whose block headers straddle a segment end
@@ -572,8 +538,7 @@ fn records_cut_at_a_segment_end_are_read_across_the_boundary() {
         }
     }
     assert!(checked > 0);
-    let c = env.restore_and_start("tail", &["--type=immediate", &format!("--set={label}")]);
-    assert_eq!(c.content_hashes().unwrap(), expected);
+    env.restore_set_exactly("tail", &label, &expected);
 }
 
 /// A restart with wal_level=minimal between backups: the parameter-change record in the WAL
@@ -666,12 +631,9 @@ fn few_changed_blocks_are_stored_as_delta_maps_that_chain() {
     env.ok(&[&format!("--set={full}"), "expire"]);
     env.ok(&["verify"]);
     for (label, expected) in &backups {
-        let c = env.restore_and_start(
-            &format!("r-{label}"),
-            &["--type=immediate", &format!("--set={label}")],
-        );
-        assert_eq!(&c.content_hashes().unwrap(), expected, "restore of {label}");
-        c.stop().unwrap();
+        env.restore_set_exactly(&format!("r-{label}"), label, expected)
+            .stop()
+            .unwrap();
     }
     // A delta restore of the deepest chain over the first delta's restore.
     let (first, _) = &backups[0];

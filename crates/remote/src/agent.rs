@@ -716,23 +716,42 @@ mod tests {
 
     type Served = tokio::task::JoinHandle<crate::Result<Option<Done>>>;
 
-    /// `store` served by [`serve`] over two OS pipes (stanzas `stanza` and `s`), and the
-    /// RemoteStore at their other end.
-    fn served(
+    /// `store` served by [`serve`], append-only for `stanzas`, over two OS pipes: the
+    /// server, the pipe its answers come out of, and the pipe requests go into.
+    fn served_over_pipes(
         store: Arc<dyn ObjectStore>,
         rebuild: Option<Arc<dyn Rebuild>>,
-    ) -> (Served, RemoteStore) {
+        stanzas: &[&str],
+    ) -> (Served, std::io::PipeReader, std::io::PipeWriter) {
         let (to_agent_r, to_agent_w) = std::io::pipe().unwrap();
         let (to_client_r, to_client_w) = std::io::pipe().unwrap();
         let serving = Serving {
             store,
             rebuild,
             reseal: None,
-            policy: Policy::append_only(vec!["stanza".into(), "s".into()]),
+            policy: Policy::append_only(stanzas.iter().map(|s| s.to_string()).collect()),
             buffer_max: DEFAULT_BUFFER_MAX,
         };
         let server = tokio::spawn(serve(serving, to_agent_r, to_client_w));
-        (server, RemoteStore::origin(to_client_r, to_agent_w))
+        (server, to_client_r, to_agent_w)
+    }
+
+    /// `store` served by [`serve`] over two OS pipes (stanzas `stanza` and `s`), and the
+    /// RemoteStore at their other end.
+    fn served(
+        store: Arc<dyn ObjectStore>,
+        rebuild: Option<Arc<dyn Rebuild>>,
+    ) -> (Served, RemoteStore) {
+        let (server, answers, requests) = served_over_pipes(store, rebuild, &["stanza", "s"]);
+        (server, RemoteStore::origin(answers, requests))
+    }
+
+    /// Asserts that `result` failed with the object store error `$kind`.
+    macro_rules! assert_kind {
+        ($result:expr, $kind:ident) => {{
+            let err = $result.unwrap_err();
+            assert!(matches!(err, object_store::Error::$kind { .. }), "{err}");
+        }};
     }
 
     fn create() -> PutOptions {
@@ -755,13 +774,11 @@ mod tests {
             .put_opts(&p, PutPayload::from_static(b"0123456789"), create())
             .await
             .unwrap();
-        let again = remote
-            .put_opts(&p, PutPayload::from_static(b"x"), create())
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(again, object_store::Error::AlreadyExists { .. }),
-            "{again}"
+        assert_kind!(
+            remote
+                .put_opts(&p, PutPayload::from_static(b"x"), create())
+                .await,
+            AlreadyExists
         );
         let part = remote.get_range(&p, 2..5).await.unwrap();
         assert_eq!(&part[..], b"234");
@@ -785,21 +802,13 @@ mod tests {
             .unwrap()
             .nlink();
         assert_eq!(links, 1, "the copy is a hard link");
-        let again = remote
-            .copy_opts(&p, &copied, create_copy)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(again, object_store::Error::AlreadyExists { .. }),
-            "{again}"
+        assert_kind!(
+            remote.copy_opts(&p, &copied, create_copy).await,
+            AlreadyExists
         );
         remote.delete(&copied).await.unwrap();
         remote.delete(&p).await.unwrap();
-        let gone = remote.get(&p).await.unwrap_err();
-        assert!(
-            matches!(gone, object_store::Error::NotFound { .. }),
-            "{gone}"
-        );
+        assert_kind!(remote.get(&p).await, NotFound);
         remote
             .finish(Done {
                 exit_code: 7,
@@ -879,23 +888,15 @@ mod tests {
         }
         assert_eq!(hash, object_hash(want));
         // Create-only: a second patched write of the same objects is refused.
-        let again = remote
-            .put_patch(&first, &second, &base, b"DELTA")
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(again, object_store::Error::AlreadyExists { .. }),
-            "{again}"
+        assert_kind!(
+            remote.put_patch(&first, &second, &base, b"DELTA").await,
+            AlreadyExists
         );
         // A rebuild that fails writes nothing and says the patch is not supported.
         let (f2, s2) = (ObjPath::from("s/n2.copy"), ObjPath::from("s/n2"));
-        let refused = remote
-            .put_patch(&f2, &s2, &base, b"refuse")
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(refused, object_store::Error::NotSupported { .. }),
-            "{refused}"
+        assert_kind!(
+            remote.put_patch(&f2, &s2, &base, b"refuse").await,
+            NotSupported
         );
         assert!(local.head(&f2).await.is_err() && local.head(&s2).await.is_err());
         remote.finish(Done::default()).await.unwrap();
@@ -903,13 +904,9 @@ mod tests {
 
         // Without a rebuilder: not supported, nothing written.
         let (server, remote) = served(local.clone(), None);
-        let refused = remote
-            .put_patch(&f2, &s2, &base, b"DELTA")
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(refused, object_store::Error::NotSupported { .. }),
-            "{refused}"
+        assert_kind!(
+            remote.put_patch(&f2, &s2, &base, b"DELTA").await,
+            NotSupported
         );
         assert!(local.head(&f2).await.is_err());
         remote.finish(Done::default()).await.unwrap();
@@ -928,16 +925,7 @@ mod tests {
         }
         let local: Arc<dyn ObjectStore> =
             Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-        let (to_agent_r, mut to_agent_w) = std::io::pipe().unwrap();
-        let (mut to_client_r, to_client_w) = std::io::pipe().unwrap();
-        let serving = Serving {
-            store: local,
-            rebuild: None,
-            reseal: None,
-            policy: Policy::append_only(vec!["main".into()]),
-            buffer_max: DEFAULT_BUFFER_MAX,
-        };
-        let server = tokio::spawn(serve(serving, to_agent_r, to_client_w));
+        let (server, mut to_client_r, mut to_agent_w) = served_over_pipes(local, None, &["main"]);
         let mut next_id = 0;
         let mut ask = move |op: Op, key: &str, to: Option<&str>, create_only: bool, body: &[u8]| {
             next_id += 1;

@@ -2,13 +2,85 @@
 //! it, serving a repository to it.
 //!
 //! As in the other crates: a kind to branch on, a context naming what failed, the source
-//! kept; shown as the repository's errors are (context, then the source's message). What
+//! kept; shown as the repository's errors are (context, then the source's message: both
+//! through [`cause_suffix`], the type declared by [`kinded_error!`]). What
 //! crosses into `object_store` (the [`crate::RemoteStore`] side) goes as that crate's
 //! errors, which `pgstrata_repo` already sorts into its kinds; this type is for the rest:
 //! starting ssh, the hellos, an agent's serving loop, rebuilding a patched object.
 
 /// The failure underneath an error, kept so `source()` walks down to it.
 pub type Source = Box<dyn std::error::Error + Send + Sync>;
+
+/// What follows an error's own words: `": "` and its source's message, when it has one.
+/// Written once for the layers' errors (this crate's, the repository's, the engine's).
+pub fn cause_suffix(source: &Option<Source>) -> String {
+    source
+        .as_ref()
+        .map(|s| format!(": {s}"))
+        .unwrap_or_default()
+}
+
+/// A layer's error type, the same shape in every layer: a struct of `kind` (`$kind`, whose
+/// `is_retryable` decides the error's), `context` naming what failed, and the `source`
+/// underneath; shown as its context then [`cause_suffix`]; made with `new` and
+/// `with_source` (visibility given). Each crate declares its own with it: this crate is the
+/// lowest one with such an error, the repository's uses it too.
+#[macro_export]
+macro_rules! kinded_error {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident($kind:ty);
+        $with_source_vis:vis fn with_source;
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug)]
+        $vis struct $name {
+            pub kind: $kind,
+            pub context: String,
+            pub source: Option<$crate::error::Source>,
+        }
+
+        impl $name {
+            pub fn new(kind: $kind, context: impl Into<String>) -> Self {
+                Self {
+                    kind,
+                    context: context.into(),
+                    source: None,
+                }
+            }
+
+            $with_source_vis fn with_source(
+                kind: $kind,
+                context: impl Into<String>,
+                source: impl Into<$crate::error::Source>,
+            ) -> Self {
+                Self {
+                    kind,
+                    context: context.into(),
+                    source: Some(source.into()),
+                }
+            }
+
+            /// True when trying again may succeed (see the kind's `is_retryable`).
+            pub fn is_retryable(&self) -> bool {
+                self.kind.is_retryable()
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.context)?;
+                f.write_str(&$crate::error::cause_suffix(&self.source))
+            }
+        }
+
+        impl std::error::Error for $name {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.source.as_deref().map(|s| s as _)
+            }
+        }
+    };
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -38,54 +110,9 @@ impl ErrorKind {
     }
 }
 
-#[derive(Debug)]
-pub struct Error {
-    pub kind: ErrorKind,
-    pub context: String,
-    pub source: Option<Source>,
+kinded_error! {
+    pub struct Error(ErrorKind);
+    pub fn with_source;
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
-
-impl Error {
-    pub fn new(kind: ErrorKind, context: impl Into<String>) -> Error {
-        Error {
-            kind,
-            context: context.into(),
-            source: None,
-        }
-    }
-
-    pub fn with_source(
-        kind: ErrorKind,
-        context: impl Into<String>,
-        source: impl Into<Source>,
-    ) -> Error {
-        Error {
-            kind,
-            context: context.into(),
-            source: Some(source.into()),
-        }
-    }
-
-    /// True when trying again may succeed (see [`ErrorKind::is_retryable`]).
-    pub fn is_retryable(&self) -> bool {
-        self.kind.is_retryable()
-    }
-}
-
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.context)?;
-        match &self.source {
-            Some(s) => write!(f, ": {s}"),
-            None => Ok(()),
-        }
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_deref().map(|s| s as _)
-    }
-}

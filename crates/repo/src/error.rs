@@ -5,18 +5,12 @@
 //! error). Whether a failure is worth retrying is decided here, once
 //! ([`ErrorKind::is_retryable`]); the storage layer's retry loop and the engine's
 //! `Error::is_retryable` both ask it. How an error shows (context, then its source's
-//! message) is written once, [`cause_suffix`], and the engine's errors show the same way.
+//! message) is written once, [`cause_suffix`], and the engine's errors show the same way;
+//! the type itself is declared as the remote layer's is (`pgstrata_remote::kinded_error!`).
 
-/// The failure underneath an error, kept so `source()` walks down to it.
-pub type Source = Box<dyn std::error::Error + Send + Sync>;
-
-/// What follows an error's own words: `": "` and its source's message, when it has one.
-pub fn cause_suffix(source: &Option<Source>) -> String {
-    source
-        .as_ref()
-        .map(|s| format!(": {s}"))
-        .unwrap_or_default()
-}
+/// The failure underneath an error, and how it shows after the error's own words: the
+/// remote layer's (the lowest crate with such an error), the same for every layer.
+pub use pgstrata_remote::error::{cause_suffix, Source};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -43,44 +37,16 @@ impl ErrorKind {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("{context}{}", cause_suffix(.source))]
-pub struct Error {
-    pub kind: ErrorKind,
-    pub context: String,
-    pub source: Option<Source>,
+pgstrata_remote::kinded_error! {
+    pub struct Error(ErrorKind);
+    pub(crate) fn with_source;
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
-    pub fn new(kind: ErrorKind, context: impl Into<String>) -> Error {
-        Error {
-            kind,
-            context: context.into(),
-            source: None,
-        }
-    }
-
-    pub(crate) fn with_source(
-        kind: ErrorKind,
-        context: impl Into<String>,
-        source: impl Into<Source>,
-    ) -> Error {
-        Error {
-            kind,
-            context: context.into(),
-            source: Some(source.into()),
-        }
-    }
-
     pub(crate) fn corrupt(context: impl Into<String>) -> Error {
         Error::new(ErrorKind::Corrupt, context)
-    }
-
-    /// True when retrying the same operation may succeed (see [`ErrorKind::is_retryable`]).
-    pub fn is_retryable(&self) -> bool {
-        self.kind.is_retryable()
     }
 
     pub fn is_not_found(&self) -> bool {

@@ -478,19 +478,36 @@ impl<'a> FrameReader<'a> {
             let what = format!("{} (frame at {key} offset {})", w.file, w.offset());
             let codec = self.manifest.codec_of(owner);
             let raw_len = w.chunk.frame_len() as usize;
-            if self.pinned {
-                let frame = StoredFrame {
-                    bytes: opened,
-                    codec,
-                    raw_len,
-                };
-                self.stored.insert(w.key.clone(), frame);
-                continue;
-            }
-            let mut raw = self.pool.pop().unwrap_or_default();
-            decompress_into(codec, &opened, raw_len, &what, &mut raw)?;
-            self.frames.insert(w.key.clone(), raw);
+            self.keep_frame(&w.key, codec, raw_len, &opened, || opened.clone(), &what)?;
         }
+        Ok(())
+    }
+
+    /// Keep frame `key`, opened (decrypted) but compressed with `codec` (`raw_len` bytes
+    /// decoded): while pinned as it is, `owned` giving it as owned bytes (a copy only where
+    /// it was opened into a scratch buffer), otherwise decoded into a pooled buffer. `what`
+    /// names it in a decoding error.
+    fn keep_frame(
+        &mut self,
+        key: &FrameKey,
+        codec: CompressType,
+        raw_len: usize,
+        opened: &[u8],
+        owned: impl FnOnce() -> bytes::Bytes,
+        what: &str,
+    ) -> Result<()> {
+        if self.pinned {
+            let frame = StoredFrame {
+                bytes: owned(),
+                codec,
+                raw_len,
+            };
+            self.stored.insert(key.clone(), frame);
+            return Ok(());
+        }
+        let mut raw = self.pool.pop().unwrap_or_default();
+        decompress_into(codec, opened, raw_len, what, &mut raw)?;
+        self.frames.insert(key.clone(), raw);
         Ok(())
     }
 
@@ -525,30 +542,31 @@ impl<'a> FrameReader<'a> {
             }
             let what = format!("{file} (frame at {key} offset {})", w.offset());
             let (codec, raw_len) = (self.manifest.codec_of(owner), w.chunk.frame_len() as usize);
-            // Opened: decrypted where the stanza is encrypted, still compressed.
+            // Opened: decrypted where the stanza is encrypted (into the reused buffer, taken
+            // out while `keep_frame` borrows the reader), still compressed.
+            let mut scratch = std::mem::take(&mut self.opened);
             let opened = match self.storage.cipher() {
-                Some(c) => {
-                    c.open_frame_into(key, w.offset(), stored, &mut self.opened, &what)?;
-                    Some(&self.opened[..])
-                }
-                None => None,
+                Some(c) => c
+                    .open_frame_into(key, w.offset(), stored, &mut scratch, &what)
+                    .map(|()| Some(&scratch[..])),
+                None => Ok(None),
             };
-            if self.pinned {
-                let bytes = match opened {
+            let kept = opened.and_then(|opened| {
+                let owned = || match opened {
                     Some(o) => bytes::Bytes::copy_from_slice(o),
                     None => bytes.slice(lo..lo + w.chunk.stored as usize),
                 };
-                let frame = StoredFrame {
-                    bytes,
+                self.keep_frame(
+                    &w.key,
                     codec,
                     raw_len,
-                };
-                self.stored.insert(w.key.clone(), frame);
-                continue;
-            }
-            let mut raw = self.pool.pop().unwrap_or_default();
-            decompress_into(codec, opened.unwrap_or(stored), raw_len, &what, &mut raw)?;
-            self.frames.insert(w.key.clone(), raw);
+                    opened.unwrap_or(stored),
+                    owned,
+                    &what,
+                )
+            });
+            self.opened = scratch;
+            kept?;
         }
         Ok(())
     }

@@ -13,6 +13,16 @@ use pgstrata_testkit::{AzuriteServer, Proxy, S3Server};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The keys of the objects under `prefix`, in order.
+async fn keys_under(s: &Storage, prefix: &str) -> Vec<String> {
+    s.list(prefix)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect()
+}
+
 /// pgstrata's contract, on any backend: create-only writes, ranged reads, listing, deletes.
 async fn write_once_contract(s: &Storage) {
     s.put_new("st/a/one", Bytes::from_static(b"hello world"))
@@ -45,14 +55,7 @@ async fn write_once_contract(s: &Storage) {
     s.put_new("st/b/two", Bytes::from_static(b"2"))
         .await
         .unwrap();
-    let keys: Vec<String> = s
-        .list("st")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
-    assert_eq!(keys, vec!["st/a/one", "st/b/two"]);
+    assert_eq!(keys_under(s, "st").await, ["st/a/one", "st/b/two"]);
     assert_eq!(s.list_dirs("st").await.unwrap(), vec!["a", "b"]);
     let many: Vec<String> = (0..1500).map(|i| format!("st/c/{i:05}")).collect();
     for k in &many[..20] {
@@ -60,14 +63,7 @@ async fn write_once_contract(s: &Storage) {
     }
     s.delete_many(&many).await.unwrap(); // missing objects are fine, batches of 1000
     s.delete("st/a/one").await.unwrap();
-    let keys: Vec<String> = s
-        .list("st")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| o.key)
-        .collect();
-    assert_eq!(keys, vec!["st/b/two"]);
+    assert_eq!(keys_under(s, "st").await, ["st/b/two"]);
 }
 
 #[tokio::test]

@@ -202,6 +202,36 @@ impl Env {
         c
     }
 
+    /// Restore backup `label` to its end (`--type=immediate --set=LABEL`) into
+    /// scratch/`name`, start it, and assert its content equals `expected` (the source's
+    /// [`Env::hashes`] when the backup was taken); returns it running.
+    pub fn restore_set_exactly(
+        &self,
+        name: &str,
+        label: &str,
+        expected: &BTreeMap<String, String>,
+    ) -> Cluster {
+        let c = self.restore_and_start(name, &["--type=immediate", &format!("--set={label}")]);
+        assert_eq!(
+            &c.content_hashes().unwrap(),
+            expected,
+            "{name}: backup {label} restored differs from the source"
+        );
+        c
+    }
+
+    /// `pgbench -i` at `scale` (quietly) into database postgres.
+    pub fn pgbench_init(&self, scale: u32) {
+        self.pgbench(&["-i", "-s", &scale.to_string(), "-q"]);
+    }
+
+    /// pgbench with `args` against database postgres.
+    pub fn pgbench(&self, args: &[&str]) {
+        let mut args = args.to_vec();
+        args.push("postgres");
+        self.cluster.pgbench(&args).expect("pgbench");
+    }
+
     pub fn hashes(&self) -> BTreeMap<String, String> {
         self.cluster.content_hashes().expect("hash source")
     }
@@ -467,4 +497,29 @@ pub fn manifest_with_maps(repo: &Path, label: &str) -> pgstrata_repo::manifest::
     let storage = pgstrata_repo::Storage::local(repo).unwrap();
     block_on(m.load_maps(&storage)).unwrap();
     m
+}
+
+/// The string `field` of each object of JSON array `list`: e.g. the labels of `info`'s
+/// `backups`.
+pub fn each_str<'a>(list: &'a serde_json::Value, field: &str) -> Vec<&'a str> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o[field].as_str().unwrap())
+        .collect()
+}
+
+/// The labels of the backups `info --output=json` lists, oldest first.
+pub fn backup_labels(info: &serde_json::Value) -> Vec<&str> {
+    each_str(&info["backups"], "label")
+}
+
+/// Backup `label` as `info --output=json` lists it.
+pub fn info_backup<'a>(info: &'a serde_json::Value, label: &str) -> &'a serde_json::Value {
+    info["backups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["label"] == label)
+        .unwrap_or_else(|| panic!("backup {label} not listed: {info}"))
 }

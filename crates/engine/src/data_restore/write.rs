@@ -198,6 +198,20 @@ fn restore_one(sh: &Shared, w: &mut Worker, f: &FileEntry, action: Action) -> Re
             fh
         }
     };
+    set_file_attributes(sh, w, f, &fh, &path)?;
+    count_restored(sh, f);
+    Ok(())
+}
+
+/// Give restored file `f` (open as `fh`, shown as `path`) its recorded mode, owner (when
+/// restoring ownership) and modification time.
+fn set_file_attributes(
+    sh: &Shared,
+    w: &mut Worker,
+    f: &FileEntry,
+    fh: &File,
+    path: &Path,
+) -> Result<()> {
     let owner = sh.chown.then(|| w.resolver.ids(&f.owner));
     set_attributes(
         fh.as_fd(),
@@ -205,11 +219,14 @@ fn restore_one(sh: &Shared, w: &mut Worker, f: &FileEntry, action: Action) -> Re
         f.owner.mode,
         owner,
         Some(f.mtime),
-        &path,
-    )?;
+        path,
+    )
+}
+
+/// File `f` is restored: the progress counters take it.
+fn count_restored(sh: &Shared, f: &FileEntry) {
     sh.counters.files.fetch_add(1, Ordering::Relaxed);
     sh.counters.bytes.fetch_add(f.size, Ordering::Relaxed);
-    Ok(())
 }
 
 fn changed_under_us(path: &Path) -> Error {
@@ -225,23 +242,14 @@ pub(super) fn write_control(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Resul
     let tmp = format!("{}.pgstrata-tmp", f.path);
     let path = sh.tree.display_path(&f.path);
     let fh = write_file(sh, w, f, &tmp, &path)?;
-    let owner = sh.chown.then(|| w.resolver.ids(&f.owner));
-    set_attributes(
-        fh.as_fd(),
-        EntryKind::File,
-        f.owner.mode,
-        owner,
-        Some(f.mtime),
-        &path,
-    )?;
+    set_file_attributes(sh, w, f, &fh, &path)?;
     fh.sync_all()
         .map_err(|e| Error::io(format!("sync {}", path.display()), e))?;
     drop(fh);
     sh.tree.rename_into_place(&tmp, &f.path, &mut w.cache)?;
     w.tally.files_written += 1;
     w.tally.bytes_written += f.size;
-    sh.counters.files.fetch_add(1, Ordering::Relaxed);
-    sh.counters.bytes.fetch_add(f.size, Ordering::Relaxed);
+    count_restored(sh, f);
     Ok(())
 }
 

@@ -314,7 +314,7 @@ fn tracked_blocks(
     job: &Job,
     entry: &FileEntry,
     pages: &[u32],
-) -> Result<Option<(File, u64, BTreeSet<u64>)>> {
+) -> Result<Option<TrackedFile>> {
     let Some(f) = open_job(job)? else {
         return Ok(None);
     };
@@ -331,7 +331,33 @@ fn tracked_blocks(
         .filter(|b| *b < nblocks)
         .collect();
     read.extend(entry.size.min(size) / bs..nblocks);
-    Ok(Some((f, size, read)))
+    Ok(Some(TrackedFile {
+        f,
+        size,
+        bs,
+        nblocks,
+        read,
+    }))
+}
+
+/// What [`tracked_blocks`] found.
+struct TrackedFile {
+    f: File,
+    size: u64,
+    /// The block size of the file's map.
+    bs: u64,
+    nblocks: u64,
+    /// The blocks to read.
+    read: BTreeSet<u64>,
+}
+
+impl TrackedFile {
+    /// Offset and length of block `i` of a file now `end` bytes long (the last block may be
+    /// short); `None` past the end.
+    fn block(&self, i: u64, end: u64) -> Option<(u64, usize)> {
+        let off = i * self.bs;
+        (off < end).then(|| (off, (end - off).min(self.bs) as usize))
+    }
 }
 
 /// Copy a relation file reading only the blocks the WAL says changed (`pages`, numbered
@@ -347,42 +373,32 @@ fn copy_tracked(
     entry: &FileEntry,
     pages: &[u32],
 ) -> Result<Option<FileEntry>> {
-    let Some((f, size, read)) = tracked_blocks(ctx, job, entry, pages)? else {
+    let Some(t) = tracked_blocks(ctx, job, entry, pages)? else {
         return Ok(None);
     };
-    let bs = entry.block_size as u64;
-    let nblocks = size.div_ceil(bs);
     let prior_blocks = PriorBlocks::new(entry, prior.label(), &ctx.label);
     let mut copier = BlockCopier::new(
         ctx,
         job,
-        &f,
-        bs as u32,
+        &t.f,
+        t.bs as u32,
         Some(prior_blocks),
-        size,
+        t.size,
         false,
         writer,
     )?;
-    let mut buf = vec![0u8; bs as usize];
-    let mut end = size;
-    for i in 0..nblocks {
-        let off = i * bs;
-        if off >= end {
+    let mut buf = vec![0u8; t.bs as usize];
+    let mut end = t.size;
+    for i in 0..t.nblocks {
+        let Some((off, len)) = t.block(i, end) else {
             break;
-        }
-        let len = (end - off).min(bs) as u32;
-        if !read.contains(&i) && copier.carry_prior(off, len) {
+        };
+        if !t.read.contains(&i) && copier.carry_prior(off, len as u32) {
             continue;
         }
-        let n = read_full_at(&f, &mut buf[..len as usize], off)
-            .map_err(|e| Error::io(format!("read {}", job.abs().display()), e))?;
-        if n < len as usize {
-            end = off + n as u64; // the file shrank while we read it: WAL replay redoes it
-            if n == 0 {
-                break;
-            }
+        if !copier.read_block(writer, out, &mut buf[..len], off, &mut end)? {
+            break;
         }
-        copier.add(writer, out, &mut buf[..n], off)?;
     }
     out.files_tracked += 1;
     copier.finish(writer, out).map(Some)
@@ -412,34 +428,24 @@ fn copy_tracked_delta(
     entry: &FileEntry,
     pages: &[u32],
 ) -> Result<Tracked> {
-    let Some((f, size, read)) = tracked_blocks(ctx, job, entry, pages)? else {
+    let Some(t) = tracked_blocks(ctx, job, entry, pages)? else {
         return Ok(Tracked::Copied(None));
     };
-    let bs = entry.block_size as u64;
-    let nblocks = size.div_ceil(bs);
-    if read.len() as u64 * 4 > nblocks {
+    if t.read.len() as u64 * 4 > t.nblocks {
         return Ok(Tracked::TooManyChanges);
     }
-    let mut copier = BlockCopier::new(ctx, job, &f, bs as u32, None, size, false, writer)?;
+    let mut copier = BlockCopier::new(ctx, job, &t.f, t.bs as u32, None, t.size, false, writer)?;
     copier.merge_as_copied = false;
     let mut runs: Vec<(u32, u32)> = Vec::new();
-    let mut buf = vec![0u8; bs as usize];
-    let mut end = size;
-    for i in read {
-        let off = i * bs;
-        if off >= end {
+    let mut buf = vec![0u8; t.bs as usize];
+    let mut end = t.size;
+    for &i in &t.read {
+        let Some((off, len)) = t.block(i, end) else {
+            break;
+        };
+        if !copier.read_block(writer, out, &mut buf[..len], off, &mut end)? {
             break;
         }
-        let len = (end - off).min(bs) as usize;
-        let n = read_full_at(&f, &mut buf[..len], off)
-            .map_err(|e| Error::io(format!("read {}", job.abs().display()), e))?;
-        if n < len {
-            end = off + n as u64; // the file shrank while we read it: WAL replay redoes it
-            if n == 0 {
-                break;
-            }
-        }
-        copier.add(writer, out, &mut buf[..n], off)?;
         match runs.last_mut() {
             Some((first, count)) if (*first + *count) as u64 == i => *count += 1,
             _ => runs.push((i as u32, 1)),
@@ -582,6 +588,30 @@ impl<'a> BlockCopier<'a> {
     }
 
     /// Blocks read from the file at `offset`: a whole number of blocks, or the file's last.
+    /// Read the block at `offset` of the file into `buf` (as long as the block, or as what
+    /// is left of it before `end`) and [`add`](Self::add) it. A file that shrank while we
+    /// read it ends at the short read (WAL replay redoes it): `end` moves there. False when
+    /// nothing was left to read at `offset`.
+    fn read_block(
+        &mut self,
+        writer: &mut PackWriter,
+        out: &mut CopyOutcome,
+        buf: &mut [u8],
+        offset: u64,
+        end: &mut u64,
+    ) -> Result<bool> {
+        let n = read_full_at(self.file, buf, offset)
+            .map_err(|e| Error::io(format!("read {}", self.job.abs().display()), e))?;
+        if n < buf.len() {
+            *end = offset + n as u64;
+            if n == 0 {
+                return Ok(false);
+            }
+        }
+        self.add(writer, out, &mut buf[..n], offset)?;
+        Ok(true)
+    }
+
     fn add(
         &mut self,
         writer: &mut PackWriter,
