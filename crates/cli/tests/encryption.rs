@@ -340,6 +340,48 @@ fn wrong_passphrases_and_damage_are_refused() {
     assert!(code > 125, "exit {code}: {err}");
     assert!(err.contains(&name), "{err}");
     assert!(!dest.exists());
+
+    // Vanished backups: this host looks (info), expire --set removes the full backup (and
+    // writes a sealed record), then an attacker deletes the incremental's manifest, its
+    // copy and its parts, replays the record under another name and forges one naming
+    // the incremental. Both records are refused, the incremental is VANISHED, verify
+    // fails.
+    let copy = damaged_copy(&env, "vanished");
+    let on = |args: &[&str]| {
+        let mut c = env.cmd(args);
+        c.env("PGSTRATA_REPO_PATH", &copy);
+        c.output().unwrap()
+    };
+    assert!(on(&["info"]).status.success());
+    assert!(on(&[&format!("--set={full}"), "expire"]).status.success());
+    let records = copy.join(STANZA).join("expired");
+    let record = files(&records).pop().expect("expire wrote a record");
+    std::fs::copy(&record, records.join("1-1.json")).unwrap();
+    std::fs::write(
+        records.join("2-2.json"),
+        format!(r#"{{"name":"2-2","stanza":"{STANZA}","time":"2026-01-01T00:00:00Z","backups":["{incr}"],"wal":[]}}"#),
+    )
+    .unwrap();
+    for planted in ["1-1.json", "2-2.json"] {
+        pgstrata_testkit::give_to_pg_user(&records.join(planted));
+    }
+    std::fs::remove_dir_all(backup_dir(&copy, &incr).join("manifest")).unwrap();
+    for name in ["backup.manifest", "backup.manifest.copy"] {
+        std::fs::remove_file(backup_dir(&copy, &incr).join(name)).unwrap();
+    }
+    let out = on(&["info"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("VANISHED: backup {incr} vanished"))
+            && text.contains("1-1.json refused")
+            && text.contains("2-2.json refused"),
+        "{text}"
+    );
+    assert_eq!(on(&["verify"]).status.code(), Some(4));
 }
 
 /// key-add, key-list and key-remove of the first key: the new passphrase restores, the old
