@@ -10,6 +10,7 @@
 use crate::Result;
 use pgstrata_repo::layout::{self, BackupObject};
 use pgstrata_repo::manifest::Manifest;
+use pgstrata_repo::storage::ObjectInfo;
 use pgstrata_repo::Storage;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -24,6 +25,32 @@ pub(crate) struct PackStorage {
     pub freed: u64,
     pub held: u64,
     pub total: u64,
+}
+
+/// Labels among `parsed` objects with a manifest's copy and no manifest that neither this
+/// expire (`expired`) nor a recorded one removed: vanished backups. Without `expired`
+/// (nothing is deleted) the records are not read.
+async fn vanished_labels<'k>(
+    storage: &Storage,
+    stanza: &str,
+    parsed: &[(&ObjectInfo, (&'k str, BackupObject<'k>))],
+    manifest_objects: &HashSet<&str>,
+    expired: Option<&BTreeSet<String>>,
+) -> Result<HashSet<&'k str>> {
+    let records = match expired {
+        Some(_) => pgstrata_repo::expire_record::ExpireRecord::load_all(storage, stanza).await?,
+        None => Default::default(),
+    };
+    Ok(parsed
+        .iter()
+        .filter(|(_, (label, kind))| {
+            *kind == BackupObject::ManifestCopy
+                && !manifest_objects.contains(label)
+                && !expired.is_some_and(|e| e.contains(*label))
+                && !records.expired_backup(label)
+        })
+        .map(|(_, (label, _))| *label)
+        .collect())
 }
 
 /// Measure pack storage, given the kept backups' headers (what each uses in packs is in
@@ -68,20 +95,7 @@ pub(crate) async fn collect_garbage(
     // A label with its manifest's copy but no manifest, that no expire (this run or a
     // recorded one) removed, has vanished (see `vanished`): what is left of it is evidence
     // and may restore it, so nothing of it is deleted until `expire --set` names it.
-    let records = match expired {
-        Some(_) => pgstrata_repo::expire_record::ExpireRecord::load_all(storage, stanza).await?,
-        None => Default::default(),
-    };
-    let vanished: HashSet<&str> = parsed
-        .iter()
-        .filter(|(_, (label, kind))| {
-            *kind == BackupObject::ManifestCopy
-                && !manifest_objects.contains(label)
-                && !expired.is_some_and(|e| e.contains(*label))
-                && !records.expired_backup(label)
-        })
-        .map(|(_, (label, _))| *label)
-        .collect();
+    let vanished = vanished_labels(storage, stanza, &parsed, &manifest_objects, expired).await?;
     let resumable = |label: &str| {
         pgstrata_repo::resume::resumable(
             label,

@@ -137,11 +137,7 @@ pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
     for label in &labels {
         let selected = set.is_none_or(|w| w == label);
         if selected {
-            let damaged = Manifest::check_twins(&storage, &s.stanza, label).await?;
-            for d in &damaged {
-                log::error!("{}", describe_damaged_twin(d));
-            }
-            damaged_objects.extend(damaged);
+            damaged_objects.extend(damaged_twins(&storage, &s.stanza, label).await?);
         }
         let Some((m, stored)) =
             open_backup(&storage, &s.stanza, label, selected, &mut backups).await?
@@ -244,6 +240,19 @@ async fn repair(
         crate::lock::with_lock(storage, &s.stanza, &s.lock_path, "verify --repair", work).await?;
     *damaged = left;
     Ok(repaired)
+}
+
+/// The twins of backup `label`'s manifest objects that are damaged or missing, logged.
+async fn damaged_twins(
+    storage: &Storage,
+    stanza: &str,
+    label: &str,
+) -> Result<Vec<pgstrata_repo::manifest::DamagedTwin>> {
+    let damaged = Manifest::check_twins(storage, stanza, label).await?;
+    for d in &damaged {
+        log::error!("{}", describe_damaged_twin(d));
+    }
+    Ok(damaged)
 }
 
 /// One line on a damaged twin: what, why, and whether its twin still serves reads.
