@@ -382,6 +382,13 @@ fn expire(repos: &Repos) -> Result<i32, Error> {
         r.wal_deleted,
         r.bytes_held
     );
+    if let Some(until) = r.waiting_until {
+        println!(
+            "{} object(s) wait for their retention (the repository's object lock) until {} at the latest: a later expire deletes them",
+            r.objects_waiting,
+            chrono::DateTime::from_timestamp(until, 0).unwrap_or_default().to_rfc3339()
+        );
+    }
     Ok(0)
 }
 

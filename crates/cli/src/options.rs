@@ -14,6 +14,7 @@ use pgstrata_engine::track::Track;
 use pgstrata_repo::cipher::CipherType;
 use pgstrata_repo::codec::CompressType;
 use pgstrata_repo::manifest::BackupType;
+use pgstrata_repo::s3_versions::LockMode;
 use pgstrata_repo::storage::RepoKind;
 use pgstrata_repo::Named;
 
@@ -188,6 +189,12 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Storage class of objects written (e.g. STANDARD_IA)." },
     OptionDef { name: "repo-s3-kms-key-id", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, peer: false, commands: REPO_CMDS,
         help: "Server-side encryption of objects written with this KMS key (aws:kms)." },
+    OptionDef { name: "repo-s3-object-lock", kind: Kind::Enum(LockMode::NAMES), default: None, scope: Scope::Config, secret: false, peer: false, commands: REPO_CMDS,
+        help: "Make the repository immutable with S3 Object Lock: compliance (no one can delete an object before its retention has passed) or governance (only a user with s3:BypassGovernanceRetention can). The bucket must have Object Lock on, with a default retention in this mode of at least repo-immutable-days (stanza-create and check refuse it otherwise, saying how to set it). expire removes an expired backup from view at once and deletes its objects at the first expire after their retention; verify --repair is refused." },
+    OptionDef { name: "repo-immutable-days", kind: Kind::Int { min: 1, max: 36_500 }, default: None, scope: Scope::Config, secret: false, peer: false, commands: REPO_CMDS,
+        help: "Days every object of an immutable repository is kept from deletion (required with repo-s3-object-lock; the bucket's default retention must be at least this long). An attacker holding the repository's credentials can hide objects (a delete marker) but not remove them for this long: repo-target-time reads them back." },
+    OptionDef { name: "repo-target-time", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["info", "restore", "verify", "archive-get"],
+        help: "Read the repository as it was at this time ('2026-11-28 10:00:00+00' or RFC 3339): each object in its version current then; objects deleted since come back, objects written since are not seen. Needs a versioned S3 bucket (every bucket with Object Lock is one). Nothing is written to the repository; restore writes it into restore_command too, so recovery fetches the WAL as of the same time." },
     OptionDef { name: "repo-s3-ca-file", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: REPO_CMDS,
         help: "PEM file of CA certificates to trust for the object store (GCS and Azure too)." },
     OptionDef { name: "repo-gcs-bucket", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, peer: false, commands: REPO_CMDS,

@@ -293,6 +293,27 @@ fn backup_host_and_database_host_over_ssh() {
     let backups = info["backups"].as_array().expect("backups");
     assert_eq!(backups.len(), 2, "{info}");
 
+    // verify --repair from the database host: its agent serves the repository
+    // append-only, so the damaged twin is named but not rewritten (the holder refuses the
+    // overwrite) and the repository is left as it was.
+    let copy_path = incr_dir.join("backup.manifest.copy");
+    let mut damaged = manifest_copy.clone();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 0x55;
+    std::fs::write(&copy_path, &damaged).unwrap();
+    let (code, err) = run_fail(env.cmd(&["verify", "--repair"]));
+    assert_eq!(code, 4, "{err}");
+    assert!(
+        err.contains("backup.manifest.copy") && err.contains("append-only"),
+        "the refused repair is not named: {err}"
+    );
+    assert_eq!(
+        std::fs::read(&copy_path).unwrap(),
+        damaged,
+        "the holder's copy was rewritten"
+    );
+    std::fs::write(&copy_path, &manifest_copy).unwrap();
+
     // A backup on the database host itself, through repo-remote, whose agent serves it
     // append-only: it adds its packs and manifest and removes only its own lock.
     let own = run_ok(env.cmd(&["--start-fast", "--type=incr", "backup"]));

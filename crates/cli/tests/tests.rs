@@ -10,6 +10,7 @@ mod archive_async;
 mod backup;
 mod bad_input;
 mod encryption;
+mod immutable;
 mod incremental;
 mod manifest;
 mod monitoring;

@@ -25,6 +25,10 @@ pub(crate) struct PackStorage {
     pub freed: u64,
     pub held: u64,
     pub total: u64,
+    /// Objects an immutable repository keeps until their retention has passed (packs,
+    /// and what else of expired backups was to go), and the latest retain-until date.
+    pub waiting: u64,
+    pub waiting_until: Option<i64>,
 }
 
 /// Labels among `parsed` objects with a manifest's copy and no manifest that neither this
@@ -84,10 +88,14 @@ pub(crate) async fn collect_garbage(
         .iter()
         .filter_map(|o| Some((o, layout::parse_backup_object(stanza, &o.key)?)))
         .collect();
-    // Labels whose manifest exists, readable or not: a damaged backup keeps its packs.
+    // Labels whose manifest exists, readable or not: a damaged backup keeps its packs. An
+    // expired backup's manifest counts as gone even while an immutable repository keeps it
+    // (its expire record hides it).
+    let is_expired = |label: &str| expired.is_some_and(|e| e.contains(label));
     let manifest_objects: HashSet<&str> = parsed
         .iter()
         .filter_map(|(_, (label, kind))| (*kind == BackupObject::Manifest).then_some(*label))
+        .filter(|label| !is_expired(label))
         .collect();
     // An interrupted backup newer than every backup with a manifest can still be resumed
     // by the next backup: its packs and checkpoints stay whatever their age.
@@ -103,6 +111,9 @@ pub(crate) async fn collect_garbage(
             newest_with_manifest,
         )
     };
+    // Deleted together at the end: on an immutable repository, as their retention allows.
+    let mut doomed: Vec<String> = Vec::new();
+    let mut doomed_packs: Vec<(&str, u64)> = Vec::new();
     for &(obj, (label, kind)) in &parsed {
         let pack = match kind {
             BackupObject::Manifest => continue,
@@ -112,7 +123,7 @@ pub(crate) async fn collect_garbage(
                 let stale = manifest_objects.contains(label)
                     || (!resumable(label) && now - obj.modified >= ORPHAN_GRACE_SECS);
                 if expired.is_some() && stale {
-                    storage.delete(&obj.key).await?;
+                    doomed.push(obj.key.clone());
                 }
                 continue;
             }
@@ -121,10 +132,9 @@ pub(crate) async fn collect_garbage(
                 // its last write, or expired (the manifest goes first).
                 let stray = !manifest_objects.contains(label)
                     && !vanished.contains(label)
-                    && (expired.is_some_and(|e| e.contains(label))
-                        || now - obj.modified >= ORPHAN_GRACE_SECS);
+                    && (is_expired(label) || now - obj.modified >= ORPHAN_GRACE_SECS);
                 if expired.is_some() && stray {
-                    storage.delete(&obj.key).await?;
+                    doomed.push(obj.key.clone());
                 }
                 continue;
             }
@@ -135,18 +145,41 @@ pub(crate) async fn collect_garbage(
             Some(used) => usage.held += obj.size.saturating_sub(*used),
             None => {
                 let young_orphan = !with_manifest.contains(label)
-                    && !expired.is_some_and(|e| e.contains(label))
+                    && !is_expired(label)
                     && (now - obj.modified < ORPHAN_GRACE_SECS || resumable(label));
                 let damaged = manifest_objects.contains(label) && !with_manifest.contains(label);
                 if expired.is_some() && !young_orphan && !damaged && !vanished.contains(label) {
-                    storage.delete(&obj.key).await?;
-                    usage.deleted += 1;
-                    usage.freed += obj.size;
+                    doomed_packs.push((&obj.key, obj.size));
                 } else {
                     usage.held += obj.size;
                 }
             }
         }
     }
+    delete_doomed(storage, &doomed, &doomed_packs, &mut usage).await?;
     Ok(usage)
+}
+
+/// Delete the `doomed` objects and packs (with their sizes) and count what that freed; on
+/// an immutable repository, what waits for its retention stays held.
+async fn delete_doomed(
+    storage: &Storage,
+    doomed: &[String],
+    doomed_packs: &[(&str, u64)],
+    usage: &mut PackStorage,
+) -> Result<()> {
+    let others = storage.delete_retained(doomed).await?;
+    let keys: Vec<String> = doomed_packs.iter().map(|(k, _)| k.to_string()).collect();
+    let packs = storage.delete_retained(&keys).await?;
+    let waiting: HashSet<&str> = packs.waiting.iter().map(String::as_str).collect();
+    for (key, size) in doomed_packs {
+        match waiting.contains(key) {
+            true => usage.held += size,
+            false => usage.freed += size,
+        }
+    }
+    usage.deleted = packs.deleted;
+    usage.waiting = (others.waiting.len() + packs.waiting.len()) as u64;
+    usage.waiting_until = others.waiting_until.max(packs.waiting_until);
+    Ok(())
 }

@@ -88,6 +88,12 @@ pub struct StanzaReport {
     /// Backups and WAL gone without an expire record (`vanished`).
     #[serde(skip_serializing_if = "crate::vanished::Vanished::is_empty")]
     pub vanished: crate::vanished::Vanished,
+    /// An immutable repository's object lock: `compliance, 35 days`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub immutable: Option<String>,
+    /// The time the repository was read as of (`repo-target-time`), RFC 3339.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<String>,
 }
 
 #[derive(Debug, Serialize)]

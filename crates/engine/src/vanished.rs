@@ -91,6 +91,11 @@ struct Seen {
 /// Compare what was `found` with the expire records and this host's state, report what
 /// vanished, and remember what was found (with what vanished, so it stays reported).
 pub async fn check(s: &Settings, storage: &Storage, found: &Found<'_>) -> Result<Vanished> {
+    // A repository read as it was (repo-target-time) lacks, by design, what came later:
+    // that vanished nothing, and this host's state of the present stays as it is.
+    if storage.read_as_of().is_some() {
+        return Ok(Vanished::default());
+    }
     let records = ExpireRecord::load_all(storage, &s.stanza).await?;
     let state = state_file(s, storage);
     let seen = state.as_deref().map(read_state).unwrap_or_default();

@@ -21,9 +21,13 @@
 //!   expired one.
 //! - [`resume`]: checkpoints of a running backup, which let the next one reuse its frames.
 //! - [`wal_object`]: archived WAL objects; [`changemap`]: the block-change map beside each segment.
+//! - [`s3_versions`]: the S3 requests object_store does not make (Object Lock, object
+//!   versions), for immutable repositories; [`as_of`]: a repository read as it was at a
+//!   time (`repo-target-time`).
 //! - [`cache`]: objects of a remote repository kept on this host; [`private_dir`]: the
 //!   check that a directory pgstrata keeps state in is this user's alone.
 
+pub mod as_of;
 pub mod cache;
 pub mod changemap;
 mod checked;
@@ -48,6 +52,7 @@ pub mod private_dir;
 #[cfg(test)]
 mod props;
 pub mod resume;
+pub mod s3_versions;
 pub mod stanza;
 pub mod storage;
 pub mod wal_object;

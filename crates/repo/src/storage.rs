@@ -13,8 +13,10 @@
 //! with the object's name. object_store's HTTP client retries individual requests too; this
 //! layer covers whole operations and any backend, including fault-injecting test wrappers.
 
+use crate::as_of::AsOfStore;
 use crate::cache::{stored_hash, ObjectCache};
 use crate::cipher::Cipher;
+use crate::s3_versions::{ObjectLock, S3Versions};
 use crate::Named;
 use crate::{Error, ErrorKind, Result};
 use bytes::Bytes;
@@ -31,6 +33,9 @@ use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
+
+mod immutable;
+pub use immutable::Deletion;
 
 /// A listed object.
 #[derive(Debug, Clone)]
@@ -63,6 +68,9 @@ pub struct RepoConfig {
     /// The stanza the command works on, named on `agent repo`'s command line (which
     /// serves only the stanzas it is given) when no forced command replaces it.
     pub remote_stanza: Option<String>,
+    /// Read the repository as it was at this time (unix seconds; `repo-target-time`),
+    /// from object versions ([`crate::as_of`]); nothing is written. S3 only.
+    pub target_time: Option<i64>,
 }
 
 // Names as configured (`repo-type`).
@@ -109,6 +117,9 @@ pub struct S3Config {
     pub storage_class: Option<String>,
     /// Server-side encryption with this KMS key.
     pub kms_key_id: Option<String>,
+    /// An immutable repository (`repo-s3-object-lock`, `repo-immutable-days`): the bucket
+    /// gives every object this retention, and expire deletes nothing before it passes.
+    pub object_lock: Option<ObjectLock>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -157,6 +168,12 @@ pub struct Storage {
     /// [`object_cache`] unless changed, and manifests written as patches
     /// ([`Storage::put_new_twice_against`]).
     remote: Option<RemoteStore>,
+    /// An immutable repository's retention ([`S3Config::object_lock`]).
+    object_lock: Option<ObjectLock>,
+    /// The S3 bucket's versions, where an object lock or a target time needs them.
+    versions: Option<Arc<S3Versions>>,
+    /// The time the repository is read as of (`repo-target-time`).
+    as_of: Option<i64>,
 }
 
 fn map_err(e: object_store::Error, what: String) -> Error {
@@ -228,8 +245,12 @@ fn open_local(cfg: &RepoConfig) -> Result<(Arc<dyn ObjectStore>, String)> {
     Ok((Arc::new(store), dir.display().to_string()))
 }
 
-/// An S3 bucket (or an S3-compatible store). The store and how it is shown.
-fn open_s3(cfg: &RepoConfig) -> Result<(Arc<dyn ObjectStore>, String)> {
+/// An opened S3 store, how it is shown, and the client of its versions when an object lock
+/// or a target time needs it.
+type OpenedS3 = (Arc<dyn ObjectStore>, String, Option<Arc<S3Versions>>);
+
+/// An S3 bucket (or an S3-compatible store).
+fn open_s3(cfg: &RepoConfig) -> Result<OpenedS3> {
     let c = &cfg.s3;
     required(&c.bucket, "repo-type=s3 needs repo-s3-bucket")?;
     // Environment first (AWS_* variables, web identity, instance metadata when no
@@ -257,8 +278,28 @@ fn open_s3(cfg: &RepoConfig) -> Result<(Arc<dyn ObjectStore>, String)> {
     if let Some(k) = &c.kms_key_id {
         b = b.with_sse_kms_encryption(k);
     }
+    if c.object_lock.is_some() {
+        b = b.with_http_connector(crate::s3_versions::ContentMd5Connector);
+    }
     let url = format!("s3://{}/{}", c.bucket, cfg.path.trim_matches('/'));
-    built(b.build(), "S3", url)
+    let store = b
+        .build()
+        .map_err(|e| map_err(e, "configure the S3 repository".into()))?;
+    let versions = match c.object_lock.is_some() || cfg.target_time.is_some() {
+        true => Some(Arc::new(S3Versions::new(
+            &client_options(cfg, c.endpoint.as_deref())?,
+            store.credentials().clone(),
+            &crate::s3_versions::Bucket {
+                name: &c.bucket,
+                endpoint: c.endpoint.as_deref(),
+                region: c.region.as_deref(),
+                path_style: c.path_style,
+            },
+            &cfg.path,
+        )?)),
+        false => None,
+    };
+    Ok((Arc::new(store), url, versions))
 }
 
 /// A Google Cloud Storage bucket. The store and how it is shown.
@@ -322,6 +363,7 @@ impl Storage {
             return Ok(storage);
         }
         let mut remote = None;
+        let mut versions = None;
         let (store, description): (Arc<dyn ObjectStore>, String) = match cfg.kind {
             RepoKind::Posix if cfg.remote.is_some() => {
                 let target = cfg.remote.clone().expect("checked");
@@ -340,7 +382,11 @@ impl Storage {
                 ))
             }
             RepoKind::Posix => open_local(cfg)?,
-            RepoKind::S3 => open_s3(cfg)?,
+            RepoKind::S3 => {
+                let (store, description, v) = open_s3(cfg)?;
+                versions = v;
+                (store, description)
+            }
             RepoKind::Gcs => open_gcs(cfg)?,
             RepoKind::Azure => open_azure(cfg)?,
         };
@@ -351,6 +397,19 @@ impl Storage {
                 store,
                 cfg.path.trim_matches('/').to_string(),
             )),
+        };
+        let store: Arc<dyn ObjectStore> = match (cfg.target_time, &versions) {
+            (None, _) => store,
+            (Some(time), Some(v)) => Arc::new(AsOfStore::new(store, v.clone(), time)),
+            (Some(_), None) => {
+                return Err(Error::new(
+                    ErrorKind::Invalid,
+                    format!(
+                        "repo-target-time reads the versions an S3 bucket keeps; repository {description} is of type {}",
+                        cfg.kind.name()
+                    ),
+                ))
+            }
         };
         let mut put_attributes = Attributes::new();
         if let (RepoKind::S3, Some(class)) = (cfg.kind, &cfg.s3.storage_class) {
@@ -371,6 +430,9 @@ impl Storage {
             retries: cfg.retries,
             cipher: None,
             remote,
+            object_lock: cfg.s3.object_lock.filter(|_| cfg.kind == RepoKind::S3),
+            versions,
+            as_of: cfg.target_time,
         })
     }
 
@@ -429,6 +491,9 @@ impl Storage {
             s3_compatible: false,
             cipher: None,
             remote: None,
+            object_lock: None,
+            versions: None,
+            as_of: None,
         }
     }
 
@@ -526,6 +591,18 @@ impl Storage {
     /// directory, a PUT on object stores): readers see the damaged bytes or the new ones,
     /// never neither.
     pub async fn replace(&self, key: &str, sealed_as: &str, data: Bytes) -> Result<()> {
+        if let Some(lock) = self.object_lock {
+            return Err(Error::new(
+                ErrorKind::Invalid,
+                format!(
+                    "repository {} is immutable (repo-s3-object-lock={}): {key} is not rewritten \
+                     there; its intact twin serves every read. To restore the redundancy, copy the \
+                     backup to another repository (pgstrata copy)",
+                    self.description,
+                    lock.mode.name()
+                ),
+            ));
+        }
         let data = match &self.cipher {
             Some(c) => Bytes::from(c.seal_object(sealed_as, &data)?),
             None => data,

@@ -59,6 +59,44 @@ impl S3Server {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// Make another bucket on this server; with `lock` (`("COMPLIANCE" or "GOVERNANCE",
+    /// days)`), with Object Lock on and that default retention, as an administrator would
+    /// set up an immutable repository's bucket.
+    pub fn create_bucket(&self, bucket: &str, lock: Option<(&str, u32)>) -> Result<()> {
+        let failed = |what: &str, status: std::io::Result<u16>| {
+            Error::new(
+                ErrorKind::Failed,
+                format!("moto: {what} of bucket {bucket}: {status:?}"),
+            )
+        };
+        let header = match lock {
+            Some(_) => "x-amz-bucket-object-lock-enabled: true\r\n",
+            None => "",
+        };
+        let status = http_request_with(self.port, "PUT", &format!("/{bucket}"), header, "");
+        if !matches!(status, Ok(200)) {
+            return Err(failed("creation", status));
+        }
+        if let Some((mode, days)) = lock {
+            let body = format!(
+                "<ObjectLockConfiguration><ObjectLockEnabled>Enabled</ObjectLockEnabled><Rule>\
+                 <DefaultRetention><Mode>{mode}</Mode><Days>{days}</Days></DefaultRetention>\
+                 </Rule></ObjectLockConfiguration>"
+            );
+            let status = http_request_with(
+                self.port,
+                "PUT",
+                &format!("/{bucket}?object-lock"),
+                "",
+                &body,
+            );
+            if !matches!(status, Ok(200)) {
+                return Err(failed("the Object Lock configuration", status));
+            }
+        }
+        Ok(())
+    }
+
     /// pgstrata's settings for a repository at `path` in this server's bucket (moto takes
     /// any key; path-style addressing, as a bucket name is no host name here). Point
     /// `s3.endpoint` elsewhere to go through a [`Proxy`].
@@ -115,10 +153,25 @@ fn which(program: &str) -> Option<PathBuf> {
 
 /// A minimal HTTP/1.1 request (moto accepts unsigned bucket creation); returns the status.
 fn http_request(port: u16, method: &str, path: &str) -> std::io::Result<u16> {
+    http_request_with(port, method, path, "", "")
+}
+
+/// [`http_request`] with more `headers` (each ending in CRLF) and a `body`.
+fn http_request_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> std::io::Result<u16> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
     let mut buf = [0u8; 64];
     let n = s.read(&mut buf)?;
     let text = String::from_utf8_lossy(&buf[..n]);

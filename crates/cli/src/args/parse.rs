@@ -18,6 +18,7 @@ use pgstrata_engine::{Error, Settings, StandbySource};
 use pgstrata_remote::protocol::JobKind;
 use pgstrata_repo::cipher::Passphrase;
 use pgstrata_repo::codec::Compression;
+use pgstrata_repo::s3_versions::{LockMode, ObjectLock};
 use pgstrata_repo::storage::{AzureConfig, GcsConfig, RepoConfig, S3Config, Secret, SshTarget};
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -206,7 +207,7 @@ fn settings(inv: &Invocation) -> Result<Settings, Error> {
     Ok(Settings {
         stanza,
         repo_index: inv.repo_index,
-        repo: repo_config(inv),
+        repo: repo_config(inv)?,
         opened: None,
         pg_path: path(inv, "pg-path"),
         pg_host: Some(inv.text("pg-host").to_string()),
@@ -233,9 +234,9 @@ fn settings(inv: &Invocation) -> Result<Settings, Error> {
     })
 }
 
-fn repo_config(inv: &Invocation) -> RepoConfig {
+fn repo_config(inv: &Invocation) -> Result<RepoConfig, Error> {
     let get = |n: &str| inv.get(n).map(str::to_string);
-    RepoConfig {
+    Ok(RepoConfig {
         kind: inv.choice("repo-type"),
         path: inv.text("repo-path").to_string(),
         s3: S3Config {
@@ -248,6 +249,7 @@ fn repo_config(inv: &Invocation) -> RepoConfig {
             path_style: inv.text("repo-s3-uri-style") == "path",
             storage_class: get("repo-s3-storage-class"),
             kms_key_id: get("repo-s3-kms-key-id"),
+            object_lock: object_lock(inv)?,
         },
         gcs: GcsConfig {
             bucket: get("repo-gcs-bucket").unwrap_or_default(),
@@ -266,6 +268,52 @@ fn repo_config(inv: &Invocation) -> RepoConfig {
         retries: inv.int("repo-storage-retries"),
         remote: ssh_target(inv, "repo-remote", "repo-remote-port", "repo-remote-cmd"),
         remote_stanza: get("stanza"),
+        target_time: target_time(inv)?,
+    })
+}
+
+/// `repo-s3-object-lock` with its `repo-immutable-days`, which it cannot go without.
+fn object_lock(inv: &Invocation) -> Result<Option<ObjectLock>, Error> {
+    let name = |base: &str| options::repo_option_name(base, inv.repo_index);
+    match (
+        inv.choice_opt::<LockMode>("repo-s3-object-lock"),
+        inv.int_opt::<u32>("repo-immutable-days"),
+    ) {
+        (None, None) => Ok(None),
+        (Some(mode), Some(days)) => {
+            if inv.get("repo-type") != Some("s3") {
+                return Err(Error::config(format!(
+                    "{} needs {}=s3: Object Lock is S3's",
+                    name("repo-s3-object-lock"),
+                    name("repo-type")
+                )));
+            }
+            Ok(Some(ObjectLock { mode, days }))
+        }
+        (Some(_), None) => Err(Error::config(format!(
+            "{} needs {}: the days every object is kept from deletion",
+            name("repo-s3-object-lock"),
+            name("repo-immutable-days")
+        ))),
+        (None, Some(_)) => Err(Error::config(format!(
+            "{} is the retention of an immutable repository: set {} (compliance or governance) too",
+            name("repo-immutable-days"),
+            name("repo-s3-object-lock")
+        ))),
+    }
+}
+
+/// `repo-target-time` as unix seconds.
+fn target_time(inv: &Invocation) -> Result<Option<i64>, Error> {
+    let Some(text) = inv.get("repo-target-time") else {
+        return Ok(None);
+    };
+    match pgstrata_engine::commands::restore::parse_target_time(text) {
+        Some(t) => Ok(Some(t.timestamp())),
+        None => Err(Error::config(format!(
+            "{}='{text}': not a time with its time zone (e.g. '2026-11-28 10:00:00+00')",
+            options::repo_option_name("repo-target-time", inv.repo_index)
+        ))),
     }
 }
 

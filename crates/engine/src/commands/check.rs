@@ -7,6 +7,7 @@ use crate::{open_stanza, Error, Result, Settings};
 pub async fn check(s: &Settings) -> Result<()> {
     let (storage, stanza) = open_stanza(s).await?;
     storage.check_create_only(&s.stanza).await?;
+    storage.check_object_lock(&s.stanza).await?;
     let LocalCluster { db, id, .. } = LocalCluster::connect(s, Some(&stanza)).await?;
     if id.wal_level == "minimal" {
         return Err(Error::refused(

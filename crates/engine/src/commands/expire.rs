@@ -54,6 +54,11 @@ pub struct ExpireReport {
     pub bytes_held: u64,
     /// Staging files of interrupted writes removed (local repositories).
     pub(crate) staging_removed: u64,
+    /// Objects of expired backups and WAL an immutable repository keeps until their
+    /// retention has passed (a later expire deletes them), and the latest retain-until date
+    /// among them (unix seconds).
+    pub objects_waiting: u64,
+    pub waiting_until: Option<i64>,
 }
 
 pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
@@ -72,6 +77,9 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
         };
         damaged.extend(vanished.iter().map(String::as_str));
         let doomed = choose(&headers, &damaged, o)?;
+        // Backups expired before whose manifests are still there (an immutable repository
+        // keeps them until their retention has passed): deleted with these.
+        let remains = pgstrata_repo::manifest::expired_remains(&storage, &s.stanza).await?;
         for d in scan.damaged.iter().filter(|d| !doomed.contains(&d.label)) {
             log::warn!(
                 "backup {} is damaged and is kept with its packs ({}); expire it with --set={}",
@@ -92,22 +100,32 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
             );
             record.write(&storage).await?;
         }
-        let mut report = ExpireReport::default();
-        for label in &doomed {
-            // The manifest first: the backup no longer exists. Then its copy; its parts
-            // (format 4) go with the garbage below.
-            storage.delete(&layout::manifest(&s.stanza, label)).await?;
-            storage.delete(&layout::manifest_copy(&s.stanza, label)).await?;
+        let mut report = ExpireReport {
+            expired: doomed.iter().cloned().collect(),
+            ..Default::default()
+        };
+        let mut gone = doomed;
+        gone.extend(remains);
+        // The manifests first: the backups no longer exist. Then their copies; their parts
+        // (format 4) go with the garbage below.
+        let mut waiting = pgstrata_repo::storage::Deletion::default();
+        for label in &gone {
+            let manifest = storage.delete_retained(&[layout::manifest(&s.stanza, label)]).await?;
+            let copy = storage.delete_retained(&[layout::manifest_copy(&s.stanza, label)]).await?;
             log::info!("expired backup {label}");
-            report.expired.push(label.clone());
+            waiting.add(manifest);
+            waiting.add(copy);
         }
-        let usage = collect_garbage(&storage, &s.stanza, &kept, Some(&doomed)).await?;
+        let usage = collect_garbage(&storage, &s.stanza, &kept, Some(&gone)).await?;
         report.packs_deleted = usage.deleted;
         report.bytes_freed = usage.freed;
         report.bytes_held = usage.held;
         let wal_keys: Vec<String> = wal.into_iter().map(|(key, _)| key).collect();
-        storage.delete_many(&wal_keys).await?;
-        report.wal_deleted = wal_keys.len() as u64;
+        let wal_deletion = storage.delete_retained(&wal_keys).await?;
+        report.wal_deleted = wal_deletion.deleted;
+        waiting.add(wal_deletion);
+        report.objects_waiting = waiting.waiting.len() as u64 + usage.waiting;
+        report.waiting_until = waiting.waiting_until.max(usage.waiting_until);
         report.staging_removed = remove_staging(&storage, &s.stanza)?;
         log::info!(
             "expire: {} backup(s) expired, {} pack(s) deleted ({} freed), {} WAL file(s) deleted, {} held in partly referenced packs",
@@ -117,6 +135,13 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
             report.wal_deleted,
             human_bytes(report.bytes_held)
         );
+        if let Some(until) = report.waiting_until {
+            log::info!(
+                "expire: {} object(s) of expired backups and WAL are kept by the repository's object lock until {} at the latest; a later expire deletes them",
+                report.objects_waiting,
+                chrono::DateTime::from_timestamp(until, 0).unwrap_or_default().to_rfc3339()
+            );
+        }
         Ok(report)
     })
     .await

@@ -85,6 +85,14 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
         backups,
         damaged,
         vanished,
+        immutable: storage
+            .object_lock()
+            .map(|l| format!("{}, {} days", pgstrata_repo::Named::name(l.mode), l.days)),
+        as_of: storage.read_as_of().map(|t| {
+            chrono::DateTime::from_timestamp(t, 0)
+                .unwrap_or_default()
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        }),
     })
 }
 
@@ -114,6 +122,14 @@ pub fn render_text(r: &StanzaReport) -> String {
     }
     for line in r.vanished.lines() {
         out.push_str(&format!("    VANISHED: {line}\n"));
+    }
+    if let Some(lock) = &r.immutable {
+        out.push_str(&format!("    immutable repository (object lock): {lock}\n"));
+    }
+    if let Some(t) = &r.as_of {
+        out.push_str(&format!(
+            "    as the repository was at {t} (repo-target-time)\n"
+        ));
     }
     out.push_str(&format!(
         "    repository size: {}, held in partly referenced packs: {}\n",

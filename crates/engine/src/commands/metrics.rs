@@ -363,6 +363,8 @@ mod tests {
                 backup("I1", "incr", 1_699_999_500, 1_699_999_510),
             ],
             damaged: vec![],
+            immutable: None,
+            as_of: None,
             vanished: Default::default(),
         };
         let text = render_info(&r, 1_700_000_000);

@@ -16,6 +16,7 @@ pub async fn stanza_create(s: &Settings) -> Result<CreateOutcome> {
     let cluster = cluster_identity(s).await?;
     let storage = s.storage_or_create()?;
     storage.check_create_only(&s.stanza).await?;
+    storage.check_object_lock(&s.stanza).await?;
     if StanzaInfo::exists(&storage, &s.stanza).await? {
         return existing_stanza(s, &cluster).await;
     }

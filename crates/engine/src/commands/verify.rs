@@ -110,6 +110,7 @@ pub struct VerifyOptions {
 pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
     let set = o.set.as_deref();
     let (storage, stanza) = open_stanza(s).await?;
+    refuse_repair_if_immutable(&storage, o)?;
     let labels = list_backups(&storage, &s.stanza).await?;
     if let Some(want) = set {
         if !labels.iter().any(|l| l == want) {
@@ -203,6 +204,20 @@ pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
         repaired,
         wal,
     })
+}
+
+/// `--repair` on an immutable repository: refused before anything is read.
+fn refuse_repair_if_immutable(storage: &Storage, o: &VerifyOptions) -> Result<()> {
+    match (o.repair, storage.object_lock()) {
+        (true, Some(lock)) => Err(Error::config(format!(
+            "verify --repair rewrites damaged objects in place, and repository {} is immutable \
+             (repo-s3-object-lock={}): a damaged object's intact twin keeps serving reads there; \
+             to restore the redundancy, copy the backup to another repository (pgstrata copy)",
+            storage.description(),
+            pgstrata_repo::Named::name(lock.mode)
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// `--repair`: under the stanza lock (expire must not remove a backup while one of its

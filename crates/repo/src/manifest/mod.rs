@@ -692,7 +692,31 @@ const MAX_MANIFEST_RATIO: u64 = 256;
 
 /// Labels of all complete backups of a stanza (those with a manifest), oldest first.
 /// Labels sort by time by construction.
+///
+/// On an immutable repository (and one read as of a time) an expired backup's manifest may
+/// stay until its retention has passed: the expire records say which backups are gone, and
+/// they are left out. Elsewhere expire deletes the manifest right after writing its record.
 pub async fn list_backups(storage: &Storage, stanza: &str) -> Result<Vec<String>> {
+    let mut labels = list_manifested(storage, stanza).await?;
+    if storage.object_lock().is_some() || storage.read_as_of().is_some() {
+        let records = crate::expire_record::ExpireRecord::load_all(storage, stanza).await?;
+        labels.retain(|label| !records.expired_backup(label));
+    }
+    Ok(labels)
+}
+
+/// Backups an expire removed whose manifest is still there: kept by an immutable
+/// repository until their retention has passed, or left by an expire that was interrupted
+/// between its record and its deletes. Oldest first.
+pub async fn expired_remains(storage: &Storage, stanza: &str) -> Result<Vec<String>> {
+    let mut labels = list_manifested(storage, stanza).await?;
+    let records = crate::expire_record::ExpireRecord::load_all(storage, stanza).await?;
+    labels.retain(|label| records.expired_backup(label));
+    Ok(labels)
+}
+
+/// Labels of the backups that have a manifest, whatever expire records say.
+async fn list_manifested(storage: &Storage, stanza: &str) -> Result<Vec<String>> {
     use futures::{StreamExt, TryStreamExt};
     // One existence check per backup directory, overlapped: on an object store each is a
     // round trip, and info/expire/backup all start with this listing.
