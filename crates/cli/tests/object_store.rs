@@ -95,6 +95,7 @@ fn two_backups_of_one_stanza_cannot_run_at_once() {
     let spawn = || {
         env.cmd(&[
             "--type=full",
+            "--start-fast",
             "--compress-type=gz",
             "--process-max=1",
             "backup",
