@@ -81,13 +81,11 @@ fn an_attacker_with_the_credentials_cannot_remove_a_locked_repository() {
     // Retention 1: the backup expires the first full, whose objects the lock keeps.
     let second = env.backup(&["--type=full"]);
     let info = env.info_json();
-    let labels: Vec<&str> = info["backups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["label"].as_str().unwrap())
-        .collect();
-    assert_eq!(labels, [second.as_str()], "the expired full is out of view");
+    assert_eq!(
+        backup_labels(&info),
+        [second.as_str()],
+        "the expired full is out of view"
+    );
     let mut config = server.repo_config(S3_PREFIX);
     config.s3.bucket = bucket.into();
     config.s3.object_lock = Some(ObjectLock {
@@ -145,13 +143,7 @@ fn an_attacker_with_the_credentials_cannot_remove_a_locked_repository() {
     let as_of = format!("--repo-target-time={before_attack}");
     let info: serde_json::Value =
         serde_json::from_str(&env.ok(&["--output=json", &as_of, "info"])).unwrap();
-    let labels: Vec<&str> = info["backups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["label"].as_str().unwrap())
-        .collect();
-    assert_eq!(labels, [second.as_str()]);
+    assert_eq!(backup_labels(&info), [second.as_str()]);
     let c = env.restore_and_start("before-attack", &[&as_of]);
     assert_eq!(
         c.content_hashes().unwrap(),

@@ -152,14 +152,9 @@ impl ObjectStore for AsOfStore {
         &self,
         locations: BoxStream<'static, Result<Path>>,
     ) -> BoxStream<'static, Result<Path>> {
-        let refused = self.refused("delete", &Path::from("objects"));
-        let message = refused.to_string();
+        let this = self.clone();
         locations
-            .map(move |_| {
-                Err(object_store::Error::NotSupported {
-                    source: message.clone().into(),
-                })
-            })
+            .map(move |location| Err(this.refused("delete", &location?)))
             .boxed()
     }
 

@@ -30,7 +30,7 @@ crate::named! {
 
 impl LockMode {
     /// As S3 spells it.
-    fn s3_name(self) -> &'static str {
+    pub fn s3_name(self) -> &'static str {
         match self {
             LockMode::Compliance => "COMPLIANCE",
             LockMode::Governance => "GOVERNANCE",
@@ -131,12 +131,11 @@ impl S3Versions {
         })
     }
 
-    /// Send a signed request; the response's status, headers and body.
+    /// Send a signed request without a body; the response's status, headers and body.
     async fn send(
         &self,
         method: http::Method,
         url: String,
-        body: Bytes,
         what: &str,
     ) -> Result<(http::StatusCode, http::HeaderMap, Bytes)> {
         let credential = self.credentials.get_credential().await.map_err(|e| {
@@ -145,7 +144,7 @@ impl S3Versions {
         let mut request: HttpRequest = http::Request::builder()
             .method(method)
             .uri(&url)
-            .body(body.into())
+            .body(Bytes::new().into())
             .map_err(|e| Error::with_source(ErrorKind::Invalid, format!("{what}: {url}"), e))?;
         AwsAuthorizer::new(&credential, "s3", &self.region)
             .try_authorize(&mut request, None)
@@ -161,6 +160,29 @@ impl S3Versions {
             .await
             .map_err(|e| Error::with_source(ErrorKind::Storage, what.to_string(), e))?;
         Ok((parts.status, parts.headers, body))
+    }
+
+    /// [`S3Versions::send`], an answer that is not a success refused: its headers and body.
+    async fn send_ok(
+        &self,
+        method: http::Method,
+        url: String,
+        what: &str,
+    ) -> Result<(http::HeaderMap, Bytes)> {
+        let (status, headers, body) = self.send(method, url, what).await?;
+        if !status.is_success() {
+            return Err(Self::refused(status, &body, what));
+        }
+        Ok((headers, body))
+    }
+
+    /// The URL of object `key` of the repository.
+    fn object_url(&self, key: &str) -> String {
+        format!(
+            "{}/{}",
+            self.base,
+            encode(&format!("{}{key}", self.prefix), false)
+        )
     }
 
     /// An error for an answer that is not a success: S3's code and message in it.
@@ -188,7 +210,6 @@ impl S3Versions {
             .send(
                 http::Method::GET,
                 format!("{}/?object-lock", self.base),
-                Bytes::new(),
                 what,
             )
             .await?;
@@ -218,17 +239,9 @@ impl S3Versions {
     /// (unix seconds), or `None` when it has none.
     pub async fn retention(&self, key: &str) -> Result<Option<(String, i64)>> {
         let what = format!("read the retention of {key}");
-        let url = format!(
-            "{}/{}",
-            self.base,
-            encode(&format!("{}{key}", self.prefix), false)
-        );
-        let (status, headers, body) = self
-            .send(http::Method::HEAD, url, Bytes::new(), &what)
+        let (headers, _) = self
+            .send_ok(http::Method::HEAD, self.object_url(key), &what)
             .await?;
-        if !status.is_success() {
-            return Err(Self::refused(status, &body, &what));
-        }
         let header = |name: &str| {
             headers
                 .get(name)
@@ -265,12 +278,7 @@ impl S3Versions {
                     encode(version, true)
                 ));
             }
-            let (status, _, body) = self
-                .send(http::Method::GET, url, Bytes::new(), &what)
-                .await?;
-            if !status.is_success() {
-                return Err(Self::refused(status, &body, &what));
-            }
+            let (_, body) = self.send_ok(http::Method::GET, url, &what).await?;
             let page: ListVersionsXml = parse_xml(&body, &what)?;
             for (v, delete_marker) in page
                 .versions
@@ -320,23 +328,12 @@ impl S3Versions {
     pub async fn delete_version(&self, key: &str, version_id: &str) -> Result<()> {
         let what = format!("delete version {version_id} of {key}");
         let url = format!(
-            "{}/{}?versionId={}",
-            self.base,
-            encode(&format!("{}{key}", self.prefix), false),
+            "{}?versionId={}",
+            self.object_url(key),
             encode(version_id, true)
         );
-        let (status, _, body) = self
-            .send(http::Method::DELETE, url, Bytes::new(), &what)
-            .await?;
-        if !status.is_success() {
-            return Err(Self::refused(status, &body, &what));
-        }
+        self.send_ok(http::Method::DELETE, url, &what).await?;
         Ok(())
-    }
-
-    /// `mode` as S3 names it, for comparing with [`LockConfiguration`].
-    pub fn s3_mode(mode: LockMode) -> &'static str {
-        mode.s3_name()
     }
 }
 

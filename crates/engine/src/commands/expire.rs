@@ -108,13 +108,12 @@ pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
         gone.extend(remains);
         // The manifests first: the backups no longer exist. Then their copies; their parts
         // (format 4) go with the garbage below.
-        let mut waiting = pgstrata_repo::storage::Deletion::default();
+        let manifests: Vec<String> = gone.iter().map(|l| layout::manifest(&s.stanza, l)).collect();
+        let copies: Vec<String> = gone.iter().map(|l| layout::manifest_copy(&s.stanza, l)).collect();
+        let mut waiting = storage.delete_retained(&manifests).await?;
+        waiting.add(storage.delete_retained(&copies).await?);
         for label in &gone {
-            let manifest = storage.delete_retained(&[layout::manifest(&s.stanza, label)]).await?;
-            let copy = storage.delete_retained(&[layout::manifest_copy(&s.stanza, label)]).await?;
             log::info!("expired backup {label}");
-            waiting.add(manifest);
-            waiting.add(copy);
         }
         let usage = collect_garbage(&storage, &s.stanza, &kept, Some(&gone)).await?;
         report.packs_deleted = usage.deleted;

@@ -67,7 +67,7 @@ impl Storage {
         let (Some(lock), Some(versions)) = (self.object_lock, &self.versions) else {
             return Ok(());
         };
-        let want = S3Versions::s3_mode(lock.mode);
+        let want = lock.mode.s3_name();
         let fix = format!(
             "aws s3api put-object-lock-configuration --bucket <bucket> --object-lock-configuration \
              '{{\"ObjectLockEnabled\":\"Enabled\",\"Rule\":{{\"DefaultRetention\":{{\"Mode\":\"{want}\",\"Days\":{}}}}}}}'",
@@ -119,7 +119,7 @@ impl Storage {
         let written = chrono::Utc::now().timestamp();
         let retention = versions.retention(&key).await;
         self.delete(&key).await?;
-        let want = S3Versions::s3_mode(lock.mode);
+        let want = lock.mode.s3_name();
         // An hour of slack for clocks that differ.
         match retention? {
             Some((mode, until)) if mode == want && until >= lock.retained_until(written) - 3600 => {
