@@ -17,7 +17,7 @@ mod logging;
 mod options;
 
 use args::{
-    ArchiveGet, ArchivePush, Backup, Command, KeyAdd, Output, RemoteJob, Repo, Report,
+    ArchiveGet, ArchivePush, Backup, Command, Copy, KeyAdd, Output, RemoteJob, Repo, Report,
     ReportOutput, Repos, Restore, RestoreTest, Verify,
 };
 use pgstrata_engine::commands::archive;
@@ -135,6 +135,7 @@ fn run(inv: &args::Invocation) -> Result<i32, Error> {
         Command::Info(r) => info(&r),
         Command::Verify(r) => verify(&r),
         Command::KeyAdd(k) => key_add(&k),
+        Command::Copy(c) => copy(&c),
         Command::KeyList { repos, output } => key_list(&repos, output),
         Command::KeyRemove { repos, key_id } => key_remove(&repos, &key_id),
     }
@@ -443,6 +444,37 @@ fn key_add(k: &KeyAdd) -> Result<i32, Error> {
     )?;
     let key = runtime(2).block_on(pgstrata_engine::commands::key::key_add(s, new_pass))?;
     println!("key {} added to stanza '{}'", key.id, s.stanza);
+    Ok(0)
+}
+
+fn copy(c: &Copy) -> Result<i32, Error> {
+    if c.repos.chosen.is_none() {
+        return Err(Error::config(
+            "copy needs --repo=N, the repository to copy to (and --from-repo=N, default 1)",
+        ));
+    }
+    let from = c
+        .repos
+        .all
+        .iter()
+        .find(|r| r.settings.repo_index == c.from_repo)
+        .ok_or_else(|| {
+            Error::config(format!(
+                "--from-repo={}: repository {} is not configured (set repo{}-path)",
+                c.from_repo, c.from_repo, c.from_repo
+            ))
+        })?;
+    let to = &c.repos.selected().settings;
+    let report = runtime(2).block_on(pgstrata_engine::commands::copy::copy(
+        &from.settings,
+        to,
+        &c.options,
+    ))?;
+    print_report(
+        c.output,
+        &report,
+        pgstrata_engine::commands::copy::render_text,
+    );
     Ok(0)
 }
 

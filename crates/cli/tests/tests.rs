@@ -9,6 +9,7 @@ mod archive;
 mod archive_async;
 mod backup;
 mod bad_input;
+mod copy;
 mod encryption;
 mod immutable;
 mod incremental;

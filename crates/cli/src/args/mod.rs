@@ -17,6 +17,7 @@ pub(crate) use resolve::{resolve, Invocation};
 
 use pgstrata_engine::commands::archive::AsyncOptions;
 use pgstrata_engine::commands::backup::BackupOptions;
+use pgstrata_engine::commands::copy::CopyOptions;
 use pgstrata_engine::commands::expire::ExpireOptions;
 use pgstrata_engine::commands::restore::RestoreOptions;
 use pgstrata_engine::commands::restore_test::RestoreTestOptions;
@@ -83,6 +84,7 @@ pub(crate) enum Command {
     Expire(Repos),
     Info(Report),
     Verify(Verify),
+    Copy(Copy),
     KeyAdd(KeyAdd),
     KeyList {
         repos: Repos,
@@ -216,6 +218,15 @@ pub(crate) struct Verify {
     pub(crate) report: Report,
     /// `--repair`: rewrite damaged manifest objects from their intact twins.
     pub(crate) repair: bool,
+}
+
+/// `copy --from-repo=N --repo=M`.
+pub(crate) struct Copy {
+    pub(crate) repos: Repos,
+    /// `--from-repo`: the repository copied from (`repos.chosen` is the one copied to).
+    pub(crate) from_repo: u8,
+    pub(crate) options: CopyOptions,
+    pub(crate) output: ReportOutput,
 }
 
 pub(crate) struct KeyAdd {

@@ -4,8 +4,8 @@
 
 use super::resolve::Invocation;
 use super::{
-    Agent, ArchiveGet, ArchivePush, Backup, Command, KeyAdd, RemoteJob, Repo, Report, Reporting,
-    Repos, Restore, RestoreTest, Verify,
+    Agent, ArchiveGet, ArchivePush, Backup, Command, Copy, KeyAdd, RemoteJob, Repo, Report,
+    Reporting, Repos, Restore, RestoreTest, Verify,
 };
 use crate::logging::LogLevel;
 use crate::options;
@@ -62,6 +62,14 @@ pub(crate) fn command(inv: &Invocation) -> Result<Command, Error> {
         "verify" => Command::Verify(Verify {
             report: report(inv)?,
             repair: inv.flag("repair"),
+        }),
+        "copy" => Command::Copy(Copy {
+            repos: repos(inv)?,
+            from_repo: inv.int("from-repo"),
+            options: pgstrata_engine::commands::copy::CopyOptions {
+                set: inv.get("set").map(str::to_string),
+            },
+            output: inv.choice("output"),
         }),
         "key-add" => Command::KeyAdd(KeyAdd {
             repos: repos(inv)?,
@@ -692,6 +700,7 @@ mod tests {
                 Command::ArchiveGet(a) => Some(&a.repos),
                 Command::Info(r) | Command::Verify(Verify { report: r, .. }) => Some(&r.repos),
                 Command::KeyAdd(k) => Some(&k.repos),
+                Command::Copy(c) => Some(&c.repos),
                 Command::KeyList { repos, .. } | Command::KeyRemove { repos, .. } => Some(repos),
                 _ => None,
             };

@@ -8,6 +8,7 @@
 pub mod archive;
 pub mod backup;
 pub mod check;
+pub mod copy;
 pub mod expire;
 pub mod info;
 pub mod key;

@@ -39,7 +39,7 @@ mod wire;
 pub use map::{
     FileMap, MapDelta, MapFrame, MapRun, PackUsage, PackUse, INLINE_MAX_BLOCKS, MAX_MAP_DEPTH,
 };
-pub use parts::{EncodedPart, PartsWriter};
+pub use parts::{check_part, EncodedPart, PartsWriter};
 pub use stream::StoredManifest;
 pub use twins::DamagedTwin;
 pub use validate::{check_annotation, is_backup_label};
@@ -392,7 +392,7 @@ impl Manifest {
     }
 
     /// Check the stored form's (a manifest's or a part's) magic and checksum.
-    pub(super) fn check_stored(obj: &[u8], what: &str) -> Result<()> {
+    pub fn check_stored(obj: &[u8], what: &str) -> Result<()> {
         checked::body(obj, MAGIC, what, "manifest").map(|_| ())
     }
 

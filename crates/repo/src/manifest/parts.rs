@@ -379,7 +379,7 @@ async fn fetch_part(
 }
 
 /// A part read from `key` must be a stored manifest object whose hash `r` records.
-pub(super) fn check_part(obj: &[u8], key: &str, r: &PartRef) -> Result<()> {
+pub fn check_part(obj: &[u8], key: &str, r: &PartRef) -> Result<()> {
     Manifest::check_stored(obj, key)?;
     if checked::checksum(obj) != r.hash {
         return Err(Error::corrupt(format!(

@@ -1,0 +1,521 @@
+//! `copy`: copy backups and their WAL from one repository of a stanza to another.
+//!
+//! Ransomware deletes backups first. A second repository that receives copies (an object
+//! store, possibly immutable) is the defence, and each repository keeps its own retention:
+//! a backup expired in one stays restorable from the other.
+//!
+//! What crosses: for each backup the target lacks (or `--set`), every pack its manifest
+//! references (its own and earlier backups' packs: every backup is logically full, so one
+//! manifest names every pack it needs), its manifest parts and its manifest; then the WAL
+//! archive from the oldest copied backup's start on, history files included. Only objects
+//! the target lacks cross: the target is listed once, at the start.
+//!
+//! Every object is checked on the way against what the format records for it, before it
+//! is written: each frame of a pack that a manifest references against its frame check
+//! (`h`; map frames are also decoded and checked as restore loads them), each part against
+//! the hash its manifest lists, the manifest against its own checksum, each WAL object by
+//! decoding it against its BLAKE3, each block-change map against its BLAKE3. A damaged
+//! object is an error naming it (exit 4), before the backup's manifest is written.
+//!
+//! The write order is a backup's: packs first, then each part's copy and the part, then the
+//! manifest's copy and the manifest, all create-only. So a copy stopped at any point leaves
+//! no backup in the target (the manifest makes a backup exist), only packs and parts no
+//! manifest references, and a rerun skips what is already there (objects appear whole or
+//! not at all on every backend) and writes the rest. The target's stanza lock is held
+//! throughout: the target's expire must not take the packs of a backup being copied for
+//! garbage.
+//!
+//! Packs cross as stored: their frames are sealed one by one in an encrypted stanza and
+//! the manifests record the check of each sealed frame, so both repositories must hold the
+//! stanza in the clear, or under the same master keys. When the target has no stanza yet,
+//! copy creates it from the source's record and key files (the source's passphrases then
+//! open it; `key-add --repo=N` and `key-remove --repo=N` give it passphrases of its own).
+//! Objects sealed whole (manifests, parts, WAL) are opened with the source's keys and sealed
+//! again under the target's newest generation.
+
+use crate::progress::{human_bytes, Progress};
+use crate::{open_stanza, Error, Result, Settings};
+use bytes::Bytes;
+use pgstrata_repo::changemap::ChangeMap;
+use pgstrata_repo::chunk::{frame_check, Chunk};
+use pgstrata_repo::manifest::{check_part, list_backups, Entry, FileEntry, Manifest};
+use pgstrata_repo::{layout, wal_object, Storage};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Instant;
+
+/// What to copy.
+#[derive(Debug, Clone, Default)]
+pub struct CopyOptions {
+    /// One backup (`--set`); every backup the target lacks when `None`.
+    pub set: Option<String>,
+}
+
+/// What a copy did.
+#[derive(Debug, Clone, Serialize, Default, PartialEq, Eq)]
+pub struct CopyReport {
+    pub stanza: String,
+    /// The repositories' numbers.
+    pub from_repo: u8,
+    pub to_repo: u8,
+    /// Whether copy created the stanza in the target (record and key files).
+    pub stanza_created: bool,
+    /// Labels of the backups copied (their manifests written), oldest first.
+    pub backups_copied: Vec<String>,
+    /// Objects written to the target, and their bytes as stored.
+    pub objects_copied: u64,
+    pub bytes_copied: u64,
+    /// Objects the target already had.
+    pub objects_skipped: u64,
+    /// WAL files (segments, partial, backup and history files) written to the target.
+    pub wal_copied: u64,
+    pub duration_ms: u64,
+}
+
+/// One line (and the labels) for people.
+pub fn render_text(r: &CopyReport) -> String {
+    let labels = if r.backups_copied.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", r.backups_copied.join(", "))
+    };
+    format!(
+        "stanza '{}': repo{} to repo{}{}: {} backup(s) copied{labels}, {} object(s) ({}) copied, {} already there, {} WAL file(s) copied, in {:.1} s\n",
+        r.stanza,
+        r.from_repo,
+        r.to_repo,
+        if r.stanza_created { " (stanza created)" } else { "" },
+        r.backups_copied.len(),
+        r.objects_copied,
+        human_bytes(r.bytes_copied),
+        r.objects_skipped,
+        r.wal_copied,
+        r.duration_ms as f64 / 1000.0
+    )
+}
+
+/// Copy backups and WAL of stanza `from.stanza` from repository `from` to repository `to`.
+pub async fn copy(from: &Settings, to: &Settings, o: &CopyOptions) -> Result<CopyReport> {
+    let started = Instant::now();
+    if from.repo_index == to.repo_index {
+        return Err(Error::config(format!(
+            "copy: --from-repo and --repo both name repository {}",
+            to.repo_index
+        )));
+    }
+    let stanza = from.stanza.clone();
+    let (src, src_info) = open_stanza(from).await?;
+    let plain_target = to.storage()?;
+    let stanza_created = !plain_target.exists(&layout::stanza_info(&stanza)).await?;
+    if stanza_created {
+        create_target_stanza(&src, &plain_target, &stanza).await?;
+    }
+    let (dst, dst_info) = open_stanza(to).await?;
+    if src_info.cluster != dst_info.cluster {
+        return Err(Error::config(format!(
+            "stanza '{stanza}' belongs to another cluster in repository {} ({}) than in repository {} ({}): nothing was copied",
+            from.repo_index,
+            src_info.cluster.archive_id(),
+            to.repo_index,
+            dst_info.cluster.archive_id()
+        )));
+    }
+    check_same_keys(&src, &dst, from.repo_index, to.repo_index, &stanza).await?;
+    let mut job = Job {
+        src,
+        dst,
+        stanza: stanza.clone(),
+        to_repo: to.repo_index,
+        target: HashMap::new(),
+        copied: HashSet::new(),
+        wal_from: None,
+        archive: Vec::new(),
+        report: CopyReport {
+            stanza: stanza.clone(),
+            from_repo: from.repo_index,
+            to_repo: to.repo_index,
+            stanza_created,
+            ..CopyReport::default()
+        },
+        progress: Progress::start("copy", 0, 0),
+    };
+    let dst = job.dst.clone();
+    let archive_id = src_info.cluster.archive_id();
+    let work = async {
+        job.run(o, &archive_id).await?;
+        Ok(job)
+    };
+    let job = crate::lock::with_lock(&dst, &stanza, &to.lock_path, "copy", work).await?;
+    job.progress.finish();
+    let mut report = job.report;
+    report.duration_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
+}
+
+/// The target has no stanza: make it the source's, byte for byte (key files first, the
+/// record last, which makes the stanza exist), so the source's passphrases open it.
+async fn create_target_stanza(src: &Storage, dst: &Storage, stanza: &str) -> Result<()> {
+    for key in src.list(&format!("{}/", layout::keys_dir(stanza))).await? {
+        let bytes = src.get_unsealed(&key.key).await?;
+        put_created(dst, &key.key, bytes).await?;
+    }
+    let record = layout::stanza_info(stanza);
+    let bytes = src.get_unsealed(&record).await?;
+    put_created(dst, &record, bytes).await?;
+    log::info!(
+        "stanza '{stanza}' created in {} as in {}",
+        dst.description(),
+        src.description()
+    );
+    Ok(())
+}
+
+/// Write `bytes` as stored; an object already there (a rerun) is fine.
+async fn put_created(dst: &Storage, key: &str, bytes: Bytes) -> Result<()> {
+    match dst.put_new_unsealed(key, bytes).await {
+        Err(e) if e.kind == pgstrata_repo::ErrorKind::AlreadyExists => Ok(()),
+        r => Ok(r?),
+    }
+}
+
+/// Packs cross as stored, so the target must open what the source sealed: both plain, or
+/// both under the same master keys (the source's sealed stanza record opens in the target).
+async fn check_same_keys(
+    src: &Storage,
+    dst: &Storage,
+    from: u8,
+    to: u8,
+    stanza: &str,
+) -> Result<()> {
+    let why = match (src.cipher(), dst.cipher()) {
+        (None, None) => return Ok(()),
+        (Some(_), None) => format!("repository {from} is encrypted and repository {to} is not"),
+        (None, Some(_)) => format!("repository {to} is encrypted and repository {from} is not"),
+        (Some(_), Some(_)) => {
+            let record = layout::stanza_info(stanza);
+            let sealed = src.get_unsealed(&record).await?;
+            if dst.open_stored(&record, sealed).is_ok() {
+                return Ok(());
+            }
+            format!("repositories {from} and {to} hold it under different master keys")
+        }
+    };
+    Err(Error::config(format!(
+        "copy: stanza '{stanza}': {why}. Packs are copied as stored (their frames are sealed one by one and the manifests record each sealed frame's check), so both repositories must hold the stanza in the clear or under the same master keys: let copy create the stanza in repository {to} (it then copies the key files; give repository {to} its own passphrase with key-add --repo={to} and key-remove --repo={to}). Nothing was copied"
+    )))
+}
+
+/// One copy's repositories, what the target holds, and what was done.
+struct Job {
+    src: Storage,
+    dst: Storage,
+    stanza: String,
+    to_repo: u8,
+    /// The target's objects when the copy started (key → size), and those written since.
+    target: HashMap<String, u64>,
+    /// The objects this copy wrote.
+    copied: HashSet<String>,
+    /// Where the WAL copied starts: the first copied backup's start segment.
+    wal_from: Option<String>,
+    /// The source's WAL archive objects (listed once, after the target).
+    archive: Vec<pgstrata_repo::storage::ObjectInfo>,
+    report: CopyReport,
+    progress: Progress,
+}
+
+/// A stored frame of a pack, as manifests refer to it: offset, stored length, check.
+type Frame = (u64, u32, u64);
+
+impl Job {
+    async fn run(&mut self, o: &CopyOptions, archive_id: &str) -> Result<()> {
+        self.target = self
+            .dst
+            .list(&format!("{}/", self.stanza))
+            .await?
+            .into_iter()
+            .map(|i| (i.key, i.size))
+            .collect();
+        let labels = list_backups(&self.src, &self.stanza).await?;
+        let chosen: Vec<String> = match &o.set {
+            Some(want) if !labels.contains(want) => {
+                return Err(Error::config(format!(
+                    "backup '{want}' does not exist in stanza '{}' of {}",
+                    self.stanza,
+                    self.src.description()
+                )))
+            }
+            Some(want) => vec![want.clone()],
+            None => labels
+                .iter()
+                .filter(|l| !self.has(&layout::manifest(&self.stanza, l)))
+                .cloned()
+                .collect(),
+        };
+        let root = format!("{}/", layout::archive_root(&self.stanza, archive_id));
+        self.archive = self.src.list(&root).await?;
+        if let Some(first) = chosen
+            .iter()
+            .find(|l| !self.has(&layout::manifest(&self.stanza, l)))
+        {
+            self.wal_from = self.wal_before(first).await?;
+        }
+        for label in &chosen {
+            self.copy_backup(label).await?;
+        }
+        if self.wal_from.is_none() {
+            // Nothing new: the WAL since the newest backup, which a target that was down
+            // while archive-push stalled may lack.
+            if let Some(newest) = labels.last() {
+                let m = Manifest::load_header(&self.src, &self.stanza, newest).await?;
+                self.wal_from = Some(m.start.wal);
+            }
+        }
+        if let Some(from) = self.wal_from.clone() {
+            self.copy_wal(&from, None).await?;
+        }
+        Ok(())
+    }
+
+    /// The start segment of the newest backup the target has before `label`: the WAL
+    /// copied starts there, so that the target's archive has no gap between the backups it
+    /// had and those copied (one killed copy may have brought a backup and its WAL, and the
+    /// next copies the backups after it). None when the target has none before it.
+    async fn wal_before(&self, label: &str) -> Result<Option<String>> {
+        let prefix = format!("{}/", layout::backup_root(&self.stanza));
+        let before = self
+            .target
+            .keys()
+            .filter_map(|k| k.strip_prefix(&prefix)?.strip_suffix("/backup.manifest"))
+            .filter(|l| *l < label)
+            .max();
+        let Some(before) = before else {
+            return Ok(None);
+        };
+        let m = Manifest::load_header(&self.dst, &self.stanza, before).await?;
+        Ok(Some(m.start.wal))
+    }
+
+    fn has(&self, key: &str) -> bool {
+        self.target.contains_key(key)
+    }
+
+    /// Copy backup `label` (manifest last).
+    async fn copy_backup(&mut self, label: &str) -> Result<()> {
+        let manifest_key = layout::manifest(&self.stanza, label);
+        let stored = Manifest::open(&self.src, &self.stanza, label, &[]).await?;
+        let m = stored.header().clone();
+        if self.has(&manifest_key) {
+            log::info!("backup {label} is already in repository {}", self.to_repo);
+            self.report.objects_skipped += 1;
+            return Ok(());
+        }
+        let frames = self.frames_of(&m, &stored).await?;
+        let bytes: u64 = frames
+            .values()
+            .flat_map(|f| f.iter().map(|(_, s, _)| *s as u64))
+            .sum();
+        self.progress.totals().add(bytes, frames.len() as u64);
+        for ((owner, pack), frames) in &frames {
+            self.copy_pack(owner, pack, frames).await?;
+        }
+        // As a backup does: the WAL it needs to become consistent is in the archive
+        // before its manifest, and from the oldest copied backup's start on, so that the
+        // target's archive has no gap at any point.
+        let from = self
+            .wal_from
+            .get_or_insert_with(|| m.start.wal.clone())
+            .clone();
+        self.copy_wal(&from, Some(&m.stop.wal)).await?;
+        for (n, part) in m.parts.iter().enumerate() {
+            let key = layout::manifest_part(&self.stanza, label, n);
+            let copy_key = layout::manifest_part_copy(&self.stanza, label, n);
+            let plain = self.src.get(&key).await?;
+            check_part(&plain, &key, part)?;
+            self.put_twins(&copy_key, &key, plain).await?;
+        }
+        let plain = self.src.get(&manifest_key).await?;
+        Manifest::check_stored(&plain, &manifest_key)?;
+        let copy_key = layout::manifest_copy(&self.stanza, label);
+        self.put_twins(&copy_key, &manifest_key, plain).await?;
+        log::info!("backup {label} copied to repository {}", self.to_repo);
+        self.report.backups_copied.push(label.to_string());
+        Ok(())
+    }
+
+    /// Every frame backup `m` references, by pack: its entries' extents and map frames,
+    /// and the extents inside the map frames (loaded and checked from the source).
+    async fn frames_of(
+        &self,
+        m: &Manifest,
+        stored: &pgstrata_repo::manifest::StoredManifest,
+    ) -> Result<BTreeMap<(String, String), Vec<Frame>>> {
+        let mut frames: BTreeMap<(String, String), BTreeMap<u64, (u32, u64)>> = BTreeMap::new();
+        let mut add = |c: &Chunk| {
+            if let (Some(pack), Some(check)) = (&c.pack, c.check) {
+                frames
+                    .entry((c.owner(&m.label).to_string(), pack.to_string()))
+                    .or_default()
+                    .insert(c.offset, (c.stored, check));
+            }
+        };
+        let mut with_maps: Vec<FileEntry> = Vec::new();
+        stored
+            .for_each_entry::<Error>(|e| {
+                if let Entry::File(f) = e {
+                    if f.map_unloaded() {
+                        if let Some(map) = &f.map {
+                            add(map);
+                        }
+                        with_maps.push(*f);
+                    } else {
+                        f.chunks.iter().for_each(&mut add);
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        for batch in with_maps.chunks_mut(1024) {
+            let mut refs: Vec<&mut FileEntry> = batch.iter_mut().collect();
+            m.load_maps_into(&self.src, &mut refs).await?;
+            for f in batch.iter() {
+                f.chunks.iter().for_each(&mut add);
+            }
+        }
+        Ok(frames
+            .into_iter()
+            .map(|(k, v)| (k, v.into_iter().map(|(o, (s, h))| (o, s, h)).collect()))
+            .collect())
+    }
+
+    /// Copy pack `owner`/`pack` as stored, after checking each of `frames` in it.
+    async fn copy_pack(&mut self, owner: &str, pack: &str, frames: &[Frame]) -> Result<()> {
+        let key = layout::pack(&self.stanza, owner, pack);
+        let stored_bytes: u64 = frames.iter().map(|(_, s, _)| *s as u64).sum();
+        if self.has(&key) {
+            self.report.objects_skipped += 1;
+            self.progress.counters.add(stored_bytes, 1);
+            return Ok(());
+        }
+        let bytes = self.src.get_unsealed(&key).await?;
+        let mut opened = Vec::new();
+        for &(offset, len, check) in frames {
+            let frame = usize::try_from(offset)
+                .ok()
+                .and_then(|o| bytes.get(o..o.checked_add(len as usize)?));
+            let Some(frame) = frame.filter(|f| frame_check(f) == check) else {
+                return Err(Error::integrity(format!(
+                        "{key}: the frame at offset {offset} ({len} bytes) does not match its check {check:016x} (or lies beyond the pack's {} bytes): the source object is damaged; no manifest was written to repository {}, so the backup is not there",
+                        bytes.len(),
+                        self.to_repo
+                )));
+            };
+            if let Some(cipher) = self.dst.cipher() {
+                cipher.open_frame_into(&key, offset, frame, &mut opened, &key)?;
+            }
+        }
+        self.put_stored(&key, bytes).await?;
+        self.progress.counters.add(stored_bytes, 1);
+        Ok(())
+    }
+
+    /// Write `bytes` as stored to `key`, counted; one written meanwhile (an archive-push
+    /// to the target, or another copy) is skipped.
+    async fn put_stored(&mut self, key: &str, bytes: Bytes) -> Result<()> {
+        let len = bytes.len() as u64;
+        match self.dst.put_new_unsealed(key, bytes).await {
+            Err(e) if e.kind == pgstrata_repo::ErrorKind::AlreadyExists => {
+                self.report.objects_skipped += 1
+            }
+            r => {
+                r?;
+                self.count_written(key, len)
+            }
+        }
+        Ok(())
+    }
+
+    fn count_written(&mut self, key: &str, len: u64) {
+        self.report.objects_copied += 1;
+        self.report.bytes_copied += len;
+        self.target.insert(key.to_string(), len);
+        self.copied.insert(key.to_string());
+    }
+
+    /// Write the twins `copy` then `key` of `plain` (sealed under `key`'s name in an
+    /// encrypted stanza), skipping those there; a copy left by a stopped run stays.
+    async fn put_twins(&mut self, copy: &str, key: &str, plain: Bytes) -> Result<()> {
+        let len = plain.len() as u64;
+        match (self.has(copy), self.has(key)) {
+            (true, true) => self.report.objects_skipped += 2,
+            (true, false) => {
+                self.report.objects_skipped += 1;
+                self.dst.put_new(key, plain).await?;
+                self.count_written(key, len);
+            }
+            (false, _) => {
+                self.dst.put_new_twice(copy, key, plain).await?;
+                self.count_written(copy, len);
+                self.count_written(key, len);
+            }
+        }
+        Ok(())
+    }
+
+    /// Copy the source's WAL objects from segment `from` on (through `until` when given;
+    /// any timeline) and every history file, each checked, opened and sealed again for the
+    /// target.
+    async fn copy_wal(&mut self, from: &str, until: Option<&str>) -> Result<()> {
+        let archive = std::mem::take(&mut self.archive);
+        let copied = self.copy_wal_objects(&archive, from, until).await;
+        self.archive = archive;
+        copied
+    }
+
+    async fn copy_wal_objects(
+        &mut self,
+        archive: &[pgstrata_repo::storage::ObjectInfo],
+        from: &str,
+        until: Option<&str>,
+    ) -> Result<()> {
+        for obj in archive {
+            let name = obj.key.rsplit('/').next().unwrap_or_default();
+            let position = name.get(8..24).filter(|_| name.len() >= 24);
+            let wanted = name.ends_with(".history")
+                || (position.is_some()
+                    && position >= from.get(8..24)
+                    && until.is_none_or(|u| position <= u.get(8..24)));
+            if !wanted {
+                continue;
+            }
+            if self.has(&obj.key) {
+                if !self.copied.contains(&obj.key) {
+                    self.report.objects_skipped += 1;
+                }
+                continue;
+            }
+            let plain = match self.src.get(&obj.key).await {
+                Err(e) if e.is_not_found() => continue, // expired meanwhile
+                r => r?,
+            };
+            let is_map = name.ends_with(".map");
+            if is_map {
+                ChangeMap::decode(&plain, &obj.key)?;
+            } else {
+                wal_object::decode(&plain, &obj.key)?;
+            }
+            let len = plain.len() as u64;
+            match self.dst.put_new(&obj.key, plain).await {
+                Err(e) if e.kind == pgstrata_repo::ErrorKind::AlreadyExists => {
+                    self.report.objects_skipped += 1
+                }
+                r => {
+                    r?;
+                    self.count_written(&obj.key, len);
+                    self.report.wal_copied += u64::from(!is_map);
+                    self.progress.counters.add(len, 1);
+                }
+            }
+        }
+        Ok(())
+    }
+}
