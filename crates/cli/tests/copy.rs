@@ -400,6 +400,35 @@ fn an_encrypted_stanza_copies_to_s3_which_gets_its_own_passphrase() {
     );
     c.stop().unwrap();
 
+    // A key-remove in repository 1 starts a master key generation repository 2 lacks (it
+    // has a generation 2 of its own): refused as such, not taken for damage.
+    let mut add = env.cmd(&["key-add"]);
+    add.env("PGSTRATA_NEW_CIPHER_PASS", "a passphrase soon removed");
+    run_ok(add);
+    let keys: serde_json::Value =
+        serde_json::from_str(&run_ok(env.cmd(&["--output=json", "key-list"]))).unwrap();
+    let added = keys
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["id"].as_str().unwrap())
+        .find(|id| *id != old)
+        .unwrap()
+        .to_string();
+    run_ok(env.cmd(&[&format!("--key-id={added}"), "key-remove"]));
+    env.pgbench(&["-n", "-t", "50"]);
+    let after_rotation = env.backup(&["--type=incr"]);
+    let (code, err) = run_fail(env.cmd(&strs(&copy_args(&[]))));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("different master keys of generation 2"),
+        "{err}"
+    );
+    assert!(
+        !labels_in(&env, 2).contains(&after_rotation),
+        "nothing copied"
+    );
+
     // A third repository whose stanza was created on its own: other master keys, refused.
     let repo3 = env.scratch.join("repo-three");
     std::fs::create_dir_all(&repo3).unwrap();

@@ -153,4 +153,21 @@ fn an_attacker_with_the_credentials_cannot_remove_a_locked_repository() {
     // Read-only: a command that writes is refused, naming why.
     let (code, err) = run_fail(env.cmd(&[&as_of, "backup"]));
     assert_eq!(code, 2, "{err}");
+
+    // What was there before the attack copied into a new repository, which verifies.
+    let repo2 = env.scratch.join("rescue");
+    std::fs::create_dir_all(&repo2).unwrap();
+    pgstrata_testkit::give_to_pg_user(&repo2);
+    let with_repo2 = |args: &[&str]| {
+        let mut c = env.cmd(args);
+        c.env("PGSTRATA_REPO2_PATH", &repo2);
+        c
+    };
+    let as_of_1 = format!("--repo1-target-time={before_attack}");
+    run_ok(with_repo2(&["--from-repo=1", &as_of_1, "--repo=2", "copy"]));
+    let info: serde_json::Value =
+        serde_json::from_str(&run_ok(with_repo2(&["--repo=2", "--output=json", "info"]))).unwrap();
+    let info = info.as_array().map(|a| a[0].clone()).unwrap_or(info);
+    assert_eq!(backup_labels(&info), [second.as_str()]);
+    run_ok(with_repo2(&["--repo=2", "verify"]));
 }

@@ -654,6 +654,19 @@ impl Cipher {
         })
     }
 
+    /// The oldest generation this cipher holds that `other` does not open as it does: one
+    /// `other` lacks (`Err`) or holds under another master key (`Ok`). `None` when `other`
+    /// opens everything this one can (what `copy` needs to carry frames as stored).
+    pub fn generation_not_shared(&self, other: &Cipher) -> Option<std::result::Result<u32, u32>> {
+        self.masters
+            .iter()
+            .find_map(|(g, key)| match other.masters.get(g) {
+                None => Some(Err(*g)),
+                Some(theirs) if theirs[..] != key[..] => Some(Ok(*g)),
+                Some(_) => None,
+            })
+    }
+
     /// Bytes a frame sealed now adds to its compressed form.
     pub fn frame_overhead(&self) -> usize {
         let header = if self.session.is_some() {
@@ -1761,6 +1774,26 @@ mod tests {
     /// header) and opens only for the keys granted it; the removed key, put back, still
     /// opens generation 1, is refused on generation 2 with a line saying why, and seals
     /// nothing.
+    #[test]
+    fn the_first_generation_not_shared_is_named() {
+        let first = Cipher::generate();
+        assert_eq!(first.generation_not_shared(&first), None);
+        assert_eq!(
+            first.generation_not_shared(&Cipher::generate()),
+            Some(Ok(1))
+        );
+        // Rotated on one side: generation 2 is missing on the other, which still opens
+        // everything the older side holds.
+        let rotated = first.rotated().unwrap();
+        assert_eq!(rotated.generation_not_shared(&first), Some(Err(2)));
+        assert_eq!(first.generation_not_shared(&rotated), None);
+        // Rotated on both sides apart: generation 2 differs.
+        assert_eq!(
+            rotated.generation_not_shared(&first.rotated().unwrap()),
+            Some(Ok(2))
+        );
+    }
+
     #[test]
     fn a_removed_key_opens_nothing_sealed_after_the_rotation() {
         let first = Cipher::generate();

@@ -179,7 +179,7 @@ async fn put_created(dst: &Storage, key: &str, bytes: Bytes) -> Result<()> {
 }
 
 /// Packs cross as stored, so the target must open what the source sealed: both plain, or
-/// both under the same master keys (the source's sealed stanza record opens in the target).
+/// the target holding every master key generation of the source's, the same keys.
 async fn check_same_keys(
     src: &Storage,
     dst: &Storage,
@@ -191,17 +191,21 @@ async fn check_same_keys(
         (None, None) => return Ok(()),
         (Some(_), None) => format!("repository {from} is encrypted and repository {to} is not"),
         (None, Some(_)) => format!("repository {to} is encrypted and repository {from} is not"),
-        (Some(_), Some(_)) => {
-            let record = layout::stanza_info(stanza);
-            let sealed = src.get_unsealed(&record).await?;
-            if dst.open_stored(&record, sealed).is_ok() {
-                return Ok(());
-            }
-            format!("repositories {from} and {to} hold it under different master keys")
-        }
+        (Some(s), Some(d)) => match s.generation_not_shared(d) {
+            None => return Ok(()),
+            Some(Ok(1)) => format!(
+                "repositories {from} and {to} hold it under different master keys (the stanzas were created apart)"
+            ),
+            Some(Ok(g)) => format!(
+                "repositories {from} and {to} hold different master keys of generation {g} (a key-remove in each of them after copy created repository {to}'s stanza)"
+            ),
+            Some(Err(g)) => format!(
+                "repository {from} seals with master key generation {g} (a key-remove there after copy created repository {to}'s stanza), which repository {to}'s keys do not hold"
+            ),
+        },
     };
     Err(Error::config(format!(
-        "copy: stanza '{stanza}': {why}. Packs are copied as stored (their frames are sealed one by one and the manifests record each sealed frame's check), so both repositories must hold the stanza in the clear or under the same master keys: let copy create the stanza in repository {to} (it then copies the key files; give repository {to} its own passphrase with key-add --repo={to} and key-remove --repo={to}). Nothing was copied"
+        "copy: stanza '{stanza}': {why}. Packs are copied as stored (their frames are sealed one by one and the manifests record each sealed frame's check), so both repositories must hold the stanza in the clear or under the same master keys: let copy create the stanza in an empty repository {to} (it then copies the key files; give repository {to} its own passphrase with key-add --repo={to} and key-remove --repo={to}). A key-remove in repository {from} after that starts a master key repository {to} does not hold, and copying into it stops: copy into a new, empty repository then. Nothing was copied"
     )))
 }
 
