@@ -131,7 +131,7 @@ fn run(inv: &args::Invocation) -> Result<i32, Error> {
         Command::RestoreTest(r) => restore_test(&r),
         Command::ArchivePush(a) => archive_push(&a),
         Command::ArchiveGet(a) => archive_get(&a),
-        Command::Expire(repos) => expire(&repos),
+        Command::Expire { repos, output } => expire(&repos, output),
         Command::Info(r) => info(&r),
         Command::Verify(r) => verify(&r),
         Command::KeyAdd(k) => key_add(&k),
@@ -365,7 +365,7 @@ fn archive_get(a: &ArchiveGet) -> Result<i32, Error> {
     Ok(if found { 0 } else { 1 })
 }
 
-fn expire(repos: &Repos) -> Result<i32, Error> {
+fn expire(repos: &Repos, output: ReportOutput) -> Result<i32, Error> {
     let repo = repos.selected();
     // Retention is per repository: repoN-retention-* for repository N.
     let Some(o) = repo.expire_options() else {
@@ -374,22 +374,7 @@ fn expire(repos: &Repos) -> Result<i32, Error> {
         ));
     };
     let r = runtime(2).block_on(pgstrata_engine::commands::expire::expire(&repo.settings, o))?;
-    println!(
-        "expired {} backup(s){}; deleted {} pack(s) ({} bytes) and {} WAL file(s); {} bytes held in partly referenced packs",
-        r.expired.len(),
-        if r.expired.is_empty() { String::new() } else { format!(" ({})", r.expired.join(", ")) },
-        r.packs_deleted,
-        r.bytes_freed,
-        r.wal_deleted,
-        r.bytes_held
-    );
-    if let Some(until) = r.waiting_until {
-        println!(
-            "{} object(s) wait for their retention (the repository's object lock) until {} at the latest: a later expire deletes them",
-            r.objects_waiting,
-            chrono::DateTime::from_timestamp(until, 0).unwrap_or_default().to_rfc3339()
-        );
-    }
+    print_report(output, &r, pgstrata_engine::commands::expire::render_text);
     Ok(0)
 }
 

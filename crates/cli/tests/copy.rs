@@ -111,7 +111,15 @@ fn copied_backups_restore_from_the_second_repository_which_keeps_its_own_retenti
 
     // (e) Retention per repository: the full expired in repository 1 is gone there and
     // still restores from repository 2; copy does not bring it back nor take it away.
-    env.ok(&["--repo=1", &format!("--set={full}"), "expire"]);
+    // First a dry run (JSON): it names the backup and its rule, and removes nothing.
+    let set = format!("--set={full}");
+    let out = env.ok(&["--repo=1", &set, "--dry-run", "--output=json", "expire"]);
+    let would: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(would["dry_run"], true, "{would}");
+    assert_eq!(would["expired"], serde_json::json!([full]), "{would}");
+    assert_eq!(would["reasons"][&full], "named by --set", "{would}");
+    assert_eq!(labels_in(&env, 1), [full.as_str(), incr.as_str()]);
+    env.ok(&["--repo=1", &set, "expire"]);
     assert_eq!(labels_in(&env, 1), [incr.as_str()]);
     let r = copy_json(env.cmd(&strs(&copy_args(&[]))));
     assert_eq!(r["backups_copied"], serde_json::json!([]), "{r}");

@@ -59,7 +59,8 @@ async fn vanished_labels<'k>(
 
 /// Measure pack storage, given the kept backups' headers (what each uses in packs is in
 /// its header: `packs_used`); with `expired` (labels whose manifests were just deleted),
-/// also delete the packs no kept manifest references. Packs of a label that never had a
+/// also delete the packs no kept manifest references (unless `delete` is false: then only
+/// count them, as `expire --dry-run` does). Packs of a label that never had a
 /// manifest (an interrupted backup, or one still running elsewhere) go only after a grace
 /// period, and not while that backup can still be resumed (it is newer than every backup
 /// with a manifest). Resume checkpoints go once their backup is complete, or can no longer
@@ -69,6 +70,7 @@ pub(crate) async fn collect_garbage(
     stanza: &str,
     kept: &[&Manifest],
     expired: Option<&BTreeSet<String>>,
+    delete: bool,
 ) -> Result<PackStorage> {
     // Referenced bytes per pack: the most any one kept backup references in it (each
     // manifest lists its packs' use without its maps being read; frames that different
@@ -156,18 +158,25 @@ pub(crate) async fn collect_garbage(
             }
         }
     }
-    delete_doomed(storage, &doomed, &doomed_packs, &mut usage).await?;
+    delete_doomed(storage, &doomed, &doomed_packs, delete, &mut usage).await?;
     Ok(usage)
 }
 
 /// Delete the `doomed` objects and packs (with their sizes) and count what that freed; on
-/// an immutable repository, what waits for its retention stays held.
+/// an immutable repository, what waits for its retention stays held. Without `delete`,
+/// only count what deleting them would free.
 async fn delete_doomed(
     storage: &Storage,
     doomed: &[String],
     doomed_packs: &[(&str, u64)],
+    delete: bool,
     usage: &mut PackStorage,
 ) -> Result<()> {
+    if !delete {
+        usage.deleted = doomed_packs.len() as u64;
+        usage.freed = doomed_packs.iter().map(|(_, size)| size).sum();
+        return Ok(());
+    }
     let others = storage.delete_retained(doomed).await?;
     let keys: Vec<String> = doomed_packs.iter().map(|(k, _)| k.to_string()).collect();
     let packs = storage.delete_retained(&keys).await?;

@@ -270,6 +270,7 @@ fn expire_options(full: u32) -> ExpireOptions {
         retention_full_type: RetentionType::Count,
         retention_diff: None,
         retention_archive: None,
+        dry_run: false,
     }
 }
 
@@ -290,6 +291,54 @@ async fn expire_keeps_the_newest_fulls_and_frees_only_what_they_do_not_use(backe
     // What is kept still verifies: nothing referenced was removed.
     let r = verify_all(&repo).await;
     assert!(r.ok, "{}", verify::render_text(&r));
+}
+
+/// `expire --dry-run` names what an expire would remove, each backup with its rule, and
+/// changes nothing (not one object); the expire that follows removes exactly that.
+async fn expire_dry_run_says_what_would_go_and_why_and_changes_nothing(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
+    let objects = || async {
+        let all = repo.storage.list("").await.unwrap();
+        all.into_iter().map(|o| o.key).collect::<Vec<_>>()
+    };
+    let before = objects().await;
+    let dry = ExpireOptions {
+        dry_run: true,
+        ..expire_options(1)
+    };
+    let would = expire(&repo.settings(None), &dry).await.unwrap();
+    assert!(would.dry_run);
+    assert_eq!(would.expired, vec![FULL1.to_string(), FULL2.to_string()]);
+    assert_eq!(
+        would.reasons[FULL1],
+        "older than the oldest of the 1 newest full backups (repo-retention-full=1)"
+    );
+    assert_eq!(would.wal_ranges.len(), 1, "{:?}", would.wal_ranges);
+    assert_eq!(would.wal_ranges[0].first, fixture::segment_name(10));
+    assert_eq!(would.wal_ranges[0].last, fixture::segment_name(29));
+    assert!(
+        would.packs_deleted > 0 && would.bytes_freed > 0,
+        "{would:?}"
+    );
+    let text = pgstrata_engine::commands::expire::render_text(&would);
+    assert!(text.contains("would expire 2 backup(s)"), "{text}");
+    assert!(
+        text.contains(&format!("backup {FULL2}: older than")),
+        "{text}"
+    );
+    assert_eq!(objects().await, before, "a dry run changes nothing");
+    assert_eq!(repo.labels().await, vec![FULL1, FULL2, FULL3]);
+
+    let done = expire(&repo.settings(None), &expire_options(1))
+        .await
+        .unwrap();
+    assert!(!done.dry_run);
+    assert_eq!(done.expired, would.expired);
+    assert_eq!(
+        (done.packs_deleted, done.bytes_freed, done.wal_deleted),
+        (would.packs_deleted, would.bytes_freed, would.wal_deleted)
+    );
+    assert_eq!(repo.labels().await, vec![FULL3]);
 }
 
 async fn expire_keeps_packs_an_incremental_references_in_an_expired_backup(backend: Backend) {
@@ -707,6 +756,7 @@ on_both_backends!(
     a_manifest_damaged_with_its_copy_fails_verify,
     expire_keeps_the_newest_fulls_and_frees_only_what_they_do_not_use,
     expire_keeps_packs_an_incremental_references_in_an_expired_backup,
+    expire_dry_run_says_what_would_go_and_why_and_changes_nothing,
     expire_of_one_set_removes_exactly_that_backup,
     restore_writes_every_file_of_the_chosen_backup,
     restore_plan_chooses_the_newest_backup_and_writes_nothing,

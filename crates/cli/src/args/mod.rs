@@ -81,7 +81,10 @@ pub(crate) enum Command {
     RestoreTest(RestoreTest),
     ArchivePush(ArchivePush),
     ArchiveGet(ArchiveGet),
-    Expire(Repos),
+    Expire {
+        repos: Repos,
+        output: ReportOutput,
+    },
     Info(Report),
     Verify(Verify),
     Copy(Copy),

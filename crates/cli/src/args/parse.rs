@@ -57,7 +57,10 @@ pub(crate) fn command(inv: &Invocation) -> Result<Command, Error> {
         "restore-test" => Command::RestoreTest(restore_test(inv)?),
         "archive-push" => Command::ArchivePush(archive_push(inv)?),
         "archive-get" => Command::ArchiveGet(archive_get(inv)?),
-        "expire" => Command::Expire(repos(inv)?),
+        "expire" => Command::Expire {
+            repos: repos(inv)?,
+            output: inv.choice("output"),
+        },
         "info" => Command::Info(report(inv)?),
         "verify" => Command::Verify(Verify {
             report: report(inv)?,
@@ -360,6 +363,7 @@ fn expire_options(inv: &Invocation) -> ExpireOptions {
         retention_full_type: inv.choice("repo-retention-full-type"),
         retention_diff: inv.int_opt("repo-retention-diff"),
         retention_archive: inv.int_opt("repo-retention-archive"),
+        dry_run: inv.flag("dry-run"),
     }
 }
 
@@ -681,7 +685,9 @@ mod tests {
             let inv = resolve(&minimal(command), &[]);
             let parsed = super::command(&inv).unwrap();
             let repos = match &parsed {
-                Command::StanzaCreate(r) | Command::Check(r) | Command::Expire(r) => Some(r),
+                Command::StanzaCreate(r) | Command::Check(r) | Command::Expire { repos: r, .. } => {
+                    Some(r)
+                }
                 Command::Backup(b) => {
                     let o = &b.options;
                     assert_eq!((o.backup_type, o.track), (BackupType::Incr, Track::Auto));

@@ -28,7 +28,8 @@ use pgstrata_repo::expire_record::{ExpireRecord, WalRange};
 use pgstrata_repo::layout::{self, ArchiveObject};
 use pgstrata_repo::manifest::{scan_headers, BackupType, Manifest};
 use pgstrata_repo::Storage;
-use std::collections::BTreeSet;
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
 
 // Names as configured (`repo-retention-full-type`).
 pgstrata_repo::named! {
@@ -42,17 +43,27 @@ pub struct ExpireOptions {
     pub retention_full_type: RetentionType,
     pub retention_diff: Option<u32>,
     pub retention_archive: Option<u32>,
+    /// Say what would be removed and why, and change nothing (`--dry-run`).
+    pub dry_run: bool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize)]
 pub struct ExpireReport {
+    /// Nothing was changed: the report says what an expire would remove now.
+    pub dry_run: bool,
     pub expired: Vec<String>,
+    /// For each backup in `expired`, the rule that expires it.
+    pub reasons: BTreeMap<String, String>,
     pub packs_deleted: u64,
     pub bytes_freed: u64,
     pub wal_deleted: u64,
+    /// The WAL segments deleted (`wal_deleted` counts maps and history files too), as runs
+    /// of consecutive segments of one timeline.
+    pub wal_ranges: Vec<WalRange>,
     /// Bytes in packs that kept backups reference only in part.
     pub bytes_held: u64,
     /// Staging files of interrupted writes removed (local repositories).
+    #[serde(skip)]
     pub(crate) staging_removed: u64,
     /// Objects of expired backups and WAL an immutable repository keeps until their
     /// retention has passed (a later expire deletes them), and the latest retain-until date
@@ -63,87 +74,188 @@ pub struct ExpireReport {
 
 pub async fn expire(s: &Settings, o: &ExpireOptions) -> Result<ExpireReport> {
     let (storage, stanza) = open_stanza(s).await?;
+    if o.dry_run {
+        // It changes nothing, so it takes no lock (and works on a repository read as of a
+        // time): what it shows is what an expire started now would do.
+        return run(s, o, &storage, &stanza).await;
+    }
     let storage2 = storage.clone();
-    with_lock(&storage2, &s.stanza, &s.lock_path, "expire", async move {
-        // Each backup's header, with the packs it uses: no manifest is read whole.
-        let scan = scan_headers(&storage, &s.stanza).await?;
-        let headers: Vec<&Manifest> = scan.headers.iter().collect();
-        let mut damaged: Vec<&str> = scan.damaged.iter().map(|d| d.label.as_str()).collect();
-        // A vanished backup (what is left of it) may be named by --set: its record then
-        // says it is gone on purpose, and it is reported no more.
-        let vanished = match &o.set {
-            Some(_) => vanished_backups(s, &storage, &scan, stanza.cluster.wal_segment_size).await?,
-            None => Vec::new(),
-        };
-        damaged.extend(vanished.iter().map(String::as_str));
-        let doomed = choose(&headers, &damaged, o)?;
-        // Backups expired before whose manifests are still there (an immutable repository
-        // keeps them until their retention has passed): deleted with these.
-        let remains = pgstrata_repo::manifest::expired_remains(&storage, &s.stanza).await?;
-        for d in scan.damaged.iter().filter(|d| !doomed.contains(&d.label)) {
-            log::warn!(
-                "backup {} is damaged and is kept with its packs ({}); expire it with --set={}",
-                d.label, d.error, d.label
-            );
-        }
-        let kept: Vec<&Manifest> = headers.iter().copied().filter(|m| !doomed.contains(&m.label)).collect();
-        let archive_id = stanza.cluster.archive_id();
-        let wal = doomed_wal(&storage, &s.stanza, &stanza.cluster, &kept, o.retention_archive).await?;
-        // The record first: whatever is deleted after it is known to have been expired.
-        if !doomed.is_empty() || !wal.is_empty() {
-            let names = wal.iter().map(|(_, name)| name.as_str());
-            let record = ExpireRecord::new(
-                &s.stanza,
-                chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                doomed.iter().cloned().collect(),
-                wal_ranges(&archive_id, stanza.cluster.wal_segment_size, names),
-            );
-            record.write(&storage).await?;
-        }
-        let mut report = ExpireReport {
-            expired: doomed.iter().cloned().collect(),
-            ..Default::default()
-        };
-        let mut gone = doomed;
-        gone.extend(remains);
-        // The manifests first: the backups no longer exist. Then their copies; their parts
-        // (format 4) go with the garbage below.
-        let manifests: Vec<String> = gone.iter().map(|l| layout::manifest(&s.stanza, l)).collect();
-        let copies: Vec<String> = gone.iter().map(|l| layout::manifest_copy(&s.stanza, l)).collect();
-        let mut waiting = storage.delete_retained(&manifests).await?;
-        waiting.add(storage.delete_retained(&copies).await?);
-        for label in &gone {
-            log::info!("expired backup {label}");
-        }
-        let usage = collect_garbage(&storage, &s.stanza, &kept, Some(&gone)).await?;
-        report.packs_deleted = usage.deleted;
-        report.bytes_freed = usage.freed;
-        report.bytes_held = usage.held;
-        let wal_keys: Vec<String> = wal.into_iter().map(|(key, _)| key).collect();
-        let wal_deletion = storage.delete_retained(&wal_keys).await?;
-        report.wal_deleted = wal_deletion.deleted;
-        waiting.add(wal_deletion);
-        report.objects_waiting = waiting.waiting.len() as u64 + usage.waiting;
-        report.waiting_until = waiting.waiting_until.max(usage.waiting_until);
-        report.staging_removed = remove_staging(&storage, &s.stanza)?;
-        log::info!(
-            "expire: {} backup(s) expired, {} pack(s) deleted ({} freed), {} WAL file(s) deleted, {} held in partly referenced packs",
-            report.expired.len(),
-            report.packs_deleted,
-            human_bytes(report.bytes_freed),
-            report.wal_deleted,
-            human_bytes(report.bytes_held)
-        );
-        if let Some(until) = report.waiting_until {
-            log::info!(
-                "expire: {} object(s) of expired backups and WAL are kept by the repository's object lock until {} at the latest; a later expire deletes them",
-                report.objects_waiting,
-                chrono::DateTime::from_timestamp(until, 0).unwrap_or_default().to_rfc3339()
-            );
-        }
-        Ok(report)
+    with_lock(&storage2, &s.stanza, &s.lock_path, "expire", async {
+        run(s, o, &storage, &stanza).await
     })
     .await
+}
+
+/// The report for people: what was removed (or, in a dry run, would be), and why.
+pub fn render_text(r: &ExpireReport) -> String {
+    let (verb, delete) = match r.dry_run {
+        true => ("would expire", "would delete"),
+        false => ("expired", "deleted"),
+    };
+    let mut out = format!(
+        "{verb} {} backup(s){}; {delete} {} pack(s) ({} bytes) and {} WAL file(s); {} bytes held in partly referenced packs\n",
+        r.expired.len(),
+        if r.expired.is_empty() { String::new() } else { format!(" ({})", r.expired.join(", ")) },
+        r.packs_deleted,
+        r.bytes_freed,
+        r.wal_deleted,
+        r.bytes_held
+    );
+    if r.dry_run {
+        for (label, why) in &r.reasons {
+            out.push_str(&format!("  backup {label}: {why}\n"));
+        }
+        for w in &r.wal_ranges {
+            let range = match w.first == w.last {
+                true => w.first.clone(),
+                false => format!("{} to {}", w.first, w.last),
+            };
+            out.push_str(&format!("  WAL {}: {range}\n", w.archive_id));
+        }
+        out.push_str("nothing was changed (--dry-run)\n");
+    }
+    if let Some(until) = r.waiting_until {
+        out.push_str(&format!(
+            "{} object(s) wait for their retention (the repository's object lock) until {} at the latest: a later expire deletes them\n",
+            r.objects_waiting,
+            chrono::DateTime::from_timestamp(until, 0).unwrap_or_default().to_rfc3339()
+        ));
+    }
+    out
+}
+
+/// Expire (or, with `dry_run`, say what would go) under the caller's lock.
+async fn run(
+    s: &Settings,
+    o: &ExpireOptions,
+    storage: &Storage,
+    stanza: &pgstrata_repo::stanza::StanzaInfo,
+) -> Result<ExpireReport> {
+    // Each backup's header, with the packs it uses: no manifest is read whole.
+    let scan = scan_headers(storage, &s.stanza).await?;
+    let headers: Vec<&Manifest> = scan.headers.iter().collect();
+    let mut damaged: Vec<&str> = scan.damaged.iter().map(|d| d.label.as_str()).collect();
+    // A vanished backup (what is left of it) may be named by --set: its record then says
+    // it is gone on purpose, and it is reported no more.
+    let vanished = match &o.set {
+        Some(_) => vanished_backups(s, storage, &scan, stanza.cluster.wal_segment_size).await?,
+        None => Vec::new(),
+    };
+    damaged.extend(vanished.iter().map(String::as_str));
+    let reasons = choose(&headers, &damaged, o)?;
+    let doomed: BTreeSet<String> = reasons.keys().cloned().collect();
+    // Backups expired before whose manifests are still there (an immutable repository
+    // keeps them until their retention has passed): deleted with these.
+    let remains = pgstrata_repo::manifest::expired_remains(storage, &s.stanza).await?;
+    for d in scan.damaged.iter().filter(|d| !doomed.contains(&d.label)) {
+        log::warn!(
+            "backup {} is damaged and is kept with its packs ({}); expire it with --set={}",
+            d.label,
+            d.error,
+            d.label
+        );
+    }
+    let kept: Vec<&Manifest> = headers
+        .iter()
+        .copied()
+        .filter(|m| !doomed.contains(&m.label))
+        .collect();
+    let archive_id = stanza.cluster.archive_id();
+    let wal = doomed_wal(
+        storage,
+        &s.stanza,
+        &stanza.cluster,
+        &kept,
+        o.retention_archive,
+    )
+    .await?;
+    let names = wal.iter().map(|(_, name)| name.as_str());
+    let mut report = ExpireReport {
+        dry_run: o.dry_run,
+        expired: doomed.iter().cloned().collect(),
+        reasons,
+        wal_ranges: wal_ranges(&archive_id, stanza.cluster.wal_segment_size, names),
+        ..Default::default()
+    };
+    // The record first: whatever is deleted after it is known to have been expired.
+    if !o.dry_run && (!doomed.is_empty() || !wal.is_empty()) {
+        let record = ExpireRecord::new(
+            &s.stanza,
+            chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            doomed.iter().cloned().collect(),
+            report.wal_ranges.clone(),
+        );
+        record.write(storage).await?;
+    }
+    let mut gone = doomed;
+    gone.extend(remains);
+    let wal_keys: Vec<String> = wal.into_iter().map(|(key, _)| key).collect();
+    match o.dry_run {
+        true => {
+            let usage = collect_garbage(storage, &s.stanza, &kept, Some(&gone), false).await?;
+            report.packs_deleted = usage.deleted;
+            report.bytes_freed = usage.freed;
+            report.bytes_held = usage.held;
+            report.wal_deleted = wal_keys.len() as u64;
+        }
+        false => delete(storage, &s.stanza, &kept, &gone, &wal_keys, &mut report).await?,
+    }
+    Ok(report)
+}
+
+/// Delete the backups `gone` (their manifests first: the backups no longer exist; then
+/// their copies; their parts and packs go with the garbage) and the WAL `wal_keys`.
+async fn delete(
+    storage: &Storage,
+    stanza: &str,
+    kept: &[&Manifest],
+    gone: &BTreeSet<String>,
+    wal_keys: &[String],
+    report: &mut ExpireReport,
+) -> Result<()> {
+    let manifests: Vec<String> = gone.iter().map(|l| layout::manifest(stanza, l)).collect();
+    let copies: Vec<String> = gone
+        .iter()
+        .map(|l| layout::manifest_copy(stanza, l))
+        .collect();
+    let mut waiting = storage.delete_retained(&manifests).await?;
+    waiting.add(storage.delete_retained(&copies).await?);
+    for label in gone {
+        log::info!(
+            "expired backup {label}{}",
+            report
+                .reasons
+                .get(label)
+                .map(|why| format!(": {why}"))
+                .unwrap_or_default()
+        );
+    }
+    let usage = collect_garbage(storage, stanza, kept, Some(gone), true).await?;
+    report.packs_deleted = usage.deleted;
+    report.bytes_freed = usage.freed;
+    report.bytes_held = usage.held;
+    let wal_deletion = storage.delete_retained(wal_keys).await?;
+    report.wal_deleted = wal_deletion.deleted;
+    waiting.add(wal_deletion);
+    report.objects_waiting = waiting.waiting.len() as u64 + usage.waiting;
+    report.waiting_until = waiting.waiting_until.max(usage.waiting_until);
+    report.staging_removed = remove_staging(storage, stanza)?;
+    log::info!(
+        "expire: {} backup(s) expired, {} pack(s) deleted ({} freed), {} WAL file(s) deleted, {} held in partly referenced packs",
+        report.expired.len(),
+        report.packs_deleted,
+        human_bytes(report.bytes_freed),
+        report.wal_deleted,
+        human_bytes(report.bytes_held)
+    );
+    if let Some(until) = report.waiting_until {
+        log::info!(
+            "expire: {} object(s) of expired backups and WAL are kept by the repository's object lock until {} at the latest; a later expire deletes them",
+            report.objects_waiting,
+            chrono::DateTime::from_timestamp(until, 0).unwrap_or_default().to_rfc3339()
+        );
+    }
+    Ok(())
 }
 
 /// The backups that vanished (`vanished`), for `expire --set` of one of them.
@@ -163,14 +275,14 @@ async fn vanished_backups(
     Ok(crate::vanished::check(s, storage, &found).await?.backups)
 }
 
-/// The labels to expire. A damaged or vanished backup (`damaged`) goes only when `--set`
-/// names it.
+/// The labels to expire, each with the rule that expires it. A damaged or vanished backup
+/// (`damaged`) goes only when `--set` names it.
 fn choose(
     manifests: &[&Manifest],
     damaged: &[&str],
     o: &ExpireOptions,
-) -> Result<BTreeSet<String>> {
-    let mut doomed = BTreeSet::new();
+) -> Result<BTreeMap<String, String>> {
+    let mut doomed = BTreeMap::new();
     if let Some(set) = &o.set {
         if !manifests.iter().any(|m| &m.label == set) && !damaged.contains(&set.as_str()) {
             let mut all: Vec<&str> = manifests.iter().map(|m| m.label.as_str()).collect();
@@ -181,7 +293,7 @@ fn choose(
                 all.join(", ")
             )));
         }
-        doomed.insert(set.clone());
+        doomed.insert(set.clone(), "named by --set".to_string());
         return Ok(doomed);
     }
     if o.retention_full.is_none() && o.retention_diff.is_none() {
@@ -195,19 +307,28 @@ fn choose(
         .filter(|m| m.backup_type == BackupType::Full)
         .collect();
     if let Some(n) = o.retention_full {
-        let oldest_kept = match o.retention_full_type {
-            RetentionType::Count => fulls.len().checked_sub(n.max(1) as usize).map(|i| fulls[i]),
+        let (oldest_kept, why) = match o.retention_full_type {
+            RetentionType::Count => (
+                fulls.len().checked_sub(n.max(1) as usize).map(|i| fulls[i]),
+                format!(
+                    "older than the oldest of the {} newest full backups (repo-retention-full={n})",
+                    n.max(1)
+                ),
+            ),
             RetentionType::Time => {
                 let cutoff = chrono::Utc::now().timestamp() - n as i64 * 86400;
                 // The newest full that ended before the cutoff still serves the window's start.
                 let older: Vec<&&Manifest> =
                     fulls.iter().filter(|m| m.stop.epoch < cutoff).collect();
-                older.last().map(|m| **m)
+                (
+                    older.last().map(|m| **m),
+                    format!("older than the newest full backup that ended before the last {n} day(s) (repo-retention-full={n}, repo-retention-full-type=time)"),
+                )
             }
         };
         if let Some(keep_from) = oldest_kept {
             for m in manifests.iter().filter(|m| m.label < keep_from.label) {
-                doomed.insert(m.label.clone());
+                doomed.insert(m.label.clone(), why.clone());
             }
         }
     }
@@ -215,23 +336,31 @@ fn choose(
         let diffs: Vec<&Manifest> = manifests
             .iter()
             .copied()
-            .filter(|m| m.backup_type == BackupType::Diff && !doomed.contains(&m.label))
+            .filter(|m| m.backup_type == BackupType::Diff && !doomed.contains_key(&m.label))
             .collect();
         for m in diffs
             .iter()
             .take(diffs.len().saturating_sub(n.max(1) as usize))
         {
-            doomed.insert(m.label.clone());
+            let why = format!(
+                "older than the {} newest differential backups (repo-retention-diff={n})",
+                n.max(1)
+            );
+            doomed.insert(m.label.clone(), why);
         }
     }
     // Backups compared against an expired backup follow it.
     loop {
-        let more: Vec<String> = manifests
+        let more: Vec<(String, String)> = manifests
             .iter()
-            .filter(|m| {
-                !doomed.contains(&m.label) && m.prior.as_ref().is_some_and(|p| doomed.contains(p))
+            .filter(|m| !doomed.contains_key(&m.label))
+            .filter_map(|m| {
+                let prior = m.prior.as_ref().filter(|p| doomed.contains_key(*p))?;
+                Some((
+                    m.label.clone(),
+                    format!("compared against {prior}, which expires"),
+                ))
             })
-            .map(|m| m.label.clone())
             .collect();
         if more.is_empty() {
             break;
@@ -395,6 +524,7 @@ mod tests {
             retention_full_type: RetentionType::Count,
             retention_diff: None,
             retention_archive: None,
+            dry_run: false,
         };
         let report = expire(&s, &o).await.unwrap();
         assert_eq!(report.staging_removed, 1);

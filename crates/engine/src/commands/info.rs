@@ -22,7 +22,7 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
         })
         .collect();
     let headers: Vec<&Manifest> = scan.headers.iter().collect();
-    let usage = crate::garbage::collect_garbage(&storage, &s.stanza, &headers, None).await?;
+    let usage = crate::garbage::collect_garbage(&storage, &s.stanza, &headers, None, false).await?;
     let seg_size = stanza.cluster.wal_segment_size;
     let oldest_start = scan
         .headers
