@@ -64,6 +64,11 @@ pub(crate) enum Kind {
     Enum(&'static [&'static str]),
     /// May be given several times; values accumulate.
     List,
+    /// A length of time in seconds: a number with a unit (s, m, h, d; e.g. 14d).
+    Duration {
+        min: u64,
+        max: u64,
+    },
 }
 
 /// Where an option may be set.
@@ -321,6 +326,8 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "How repo-retention-full counts: backups, or days (keeping the newest full older than the window too)." },
     OptionDef { name: "repo-retention-diff", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, secret: false, peer: false, commands: RETENTION_CMDS,
         help: "Differential backups to keep." },
+    OptionDef { name: "repo-retention-window", kind: Kind::Duration { min: 60, max: 100 * 365 * 86400 }, default: None, scope: Scope::Config, secret: false, peer: false, commands: RETENTION_CMDS,
+        help: "Keep what restores to any point in this recent window (e.g. 14d; units s, m, h, d): the newest backup that ended before the window began, every backup after it, and all WAL from that backup's start. With repo-retention-full or repo-retention-diff too, a backup expires only when every rule set expires it. When set, backup runs expire after it succeeds." },
     OptionDef { name: "repo-retention-archive", kind: Kind::Int { min: 1, max: 9_999_999 }, default: None, scope: Scope::Config, secret: false, peer: false, commands: RETENTION_CMDS,
         help: "Keep continuous WAL (point-in-time recovery) from the oldest start among the N newest kept backups on; older kept backups keep only the WAL that makes them consistent (default: all kept backups)." },
     OptionDef { name: "type", kind: Kind::Enum(RecoveryType::NAMES), default: Some("default"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["restore"],
@@ -409,6 +416,11 @@ impl OptionDef {
             ),
             Kind::Enum(vals) => vals.join(", "),
             Kind::List => "text, repeatable".into(),
+            Kind::Duration { min, max } => format!(
+                "a duration from {} to {} (a number and s, m, h or d: e.g. 14d)",
+                fmt_duration(min),
+                fmt_duration(max)
+            ),
             Kind::CompressLevel => {
                 let per_codec: Vec<String> = CompressType::ALL
                     .iter()
@@ -466,6 +478,13 @@ impl OptionDef {
                 _ => bad(format!("'{value}' is not allowed; expected true or false")),
             },
             Kind::Size { min, max } => match parse_size(value) {
+                Some(v) if v >= min && v <= max => Ok(v.to_string()),
+                _ => bad(format!(
+                    "'{value}' is not allowed; expected {}",
+                    self.allowed()
+                )),
+            },
+            Kind::Duration { min, max } => match parse_duration(value) {
                 Some(v) if v >= min && v <= max => Ok(v.to_string()),
                 _ => bad(format!(
                     "'{value}' is not allowed; expected {}",
@@ -531,6 +550,32 @@ pub(crate) fn parse_size(v: &str) -> Option<u64> {
         _ => return None,
     };
     n.checked_mul(mult)
+}
+
+/// Parse a duration like `14d`, `36h`, `90m` or `30s` into seconds (a unit is required:
+/// a bare number is ambiguous).
+pub(crate) fn parse_duration(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit())?;
+    let (num, unit) = v.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let mult = match unit.trim() {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+fn fmt_duration(secs: u64) -> String {
+    match secs {
+        s if s >= 86400 && s % 86400 == 0 => format!("{}d", s / 86400),
+        s if s >= 3600 && s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }
 
 fn fmt_size(n: u64) -> String {
@@ -682,6 +727,22 @@ pub(crate) fn general_help() -> String {
 mod tests {
     use super::*;
     use pgstrata_repo::named::check_named;
+
+    /// Durations need a unit and stay in the option's range; the error says what is allowed.
+    #[test]
+    fn a_retention_window_is_a_duration_with_a_unit() {
+        let window = OPTIONS
+            .iter()
+            .find(|o| o.name == "repo-retention-window")
+            .unwrap();
+        assert_eq!(window.validate("14d", "test"), Ok((14 * 86400).to_string()));
+        assert_eq!(window.validate(" 36h ", "test"), Ok((36 * 3600).to_string()));
+        assert_eq!(window.validate("90m", "test"), Ok("5400".to_string()));
+        for bad in ["14", "14w", "d", "", "30s", "99999999d"] {
+            let err = window.validate(bad, "test").unwrap_err();
+            assert!(err.contains("a duration from 1m to 36500d"), "{bad}: {err}");
+        }
+    }
 
     /// Every enum the table takes its values from names each value once, and the names parse
     /// back: a value added to an enum but not to its names would fail here.

@@ -270,6 +270,7 @@ fn expire_options(full: u32) -> ExpireOptions {
         retention_full_type: RetentionType::Count,
         retention_diff: None,
         retention_archive: None,
+        retention_window: None,
         dry_run: false,
     }
 }
@@ -339,6 +340,58 @@ async fn expire_dry_run_says_what_would_go_and_why_and_changes_nothing(backend: 
         (would.packs_deleted, would.bytes_freed, would.wal_deleted)
     );
     assert_eq!(repo.labels().await, vec![FULL3]);
+}
+
+/// `repo-retention-window`: the newest backup that ended before the window began and
+/// every one after stay, with continuous WAL from its start (even with a smaller
+/// `repo-retention-archive`); with `repo-retention-full` too, the window keeps what that
+/// rule alone would expire.
+async fn a_retention_window_keeps_every_point_in_it_restorable(backend: Backend) {
+    let (repo, _) = three_fulls(backend).await;
+    // The window begins at noon on the day of FULL2: FULL2 (ended that midnight) is the
+    // newest backup that ended before it.
+    let begins = chrono::DateTime::parse_from_rfc3339("2026-01-02T12:00:00Z").unwrap();
+    let window = (chrono::Utc::now().timestamp() - begins.timestamp()) as u64;
+    let o = ExpireOptions {
+        retention_full: Some(1),
+        retention_archive: Some(1),
+        retention_window: Some(window),
+        dry_run: true,
+        ..expire_options(1)
+    };
+    // With repo-retention-full=1 alone FULL1 and FULL2 would go; the window keeps FULL2.
+    let both = expire(&repo.settings(None), &o).await.unwrap();
+    assert_eq!(both.expired, vec![FULL1.to_string()]);
+    assert!(
+        both.reasons[FULL1].contains("repo-retention-full=1"),
+        "{both:?}"
+    );
+    // The window alone: the same backup, for the window's reason.
+    let alone = ExpireOptions {
+        retention_full: None,
+        dry_run: false,
+        ..o.clone()
+    };
+    let done = expire(&repo.settings(None), &alone).await.unwrap();
+    assert_eq!(done.expired, vec![FULL1.to_string()]);
+    assert!(
+        done.reasons[FULL1].contains("ended before the window began"),
+        "{done:?}"
+    );
+    assert_eq!(repo.labels().await, vec![FULL2, FULL3]);
+    // repo-retention-archive=1 alone would keep only FULL3's WAL continuous and delete
+    // 22..29; the window keeps every segment from FULL2's start.
+    for segno in 20..=31 {
+        assert!(repo.exists(&repo.wal_key(segno)).await, "segment {segno}");
+    }
+    assert!(!repo.exists(&repo.wal_key(19)).await);
+    // A window older than every backup keeps them all.
+    let wide = ExpireOptions {
+        retention_window: Some(100 * 365 * 86400),
+        ..alone
+    };
+    let none = expire(&repo.settings(None), &wide).await.unwrap();
+    assert!(none.expired.is_empty(), "{none:?}");
 }
 
 async fn expire_keeps_packs_an_incremental_references_in_an_expired_backup(backend: Backend) {
@@ -757,6 +810,7 @@ on_both_backends!(
     expire_keeps_the_newest_fulls_and_frees_only_what_they_do_not_use,
     expire_keeps_packs_an_incremental_references_in_an_expired_backup,
     expire_dry_run_says_what_would_go_and_why_and_changes_nothing,
+    a_retention_window_keeps_every_point_in_it_restorable,
     expire_of_one_set_removes_exactly_that_backup,
     restore_writes_every_file_of_the_chosen_backup,
     restore_plan_chooses_the_newest_backup_and_writes_nothing,

@@ -150,7 +150,11 @@ impl Repo {
     /// What expire goes by: retention or `--set`, when either is given.
     pub(crate) fn expire_options(&self) -> Option<&ExpireOptions> {
         let o = &self.expire;
-        (o.set.is_some() || o.retention_full.is_some() || o.retention_diff.is_some()).then_some(o)
+        (o.set.is_some()
+            || o.retention_full.is_some()
+            || o.retention_diff.is_some()
+            || o.retention_window.is_some())
+        .then_some(o)
     }
 }
 

@@ -363,6 +363,7 @@ fn expire_options(inv: &Invocation) -> ExpireOptions {
         retention_full_type: inv.choice("repo-retention-full-type"),
         retention_diff: inv.int_opt("repo-retention-diff"),
         retention_archive: inv.int_opt("repo-retention-archive"),
+        retention_window: inv.int_opt("repo-retention-window"),
         dry_run: inv.flag("dry-run"),
     }
 }

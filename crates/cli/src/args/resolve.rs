@@ -82,7 +82,7 @@ impl Invocation {
         assert!(
             matches!(
                 self.def(name).kind,
-                Kind::Int { .. } | Kind::Size { .. } | Kind::CompressLevel
+                Kind::Int { .. } | Kind::Size { .. } | Kind::Duration { .. } | Kind::CompressLevel
             ),
             "{name} is not a number"
         );

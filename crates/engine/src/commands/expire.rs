@@ -43,6 +43,8 @@ pub struct ExpireOptions {
     pub retention_full_type: RetentionType,
     pub retention_diff: Option<u32>,
     pub retention_archive: Option<u32>,
+    /// Seconds (`repo-retention-window`): keep what restores to any point this recent.
+    pub retention_window: Option<u64>,
     /// Say what would be removed and why, and change nothing (`--dry-run`).
     pub dry_run: bool,
 }
@@ -142,7 +144,10 @@ async fn run(
         None => Vec::new(),
     };
     damaged.extend(vanished.iter().map(String::as_str));
-    let reasons = choose(&headers, &damaged, o)?;
+    let Chosen {
+        reasons,
+        window_kept,
+    } = choose(&headers, &damaged, o)?;
     let doomed: BTreeSet<String> = reasons.keys().cloned().collect();
     // Backups expired before whose manifests are still there (an immutable repository
     // keeps them until their retention has passed): deleted with these.
@@ -161,12 +166,18 @@ async fn run(
         .filter(|m| !doomed.contains(&m.label))
         .collect();
     let archive_id = stanza.cluster.archive_id();
+    // The window needs continuous WAL from its oldest backup on, whatever
+    // repo-retention-archive says.
+    let retention_archive = match o.retention_window {
+        Some(_) => o.retention_archive.map(|n| n.max(window_kept as u32)),
+        None => o.retention_archive,
+    };
     let wal = doomed_wal(
         storage,
         &s.stanza,
         &stanza.cluster,
         &kept,
-        o.retention_archive,
+        retention_archive,
     )
     .await?;
     let names = wal.iter().map(|(_, name)| name.as_str());
@@ -275,13 +286,17 @@ async fn vanished_backups(
     Ok(crate::vanished::check(s, storage, &found).await?.backups)
 }
 
+/// What retention chose.
+struct Chosen {
+    /// The labels to expire, each with the rule that expires it.
+    reasons: BTreeMap<String, String>,
+    /// With `repo-retention-window`: how many of the newest backups it keeps.
+    window_kept: usize,
+}
+
 /// The labels to expire, each with the rule that expires it. A damaged or vanished backup
 /// (`damaged`) goes only when `--set` names it.
-fn choose(
-    manifests: &[&Manifest],
-    damaged: &[&str],
-    o: &ExpireOptions,
-) -> Result<BTreeMap<String, String>> {
+fn choose(manifests: &[&Manifest], damaged: &[&str], o: &ExpireOptions) -> Result<Chosen> {
     let mut doomed = BTreeMap::new();
     if let Some(set) = &o.set {
         if !manifests.iter().any(|m| &m.label == set) && !damaged.contains(&set.as_str()) {
@@ -294,66 +309,49 @@ fn choose(
             )));
         }
         doomed.insert(set.clone(), "named by --set".to_string());
-        return Ok(doomed);
+        return Ok(Chosen {
+            reasons: doomed,
+            window_kept: 0,
+        });
     }
-    if o.retention_full.is_none() && o.retention_diff.is_none() {
+    if o.retention_full.is_none() && o.retention_diff.is_none() && o.retention_window.is_none() {
         return Err(Error::config(
-            "nothing to expire by: set repo-retention-full (and optionally repo-retention-diff), or give --set=LABEL",
+            "nothing to expire by: set repo-retention-full (and optionally repo-retention-diff) or repo-retention-window, or give --set=LABEL",
         ));
     }
-    let fulls: Vec<&Manifest> = manifests
+    by_full(manifests, o, &mut doomed);
+    by_diff(manifests, o, &mut doomed);
+    // The window keeps the newest backup that ended before it began and every one after;
+    // alone, it expires the rest; with other rules, it only keeps what they would expire.
+    let window_kept = match o.retention_window {
+        None => 0,
+        Some(secs) => {
+            let cutoff = chrono::Utc::now().timestamp() - secs as i64;
+            let anchor = manifests.iter().rposition(|m| m.stop.epoch < cutoff);
+            let kept = manifests.len() - anchor.unwrap_or(0);
+            if o.retention_full.is_none() && o.retention_diff.is_none() {
+                let why = format!(
+                    "older than the newest backup that ended before the window began (repo-retention-window={})",
+                    fmt_secs(secs)
+                );
+                for m in &manifests[..manifests.len() - kept] {
+                    doomed.insert(m.label.clone(), why.clone());
+                }
+            }
+            kept
+        }
+    };
+    let protected: BTreeSet<&str> = manifests[manifests.len() - window_kept..]
         .iter()
-        .copied()
-        .filter(|m| m.backup_type == BackupType::Full)
+        .map(|m| m.label.as_str())
         .collect();
-    if let Some(n) = o.retention_full {
-        let (oldest_kept, why) = match o.retention_full_type {
-            RetentionType::Count => (
-                fulls.len().checked_sub(n.max(1) as usize).map(|i| fulls[i]),
-                format!(
-                    "older than the oldest of the {} newest full backups (repo-retention-full={n})",
-                    n.max(1)
-                ),
-            ),
-            RetentionType::Time => {
-                let cutoff = chrono::Utc::now().timestamp() - n as i64 * 86400;
-                // The newest full that ended before the cutoff still serves the window's start.
-                let older: Vec<&&Manifest> =
-                    fulls.iter().filter(|m| m.stop.epoch < cutoff).collect();
-                (
-                    older.last().map(|m| **m),
-                    format!("older than the newest full backup that ended before the last {n} day(s) (repo-retention-full={n}, repo-retention-full-type=time)"),
-                )
-            }
-        };
-        if let Some(keep_from) = oldest_kept {
-            for m in manifests.iter().filter(|m| m.label < keep_from.label) {
-                doomed.insert(m.label.clone(), why.clone());
-            }
-        }
-    }
-    if let Some(n) = o.retention_diff {
-        let diffs: Vec<&Manifest> = manifests
-            .iter()
-            .copied()
-            .filter(|m| m.backup_type == BackupType::Diff && !doomed.contains_key(&m.label))
-            .collect();
-        for m in diffs
-            .iter()
-            .take(diffs.len().saturating_sub(n.max(1) as usize))
-        {
-            let why = format!(
-                "older than the {} newest differential backups (repo-retention-diff={n})",
-                n.max(1)
-            );
-            doomed.insert(m.label.clone(), why);
-        }
-    }
-    // Backups compared against an expired backup follow it.
+    doomed.retain(|label, _| !protected.contains(label.as_str()));
+    // Backups compared against an expired backup follow it (unless the window keeps them:
+    // every backup restores on its own).
     loop {
         let more: Vec<(String, String)> = manifests
             .iter()
-            .filter(|m| !doomed.contains_key(&m.label))
+            .filter(|m| !doomed.contains_key(&m.label) && !protected.contains(m.label.as_str()))
             .filter_map(|m| {
                 let prior = m.prior.as_ref().filter(|p| doomed.contains_key(*p))?;
                 Some((
@@ -367,7 +365,74 @@ fn choose(
         }
         doomed.extend(more);
     }
-    Ok(doomed)
+    Ok(Chosen {
+        reasons: doomed,
+        window_kept,
+    })
+}
+
+/// `repo-retention-full`: the backups older than the oldest full kept.
+fn by_full(manifests: &[&Manifest], o: &ExpireOptions, doomed: &mut BTreeMap<String, String>) {
+    let Some(n) = o.retention_full else { return };
+    let fulls: Vec<&Manifest> = manifests
+        .iter()
+        .copied()
+        .filter(|m| m.backup_type == BackupType::Full)
+        .collect();
+    let (oldest_kept, why) = match o.retention_full_type {
+        RetentionType::Count => (
+            fulls.len().checked_sub(n.max(1) as usize).map(|i| fulls[i]),
+            format!(
+                "older than the oldest of the {} newest full backups (repo-retention-full={n})",
+                n.max(1)
+            ),
+        ),
+        RetentionType::Time => {
+            let cutoff = chrono::Utc::now().timestamp() - n as i64 * 86400;
+            // The newest full that ended before the cutoff still serves the window's start.
+            let older: Vec<&&Manifest> = fulls.iter().filter(|m| m.stop.epoch < cutoff).collect();
+            (
+                older.last().map(|m| **m),
+                format!("older than the newest full backup that ended before the last {n} day(s) (repo-retention-full={n}, repo-retention-full-type=time)"),
+            )
+        }
+    };
+    if let Some(keep_from) = oldest_kept {
+        for m in manifests.iter().filter(|m| m.label < keep_from.label) {
+            doomed.insert(m.label.clone(), why.clone());
+        }
+    }
+}
+
+/// `repo-retention-diff`: the differential backups beyond the newest N (among those
+/// `repo-retention-full` keeps).
+fn by_diff(manifests: &[&Manifest], o: &ExpireOptions, doomed: &mut BTreeMap<String, String>) {
+    let Some(n) = o.retention_diff else { return };
+    let diffs: Vec<&Manifest> = manifests
+        .iter()
+        .copied()
+        .filter(|m| m.backup_type == BackupType::Diff && !doomed.contains_key(&m.label))
+        .collect();
+    let why = format!(
+        "older than the {} newest differential backups (repo-retention-diff={n})",
+        n.max(1)
+    );
+    for m in diffs
+        .iter()
+        .take(diffs.len().saturating_sub(n.max(1) as usize))
+    {
+        doomed.insert(m.label.clone(), why.clone());
+    }
+}
+
+/// Seconds as the option is written (`14d`, `36h`, `90m`, `30s`).
+fn fmt_secs(secs: u64) -> String {
+    match secs {
+        s if s % 86400 == 0 => format!("{}d", s / 86400),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }
 
 /// Remove staging files that writers killed mid-write left (local repositories), once they
@@ -524,6 +589,7 @@ mod tests {
             retention_full_type: RetentionType::Count,
             retention_diff: None,
             retention_archive: None,
+            retention_window: None,
             dry_run: false,
         };
         let report = expire(&s, &o).await.unwrap();
