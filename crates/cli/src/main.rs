@@ -14,6 +14,7 @@ mod args;
 mod demo;
 mod generate;
 mod logging;
+mod notify;
 mod options;
 
 use args::{
@@ -67,6 +68,7 @@ fn main() {
         log::warn!("{w}");
     }
     log::debug!("{} {}", inv.command, inv.describe());
+    let started = std::time::Instant::now();
     // A panic must not exit 101: restore_command would read that as "not in the archive".
     let outcome = std::panic::catch_unwind(|| run(&inv)).unwrap_or_else(|_| {
         Err(Error::new(
@@ -74,14 +76,24 @@ fn main() {
             format!("{} stopped on an internal error (a bug)", inv.command),
         ))
     });
-    let code = match outcome {
-        Ok(code) => code,
+    let (code, error) = match outcome {
+        Ok(code) => (code, None),
         Err(e) => {
             eprintln!("ERROR: {e}");
             logging::error_to_file(&e.to_string());
-            e.exit_code()
+            (e.exit_code(), Some(e.to_string()))
         }
     };
+    if let Some(n) = &reporting.notify {
+        n.send(&notify::Outcome {
+            command: &inv.command,
+            stanza: reporting.stanza.as_deref(),
+            repo: reporting.repo,
+            exit_code: code,
+            error: error.as_deref(),
+            started,
+        });
+    }
     exit(code);
 }
 
@@ -244,6 +256,9 @@ fn backup(b: &Backup) -> Result<i32, Error> {
     let s = &repo.settings;
     let rt = runtime(s.process_max.get());
     let m = rt.block_on(pgstrata_engine::commands::backup::backup(s, &b.options))?;
+    notify::report(
+        &serde_json::json!({ "label": m.label, "type": m.backup_type, "stats": m.stats }),
+    );
     println!("{}", m.label);
     apply_retention(repo, &rt)?;
     Ok(0)
@@ -532,6 +547,7 @@ fn print_report_or_metrics<T: serde::Serialize>(
     render_text: impl Fn(&T) -> String,
     render_metrics: impl Fn(&T, i64) -> String,
 ) {
+    notify::report(report);
     match output {
         Output::Json => println!(
             "{}",
@@ -556,18 +572,19 @@ fn print_repo_reports<T: serde::Serialize>(
     if let [(_, only)] = reports {
         return print_report_or_metrics(output, only, render_text, render_metrics);
     }
+    let all: Vec<serde_json::Value> = reports
+        .iter()
+        .map(|(s, r)| {
+            let mut v = serde_json::to_value(r).expect("serialize report");
+            if let Some(o) = v.as_object_mut() {
+                o.insert("repo".into(), s.repo_index.into());
+            }
+            v
+        })
+        .collect();
+    notify::report(&all);
     match output {
         Output::Json => {
-            let all: Vec<serde_json::Value> = reports
-                .iter()
-                .map(|(s, r)| {
-                    let mut v = serde_json::to_value(r).expect("serialize report");
-                    if let Some(o) = v.as_object_mut() {
-                        o.insert("repo".into(), s.repo_index.into());
-                    }
-                    v
-                })
-                .collect();
             println!(
                 "{}",
                 serde_json::to_string_pretty(&all).expect("serialize reports")

@@ -380,6 +380,12 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Directory for log files, named STANZA-COMMAND.log." },
     OptionDef { name: "state-path", kind: Kind::Path, default: Some("/var/lib/pgstrata/state"), scope: Scope::Config, secret: false, peer: false, commands: &["backup", "expire", "info", "verify"],
         help: "Directory where this host remembers the backups and newest WAL it saw in each repository, to report those that vanish without an expire record (an attacker deleting backups); created mode 0700. When it cannot be made, a warning, and only the repository's expire records are used." },
+    OptionDef { name: "notify-command", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: crate::notify::COMMANDS,
+        help: "A program run on this host when backup, expire, verify, copy or restore-test ends (see notify-on), with a JSON summary on its standard input: command, stanza, repo, result (ok or failed), exit_code, report (what --output=json gives), duration_ms, error, host, time. It gets a clean environment (PATH and LANG only: no passphrases or keys) and runs for at most notify-timeout; its failure is logged and never changes the command's exit code." },
+    OptionDef { name: "notify-on", kind: Kind::Enum(crate::notify::NotifyOn::NAMES), default: Some("failure"), scope: Scope::Config, secret: false, peer: false, commands: crate::notify::COMMANDS,
+        help: "When notify-command runs: after a failure only, or always." },
+    OptionDef { name: "notify-timeout", kind: Kind::Duration { min: 1, max: 3600 }, default: Some("60s"), scope: Scope::Config, secret: false, peer: false, commands: crate::notify::COMMANDS,
+        help: "How long notify-command may run before it is killed." },
     OptionDef { name: "lock-path", kind: Kind::Path, default: Some("/tmp/pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: &["backup", "expire", "copy"],
         help: "Directory of the host-local lock that lets one process at a time remove a stale stanza lock; created mode 0700, and refused when another user owns it or others can write to it (give each OS user running pgstrata its own)." },
     OptionDef { name: "pg-bin", kind: Kind::Path, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["demo"],
@@ -736,7 +742,10 @@ mod tests {
             .find(|o| o.name == "repo-retention-window")
             .unwrap();
         assert_eq!(window.validate("14d", "test"), Ok((14 * 86400).to_string()));
-        assert_eq!(window.validate(" 36h ", "test"), Ok((36 * 3600).to_string()));
+        assert_eq!(
+            window.validate(" 36h ", "test"),
+            Ok((36 * 3600).to_string())
+        );
         assert_eq!(window.validate("90m", "test"), Ok("5400".to_string()));
         for bad in ["14", "14w", "d", "", "30s", "99999999d"] {
             let err = window.validate(bad, "test").unwrap_err();

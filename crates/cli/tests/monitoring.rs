@@ -179,3 +179,124 @@ fn prometheus_metrics_parse_and_match_info() {
         "{stderr}"
     );
 }
+
+/// A notify-command script that keeps each summary and the environment it ran in, as
+/// `<n>.json` and `<n>.env` in `dir`.
+fn recording_hook(dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    pgstrata_testkit::give_to_pg_user(dir);
+    let script = dir.join("hook.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nn=$(date +%s%N)\ncat > {d}/$n.json\nenv > {d}/$n.env\n",
+            d = dir.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    script
+}
+
+/// The summaries the hook got, oldest first, each with its environment.
+fn summaries(dir: &std::path::Path) -> Vec<(serde_json::Value, String)> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .map(|p| {
+            let json = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+            (
+                json,
+                std::fs::read_to_string(p.with_extension("env")).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// notify-command hears how backup, verify and expire ended (always, or failures only),
+/// with the command's report, in an environment without pgstrata's secrets; a hook that
+/// fails or hangs is logged and killed, and never changes the command's exit code.
+#[test]
+fn a_notify_command_hears_how_commands_ended_and_cannot_change_it() {
+    let env = Env::new("notify");
+    let dir = env.scratch.join("hook");
+    let hook = recording_hook(&dir);
+    let with_hook = |args: &[&str], on: &str| {
+        let mut c = env.cmd(args);
+        c.env("PGSTRATA_NOTIFY_COMMAND", &hook);
+        c.env("PGSTRATA_NOTIFY_ON", on);
+        c.env("AWS_SECRET_ACCESS_KEY", "a secret the hook must not see");
+        c
+    };
+    env.stanza_create();
+    env.pgbench_init(1);
+    let label = run_ok(with_hook(
+        &["--start-fast", "--type=full", "backup"],
+        "always",
+    ));
+    let label = label.trim();
+    let got = summaries(&dir);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let (s, hook_env) = &got[0];
+    assert_eq!(s["command"], "backup", "{s}");
+    assert_eq!(s["stanza"], STANZA, "{s}");
+    assert_eq!(s["result"], "ok", "{s}");
+    assert_eq!(s["exit_code"], 0, "{s}");
+    assert_eq!(s["report"]["label"], label, "{s}");
+    assert!(
+        s["report"]["stats"]["db_size"].as_u64().unwrap() > 10 << 20,
+        "{s}"
+    );
+    assert!(s["error"].is_null(), "{s}");
+    assert!(!hook_env.contains("a secret"), "{hook_env}");
+    assert!(!hook_env.contains("PGSTRATA_"), "{hook_env}");
+
+    // notify-on=failure: a verify that succeeds says nothing; one that fails does.
+    run_ok(with_hook(&["verify"], "failure"));
+    assert_eq!(summaries(&dir).len(), 1);
+    let (code, _) = run_fail(with_hook(&["--set=20990101-000000F", "verify"], "failure"));
+    let got = summaries(&dir);
+    assert_eq!(got.len(), 2, "{got:?}");
+    let s = &got[1].0;
+    assert_eq!(
+        (s["command"].as_str(), s["result"].as_str()),
+        (Some("verify"), Some("failed"))
+    );
+    assert_eq!(s["exit_code"], code, "{s}");
+    assert!(
+        s["error"].as_str().unwrap().contains("20990101-000000F"),
+        "{s}"
+    );
+
+    // A hook that fails, and one that hangs past notify-timeout: logged, the command's
+    // own result stands.
+    let failing = dir.join("failing.sh");
+    std::fs::write(&failing, "#!/bin/sh\necho hook trouble >&2\nexit 3\n").unwrap();
+    let hanging = dir.join("hanging.sh");
+    std::fs::write(&hanging, "#!/bin/sh\nsleep 60\n").unwrap();
+    for script in [&failing, &hanging] {
+        std::fs::set_permissions(script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let mut c = env.cmd(&["--repo-retention-full=1", "expire"]);
+        c.env("PGSTRATA_NOTIFY_COMMAND", script);
+        c.env("PGSTRATA_NOTIFY_ON", "always");
+        c.env("PGSTRATA_NOTIFY_TIMEOUT", "2s");
+        c.stderr(Stdio::piped());
+        let started = std::time::Instant::now();
+        let out = c.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+        assert!(stderr.contains("notify-command"), "{stderr}");
+        if script == &failing {
+            assert!(stderr.contains("hook trouble"), "{stderr}");
+        } else {
+            assert!(stderr.contains("killed"), "{stderr}");
+        }
+    }
+}

@@ -54,6 +54,10 @@ pub(crate) struct Reporting {
     pub(crate) stanza: Option<String>,
     /// The progress display, for commands that show one.
     pub(crate) progress: Option<ProgressMode>,
+    /// `notify-command`, when set for this command.
+    pub(crate) notify: Option<crate::notify::Notify>,
+    /// `--repo`, when given (for the notification).
+    pub(crate) repo: Option<u8>,
 }
 
 /// One invocation's command and its settings.

@@ -38,6 +38,17 @@ pub(crate) fn reporting(inv: &Invocation) -> Reporting {
         log_path: PathBuf::from(inv.text("log-path")),
         stanza: inv.stanza().map(str::to_string),
         progress: options::find("progress", &inv.command).map(|_| inv.choice("progress")),
+        notify: options::find("notify-command", &inv.command).and_then(|_| {
+            let on = inv.choice("notify-on");
+            let timeout = std::time::Duration::from_secs(inv.int("notify-timeout"));
+            let program = PathBuf::from(inv.get("notify-command")?);
+            Some(crate::notify::Notify {
+                program,
+                on,
+                timeout,
+            })
+        }),
+        repo: options::find("repo", &inv.command).and_then(|_| inv.int_opt("repo")),
     }
 }
 
