@@ -149,6 +149,13 @@ fn run(inv: &args::Invocation) -> Result<i32, Error> {
         Command::KeyAdd(k) => key_add(&k),
         Command::Copy(c) => copy(&c),
         Command::KeyList { repos, output } => key_list(&repos, output),
+        Command::RepoLs {
+            repos,
+            path,
+            recurse,
+            output,
+        } => repo_ls(&repos, path.as_deref(), recurse, output),
+        Command::RepoGet { repos, path } => repo_get(&repos, path.as_deref()),
         Command::KeyRemove { repos, key_id } => key_remove(&repos, &key_id),
     }
 }
@@ -475,6 +482,40 @@ fn copy(c: &Copy) -> Result<i32, Error> {
         &report,
         pgstrata_engine::commands::copy::render_text,
     );
+    Ok(0)
+}
+
+fn repo_ls(
+    repos: &Repos,
+    path: Option<&str>,
+    recurse: bool,
+    output: ReportOutput,
+) -> Result<i32, Error> {
+    use pgstrata_engine::commands::repo_tools;
+    let s = &repos.selected().settings;
+    let listed = runtime(2).block_on(repo_tools::repo_ls(s, path, recurse))?;
+    print_report(output, &listed, |l: &Vec<_>| repo_tools::render_ls(l));
+    Ok(0)
+}
+
+fn repo_get(repos: &Repos, path: Option<&str>) -> Result<i32, Error> {
+    use std::io::Write;
+    let path = path.ok_or_else(|| {
+        Error::config(
+            "repo-get needs the object's path, e.g. main/stanza.json (repo-ls lists them)",
+        )
+    })?;
+    let s = &repos.selected().settings;
+    let bytes = runtime(2).block_on(pgstrata_engine::commands::repo_tools::repo_get(s, path))?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&bytes)
+        .and_then(|_| out.flush())
+        .map_err(|e| {
+            Error::new(
+                pgstrata_engine::ErrorKind::Io,
+                format!("writing {path} to standard output: {e}"),
+            )
+        })?;
     Ok(0)
 }
 

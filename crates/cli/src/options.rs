@@ -113,6 +113,8 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ("key-list", "List an encrypted stanza's keys (id, created, host, user); needs no passphrase"),
     ("key-remove", "Remove one key (--key-id) of an encrypted stanza and start a new master key for everything written afterwards, so the removed passphrase opens nothing newer; the last key is never removed"),
     ("copy", "Copy backups and their WAL from one repository of the stanza to another (--from-repo=N --repo=M): every backup the target lacks (or --set), each object checked on the way, the manifest written last; each repository keeps its own retention"),
+    ("repo-ls", "List the stanza's objects in the repository (repo-ls [PATH] [--recurse]; PATH a repository key such as main/backup, default the stanza): size, time, name"),
+    ("repo-get", "Write one object of the stanza to standard output, opened and checked (repo-get PATH): a WAL object as the segment, a manifest as JSON, any other sealed object decrypted; key files and packs as stored"),
     ("verify", "Read back every backup (or --set) and the WAL archive and check them against their recorded hashes, without restoring"),
     ("agent", "Serve another host's pgstrata over SSH, as the forced command of its key; started by pgstrata itself, not by hand: 'agent repo --stanza=NAME' serves those stanzas of repo-path to a database host's repo-remote, append-only; 'agent run [--config=FILE] [--stanza=NAME]' does a backup host's stanza-create, check or backup job here (pg-remote) with this host's own settings"),
     ("demo", "Run the whole story on a throwaway cluster and a local repository"),
@@ -122,7 +124,7 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
 ];
 
 /// The commands that work on one stanza (`agent` takes a list: see its own definition).
-const STANZA_CMDS: [&str; 14] = [
+const STANZA_CMDS: [&str; 16] = [
     "stanza-create",
     "check",
     "backup",
@@ -137,6 +139,8 @@ const STANZA_CMDS: [&str; 14] = [
     "key-list",
     "key-remove",
     "copy",
+    "repo-ls",
+    "repo-get",
 ];
 /// The commands that reach a repository: the stanza commands and `agent`.
 const REPO_CMDS: &[&str] = &concat::<_, _, { STANZA_CMDS.len() + 1 }>(["agent"], STANZA_CMDS);
@@ -172,7 +176,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "The stanzas an agent works for, written in the forced command of authorized_keys. 'agent repo' (required, repeatable) serves only these stanzas, append-only. 'agent run' (optional) does jobs for this stanza only; without it, for any stanza whose settings are in its configuration file." },
     OptionDef { name: "agent-buffer-max", kind: Kind::Size { min: 1 << 20, max: 1 << 40 }, default: Some("256MiB"), scope: Scope::Config, secret: false, peer: false, commands: &["agent", "stanza-create", "check", "backup"],
         help: "Most bytes a host serving a repository to its peer ('agent repo', or the backup host serving 'agent run' with pg-remote) holds at once for it: requests read and answers not yet sent. A peer that sends faster than it reads waits; it cannot grow the holder's memory past this (plus the largest single object, when one is larger)." },
-    OptionDef { name: "repo", kind: Kind::Int { min: 1, max: 4 }, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["stanza-create", "check", "backup", "restore", "restore-test", "archive-get", "info", "expire", "verify", "key-add", "key-list", "key-remove", "copy"],
+    OptionDef { name: "repo", kind: Kind::Int { min: 1, max: 4 }, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["stanza-create", "check", "backup", "restore", "restore-test", "archive-get", "info", "expire", "verify", "key-add", "key-list", "key-remove", "copy", "repo-ls", "repo-get"],
         help: "The repository to use, 1 to 4 (repository N's options are repoN-path, repoN-type, ...; the unnumbered repo-* options are repository 1's, also written repo1-*). Default: backup, restore, restore-test, expire and the key commands use repository 1; stanza-create, check, info and verify every configured repository; archive-get tries this one first, then the others; copy: the repository to copy to (required). archive-push always writes every repository." },
     OptionDef { name: "from-repo", kind: Kind::Int { min: 1, max: 4 }, default: Some("1"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["copy"],
         help: "The repository copy reads from, 1 to 4 (--repo names the one it writes to)." },
@@ -202,7 +206,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Make the repository immutable with S3 Object Lock: compliance (no one can delete an object before its retention has passed) or governance (only a user with s3:BypassGovernanceRetention can). The bucket must have Object Lock on, with a default retention in this mode of at least repo-immutable-days (stanza-create and check refuse it otherwise, saying how to set it). expire removes an expired backup from view at once and deletes its objects at the first expire after their retention; verify --repair is refused." },
     OptionDef { name: "repo-immutable-days", kind: Kind::Int { min: 1, max: 36_500 }, default: None, scope: Scope::Config, secret: false, peer: false, commands: REPO_CMDS,
         help: "Days every object of an immutable repository is kept from deletion (required with repo-s3-object-lock; the bucket's default retention must be at least this long). An attacker holding the repository's credentials can hide objects (a delete marker) but not remove them for this long: repo-target-time reads them back." },
-    OptionDef { name: "repo-target-time", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["info", "restore", "verify", "archive-get", "copy"],
+    OptionDef { name: "repo-target-time", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["info", "restore", "verify", "archive-get", "copy", "repo-ls", "repo-get"],
         help: "Read the repository as it was at this time ('2026-11-28 10:00:00+00' or RFC 3339): each object in its version current then; objects deleted since come back, objects written since are not seen. Needs a versioned S3 bucket (every bucket with Object Lock is one). Nothing is written to the repository; restore writes it into restore_command too, so recovery fetches the WAL as of the same time." },
     OptionDef { name: "repo-s3-ca-file", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: REPO_CMDS,
         help: "PEM file of CA certificates to trust for the object store (GCS and Azure too)." },
@@ -368,8 +372,10 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Keep the scratch directory (stopped cluster, server log) instead of removing it." },
     OptionDef { name: "output", kind: Kind::Enum(Output::NAMES), default: Some("text"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["info", "verify"],
         help: "Output format. prometheus: metrics in Prometheus' text format, for node_exporter's textfile collector (info: newest backup per type, its end time, age and sizes, backup counts, repository size, newest archived WAL segment and its age; verify: its results)." },
-    OptionDef { name: "output", kind: Kind::Enum(ReportOutput::NAMES), default: Some("text"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["key-list", "restore-test", "copy", "expire"],
+    OptionDef { name: "output", kind: Kind::Enum(ReportOutput::NAMES), default: Some("text"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["key-list", "restore-test", "copy", "expire", "repo-ls"],
         help: "Output format." },
+    OptionDef { name: "recurse", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["repo-ls"],
+        help: "List every object below PATH, not just its objects and directories." },
     OptionDef { name: "progress", kind: Kind::Enum(ProgressMode::NAMES), default: Some("auto"), scope: Scope::Config, secret: false, peer: true, commands: &["backup", "restore", "restore-test", "verify", "copy"],
         help: "Progress (bytes done of the total, percent, rate, time left): auto shows a live line on standard error when it is a terminal, else logs a progress line at info level at most every 30 s; on always shows the live line; off shows nothing." },
     OptionDef { name: "log-level-console", kind: Kind::Enum(LogLevel::NAMES), default: Some("warn"), scope: Scope::Config, secret: false, peer: true, commands: &[],

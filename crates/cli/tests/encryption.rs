@@ -780,3 +780,74 @@ fn a_stanza_stripped_of_its_keys_is_refused_as_possibly_tampered() {
     assert!(err.contains(&format!("{STANZA}/keys")), "{err}");
     assert!(!err.contains("remove the passphrase"), "{err}");
 }
+
+/// repo-ls lists the stanza's objects (one level, or all below a path, as text or JSON);
+/// repo-get writes an object opened and checked: the sealed stanza record as its JSON, a
+/// manifest and its copy as the backup's JSON, a WAL object as the segment. A flipped
+/// byte is damage (exit 4), a path outside the stanza a usage error (exit 2).
+#[test]
+fn repo_ls_and_repo_get_show_what_the_repository_holds_opened_and_checked() {
+    let env = encrypted_env("repo-tools");
+    env.stanza_create();
+    env.pgbench_init(1);
+    let label = env.backup(&["--type=full"]);
+    env.flush_wal();
+
+    let top = env.ok(&["repo-ls"]);
+    for dir in ["archive/", "backup/", "keys/"] {
+        assert!(top.contains(&format!("{STANZA}/{dir}\n")), "{top}");
+    }
+    assert!(top.contains(&format!("{STANZA}/stanza.json\n")), "{top}");
+    let backup_dir = format!("{STANZA}/backup/{label}");
+    let all: serde_json::Value =
+        serde_json::from_str(&env.ok(&["repo-ls", "--recurse", "--output=json", &backup_dir]))
+            .unwrap();
+    let manifest_key = format!("{backup_dir}/backup.manifest");
+    let manifest = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["name"] == manifest_key.as_str())
+        .unwrap_or_else(|| panic!("{all}"));
+    assert_eq!(manifest["type"], "object");
+    assert!(manifest["size"].as_u64().unwrap() > 0);
+
+    // Sealed on disk, opened by repo-get.
+    let record = std::fs::read(env.repo.join(STANZA).join("stanza.json")).unwrap();
+    assert!(serde_json::from_slice::<serde_json::Value>(&record).is_err());
+    let record: serde_json::Value =
+        serde_json::from_str(&env.ok(&["repo-get", &format!("{STANZA}/stanza.json")])).unwrap();
+    assert_eq!(record["stanza"], STANZA, "{record}");
+    for key in [manifest_key.clone(), format!("{manifest_key}.copy")] {
+        let m: serde_json::Value = serde_json::from_str(&env.ok(&["repo-get", &key])).unwrap();
+        assert_eq!(m["label"], label.as_str(), "{key}");
+    }
+    let wal = env.ok(&["repo-ls", "--recurse", &format!("{STANZA}/archive")]);
+    let segment = wal
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .find(|k| k.len() > 24 && k.rsplit('/').next().unwrap().len() == 24)
+        .unwrap_or_else(|| panic!("{wal}"))
+        .to_string();
+    let out = env.cmd(&["repo-get", &segment]).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        out.stdout.len(),
+        16 << 20,
+        "the segment as PostgreSQL wrote it"
+    );
+    assert_eq!(&out.stdout[..2], &[0x10, 0xd1], "a PostgreSQL 15 WAL page");
+
+    // Damage, and paths outside the stanza.
+    let on_disk = env.repo.join(&manifest_key);
+    let mut bytes = std::fs::read(&on_disk).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 1;
+    std::fs::write(&on_disk, bytes).unwrap();
+    let (code, err) = run_fail(env.cmd(&["repo-get", &manifest_key]));
+    assert_eq!(code, 4, "{err}");
+    for outside in ["other/stanza.json", &format!("{STANZA}/../other")] {
+        let (code, err) = run_fail(env.cmd(&["repo-get", outside]));
+        assert_eq!(code, 2, "{outside}: {err}");
+    }
+}

@@ -97,6 +97,18 @@ pub(crate) enum Command {
         repos: Repos,
         output: ReportOutput,
     },
+    /// `repo-ls [PATH]`.
+    RepoLs {
+        repos: Repos,
+        path: Option<String>,
+        recurse: bool,
+        output: ReportOutput,
+    },
+    /// `repo-get PATH`.
+    RepoGet {
+        repos: Repos,
+        path: Option<String>,
+    },
     KeyRemove {
         repos: Repos,
         key_id: String,

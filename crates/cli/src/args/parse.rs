@@ -96,6 +96,16 @@ pub(crate) fn command(inv: &Invocation) -> Result<Command, Error> {
             repos: repos(inv)?,
             output: inv.choice("output"),
         },
+        "repo-ls" => Command::RepoLs {
+            repos: repos(inv)?,
+            path: first_arg(),
+            recurse: inv.flag("recurse"),
+            output: inv.choice("output"),
+        },
+        "repo-get" => Command::RepoGet {
+            repos: repos(inv)?,
+            path: first_arg(),
+        },
         "key-remove" => {
             let repos = repos(inv)?;
             let key_id = inv.require("key-id").map_err(Error::config)?.to_string();
@@ -719,7 +729,10 @@ mod tests {
                 Command::Info(r) | Command::Verify(Verify { report: r, .. }) => Some(&r.repos),
                 Command::KeyAdd(k) => Some(&k.repos),
                 Command::Copy(c) => Some(&c.repos),
-                Command::KeyList { repos, .. } | Command::KeyRemove { repos, .. } => Some(repos),
+                Command::KeyList { repos, .. }
+                | Command::KeyRemove { repos, .. }
+                | Command::RepoLs { repos, .. }
+                | Command::RepoGet { repos, .. } => Some(repos),
                 _ => None,
             };
             let takes_stanza = options::find("stanza", command).is_some() && *command != "agent";

@@ -13,6 +13,7 @@ pub mod expire;
 pub mod info;
 pub mod key;
 pub mod metrics;
+pub mod repo_tools;
 pub mod restore;
 pub mod restore_test;
 pub mod stanza_create;
