@@ -156,6 +156,17 @@ fn run(inv: &args::Invocation) -> Result<i32, Error> {
             output,
         } => repo_ls(&repos, path.as_deref(), recurse, output),
         Command::RepoGet { repos, path } => repo_get(&repos, path.as_deref()),
+        Command::StanzaDelete { repos, force } => {
+            let s = &repos.selected().settings;
+            let r = runtime(2).block_on(
+                pgstrata_engine::commands::stanza_delete::stanza_delete(s, force),
+            )?;
+            print!(
+                "{}",
+                pgstrata_engine::commands::stanza_delete::render_text(&r)
+            );
+            Ok(0)
+        }
         Command::KeyRemove { repos, key_id } => key_remove(&repos, &key_id),
     }
 }

@@ -101,6 +101,7 @@ pub(crate) struct OptionDef {
 
 pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ("stanza-create", "Record the cluster in the repository (once, before archiving and backups)"),
+    ("stanza-delete", "Remove the stanza and every backup and WAL file of it from the repository (--force; refused while the cluster runs at pg-path, and on an immutable repository)"),
     ("check", "Check configuration, connection and WAL archiving end to end"),
     ("backup", "Back up the running cluster"),
     ("restore", "Restore a backup into a data directory and write recovery settings"),
@@ -124,7 +125,7 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
 ];
 
 /// The commands that work on one stanza (`agent` takes a list: see its own definition).
-const STANZA_CMDS: [&str; 16] = [
+const STANZA_CMDS: [&str; 17] = [
     "stanza-create",
     "check",
     "backup",
@@ -141,6 +142,7 @@ const STANZA_CMDS: [&str; 16] = [
     "copy",
     "repo-ls",
     "repo-get",
+    "stanza-delete",
 ];
 /// The commands that reach a repository: the stanza commands and `agent`.
 const REPO_CMDS: &[&str] = &concat::<_, _, { STANZA_CMDS.len() + 1 }>(["agent"], STANZA_CMDS);
@@ -176,7 +178,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "The stanzas an agent works for, written in the forced command of authorized_keys. 'agent repo' (required, repeatable) serves only these stanzas, append-only. 'agent run' (optional) does jobs for this stanza only; without it, for any stanza whose settings are in its configuration file." },
     OptionDef { name: "agent-buffer-max", kind: Kind::Size { min: 1 << 20, max: 1 << 40 }, default: Some("256MiB"), scope: Scope::Config, secret: false, peer: false, commands: &["agent", "stanza-create", "check", "backup"],
         help: "Most bytes a host serving a repository to its peer ('agent repo', or the backup host serving 'agent run' with pg-remote) holds at once for it: requests read and answers not yet sent. A peer that sends faster than it reads waits; it cannot grow the holder's memory past this (plus the largest single object, when one is larger)." },
-    OptionDef { name: "repo", kind: Kind::Int { min: 1, max: 4 }, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["stanza-create", "check", "backup", "restore", "restore-test", "archive-get", "info", "expire", "verify", "key-add", "key-list", "key-remove", "copy", "repo-ls", "repo-get"],
+    OptionDef { name: "repo", kind: Kind::Int { min: 1, max: 4 }, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["stanza-create", "check", "backup", "restore", "restore-test", "archive-get", "info", "expire", "verify", "key-add", "key-list", "key-remove", "copy", "repo-ls", "repo-get", "stanza-delete"],
         help: "The repository to use, 1 to 4 (repository N's options are repoN-path, repoN-type, ...; the unnumbered repo-* options are repository 1's, also written repo1-*). Default: backup, restore, restore-test, expire and the key commands use repository 1; stanza-create, check, info and verify every configured repository; archive-get tries this one first, then the others; copy: the repository to copy to (required). archive-push always writes every repository." },
     OptionDef { name: "from-repo", kind: Kind::Int { min: 1, max: 4 }, default: Some("1"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["copy"],
         help: "The repository copy reads from, 1 to 4 (--repo names the one it writes to)." },
@@ -250,7 +252,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Seconds one storage operation may take before it is retried." },
     OptionDef { name: "repo-storage-retries", kind: Kind::Int { min: 0, max: 100 }, default: Some("4"), scope: Scope::Config, secret: false, peer: false, commands: REPO_CMDS,
         help: "Retries of a storage operation that failed in a way that may be transient (5xx, timeouts, dropped connections)." },
-    OptionDef { name: "pg-path", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: &["stanza-create", "check", "backup", "restore", "info"],
+    OptionDef { name: "pg-path", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: &["stanza-create", "check", "backup", "restore", "info", "stanza-delete"],
         help: "Data directory of the cluster (for restore: where to restore; for info: whose WAL waiting to be archived to show, when readable)." },
     OptionDef { name: "backup-standby", kind: Kind::Bool, default: Some("false"), scope: Scope::Config, secret: false, peer: false, commands: &["backup"],
         help: "Read relation files from a streaming standby of the primary (standby-path, standby-host, standby-port) so the primary does not pay the I/O: pg_backup_start and pg_backup_stop run on the primary, pgstrata waits until the standby has replayed past the start (at most archive-timeout), then reads every relation file from the standby and only the other files (configuration, pg_control) from the primary. The standby must stream from this primary, on its timeline." },
@@ -374,6 +376,8 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Output format. prometheus: metrics in Prometheus' text format, for node_exporter's textfile collector (info: newest backup per type, its end time, age and sizes, backup counts, repository size, newest archived WAL segment and its age; verify: its results)." },
     OptionDef { name: "output", kind: Kind::Enum(ReportOutput::NAMES), default: Some("text"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["key-list", "restore-test", "copy", "expire", "repo-ls"],
         help: "Output format." },
+    OptionDef { name: "force", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["stanza-delete"],
+        help: "Yes, delete the stanza: every backup and all WAL of it in the repository." },
     OptionDef { name: "recurse", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["repo-ls"],
         help: "List every object below PATH, not just its objects and directories." },
     OptionDef { name: "progress", kind: Kind::Enum(ProgressMode::NAMES), default: Some("auto"), scope: Scope::Config, secret: false, peer: true, commands: &["backup", "restore", "restore-test", "verify", "copy"],
@@ -384,7 +388,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Messages written to the log file in log-path." },
     OptionDef { name: "log-path", kind: Kind::Path, default: Some("/var/log/pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: &[],
         help: "Directory for log files, named STANZA-COMMAND.log." },
-    OptionDef { name: "state-path", kind: Kind::Path, default: Some("/var/lib/pgstrata/state"), scope: Scope::Config, secret: false, peer: false, commands: &["backup", "expire", "info", "verify"],
+    OptionDef { name: "state-path", kind: Kind::Path, default: Some("/var/lib/pgstrata/state"), scope: Scope::Config, secret: false, peer: false, commands: &["backup", "expire", "info", "verify", "stanza-delete"],
         help: "Directory where this host remembers the backups and newest WAL it saw in each repository, to report those that vanish without an expire record (an attacker deleting backups); created mode 0700. When it cannot be made, a warning, and only the repository's expire records are used." },
     OptionDef { name: "notify-command", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: crate::notify::COMMANDS,
         help: "A program run on this host when backup, expire, verify, copy or restore-test ends (see notify-on), with a JSON summary on its standard input: command, stanza, repo, result (ok or failed), exit_code, report (what --output=json gives), duration_ms, error, host, time. It gets a clean environment (PATH and LANG only: no passphrases or keys) and runs for at most notify-timeout; its failure is logged and never changes the command's exit code." },
@@ -392,7 +396,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "When notify-command runs: after a failure only, or always." },
     OptionDef { name: "notify-timeout", kind: Kind::Duration { min: 1, max: 3600 }, default: Some("60s"), scope: Scope::Config, secret: false, peer: false, commands: crate::notify::COMMANDS,
         help: "How long notify-command may run before it is killed." },
-    OptionDef { name: "lock-path", kind: Kind::Path, default: Some("/tmp/pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: &["backup", "expire", "copy"],
+    OptionDef { name: "lock-path", kind: Kind::Path, default: Some("/tmp/pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: &["backup", "expire", "copy", "stanza-delete"],
         help: "Directory of the host-local lock that lets one process at a time remove a stale stanza lock; created mode 0700, and refused when another user owns it or others can write to it (give each OS user running pgstrata its own)." },
     OptionDef { name: "pg-bin", kind: Kind::Path, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["demo"],
         help: "Directory of the PostgreSQL server binaries for the demo (default: pg_config --bindir, else the newest /usr/lib/postgresql/*/bin)." },

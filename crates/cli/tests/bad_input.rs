@@ -307,3 +307,40 @@ fn a_damaged_pg_control_exits_as_damage() {
     assert!(err.contains("is not one of PostgreSQL 14-18"), "{err}");
     assert!(tree(&repo).is_empty(), "nothing written to the repository");
 }
+
+/// stanza-delete is refused without --force (exit 2) and while the cluster runs (exit 3),
+/// deleting nothing; then it removes every object of the stanza, and the stanza is
+/// created again from scratch and backs up.
+#[test]
+fn stanza_delete_needs_force_and_a_stopped_cluster_then_removes_everything() {
+    let env = Env::new("stanza-delete");
+    env.stanza_create();
+    env.pgbench_init(1);
+    env.backup(&["--type=full"]);
+    env.flush_wal();
+    let before = tree(&env.repo);
+    assert!(before.keys().any(|k| k.contains("/pack/")), "{before:?}");
+    let (code, err) = run_fail(env.cmd(&["stanza-delete"]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--force"), "{err}");
+    let (code, err) = run_fail(env.cmd(&["--force", "stanza-delete"]));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("running"), "{err}");
+    assert_eq!(tree(&env.repo), before, "nothing deleted");
+
+    env.cluster.stop().unwrap();
+    let out = env.ok(&["--force", "stanza-delete"]);
+    assert!(out.contains("deleted"), "{out}");
+    let left: Vec<String> = tree(&env.repo)
+        .into_keys()
+        .filter(|k| k.starts_with(STANZA))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let (code, err) = run_fail(env.cmd(&["info"]));
+    assert_ne!(code, 0, "{err}");
+
+    env.cluster.start().unwrap();
+    env.stanza_create();
+    env.backup(&["--type=full"]);
+    assert_eq!(backup_labels(&env.info_json()).len(), 1);
+}

@@ -58,6 +58,15 @@ fn a_bucket_that_does_not_lock_as_configured_is_refused() {
     ]));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("immutable"), "{err}");
+    env.cluster.stop().unwrap();
+    let (code, err) = run_fail(env.cmd(&[
+        "--repo-s3-bucket=pgstrata-governance",
+        "--repo-s3-object-lock=governance",
+        "--force",
+        "stanza-delete",
+    ]));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("immutable"), "{err}");
 }
 
 /// Backups and an expire on a locked bucket; then an attacker with the repository's

@@ -204,8 +204,28 @@ fn state_file(s: &Settings, storage: &Storage) -> Option<PathBuf> {
         );
         return None;
     }
+    Some(state_file_in(dir, s, storage))
+}
+
+/// The state file of `s`'s stanza in `storage`'s repository, in `dir`.
+fn state_file_in(dir: &Path, s: &Settings, storage: &Storage) -> PathBuf {
     let repo = blake3::hash(storage.description().as_bytes()).to_hex();
-    Some(dir.join(format!("{}-{}.json", s.stanza, &repo[..16])))
+    dir.join(format!("{}-{}.json", s.stanza, &repo[..16]))
+}
+
+/// Forget what this host saw of `s`'s stanza in `storage`'s repository (the stanza was
+/// deleted: a stanza created again under its name starts afresh).
+pub(crate) fn forget(s: &Settings, storage: &Storage) {
+    let Some(dir) = s.state_path.as_deref() else {
+        return;
+    };
+    let file = state_file_in(dir, s, storage);
+    match std::fs::remove_file(&file) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            log::warn!("{}: {e}", file.display())
+        }
+        _ => {}
+    }
 }
 
 fn make_private_dir(dir: &Path) -> Result<()> {

@@ -97,6 +97,11 @@ pub(crate) enum Command {
         repos: Repos,
         output: ReportOutput,
     },
+    /// `stanza-delete --force`.
+    StanzaDelete {
+        repos: Repos,
+        force: bool,
+    },
     /// `repo-ls [PATH]`.
     RepoLs {
         repos: Repos,

@@ -96,6 +96,10 @@ pub(crate) fn command(inv: &Invocation) -> Result<Command, Error> {
             repos: repos(inv)?,
             output: inv.choice("output"),
         },
+        "stanza-delete" => Command::StanzaDelete {
+            repos: repos(inv)?,
+            force: inv.flag("force"),
+        },
         "repo-ls" => Command::RepoLs {
             repos: repos(inv)?,
             path: first_arg(),
@@ -732,6 +736,7 @@ mod tests {
                 Command::KeyList { repos, .. }
                 | Command::KeyRemove { repos, .. }
                 | Command::RepoLs { repos, .. }
+                | Command::StanzaDelete { repos, .. }
                 | Command::RepoGet { repos, .. } => Some(repos),
                 _ => None,
             };

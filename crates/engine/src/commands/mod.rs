@@ -17,4 +17,5 @@ pub mod repo_tools;
 pub mod restore;
 pub mod restore_test;
 pub mod stanza_create;
+pub mod stanza_delete;
 pub mod verify;
