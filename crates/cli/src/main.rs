@@ -156,6 +156,17 @@ fn run(inv: &args::Invocation) -> Result<i32, Error> {
             output,
         } => repo_ls(&repos, path.as_deref(), recurse, output),
         Command::RepoGet { repos, path } => repo_get(&repos, path.as_deref()),
+        Command::Annotate {
+            repos,
+            options,
+            output,
+        } => {
+            use pgstrata_engine::commands::annotate;
+            let s = &repos.selected().settings;
+            let r = runtime(2).block_on(annotate::annotate(s, &options))?;
+            print_report(output, &r, annotate::render_text);
+            Ok(0)
+        }
         Command::StanzaDelete { repos, force } => {
             let s = &repos.selected().settings;
             let r = runtime(2).block_on(

@@ -116,6 +116,7 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ("copy", "Copy backups and their WAL from one repository of the stanza to another (--from-repo=N --repo=M): every backup the target lacks (or --set), each object checked on the way, the manifest written last; each repository keeps its own retention"),
     ("repo-ls", "List the stanza's objects in the repository (repo-ls [PATH] [--recurse]; PATH a repository key such as main/backup, default the stanza): size, time, name"),
     ("repo-get", "Write one object of the stanza to standard output, opened and checked (repo-get PATH): a WAL object as the segment, a manifest as JSON, any other sealed object decrypted; key files and packs as stored"),
+    ("annotate", "Pin a backup so retention never expires it (--set=LABEL --pin), unpin it (--unpin), or change its annotations (--annotation=KEY=VALUE; KEY= removes one)"),
     ("verify", "Read back every backup (or --set) and the WAL archive and check them against their recorded hashes, without restoring"),
     ("agent", "Serve another host's pgstrata over SSH, as the forced command of its key; started by pgstrata itself, not by hand: 'agent repo --stanza=NAME' serves those stanzas of repo-path to a database host's repo-remote, append-only; 'agent run [--config=FILE] [--stanza=NAME]' does a backup host's stanza-create, check or backup job here (pg-remote) with this host's own settings"),
     ("demo", "Run the whole story on a throwaway cluster and a local repository"),
@@ -125,7 +126,7 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
 ];
 
 /// The commands that work on one stanza (`agent` takes a list: see its own definition).
-const STANZA_CMDS: [&str; 17] = [
+const STANZA_CMDS: [&str; 18] = [
     "stanza-create",
     "check",
     "backup",
@@ -143,6 +144,7 @@ const STANZA_CMDS: [&str; 17] = [
     "repo-ls",
     "repo-get",
     "stanza-delete",
+    "annotate",
 ];
 /// The commands that reach a repository: the stanza commands and `agent`.
 const REPO_CMDS: &[&str] = &concat::<_, _, { STANZA_CMDS.len() + 1 }>(["agent"], STANZA_CMDS);
@@ -178,7 +180,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "The stanzas an agent works for, written in the forced command of authorized_keys. 'agent repo' (required, repeatable) serves only these stanzas, append-only. 'agent run' (optional) does jobs for this stanza only; without it, for any stanza whose settings are in its configuration file." },
     OptionDef { name: "agent-buffer-max", kind: Kind::Size { min: 1 << 20, max: 1 << 40 }, default: Some("256MiB"), scope: Scope::Config, secret: false, peer: false, commands: &["agent", "stanza-create", "check", "backup"],
         help: "Most bytes a host serving a repository to its peer ('agent repo', or the backup host serving 'agent run' with pg-remote) holds at once for it: requests read and answers not yet sent. A peer that sends faster than it reads waits; it cannot grow the holder's memory past this (plus the largest single object, when one is larger)." },
-    OptionDef { name: "repo", kind: Kind::Int { min: 1, max: 4 }, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["stanza-create", "check", "backup", "restore", "restore-test", "archive-get", "info", "expire", "verify", "key-add", "key-list", "key-remove", "copy", "repo-ls", "repo-get", "stanza-delete"],
+    OptionDef { name: "repo", kind: Kind::Int { min: 1, max: 4 }, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["stanza-create", "check", "backup", "restore", "restore-test", "archive-get", "info", "expire", "verify", "key-add", "key-list", "key-remove", "copy", "repo-ls", "repo-get", "stanza-delete", "annotate"],
         help: "The repository to use, 1 to 4 (repository N's options are repoN-path, repoN-type, ...; the unnumbered repo-* options are repository 1's, also written repo1-*). Default: backup, restore, restore-test, expire and the key commands use repository 1; stanza-create, check, info and verify every configured repository; archive-get tries this one first, then the others; copy: the repository to copy to (required). archive-push always writes every repository." },
     OptionDef { name: "from-repo", kind: Kind::Int { min: 1, max: 4 }, default: Some("1"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["copy"],
         help: "The repository copy reads from, 1 to 4 (--repo names the one it writes to)." },
@@ -318,6 +320,12 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "How an incremental finds changed blocks in changed files: wal reads only the blocks the block-change maps (written by archive-push) list, and fails (before the backup starts, when it can tell) if they have a gap; hash reads and hashes whole files; auto uses the maps when they cover the whole window and says why when they do not." },
     OptionDef { name: "annotation", kind: Kind::List, default: None, scope: Scope::CommandLine, secret: false, peer: true, commands: &["backup"],
         help: "A note on the backup, KEY=VALUE (repeatable): recorded in its manifest and shown by info (e.g. --annotation=ticket=OPS-42)." },
+    OptionDef { name: "annotation", kind: Kind::List, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["annotate"],
+        help: "Set an annotation of the backup, KEY=VALUE (repeatable); KEY= removes it. Shown by info." },
+    OptionDef { name: "pin", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["annotate"],
+        help: "Pin the backup: retention never expires it (and keeps the WAL that makes it consistent), and expire --set refuses it until it is unpinned." },
+    OptionDef { name: "unpin", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["annotate"],
+        help: "Unpin the backup: retention treats it as any other again." },
     OptionDef { name: "resume", kind: Kind::Bool, default: Some("true"), scope: Scope::Config, secret: false, peer: true, commands: &["backup"],
         help: "Reuse the frames an interrupted backup stored: the next backup reads and hashes every block as usual, but points the blocks that still match at the interrupted backup's frames instead of compressing and storing them again. While a backup runs it writes small checkpoint objects (under <label>/resume/) that make this possible; false writes none and reuses nothing." },
     OptionDef { name: "bundle", kind: Kind::Bool, default: Some("true"), scope: Scope::Config, secret: false, peer: true, commands: &["backup"],
@@ -340,8 +348,8 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Recovery type: replay all WAL (default), stop when consistent (immediate), stop at a target (time, lsn, xid, name), become a standby, or write no recovery settings (none)." },
     OptionDef { name: "type", kind: Kind::Enum(RecoveryType::NAMES), default: Some("immediate"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["restore-test"],
         help: "How far the scratch cluster recovers before it is checked: to consistency (immediate), all archived WAL (default), or a target (time, lsn, xid, name with --target). standby and none are refused." },
-    OptionDef { name: "set", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["restore", "restore-test", "info", "expire", "verify", "copy"],
-        help: "Backup label. restore, restore-test: default the latest (for --type=time, the newest backup that ended before the target); expire: expire just this backup; info, verify: just this backup; copy: copy just this backup (default: every backup the target lacks)." },
+    OptionDef { name: "set", kind: Kind::Str, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["restore", "restore-test", "info", "expire", "verify", "copy", "annotate"],
+        help: "Backup label. restore, restore-test: default the latest (for --type=time, the newest backup that ended before the target); expire: expire just this backup; info, verify: just this backup; copy: copy just this backup (default: every backup the target lacks); annotate: the backup (required)." },
     OptionDef { name: "repair", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["verify"],
         help: "Rewrite each damaged or missing manifest, manifest part or copy whose twin is intact from that twin (under the stanza lock), then report what is left." },
     OptionDef { name: "delta", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["restore"],
@@ -374,7 +382,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Keep the scratch directory (stopped cluster, server log) instead of removing it." },
     OptionDef { name: "output", kind: Kind::Enum(Output::NAMES), default: Some("text"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["info", "verify"],
         help: "Output format. prometheus: metrics in Prometheus' text format, for node_exporter's textfile collector (info: newest backup per type, its end time, age and sizes, backup counts, repository size, newest archived WAL segment and its age; verify: its results)." },
-    OptionDef { name: "output", kind: Kind::Enum(ReportOutput::NAMES), default: Some("text"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["key-list", "restore-test", "copy", "expire", "repo-ls"],
+    OptionDef { name: "output", kind: Kind::Enum(ReportOutput::NAMES), default: Some("text"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["key-list", "restore-test", "copy", "expire", "repo-ls", "annotate"],
         help: "Output format." },
     OptionDef { name: "force", kind: Kind::Bool, default: Some("false"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["stanza-delete"],
         help: "Yes, delete the stanza: every backup and all WAL of it in the repository." },

@@ -851,3 +851,57 @@ fn repo_ls_and_repo_get_show_what_the_repository_holds_opened_and_checked() {
         assert_eq!(code, 2, "{outside}: {err}");
     }
 }
+
+/// annotate pins a backup and changes its annotations after the fact (sealed records in
+/// an encrypted stanza); info shows both; a pin record copied to another backup is refused.
+#[test]
+fn annotate_pins_a_backup_and_info_shows_it() {
+    let env = encrypted_env("annotate");
+    env.stanza_create();
+    env.pgbench_init(1);
+    let first = env.backup(&["--type=full", "--annotation=ticket=OPS-1"]);
+    let second = env.backup(&["--type=full"]);
+    let set = format!("--set={first}");
+    let out = env.ok(&[
+        &set,
+        "--pin",
+        "--annotation=ticket=",
+        "--annotation=why=audit",
+        "annotate",
+    ]);
+    assert!(out.contains("pinned"), "{out}");
+    let info = env.info_json();
+    let b = info_backup(&info, &first);
+    assert_eq!(b["pinned"], true, "{b}");
+    assert_eq!(
+        b["annotations"],
+        serde_json::json!({ "why": "audit" }),
+        "{b}"
+    );
+    assert_eq!(info_backup(&info, &second)["pinned"], false);
+    assert!(env.ok(&["info"]).contains("pinned: retention keeps it"));
+    let (code, err) = run_fail(env.cmd(&[&set, "--pin", "--unpin", "annotate"]));
+    assert_eq!(code, 2, "{err}");
+    let (code, err) = run_fail(env.cmd(&["--set=20990101-000000F", "--pin", "annotate"]));
+    assert_eq!(code, 2, "{err}");
+
+    // The sealed pin record of the first backup, copied under the second's name.
+    let dir = env.repo.join(STANZA).join("annotations");
+    let record = std::fs::read_dir(dir.join(&first))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let forged = dir.join(&second).join(record.file_name());
+    std::fs::create_dir_all(forged.parent().unwrap()).unwrap();
+    std::fs::copy(record.path(), &forged).unwrap();
+    pgstrata_testkit::give_to_pg_user(forged.parent().unwrap());
+    pgstrata_testkit::give_to_pg_user(&forged);
+    let info = env.info_json();
+    assert_eq!(
+        info_backup(&info, &second)["pinned"],
+        false,
+        "a forged pin is not applied"
+    );
+    assert_eq!(info_backup(&info, &first)["pinned"], true);
+}

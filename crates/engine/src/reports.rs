@@ -43,9 +43,11 @@ pub(crate) struct BackupInfo {
     pub page_errors: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub bad_pages: Vec<BadPages>,
-    /// The operator's notes (`backup --annotation`).
+    /// The operator's notes (`backup --annotation`, then `annotate`).
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// Pinned (`annotate --pin`): retention never expires it.
+    pub pinned: bool,
     /// The databases backed up (name, OID); absent for backups that did not record them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub databases: Option<Vec<pgstrata_repo::manifest::Database>>,
@@ -134,6 +136,7 @@ pub(crate) fn summarize(m: &Manifest) -> BackupInfo {
             })
             .collect(),
         annotations: m.annotations.clone(),
+        pinned: false,
         databases: m.databases.clone(),
     }
 }

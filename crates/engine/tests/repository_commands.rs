@@ -394,6 +394,47 @@ async fn a_retention_window_keeps_every_point_in_it_restorable(backend: Backend)
     assert!(none.expired.is_empty(), "{none:?}");
 }
 
+/// A pinned backup outlives retention and `expire --set`; unpinned, it expires as any
+/// other, and its annotation records go with it.
+async fn a_pinned_backup_is_never_expired_until_unpinned(backend: Backend) {
+    use pgstrata_engine::commands::annotate::{annotate, AnnotateOptions};
+    let (repo, _) = three_fulls(backend).await;
+    let s = repo.settings(None);
+    let pin = |pin| AnnotateOptions {
+        label: FULL1.into(),
+        pin: Some(pin),
+        ..Default::default()
+    };
+    let mut note = pin(true);
+    note.set.insert("reason".into(), "audit 2026".into());
+    let r = annotate(&s, &note).await.unwrap();
+    assert!(r.pinned);
+    assert_eq!(r.annotations["reason"], "audit 2026");
+    let report = expire(&s, &expire_options(1)).await.unwrap();
+    assert_eq!(report.expired, vec![FULL2.to_string()]);
+    assert_eq!(repo.labels().await, vec![FULL1, FULL3]);
+    // Still restorable: its WAL (segments 10 and 11) stays.
+    assert!(repo.exists(&repo.wal_key(10)).await);
+    let one = ExpireOptions {
+        set: Some(FULL1.into()),
+        ..expire_options(1)
+    };
+    let err = expire(&s, &one).await.unwrap_err();
+    assert_eq!(err.exit_code(), 2, "{err}");
+    assert!(err.to_string().contains("pinned"), "{err}");
+
+    assert!(!annotate(&s, &pin(false)).await.unwrap().pinned);
+    let report = expire(&s, &expire_options(1)).await.unwrap();
+    assert_eq!(report.expired, vec![FULL1.to_string()]);
+    assert_eq!(repo.labels().await, vec![FULL3]);
+    let left = repo
+        .storage
+        .list(&format!("{STANZA}/annotations/"))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 async fn expire_keeps_packs_an_incremental_references_in_an_expired_backup(backend: Backend) {
     let repo = Repo::on(backend).await;
     let big = content(9, 30_000);
@@ -811,6 +852,7 @@ on_both_backends!(
     expire_keeps_packs_an_incremental_references_in_an_expired_backup,
     expire_dry_run_says_what_would_go_and_why_and_changes_nothing,
     a_retention_window_keeps_every_point_in_it_restorable,
+    a_pinned_backup_is_never_expired_until_unpinned,
     expire_of_one_set_removes_exactly_that_backup,
     restore_writes_every_file_of_the_chosen_backup,
     restore_plan_chooses_the_newest_backup_and_writes_nothing,

@@ -17,6 +17,7 @@
 //! <stanza>/lock/backup.lock                             held while a backup or expire runs
 //! <stanza>/probe/create-only-<unique>                   stanza-create's and check's test object (removed)
 //! <stanza>/expired/<unique>.json                        what one expire removed (kept)
+//! <stanza>/annotations/<label>/<unique>.json            a pin or annotation change of a backup
 //! <stanza>/keys/<id>.json                               encrypted stanzas: one wrapped master key each
 //! <stanza>/keys/<id>-<generation>.grant                 encrypted stanzas: a newer master key for <id>
 //! ```
@@ -75,6 +76,16 @@ pub fn expire_records_dir(stanza: &str) -> String {
 /// The record of what one expire removed: backups and WAL (`expire_record` module).
 pub fn expire_record(stanza: &str, unique: &str) -> String {
     format!("{}/{unique}.json", expire_records_dir(stanza))
+}
+
+/// Where the annotation records of backup `label` are ([`annotation_record`]).
+pub fn annotation_records_dir(stanza: &str, label: &str) -> String {
+    format!("{stanza}/annotations/{label}")
+}
+
+/// A change of backup `label`'s pin or annotations after it was taken (`annotate`).
+pub fn annotation_record(stanza: &str, label: &str, unique: &str) -> String {
+    format!("{}/{unique}.json", annotation_records_dir(stanza, label))
 }
 
 /// Where an encrypted stanza's key files are.

@@ -27,6 +27,7 @@
 //! - [`cache`]: objects of a remote repository kept on this host; [`private_dir`]: the
 //!   check that a directory pgstrata keeps state in is this user's alone.
 
+pub mod annotation;
 pub mod as_of;
 pub mod cache;
 pub mod changemap;

@@ -65,6 +65,9 @@ fn made_by(function: &str) -> Option<Vec<String>> {
         "layout::key_grant" => vec![layout::key_grant(s, "3f9a0c1d2b4e5f60", 2)],
         "layout::create_only_probe" => vec![layout::create_only_probe(s, "4242-1795000000")],
         "layout::expire_record" => vec![layout::expire_record(s, &layout::unique_name())],
+        "layout::annotation_record" => {
+            vec![layout::annotation_record(s, l, &layout::unique_name())]
+        }
         "layout::archive_object" => vec![
             layout::archive_object(s, a, seg),
             layout::archive_object(s, a, &format!("{seg}.partial")),
@@ -83,9 +86,10 @@ fn made_by(function: &str) -> Option<Vec<String>> {
 }
 
 /// The functions [`made_by`] knows: every one must be in the document.
-const NAMING_FUNCTIONS: [&str; 14] = [
+const NAMING_FUNCTIONS: [&str; 15] = [
     "layout::stanza_info",
     "layout::expire_record",
+    "layout::annotation_record",
     "layout::lock",
     "layout::key_file",
     "layout::key_grant",

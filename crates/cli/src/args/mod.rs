@@ -97,6 +97,12 @@ pub(crate) enum Command {
         repos: Repos,
         output: ReportOutput,
     },
+    /// `annotate --set=LABEL`.
+    Annotate {
+        repos: Repos,
+        options: pgstrata_engine::commands::annotate::AnnotateOptions,
+        output: ReportOutput,
+    },
     /// `stanza-delete --force`.
     StanzaDelete {
         repos: Repos,

@@ -96,6 +96,11 @@ pub(crate) fn command(inv: &Invocation) -> Result<Command, Error> {
             repos: repos(inv)?,
             output: inv.choice("output"),
         },
+        "annotate" => Command::Annotate {
+            repos: repos(inv)?,
+            options: annotate_options(inv)?,
+            output: inv.choice("output"),
+        },
         "stanza-delete" => Command::StanzaDelete {
             repos: repos(inv)?,
             force: inv.flag("force"),
@@ -383,7 +388,11 @@ fn standby_source(inv: &Invocation) -> Result<Option<StandbySource>, Error> {
 /// Retention of repository view `inv`, and `--set`.
 fn expire_options(inv: &Invocation) -> ExpireOptions {
     ExpireOptions {
-        set: inv.get("set").map(str::to_string),
+        // Other commands' --set (restore's, annotate's) names a backup for them, not one
+        // to expire.
+        set: (inv.command == "expire")
+            .then(|| inv.get("set").map(str::to_string))
+            .flatten(),
         retention_full: inv.int_opt("repo-retention-full"),
         retention_full_type: inv.choice("repo-retention-full-type"),
         retention_diff: inv.int_opt("repo-retention-diff"),
@@ -411,6 +420,41 @@ fn peer_choices(view: &Invocation) -> Vec<(String, String)> {
         }
     }
     choices
+}
+
+/// `annotate`: the backup, the pin, the annotations set (`KEY=VALUE`) and removed (`KEY=`).
+fn annotate_options(
+    inv: &Invocation,
+) -> Result<pgstrata_engine::commands::annotate::AnnotateOptions, Error> {
+    let label = inv
+        .require("set")
+        .map_err(|_| Error::config("annotate needs --set=LABEL, the backup"))?
+        .to_string();
+    let pin = match (inv.flag("pin"), inv.flag("unpin")) {
+        (true, true) => return Err(Error::config("--pin and --unpin: give one")),
+        (true, false) => Some(true),
+        (false, true) => Some(false),
+        (false, false) => None,
+    };
+    let mut o = pgstrata_engine::commands::annotate::AnnotateOptions {
+        label,
+        pin,
+        ..Default::default()
+    };
+    for a in inv.list("annotation") {
+        let (key, value) = a
+            .split_once('=')
+            .ok_or_else(|| Error::config(format!("--annotation='{a}': expected KEY=VALUE")))?;
+        pgstrata_repo::manifest::check_annotation(key, value)
+            .map_err(|why| Error::config(format!("--annotation='{a}': {why}")))?;
+        match value.is_empty() {
+            true => o.unset.push(key.to_string()),
+            false => {
+                o.set.insert(key.to_string(), value.to_string());
+            }
+        }
+    }
+    Ok(o)
 }
 
 fn backup_options(inv: &Invocation) -> Result<BackupOptions, Error> {
@@ -632,6 +676,7 @@ mod tests {
             "archive-push" => "pg_wal/000000010000000000000001",
             "archive-get" => "000000010000000000000001 pg_wal/RECOVERYXLOG",
             "key-remove" => "--key-id=k1",
+            "annotate" => "--set=20261128-010000F",
             _ => "",
         };
         format!("{stanza} {command} {args}")
@@ -737,6 +782,7 @@ mod tests {
                 | Command::KeyRemove { repos, .. }
                 | Command::RepoLs { repos, .. }
                 | Command::StanzaDelete { repos, .. }
+                | Command::Annotate { repos, .. }
                 | Command::RepoGet { repos, .. } => Some(repos),
                 _ => None,
             };

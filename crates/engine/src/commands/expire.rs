@@ -24,6 +24,7 @@ use crate::lock::with_lock;
 use crate::progress::human_bytes;
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_pg::lsn;
+use pgstrata_repo::annotation::Annotations;
 use pgstrata_repo::expire_record::{ExpireRecord, WalRange};
 use pgstrata_repo::layout::{self, ArchiveObject};
 use pgstrata_repo::manifest::{scan_headers, BackupType, Manifest};
@@ -144,10 +145,16 @@ async fn run(
         None => Vec::new(),
     };
     damaged.extend(vanished.iter().map(String::as_str));
+    let notes = Annotations::load_all(storage, &s.stanza).await?;
+    let pinned: BTreeSet<String> = headers
+        .iter()
+        .filter(|m| notes.pinned(&m.label))
+        .map(|m| m.label.clone())
+        .collect();
     let Chosen {
         reasons,
         window_kept,
-    } = choose(&headers, &damaged, o)?;
+    } = choose(&headers, &damaged, &pinned, o)?;
     let doomed: BTreeSet<String> = reasons.keys().cloned().collect();
     // Backups expired before whose manifests are still there (an immutable repository
     // keeps them until their retention has passed): deleted with these.
@@ -231,6 +238,12 @@ async fn delete(
         .collect();
     let mut waiting = storage.delete_retained(&manifests).await?;
     waiting.add(storage.delete_retained(&copies).await?);
+    let mut notes = Vec::new();
+    for label in gone {
+        let dir = format!("{}/", layout::annotation_records_dir(stanza, label));
+        notes.extend(storage.list(&dir).await?.into_iter().map(|o| o.key));
+    }
+    waiting.add(storage.delete_retained(&notes).await?);
     for label in gone {
         log::info!(
             "expired backup {label}{}",
@@ -296,8 +309,18 @@ struct Chosen {
 
 /// The labels to expire, each with the rule that expires it. A damaged or vanished backup
 /// (`damaged`) goes only when `--set` names it.
-fn choose(manifests: &[&Manifest], damaged: &[&str], o: &ExpireOptions) -> Result<Chosen> {
+fn choose(
+    manifests: &[&Manifest],
+    damaged: &[&str],
+    pinned: &BTreeSet<String>,
+    o: &ExpireOptions,
+) -> Result<Chosen> {
     let mut doomed = BTreeMap::new();
+    if let Some(set) = o.set.as_ref().filter(|set| pinned.contains(*set)) {
+        return Err(Error::config(format!(
+            "backup '{set}' is pinned (annotate --pin): expire keeps it; unpin it first with --set={set} --unpin annotate"
+        )));
+    }
     if let Some(set) = &o.set {
         if !manifests.iter().any(|m| &m.label == set) && !damaged.contains(&set.as_str()) {
             let mut all: Vec<&str> = manifests.iter().map(|m| m.label.as_str()).collect();
@@ -341,9 +364,11 @@ fn choose(manifests: &[&Manifest], damaged: &[&str], o: &ExpireOptions) -> Resul
             kept
         }
     };
+    // What the window keeps, and what is pinned.
     let protected: BTreeSet<&str> = manifests[manifests.len() - window_kept..]
         .iter()
         .map(|m| m.label.as_str())
+        .chain(pinned.iter().map(String::as_str))
         .collect();
     doomed.retain(|label, _| !protected.contains(label.as_str()));
     // Backups compared against an expired backup follow it (unless the window keeps them:

@@ -31,18 +31,22 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
             pgstrata_pg::lsn::parse_segment_name(&m.start.wal, seg_size).map(|(_, n)| n)
         })
         .min();
+    let notes = pgstrata_repo::annotation::Annotations::load_all(&storage, &s.stanza).await?;
     let mut backups = Vec::new();
     for header in scan
         .headers
         .iter()
         .filter(|m| set.is_none_or(|w| w == m.label))
     {
-        backups.push(if header.stats.page_errors > 0 {
+        let mut b = if header.stats.page_errors > 0 {
             // Which pages failed is in the file entries.
             summarize(&Manifest::load(&storage, &s.stanza, &header.label).await?)
         } else {
             summarize(header)
-        });
+        };
+        let annotated = notes.apply(&header.label, &header.annotations);
+        (b.pinned, b.annotations) = (annotated.pinned, annotated.annotations);
+        backups.push(b);
     }
     let repo_size: u64 = storage.list(&s.stanza).await?.iter().map(|o| o.size).sum();
     if let Some(want) = set {
@@ -168,6 +172,9 @@ fn render_backup(out: &mut String, b: &BackupInfo) {
         human_bytes(b.stored_size),
         b.files
     ));
+    if b.pinned {
+        out.push_str("        pinned: retention keeps it (annotate --unpin to release)\n");
+    }
     for (k, v) in &b.annotations {
         // Escaped: a value is one line, whatever the operator typed.
         out.push_str(&format!("        annotation: {k}={}\n", v.escape_debug()));

@@ -5,6 +5,7 @@
 //! A command uses the services at the crate root and never another command: what two
 //! commands share is a service (the layering is checked by the test in `lib.rs`).
 
+pub mod annotate;
 pub mod archive;
 pub mod backup;
 pub mod check;
