@@ -208,6 +208,7 @@ fn restore_options(label: &str, archive_get_command: String) -> RestoreOptions {
         archive_get_command,
         db_include: vec![],
         db_exclude: vec![],
+        recovery_options: vec![],
     }
 }
 

@@ -248,3 +248,66 @@ fn a_restore_killed_at_random_points_is_never_startable_and_resumes_with_delta()
         "only {interrupted} of 20 restores were interrupted: the kill points miss the restore"
     );
 }
+
+/// `--recovery-option` settings reach the restored server (one of pgstrata's own keys
+/// replaced). `--type=preserve` keeps a restored standby's recovery settings and
+/// standby.signal through a delta restore, and it starts as a standby again; a delta
+/// restore of another type removes them.
+#[test]
+fn recovery_options_reach_the_server_and_preserve_keeps_a_standby_a_standby() {
+    let env = small_env("recovery-options");
+    let c = env.restore_and_start(
+        "options",
+        &[
+            "--type=immediate",
+            "--recovery-option=work_mem=5MB",
+            "--recovery-option=recovery_target_action=promote",
+        ],
+    );
+    assert_eq!(c.psql("postgres", "SHOW work_mem").unwrap().trim(), "5MB");
+    let conf = std::fs::read_to_string(env.scratch.join("options/postgresql.auto.conf")).unwrap();
+    assert_eq!(conf.matches("recovery_target_action").count(), 1, "{conf}");
+    c.stop().unwrap();
+    let (code, err) = run_fail(restore_cmd(
+        &env,
+        &env.scratch.join("bad"),
+        &["--recovery-option=work mem=1"],
+    ));
+    assert_eq!(code, 2, "{err}");
+
+    // A standby, then a delta restore over it that preserves its settings.
+    let target = env.scratch.join("standby");
+    let standby = |extra: &[&str]| {
+        let mut args = vec![
+            format!("--pg-path={}", target.display()),
+            "--archive-mode=off".to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.push("restore".into());
+        run_ok(env.cmd_as_invoker(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+    };
+    standby(&[
+        "--type=standby",
+        "--recovery-option=primary_conninfo=host=/nonexistent",
+    ]);
+    standby(&["--delta", "--type=preserve"]);
+    assert!(target.join("standby.signal").exists());
+    let conf = std::fs::read_to_string(target.join("postgresql.auto.conf")).unwrap();
+    assert!(
+        conf.contains("primary_conninfo = 'host=/nonexistent'"),
+        "{conf}"
+    );
+    assert!(conf.contains("restore_command"), "{conf}");
+    let c = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &target, &env.scratch.path);
+    c.start().unwrap();
+    assert_eq!(
+        c.psql("postgres", "SELECT pg_is_in_recovery()")
+            .unwrap()
+            .trim(),
+        "t"
+    );
+    c.stop().unwrap();
+    standby(&["--delta", "--type=immediate", "--target-action=promote"]);
+    assert!(!target.join("standby.signal").exists());
+    assert!(target.join("recovery.signal").exists());
+}

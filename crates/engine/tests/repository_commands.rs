@@ -564,6 +564,7 @@ fn restore_options(set: &str) -> RestoreOptions {
         archive_get_command: "pgstrata".into(),
         db_include: vec![],
         db_exclude: vec![],
+        recovery_options: vec![],
     }
 }
 

@@ -487,7 +487,25 @@ fn restore(inv: &Invocation) -> Result<Restore, Error> {
             .ok_or_else(|| Error::config(format!("--tablespace-map='{m}': expected OID=DIR")))?;
         tablespace_map.push((oid, dir));
     }
+    let mut settings = Vec::new();
+    for r in inv.list("recovery-option") {
+        let (key, value) = r
+            .split_once('=')
+            .filter(|(k, _)| is_setting_name(k))
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "--recovery-option='{r}': expected KEY=VALUE, KEY a PostgreSQL setting name (letters, digits, _ and .)"
+                ))
+            })?;
+        if value.contains(['\n', '\r', '\0']) {
+            return Err(Error::config(format!(
+                "--recovery-option={key}: the value must be one line"
+            )));
+        }
+        settings.push((key.to_ascii_lowercase(), value.to_string()));
+    }
     let options = RestoreOptions {
+        recovery_options: settings,
         delta: inv.flag("delta"),
         force: inv.flag("force"),
         dry_run: inv.flag("dry-run"),
@@ -497,6 +515,13 @@ fn restore(inv: &Invocation) -> Result<Restore, Error> {
         ..recovery_options(inv, &repos.selected().settings)
     };
     Ok(Restore { repos, options })
+}
+
+/// A name postgresql.conf takes as a setting's key (`work_mem`, `myext.level`).
+fn is_setting_name(k: &str) -> bool {
+    k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
 }
 
 fn restore_test(inv: &Invocation) -> Result<RestoreTest, Error> {
@@ -534,6 +559,7 @@ fn recovery_options(inv: &Invocation, s: &Settings) -> RestoreOptions {
         archive_get_command: archive_get_command(inv, s),
         db_include: inv.list("db-include").to_vec(),
         db_exclude: inv.list("db-exclude").to_vec(),
+        recovery_options: vec![],
     }
 }
 

@@ -110,7 +110,7 @@ pub async fn restore_test(s: &Settings, o: &RestoreTestOptions) -> Result<Restor
     }
     if matches!(
         o.restore.recovery_type,
-        RecoveryType::Standby | RecoveryType::None
+        RecoveryType::Standby | RecoveryType::None | RecoveryType::Preserve
     ) {
         return Err(Error::config(format!(
             "restore-test --type={}: the scratch cluster must recover and be promoted (immediate, default, or a target)",

@@ -69,6 +69,9 @@ pgstrata_repo::named! {
         Standby = "standby",
         /// Write no recovery settings at all.
         None = "none",
+        /// Keep the target's recovery settings and signal files as they are (a delta
+        /// restore of a standby stays a standby).
+        Preserve = "preserve",
     }
 }
 
@@ -113,6 +116,9 @@ pub struct RestoreOptions {
     pub db_include: Vec<String>,
     /// Selective restore: these databases' files are zeroed, not fetched.
     pub db_exclude: Vec<String>,
+    /// `recovery-option=KEY=VALUE`: more settings for postgresql.auto.conf, in order; one
+    /// of pgstrata's own keys given here replaces pgstrata's value.
+    pub recovery_options: Vec<(String, String)>,
 }
 
 #[derive(Debug, Default)]
@@ -248,7 +254,13 @@ fn execute(
         ..Default::default()
     };
     let tree = open_targets(plan)?;
-    report.removed += prepare_targets(plan, &tree, &runtime)?;
+    // --type=preserve: the target's recovery settings, before the backup's copy of the
+    // file replaces them.
+    let preserved = match o.recovery_type {
+        RecoveryType::Preserve => recovery::read_auto_conf(&tree, &mut ParentCache::default())?,
+        _ => None,
+    };
+    report.removed += prepare_targets(plan, &tree, &runtime, o.recovery_type)?;
     let chown = running_as_root();
     let (files, bytes) = plan.manifest.files();
     let progress = Progress::start("restore", bytes, files);
@@ -296,7 +308,7 @@ fn execute(
         _ => None,
     });
     let root_ids = root_owner.and_then(|owner| layout.ids(&owner));
-    recovery::write_recovery_files(&tree, m, o, root_ids)?;
+    recovery::write_recovery_files(&tree, m, o, root_ids, preserved.as_deref())?;
     // Everything but pg_control made durable at once (files are not fsynced one by one),
     // then pg_control, under a temporary name fsynced and renamed into place.
     tree.sync_filesystems()?;
@@ -389,6 +401,7 @@ fn prepare_targets(
     plan: &RestorePlan,
     tree: &TargetTree,
     runtime: &tokio::runtime::Handle,
+    recovery_type: RecoveryType,
 ) -> Result<u64> {
     let mut cache = ParentCache::default();
     if plan.mode == WriteMode::Fresh {
@@ -417,7 +430,13 @@ fn prepare_targets(
             }
         }
     } else {
-        removed += remove_extraneous(plan, tree, runtime)?;
+        // --type=preserve keeps the target's signal files (its settings are in
+        // postgresql.auto.conf, which the backup has and which is kept as the target has it).
+        let keep: &[&str] = match recovery_type {
+            RecoveryType::Preserve => &recovery::SIGNAL_FILES,
+            _ => &[],
+        };
+        removed += remove_extraneous(plan, tree, runtime, keep)?;
     }
     tree.root.sync()?;
     Ok(removed)
@@ -430,8 +449,10 @@ fn remove_extraneous(
     plan: &RestorePlan,
     tree: &TargetTree,
     runtime: &tokio::runtime::Handle,
+    keep: &[&str],
 ) -> Result<u64> {
     let mut wanted = Wanted::default();
+    keep.iter().for_each(|k| wanted.insert(k));
     runtime.block_on(plan.manifest.for_each_entry::<Error>(|e| {
         wanted.insert(e.path());
         Ok(())

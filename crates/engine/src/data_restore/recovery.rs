@@ -27,6 +27,9 @@ const RECOVERY_KEYS: &[&str] = &[
 ];
 const MARK: &str = "# pgstrata restore:";
 
+/// The files that make PostgreSQL recover (`--type=preserve` keeps the target's).
+pub(super) const SIGNAL_FILES: [&str; 2] = ["recovery.signal", "standby.signal"];
+
 /// Quote a value for postgresql.conf.
 fn conf_quote(v: &str) -> String {
     format!("'{}'", v.replace('\'', "''"))
@@ -67,7 +70,16 @@ pub(super) fn recovery_settings(label: &str, o: &RestoreOptions) -> Vec<String> 
     if o.archive_off {
         conf.push("archive_mode = 'off'".into());
     }
+    for (key, value) in &o.recovery_options {
+        conf.retain(|l| setting_key(l) != key);
+        conf.push(format!("{key} = {}", conf_quote(value)));
+    }
     conf
+}
+
+/// The key a postgresql.conf line sets ("" for none).
+fn setting_key(line: &str) -> &str {
+    line.split('=').next().unwrap_or("").trim()
 }
 
 /// `postgresql.auto.conf` with this restore's settings: the existing lines minus earlier
@@ -76,8 +88,10 @@ pub(super) fn auto_conf(existing: &str, label: &str, o: &RestoreOptions) -> Stri
     let mut conf: Vec<String> = existing
         .lines()
         .filter(|l| {
-            let key = l.split('=').next().unwrap_or("").trim();
-            !l.starts_with(MARK) && !RECOVERY_KEYS.contains(&key)
+            let key = setting_key(l);
+            !l.starts_with(MARK)
+                && !RECOVERY_KEYS.contains(&key)
+                && !o.recovery_options.iter().any(|(k, _)| k == key)
         })
         .map(str::to_string)
         .collect();
@@ -88,19 +102,35 @@ pub(super) fn auto_conf(existing: &str, label: &str, o: &RestoreOptions) -> Stri
 /// The signal file recovery needs, if any.
 pub(super) fn signal_file(t: RecoveryType) -> Option<&'static str> {
     match t {
-        RecoveryType::None => None,
+        RecoveryType::None | RecoveryType::Preserve => None,
         RecoveryType::Standby => Some("standby.signal"),
         _ => Some("recovery.signal"),
     }
 }
 
+/// The target's `postgresql.auto.conf`, if it has one.
+pub(super) fn read_auto_conf(tree: &TargetTree, cache: &mut ParentCache) -> Result<Option<String>> {
+    let Some(mut f) = tree.open_existing("postgresql.auto.conf", false, cache)? else {
+        return Ok(None);
+    };
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut f, &mut s).map_err(|e| {
+        let path = tree.display_path("postgresql.auto.conf");
+        crate::Error::io(format!("read {}", path.display()), e)
+    })?;
+    Ok(Some(s))
+}
+
 /// Write `backup_label`, the recovery settings and the signal file, durably, owned by
-/// `ids` (the data directory's owner, when running as root).
+/// `ids` (the data directory's owner, when running as root). With `--type=preserve`,
+/// `preserved` is the target's `postgresql.auto.conf` from before the restore, written
+/// back as it was (the backup's copy replaced it), and the signal files are left alone.
 pub(super) fn write_recovery_files(
     tree: &TargetTree,
     m: &Manifest,
     o: &RestoreOptions,
     ids: Option<(u32, u32)>,
+    preserved: Option<&str>,
 ) -> Result<()> {
     let mut cache = ParentCache::default();
     let write = |name: &str, content: &str, cache: &mut ParentCache| {
@@ -113,28 +143,20 @@ pub(super) fn write_recovery_files(
         )
     };
     write("backup_label", &m.backup_label, &mut cache)?;
-    for stale in ["tablespace_map", "recovery.signal", "standby.signal"] {
+    tree.remove("tablespace_map", &mut cache)?;
+    if o.recovery_type == RecoveryType::Preserve {
+        if let Some(conf) = preserved {
+            write("postgresql.auto.conf", conf, &mut cache)?;
+        }
+        return tree.root.sync();
+    }
+    for stale in SIGNAL_FILES {
         tree.remove(stale, &mut cache)?;
     }
     let Some(signal) = signal_file(o.recovery_type) else {
         return tree.root.sync();
     };
-    let existing = match tree.open_existing("postgresql.auto.conf", false, &mut cache)? {
-        Some(mut f) => {
-            let mut s = String::new();
-            std::io::Read::read_to_string(&mut f, &mut s).map_err(|e| {
-                crate::Error::io(
-                    format!(
-                        "read {}",
-                        tree.display_path("postgresql.auto.conf").display()
-                    ),
-                    e,
-                )
-            })?;
-            s
-        }
-        None => String::new(),
-    };
+    let existing = read_auto_conf(tree, &mut cache)?.unwrap_or_default();
     write(
         "postgresql.auto.conf",
         &auto_conf(&existing, &m.label, o),
@@ -168,7 +190,26 @@ mod tests {
             archive_get_command: "/usr/bin/pgstrata --stanza=main".into(),
             db_include: vec![],
             db_exclude: vec![],
+            recovery_options: vec![],
         }
+    }
+
+    /// A recovery option is written after pgstrata's settings; one of pgstrata's own keys
+    /// replaces pgstrata's line, and an existing line of the same key goes.
+    #[test]
+    fn recovery_options_are_added_and_replace_the_same_key() {
+        let mut o = options(RecoveryType::Immediate);
+        o.recovery_options = vec![
+            ("recovery_target".into(), "latest'ish".into()),
+            ("work_mem".into(), "5MB".into()),
+        ];
+        let conf = auto_conf("work_mem = '1MB'\nshared_buffers = '1GB'\n", LABEL, &o);
+        assert!(!conf.contains("'immediate'"), "{conf}");
+        assert!(conf.contains("recovery_target = 'latest''ish'"), "{conf}");
+        assert_eq!(conf.matches("work_mem").count(), 1, "{conf}");
+        assert!(conf.contains("work_mem = '5MB'"), "{conf}");
+        assert!(conf.contains("shared_buffers = '1GB'"), "{conf}");
+        assert_eq!(signal_file(RecoveryType::Preserve), None);
     }
 
     #[test]
