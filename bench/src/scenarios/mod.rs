@@ -3,6 +3,7 @@
 //! the order rotation that spreads ordering effects, and the 1 % change of seed 000.
 
 pub mod bundling;
+pub mod copy;
 pub mod decode_overhead;
 pub mod full_backup;
 pub mod growth;
@@ -36,6 +37,7 @@ pub fn run(name: &str, mut a: Args) -> Result<(), String> {
     }
     match name {
         "full_backup" => scenario!(full_backup),
+        "copy" => scenario!(copy),
         "incremental" => scenario!(incremental),
         "restore" => scenario!(restore),
         "bundling" => scenario!(bundling),

@@ -69,6 +69,9 @@ pub struct CopyReport {
     pub objects_skipped: u64,
     /// WAL files (segments, partial, backup and history files) written to the target.
     pub wal_copied: u64,
+    /// Of `bytes_copied`, the bytes of WAL objects (and their block-change maps): the rest
+    /// is the backups' own objects.
+    pub wal_bytes_copied: u64,
     pub duration_ms: u64,
 }
 
@@ -138,6 +141,7 @@ pub async fn copy(from: &Settings, to: &Settings, o: &CopyOptions) -> Result<Cop
             ..CopyReport::default()
         },
         progress: Progress::start("copy", 0, 0),
+        in_flight: to.process_max.get().max(from.process_max.get()) * 2,
     };
     let dst = job.dst.clone();
     let archive_id = src_info.cluster.archive_id();
@@ -225,6 +229,19 @@ struct Job {
     archive: Vec<pgstrata_repo::storage::ObjectInfo>,
     report: CopyReport,
     progress: Progress,
+    /// Objects read, checked and written at once: each is a round trip or two, and on an
+    /// object store the latency, not the bytes, bounds one at a time.
+    in_flight: usize,
+}
+
+/// What became of one object of a copy.
+enum Moved {
+    /// Written, with its length as stored.
+    Written(String, u64),
+    /// Already in the target (written meanwhile by another writer).
+    There,
+    /// Gone from the source meanwhile (WAL expired there).
+    Gone,
 }
 
 /// A stored frame of a pack, as manifests refer to it: offset, stored length, check.
@@ -319,9 +336,7 @@ impl Job {
             .flat_map(|f| f.iter().map(|(_, s, _)| *s as u64))
             .sum();
         self.progress.totals().add(bytes, frames.len() as u64);
-        for ((owner, pack), frames) in &frames {
-            self.copy_pack(owner, pack, frames).await?;
-        }
+        self.copy_packs(&frames).await?;
         // As a backup does: the WAL it needs to become consistent is in the archive
         // before its manifest, and from the oldest copied backup's start on, so that the
         // target's archive has no gap at any point.
@@ -391,51 +406,46 @@ impl Job {
             .collect())
     }
 
-    /// Copy pack `owner`/`pack` as stored, after checking each of `frames` in it.
-    async fn copy_pack(&mut self, owner: &str, pack: &str, frames: &[Frame]) -> Result<()> {
-        let key = layout::pack(&self.stanza, owner, pack);
-        let stored_bytes: u64 = frames.iter().map(|(_, s, _)| *s as u64).sum();
-        if self.has(&key) {
-            self.report.objects_skipped += 1;
-            self.progress.counters.add(stored_bytes, 1);
-            return Ok(());
-        }
-        let bytes = self.src.get_unsealed(&key).await?;
-        let mut opened = Vec::new();
-        for &(offset, len, check) in frames {
-            let frame = usize::try_from(offset)
-                .ok()
-                .and_then(|o| bytes.get(o..o.checked_add(len as usize)?));
-            let Some(frame) = frame.filter(|f| frame_check(f) == check) else {
-                return Err(Error::integrity(format!(
-                        "{key}: the frame at offset {offset} ({len} bytes) does not match its check {check:016x} (or lies beyond the pack's {} bytes): the source object is damaged; no manifest was written to repository {}, so the backup is not there",
-                        bytes.len(),
-                        self.to_repo
-                )));
-            };
-            if let Some(cipher) = self.dst.cipher() {
-                cipher.open_frame_into(&key, offset, frame, &mut opened, &key)?;
+    /// Copy the packs `frames` names as stored, `in_flight` at a time, each after checking
+    /// every frame of it the backup references.
+    async fn copy_packs(&mut self, frames: &BTreeMap<(String, String), Vec<Frame>>) -> Result<()> {
+        use futures::{StreamExt, TryStreamExt};
+        let mut todo = Vec::new();
+        for ((owner, pack), frames) in frames {
+            let key = layout::pack(&self.stanza, owner, pack);
+            let stored: u64 = frames.iter().map(|(_, s, _)| *s as u64).sum();
+            if self.has(&key) {
+                self.report.objects_skipped += 1;
+                self.progress.counters.add(stored, 1);
+            } else {
+                todo.push((key, frames.as_slice(), stored));
             }
         }
-        self.put_stored(&key, bytes).await?;
-        self.progress.counters.add(stored_bytes, 1);
+        let (src, dst, to_repo) = (&self.src, &self.dst, self.to_repo);
+        let mut moved = futures::stream::iter(todo)
+            .map(|(key, frames, stored)| async move {
+                let m = transfer_pack(src, dst, &key, frames, to_repo).await?;
+                Ok::<_, Error>((m, stored))
+            })
+            .buffer_unordered(self.in_flight);
+        let mut done = Vec::new();
+        while let Some((m, stored)) = moved.try_next().await? {
+            self.progress.counters.add(stored, 1);
+            done.push(m);
+        }
+        drop(moved);
+        for m in done {
+            self.count(m);
+        }
         Ok(())
     }
 
-    /// Write `bytes` as stored to `key`, counted; one written meanwhile (an archive-push
-    /// to the target, or another copy) is skipped.
-    async fn put_stored(&mut self, key: &str, bytes: Bytes) -> Result<()> {
-        let len = bytes.len() as u64;
-        match self.dst.put_new_unsealed(key, bytes).await {
-            Err(e) if e.kind == pgstrata_repo::ErrorKind::AlreadyExists => {
-                self.report.objects_skipped += 1
-            }
-            r => {
-                r?;
-                self.count_written(key, len)
-            }
+    fn count(&mut self, m: Moved) {
+        match m {
+            Moved::Written(key, len) => self.count_written(&key, len),
+            Moved::There => self.report.objects_skipped += 1,
+            Moved::Gone => {}
         }
-        Ok(())
     }
 
     fn count_written(&mut self, key: &str, len: u64) {
@@ -481,6 +491,8 @@ impl Job {
         from: &str,
         until: Option<&str>,
     ) -> Result<()> {
+        use futures::{StreamExt, TryStreamExt};
+        let mut todo = Vec::new();
         for obj in archive {
             let name = obj.key.rsplit('/').next().unwrap_or_default();
             let position = name.get(8..24).filter(|_| name.len() >= 24);
@@ -497,29 +509,88 @@ impl Job {
                 }
                 continue;
             }
-            let plain = match self.src.get(&obj.key).await {
-                Err(e) if e.is_not_found() => continue, // expired meanwhile
-                r => r?,
-            };
-            let is_map = name.ends_with(".map");
-            if is_map {
-                ChangeMap::decode(&plain, &obj.key)?;
-            } else {
-                wal_object::decode(&plain, &obj.key)?;
+            todo.push(obj.key.as_str());
+        }
+        let (src, dst) = (&self.src, &self.dst);
+        let mut moved = futures::stream::iter(todo)
+            .map(|key| transfer_wal(src, dst, key))
+            .buffer_unordered(self.in_flight);
+        let mut done = Vec::new();
+        while let Some(m) = moved.try_next().await? {
+            if let Moved::Written(_, len) = &m {
+                self.progress.counters.add(*len, 1);
             }
-            let len = plain.len() as u64;
-            match self.dst.put_new(&obj.key, plain).await {
-                Err(e) if e.kind == pgstrata_repo::ErrorKind::AlreadyExists => {
-                    self.report.objects_skipped += 1
-                }
-                r => {
-                    r?;
-                    self.count_written(&obj.key, len);
-                    self.report.wal_copied += u64::from(!is_map);
-                    self.progress.counters.add(len, 1);
-                }
+            done.push(m);
+        }
+        drop(moved);
+        for m in done {
+            if let Moved::Written(key, len) = &m {
+                self.report.wal_bytes_copied += len;
+                self.report.wal_copied += u64::from(!key.ends_with(".map"));
             }
+            self.count(m);
         }
         Ok(())
+    }
+}
+
+/// Copy pack `key` as stored, after checking each of `frames` in it (and, in an encrypted
+/// stanza, opening it with the target's keys).
+async fn transfer_pack(
+    src: &Storage,
+    dst: &Storage,
+    key: &str,
+    frames: &[Frame],
+    to_repo: u8,
+) -> Result<Moved> {
+    let bytes = src.get_unsealed(key).await?;
+    let mut opened = Vec::new();
+    for &(offset, len, check) in frames {
+        let frame = usize::try_from(offset)
+            .ok()
+            .and_then(|o| bytes.get(o..o.checked_add(len as usize)?));
+        let Some(frame) = frame.filter(|f| frame_check(f) == check) else {
+            return Err(Error::integrity(format!(
+                "{key}: the frame at offset {offset} ({len} bytes) does not match its check {check:016x} (or lies beyond the pack's {} bytes): the source object is damaged; no manifest was written to repository {to_repo}, so the backup is not there",
+                bytes.len()
+            )));
+        };
+        if let Some(cipher) = dst.cipher() {
+            cipher.open_frame_into(key, offset, frame, &mut opened, key)?;
+        }
+    }
+    put_as_stored(dst, key, bytes).await
+}
+
+/// Write `bytes` as stored to `key`; one written meanwhile (an archive-push to the target,
+/// or another copy) is there already.
+async fn put_as_stored(dst: &Storage, key: &str, bytes: Bytes) -> Result<Moved> {
+    let len = bytes.len() as u64;
+    match dst.put_new_unsealed(key, bytes).await {
+        Err(e) if e.kind == pgstrata_repo::ErrorKind::AlreadyExists => Ok(Moved::There),
+        r => r
+            .map(|()| Moved::Written(key.to_string(), len))
+            .map_err(Error::from),
+    }
+}
+
+/// Copy WAL object `key` (a WAL file or a block-change map), decoded and checked against
+/// its BLAKE3 on the way, sealed again for the target.
+async fn transfer_wal(src: &Storage, dst: &Storage, key: &str) -> Result<Moved> {
+    let plain = match src.get(key).await {
+        Err(e) if e.is_not_found() => return Ok(Moved::Gone), // expired meanwhile
+        r => r?,
+    };
+    if key.ends_with(".map") {
+        ChangeMap::decode(&plain, key)?;
+    } else {
+        wal_object::decode(&plain, key)?;
+    }
+    let len = plain.len() as u64;
+    match dst.put_new(key, plain).await {
+        Err(e) if e.kind == pgstrata_repo::ErrorKind::AlreadyExists => Ok(Moved::There),
+        r => r
+            .map(|()| Moved::Written(key.to_string(), len))
+            .map_err(Error::from),
     }
 }

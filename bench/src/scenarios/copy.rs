@@ -1,0 +1,283 @@
+//! `copy` of backups between repositories (issue 43). pgbench -i -s SCALE plus COPIES
+//! copies, settled. pgstrata: a full backup into repository 1 (local), then per target
+//! (a second local repository; S3 on moto behind the test kit's proxy, DELAY_MS a request)
+//! a timed `copy --from-repo=1 --repo=2` of the full; then a CHANGE_PCT % change, an
+//! incremental into repository 1, and a timed copy of it to each target. Each copy is set
+//! against a plain read of the same source objects (every file of the backup's directory
+//! and the WAL archive read to /dev/null, page cache as the copy sees it): the rate target
+//! is ≥ 0.8× that. What the copy of the incremental moves is set against what the
+//! incremental stores (target ≤ 1.2×).
+//!
+//! pgBackRest cannot copy a backup between repositories: its users back up into each
+//! (2.59.1, bundling and block incremental, repo1 then repo2: `--repo=2` is the extra
+//! cost), which reads the database again. Its repo2 backups are timed beside the copies,
+//! with what they read from the database.
+//!
+//! Options: --scale N (20) --copies N (1) --change-pct P (1) --delay-ms MS (20) --codec C (zst)
+
+use super::s3_latency::{S3Proxy, BUCKET};
+use super::{delete_ranges, load_settled_pgbench, pgbr_modes, pgbr_setup, PgbrMode};
+use crate::args::Args;
+use crate::harness::{Bench, STANZA};
+use crate::repos::{Repo, Setup};
+use crate::results::{Measured, Row};
+use std::path::Path;
+use std::process::Command;
+
+pub struct Opts {
+    scale: u64,
+    copies: u64,
+    change_pct: u64,
+    delay_ms: u64,
+    codec: String,
+}
+
+impl Opts {
+    pub fn parse(a: &mut Args) -> Result<Opts, String> {
+        Ok(Opts {
+            scale: a.uint("scale", 20, 1)?,
+            copies: a.uint("copies", 1, 1)?,
+            change_pct: a.uint("change-pct", 1, 1)?,
+            delay_ms: a.uint("delay-ms", 20, 0)?,
+            codec: a.string("codec", "zst"),
+        })
+    }
+
+    pub fn params(&self) -> String {
+        format!(
+            "scale={} copies={} change-pct={} delay-ms={} codec={}",
+            self.scale, self.copies, self.change_pct, self.delay_ms, self.codec
+        )
+    }
+}
+
+/// Where a copy goes: its name in the table and the environment that configures
+/// repository 2 for the copy alone (archive_command does not know it).
+struct Target {
+    case: String,
+    env: Vec<(String, String)>,
+}
+
+pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
+    let moto = pgstrata_testkit::S3Server::start(BUCKET)?;
+    let proxy = S3Proxy::start(o.delay_ms, 0, moto.port, None)?;
+    load_settled_pgbench(b, o.scale, o.copies)?;
+    let tool = b.pgstrata.first().cloned().ok_or("no pgstrata binary")?;
+    let source = Repo::new(
+        b,
+        &tool,
+        &tool.label,
+        "copy-src",
+        &o.codec,
+        Setup::default(),
+    )?;
+    let mut repos = vec![source];
+    for t in b.pgbackrest.clone() {
+        for mode in pgbr_modes(&t, &[PgbrMode::Block]) {
+            let (label, mut setup) = pgbr_setup(&t, mode);
+            let repo2 = b.dir(&format!("repo-copy-pgbr2-{}", repos.len()))?;
+            pgstrata_testkit::give_to_pg_user(&repo2);
+            setup.settings.extend([
+                format!("repo2-path={}", repo2.display()),
+                "repo2-bundle=y".into(),
+                "repo2-block=y".into(),
+                "repo2-retention-full=99".into(),
+            ]);
+            let name = format!("copy-pgbr-{}", repos.len());
+            repos.push(Repo::new(b, &t, &label, &name, &o.codec, setup)?);
+        }
+    }
+    super::stanza_create_all(b, &repos)?;
+    b.sql("CHECKPOINT")?;
+    b.wal_switch_and_wait()?;
+    let targets = [
+        Target {
+            case: "to local".into(),
+            env: vec![(
+                "PGSTRATA_REPO2_PATH".into(),
+                b.dir("repo-copy-local")?.display().to_string(),
+            )],
+        },
+        Target {
+            case: format!("to S3 +{} ms", o.delay_ms),
+            env: s3_env(proxy.port),
+        },
+    ];
+    for t in &targets {
+        let dir = t.env[0].1.clone();
+        if t.env.len() == 1 {
+            pgstrata_testkit::give_to_pg_user(Path::new(&dir));
+        }
+    }
+    let source = &repos[0];
+    let (m, full) = source.backup(b, "full", &[])?;
+    b.results
+        .record(Row::timed("full", "backup repo1", &source.label, 1, &m))?;
+    for r in &repos[1..] {
+        for repo in ["1", "2"] {
+            let (m, label) = r.backup(b, "full", &[&format!("--repo={repo}")])?;
+            let step = format!("backup repo{repo}");
+            b.results
+                .record(Row::timed("full", &step, &r.label, 1, &m))?;
+            if repo == "2" {
+                let read = r.backup_sizes(b, &label)?.read;
+                b.results
+                    .record(Row::bytes("full", "repo2 read from db", &r.label, 1, read))?;
+            }
+        }
+    }
+    let full_stored = source.backup_sizes(b, &full)?.stored;
+    copy_to_each(b, source, &targets, "full", &full, full_stored)?;
+
+    delete_ranges(b, o.scale, o.copies, o.change_pct, 0, "test")?;
+    b.sql("CHECKPOINT")?;
+    b.wal_switch_and_wait()?;
+    let (m, incr) = source.backup(b, "incr", &[])?;
+    b.results
+        .record(Row::timed("incr", "backup repo1", &source.label, 1, &m))?;
+    let stored = source.backup_sizes(b, &incr)?.stored;
+    b.results
+        .record(Row::bytes("incr", "incr stored", &source.label, 1, stored))?;
+    for r in &repos[1..] {
+        for repo in ["1", "2"] {
+            let (m, label) = r.backup(b, "incr", &[&format!("--repo={repo}")])?;
+            let step = format!("backup repo{repo}");
+            b.results
+                .record(Row::timed("incr", &step, &r.label, 1, &m))?;
+            if repo == "2" {
+                let read = r.backup_sizes(b, &label)?.read;
+                b.results
+                    .record(Row::bytes("incr", "repo2 read from db", &r.label, 1, read))?;
+            }
+        }
+    }
+    copy_to_each(b, source, &targets, "incr", &incr, stored)?;
+    drop(moto);
+    Ok(())
+}
+
+/// The environment that makes repository 2 the S3 bucket behind the proxy.
+fn s3_env(proxy_port: u16) -> Vec<(String, String)> {
+    [
+        ("PGSTRATA_REPO2_PATH", "/bench-copy".to_string()),
+        ("PGSTRATA_REPO2_TYPE", "s3".into()),
+        ("PGSTRATA_REPO2_S3_BUCKET", BUCKET.into()),
+        (
+            "PGSTRATA_REPO2_S3_ENDPOINT",
+            format!("http://127.0.0.1:{proxy_port}"),
+        ),
+        ("PGSTRATA_REPO2_S3_REGION", "us-east-1".into()),
+        ("PGSTRATA_REPO2_S3_URI_STYLE", "path".into()),
+        ("PGSTRATA_REPO2_S3_KEY", "test".into()),
+        ("PGSTRATA_REPO2_S3_KEY_SECRET", "test".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// Copy backup `label` (case `case`) to each target, timed, against a plain read of its
+/// backup directory and the WAL archive.
+fn copy_to_each(
+    b: &mut Bench,
+    source: &Repo,
+    targets: &[Target],
+    case: &str,
+    label: &str,
+    stored: Option<u64>,
+) -> Result<(), String> {
+    let stanza_dir = source.dir.join(STANZA);
+    let read = plain_read(
+        b,
+        &[
+            stanza_dir.join("backup").join(label),
+            stanza_dir.join("archive"),
+        ],
+    )?;
+    let read_bytes =
+        dir_bytes(&stanza_dir.join("backup").join(label)) + dir_bytes(&stanza_dir.join("archive"));
+    b.results.record(
+        Row::timed(case, "plain read of the source objects", "cat", 1, &read)
+            .note(format!("{:.0} MB/s", mb_per_s(read_bytes, read.seconds))),
+    )?;
+    for t in targets {
+        let mut c = Command::new(&source.tool.bin);
+        c.arg(format!("--config={}", source.config.display()))
+            .arg(format!("--stanza={STANZA}"))
+            .args(["--from-repo=1", "--repo=2", "--output=json", "copy"]);
+        for (k, v) in &t.env {
+            c.env(k, v);
+        }
+        let m = b.run(&format!("copy-{case}"), &mut c, true)?;
+        let report: serde_json::Value =
+            serde_json::from_str(&m.stdout).map_err(|e| format!("copy report: {e}"))?;
+        let moved = report["bytes_copied"].as_u64().unwrap_or(0);
+        let rate = mb_per_s(moved, m.seconds);
+        let plain = mb_per_s(read_bytes, read.seconds);
+        eprintln!(
+            "[bench] copy {case} {}: {moved} bytes in {:.2} s ({rate:.0} MB/s, {:.2}x the plain read)",
+            t.case,
+            m.seconds,
+            rate / plain
+        );
+        let step = format!("copy {}", t.case);
+        b.results
+            .record(Row::timed(case, &step, &source.label, 1, &m).note(format!(
+                "{rate:.0} MB/s = {:.2}x the plain read; {} objects, {} already there",
+                rate / plain,
+                report["objects_copied"],
+                report["objects_skipped"]
+            )))?;
+        let wal = report["wal_bytes_copied"].as_u64().unwrap_or(0);
+        b.results.record(Row::bytes(
+            case,
+            &format!("moved by copy {}", t.case),
+            &source.label,
+            1,
+            Some(moved),
+        ))?;
+        let own = moved - wal.min(moved);
+        let vs_stored = stored.map(|s| {
+            format!(
+                "{:.2}x what the backup stores",
+                own as f64 / s.max(1) as f64
+            )
+        });
+        b.results.record(
+            Row::bytes(
+                case,
+                &format!("backup objects moved {}", t.case),
+                &source.label,
+                1,
+                Some(own),
+            )
+            .note(format!(
+                "WAL {wal} bytes besides; {}",
+                vs_stored.unwrap_or_default()
+            )),
+        )?;
+    }
+    Ok(())
+}
+
+/// Read every file under `dirs` to /dev/null, timed as a tool's command is.
+fn plain_read(b: &mut Bench, dirs: &[std::path::PathBuf]) -> Result<Measured, String> {
+    let mut c = Command::new("sh");
+    let list: Vec<String> = dirs.iter().map(|d| format!("'{}'", d.display())).collect();
+    c.args([
+        "-c",
+        &format!(
+            "find {} -type f -exec cat {{}} + > /dev/null",
+            list.join(" ")
+        ),
+    ]);
+    b.run("plain-read", &mut c, true)
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    crate::harness::dir_size(dir, &mut |_| true)
+}
+
+fn mb_per_s(bytes: u64, seconds: f64) -> f64 {
+    bytes as f64 / 1e6 / seconds.max(1e-6)
+}
