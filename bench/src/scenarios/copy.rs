@@ -90,42 +90,23 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     super::stanza_create_all(b, &repos)?;
     b.sql("CHECKPOINT")?;
     b.wal_switch_and_wait()?;
+    let local = b.dir("repo-copy-local")?;
+    pgstrata_testkit::give_to_pg_user(&local);
     let targets = [
         Target {
             case: "to local".into(),
-            env: vec![(
-                "PGSTRATA_REPO2_PATH".into(),
-                b.dir("repo-copy-local")?.display().to_string(),
-            )],
+            env: vec![("PGSTRATA_REPO2_PATH".into(), local.display().to_string())],
         },
         Target {
             case: format!("to S3 +{} ms", o.delay_ms),
             env: s3_env(proxy.port),
         },
     ];
-    for t in &targets {
-        let dir = t.env[0].1.clone();
-        if t.env.len() == 1 {
-            pgstrata_testkit::give_to_pg_user(Path::new(&dir));
-        }
-    }
     let source = &repos[0];
     let (m, full) = source.backup(b, "full", &[])?;
     b.results
         .record(Row::timed("full", "backup repo1", &source.label, 1, &m))?;
-    for r in &repos[1..] {
-        for repo in ["1", "2"] {
-            let (m, label) = r.backup(b, "full", &[&format!("--repo={repo}")])?;
-            let step = format!("backup repo{repo}");
-            b.results
-                .record(Row::timed("full", &step, &r.label, 1, &m))?;
-            if repo == "2" {
-                let read = r.backup_sizes(b, &label)?.read;
-                b.results
-                    .record(Row::bytes("full", "repo2 read from db", &r.label, 1, read))?;
-            }
-        }
-    }
+    backup_each_repository(b, &repos[1..], "full")?;
     let full_stored = source.backup_sizes(b, &full)?.stored;
     copy_to_each(b, source, &targets, "full", &full, full_stored)?;
 
@@ -138,21 +119,27 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     let stored = source.backup_sizes(b, &incr)?.stored;
     b.results
         .record(Row::bytes("incr", "incr stored", &source.label, 1, stored))?;
-    for r in &repos[1..] {
+    backup_each_repository(b, &repos[1..], "incr")?;
+    copy_to_each(b, source, &targets, "incr", &incr, stored)?;
+    drop(moto);
+    Ok(())
+}
+
+/// What pgBackRest's users do instead of a copy: a `kind` backup of each of `repos` into
+/// repository 1, then into repository 2 (with what that one read from the database).
+fn backup_each_repository(b: &mut Bench, repos: &[Repo], kind: &str) -> Result<(), String> {
+    for r in repos {
         for repo in ["1", "2"] {
-            let (m, label) = r.backup(b, "incr", &[&format!("--repo={repo}")])?;
+            let (m, label) = r.backup(b, kind, &[&format!("--repo={repo}")])?;
             let step = format!("backup repo{repo}");
-            b.results
-                .record(Row::timed("incr", &step, &r.label, 1, &m))?;
+            b.results.record(Row::timed(kind, &step, &r.label, 1, &m))?;
             if repo == "2" {
                 let read = r.backup_sizes(b, &label)?.read;
                 b.results
-                    .record(Row::bytes("incr", "repo2 read from db", &r.label, 1, read))?;
+                    .record(Row::bytes(kind, "repo2 read from db", &r.label, 1, read))?;
             }
         }
     }
-    copy_to_each(b, source, &targets, "incr", &incr, stored)?;
-    drop(moto);
     Ok(())
 }
 

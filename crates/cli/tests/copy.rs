@@ -202,15 +202,7 @@ fn a_copy_killed_anywhere_leaves_no_partial_backup_and_resumes() {
     let incr = env.backup(&["--type=incr"]);
     let at_incr = env.hashes();
     env.flush_wal();
-    let seed: u64 = std::env::var("PGSTRATA_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
+    let seed: u64 = test_seed();
     // How long a whole copy takes, to a third repository thrown away after.
     let repo3 = env.scratch.join("repo-three");
     std::fs::create_dir_all(&repo3).unwrap();

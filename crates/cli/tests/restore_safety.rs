@@ -195,15 +195,7 @@ fn a_restore_killed_at_random_points_is_never_startable_and_resumes_with_delta()
     run_ok(restore_cmd(&env, &fresh, &[]));
     let full = t0.elapsed();
     let expected = content_tree(&fresh);
-    let seed = std::env::var("PGSTRATA_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
+    let seed = test_seed();
     eprintln!("seed {seed} (PGSTRATA_TEST_SEED), a full restore takes {full:?}");
     let mut rng = Lcg(seed);
     let target = env.scratch.join("target");

@@ -12,7 +12,7 @@
 //! anything itself; unpinning is an add too, as a new backup that pushes an old one out
 //! of a count retention is.
 
-use crate::{layout, Error, ErrorKind, Result, Storage};
+use crate::{layout, Result, Storage};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -108,38 +108,21 @@ impl Annotations {
     /// to open or parse, or whose content names another record, backup or stanza, is
     /// refused: named in `refused`, not applied.
     pub async fn load_all(storage: &Storage, stanza: &str) -> Result<Annotations> {
-        let mut out = Annotations::default();
-        for o in storage.list(&format!("{stanza}/annotations/")).await? {
-            let mut parts = o.key.rsplit('/');
-            let name = parts.next().and_then(|n| n.strip_suffix(".json"));
-            let label = parts.next();
-            let record = match storage.get(&o.key).await {
-                Ok(bytes) => serde_json::from_slice::<AnnotationRecord>(&bytes)
-                    .map_err(|e| Error::corrupt(format!("{}: {e}", o.key))),
-                Err(e) if e.is_not_found() => continue,
-                Err(e) if e.kind == ErrorKind::Corrupt => Err(e),
-                Err(e) => return Err(e),
-            };
-            match record {
-                Ok(r)
-                    if Some(r.name.as_str()) == name
-                        && Some(r.label.as_str()) == label
-                        && r.stanza == stanza =>
-                {
-                    out.by_label.entry(r.label.clone()).or_default().push(r)
-                }
-                Ok(_) => {
-                    log::error!(
-                        "{}: an annotation record stored under another name: refused",
-                        o.key
-                    );
-                    out.refused.push(o.key);
-                }
-                Err(e) => {
-                    log::error!("{e}: the annotation record is refused");
-                    out.refused.push(o.key);
-                }
-            }
+        let (records, refused) = crate::records::load_records(
+            storage,
+            &format!("{stanza}/annotations/"),
+            "annotation record",
+            |r: &AnnotationRecord, key| {
+                *key == layout::annotation_record(stanza, &r.label, &r.name) && r.stanza == stanza
+            },
+        )
+        .await?;
+        let mut out = Annotations {
+            by_label: BTreeMap::new(),
+            refused,
+        };
+        for r in records {
+            out.by_label.entry(r.label.clone()).or_default().push(r);
         }
         for records in out.by_label.values_mut() {
             records.sort_by(|a, b| (&a.time, &a.name).cmp(&(&b.time, &b.name)));

@@ -9,7 +9,7 @@
 //! refused (reported, never believed). In a stanza without encryption records cannot be
 //! authenticated: whoever can write to the repository can write one (docs: "Ransomware").
 
-use crate::{layout, Error, ErrorKind, Result, Storage};
+use crate::{layout, Result, Storage};
 use serde::{Deserialize, Serialize};
 
 /// One expire's removals.
@@ -97,37 +97,15 @@ impl ExpireRecord {
     /// Every record of `stanza`. A record that fails to open or parse, or whose content
     /// names another record or stanza, is refused: named in `refused`, not believed.
     pub async fn load_all(storage: &Storage, stanza: &str) -> Result<ExpireRecords> {
-        let mut out = ExpireRecords::default();
-        for o in storage.list(&layout::expire_records_dir(stanza)).await? {
-            let name = o
-                .key
-                .rsplit('/')
-                .next()
-                .and_then(|n| n.strip_suffix(".json"))
-                .unwrap_or_default()
-                .to_string();
-            let record = match storage.get(&o.key).await {
-                Ok(bytes) => serde_json::from_slice::<ExpireRecord>(&bytes)
-                    .map_err(|e| Error::corrupt(format!("{}: {e}", o.key))),
-                Err(e) if e.is_not_found() => continue,
-                Err(e) if e.kind == ErrorKind::Corrupt => Err(e),
-                Err(e) => return Err(e),
-            };
-            match record {
-                Ok(r) if r.name == name && r.stanza == stanza => out.records.push(r),
-                Ok(_) => {
-                    log::error!(
-                        "{}: an expire record stored under another name: refused",
-                        o.key
-                    );
-                    out.refused.push(o.key);
-                }
-                Err(e) => {
-                    log::error!("{e}: the expire record is refused");
-                    out.refused.push(o.key);
-                }
-            }
-        }
-        Ok(out)
+        let (records, refused) = crate::records::load_records(
+            storage,
+            &layout::expire_records_dir(stanza),
+            "expire record",
+            |r: &ExpireRecord, key| {
+                Some(r.name.as_str()) == crate::records::record_name(key) && r.stanza == stanza
+            },
+        )
+        .await?;
+        Ok(ExpireRecords { records, refused })
     }
 }

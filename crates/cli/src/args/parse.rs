@@ -441,32 +441,34 @@ fn annotate_options(
         pin,
         ..Default::default()
     };
-    for a in inv.list("annotation") {
-        let (key, value) = a
-            .split_once('=')
-            .ok_or_else(|| Error::config(format!("--annotation='{a}': expected KEY=VALUE")))?;
-        pgstrata_repo::manifest::check_annotation(key, value)
-            .map_err(|why| Error::config(format!("--annotation='{a}': {why}")))?;
+    for (key, value) in annotations(inv)? {
         match value.is_empty() {
-            true => o.unset.push(key.to_string()),
+            true => o.unset.push(key),
             false => {
-                o.set.insert(key.to_string(), value.to_string());
+                o.set.insert(key, value);
             }
         }
     }
     Ok(o)
 }
 
+/// The `--annotation=KEY=VALUE` options, each checked.
+fn annotations(inv: &Invocation) -> Result<Vec<(String, String)>, Error> {
+    inv.list("annotation")
+        .iter()
+        .map(|a| {
+            let (key, value) = a
+                .split_once('=')
+                .ok_or_else(|| Error::config(format!("--annotation='{a}': expected KEY=VALUE")))?;
+            pgstrata_repo::manifest::check_annotation(key, value)
+                .map_err(|why| Error::config(format!("--annotation='{a}': {why}")))?;
+            Ok((key.to_string(), value.to_string()))
+        })
+        .collect()
+}
+
 fn backup_options(inv: &Invocation) -> Result<BackupOptions, Error> {
-    let mut annotations = std::collections::BTreeMap::new();
-    for a in inv.list("annotation") {
-        let (key, value) = a
-            .split_once('=')
-            .ok_or_else(|| Error::config(format!("--annotation='{a}': expected KEY=VALUE")))?;
-        pgstrata_repo::manifest::check_annotation(key, value)
-            .map_err(|why| Error::config(format!("--annotation='{a}': {why}")))?;
-        annotations.insert(key.to_string(), value.to_string());
-    }
+    let annotations = annotations(inv)?.into_iter().collect();
     Ok(BackupOptions {
         backup_type: inv.choice("type"),
         delta: inv.flag("delta"),

@@ -523,3 +523,17 @@ pub fn info_backup<'a>(info: &'a serde_json::Value, label: &str) -> &'a serde_js
         .find(|b| b["label"] == label)
         .unwrap_or_else(|| panic!("backup {label} not listed: {info}"))
 }
+
+/// The seed of a test's random choices: `PGSTRATA_TEST_SEED` to replay a run, else the
+/// clock (print it, so a failure can be replayed).
+pub fn test_seed() -> u64 {
+    std::env::var("PGSTRATA_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
+}
