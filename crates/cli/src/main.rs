@@ -137,6 +137,7 @@ fn run(inv: &args::Invocation) -> Result<i32, Error> {
         Command::Agent(agent) => agent_commands::agent(&agent, run),
         Command::OnAnotherHost(job) => on_another_host(&job),
         Command::StanzaCreate(repos) => stanza_create(&repos),
+        Command::StanzaUpgrade(repos) => stanza_upgrade(&repos),
         Command::Check(repos) => check(&repos),
         Command::Backup(b) => backup(&b),
         Command::Restore(r) => restore(&r),
@@ -250,6 +251,29 @@ fn stanza_create(repos: &Repos) -> Result<i32, Error> {
             pgstrata_engine::commands::stanza_create::CreateOutcome::AlreadyExists => {
                 println!(
                     "stanza '{}' already exists for this cluster{place}",
+                    s.stanza
+                )
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn stanza_upgrade(repos: &Repos) -> Result<i32, Error> {
+    use pgstrata_engine::commands::stanza_upgrade::{stanza_upgrade, UpgradeOutcome};
+    let repos = repos.covered();
+    let rt = runtime(2);
+    for r in &repos {
+        let s = &r.settings;
+        let place = place(&repos, s, " in ", "");
+        match rt.block_on(stanza_upgrade(s))? {
+            UpgradeOutcome::Upgraded { from, to } => println!(
+                "stanza '{}' upgraded{place}: cluster {from} -> {to}; its next backup is full",
+                s.stanza
+            ),
+            UpgradeOutcome::AlreadyCurrent => {
+                println!(
+                    "stanza '{}' already belongs to this cluster{place}",
                     s.stanza
                 )
             }

@@ -101,6 +101,7 @@ pub(crate) struct OptionDef {
 
 pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ("stanza-create", "Record the cluster in the repository (once, before archiving and backups)"),
+    ("stanza-upgrade", "After pg_upgrade: make the stanza the new cluster's (read from pg_control at pg-path, cluster stopped or running) in every configured repository; the old cluster's backups and WAL stay and restore, and the next backup is full"),
     ("stanza-delete", "Remove the stanza and every backup and WAL file of it from the repository (--force; refused while the cluster runs at pg-path, and on an immutable repository)"),
     ("check", "Check configuration, connection and WAL archiving end to end"),
     ("backup", "Back up the running cluster"),
@@ -126,8 +127,9 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
 ];
 
 /// The commands that work on one stanza (`agent` takes a list: see its own definition).
-const STANZA_CMDS: [&str; 18] = [
+const STANZA_CMDS: [&str; 19] = [
     "stanza-create",
+    "stanza-upgrade",
     "check",
     "backup",
     "restore",
@@ -180,8 +182,8 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "The stanzas an agent works for, written in the forced command of authorized_keys. 'agent repo' (required, repeatable) serves only these stanzas, append-only. 'agent run' (optional) does jobs for this stanza only; without it, for any stanza whose settings are in its configuration file." },
     OptionDef { name: "agent-buffer-max", kind: Kind::Size { min: 1 << 20, max: 1 << 40 }, default: Some("256MiB"), scope: Scope::Config, secret: false, peer: false, commands: &["agent", "stanza-create", "check", "backup"],
         help: "Most bytes a host serving a repository to its peer ('agent repo', or the backup host serving 'agent run' with pg-remote) holds at once for it: requests read and answers not yet sent. A peer that sends faster than it reads waits; it cannot grow the holder's memory past this (plus the largest single object, when one is larger)." },
-    OptionDef { name: "repo", kind: Kind::Int { min: 1, max: 4 }, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["stanza-create", "check", "backup", "restore", "restore-test", "archive-get", "info", "expire", "verify", "key-add", "key-list", "key-remove", "copy", "repo-ls", "repo-get", "stanza-delete", "annotate"],
-        help: "The repository to use, 1 to 4 (repository N's options are repoN-path, repoN-type, ...; the unnumbered repo-* options are repository 1's, also written repo1-*). Default: backup, restore, restore-test, expire and the key commands use repository 1; stanza-create, check, info and verify every configured repository; archive-get tries this one first, then the others; copy: the repository to copy to (required). archive-push always writes every repository." },
+    OptionDef { name: "repo", kind: Kind::Int { min: 1, max: 4 }, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["stanza-create", "stanza-upgrade", "check", "backup", "restore", "restore-test", "archive-get", "info", "expire", "verify", "key-add", "key-list", "key-remove", "copy", "repo-ls", "repo-get", "stanza-delete", "annotate"],
+        help: "The repository to use, 1 to 4 (repository N's options are repoN-path, repoN-type, ...; the unnumbered repo-* options are repository 1's, also written repo1-*). Default: backup, restore, restore-test, expire and the key commands use repository 1; stanza-create, stanza-upgrade, check, info and verify every configured repository; archive-get tries this one first, then the others; copy: the repository to copy to (required). archive-push always writes every repository." },
     OptionDef { name: "from-repo", kind: Kind::Int { min: 1, max: 4 }, default: Some("1"), scope: Scope::CommandLine, secret: false, peer: false, commands: &["copy"],
         help: "The repository copy reads from, 1 to 4 (--repo names the one it writes to)." },
     OptionDef { name: "repo-path", kind: Kind::Path, default: Some("/var/lib/pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: REPO_CMDS,
@@ -254,7 +256,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Seconds one storage operation may take before it is retried." },
     OptionDef { name: "repo-storage-retries", kind: Kind::Int { min: 0, max: 100 }, default: Some("4"), scope: Scope::Config, secret: false, peer: false, commands: REPO_CMDS,
         help: "Retries of a storage operation that failed in a way that may be transient (5xx, timeouts, dropped connections)." },
-    OptionDef { name: "pg-path", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: &["stanza-create", "check", "backup", "restore", "info", "stanza-delete"],
+    OptionDef { name: "pg-path", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: &["stanza-create", "stanza-upgrade", "check", "backup", "restore", "info", "stanza-delete", "archive-get"],
         help: "Data directory of the cluster (for restore: where to restore; for info: whose WAL waiting to be archived to show, when readable)." },
     OptionDef { name: "backup-standby", kind: Kind::Bool, default: Some("false"), scope: Scope::Config, secret: false, peer: false, commands: &["backup"],
         help: "Read relation files from a streaming standby of the primary (standby-path, standby-host, standby-port) so the primary does not pay the I/O: pg_backup_start and pg_backup_stop run on the primary, pgstrata waits until the standby has replayed past the start (at most archive-timeout), then reads every relation file from the standby and only the other files (configuration, pg_control) from the primary. The standby must stream from this primary, on its timeline." },

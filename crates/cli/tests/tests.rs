@@ -23,6 +23,7 @@ mod restore_safety;
 mod restore_test;
 mod roundtrip;
 mod standby;
+mod upgrade;
 mod verify;
 mod wal_decoder;
 mod wal_tracking;

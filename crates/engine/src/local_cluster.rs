@@ -26,8 +26,16 @@ impl LocalCluster {
         if let Some(stanza) = stanza {
             let sysid = &stanza.cluster.system_identifier;
             if control.system_identifier.to_string() != *sysid {
+                let hint = if stanza
+                    .cluster_with_sysid(&control.system_identifier.to_string())
+                    .is_some()
+                {
+                    " (a cluster the stanza belonged to before a stanza-upgrade)"
+                } else {
+                    " (after pg_upgrade, run stanza-upgrade first)"
+                };
                 return Err(Error::refused(format!(
-                    "pg-path {} holds cluster {} but stanza '{}' belongs to cluster {sysid}",
+                    "pg-path {} holds cluster {} but stanza '{}' belongs to cluster {sysid}{hint}",
                     pg_path.display(),
                     control.system_identifier,
                     s.stanza

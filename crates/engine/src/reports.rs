@@ -51,6 +51,10 @@ pub(crate) struct BackupInfo {
     /// The databases backed up (name, OID); absent for backups that did not record them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub databases: Option<Vec<pgstrata_repo::manifest::Database>>,
+    /// The PostgreSQL major of the cluster backed up (before a stanza-upgrade, an older one).
+    pub pg_version: u32,
+    /// The WAL archive its recovery reads.
+    pub archive_id: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -96,6 +100,20 @@ pub struct StanzaReport {
     /// The time the repository was read as of (`repo-target-time`), RFC 3339.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub as_of: Option<String>,
+    /// The clusters the stanza belonged to before its stanza-upgrades, oldest first, with
+    /// their WAL archives (their backups restore as before, with their major's binaries).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prior_clusters: Vec<PriorCluster>,
+}
+
+/// A cluster a stanza belonged to before a stanza-upgrade.
+#[derive(Debug, Serialize)]
+pub struct PriorCluster {
+    pub system_identifier: String,
+    pub pg_version: u32,
+    pub archive_id: String,
+    pub archive_min: Option<String>,
+    pub archive_max: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -107,6 +125,8 @@ pub(crate) struct DamagedBackup {
 pub(crate) fn summarize(m: &Manifest) -> BackupInfo {
     BackupInfo {
         label: m.label.clone(),
+        pg_version: m.cluster.major_version,
+        archive_id: m.cluster.archive_id(),
         backup_type: m.backup_type.name().to_string(),
         prior: m.prior.clone(),
         start_time: m.start.time.clone(),

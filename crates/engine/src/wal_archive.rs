@@ -661,7 +661,7 @@ fn check_segment(raw: &[u8], name: &str, seg_size: u64, sysid: &str) -> Result<(
             let seg_sysid = u64::from_le_bytes(raw[24..32].try_into().unwrap());
             if seg_sysid.to_string() != sysid {
                 return Err(Error::refused(format!(
-                    "{name} was written by cluster {seg_sysid}, but this stanza belongs to cluster {sysid}: check --stanza"
+                    "{name} was written by cluster {seg_sysid}, but this stanza belongs to cluster {sysid}: check --stanza (after pg_upgrade, run stanza-upgrade first)"
                 )));
             }
         }
@@ -672,7 +672,7 @@ fn check_segment(raw: &[u8], name: &str, seg_size: u64, sysid: &str) -> Result<(
 /// Fetch one WAL file into `dest`. Returns false when the archive does not have it.
 pub async fn archive_get(s: &Settings, name: &str, dest: &Path) -> Result<bool> {
     let (storage, stanza) = open_stanza(s).await?;
-    let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), name);
+    let key = layout::archive_object(&s.stanza, &archive_to_get_from(s, &stanza)?, name);
     let obj = match storage.get(&key).await {
         Ok(o) => o,
         Err(e) if e.is_not_found() => return Ok(false),
@@ -684,6 +684,39 @@ pub async fn archive_get(s: &Settings, name: &str, dest: &Path) -> Result<bool> 
         .expect("archive-get write thread")?;
     log::info!("restored {name} from the archive");
     Ok(true)
+}
+
+/// The archive archive-get serves: the one of the cluster that asks. After a
+/// stanza-upgrade the stanza has several, whose WAL names overlap (each cluster's start
+/// over), so a cluster restored from a backup taken before the upgrade must be given its
+/// own cluster's WAL. PostgreSQL runs restore_command in the data directory, whose
+/// pg_control names the cluster; without one there (run by hand), pg-path's; without
+/// either, the stanza's current cluster.
+fn archive_to_get_from(s: &Settings, stanza: &pgstrata_repo::stanza::StanzaInfo) -> Result<String> {
+    if stanza.history.len() < 2 {
+        return Ok(stanza.cluster.archive_id());
+    }
+    let asking = [Some(Path::new(".")), s.pg_path.as_deref()]
+        .into_iter()
+        .flatten()
+        .find_map(|dir| {
+            pgstrata_pg::control::ControlData::read(dir)
+                .ok()
+                .map(|c| (dir, c))
+        });
+    let Some((dir, control)) = asking else {
+        return Ok(stanza.cluster.archive_id());
+    };
+    let sysid = control.system_identifier.to_string();
+    match stanza.cluster_with_sysid(&sysid) {
+        Some(cluster) => Ok(cluster.archive_id()),
+        None => Err(Error::refused(format!(
+            "archive-get: the cluster at {} ({sysid}) is none of stanza '{}''s clusters ({}): its WAL is not in this stanza",
+            std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()).display(),
+            s.stanza,
+            stanza.history.iter().map(|c| c.archive_id()).collect::<Vec<_>>().join(", ")
+        ))),
+    }
 }
 
 /// Decode stored WAL object `obj` (named `key` in messages) into `dest` for PostgreSQL,

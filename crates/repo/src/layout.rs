@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! <stanza>/stanza.json                                  which cluster the stanza belongs to
+//! <stanza>/upgrades/<n>.json                            the cluster it belongs to from stanza-upgrade n on
 //! <stanza>/archive/<archive-id>/<first 16 of name>/<walname>   archived WAL (and .partial/.backup)
 //! <stanza>/archive/<archive-id>/<first 16>/<segment>.map    its block-change map
 //! <stanza>/archive/<archive-id>/<name>.history          timeline history files
@@ -25,6 +26,17 @@
 /// The stanza record.
 pub fn stanza_info(stanza: &str) -> String {
     format!("{stanza}/stanza.json")
+}
+
+/// Where the stanza's upgrade records are ([`stanza_upgrade`]).
+pub fn stanza_upgrades_dir(stanza: &str) -> String {
+    format!("{stanza}/upgrades")
+}
+
+/// The record of the stanza's `number`th cluster (2 for the first stanza-upgrade: the
+/// stanza record holds the first).
+pub fn stanza_upgrade(stanza: &str, number: u32) -> String {
+    format!("{}/{number}.json", stanza_upgrades_dir(stanza))
 }
 
 pub fn archive_root(stanza: &str, archive_id: &str) -> String {

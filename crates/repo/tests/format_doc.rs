@@ -60,6 +60,7 @@ fn made_by(function: &str) -> Option<Vec<String>> {
     let seg = "000000010000000A0000002B";
     Some(match function {
         "layout::stanza_info" => vec![layout::stanza_info(s)],
+        "layout::stanza_upgrade" => vec![layout::stanza_upgrade(s, 2)],
         "layout::lock" => vec![layout::lock(s)],
         "layout::key_file" => vec![layout::key_file(s, "3f9a0c1d2b4e5f60")],
         "layout::key_grant" => vec![layout::key_grant(s, "3f9a0c1d2b4e5f60", 2)],
@@ -86,8 +87,9 @@ fn made_by(function: &str) -> Option<Vec<String>> {
 }
 
 /// The functions [`made_by`] knows: every one must be in the document.
-const NAMING_FUNCTIONS: [&str; 15] = [
+const NAMING_FUNCTIONS: [&str; 16] = [
     "layout::stanza_info",
+    "layout::stanza_upgrade",
     "layout::expire_record",
     "layout::annotation_record",
     "layout::lock",

@@ -79,6 +79,7 @@ pub(crate) enum Command {
     /// `agent run` on another host.
     OnAnotherHost(RemoteJob),
     StanzaCreate(Repos),
+    StanzaUpgrade(Repos),
     Check(Repos),
     Backup(Backup),
     Restore(Restore),

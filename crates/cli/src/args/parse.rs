@@ -101,6 +101,7 @@ pub(crate) fn command(inv: &Invocation) -> Result<Command, Error> {
             options: annotate_options(inv)?,
             output: inv.choice("output"),
         },
+        "stanza-upgrade" => Command::StanzaUpgrade(repos(inv)?),
         "stanza-delete" => Command::StanzaDelete {
             repos: repos(inv)?,
             force: inv.flag("force"),
@@ -806,6 +807,7 @@ mod tests {
                 Command::Info(r) | Command::Verify(Verify { report: r, .. }) => Some(&r.repos),
                 Command::KeyAdd(k) => Some(&k.repos),
                 Command::Copy(c) => Some(&c.repos),
+                Command::StanzaUpgrade(r) => Some(r),
                 Command::KeyList { repos, .. }
                 | Command::KeyRemove { repos, .. }
                 | Command::RepoLs { repos, .. }

@@ -113,8 +113,23 @@ pub async fn copy(from: &Settings, to: &Settings, o: &CopyOptions) -> Result<Cop
     if stanza_created {
         create_target_stanza(&src, &plain_target, &stanza).await?;
     }
-    let (dst, dst_info) = open_stanza(to).await?;
-    if src_info.cluster != dst_info.cluster {
+    let (dst, mut dst_info) = open_stanza(to).await?;
+    if dst_info.history.len() < src_info.history.len()
+        && src_info.history.starts_with(&dst_info.history)
+    {
+        // The source had a stanza-upgrade the target lacks: its records, as stored.
+        for n in dst_info.history.len() + 1..=src_info.history.len() {
+            let key = layout::stanza_upgrade(&stanza, n as u32);
+            put_created(&dst, &key, src.get_unsealed(&key).await?).await?;
+        }
+        log::info!(
+            "stanza '{stanza}' upgraded in repository {} as in repository {}",
+            to.repo_index,
+            from.repo_index
+        );
+        dst_info = open_stanza(to).await?.1;
+    }
+    if src_info.history != dst_info.history {
         return Err(Error::config(format!(
             "stanza '{stanza}' belongs to another cluster in repository {} ({}) than in repository {} ({}): nothing was copied",
             from.repo_index,
@@ -133,6 +148,11 @@ pub async fn copy(from: &Settings, to: &Settings, o: &CopyOptions) -> Result<Cop
         copied: HashSet::new(),
         wal_from: None,
         archive: Vec::new(),
+        cluster: src_info.cluster.clone(),
+        prior_archives: src_info.history[..src_info.history.len() - 1]
+            .iter()
+            .map(|c| c.archive_id())
+            .collect(),
         report: CopyReport {
             stanza: stanza.clone(),
             from_repo: from.repo_index,
@@ -227,6 +247,10 @@ struct Job {
     wal_from: Option<String>,
     /// The source's WAL archive objects (listed once, after the target).
     archive: Vec<pgstrata_repo::storage::ObjectInfo>,
+    /// The stanza's cluster, whose archive is `archive`.
+    cluster: pgstrata_repo::stanza::ClusterIdentity,
+    /// The archives of the clusters before its stanza-upgrades: closed, copied whole.
+    prior_archives: Vec<String>,
     report: CopyReport,
     progress: Progress,
     /// Objects read, checked and written at once: each is a round trip or two, and on an
@@ -243,6 +267,9 @@ enum Moved {
     /// Gone from the source meanwhile (WAL expired there).
     Gone,
 }
+
+/// The lowest WAL segment name: copying "from" it copies a whole archive.
+const FIRST_SEGMENT: &str = "000000000000000000000000";
 
 /// A stored frame of a pack, as manifests refer to it: offset, stored length, check.
 type Frame = (u64, u32, u64);
@@ -272,6 +299,11 @@ impl Job {
                 .cloned()
                 .collect(),
         };
+        for prior in self.prior_archives.clone() {
+            let root = format!("{}/", layout::archive_root(&self.stanza, &prior));
+            let archive = self.src.list(&root).await?;
+            self.copy_wal_objects(&archive, FIRST_SEGMENT, None).await?;
+        }
         let root = format!("{}/", layout::archive_root(&self.stanza, archive_id));
         self.archive = self.src.list(&root).await?;
         if let Some(first) = chosen
@@ -288,7 +320,7 @@ impl Job {
             // while archive-push stalled may lack.
             if let Some(newest) = labels.last() {
                 let m = Manifest::load_header(&self.src, &self.stanza, newest).await?;
-                self.wal_from = Some(m.start.wal);
+                self.wal_from = Some(self.start_in_archive(&m));
             }
         }
         if let Some(from) = self.wal_from.clone() {
@@ -313,7 +345,17 @@ impl Job {
             return Ok(None);
         };
         let m = Manifest::load_header(&self.dst, &self.stanza, before).await?;
-        Ok(Some(m.start.wal))
+        Ok(Some(self.start_in_archive(&m)))
+    }
+
+    /// Backup `m`'s start segment, where the stanza's archive is copied from; the first
+    /// segment when `m` is of a cluster before a stanza-upgrade (whose WAL names are in
+    /// another archive and say nothing of this one's).
+    fn start_in_archive(&self, m: &Manifest) -> String {
+        match m.cluster == self.cluster {
+            true => m.start.wal.clone(),
+            false => FIRST_SEGMENT.to_string(),
+        }
     }
 
     fn has(&self, key: &str) -> bool {
@@ -340,11 +382,15 @@ impl Job {
         // As a backup does: the WAL it needs to become consistent is in the archive
         // before its manifest, and from the oldest copied backup's start on, so that the
         // target's archive has no gap at any point.
-        let from = self
-            .wal_from
-            .get_or_insert_with(|| m.start.wal.clone())
-            .clone();
-        self.copy_wal(&from, Some(&m.stop.wal)).await?;
+        // (A backup of a cluster before a stanza-upgrade has its WAL in that cluster's
+        // archive, copied whole before the backups.)
+        if m.cluster == self.cluster {
+            let from = self
+                .wal_from
+                .get_or_insert_with(|| m.start.wal.clone())
+                .clone();
+            self.copy_wal(&from, Some(&m.stop.wal)).await?;
+        }
         for (n, part) in m.parts.iter().enumerate() {
             let key = layout::manifest_part(&self.stanza, label, n);
             let copy_key = layout::manifest_part_copy(&self.stanza, label, n);

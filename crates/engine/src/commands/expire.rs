@@ -172,27 +172,18 @@ async fn run(
         .copied()
         .filter(|m| !doomed.contains(&m.label))
         .collect();
-    let archive_id = stanza.cluster.archive_id();
     // The window needs continuous WAL from its oldest backup on, whatever
     // repo-retention-archive says.
     let retention_archive = match o.retention_window {
         Some(_) => o.retention_archive.map(|n| n.max(window_kept as u32)),
         None => o.retention_archive,
     };
-    let wal = doomed_wal(
-        storage,
-        &s.stanza,
-        &stanza.cluster,
-        &kept,
-        retention_archive,
-    )
-    .await?;
-    let names = wal.iter().map(|(_, name)| name.as_str());
+    let (wal, ranges) = doomed_wal_by_cluster(storage, stanza, &kept, retention_archive).await?;
     let mut report = ExpireReport {
         dry_run: o.dry_run,
         expired: doomed.iter().cloned().collect(),
         reasons,
-        wal_ranges: wal_ranges(&archive_id, stanza.cluster.wal_segment_size, names),
+        wal_ranges: ranges,
         ..Default::default()
     };
     // The record first: whatever is deleted after it is known to have been expired.
@@ -507,6 +498,64 @@ async fn doomed_wal(
     Ok(doomed)
 }
 
+/// The WAL objects expire deletes, with their ranges for the expire record. Each cluster
+/// the stanza belonged to has its own archive, whose WAL names start over: each is
+/// expired by its own backups. One before a stanza-upgrade without backups left is needed
+/// by nothing; the current one keeps all its WAL until it has backups.
+async fn doomed_wal_by_cluster(
+    storage: &Storage,
+    stanza: &pgstrata_repo::stanza::StanzaInfo,
+    kept: &[&Manifest],
+    retention_archive: Option<u32>,
+) -> Result<(Vec<(String, String)>, Vec<WalRange>)> {
+    let (mut wal, mut ranges) = (Vec::new(), Vec::new());
+    for cluster in &stanza.history {
+        let current = *cluster == stanza.cluster;
+        let kept: Vec<&Manifest> = kept
+            .iter()
+            .copied()
+            .filter(|m| m.cluster == *cluster)
+            .collect();
+        let doomed_here = match (current, kept.is_empty()) {
+            (false, true) => all_wal(storage, &stanza.stanza, cluster).await?,
+            (false, false) => doomed_wal(storage, &stanza.stanza, cluster, &kept, None).await?,
+            (true, _) => {
+                doomed_wal(storage, &stanza.stanza, cluster, &kept, retention_archive).await?
+            }
+        };
+        let names = doomed_here.iter().map(|(_, name)| name.as_str());
+        ranges.extend(wal_ranges(
+            &cluster.archive_id(),
+            cluster.wal_segment_size,
+            names,
+        ));
+        wal.extend(doomed_here);
+    }
+    Ok((wal, ranges))
+}
+
+/// Every WAL object of `cluster`'s archive but its timeline history files: the archive of
+/// a cluster before a stanza-upgrade whose last backup expired.
+async fn all_wal(
+    storage: &Storage,
+    stanza: &str,
+    cluster: &pgstrata_repo::stanza::ClusterIdentity,
+) -> Result<Vec<(String, String)>> {
+    let objects = storage
+        .list(&layout::archive_root(stanza, &cluster.archive_id()))
+        .await?;
+    Ok(objects
+        .into_iter()
+        .filter_map(|obj| {
+            let name = match layout::parse_archive_object(&obj.key) {
+                ArchiveObject::Wal(name) | ArchiveObject::ChangeMap { segment: name } => name,
+            };
+            let name = name.to_string();
+            (!name.ends_with(".history")).then_some((obj.key, name))
+        })
+        .collect())
+}
+
 /// The segments of WAL file `names` (a map, .partial or .backup file counts as its
 /// segment), as ranges of consecutive segments of one timeline, for the expire record.
 fn wal_ranges<'a>(
@@ -574,19 +623,15 @@ mod tests {
         use pgstrata_repo::stanza::{ClusterIdentity, StanzaInfo};
         let dir = tempfile::tempdir().unwrap();
         let storage = Storage::local(dir.path()).unwrap();
-        let info = StanzaInfo {
-            format_version: pgstrata_repo::FORMAT_VERSION,
-            stanza: "st".into(),
-            created: "2026-01-01T00:00:00Z".into(),
-            cluster: ClusterIdentity {
-                system_identifier: "1".into(),
-                major_version: 15,
-                catalog_version: 1,
-                control_version: 1,
-                wal_segment_size: 16 << 20,
-                block_size: 8192,
-            },
+        let cluster = ClusterIdentity {
+            system_identifier: "1".into(),
+            major_version: 15,
+            catalog_version: 1,
+            control_version: 1,
+            wal_segment_size: 16 << 20,
+            block_size: 8192,
         };
+        let info = StanzaInfo::new("st", cluster);
         StanzaInfo::create(&storage, &info).await.unwrap();
         let pack = dir.path().join("st/backup/20260101-000000F/pack");
         std::fs::create_dir_all(&pack).unwrap();

@@ -24,9 +24,11 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
     let headers: Vec<&Manifest> = scan.headers.iter().collect();
     let usage = crate::garbage::collect_garbage(&storage, &s.stanza, &headers, None, false).await?;
     let seg_size = stanza.cluster.wal_segment_size;
+    // Gaps are looked for in the current cluster's archive, from its oldest backup on.
     let oldest_start = scan
         .headers
         .iter()
+        .filter(|m| m.cluster == stanza.cluster)
         .filter_map(|m| {
             pgstrata_pg::lsn::parse_segment_name(&m.start.wal, seg_size).map(|(_, n)| n)
         })
@@ -74,6 +76,7 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
         segment_size: seg_size,
     };
     let vanished = crate::vanished::check(s, &storage, &found).await?;
+    let prior_clusters = prior_clusters(&storage, &stanza).await?;
     Ok(StanzaReport {
         stanza: s.stanza.clone(),
         repository: storage.description().to_string(),
@@ -97,7 +100,28 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
                 .unwrap_or_default()
                 .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         }),
+        prior_clusters,
     })
+}
+
+/// The clusters `stanza` belonged to before its stanza-upgrades, with their archives' ranges.
+async fn prior_clusters(
+    storage: &pgstrata_repo::Storage,
+    stanza: &pgstrata_repo::stanza::StanzaInfo,
+) -> Result<Vec<crate::reports::PriorCluster>> {
+    let mut out = Vec::new();
+    for c in &stanza.history[..stanza.history.len() - 1] {
+        let range =
+            archive_range(storage, &stanza.stanza, &c.archive_id(), c.wal_segment_size).await?;
+        out.push(crate::reports::PriorCluster {
+            system_identifier: c.system_identifier.clone(),
+            pg_version: c.major_version,
+            archive_id: c.archive_id(),
+            archive_min: range.as_ref().map(|r| r.min.clone()),
+            archive_max: range.as_ref().map(|r| r.max.clone()),
+        });
+    }
+    Ok(out)
 }
 
 pub fn render_text(r: &StanzaReport) -> String {
@@ -122,6 +146,17 @@ pub fn render_text(r: &StanzaReport) -> String {
             l.oldest_ready_age_secs
                 .map(|a| format!(", oldest ready for {a} s"))
                 .unwrap_or_default()
+        ));
+    }
+    for c in &r.prior_clusters {
+        out.push_str(&format!(
+            "    before stanza-upgrade: PostgreSQL {}, system identifier {}, wal archive {}\n",
+            c.pg_version,
+            c.system_identifier,
+            match (&c.archive_min, &c.archive_max) {
+                (Some(a), Some(b)) => format!("min/max: {a} / {b}"),
+                _ => "empty".to_string(),
+            }
         ));
     }
     for line in r.vanished.lines() {
@@ -149,14 +184,15 @@ pub fn render_text(r: &StanzaReport) -> String {
             d.label, d.error
         ));
     }
+    let current_archive = format!("{}-{}", r.pg_version, r.system_identifier);
     for b in &r.backups {
-        render_backup(&mut out, b);
+        render_backup(&mut out, b, &current_archive);
     }
     out
 }
 
 /// One backup of [`render_text`].
-fn render_backup(out: &mut String, b: &BackupInfo) {
+fn render_backup(out: &mut String, b: &BackupInfo, current_archive: &str) {
     out.push_str(&format!(
         "\n    {} backup: {}\n        timestamp start/stop: {} / {}\n        lsn start/stop: {} / {} (timeline {})\n        wal start/stop: {} / {}\n        database size: {}, new data stored: {}, files: {}\n",
         b.backup_type,
@@ -172,6 +208,12 @@ fn render_backup(out: &mut String, b: &BackupInfo) {
         human_bytes(b.stored_size),
         b.files
     ));
+    if b.archive_id != current_archive {
+        out.push_str(&format!(
+            "        of the PostgreSQL {} cluster before stanza-upgrade (WAL archive {})\n",
+            b.pg_version, b.archive_id
+        ));
+    }
     if b.pinned {
         out.push_str("        pinned: retention keeps it (annotate --unpin to release)\n");
     }

@@ -346,6 +346,7 @@ mod tests {
             repository: "s3://bucket/a \"quoted\\\" path".into(),
             system_identifier: "1".into(),
             pg_version: 15,
+            prior_clusters: Vec::new(),
             archive_min: Some("000000010000000000000001".into()),
             archive_max: Some("000000010000000000000009".into()),
             archive_max_time: Some(1_699_999_900),

@@ -19,4 +19,5 @@ pub mod restore;
 pub mod restore_test;
 pub mod stanza_create;
 pub mod stanza_delete;
+pub mod stanza_upgrade;
 pub mod verify;

@@ -3,7 +3,7 @@
 use crate::local_cluster::cluster_identity;
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_repo::stanza::{ClusterIdentity, StanzaInfo};
-use pgstrata_repo::{ErrorKind as RepoErrorKind, FORMAT_VERSION};
+use pgstrata_repo::ErrorKind as RepoErrorKind;
 
 pub enum CreateOutcome {
     Created,
@@ -21,12 +21,7 @@ pub async fn stanza_create(s: &Settings) -> Result<CreateOutcome> {
         return existing_stanza(s, &cluster).await;
     }
     let (storage, new_key) = crate::encryption::prepare_new_stanza(s, storage).await?;
-    let info = StanzaInfo {
-        format_version: FORMAT_VERSION,
-        stanza: s.stanza.clone(),
-        created: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        cluster: cluster.clone(),
-    };
+    let info = StanzaInfo::new(&s.stanza, cluster.clone());
     match StanzaInfo::create(&storage, &info).await {
         Ok(()) => {
             log::info!(
@@ -61,7 +56,7 @@ async fn existing_stanza(s: &Settings, cluster: &ClusterIdentity) -> Result<Crea
     } else {
         Err(Error::refused(format!(
             "stanza '{}' in repository {} belongs to another cluster (system {} PostgreSQL {}), not this one (system {} PostgreSQL {}); \
-             use another stanza name or repository",
+             use another stanza name or repository (after pg_upgrade: stanza-upgrade)",
             s.stanza,
             storage.description(),
             existing.cluster.system_identifier,

@@ -122,11 +122,7 @@ pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
     }
     let archive_id = stanza.cluster.archive_id();
     let seg_size = stanza.cluster.wal_segment_size;
-    let (mut wal, segments) = verify_archive(&storage, &s.stanza, &archive_id, seg_size).await?;
-    let archived = |name: &str| {
-        lsn::parse_segment_name(name, seg_size)
-            .is_some_and(|(tli, segno)| segments.get(&tli).is_some_and(|s| s.contains(&segno)))
-    };
+    let archives = verify_archives(&storage, &stanza).await?;
 
     // One backup at a time, oldest first, each manifest alone in memory: its new file
     // entries are added to the progress total when it is reached.
@@ -134,7 +130,7 @@ pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
     let mut seen = Seen::default();
     let mut backups = Vec::new();
     let mut damaged_objects = Vec::new();
-    let mut oldest_start: Option<u64> = None;
+    let mut oldest_start: HashMap<String, u64> = HashMap::new();
     for label in &labels {
         let selected = set.is_none_or(|w| w == label);
         if selected {
@@ -145,8 +141,11 @@ pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
         else {
             continue;
         };
-        if let Some((_, segno)) = lsn::parse_segment_name(&m.start.wal, seg_size) {
-            oldest_start = Some(oldest_start.map_or(segno, |o| o.min(segno)));
+        let its_archive = m.cluster.archive_id();
+        if let Some((_, segno)) = lsn::parse_segment_name(&m.start.wal, m.cluster.wal_segment_size)
+        {
+            let oldest = oldest_start.entry(its_archive.clone()).or_insert(segno);
+            *oldest = (*oldest).min(segno);
         }
         let Some(stored) = stored else { continue };
         let mut v = BackupVerdict {
@@ -155,7 +154,7 @@ pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
             files: 0,
             files_read: 0,
             bytes_read: 0,
-            errors: needed_wal_errors(&m, seg_size, &archived, &wal),
+            errors: needed_wal_errors(&m, &archives),
         };
         check_backup(s, &storage, &m, &stored, &mut seen, &progress, &mut v).await?;
         v.ok = v.errors.is_empty();
@@ -171,7 +170,7 @@ pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
         }
         backups.push(v);
     }
-    wal.gaps = crate::wal_archive::archive_gaps(&segments, oldest_start, seg_size);
+    let (wal, segments) = merge_archives(&stanza, archives, &oldest_start);
     let found = crate::vanished::Found {
         labels: &labels,
         wal: Some((&archive_id, &segments)),
@@ -342,10 +341,19 @@ async fn open_backup(
 /// archived, or damaged.
 fn needed_wal_errors(
     m: &Manifest,
-    seg_size: u64,
-    archived: &impl Fn(&str) -> bool,
-    wal: &WalVerdict,
+    archives: &HashMap<String, (WalVerdict, ArchivedSegments)>,
 ) -> Vec<String> {
+    let Some((wal, segments)) = archives.get(&m.cluster.archive_id()) else {
+        return vec![format!(
+            "it is a backup of cluster {}, which the stanza never belonged to: its WAL is not here",
+            m.cluster.archive_id()
+        )];
+    };
+    let seg_size = m.cluster.wal_segment_size;
+    let archived = |name: &str| {
+        lsn::parse_segment_name(name, seg_size)
+            .is_some_and(|(tli, segno)| segments.get(&tli).is_some_and(|s| s.contains(&segno)))
+    };
     let mut errors = vec![];
     for name in lsn::segments_between(m.start.timeline, m.start.lsn, m.stop.lsn, seg_size) {
         if !archived(&name) {
@@ -554,6 +562,51 @@ fn check_file(
 
 /// Check every archived WAL object and change map. Also returns the archived full segments
 /// (the caller finds the holes after the oldest backup's start in them).
+/// Every archive of the stanza checked, by archive id: each cluster it belonged to has
+/// one (stanza-upgrade), which that cluster's backups need.
+async fn verify_archives(
+    storage: &Storage,
+    stanza: &pgstrata_repo::stanza::StanzaInfo,
+) -> Result<HashMap<String, (WalVerdict, ArchivedSegments)>> {
+    let mut archives = HashMap::new();
+    for c in &stanza.history {
+        let id = c.archive_id();
+        let checked = verify_archive(storage, &stanza.stanza, &id, c.wal_segment_size).await?;
+        archives.insert(id, checked);
+    }
+    Ok(archives)
+}
+
+/// One verdict of `archives`: the current archive's (with its segments, returned), with
+/// the earlier clusters' findings named `<archive-id>/<name>`. Gaps are looked for from
+/// each archive's oldest backup start on (`oldest_start`, by archive id).
+fn merge_archives(
+    stanza: &pgstrata_repo::stanza::StanzaInfo,
+    mut archives: HashMap<String, (WalVerdict, ArchivedSegments)>,
+    oldest_start: &HashMap<String, u64>,
+) -> (WalVerdict, ArchivedSegments) {
+    let current = stanza.cluster.archive_id();
+    let seg_size = stanza.cluster.wal_segment_size;
+    let (mut wal, segments) = archives.remove(&current).expect("the current archive");
+    wal.gaps =
+        crate::wal_archive::archive_gaps(&segments, oldest_start.get(&current).copied(), seg_size);
+    for c in &stanza.history[..stanza.history.len() - 1] {
+        let id = c.archive_id();
+        let (prior, segments) = archives.remove(&id).expect("each archive checked");
+        let oldest = oldest_start.get(&id).copied();
+        let gaps = crate::wal_archive::archive_gaps(&segments, oldest, c.wal_segment_size);
+        let named = |n: String| format!("{id}/{n}");
+        wal.segments += prior.segments;
+        wal.maps += prior.maps;
+        wal.damaged.extend(prior.damaged.into_iter().map(named));
+        wal.maps_damaged
+            .extend(prior.maps_damaged.into_iter().map(named));
+        wal.gaps
+            .extend(gaps.into_iter().map(|(a, b)| (named(a), named(b))));
+    }
+    (wal, segments)
+}
+
 async fn verify_archive(
     storage: &Storage,
     stanza: &str,

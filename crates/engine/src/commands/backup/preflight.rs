@@ -74,7 +74,7 @@ pub(super) async fn preflight(
         (pg_path, control, db, None)
     };
     let standby = super::standby::connect(s, &control).await?;
-    let (backup_type, prior) = choose_prior(s, storage, opts.backup_type).await?;
+    let (backup_type, prior) = choose_prior(s, storage, stanza, opts.backup_type).await?;
     let (label, start_time) = unique_label(s, storage, backup_type).await?;
     log::info!(
         "{} backup {label} of stanza '{}' starting ({} compression, process-max {}{})",
@@ -177,10 +177,12 @@ fn same_directory(pg_path: &Path, server_dir: &str) -> Result<()> {
 }
 
 /// The prior backup an incremental (newest backup) or differential (newest full) is
-/// compared against. Without one, the backup is full.
+/// compared against. Without one, the backup is full; so it is when that backup is of
+/// the cluster the stanza had before a stanza-upgrade.
 async fn choose_prior(
     s: &Settings,
     storage: &Storage,
+    stanza: &StanzaInfo,
     asked: BackupType,
 ) -> Result<(BackupType, Option<std::sync::Arc<StoredManifest>>)> {
     if asked == BackupType::Full {
@@ -190,11 +192,18 @@ async fn choose_prior(
     for l in labels.iter().rev() {
         // An incremental's prior is the newest backup, a differential's the newest full:
         // headers tell which, and only that manifest is read whole.
-        if asked == BackupType::Diff {
-            let header = Manifest::load_header(storage, &s.stanza, l).await?;
-            if header.backup_type != BackupType::Full {
-                continue;
-            }
+        let header = Manifest::load_header(storage, &s.stanza, l).await?;
+        if asked == BackupType::Diff && header.backup_type != BackupType::Full {
+            continue;
+        }
+        if header.cluster != stanza.cluster {
+            log::warn!(
+                "the newest {} {l} is of cluster {} (before stanza-upgrade): taking a full backup instead of {}",
+                if asked == BackupType::Diff { "full backup" } else { "backup" },
+                header.cluster.archive_id(),
+                asked.name()
+            );
+            return Ok((BackupType::Full, None));
         }
         let m = Manifest::open_unread(storage, &s.stanza, l).await?;
         return Ok((asked, Some(std::sync::Arc::new(m))));
