@@ -96,3 +96,92 @@ fn a_backup_whose_prior_packs_vanish_is_not_written() {
         "no manifest for the incremental"
     );
 }
+
+/// `repo-rate-limit` and `pg-read-rate-limit` hold a backup of ~400 MB to their rates,
+/// measured from outside: the bytes that reached the repository (or that info says were
+/// read) over the command's whole run, within 10% above the limit, and not far below it
+/// (the limiter does not throttle more than asked). Progress names the limit.
+#[test]
+fn rate_limits_hold_a_backup_to_their_rates() {
+    let env = Env::new("rate_limit");
+    env.sql(
+        "CREATE TABLE filler AS SELECT g, repeat(md5(g::text), 10) AS pad \
+         FROM generate_series(1, 1100000) g",
+    );
+    env.stanza_create();
+    let mib = 1u64 << 20;
+    let timed = |args: &[&str]| {
+        let mut all = vec![
+            "--start-fast",
+            "--process-max=2",
+            "--compress-type=none",
+            "--type=full",
+        ];
+        all.extend_from_slice(args);
+        all.push("--progress=on");
+        all.push("backup");
+        let started = std::time::Instant::now();
+        let out = env.cmd(&all).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let label = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        (label, started.elapsed().as_secs_f64(), stderr)
+    };
+
+    let (label, secs, progress) = timed(&["--repo1-rate-limit=20MiB"]);
+    let stored: u64 = tree(&env.repo.join(STANZA).join("backup").join(&label))
+        .values()
+        .sum();
+    assert!(stored > 350 * mib, "a backup of ~400 MB: {stored}");
+    let rate = stored as f64 / secs;
+    let limit = (20 * mib) as f64;
+    eprintln!(
+        "repo-rate-limit 20 MiB/s: {stored} bytes stored in {secs:.1} s = {:.2} MiB/s",
+        rate / mib as f64
+    );
+    assert!(
+        rate <= 1.1 * limit,
+        "{:.1} MiB/s stored under a 20 MiB/s limit",
+        rate / mib as f64
+    );
+    assert!(
+        rate >= 0.5 * limit,
+        "{:.1} MiB/s: throttled far below the limit",
+        rate / mib as f64
+    );
+    assert!(
+        progress.contains("(repository limit 20.0 MiB/s)"),
+        "{progress}"
+    );
+
+    let (label, secs, progress) = timed(&["--pg-read-rate-limit=64MiB"]);
+    let info = env.info_json();
+    let b = info_backup(&info, &label);
+    let read = b["bytes_read"].as_u64().unwrap();
+    assert!(read > 350 * mib, "{b}");
+    let rate = read as f64 / secs;
+    let limit = (64 * mib) as f64;
+    eprintln!(
+        "pg-read-rate-limit 64 MiB/s: {read} bytes read in {secs:.1} s = {:.2} MiB/s",
+        rate / mib as f64
+    );
+    assert!(
+        rate <= 1.1 * limit,
+        "{:.1} MiB/s read under a 64 MiB/s limit",
+        rate / mib as f64
+    );
+    assert!(
+        rate >= 0.4 * limit,
+        "{:.1} MiB/s: throttled far below the limit",
+        rate / mib as f64
+    );
+    assert!(progress.contains("(read limit 64.0 MiB/s)"), "{progress}");
+    let shown = b["read_rate"].as_u64().unwrap() as f64;
+    assert!(shown <= 1.1 * limit, "info's read rate {shown}");
+    let text = env.ok(&["info"]);
+    assert!(text.contains("/s read, "), "{text}");
+}

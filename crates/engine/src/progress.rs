@@ -101,6 +101,7 @@ fn progress_line(
     (files, total_files): (u64, u64),
     elapsed: Duration,
     finished: bool,
+    limit: Option<(&str, u64)>,
 ) -> String {
     let secs = elapsed.as_secs_f64().max(0.001);
     let rate = bytes as f64 / secs;
@@ -119,8 +120,11 @@ fn progress_line(
     } else {
         "ETA -".into()
     };
+    let limit = limit
+        .map(|(which, l)| format!(" ({which} limit {}/s)", human_bytes(l)))
+        .unwrap_or_default();
     format!(
-        "{what}: {} of {} ({percent:.0}%), {files}/{total_files} files, {}/s, {tail}",
+        "{what}: {} of {} ({percent:.0}%), {files}/{total_files} files, {}/s{limit}, {tail}",
         human_bytes(bytes),
         human_bytes(total_bytes),
         human_bytes(rate as u64),
@@ -129,8 +133,14 @@ fn progress_line(
 
 impl Progress {
     /// Start showing the progress of `what` towards `total_bytes` in `total_files` files;
-    /// the work adds to [`Progress::counters`].
-    pub fn start(what: &'static str, total_bytes: u64, total_files: u64) -> Progress {
+    /// the work adds to [`Progress::counters`]. Work under a rate limit (`repo-rate-limit`,
+    /// `pg-read-rate-limit`) shows it beside the rate: `limit` `("read", bytes/s)`.
+    pub fn start(
+        what: &'static str,
+        total_bytes: u64,
+        total_files: u64,
+        limit: Option<(&'static str, u64)>,
+    ) -> Progress {
         let counters = Arc::new(Counters::default());
         let totals = Arc::new(Counters {
             bytes: AtomicU64::new(total_bytes),
@@ -182,6 +192,7 @@ impl Progress {
                     ),
                     started.elapsed(),
                     finished,
+                    limit,
                 );
                 if live {
                     let mut e = std::io::stderr().lock();
@@ -248,10 +259,23 @@ mod tests {
             (10, 40),
             Duration::from_secs(4),
             false,
+            None,
         );
         assert_eq!(
             line,
             "backup: 256.0 MiB of 1.0 GiB (25%), 10/40 files, 64.0 MiB/s, ETA 12s"
+        );
+        let line = progress_line(
+            "backup",
+            (256 << 20, 1 << 30),
+            (10, 40),
+            Duration::from_secs(16),
+            false,
+            Some(("read", 16 << 20)),
+        );
+        assert!(
+            line.contains("16.0 MiB/s (read limit 16.0 MiB/s), ETA 48s"),
+            "{line}"
         );
         let line = progress_line(
             "restore",
@@ -259,6 +283,7 @@ mod tests {
             (40, 40),
             Duration::from_secs(75),
             true,
+            None,
         );
         assert!(
             line.contains("(100%)") && line.ends_with("done in 1m15s"),

@@ -51,6 +51,12 @@ pub(crate) struct BackupInfo {
     /// The databases backed up (name, OID); absent for backups that did not record them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub databases: Option<Vec<pgstrata_repo::manifest::Database>>,
+    /// Bytes read from the data directory, and stored, per second of the backup's run
+    /// (what rate limits hold it to); absent for a backup shorter than a second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_rate: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_rate: Option<u64>,
     /// The PostgreSQL major of the cluster backed up (before a stanza-upgrade, an older one).
     pub pg_version: u32,
     /// The WAL archive its recovery reads.
@@ -122,11 +128,19 @@ pub(crate) struct DamagedBackup {
     pub error: String,
 }
 
+/// `bytes` over backup `m`'s run, per second; `None` for a run under a second.
+fn per_second(bytes: u64, m: &Manifest) -> Option<u64> {
+    let secs = m.stop.epoch - m.start.epoch;
+    (secs > 0).then(|| bytes / secs as u64)
+}
+
 pub(crate) fn summarize(m: &Manifest) -> BackupInfo {
     BackupInfo {
         label: m.label.clone(),
         pg_version: m.cluster.major_version,
         archive_id: m.cluster.archive_id(),
+        read_rate: per_second(m.stats.bytes_read, m),
+        store_rate: per_second(m.stats.stored_size, m),
         backup_type: m.backup_type.name().to_string(),
         prior: m.prior.clone(),
         start_time: m.start.time.clone(),

@@ -61,6 +61,9 @@ pub struct Settings {
     /// backup: read relation files from this standby instead of the primary
     /// (`backup-standby`).
     pub standby: Option<StandbySource>,
+    /// Bytes per second backup reads from the data directory, summed over its workers
+    /// (`pg-read-rate-limit`).
+    pub pg_read_rate_limit: Option<u64>,
 }
 
 /// A streaming standby of the primary a backup reads relation files from.
@@ -106,6 +109,7 @@ impl Settings {
             cipher_key_cache: false,
             standby: None,
             state_path: None,
+            pg_read_rate_limit: None,
         }
     }
 

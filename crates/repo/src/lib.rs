@@ -52,6 +52,7 @@ pub mod pack;
 pub mod private_dir;
 #[cfg(test)]
 mod props;
+pub mod rate;
 mod records;
 pub mod resume;
 pub mod s3_versions;

@@ -276,8 +276,14 @@ mod tests {
         assert_eq!(info.cluster_with_sysid("1"), Some(&cluster("1", 15)));
 
         // Record 2 stored as record 5: misnamed; and without 2, 3 follows a gap.
-        let two = storage.get(&layout::stanza_upgrade("main", 2)).await.unwrap();
-        storage.delete(&layout::stanza_upgrade("main", 2)).await.unwrap();
+        let two = storage
+            .get(&layout::stanza_upgrade("main", 2))
+            .await
+            .unwrap();
+        storage
+            .delete(&layout::stanza_upgrade("main", 2))
+            .await
+            .unwrap();
         storage
             .put_new(&layout::stanza_upgrade("main", 5), two.clone())
             .await
@@ -285,7 +291,10 @@ mod tests {
         let e = StanzaInfo::load(&storage, "main").await.unwrap_err();
         assert_eq!(e.kind, ErrorKind::Corrupt);
         assert!(e.to_string().contains("another name"), "{e}");
-        storage.delete(&layout::stanza_upgrade("main", 5)).await.unwrap();
+        storage
+            .delete(&layout::stanza_upgrade("main", 5))
+            .await
+            .unwrap();
         let e = StanzaInfo::load(&storage, "main").await.unwrap_err();
         assert!(e.to_string().contains("has no upgrade record 2"), "{e}");
     }

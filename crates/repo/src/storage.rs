@@ -16,6 +16,7 @@
 use crate::as_of::AsOfStore;
 use crate::cache::{stored_hash, ObjectCache};
 use crate::cipher::Cipher;
+use crate::rate::{RateLimitedStore, RateLimiter};
 use crate::s3_versions::{ObjectLock, S3Versions};
 use crate::Named;
 use crate::{Error, ErrorKind, Result};
@@ -71,6 +72,9 @@ pub struct RepoConfig {
     /// Read the repository as it was at this time (unix seconds; `repo-target-time`),
     /// from object versions ([`crate::as_of`]); nothing is written. S3 only.
     pub target_time: Option<i64>,
+    /// Bytes per second to and from the repository, summed over the process
+    /// (`repo-rate-limit`, [`crate::rate`]).
+    pub rate_limit: Option<u64>,
 }
 
 // Names as configured (`repo-type`).
@@ -174,6 +178,8 @@ pub struct Storage {
     versions: Option<Arc<S3Versions>>,
     /// The time the repository is read as of (`repo-target-time`).
     as_of: Option<i64>,
+    /// `repo-rate-limit`: its store is wrapped in it; streamed writes take from it too.
+    rate: Option<Arc<RateLimiter>>,
 }
 
 fn map_err(e: object_store::Error, what: String) -> Error {
@@ -411,6 +417,13 @@ impl Storage {
                 ))
             }
         };
+        let rate = cfg
+            .rate_limit
+            .map(|r| RateLimiter::shared(&format!("repository {description}"), r));
+        let store: Arc<dyn ObjectStore> = match &rate {
+            Some(limiter) => Arc::new(RateLimitedStore::new(store, limiter.clone())),
+            None => store,
+        };
         let mut put_attributes = Attributes::new();
         if let (RepoKind::S3, Some(class)) = (cfg.kind, &cfg.s3.storage_class) {
             put_attributes.insert(Attribute::StorageClass, class.clone().into());
@@ -433,6 +446,7 @@ impl Storage {
             object_lock: cfg.s3.object_lock.filter(|_| cfg.kind == RepoKind::S3),
             versions,
             as_of: cfg.target_time,
+            rate,
         })
     }
 
@@ -494,7 +508,13 @@ impl Storage {
             object_lock: None,
             versions: None,
             as_of: None,
+            rate: None,
         }
+    }
+
+    /// The repository's rate limit (`repo-rate-limit`), in bytes per second.
+    pub fn rate_limit(&self) -> Option<u64> {
+        self.rate.as_ref().map(|r| r.bytes_per_second())
     }
 
     /// The same repository, sealing and opening objects with `cipher` (an encrypted stanza).
@@ -1199,6 +1219,7 @@ impl Storage {
             }
         };
         Ok(Some(StreamedObject {
+            rate: self.rate.clone(),
             file: std::io::BufWriter::with_capacity(StreamedObject::BUFFER, file),
             staging: Some(staging),
             dest,
@@ -1212,6 +1233,8 @@ impl Storage {
 /// staging file is removed.
 #[derive(Debug)]
 pub struct StreamedObject {
+    /// The repository's rate limit, which the bytes written take from.
+    rate: Option<Arc<RateLimiter>>,
     file: std::io::BufWriter<std::fs::File>,
     /// The staging file, until it is committed or removed.
     staging: Option<std::path::PathBuf>,
@@ -1227,6 +1250,9 @@ impl StreamedObject {
     /// Append `bytes` to the object.
     pub fn write(&mut self, bytes: &[u8]) -> Result<()> {
         use std::io::Write;
+        if let Some(rate) = &self.rate {
+            rate.acquire_blocking(bytes.len() as u64);
+        }
         self.file
             .write_all(bytes)
             .map_err(|e| local_err(e, "write", self.staging.as_deref().unwrap_or(&self.dest)))?;

@@ -273,6 +273,7 @@ fn settings(inv: &Invocation) -> Result<Settings, Error> {
         cipher_key_cache: inv.flag("repo-cipher-key-cache"),
         standby: standby_source(inv)?,
         state_path: Some(inv.text("state-path").into()),
+        pg_read_rate_limit: inv.int_opt("pg-read-rate-limit"),
     })
 }
 
@@ -311,6 +312,7 @@ fn repo_config(inv: &Invocation) -> Result<RepoConfig, Error> {
         remote: ssh_target(inv, "repo-remote", "repo-remote-port", "repo-remote-cmd"),
         remote_stanza: get("stanza"),
         target_time: target_time(inv)?,
+        rate_limit: inv.int_opt("repo-rate-limit"),
     })
 }
 

@@ -139,6 +139,10 @@ pub async fn copy(from: &Settings, to: &Settings, o: &CopyOptions) -> Result<Cop
         )));
     }
     check_same_keys(&src, &dst, from.repo_index, to.repo_index, &stanza).await?;
+    let limit = dst
+        .rate_limit()
+        .or(src.rate_limit())
+        .map(|l| ("repository", l));
     let mut job = Job {
         src,
         dst,
@@ -160,7 +164,7 @@ pub async fn copy(from: &Settings, to: &Settings, o: &CopyOptions) -> Result<Cop
             stanza_created,
             ..CopyReport::default()
         },
-        progress: Progress::start("copy", 0, 0),
+        progress: Progress::start("copy", 0, 0, limit),
         in_flight: to.process_max.get().max(from.process_max.get()) * 2,
     };
     let dst = job.dst.clone();

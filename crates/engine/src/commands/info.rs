@@ -221,6 +221,13 @@ fn render_backup(out: &mut String, b: &BackupInfo, current_archive: &str) {
         // Escaped: a value is one line, whatever the operator typed.
         out.push_str(&format!("        annotation: {k}={}\n", v.escape_debug()));
     }
+    if let (Some(read), Some(stored)) = (b.read_rate, b.store_rate) {
+        out.push_str(&format!(
+            "        rate: {}/s read, {}/s stored\n",
+            human_bytes(read),
+            human_bytes(stored)
+        ));
+    }
     if let Some(p) = &b.prior {
         out.push_str(&format!(
             "        compared with: {p}; {} files unchanged, {} read\n",

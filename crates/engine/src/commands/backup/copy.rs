@@ -294,6 +294,7 @@ fn copy_whole(
     loop {
         let n = read_full_at(&f, &mut buf, offset)
             .map_err(|e| Error::io(format!("read {}", job.abs().display()), e))?;
+        ctx.after_read(n);
         if n == 0 {
             break;
         }
@@ -602,6 +603,7 @@ impl<'a> BlockCopier<'a> {
     ) -> Result<bool> {
         let n = read_full_at(self.file, buf, offset)
             .map_err(|e| Error::io(format!("read {}", self.job.abs().display()), e))?;
+        self.ctx.after_read(n);
         if n < buf.len() {
             *end = offset + n as u64;
             if n == 0 {

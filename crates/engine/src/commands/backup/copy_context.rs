@@ -38,6 +38,17 @@ pub(super) struct CopyContext {
     pub resume: Option<Resumed>,
     /// Write resume checkpoints as packs are stored.
     pub checkpoints: bool,
+    /// `pg-read-rate-limit`: every read of the data directory takes its bytes from it.
+    pub read_rate: Option<Arc<pgstrata_repo::rate::RateLimiter>>,
+}
+
+impl CopyContext {
+    /// `bytes` were just read from the data directory: wait for them under the read limit.
+    pub(super) fn after_read(&self, bytes: usize) {
+        if let Some(rate) = &self.read_rate {
+            rate.acquire_blocking(bytes as u64);
+        }
+    }
 }
 
 /// What an incremental compares against: the prior backup's manifest, opened for reading

@@ -183,10 +183,16 @@ async fn copy_data_directory(
     let (walk, tablespaces) = walk_source(pf).await?;
     // The prior backup's size until the walk finds more.
     let estimate = pf.prior.as_ref().map(|p| p.header().stats.clone());
+    let limit = match (s.pg_read_rate_limit, storage.rate_limit()) {
+        (Some(read), _) => Some(("read", read)),
+        (None, Some(repo)) => Some(("repository", repo)),
+        (None, None) => None,
+    };
     let progress = Progress::start(
         "backup",
         estimate.as_ref().map_or(0, |st| st.db_size),
         estimate.as_ref().map_or(0, |st| st.files),
+        limit,
     );
     let prior = pf.prior.clone().map(Prior::new);
     let resume = interrupted_backup(s, opts, storage, pf).await?;
@@ -211,6 +217,9 @@ async fn copy_data_directory(
         wal,
         resume,
         checkpoints: opts.resume,
+        read_rate: s
+            .pg_read_rate_limit
+            .map(|r| pgstrata_repo::rate::RateLimiter::shared("data directory", r)),
     };
     let workers = s.process_max.get();
     let prior_label = pf.prior.as_ref().map(|p| p.header().label.as_str());
