@@ -199,6 +199,8 @@ fn restore_options(label: &str, archive_get_command: String) -> RestoreOptions {
         dry_run: false,
         tablespace_map: vec![],
         tablespace_root: None,
+        link_all: false,
+        link_map: vec![],
         recovery_type: RecoveryType::Immediate,
         target: None,
         target_action: Some(TargetAction::Promote),

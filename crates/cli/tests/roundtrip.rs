@@ -168,6 +168,128 @@ fn tablespace_outside_the_data_directory_is_restored_and_remapped() {
         .psql("postgres", &format!("SELECT pg_tablespace_location({oid})"))
         .unwrap();
     assert_eq!(loc, new_ts.display().to_string());
+    c.stop().unwrap();
+
+    // --tablespace-map-all: every tablespace under one directory, by OID.
+    let all = env.scratch.join("all-ts");
+    let c = env.restore_and_start(
+        "mapped-all",
+        &[
+            "--type=immediate",
+            &format!("--tablespace-map-all={}", all.display()),
+        ],
+    );
+    let link = std::fs::read_link(c.data.join(format!("pg_tblspc/{oid}"))).unwrap();
+    assert_eq!(link, all.join(&oid));
+    assert_eq!(c.content_hashes().unwrap(), expected);
+    c.stop().unwrap();
+}
+
+/// The data directory's own links (pg_wal and a log directory on other disks, a
+/// configuration file kept elsewhere): restored as what they pointed to by default, as
+/// links with --link-all (refused where the source's targets are in use), and pointing
+/// elsewhere with --link-map; each restored cluster starts with the source's data.
+#[test]
+fn data_directory_links_are_restored_as_asked() {
+    let env = Env::new("links");
+    env.cluster.stop().unwrap();
+    let data = env.cluster.data.clone();
+    let outside = |name: &str| {
+        let p = env.scratch.join(name);
+        std::fs::create_dir_all(&p).unwrap();
+        pgstrata_testkit::give_to_pg_user(&p);
+        p
+    };
+    let (wal, log, conf) = (outside("wal"), outside("log"), outside("conf"));
+    for e in std::fs::read_dir(data.join("pg_wal")).unwrap() {
+        let e = e.unwrap();
+        std::fs::rename(e.path(), wal.join(e.file_name())).unwrap();
+    }
+    std::fs::remove_dir(data.join("pg_wal")).unwrap();
+    std::os::unix::fs::symlink(&wal, data.join("pg_wal")).unwrap();
+    std::fs::write(log.join("old.log"), "a log line\n").unwrap();
+    pgstrata_testkit::give_to_pg_user(&log.join("old.log"));
+    std::os::unix::fs::symlink(&log, data.join("log")).unwrap();
+    std::fs::rename(data.join("pg_ident.conf"), conf.join("pg_ident.conf")).unwrap();
+    std::os::unix::fs::symlink(conf.join("pg_ident.conf"), data.join("pg_ident.conf")).unwrap();
+    env.cluster.start().unwrap();
+    env.pgbench_init(1);
+    env.stanza_create();
+    env.backup(&["--type=full"]);
+    let expected = env.hashes();
+    let ident = std::fs::read(conf.join("pg_ident.conf")).unwrap();
+
+    // By default: real directories and files in the data directory.
+    let c = env.restore_and_start("plain", &["--type=immediate"]);
+    assert!(std::fs::symlink_metadata(c.data.join("pg_wal"))
+        .unwrap()
+        .is_dir());
+    assert!(std::fs::symlink_metadata(c.data.join("pg_ident.conf"))
+        .unwrap()
+        .is_file());
+    assert_eq!(
+        std::fs::read(c.data.join("log/old.log")).unwrap(),
+        b"a log line\n"
+    );
+    assert_eq!(c.content_hashes().unwrap(), expected);
+    c.stop().unwrap();
+
+    // --link-all alone would write into the source's pg_wal, which is in use.
+    let target = env.scratch.join("refused");
+    let (code, err) = run_fail(env.cmd_as_invoker(&[
+        &format!("--pg-path={}", target.display()),
+        "--link-all",
+        "restore",
+    ]));
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("not empty") && err.contains("--link-map=pg_wal="),
+        "{err}"
+    );
+
+    let (wal2, log2, conf2) = (
+        env.scratch.join("wal2"),
+        env.scratch.join("log2"),
+        env.scratch.join("conf2/ident"),
+    );
+    let c = env.restore_and_start(
+        "linked",
+        &[
+            "--type=immediate",
+            "--link-all",
+            &format!("--link-map=pg_wal={}", wal2.display()),
+            &format!("--link-map=log={}", log2.display()),
+            &format!("--link-map=pg_ident.conf={}", conf2.display()),
+        ],
+    );
+    assert_eq!(std::fs::read_link(c.data.join("pg_wal")).unwrap(), wal2);
+    assert_eq!(std::fs::read_link(c.data.join("log")).unwrap(), log2);
+    assert_eq!(
+        std::fs::read_link(c.data.join("pg_ident.conf")).unwrap(),
+        conf2
+    );
+    assert_eq!(std::fs::read(&conf2).unwrap(), ident);
+    // ...which the cluster's owner reads through the link, as the server does.
+    let through_link = std::process::Command::new("runuser")
+        .args(["-u", "postgres", "--", "cat"])
+        .arg(c.data.join("pg_ident.conf"))
+        .output()
+        .unwrap();
+    if pgstrata_testkit::is_root() {
+        assert!(through_link.stdout == ident, "{through_link:?}");
+    }
+    assert_eq!(
+        std::fs::read(log2.join("old.log")).unwrap(),
+        b"a log line\n"
+    );
+    assert!(
+        std::fs::read_dir(&wal2).unwrap().count() > 1,
+        "the restored cluster writes its WAL through the link"
+    );
+    assert_eq!(c.content_hashes().unwrap(), expected);
+    c.stop().unwrap();
+    // The source's own targets were not touched.
+    assert_eq!(std::fs::read(conf.join("pg_ident.conf")).unwrap(), ident);
 }
 
 #[test]

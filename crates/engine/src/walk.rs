@@ -16,7 +16,7 @@
 use crate::owner::OwnerNames;
 use crate::{Error, Result};
 use pgstrata_pg::data_dir::{self, Disposition};
-use pgstrata_repo::manifest::{Owner, Tablespace};
+use pgstrata_repo::manifest::{DataLink, Owner, Tablespace};
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -69,6 +69,7 @@ pub(crate) struct Walk {
     pub items: Vec<Item>,
     pub files: Vec<WalkedFile>,
     pub tablespaces: Vec<Tablespace>,
+    pub links: Vec<DataLink>,
 }
 
 pub(crate) fn tablespace_version_dir(major: u32, catalog_version: u32) -> String {
@@ -80,6 +81,7 @@ pub fn walk(pg_path: &Path, major: u32, catalog_version: u32) -> Result<Walk> {
     let mut walker = Walker::new(pg_path, major, catalog_version)?;
     let mut w = Walk {
         tablespaces: std::mem::take(&mut walker.tablespaces),
+        links: std::mem::take(&mut walker.links),
         ..Walk::default()
     };
     for found in walker {
@@ -145,6 +147,9 @@ pub(crate) struct Walker {
     version_dir: String,
     /// The tablespaces with a location of their own (links in `pg_tblspc`).
     pub tablespaces: Vec<Tablespace>,
+    /// The data directory's own symbolic links, at its top (followed, and recorded so
+    /// that restore can make them links again).
+    pub links: Vec<DataLink>,
     /// The data directory itself, found first.
     first: Option<Item>,
     /// The directories being listed, the data directory first.
@@ -289,6 +294,7 @@ impl Walker {
             names,
             version_dir: tablespace_version_dir(major, catalog_version),
             tablespaces: Vec::new(),
+            links: top_level_links(pg_path)?,
             first: Some(first),
             stack: Vec::new(),
         };
@@ -572,6 +578,37 @@ fn join_rel(parent: &str, name: &str) -> String {
     } else {
         format!("{parent}/{name}")
     }
+}
+
+/// The symbolic links at the top of the data directory, with their targets as read (those
+/// to nothing included: the walk leaves them out, and restore then has no entry to make
+/// a link of). Deeper links are followed as the walk finds them, and restored as what they
+/// point to.
+fn top_level_links(pg_path: &Path) -> Result<Vec<DataLink>> {
+    let mut links = Vec::new();
+    let entries = std::fs::read_dir(pg_path)
+        .map_err(|e| Error::io(format!("read data directory {}", pg_path.display()), e))?;
+    for e in entries {
+        let e =
+            e.map_err(|e| Error::io(format!("read data directory {}", pg_path.display()), e))?;
+        if !e.file_type().is_ok_and(|t| t.is_symlink()) || e.file_name() == "pg_tblspc" {
+            continue;
+        }
+        let (Ok(target), Some(name)) = (
+            std::fs::read_link(e.path()),
+            e.file_name().to_str().map(str::to_string),
+        ) else {
+            continue;
+        };
+        if let Some(target) = target.to_str() {
+            links.push(DataLink {
+                path: name,
+                target: target.to_string(),
+            });
+        }
+    }
+    links.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(links)
 }
 
 /// (device, inode) of a directory: what "the same directory" means when links lead to it.

@@ -555,6 +555,8 @@ fn restore_options(set: &str) -> RestoreOptions {
         dry_run: false,
         tablespace_map: vec![],
         tablespace_root: None,
+        link_all: false,
+        link_map: vec![],
         recovery_type: RecoveryType::Default,
         target: None,
         target_action: None,

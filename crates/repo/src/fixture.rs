@@ -68,6 +68,7 @@ pub fn manifest(label: &str, prior: Option<&str>) -> Manifest {
         frame_size: 1 << 20,
         data_checksums: true,
         tablespaces: vec![],
+        links: vec![],
         entries: vec![],
         stats: Stats::default(),
         pack_codecs: Default::default(),

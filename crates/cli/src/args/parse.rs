@@ -492,6 +492,21 @@ fn restore(inv: &Invocation) -> Result<Restore, Error> {
             .ok_or_else(|| Error::config(format!("--tablespace-map='{m}': expected OID=DIR")))?;
         tablespace_map.push((oid, dir));
     }
+    let tablespace_root = path(inv, "tablespace-map-all");
+    if let Some(root) = tablespace_root.as_ref().filter(|r| !r.is_absolute()) {
+        return Err(Error::config(format!(
+            "--tablespace-map-all={}: the directory must be an absolute path",
+            root.display()
+        )));
+    }
+    let mut link_map = Vec::new();
+    for m in inv.list("link-map") {
+        let (name, dir) = m
+            .split_once('=')
+            .filter(|(n, d)| !n.is_empty() && !n.contains('/') && !d.is_empty())
+            .ok_or_else(|| Error::config(format!("--link-map='{m}': expected NAME=DIR, NAME a link or directory at the top of the data directory (pg_wal=/fast/wal)")))?;
+        link_map.push((name.to_string(), PathBuf::from(dir)));
+    }
     let mut settings = Vec::new();
     for r in inv.list("recovery-option") {
         let (key, value) = r
@@ -515,6 +530,9 @@ fn restore(inv: &Invocation) -> Result<Restore, Error> {
         force: inv.flag("force"),
         dry_run: inv.flag("dry-run"),
         tablespace_map,
+        tablespace_root,
+        link_all: inv.flag("link-all"),
+        link_map,
         target_action: inv.choice_opt("target-action"),
         archive_off: inv.text("archive-mode") == "off",
         ..recovery_options(inv, &repos.selected().settings)
@@ -555,6 +573,8 @@ fn recovery_options(inv: &Invocation, s: &Settings) -> RestoreOptions {
         dry_run: false,
         tablespace_map: vec![],
         tablespace_root: None,
+        link_all: false,
+        link_map: vec![],
         recovery_type: inv.choice("type"),
         target: inv.get("target").map(str::to_string),
         target_action: None,

@@ -30,6 +30,7 @@
 //! fsync per file: see [`tree::TargetTree::sync_filesystems`]); `PG_VERSION` is written first, so a directory left
 //! by an interrupted restore is recognised as a data directory by `--delta`.
 
+mod links;
 mod pieces;
 mod plan;
 mod recovery;
@@ -38,8 +39,9 @@ mod tree;
 mod write;
 
 pub use plan::RestorePlan;
-pub(crate) use plan::{dir_is_empty, WriteMode};
+pub(crate) use plan::WriteMode;
 pub(crate) use recovery::restore_command;
+pub(crate) use tree::dir_is_empty;
 
 use crate::owner::{running_as_root, OwnerResolver};
 use crate::progress::{human_bytes, Progress};
@@ -99,8 +101,14 @@ pub struct RestoreOptions {
     pub dry_run: bool,
     pub tablespace_map: Vec<(u32, PathBuf)>,
     /// Restore every tablespace not in `tablespace_map` into `<this>/<oid>` instead of
-    /// its source location (restore-test: the scratch directory).
+    /// its source location (`--tablespace-map-all`; restore-test: the scratch directory).
     pub tablespace_root: Option<PathBuf>,
+    /// Make every link of the data directory the backup recorded a link again
+    /// (`--link-all`; by default they are restored as what they pointed to).
+    pub link_all: bool,
+    /// Restore these links (or directories) of the data directory as links to these
+    /// directories (`--link-map=NAME=DIR`).
+    pub link_map: Vec<(String, PathBuf)>,
     pub recovery_type: RecoveryType,
     pub target: Option<String>,
     pub target_action: Option<TargetAction>,
@@ -304,6 +312,7 @@ fn execute(
     })?);
 
     layout.finish_dirs()?;
+    links::link_files(&tree, &plan.links, &mut layout.cache)?;
     let root_owner = plan.manifest.layout().iter().find_map(|e| match e {
         Entry::Dir(d) if d.path.is_empty() => Some(d.owner.clone()),
         _ => None,
@@ -380,7 +389,9 @@ fn read_files(
 
 /// Create the data directory and tablespace locations if absent, and open them.
 fn open_targets(plan: &RestorePlan) -> Result<TargetTree> {
+    // The target itself private: its mode and owner are set from the backup later.
     let mkdir = |p: &Path| {
+        tree::make_passable_parents(p)?;
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -392,6 +403,10 @@ fn open_targets(plan: &RestorePlan) -> Result<TargetTree> {
     for t in &plan.tablespaces {
         mkdir(&t.location)?;
         tree.add_tablespace(t.oid, DirHandle::open(&t.location)?);
+    }
+    for l in plan.links.iter().filter(|l| l.dir) {
+        mkdir(&l.location)?;
+        tree.add_linked_dir(&l.path, DirHandle::open(&l.location)?);
     }
     Ok(tree)
 }
@@ -428,6 +443,16 @@ fn prepare_targets(
             for v in &t.version_dirs {
                 remove_at(loc.fd.as_fd(), v)
                     .map_err(|e| tree::io_err("remove", &loc.path.join(v), e))?;
+            }
+        }
+        for l in plan.links.iter().filter(|l| l.dir) {
+            let target = tree.linked_dir(&l.path).expect("opened");
+            let names =
+                list(target.fd.as_fd()).map_err(|e| tree::io_err("read", &target.path, e))?;
+            for name in names {
+                remove_at(target.fd.as_fd(), &name)
+                    .map_err(|e| tree::io_err("remove", &target.path.join(&name), e))?;
+                removed += 1;
             }
         }
     } else {
@@ -488,7 +513,10 @@ fn walk_extraneous(
             .strip_prefix("pg_tblspc/")
             .and_then(|o| o.parse::<u32>().ok())
             .and_then(|oid| plan.tablespaces.iter().find(|t| t.oid == oid));
-        if let (Some(t), Some(loc)) = (tablespace, tablespace.and_then(|t| tree.tablespace(t.oid)))
+        if let Some(target) = tree.linked_dir(&child) {
+            walk_extraneous(plan, tree, target, &child, wanted, removed)?;
+        } else if let (Some(t), Some(loc)) =
+            (tablespace, tablespace.and_then(|t| tree.tablespace(t.oid)))
         {
             for v in &t.version_dirs {
                 if let Ok(sub) = loc.child(v) {
@@ -541,6 +569,9 @@ impl Layout<'_> {
         let (plan, tree) = (self.plan, self.tree);
         for e in plan.manifest.layout() {
             match e {
+                Entry::Dir(d) if tree.linked_dir(&d.path).is_some() => {
+                    self.make_link(&d.path, &d.owner)?
+                }
                 Entry::Dir(d) => tree.ensure_dir(&d.path, &mut self.cache)?,
                 Entry::Link(l) => {
                     let (path, owner) = (&l.path, &l.owner);
@@ -573,6 +604,21 @@ impl Layout<'_> {
         Ok(())
     }
 
+    /// Directory `path` of the data directory, restored as a link to its target.
+    fn make_link(&mut self, path: &str, owner: &pgstrata_repo::manifest::Owner) -> Result<()> {
+        let (plan, tree) = (self.plan, self.tree);
+        let l = plan
+            .links
+            .iter()
+            .find(|l| l.path == path)
+            .expect("a linked directory");
+        tree.ensure_link(path, &l.link_text, &mut self.cache)?;
+        if let Some(ids) = self.ids(owner) {
+            tree.chown_link(path, ids, &mut self.cache)?;
+        }
+        Ok(())
+    }
+
     /// Directory modes and owners last (a 0500 directory would block writing into it), and
     /// the targets' parent directories fsynced, so a target created by this restore stays.
     /// The entries inside the targets are made durable by `sync_filesystems`.
@@ -581,7 +627,10 @@ impl Layout<'_> {
         for e in plan.manifest.layout().iter().rev() {
             if let Entry::Dir(d) = e {
                 let (path, owner) = (&d.path, &d.owner);
-                let dir = tree.open_dir(path, &mut self.cache)?;
+                let dir = match tree.linked_dir(path) {
+                    Some(target) => DirHandle::open(&target.path)?,
+                    None => tree.open_dir(path, &mut self.cache)?,
+                };
                 let ids = self.ids(owner);
                 set_attributes(
                     dir.fd.as_fd(),
@@ -593,8 +642,9 @@ impl Layout<'_> {
                 )?;
             }
         }
-        let targets =
-            std::iter::once(&plan.pg_path).chain(plan.tablespaces.iter().map(|t| &t.location));
+        let targets = std::iter::once(&plan.pg_path)
+            .chain(plan.tablespaces.iter().map(|t| &t.location))
+            .chain(plan.links.iter().filter(|l| l.dir).map(|l| &l.location));
         for p in targets {
             if let Some(parent) = p.parent() {
                 DirHandle::open(parent)?.sync()?;

@@ -13,6 +13,7 @@
 //! `pg_tblspc/<oid>` already points at it (an in-place restore of the cluster itself); and
 //! only this major version's `PG_<major>_<catver>` directory in it is ever pruned.
 
+use super::tree::dir_is_empty;
 use super::{RecoveryType, RestoreOptions};
 use crate::content::{FileJob, SMALL_FILE};
 use crate::progress::human_bytes;
@@ -62,6 +63,8 @@ pub struct RestorePlan {
     pub(crate) pg_path: PathBuf,
     pub(crate) mode: WriteMode,
     pub(crate) tablespaces: Vec<TablespaceTarget>,
+    /// The data directory's links restored as links (`--link-all`, `--link-map`).
+    pub(crate) links: Vec<super::links::LinkTarget>,
     /// Written first, alone: a directory holding it is a data directory to `--delta`, so a
     /// restore interrupted at any later point can be resumed with `--delta`.
     pub(crate) first: Option<FileEntry>,
@@ -116,11 +119,23 @@ impl RestorePlan {
             }
         }
         let tablespaces = tablespace_targets(header, manifest.layout(), pg_path, &map)?;
+        let taken: Vec<&Path> = std::iter::once(pg_path)
+            .chain(tablespaces.iter().map(|t| t.location.as_path()))
+            .collect();
+        let links = super::links::link_targets(
+            header,
+            manifest.layout(),
+            pg_path,
+            o.link_all,
+            &o.link_map,
+            &taken,
+        )?;
         Ok(RestorePlan {
             manifest,
             pg_path: pg_path.to_path_buf(),
             mode,
             tablespaces,
+            links,
             first,
             control,
             selection,
@@ -172,6 +187,7 @@ impl RestorePlan {
                 }
             }
         }
+        super::links::check_link_targets(&self.links, overwrite)?;
         if !unproven.is_empty() {
             let list: Vec<String> = unproven
                 .iter()
@@ -224,6 +240,16 @@ impl fmt::Display for RestorePlan {
                     "the source's location"
                 },
                 t.version_dirs.join(", ")
+            )?;
+        }
+        for l in &self.links {
+            writeln!(
+                f,
+                "  link {} -> {} ({}{})",
+                l.path,
+                l.link_text.display(),
+                if l.mapped { "--link-map" } else { "--link-all" },
+                if l.dir { "" } else { "; a file" }
             )?;
         }
         let left_out = &self.selection.excluded;
@@ -363,14 +389,6 @@ fn tablespace_targets(
         });
     }
     Ok(targets)
-}
-
-pub(crate) fn dir_is_empty(p: &Path) -> Result<bool> {
-    match std::fs::read_dir(p) {
-        Ok(mut rd) => Ok(rd.next().is_none()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
-        Err(e) => Err(Error::io(format!("read {}", p.display()), e)),
-    }
 }
 
 /// Refuse to touch the directory of a running server. A process that exists but belongs

@@ -181,6 +181,8 @@ mod tests {
             dry_run: false,
             tablespace_map: vec![],
             tablespace_root: None,
+            link_all: false,
+            link_map: vec![],
             recovery_type: t,
             target: Some("it's 'quoted'".into()),
             target_action: Some(TargetAction::Promote),

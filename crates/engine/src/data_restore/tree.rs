@@ -81,6 +81,35 @@ pub(super) fn io_err(what: &str, path: &Path, e: Errno) -> Error {
     )
 }
 
+/// Create the missing directories above target `p` (`--tablespace-map-all`'s root, a
+/// linked file's directory), each 0755 whatever the process's umask (027): restore runs
+/// as root, and the cluster's owner must reach the target through them.
+pub(crate) fn make_passable_parents(p: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut missing: Vec<&Path> = p.ancestors().skip(1).take_while(|a| !a.exists()).collect();
+    missing.reverse();
+    for dir in missing {
+        std::fs::create_dir(dir)
+            .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)))
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => Ok(()),
+                _ => Err(e),
+            })
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    }
+    Ok(())
+}
+
+/// Whether directory `p` is empty or absent (a target restore may write without
+/// overwriting anything).
+pub(crate) fn dir_is_empty(p: &Path) -> Result<bool> {
+    match std::fs::read_dir(p) {
+        Ok(mut rd) => Ok(rd.next().is_none()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(Error::io(format!("read {}", p.display()), e)),
+    }
+}
+
 /// What is at a name, without following a link.
 fn kind_at(dir: BorrowedFd<'_>, name: &str) -> std::result::Result<Option<FileType>, Errno> {
     match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
@@ -132,6 +161,9 @@ pub(super) struct TargetTree {
     pub root: DirHandle,
     /// Tablespace OID -> its location, opened.
     tablespaces: HashMap<u32, DirHandle>,
+    /// A data directory link restored as a link (its name at the top of the data
+    /// directory) -> its target directory, opened (`links`).
+    linked: HashMap<String, DirHandle>,
 }
 
 /// A manifest path split into where to start and the components below it.
@@ -147,7 +179,45 @@ impl TargetTree {
         TargetTree {
             root,
             tablespaces: HashMap::new(),
+            linked: HashMap::new(),
         }
+    }
+
+    /// Write the entries under `name` into `target` (a directory link restored as a link).
+    pub fn add_linked_dir(&mut self, name: &str, target: DirHandle) {
+        self.linked.insert(name.to_string(), target);
+    }
+
+    pub fn linked_dir(&self, name: &str) -> Option<&DirHandle> {
+        self.linked.get(name)
+    }
+
+    /// The content of regular file `rel` (not through a link), with its mode and owner;
+    /// `None` when there is none.
+    pub fn read_file(
+        &self,
+        rel: &str,
+        cache: &mut ParentCache,
+    ) -> Result<Option<(Vec<u8>, rustix::fs::Stat)>> {
+        let parent = self.parent(rel, cache)?;
+        let name = base_name(rel);
+        let path = parent.path.join(name);
+        match kind_at(parent.fd.as_fd(), name).map_err(|e| io_err("stat", &path, e))? {
+            Some(FileType::RegularFile) => {}
+            _ => return Ok(None),
+        }
+        let fd = rustix::fs::openat(
+            &parent.fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io_err("open", &path, e))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| io_err("stat", &path, e))?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut File::from(fd), &mut bytes)
+            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        Ok(Some((bytes, st)))
     }
 
     pub fn add_tablespace(&mut self, oid: u32, location: DirHandle) {
@@ -169,7 +239,8 @@ impl TargetTree {
     /// This is PostgreSQL's own `recovery_init_sync_method = syncfs`.
     pub fn sync_filesystems(&self) -> Result<()> {
         let mut synced = Vec::new();
-        for dir in std::iter::once(&self.root).chain(self.tablespaces.values()) {
+        let targets = self.tablespaces.values().chain(self.linked.values());
+        for dir in std::iter::once(&self.root).chain(targets) {
             let dev = rustix::fs::fstat(&dir.fd)
                 .map_err(|e| io_err("stat", &dir.path, e))?
                 .st_dev;
@@ -183,10 +254,19 @@ impl TargetTree {
     }
 
     /// Where a manifest path starts: files under `pg_tblspc/<oid>/` start at the
-    /// tablespace's location, everything else at the data directory.
+    /// tablespace's location, under a linked directory at its target, everything else at
+    /// the data directory.
     fn resolve<'a>(&'a self, rel: &'a str) -> Resolved<'a> {
         let mut parts: Vec<&str> = rel.split('/').collect();
         let name = parts.pop().unwrap_or_default();
+        if let Some(target) = parts.first().and_then(|top| self.linked.get(*top)) {
+            return Resolved {
+                base: target.fd.as_fd(),
+                base_path: &target.path,
+                dirs: parts.split_off(1),
+                name,
+            };
+        }
         if parts.len() >= 2 && parts[0] == "pg_tblspc" {
             if let Some(ts) = parts[1]
                 .parse()
@@ -261,7 +341,8 @@ impl TargetTree {
             .map_err(|e| io_err("create directory", &path, e))
     }
 
-    /// Make `pg_tblspc/<oid>` a link to `dest` (replacing whatever is there).
+    /// Make `rel` (`pg_tblspc/<oid>`, or a link of the data directory) a link to `dest`
+    /// (replacing whatever is there).
     pub fn ensure_link(&self, rel: &str, dest: &Path, cache: &mut ParentCache) -> Result<()> {
         let parent = self.parent(rel, cache)?;
         let name = base_name(rel);

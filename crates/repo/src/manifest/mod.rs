@@ -77,6 +77,11 @@ pub struct Manifest {
     pub frame_size: u32,
     pub data_checksums: bool,
     pub tablespaces: Vec<Tablespace>,
+    /// The data directory's symbolic links (other than tablespaces'), which the backup
+    /// followed: their entries hold what they pointed to. Restore makes them links again
+    /// only when asked (`--link-all`, `--link-map`). Absent in manifests written before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<DataLink>,
     pub stats: Stats,
     /// Compression of the other backups whose packs this manifest's chunks reference
     /// (chunks with `b` set), by label.
@@ -195,6 +200,17 @@ pub struct Tablespace {
     pub oid: u32,
     /// Absolute path the pg_tblspc/<oid> link pointed to on the source.
     pub location: String,
+}
+
+/// A symbolic link at the top of the data directory (`pg_wal -> /fast/wal`, a log
+/// directory, `postgresql.conf -> /etc/...`): its entry (directory or file) at `path` holds
+/// what it pointed to.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DataLink {
+    /// A name in the data directory (no `/`).
+    pub path: String,
+    /// The link's target, as read from it (absolute, or relative to the data directory).
+    pub target: String,
 }
 
 /// Ownership and permissions of a path. Names are preferred when restoring, ids are the

@@ -53,6 +53,7 @@ pub(crate) fn sample() -> Manifest {
             oid: 16400,
             location: "/srv/ts1".into(),
         }],
+        links: vec![],
         entries: vec![
             dir(""),
             dir("base"),
@@ -439,6 +440,33 @@ fn links_must_be_tablespaces_with_absolute_targets() {
         location: "/etc".into(),
     });
     assert!(decode_err(&m).contains("no link entry pg_tblspc/16500"));
+}
+
+/// The data directory's links are names at its top, once each, with a target; one
+/// elsewhere (which restore would make outside the data directory) is refused.
+#[test]
+fn data_directory_links_are_top_level_names() {
+    let link = |path: &str, target: &str| DataLink {
+        path: path.into(),
+        target: target.into(),
+    };
+    let mut m = sample();
+    m.links = vec![link("pg_wal", "/fast/wal"), link("log", "../logs")];
+    let back = Manifest::decode(&m.encode(), "m").unwrap();
+    assert_eq!(back.links, m.links);
+    for bad in [
+        link("base/x", "/tmp"),
+        link("..", "/tmp"),
+        link("pg_tblspc", "/tmp"),
+        link("pg_wal", ""),
+    ] {
+        let mut m = sample();
+        m.links = vec![bad.clone()];
+        assert!(decode_err(&m).contains("link"), "{bad:?}");
+    }
+    let mut m = sample();
+    m.links = vec![link("pg_wal", "/a"), link("pg_wal", "/b")];
+    assert!(decode_err(&m).contains("listed twice"));
 }
 
 #[test]

@@ -113,6 +113,7 @@ impl<'m> EntryChecker<'m> {
     pub fn new(m: &'m Manifest, what: &'m str) -> Result<EntryChecker<'m>> {
         validate_header(m, what)?;
         check_tablespaces(m).map_err(|msg| damaged(what, msg))?;
+        check_links(m).map_err(|msg| damaged(what, msg))?;
         Ok(EntryChecker {
             m,
             what,
@@ -360,6 +361,36 @@ fn check_tablespaces(m: &Manifest) -> Check {
                 t.oid, t.location
             ))
         })?;
+    }
+    Ok(())
+}
+
+/// The data directory's links: each a name at its top (not `pg_tblspc`, whose links are
+/// the tablespaces'), once, with a target.
+fn check_links(m: &Manifest) -> Check {
+    let mut seen = std::collections::HashSet::new();
+    for l in &m.links {
+        let name_ok = !l.path.is_empty()
+            && !l.path.contains('/')
+            && !l.path.contains('\0')
+            && l.path != "."
+            && l.path != ".."
+            && l.path != "pg_tblspc";
+        if !name_ok {
+            return Err(not_allowed(format!(
+                "link {:?}: not a name in the data directory",
+                l.path
+            )));
+        }
+        if !seen.insert(&l.path) {
+            return Err(not_allowed(format!("link {} is listed twice", l.path)));
+        }
+        if l.target.is_empty() || l.target.len() > MAX_PATH_LEN || l.target.contains('\0') {
+            return Err(not_allowed(format!(
+                "link {}: target {:?}",
+                l.path, l.target
+            )));
+        }
     }
     Ok(())
 }

@@ -48,6 +48,8 @@ pub(super) struct Copied {
     /// Pages failing their checksum in the files copied.
     pub page_errors: u64,
     pub tablespaces: Vec<pgstrata_repo::manifest::Tablespace>,
+    /// The data directory's own links ([`crate::walk::Walker::links`]).
+    pub links: Vec<pgstrata_repo::manifest::DataLink>,
     pub outcome: CopyOutcome,
     /// The interrupted backup whose frames were offered (resume), and their codec.
     pub resumed_from: Option<(String, pgstrata_repo::codec::CompressType)>,
@@ -87,6 +89,7 @@ pub(super) fn build_manifest(
         frame_size: s.frame_size as u32,
         data_checksums: pf.control.data_checksums,
         tablespaces: copied.tablespaces,
+        links: copied.links,
         entries: Vec::new(),
         stats: Stats {
             db_size,

@@ -33,7 +33,9 @@ use copy::Job;
 use copy_context::{CopyContext, Prior, Resumed};
 use ordered::Parts;
 use pgstrata_pg::lsn;
-use pgstrata_repo::manifest::{BackupType, Manifest, PartsWriter, Tablespace, PART_ENTRIES};
+use pgstrata_repo::manifest::{
+    BackupType, DataLink, Manifest, PartsWriter, Tablespace, PART_ENTRIES,
+};
 use pgstrata_repo::stanza::StanzaInfo;
 use pgstrata_repo::Named;
 use pgstrata_repo::Storage;
@@ -180,7 +182,7 @@ async fn copy_data_directory(
             pf.db.target()
         );
     }
-    let (walk, tablespaces) = walk_source(pf).await?;
+    let (walk, tablespaces, links) = walk_source(pf).await?;
     // The prior backup's size until the walk finds more.
     let estimate = pf.prior.as_ref().map(|p| p.header().stats.clone());
     let limit = match (s.pg_read_rate_limit, storage.rate_limit()) {
@@ -241,6 +243,7 @@ async fn copy_data_directory(
         parts,
         page_errors,
         tablespaces,
+        links,
         outcome,
         resumed_from,
     })
@@ -248,13 +251,14 @@ async fn copy_data_directory(
 
 /// What the copy walks, in path order, and the tablespaces found: the data directory's
 /// walk as it goes, or (from a standby) the primary's and the standby's merged, whole.
-async fn walk_source(pf: &Preflight) -> Result<(WalkSource, Vec<Tablespace>)> {
+async fn walk_source(pf: &Preflight) -> Result<(WalkSource, Vec<Tablespace>, Vec<DataLink>)> {
     let (major, catver) = (pf.control.major_version()?, pf.control.catalog_version);
     Ok(match &pf.standby {
         None => {
             let mut walker = walk::Walker::new(&pf.pg_path, major, catver)?;
             let tablespaces = std::mem::take(&mut walker.tablespaces);
-            (Box::new(walker), tablespaces)
+            let links = std::mem::take(&mut walker.links);
+            (Box::new(walker), tablespaces, links)
         }
         Some(sb) => {
             let (p, sp) = (pf.pg_path.clone(), sb.source.path.clone());
@@ -267,7 +271,8 @@ async fn walk_source(pf: &Preflight) -> Result<(WalkSource, Vec<Tablespace>)> {
             .await
             .expect("walk thread")?;
             let tablespaces = std::mem::take(&mut merged.tablespaces);
-            (Box::new(walk::in_order(merged)), tablespaces)
+            let links = std::mem::take(&mut merged.links);
+            (Box::new(walk::in_order(merged)), tablespaces, links)
         }
     })
 }

@@ -193,6 +193,7 @@ pub(crate) fn merge_walks(primary: Walk, standby: Walk, tablespaces_from_standby
     Walk {
         items,
         files,
+        links: primary.links,
         tablespaces: if tablespaces_from_standby {
             standby.tablespaces
         } else {
