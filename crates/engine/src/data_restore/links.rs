@@ -226,3 +226,68 @@ pub(crate) fn link_files(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgstrata_repo::manifest::DataLink;
+
+    fn manifest_with(links: &[(&str, &str)]) -> (Manifest, Vec<Entry>) {
+        let mut m = pgstrata_repo::fixture::manifest("20260101-000000F", None);
+        m.links = links
+            .iter()
+            .map(|(p, t)| DataLink {
+                path: p.to_string(),
+                target: t.to_string(),
+            })
+            .collect();
+        let owner = pgstrata_repo::fixture::owner(0o700);
+        let layout = vec![
+            Entry::dir("", owner.clone()),
+            Entry::dir("pg_wal", owner.clone()),
+            Entry::dir("log", owner),
+        ];
+        (m, layout)
+    }
+
+    /// Which links are made, and where: the recorded ones with --link-all, a mapped one
+    /// wherever it is mapped (a plain directory too), a relative target from the data
+    /// directory; a name the backup lacks, or a target over the data directory, a
+    /// tablespace or another link, is refused.
+    #[test]
+    fn links_are_chosen_and_overlaps_refused() {
+        let pg = Path::new("/srv/pg/data");
+        let (m, layout) = manifest_with(&[("log", "../log"), ("pg_ident.conf", "/etc/pg/ident")]);
+        let none = link_targets(&m, &layout, pg, false, &[], &[pg]).unwrap();
+        assert!(none.is_empty(), "by default no link is made");
+        let all = link_targets(&m, &layout, pg, true, &[], &[pg]).unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[0].location, Path::new("/srv/pg/log"));
+        assert_eq!(all[0].link_text, Path::new("../log"));
+        assert!(all[0].dir && !all[1].dir);
+        let map = vec![("pg_wal".to_string(), PathBuf::from("/fast/wal"))];
+        let mapped = link_targets(&m, &layout, pg, false, &map, &[pg]).unwrap();
+        assert_eq!(mapped.len(), 1);
+        assert!(mapped[0].mapped && mapped[0].dir);
+
+        let refused = |map: Vec<(String, PathBuf)>, taken: &[&Path]| {
+            link_targets(&m, &layout, pg, true, &map, taken)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = refused(vec![("base".into(), "/x".into())], &[pg]);
+        assert!(e.contains("has no link or directory 'base'"), "{e}");
+        let e = refused(vec![("pg_wal".into(), "rel".into())], &[pg]);
+        assert!(e.contains("absolute"), "{e}");
+        let e = refused(vec![("pg_wal".into(), "/srv/pg/data/wal".into())], &[pg]);
+        assert!(
+            e.contains("overlaps /srv/pg/data (the data directory)"),
+            "{e}"
+        );
+        let ts = Path::new("/srv/ts1");
+        let e = refused(vec![("pg_wal".into(), "/srv/ts1/wal".into())], &[pg, ts]);
+        assert!(e.contains("overlaps /srv/ts1"), "{e}");
+        let e = refused(vec![("pg_wal".into(), "/srv/pg/log/wal".into())], &[pg]);
+        assert!(e.contains("overlaps /srv/pg/log"), "{e}");
+    }
+}
