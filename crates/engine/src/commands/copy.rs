@@ -165,7 +165,9 @@ pub async fn copy(from: &Settings, to: &Settings, o: &CopyOptions) -> Result<Cop
             ..CopyReport::default()
         },
         progress: Progress::start("copy", 0, 0, limit),
-        in_flight: to.process_max.get().max(from.process_max.get()) * 2,
+        // At least four: one object at a time waits on each read, check, write and fsync
+        // (and on an object store on each round trip) in turn.
+        in_flight: (to.process_max.get().max(from.process_max.get()) * 2).max(4),
     };
     let dst = job.dst.clone();
     let archive_id = src_info.cluster.archive_id();
