@@ -73,13 +73,17 @@ impl LocalCluster {
 /// Read the cluster's identity from pg_control and confirm it over the connection.
 pub(crate) async fn cluster_identity(s: &Settings) -> Result<ClusterIdentity> {
     let local = LocalCluster::connect(s, None).await?;
-    let control = &local.control;
-    Ok(ClusterIdentity {
+    Ok(identity_of(&local.control, local.db.major()))
+}
+
+/// The identity of the cluster whose pg_control is `control`, of major `major`.
+pub(crate) fn identity_of(control: &ControlData, major: u32) -> ClusterIdentity {
+    ClusterIdentity {
         system_identifier: control.system_identifier.to_string(),
-        major_version: local.db.major(),
+        major_version: major,
         catalog_version: control.catalog_version,
         control_version: control.control_version,
         wal_segment_size: control.wal_segment_size as u64,
         block_size: control.block_size,
-    })
+    }
 }

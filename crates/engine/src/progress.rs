@@ -131,6 +131,11 @@ fn progress_line(
     )
 }
 
+/// The rate limit of work that moves `storage`'s bytes, as [`Progress::start`] shows it.
+pub(crate) fn repository_limit(storage: &pgstrata_repo::Storage) -> Option<(&'static str, u64)> {
+    storage.rate_limit().map(|l| ("repository", l))
+}
+
 impl Progress {
     /// Start showing the progress of `what` towards `total_bytes` in `total_files` files;
     /// the work adds to [`Progress::counters`]. Work under a rate limit (`repo-rate-limit`,

@@ -139,10 +139,7 @@ pub async fn copy(from: &Settings, to: &Settings, o: &CopyOptions) -> Result<Cop
         )));
     }
     check_same_keys(&src, &dst, from.repo_index, to.repo_index, &stanza).await?;
-    let limit = dst
-        .rate_limit()
-        .or(src.rate_limit())
-        .map(|l| ("repository", l));
+    let limit = crate::progress::repository_limit(&dst).or(crate::progress::repository_limit(&src));
     let mut job = Job {
         src,
         dst,

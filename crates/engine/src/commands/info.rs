@@ -184,15 +184,18 @@ pub fn render_text(r: &StanzaReport) -> String {
             d.label, d.error
         ));
     }
-    let current_archive = format!("{}-{}", r.pg_version, r.system_identifier);
     for b in &r.backups {
-        render_backup(&mut out, b, &current_archive);
+        let before_upgrade = r
+            .prior_clusters
+            .iter()
+            .any(|c| c.archive_id == b.archive_id);
+        render_backup(&mut out, b, before_upgrade);
     }
     out
 }
 
 /// One backup of [`render_text`].
-fn render_backup(out: &mut String, b: &BackupInfo, current_archive: &str) {
+fn render_backup(out: &mut String, b: &BackupInfo, before_upgrade: bool) {
     out.push_str(&format!(
         "\n    {} backup: {}\n        timestamp start/stop: {} / {}\n        lsn start/stop: {} / {} (timeline {})\n        wal start/stop: {} / {}\n        database size: {}, new data stored: {}, files: {}\n",
         b.backup_type,
@@ -208,7 +211,7 @@ fn render_backup(out: &mut String, b: &BackupInfo, current_archive: &str) {
         human_bytes(b.stored_size),
         b.files
     ));
-    if b.archive_id != current_archive {
+    if before_upgrade {
         out.push_str(&format!(
             "        of the PostgreSQL {} cluster before stanza-upgrade (WAL archive {})\n",
             b.pg_version, b.archive_id

@@ -13,7 +13,6 @@
 
 use crate::{open_stanza, Error, Result, Settings};
 use pgstrata_pg::control::ControlData;
-use pgstrata_repo::stanza::ClusterIdentity;
 use pgstrata_repo::ErrorKind as RepoErrorKind;
 
 /// What stanza-upgrade did.
@@ -27,14 +26,7 @@ pub enum UpgradeOutcome {
 pub async fn stanza_upgrade(s: &Settings) -> Result<UpgradeOutcome> {
     let pg_path = s.pg_path()?;
     let control = ControlData::read(pg_path)?;
-    let cluster = ClusterIdentity {
-        system_identifier: control.system_identifier.to_string(),
-        major_version: control.major_version()?,
-        catalog_version: control.catalog_version,
-        control_version: control.control_version,
-        wal_segment_size: control.wal_segment_size as u64,
-        block_size: control.block_size,
-    };
+    let cluster = crate::local_cluster::identity_of(&control, control.major_version()?);
     let (storage, info) = open_stanza(s).await?;
     if info.cluster == cluster {
         log::info!(

@@ -126,7 +126,7 @@ pub async fn verify(s: &Settings, o: &VerifyOptions) -> Result<VerifyReport> {
 
     // One backup at a time, oldest first, each manifest alone in memory: its new file
     // entries are added to the progress total when it is reached.
-    let limit = storage.rate_limit().map(|l| ("repository", l));
+    let limit = crate::progress::repository_limit(&storage);
     let progress = Progress::start("verify", 0, 0, limit);
     let mut seen = Seen::default();
     let mut backups = Vec::new();

@@ -271,7 +271,7 @@ fn execute(
     report.removed += prepare_targets(plan, &tree, &runtime, o.recovery_type)?;
     let chown = running_as_root();
     let (files, bytes) = plan.manifest.files();
-    let limit = storage.rate_limit().map(|l| ("repository", l));
+    let limit = crate::progress::repository_limit(storage);
     let progress = Progress::start("restore", bytes, files, limit);
     let counters = progress.counters.clone();
     let sh = Shared {

@@ -185,10 +185,9 @@ async fn copy_data_directory(
     let (walk, tablespaces, links) = walk_source(pf).await?;
     // The prior backup's size until the walk finds more.
     let estimate = pf.prior.as_ref().map(|p| p.header().stats.clone());
-    let limit = match (s.pg_read_rate_limit, storage.rate_limit()) {
-        (Some(read), _) => Some(("read", read)),
-        (None, Some(repo)) => Some(("repository", repo)),
-        (None, None) => None,
+    let limit = match s.pg_read_rate_limit {
+        Some(read) => Some(("read", read)),
+        None => crate::progress::repository_limit(storage),
     };
     let progress = Progress::start(
         "backup",

@@ -192,20 +192,23 @@ async fn choose_prior(
     for l in labels.iter().rev() {
         // An incremental's prior is the newest backup, a differential's the newest full:
         // headers tell which, and only that manifest is read whole.
-        let header = Manifest::load_header(storage, &s.stanza, l).await?;
-        if asked == BackupType::Diff && header.backup_type != BackupType::Full {
-            continue;
+        if asked == BackupType::Diff {
+            let header = Manifest::load_header(storage, &s.stanza, l).await?;
+            if header.backup_type != BackupType::Full {
+                continue;
+            }
         }
-        if header.cluster != stanza.cluster {
+        let m = Manifest::open_unread(storage, &s.stanza, l).await?;
+        let cluster = &m.header().cluster;
+        if *cluster != stanza.cluster {
             log::warn!(
                 "the newest {} {l} is of cluster {} (before stanza-upgrade): taking a full backup instead of {}",
                 if asked == BackupType::Diff { "full backup" } else { "backup" },
-                header.cluster.archive_id(),
+                cluster.archive_id(),
                 asked.name()
             );
             return Ok((BackupType::Full, None));
         }
-        let m = Manifest::open_unread(storage, &s.stanza, l).await?;
         return Ok((asked, Some(std::sync::Arc::new(m))));
     }
     log::warn!(
