@@ -114,7 +114,7 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ("key-add", "Add a passphrase to an encrypted stanza: a new key file wrapping its master key (the new passphrase from PGSTRATA_NEW_CIPHER_PASS or --new-cipher-pass-file); no backup data is rewritten"),
     ("key-list", "List an encrypted stanza's keys (id, created, host, user); needs no passphrase"),
     ("key-remove", "Remove one key (--key-id) of an encrypted stanza and start a new master key for everything written afterwards, so the removed passphrase opens nothing newer; the last key is never removed"),
-    ("copy", "Copy backups and their WAL from one repository of the stanza to another (--from-repo=N --repo=M): every backup the target lacks (or --set), each object checked on the way, the manifest written last; each repository keeps its own retention"),
+    ("copy", "Copy backups and their WAL from one repository of the stanza to another (--from-repo=N --repo=M): every backup the target lacks (or --set), each object checked on the way, the manifest written last; frames are sealed again when the two repositories do not share master keys (or one is plain); each repository keeps its own retention"),
     ("repo-ls", "List the stanza's objects in the repository (repo-ls [PATH] [--recurse]; PATH a repository key such as main/backup, default the stanza): size, time, name"),
     ("repo-get", "Write one object of the stanza to standard output, opened and checked (repo-get PATH): a WAL object as the segment, a manifest as JSON, any other sealed object decrypted; key files and packs as stored"),
     ("annotate", "Pin a backup so retention never expires it (--set=LABEL --pin), unpin it (--unpin), or change its annotations (--annotation=KEY=VALUE; KEY= removes one)"),

@@ -17,6 +17,11 @@ fn repo2(env: &Env) -> PathBuf {
 /// pgstrata with repository 2 given in the environment only: archive_command (which reads
 /// the config file) does not know it, so only copy brings it WAL.
 fn with_repo2(env: &Env, args: &[&str]) -> std::process::Command {
+    with_repo2_sealed(env, args, None)
+}
+
+/// [`with_repo2`], repository 2 encrypted with `pass` when given.
+fn with_repo2_sealed(env: &Env, args: &[&str], pass: Option<&str>) -> std::process::Command {
     let dir = repo2(env);
     if !dir.exists() {
         std::fs::create_dir_all(&dir).unwrap();
@@ -24,6 +29,10 @@ fn with_repo2(env: &Env, args: &[&str]) -> std::process::Command {
     }
     let mut c = env.cmd(args);
     c.env("PGSTRATA_REPO2_PATH", &dir);
+    if let Some(pass) = pass {
+        c.env("PGSTRATA_REPO2_CIPHER_TYPE", "aes-256-gcm");
+        c.env("PGSTRATA_REPO2_CIPHER_PASS", pass);
+    }
     c
 }
 
@@ -191,11 +200,23 @@ fn kill_after(
 /// rerun completes it: the result restores equal to the source.
 #[test]
 fn a_copy_killed_anywhere_leaves_no_partial_backup_and_resumes() {
-    let env = Env::with_config(
-        "copy-kill",
-        "repo-path = \"{repo}\"\nbundle-size = \"1MiB\"\n",
-    );
+    kill_and_resume("copy-kill", None);
+}
+
+/// (c) The same when repository 2 is encrypted and repository 1 is not, so that every
+/// frame is sealed again: a rerun after a kill writes new packs and finishes.
+#[test]
+fn a_resealing_copy_killed_anywhere_resumes() {
+    kill_and_resume("copy-kill-sealed", Some("passphrase of repository two"));
+}
+
+fn kill_and_resume(name: &str, pass: Option<&str>) {
+    let env = Env::with_config(name, "repo-path = \"{repo}\"\nbundle-size = \"1MiB\"\n");
+    let r2 = |args: &[&str]| with_repo2_sealed(&env, args, pass);
     env.stanza_create();
+    if pass.is_some() {
+        run_ok(r2(&["--repo=2", "stanza-create"]));
+    }
     env.pgbench_init(2);
     let full = env.backup(&["--type=full"]);
     env.pgbench(&["-n", "-t", "200"]);
@@ -207,10 +228,20 @@ fn a_copy_killed_anywhere_leaves_no_partial_backup_and_resumes() {
     let repo3 = env.scratch.join("repo-three");
     std::fs::create_dir_all(&repo3).unwrap();
     pgstrata_testkit::give_to_pg_user(&repo3);
-    let mut timing = env.cmd(&["--repo=3", "copy"]);
-    timing.env("PGSTRATA_REPO3_PATH", &repo3);
+    let repo_3 = |args: &[&str]| {
+        let mut c = env.cmd(args);
+        c.env("PGSTRATA_REPO3_PATH", &repo3);
+        if let Some(pass) = pass {
+            c.env("PGSTRATA_REPO3_CIPHER_TYPE", "aes-256-gcm");
+            c.env("PGSTRATA_REPO3_CIPHER_PASS", pass);
+        }
+        c
+    };
+    if pass.is_some() {
+        run_ok(repo_3(&["--repo=3", "stanza-create"]));
+    }
     let started = std::time::Instant::now();
-    run_ok(timing);
+    run_ok(repo_3(&["--repo=3", "copy"]));
     let whole = started.elapsed();
     eprintln!("seed {seed} (PGSTRATA_TEST_SEED), a whole copy takes {whole:?}");
     let mut rng = seed;
@@ -226,7 +257,7 @@ fn a_copy_killed_anywhere_leaves_no_partial_backup_and_resumes() {
         let marker = format!("--lock-path={}", env.scratch.join("copy-locks").display());
         // The first time as soon as a pack is there: a copy stopped mid-way for sure.
         let pack_there = || round == 0 && tree(&repo2(&env)).keys().any(|k| k.contains("/pack/"));
-        let copy = with_repo2(&env, &[&marker, "--repo=2", "copy"]);
+        let copy = r2(&[&marker, "--repo=2", "copy"]);
         let killed = kill_after(copy, &marker, delay, pack_there);
         kills += killed as u32;
         // Whatever repository 2 shows is whole: a listed backup is one of the source's and
@@ -242,7 +273,7 @@ fn a_copy_killed_anywhere_leaves_no_partial_backup_and_resumes() {
         }
         if objects.contains_key(&format!("{STANZA}/stanza.json")) {
             let listed = {
-                let out = run_ok(with_repo2(&env, &["--output=json", "--repo=2", "info"]));
+                let out = run_ok(r2(&["--output=json", "--repo=2", "info"]));
                 let v: serde_json::Value = serde_json::from_str(&out).unwrap();
                 backup_labels(&v)
                     .into_iter()
@@ -254,7 +285,7 @@ fn a_copy_killed_anywhere_leaves_no_partial_backup_and_resumes() {
                     [&full, &incr].contains(&l),
                     "{l} in repo2 after kill {round}"
                 );
-                let out = with_repo2(&env, &["--repo=2", "--output=json", "verify"])
+                let out = r2(&["--repo=2", "--output=json", "verify"])
                     .output()
                     .unwrap();
                 let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -280,11 +311,17 @@ fn a_copy_killed_anywhere_leaves_no_partial_backup_and_resumes() {
         "no kill left a partial copy behind ({kills} kills)"
     );
     assert!(kills >= 1, "no copy was killed before it finished");
-    let r = copy_json(with_repo2(&env, &strs(&copy_args(&[]))));
+    let r = copy_json(r2(&strs(&copy_args(&[]))));
     eprintln!("after {kills} kills: {r}");
-    let again = copy_json(with_repo2(&env, &strs(&copy_args(&[]))));
+    let again = copy_json(r2(&strs(&copy_args(&[]))));
     assert_eq!(again["objects_copied"], 0, "{again}");
     add_to_config(&env, &format!("repo2-path = \"{}\"", repo2(&env).display()));
+    if let Some(pass) = pass {
+        add_to_config(
+            &env,
+            &format!("repo2-cipher-type = \"aes-256-gcm\"\nrepo2-cipher-pass = \"{pass}\""),
+        );
+    }
     env.ok(&["--repo=2", "verify"]);
     assert_eq!(labels_in(&env, 2), [full.as_str(), incr.as_str()]);
     let c = env.restore_and_start(
@@ -330,8 +367,9 @@ fn a_damaged_source_pack_stops_the_copy_before_the_backup_appears() {
 /// (b) An encrypted stanza copied to an S3 repository: copy creates the stanza there with
 /// the source's key files, repository 2 then gets its own passphrase (key-add, key-remove
 /// of repository 1's), an incremental copied afterwards is sealed again for it, and a
-/// restore from repository 2 with its passphrase alone equals the source. A repository 2
-/// whose stanza has master keys of its own is refused (exit 2) with nothing copied.
+/// restore from repository 2 with its passphrase alone equals the source. Copies into
+/// repositories that cannot open the source's frames (a key-remove in repository 1 since;
+/// a stanza created apart; a repository in the clear) seal every frame again.
 #[test]
 fn an_encrypted_stanza_copies_to_s3_which_gets_its_own_passphrase() {
     const ONE: &str = "passphrase of repository one";
@@ -363,6 +401,7 @@ fn an_encrypted_stanza_copies_to_s3_which_gets_its_own_passphrase() {
     let r = copy_json(c);
     assert_eq!(r["stanza_created"], true, "{r}");
     assert_eq!(r["backups_copied"], serde_json::json!([full]), "{r}");
+    let full_moved = r["bytes_copied"].as_u64().unwrap() - r["wal_bytes_copied"].as_u64().unwrap();
 
     // Repository 2's own passphrase, and repository 1's removed from it.
     let mut list = env.cmd(&["--repo=2", "--output=json", "key-list"]);
@@ -418,34 +457,90 @@ fn an_encrypted_stanza_copies_to_s3_which_gets_its_own_passphrase() {
     run_ok(env.cmd(&[&format!("--key-id={added}"), "key-remove"]));
     env.pgbench(&["-n", "-t", "50"]);
     let after_rotation = env.backup(&["--type=incr"]);
-    let (code, err) = run_fail(env.cmd(&strs(&copy_args(&[]))));
-    assert_eq!(code, 2, "{err}");
-    assert!(
-        err.contains("different master keys of generation 2"),
-        "{err}"
+    let at_rotation = env.hashes();
+    env.flush_wal();
+    // Repository 2 holds another generation 2: every frame is sealed again, and only the
+    // frames repository 2 lacks cross (it found the others through the backups it has).
+    let r = copy_json(env.cmd(&strs(&copy_args(&[]))));
+    assert_eq!(
+        r["backups_copied"],
+        serde_json::json!([after_rotation]),
+        "{r}"
     );
+    let moved = r["bytes_copied"].as_u64().unwrap() - r["wal_bytes_copied"].as_u64().unwrap();
     assert!(
-        !labels_in(&env, 2).contains(&after_rotation),
-        "nothing copied"
+        moved < full_moved / 2,
+        "incremental re-sealed: {moved} bytes, the full {full_moved}"
     );
+    let c = env.restore_and_start(
+        "resealed-from-s3",
+        &[
+            "--repo=2",
+            "--type=immediate",
+            &format!("--set={after_rotation}"),
+        ],
+    );
+    assert_eq!(
+        c.content_hashes().unwrap(),
+        at_rotation,
+        "re-sealed in repo2"
+    );
+    c.stop().unwrap();
 
-    // A third repository whose stanza was created on its own: other master keys, refused.
-    let repo3 = env.scratch.join("repo-three");
-    std::fs::create_dir_all(&repo3).unwrap();
-    pgstrata_testkit::give_to_pg_user(&repo3);
-    let mut create = env.cmd(&["--repo=3", "stanza-create"]);
-    create.env("PGSTRATA_REPO3_PATH", &repo3);
-    create.env("PGSTRATA_REPO3_CIPHER_TYPE", "aes-256-gcm");
-    create.env("PGSTRATA_REPO3_CIPHER_PASS", ONE);
-    run_ok(create);
-    let mut refused = env.cmd(&["--repo=3", "copy"]);
-    refused.env("PGSTRATA_REPO3_PATH", &repo3);
-    refused.env("PGSTRATA_REPO3_CIPHER_PASS", ONE);
-    let (code, err) = run_fail(refused);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("different master keys"), "{err}");
-    assert!(
-        !tree(&repo3).keys().any(|k| k.contains("/backup/")),
-        "nothing copied"
-    );
+    // A third repository whose stanza was created on its own (other master keys) and a
+    // fourth in the clear: every backup copied, re-sealed, restores or verifies; a second
+    // copy moves nothing.
+    for (n, cipher) in [(3, Some(TWO)), (4, None)] {
+        let dir = env.scratch.join(&format!("repo-{n}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        pgstrata_testkit::give_to_pg_user(&dir);
+        let repo_n = |args: &[&str]| {
+            let mut c = env.cmd(args);
+            c.env(format!("PGSTRATA_REPO{n}_PATH"), &dir);
+            if let Some(pass) = cipher {
+                c.env(format!("PGSTRATA_REPO{n}_CIPHER_TYPE"), "aes-256-gcm");
+                c.env(format!("PGSTRATA_REPO{n}_CIPHER_PASS"), pass);
+            }
+            c
+        };
+        let to = format!("--repo={n}");
+        run_ok(repo_n(&[&to, "stanza-create"]));
+        let r = copy_json(repo_n(&[&to, "--output=json", "copy"]));
+        assert_eq!(
+            r["backups_copied"],
+            serde_json::json!([full, incr, after_rotation]),
+            "{r}"
+        );
+        let again = copy_json(repo_n(&[&to, "--output=json", "copy"]));
+        assert_eq!(again["objects_copied"], 0, "{again}");
+        if n == 3 {
+            add_to_config(
+                &env,
+                &format!(
+                    "repo3-path = \"{}\"\nrepo3-cipher-type = \"aes-256-gcm\"\nrepo3-cipher-pass = \"{TWO}\"",
+                    dir.display()
+                ),
+            );
+            let c = env.restore_and_start(
+                "resealed-from-three",
+                &["--repo=3", "--type=immediate", &format!("--set={incr}")],
+            );
+            assert_eq!(c.content_hashes().unwrap(), at_incr, "re-sealed in repo3");
+            c.stop().unwrap();
+        } else {
+            let out = run_ok(repo_n(&[&to, "--output=json", "verify"]));
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let v = v.as_array().map(|a| a[0].clone()).unwrap_or(v);
+            assert_eq!(v["backups"].as_array().unwrap().len(), 3, "{v}");
+            for b in v["backups"].as_array().unwrap() {
+                assert_eq!(b["ok"], true, "{b}");
+            }
+            let plain = tree(&dir)
+                .keys()
+                .filter(|k| k.ends_with("backup.manifest"))
+                .map(|k| std::fs::read(dir.join(k)).unwrap())
+                .all(|bytes| !bytes.starts_with(b"PGSTRSEA"));
+            assert!(plain, "repository 4 holds its manifests in the clear");
+        }
+    }
 }

@@ -25,13 +25,16 @@
 //! throughout: the target's expire must not take the packs of a backup being copied for
 //! garbage.
 //!
-//! Packs cross as stored: their frames are sealed one by one in an encrypted stanza and
-//! the manifests record the check of each sealed frame, so both repositories must hold the
-//! stanza in the clear, or under the same master keys. When the target has no stanza yet,
-//! copy creates it from the source's record and key files (the source's passphrases then
-//! open it; `key-add --repo=N` and `key-remove --repo=N` give it passphrases of its own).
-//! Objects sealed whole (manifests, parts, WAL) are opened with the source's keys and sealed
-//! again under the target's newest generation.
+//! Packs cross as stored where both repositories hold the stanza in the clear or under the
+//! same master keys: their frames are sealed one by one in an encrypted stanza and the
+//! manifests record the check of each sealed frame. When the target has no stanza yet, copy
+//! creates it from the source's record and key files (the source's passphrases then open
+//! it; `key-add --repo=N` and `key-remove --repo=N` give it passphrases of its own).
+//! Otherwise (a target created apart, with other master keys; a key-remove in the source
+//! since; plain to encrypted or back) every frame is opened and sealed again for the
+//! target, and each backup's manifest is rewritten to point at the re-sealed frames
+//! (`reseal`). Objects sealed whole (manifests, parts, WAL, upgrade records) are opened
+//! with the source's keys and sealed again under the target's newest generation either way.
 
 use crate::progress::{human_bytes, Progress};
 use crate::{open_stanza, Error, Result, Settings};
@@ -43,6 +46,8 @@ use pgstrata_repo::{layout, wal_object, Storage};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Instant;
+
+mod reseal;
 
 /// What to copy.
 #[derive(Debug, Clone, Default)]
@@ -120,7 +125,10 @@ pub async fn copy(from: &Settings, to: &Settings, o: &CopyOptions) -> Result<Cop
         // The source had a stanza-upgrade the target lacks: its records, as stored.
         for n in dst_info.history.len() + 1..=src_info.history.len() {
             let key = layout::stanza_upgrade(&stanza, n as u32);
-            put_created(&dst, &key, src.get_unsealed(&key).await?).await?;
+            match dst.put_new(&key, src.get(&key).await?).await {
+                Err(e) if e.kind == pgstrata_repo::ErrorKind::AlreadyExists => {}
+                r => r?,
+            }
         }
         log::info!(
             "stanza '{stanza}' upgraded in repository {} as in repository {}",
@@ -138,7 +146,13 @@ pub async fn copy(from: &Settings, to: &Settings, o: &CopyOptions) -> Result<Cop
             dst_info.cluster.archive_id()
         )));
     }
-    check_same_keys(&src, &dst, from.repo_index, to.repo_index, &stanza).await?;
+    let reseal = why_reseal(&src, &dst, from.repo_index, to.repo_index).map(|why| {
+        log::info!(
+            "{why}: every frame copied is sealed again for repository {}",
+            to.repo_index
+        );
+        reseal::Translations::default()
+    });
     let limit = crate::progress::repository_limit(&dst).or(crate::progress::repository_limit(&src));
     let mut job = Job {
         src,
@@ -147,6 +161,8 @@ pub async fn copy(from: &Settings, to: &Settings, o: &CopyOptions) -> Result<Cop
         to_repo: to.repo_index,
         target: HashMap::new(),
         copied: HashSet::new(),
+        source_labels: Vec::new(),
+        reseal,
         wal_from: None,
         archive: Vec::new(),
         cluster: src_info.cluster.clone(),
@@ -205,35 +221,26 @@ async fn put_created(dst: &Storage, key: &str, bytes: Bytes) -> Result<()> {
     }
 }
 
-/// Packs cross as stored, so the target must open what the source sealed: both plain, or
-/// the target holding every master key generation of the source's, the same keys.
-async fn check_same_keys(
-    src: &Storage,
-    dst: &Storage,
-    from: u8,
-    to: u8,
-    stanza: &str,
-) -> Result<()> {
-    let why = match (src.cipher(), dst.cipher()) {
-        (None, None) => return Ok(()),
+/// Why packs cannot cross as stored (the target could not open what the source sealed),
+/// so that every frame is sealed again for the target; None when both hold the stanza in
+/// the clear or the target holds every master key generation of the source's.
+fn why_reseal(src: &Storage, dst: &Storage, from: u8, to: u8) -> Option<String> {
+    Some(match (src.cipher(), dst.cipher()) {
+        (None, None) => return None,
         (Some(_), None) => format!("repository {from} is encrypted and repository {to} is not"),
         (None, Some(_)) => format!("repository {to} is encrypted and repository {from} is not"),
-        (Some(s), Some(d)) => match s.generation_not_shared(d) {
-            None => return Ok(()),
-            Some(Ok(1)) => format!(
-                "repositories {from} and {to} hold it under different master keys (the stanzas were created apart)"
+        (Some(s), Some(d)) => match s.generation_not_shared(d)? {
+            Ok(1) => format!(
+                "repositories {from} and {to} hold the stanza under different master keys (the stanzas were created apart)"
             ),
-            Some(Ok(g)) => format!(
-                "repositories {from} and {to} hold different master keys of generation {g} (a key-remove in each of them after copy created repository {to}'s stanza)"
+            Ok(g) => format!(
+                "repositories {from} and {to} hold different master keys of generation {g} (a key-remove in each of them)"
             ),
-            Some(Err(g)) => format!(
-                "repository {from} seals with master key generation {g} (a key-remove there after copy created repository {to}'s stanza), which repository {to}'s keys do not hold"
+            Err(g) => format!(
+                "repository {from} seals with master key generation {g} (a key-remove there), which repository {to}'s keys do not hold"
             ),
         },
-    };
-    Err(Error::config(format!(
-        "copy: stanza '{stanza}': {why}. Packs are copied as stored (their frames are sealed one by one and the manifests record each sealed frame's check), so both repositories must hold the stanza in the clear or under the same master keys: let copy create the stanza in an empty repository {to} (it then copies the key files; give repository {to} its own passphrase with key-add --repo={to} and key-remove --repo={to}). A key-remove in repository {from} after that starts a master key repository {to} does not hold, and copying into it stops: copy into a new, empty repository then. Nothing was copied"
-    )))
+    })
 }
 
 /// One copy's repositories, what the target holds, and what was done.
@@ -246,6 +253,10 @@ struct Job {
     target: HashMap<String, u64>,
     /// The objects this copy wrote.
     copied: HashSet<String>,
+    /// The source's backups, oldest first.
+    source_labels: Vec<String>,
+    /// Where the frames the target holds re-sealed are, when packs cannot cross as stored.
+    reseal: Option<reseal::Translations>,
     /// Where the WAL copied starts: the first copied backup's start segment.
     wal_from: Option<String>,
     /// The source's WAL archive objects (listed once, after the target).
@@ -287,6 +298,7 @@ impl Job {
             .map(|i| (i.key, i.size))
             .collect();
         let labels = list_backups(&self.src, &self.stanza).await?;
+        self.source_labels = labels.clone();
         let chosen: Vec<String> = match &o.set {
             Some(want) if !labels.contains(want) => {
                 return Err(Error::config(format!(
@@ -375,6 +387,9 @@ impl Job {
             self.report.objects_skipped += 1;
             return Ok(());
         }
+        if self.reseal.is_some() {
+            return self.reseal_backup(label).await;
+        }
         let frames = self.frames_of(&m, &stored).await?;
         let bytes: u64 = frames
             .values()
@@ -382,18 +397,7 @@ impl Job {
             .sum();
         self.progress.totals().add(bytes, frames.len() as u64);
         self.copy_packs(&frames).await?;
-        // As a backup does: the WAL it needs to become consistent is in the archive
-        // before its manifest, and from the oldest copied backup's start on, so that the
-        // target's archive has no gap at any point.
-        // (A backup of a cluster before a stanza-upgrade has its WAL in that cluster's
-        // archive, copied whole before the backups.)
-        if m.cluster == self.cluster {
-            let from = self
-                .wal_from
-                .get_or_insert_with(|| m.start.wal.clone())
-                .clone();
-            self.copy_wal(&from, Some(&m.stop.wal)).await?;
-        }
+        self.copy_wal_for(&m).await?;
         for (n, part) in m.parts.iter().enumerate() {
             let key = layout::manifest_part(&self.stanza, label, n);
             let copy_key = layout::manifest_part_copy(&self.stanza, label, n);
@@ -407,6 +411,22 @@ impl Job {
         self.put_twins(&copy_key, &manifest_key, plain).await?;
         log::info!("backup {label} copied to repository {}", self.to_repo);
         self.report.backups_copied.push(label.to_string());
+        Ok(())
+    }
+
+    /// As a backup does: the WAL backup `m` needs to become consistent is in the archive
+    /// before its manifest, and from the oldest copied backup's start on, so that the
+    /// target's archive has no gap at any point. (A backup of a cluster before a
+    /// stanza-upgrade has its WAL in that cluster's archive, copied whole before the
+    /// backups.)
+    async fn copy_wal_for(&mut self, m: &Manifest) -> Result<()> {
+        if m.cluster == self.cluster {
+            let from = self
+                .wal_from
+                .get_or_insert_with(|| m.start.wal.clone())
+                .clone();
+            self.copy_wal(&from, Some(&m.stop.wal)).await?;
+        }
         Ok(())
     }
 
@@ -595,20 +615,30 @@ async fn transfer_pack(
     let bytes = src.get_unsealed(key).await?;
     let mut opened = Vec::new();
     for &(offset, len, check) in frames {
-        let frame = usize::try_from(offset)
-            .ok()
-            .and_then(|o| bytes.get(o..o.checked_add(len as usize)?));
-        let Some(frame) = frame.filter(|f| frame_check(f) == check) else {
-            return Err(Error::integrity(format!(
-                "{key}: the frame at offset {offset} ({len} bytes) does not match its check {check:016x} (or lies beyond the pack's {} bytes): the source object is damaged; no manifest was written to repository {to_repo}, so the backup is not there",
-                bytes.len()
-            )));
-        };
+        let frame = checked_frame(&bytes, key, (offset, len, check), to_repo)?;
         if let Some(cipher) = dst.cipher() {
             cipher.open_frame_into(key, offset, frame, &mut opened, key)?;
         }
     }
     put_as_stored(dst, key, bytes).await
+}
+
+/// Frame `(offset, len, check)` of pack `key` (stored as `bytes`), checked.
+fn checked_frame<'b>(
+    bytes: &'b [u8],
+    key: &str,
+    (offset, len, check): Frame,
+    to_repo: u8,
+) -> Result<&'b [u8]> {
+    let frame = usize::try_from(offset)
+        .ok()
+        .and_then(|o| bytes.get(o..o.checked_add(len as usize)?));
+    frame.filter(|f| frame_check(f) == check).ok_or_else(|| {
+        Error::integrity(format!(
+            "{key}: the frame at offset {offset} ({len} bytes) does not match its check {check:016x} (or lies beyond the pack's {} bytes): the source object is damaged; no manifest was written to repository {to_repo}, so the backup is not there",
+            bytes.len()
+        ))
+    })
 }
 
 /// Write `bytes` as stored to `key`; one written meanwhile (an archive-push to the target,
