@@ -92,10 +92,28 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     b.wal_switch_and_wait()?;
     let local = b.dir("repo-copy-local")?;
     pgstrata_testkit::give_to_pg_user(&local);
+    let sealed = b.dir("repo-copy-sealed")?;
+    pgstrata_testkit::give_to_pg_user(&sealed);
+    let sealed_env: Vec<(String, String)> = [
+        ("PGSTRATA_REPO2_PATH", sealed.display().to_string()),
+        ("PGSTRATA_REPO2_CIPHER_TYPE", "aes-256-gcm".into()),
+        ("PGSTRATA_REPO2_CIPHER_PASS", "bench passphrase of repository 2".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    // Its own stanza, so its master keys are not the source's: every frame is re-sealed.
+    let mut create = pgstrata_cmd(&repos[0], &sealed_env);
+    create.arg("stanza-create");
+    b.run("stanza-create-sealed", &mut create, false)?;
     let targets = [
         Target {
             case: "to local".into(),
             env: vec![("PGSTRATA_REPO2_PATH".into(), local.display().to_string())],
+        },
+        Target {
+            case: "re-sealed to local".into(),
+            env: sealed_env,
         },
         Target {
             case: format!("to S3 +{} ms", o.delay_ms),
@@ -187,14 +205,27 @@ fn copy_to_each(
         Row::timed(case, "plain read of the source objects", "cat", 1, &read)
             .note(format!("{:.0} MB/s", mb_per_s(read_bytes, read.seconds))),
     )?;
+    let floor = b.dir(&format!("copy-floor-{case}"))?;
+    let mut cp = Command::new("sh");
+    cp.args([
+        "-c",
+        &format!(
+            "cp -r '{}' '{}/backup' && cp -r '{}' '{}/archive' && sync",
+            stanza_dir.join("backup").join(label).display(),
+            floor.display(),
+            stanza_dir.join("archive").display(),
+            floor.display()
+        ),
+    ]);
+    let copied = b.run("cp-floor", &mut cp, true)?;
+    b.results.record(
+        Row::timed(case, "cp -r + sync of the same objects", "cat", 1, &copied)
+            .note(format!("{:.0} MB/s", mb_per_s(read_bytes, copied.seconds))),
+    )?;
+    std::fs::remove_dir_all(&floor).map_err(|e| format!("{}: {e}", floor.display()))?;
     for t in targets {
-        let mut c = Command::new(&source.tool.bin);
-        c.arg(format!("--config={}", source.config.display()))
-            .arg(format!("--stanza={STANZA}"))
-            .args(["--from-repo=1", "--repo=2", "--output=json", "copy"]);
-        for (k, v) in &t.env {
-            c.env(k, v);
-        }
+        let mut c = pgstrata_cmd(source, &t.env);
+        c.args(["--from-repo=1", "--output=json", "copy"]);
         let m = b.run(&format!("copy-{case}"), &mut c, true)?;
         let report: serde_json::Value =
             serde_json::from_str(&m.stdout).map_err(|e| format!("copy report: {e}"))?;
@@ -245,6 +276,18 @@ fn copy_to_each(
         )?;
     }
     Ok(())
+}
+
+/// `source`'s pgstrata with its config and stanza, repository 2 as `env` gives it.
+fn pgstrata_cmd(source: &Repo, env: &[(String, String)]) -> Command {
+    let mut c = Command::new(&source.tool.bin);
+    c.arg(format!("--config={}", source.config.display()))
+        .arg(format!("--stanza={STANZA}"))
+        .arg("--repo=2");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
 }
 
 /// Read every file under `dirs` to /dev/null, timed as a tool's command is.
