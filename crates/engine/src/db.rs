@@ -33,7 +33,7 @@ pub(crate) struct ServerIdentity {
     pub wal_level: String,
 }
 
-fn default_user() -> String {
+pub(crate) fn default_user() -> String {
     std::env::var("PGUSER")
         .ok()
         .or_else(|| {
