@@ -97,7 +97,10 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     let sealed_env: Vec<(String, String)> = [
         ("PGSTRATA_REPO2_PATH", sealed.display().to_string()),
         ("PGSTRATA_REPO2_CIPHER_TYPE", "aes-256-gcm".into()),
-        ("PGSTRATA_REPO2_CIPHER_PASS", "bench passphrase of repository 2".into()),
+        (
+            "PGSTRATA_REPO2_CIPHER_PASS",
+            "bench passphrase of repository 2".into(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

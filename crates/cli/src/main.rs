@@ -149,6 +149,13 @@ fn run(inv: &args::Invocation) -> Result<i32, Error> {
         Command::Verify(r) => verify(&r),
         Command::KeyAdd(k) => key_add(&k),
         Command::Copy(c) => copy(&c),
+        Command::WalReceive { repos, options } => {
+            let repos = repos.selected_first();
+            runtime(2).block_on(pgstrata_engine::commands::wal_receive::wal_receive(
+                &repos, &options,
+            ))?;
+            Ok(0)
+        }
         Command::KeyList { repos, output } => key_list(&repos, output),
         Command::RepoLs {
             repos,

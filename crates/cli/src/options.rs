@@ -118,6 +118,7 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
     ("repo-ls", "List the stanza's objects in the repository (repo-ls [PATH] [--recurse]; PATH a repository key such as main/backup, default the stanza): size, time, name"),
     ("repo-get", "Write one object of the stanza to standard output, opened and checked (repo-get PATH): a WAL object as the segment, a manifest as JSON, any other sealed object decrypted; key files and packs as stored"),
     ("annotate", "Pin a backup so retention never expires it (--set=LABEL --pin), unpin it (--unpin), or change its annotations (--annotation=KEY=VALUE; KEY= removes one)"),
+    ("wal-receive", "Stream WAL into every repository of the stanza as the server writes it, through a physical replication slot (wal-receive-slot): the segment being written as a partial object, replaced every wal-receive-flush-interval, each full segment as archive-push stores it; with wal-receive-synchronous, a commit can wait for its WAL to be in the repository (synchronous_standby_names); runs until stopped"),
     ("verify", "Read back every backup (or --set) and the WAL archive and check them against their recorded hashes, without restoring"),
     ("agent", "Serve another host's pgstrata over SSH, as the forced command of its key; started by pgstrata itself, not by hand: 'agent repo --stanza=NAME' serves those stanzas of repo-path to a database host's repo-remote, append-only; 'agent run [--config=FILE] [--stanza=NAME]' does a backup host's stanza-create, check or backup job here (pg-remote) with this host's own settings"),
     ("demo", "Run the whole story on a throwaway cluster and a local repository"),
@@ -127,7 +128,7 @@ pub(crate) const COMMANDS: &[(&str, &str)] = &[
 ];
 
 /// The commands that work on one stanza (`agent` takes a list: see its own definition).
-const STANZA_CMDS: [&str; 19] = [
+const STANZA_CMDS: [&str; 20] = [
     "stanza-create",
     "stanza-upgrade",
     "check",
@@ -147,6 +148,7 @@ const STANZA_CMDS: [&str; 19] = [
     "repo-get",
     "stanza-delete",
     "annotate",
+    "wal-receive",
 ];
 /// The commands that reach a repository: the stanza commands and `agent`.
 const REPO_CMDS: &[&str] = &concat::<_, _, { STANZA_CMDS.len() + 1 }>(["agent"], STANZA_CMDS);
@@ -171,7 +173,9 @@ const fn concat<const A: usize, const B: usize, const N: usize>(
 }
 const RETENTION_CMDS: &[&str] = &["backup", "expire"];
 const PG_CMDS: &[&str] = &["stanza-create", "check", "backup"];
-const COMPRESS_CMDS: &[&str] = &["backup", "archive-push"];
+/// The commands that connect to PostgreSQL on this host's own settings.
+const PG_CONNECT_CMDS: &[&str] = &["stanza-create", "check", "backup", "wal-receive"];
+const COMPRESS_CMDS: &[&str] = &["backup", "archive-push", "wal-receive"];
 
 pub(crate) const OPTIONS: &[OptionDef] = &[
     OptionDef { name: "config", kind: Kind::Path, default: Some("/etc/pgstrata/pgstrata.toml"), scope: Scope::CommandLine, secret: false, peer: false, commands: &[],
@@ -284,17 +288,17 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "The configuration file 'agent run' reads on pg-remote (default: its PGSTRATA_CONFIG, else /etc/pgstrata/pgstrata.toml), sent on its command line. A forced command in that host's authorized_keys replaces the command line, and with it this choice: the database host's own --config wins." },
     OptionDef { name: "standby-remote-config", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: &["backup"],
         help: "The configuration file 'agent run' reads on standby-remote, as pg-remote-config is for pg-remote." },
-    OptionDef { name: "pg-host", kind: Kind::Str, default: Some("/var/run/postgresql"), scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
+    OptionDef { name: "pg-host", kind: Kind::Str, default: Some("/var/run/postgresql"), scope: Scope::Config, secret: false, peer: false, commands: PG_CONNECT_CMDS,
         help: "Socket directory (starting with '/') or host name of the server, as libpq means it." },
-    OptionDef { name: "pg-port", kind: Kind::Int { min: 1, max: 65535 }, default: Some("5432"), scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
+    OptionDef { name: "pg-port", kind: Kind::Int { min: 1, max: 65535 }, default: Some("5432"), scope: Scope::Config, secret: false, peer: false, commands: PG_CONNECT_CMDS,
         help: "Server port." },
-    OptionDef { name: "pg-user", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
+    OptionDef { name: "pg-user", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, peer: false, commands: PG_CONNECT_CMDS,
         help: "Database user (default: PGUSER, else the operating system user). A password comes from PGPASSWORD." },
-    OptionDef { name: "pg-sslmode", kind: Kind::Enum(SslMode::NAMES), default: Some("prefer"), scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
+    OptionDef { name: "pg-sslmode", kind: Kind::Enum(SslMode::NAMES), default: Some("prefer"), scope: Scope::Config, secret: false, peer: false, commands: PG_CONNECT_CMDS,
         help: "TLS on TCP connections, as libpq's sslmode: prefer and require encrypt without checking the server's certificate; verify-ca checks it chains to pg-sslrootcert; verify-full also checks it names pg-host. Unless it is disable, a password (PGPASSWORD) never crosses TCP in the clear: when the connection is not encrypted (prefer against a server without TLS), a server asking for a cleartext or MD5 password is refused; scram-sha-256 still works. disable: no TLS, and any password request is answered. Unix sockets never use TLS and have no such restriction." },
-    OptionDef { name: "pg-sslrootcert", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
+    OptionDef { name: "pg-sslrootcert", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: PG_CONNECT_CMDS,
         help: "PEM file of the CA certificates verify-ca and verify-full trust (default: ~/.postgresql/root.crt)." },
-    OptionDef { name: "pg-database", kind: Kind::Str, default: Some("postgres"), scope: Scope::Config, secret: false, peer: false, commands: PG_CMDS,
+    OptionDef { name: "pg-database", kind: Kind::Str, default: Some("postgres"), scope: Scope::Config, secret: false, peer: false, commands: PG_CONNECT_CMDS,
         help: "Database to connect to." },
     OptionDef { name: "compress-type", kind: Kind::Enum(CompressType::NAMES), default: Some("zst"), scope: Scope::Config, secret: false, peer: true, commands: COMPRESS_CMDS,
         help: "Compression of backup data and archived WAL." },
@@ -418,7 +422,13 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "When notify-command runs: after a failure only, or always." },
     OptionDef { name: "notify-timeout", kind: Kind::Duration { min: 1, max: 3600 }, default: Some("60s"), scope: Scope::Config, secret: false, peer: false, commands: crate::notify::COMMANDS,
         help: "How long notify-command may run before it is killed." },
-    OptionDef { name: "lock-path", kind: Kind::Path, default: Some("/tmp/pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: &["backup", "expire", "copy", "stanza-delete"],
+    OptionDef { name: "wal-receive-slot", kind: Kind::Str, default: None, scope: Scope::Config, secret: false, peer: false, commands: &["wal-receive"],
+        help: "The physical replication slot wal-receive streams through, created when absent (default pgstrata_STANZA, lower case, other characters as _); also its application_name, the name synchronous_standby_names gives." },
+    OptionDef { name: "wal-receive-flush-interval", kind: Kind::Duration { min: 1, max: 3600 }, default: Some("1s"), scope: Scope::Config, secret: false, peer: false, commands: &["wal-receive"],
+        help: "Longest time WAL received waits before the segment's partial object is written to the repositories (asynchronous mode loses at most this much of the last commits)." },
+    OptionDef { name: "wal-receive-synchronous", kind: Kind::Bool, default: Some("false"), scope: Scope::Config, secret: false, peer: false, commands: &["wal-receive"],
+        help: "Write the partial segment and report it flushed each time the stream pauses, so that with synchronous_standby_names naming the slot every commit waits until its WAL is in every repository (commits stop while a repository cannot be written: pair it with a standby, ANY 1 (standby1, pgstrata_main))." },
+    OptionDef { name: "lock-path", kind: Kind::Path, default: Some("/tmp/pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: &["backup", "expire", "copy", "stanza-delete", "wal-receive"],
         help: "Directory of the host-local lock that lets one process at a time remove a stale stanza lock; created mode 0700, and refused when another user owns it or others can write to it (give each OS user running pgstrata its own)." },
     OptionDef { name: "pg-bin", kind: Kind::Path, default: None, scope: Scope::CommandLine, secret: false, peer: false, commands: &["demo"],
         help: "Directory of the PostgreSQL server binaries for the demo (default: pg_config --bindir, else the newest /usr/lib/postgresql/*/bin)." },

@@ -26,4 +26,5 @@ mod standby;
 mod upgrade;
 mod verify;
 mod wal_decoder;
+mod wal_receive;
 mod wal_tracking;

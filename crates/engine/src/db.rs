@@ -302,6 +302,45 @@ impl Db {
         server_lsn(row.get(0))
     }
 
+    /// Physical replication slot `slot`: None when there is none; Some(None) when it has
+    /// reserved no WAL yet; else its restart position.
+    pub(crate) async fn physical_slot_restart(&self, slot: &str) -> Result<Option<Option<Lsn>>> {
+        let rows = self
+            .client
+            .query(
+                "SELECT restart_lsn::text, slot_type FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .map_err(pg_err("read the replication slots"))?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let kind: String = row.get(1);
+        if kind != "physical" {
+            return Err(Error::config(format!(
+                "replication slot {slot} is a {kind} slot: wal-receive needs a physical one (wal-receive-slot)"
+            )));
+        }
+        let at: Option<String> = row.get(0);
+        at.as_deref().map(server_lsn).transpose().map(Some)
+    }
+
+    /// Create physical replication slot `slot`, reserving WAL from now: its restart
+    /// position.
+    pub(crate) async fn create_physical_slot(&self, slot: &str) -> Result<Option<Lsn>> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT lsn::text FROM pg_create_physical_replication_slot($1, true)",
+                &[&slot],
+            )
+            .await
+            .map_err(pg_err(&format!("create replication slot {slot}")))?;
+        let at: Option<String> = row.get(0);
+        at.as_deref().map(server_lsn).transpose()
+    }
+
     pub(crate) async fn timeline_of(&self, lsn: Lsn) -> Result<u32> {
         let row = self
             .client

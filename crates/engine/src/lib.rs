@@ -38,6 +38,7 @@ mod owner;
 pub mod pg_tls;
 mod pool;
 pub mod progress;
+mod replication;
 mod reports;
 mod settings;
 pub mod track;
@@ -66,6 +67,7 @@ mod layers {
         &["owner", "pg_tls", "progress", "pool", "lock", "content"],
         &["settings", "walk"],
         &["db", "encryption"],
+        &["replication"],
         &["local_cluster", "wal_archive", "garbage"],
         &["track", "data_restore", "vanished"],
         &["reports"],

@@ -152,7 +152,7 @@ fn pid_running(pid: i32, started: Option<u64>) -> bool {
 /// The directory holding the takeover `flock`: created 0700 when missing; refused when it
 /// is not a directory of this user that nobody else can write to (see
 /// [`pgstrata_repo::private_dir`]).
-fn lock_dir(dir: &Path) -> Result<()> {
+pub(crate) fn lock_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}

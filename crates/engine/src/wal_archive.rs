@@ -214,19 +214,46 @@ pub(crate) async fn prepare_push(
     wal_path: &Path,
     workers: u32,
 ) -> Result<PreparedWal> {
+    let path = wal_path.to_path_buf();
+    // The read is blocking work too: it goes to the blocking pool, off the scheduler that
+    // drives the stores in flight (archive-async).
+    let raw = tokio::task::spawn_blocking(move || {
+        WalFileBytes::read(&path)
+            .map_err(|e| Error::io(format!("archive-push: read {}", path.display()), e))
+    })
+    .await
+    .expect("read thread")?;
+    prepare_read(s, stanza, name, raw, workers).await
+}
+
+/// [`prepare_push`] of WAL file `name` received as `bytes` (wal-receive).
+pub(crate) async fn prepare_bytes(
+    s: &Settings,
+    stanza: &pgstrata_repo::stanza::StanzaInfo,
+    name: &str,
+    bytes: Vec<u8>,
+    workers: u32,
+) -> Result<PreparedWal> {
+    prepare_read(s, stanza, name, WalFileBytes(bytes), workers).await
+}
+
+/// Check, compress (with `workers` threads) and decode WAL file `name`, read as `raw`.
+async fn prepare_read(
+    s: &Settings,
+    stanza: &pgstrata_repo::stanza::StanzaInfo,
+    name: &str,
+    raw: WalFileBytes,
+    workers: u32,
+) -> Result<PreparedWal> {
     let seg_size = stanza.cluster.wal_segment_size;
     let sysid = stanza.cluster.system_identifier.clone();
     let compression = s.compression;
     let major = stanza.cluster.major_version;
     let checked = lsn::is_segment_name(name) || name.ends_with(".partial");
     let decode = lsn::is_segment_name(name);
-    let (name_owned, path) = (name.to_string(), wal_path.to_path_buf());
-    // The read is blocking work too: it goes with the rest to the blocking pool, off the
-    // scheduler that drives the stores in flight (archive-async).
+    let name_owned = name.to_string();
     let (obj, decoded, head) = tokio::task::spawn_blocking(move || -> Result<_> {
         let name = name_owned;
-        let raw = WalFileBytes::read(&path)
-            .map_err(|e| Error::io(format!("archive-push: read {}", path.display()), e))?;
         if checked {
             check_segment(&raw, &name, seg_size, &sysid)?;
         }
@@ -672,9 +699,16 @@ fn check_segment(raw: &[u8], name: &str, seg_size: u64, sysid: &str) -> Result<(
 /// Fetch one WAL file into `dest`. Returns false when the archive does not have it.
 pub async fn archive_get(s: &Settings, name: &str, dest: &Path) -> Result<bool> {
     let (storage, stanza) = open_stanza(s).await?;
-    let key = layout::archive_object(&s.stanza, &archive_to_get_from(s, &stanza)?, name);
+    let archive = archive_to_get_from(s, &stanza)?;
+    let key = layout::archive_object(&s.stanza, &archive, name);
     let obj = match storage.get(&key).await {
         Ok(o) => o,
+        Err(e) if e.is_not_found() && lsn::is_segment_name(name) => {
+            let partial =
+                layout::archive_object(&s.stanza, &archive, &layout::received_partial_name(name));
+            let seg_size = stanza.cluster.wal_segment_size;
+            return get_received_partial(&storage, &partial, seg_size, dest).await;
+        }
         Err(e) if e.is_not_found() => return Ok(false),
         Err(e) => return Err(e.into()),
     };
@@ -683,6 +717,40 @@ pub async fn archive_get(s: &Settings, name: &str, dest: &Path) -> Result<bool> 
         .await
         .expect("archive-get write thread")?;
     log::info!("restored {name} from the archive");
+    Ok(true)
+}
+
+/// Segment `partial`'s bytes so far as `wal-receive` stored them, zero-filled to the
+/// segment's size, into `dest`: recovery replays what it holds and ends at its end (the
+/// last commits streamed), as with a `pg_receivewal` partial file. False when there is none.
+async fn get_received_partial(
+    storage: &pgstrata_repo::Storage,
+    partial: &str,
+    seg_size: u64,
+    dest: &Path,
+) -> Result<bool> {
+    let obj = match storage.get(partial).await {
+        Ok(o) => o,
+        Err(e) if e.is_not_found() => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let (key, dest) = (partial.to_string(), dest.to_path_buf());
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let mut raw = wal_object::decode(&obj, &key)?;
+        raw.resize(seg_size as usize, 0);
+        let tmp = dest.with_file_name(format!(
+            ".{}.pgstrata.tmp",
+            dest.file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default()
+        ));
+        std::fs::write(&tmp, &raw)
+            .and_then(|()| std::fs::rename(&tmp, &dest))
+            .map_err(|e| Error::io(format!("archive-get: write {}", dest.display()), e))
+    })
+    .await
+    .expect("archive-get write thread")?;
+    log::info!("restored {partial} (received so far by wal-receive, zero-filled)");
     Ok(true)
 }
 

@@ -246,6 +246,13 @@ pub enum ArchiveObject<'a> {
     ChangeMap { segment: &'a str },
 }
 
+/// The WAL name (for [`archive_object`]) of segment `segment` while `wal-receive` receives
+/// it: the bytes received so far, replaced as more arrive, removed once the segment is
+/// stored whole. Not PostgreSQL's `.partial` (archive-push stores those create-only).
+pub fn received_partial_name(segment: &str) -> String {
+    format!("{segment}.receive.partial")
+}
+
 /// The kind of archive object `key` (an [`archive_object`] or a [`change_map`]).
 pub fn parse_archive_object(key: &str) -> ArchiveObject<'_> {
     let name = key.rsplit('/').next().unwrap_or_default();

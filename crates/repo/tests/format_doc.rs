@@ -72,6 +72,7 @@ fn made_by(function: &str) -> Option<Vec<String>> {
         "layout::archive_object" => vec![
             layout::archive_object(s, a, seg),
             layout::archive_object(s, a, &format!("{seg}.partial")),
+            layout::archive_object(s, a, &layout::received_partial_name(seg)),
             layout::archive_object(s, a, &format!("{seg}.00000028.backup")),
             layout::archive_object(s, a, "00000002.history"),
         ],
@@ -163,7 +164,7 @@ fn every_documented_object_name_is_made_by_layout() {
     let source = include_str!("../src/layout.rs");
     for sig in source.split("\npub fn ").skip(1) {
         let name = &sig[..sig.find('(').unwrap()];
-        let components = ["pack_name", "unique_name"];
+        let components = ["pack_name", "unique_name", "received_partial_name"];
         if sig.contains("-> String")
             && !name.ends_with("_root")
             && !name.ends_with("_dir")

@@ -93,6 +93,11 @@ pub(crate) enum Command {
     Info(Report),
     Verify(Verify),
     Copy(Copy),
+    /// `wal-receive`: every configured repository.
+    WalReceive {
+        repos: Repos,
+        options: pgstrata_engine::commands::wal_receive::WalReceiveOptions,
+    },
     KeyAdd(KeyAdd),
     KeyList {
         repos: Repos,

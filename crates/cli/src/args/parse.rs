@@ -85,6 +85,14 @@ pub(crate) fn command(inv: &Invocation) -> Result<Command, Error> {
             },
             output: inv.choice("output"),
         }),
+        "wal-receive" => Command::WalReceive {
+            repos: repos(inv)?,
+            options: pgstrata_engine::commands::wal_receive::WalReceiveOptions {
+                slot: inv.get("wal-receive-slot").map(str::to_string),
+                flush_interval: Duration::from_secs(inv.int("wal-receive-flush-interval")),
+                synchronous: inv.flag("wal-receive-synchronous"),
+            },
+        },
         "key-add" => Command::KeyAdd(KeyAdd {
             repos: repos(inv)?,
             new_pass: inv
@@ -829,6 +837,7 @@ mod tests {
                 Command::Info(r) | Command::Verify(Verify { report: r, .. }) => Some(&r.repos),
                 Command::KeyAdd(k) => Some(&k.repos),
                 Command::Copy(c) => Some(&c.repos),
+                Command::WalReceive { repos, .. } => Some(repos),
                 Command::StanzaUpgrade(r) => Some(r),
                 Command::KeyList { repos, .. }
                 | Command::KeyRemove { repos, .. }

@@ -21,3 +21,4 @@ pub mod stanza_create;
 pub mod stanza_delete;
 pub mod stanza_upgrade;
 pub mod verify;
+pub mod wal_receive;

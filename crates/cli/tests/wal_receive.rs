@@ -1,0 +1,119 @@
+//! `wal-receive`: WAL streamed into the repository as it is written. In synchronous mode
+//! (synchronous_standby_names naming the receiver's slot) no committed transaction is lost
+//! when the primary's host is: its data directory deleted, a restore from the repository
+//! holds every commit, the last ones from the partial segment the receiver stored.
+
+use crate::common::*;
+use std::time::{Duration, Instant};
+
+/// A process found by its command line (`marker` is unique to it), SIGKILLed when dropped.
+struct Receiver {
+    marker: String,
+    child: std::process::Child,
+}
+
+impl Receiver {
+    fn start(env: &Env, extra: &[&str]) -> Receiver {
+        // Unique to this receiver: how it is found (as root the child is runuser).
+        let marker = format!(
+            "--lock-path={}",
+            env.scratch.join("receiver-locks").display()
+        );
+        let mut args = vec![marker.as_str(), "--log-level-console=info"];
+        args.extend_from_slice(extra);
+        args.push("wal-receive");
+        let child = env
+            .cmd(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        Receiver { marker, child }
+    }
+
+    fn kill(&mut self) -> String {
+        let pattern = format!("^{} {}", exe().display(), self.marker);
+        let _ = std::process::Command::new("pkill")
+            .args(["-KILL", "-f", &pattern])
+            .status();
+        let _ = self.child.kill();
+        let out = std::mem::replace(
+            &mut self.child,
+            std::process::Command::new("true").spawn().unwrap(),
+        )
+        .wait_with_output()
+        .unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Wait until the server lists the receiver as a synchronous standby.
+fn wait_until_sync(env: &Env, receiver: &mut Receiver) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let state = env.sql(
+            "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'pgstrata_test'",
+        );
+        if state.trim() == "sync" {
+            return;
+        }
+        if Instant::now() > deadline || receiver.child.try_wait().unwrap().is_some() {
+            panic!(
+                "the receiver did not become a synchronous standby ({state:?}):\n{}",
+                receiver.kill()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn synchronous_receive_keeps_every_commit_when_the_primary_is_lost() {
+    let env = Env::new("walrcv-sync");
+    env.stanza_create();
+    env.sql("CREATE TABLE commits (n int)");
+    env.backup(&["--type=full"]);
+    env.sql("ALTER SYSTEM SET synchronous_standby_names = 'pgstrata_test'");
+    env.sql("SELECT pg_reload_conf()");
+    let mut receiver = Receiver::start(&env, &["--wal-receive-synchronous"]);
+    wait_until_sync(&env, &mut receiver);
+
+    // 1,000 transactions of one row each, every commit acknowledged.
+    let script = env.scratch.join("insert.sql");
+    std::fs::write(&script, "INSERT INTO commits VALUES (1);\n").unwrap();
+    pgstrata_testkit::give_to_pg_user(&script);
+    env.pgbench(&["-n", "-t", "1000", "-f", &script.display().to_string()]);
+    assert_eq!(env.sql("SELECT count(*) FROM commits").trim(), "1000");
+
+    // The primary's host is lost: stopped at once, its data directory gone.
+    pgstrata_testkit::run_ok(
+        env.cluster
+            .bin
+            .cmd("pg_ctl")
+            .arg("-D")
+            .arg(&env.cluster.data)
+            .args(["-m", "immediate", "-w", "stop"]),
+    )
+    .unwrap();
+    let log = receiver.kill();
+    eprintln!("receiver log:\n{log}");
+    std::fs::remove_dir_all(&env.cluster.data).unwrap();
+    let partials: Vec<String> = tree(&env.repo)
+        .into_keys()
+        .filter(|k| k.ends_with(".receive.partial"))
+        .collect();
+    assert!(!partials.is_empty(), "a partial segment is stored:\n{log}");
+
+    let restored = env.restore_and_start("restored", &[]);
+    let n = restored
+        .psql("postgres", "SELECT count(*) FROM commits")
+        .unwrap();
+    assert_eq!(n.trim(), "1000", "every committed row restored:\n{log}");
+    restored.stop().unwrap();
+}

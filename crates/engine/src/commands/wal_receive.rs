@@ -1,0 +1,362 @@
+//! `wal-receive`: stream WAL into the repository as PostgreSQL writes it.
+//!
+//! `archive_command` sends a segment when it is full or `archive_timeout` passes, so a
+//! host lost before that loses the commits since. `wal-receive` connects with the
+//! streaming replication protocol through a physical replication slot and writes every
+//! repository of the stanza as WAL arrives:
+//!
+//! - the segment being received as `<segment>.receive.partial` (the bytes received so
+//!   far, in the same object format as archive-push's, its hash and header), replaced
+//!   whole every `wal-receive-flush-interval` and, in synchronous mode, each time the
+//!   stream pauses (after a commit, the server waits for us: the stream pauses);
+//! - a completed segment as the ordinary WAL object with its block-change map, exactly
+//!   what archive-push stores (so an archive-push of it afterwards is a no-op, and both
+//!   can run), after which its partial object is removed.
+//!
+//! It reports a position as flushed to the server only once every repository holds the
+//! WAL through it, so the slot keeps the WAL until then, and a synchronous commit
+//! (`synchronous_standby_names` naming the slot, which is also the connection's
+//! `application_name`) returns only once its WAL is in every repository.
+//!
+//! A restart resumes at the start of the segment holding the slot's restart position (what
+//! was last reported flushed): that segment is received again whole. A lost connection is
+//! retried with backoff (1 s doubling to 30 s); the end of a timeline (a promotion) is
+//! followed by reconnecting: the server's new timeline is received from there on, and its
+//! history file is stored. One receiver per stanza on a host (an `flock` in `lock-path`).
+
+use crate::replication::{Replication, Streamed};
+use crate::wal_archive::{prepare_bytes, store_prepared_all};
+use crate::{open_stanza, Error, ErrorKind, Result, Settings};
+use pgstrata_pg::lsn::{self, Lsn};
+use pgstrata_repo::stanza::StanzaInfo;
+use pgstrata_repo::{layout, wal_object, Storage};
+use std::time::{Duration, Instant};
+
+/// What `wal-receive` is told.
+#[derive(Debug, Clone)]
+pub struct WalReceiveOptions {
+    /// The physical replication slot; `pgstrata_<stanza>` when not given.
+    pub slot: Option<String>,
+    /// Longest time received WAL waits before the partial segment is written.
+    pub flush_interval: Duration,
+    /// Write and report each pause of the stream at once (for synchronous replication).
+    pub synchronous: bool,
+}
+
+/// The slot (and application name) a stanza's receiver uses by default.
+pub fn default_slot(stanza: &str) -> String {
+    let name: String = stanza
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '_' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '_',
+        })
+        .collect();
+    format!("pgstrata_{name}").chars().take(63).collect()
+}
+
+/// How often the server hears from us when nothing else makes us write.
+const STATUS_INTERVAL: Duration = Duration::from_secs(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Receive WAL for the stanza of `repos` (every repository of it) until killed, or until
+/// an error retrying cannot help (another cluster, a bad slot name).
+pub async fn wal_receive(repos: &[Settings], o: &WalReceiveOptions) -> Result<()> {
+    let s = &repos[0];
+    let slot = o.slot.clone().unwrap_or_else(|| default_slot(&s.stanza));
+    if slot.is_empty()
+        || slot.len() > 63
+        || !slot
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(Error::config(format!(
+            "wal-receive-slot '{slot}': a replication slot name is 1 to 63 of a-z, 0-9 and _"
+        )));
+    }
+    let _lock = receiver_lock(s)?;
+    let mut opened = Vec::new();
+    for r in repos {
+        opened.push(open_stanza(r).await?);
+    }
+    let mut receiver = Receiver {
+        repos: repos.to_vec(),
+        opened,
+        slot,
+        o: o.clone(),
+    };
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let started = Instant::now();
+        match receiver.session().await {
+            Ok(()) => backoff = Duration::from_secs(1),
+            Err(e) if permanent(&e) => return Err(e),
+            Err(e) => {
+                if started.elapsed() > MAX_BACKOFF {
+                    backoff = Duration::from_secs(1);
+                }
+                log::warn!(
+                    "wal-receive: {e}; connecting again in {} s",
+                    backoff.as_secs()
+                );
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// Errors that a retry would meet again.
+fn permanent(e: &Error) -> bool {
+    matches!(e.kind, ErrorKind::Refused | ErrorKind::Config)
+}
+
+/// One receiver per stanza on this host: an `flock` held while it runs.
+fn receiver_lock(s: &Settings) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    crate::lock::lock_dir(&s.lock_path)?;
+    let path = s.lock_path.join(format!("{}-wal-receive.lock", s.stanza));
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("open lock file {}", path.display()), e))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
+        Error::refused(format!(
+            "another wal-receive of stanza '{}' runs on this host (it holds {})",
+            s.stanza,
+            path.display()
+        ))
+    })
+}
+
+struct Receiver {
+    repos: Vec<Settings>,
+    opened: Vec<(Storage, StanzaInfo)>,
+    slot: String,
+    o: WalReceiveOptions,
+}
+
+/// The segment being received.
+struct Segment {
+    timeline: u32,
+    /// Its number, and its bytes received so far (from its start).
+    segno: u64,
+    bytes: Vec<u8>,
+    /// Of `bytes`, how many are in the repositories (as its partial object).
+    stored: usize,
+    /// When the first byte not stored arrived.
+    waiting_since: Option<Instant>,
+}
+
+impl Receiver {
+    fn seg_size(&self) -> u64 {
+        self.opened[0].1.cluster.wal_segment_size
+    }
+
+    /// Connect, find the slot, and receive until the connection ends.
+    async fn session(&mut self) -> Result<()> {
+        let s = &self.repos[0];
+        let mut conn = Replication::connect(s, &self.slot).await?;
+        let id = conn.identify_system().await?;
+        let cluster = &self.opened[0].1.cluster;
+        if id.system_identifier != cluster.system_identifier {
+            return Err(Error::refused(format!(
+                "the server at {} is cluster {}, and stanza '{}' holds cluster {}: nothing was received",
+                conn.target, id.system_identifier, s.stanza, cluster.system_identifier
+            )));
+        }
+        let restart = self.slot_position(id.position).await?;
+        let seg_size = self.seg_size();
+        let segno = restart.segment(seg_size);
+        if id.timeline > 1 {
+            let (name, content) = conn.timeline_history(id.timeline).await?;
+            self.store_whole(&name, content).await?;
+        }
+        let start = Lsn(segno * seg_size);
+        conn.start(&self.slot, start, id.timeline).await?;
+        log::info!(
+            "wal-receive: streaming timeline {} from {start} through slot {} of {}",
+            id.timeline,
+            self.slot,
+            conn.target
+        );
+        let mut seg = Segment {
+            timeline: id.timeline,
+            segno,
+            bytes: Vec::with_capacity(seg_size as usize),
+            stored: 0,
+            waiting_since: None,
+        };
+        self.stream(&mut conn, &mut seg).await
+    }
+
+    /// The slot's restart position, the slot created (reserving WAL from `now`) when
+    /// absent.
+    async fn slot_position(&self, now: Lsn) -> Result<Lsn> {
+        let db = crate::db::Db::connect(&self.repos[0]).await?;
+        match db.physical_slot_restart(&self.slot).await? {
+            Some(Some(at)) => Ok(at),
+            Some(None) => Ok(now), // reserved nothing yet
+            None => {
+                let at = db.create_physical_slot(&self.slot).await?;
+                log::info!(
+                    "wal-receive: created physical replication slot {}",
+                    self.slot
+                );
+                Ok(at.unwrap_or(now))
+            }
+        }
+    }
+
+    async fn stream(&mut self, conn: &mut Replication, seg: &mut Segment) -> Result<()> {
+        let seg_size = self.seg_size();
+        let mut flushed = Lsn(seg.segno * seg_size);
+        // At once: a synchronous standby counts only once it reported a flush position.
+        conn.status(flushed, flushed).await?;
+        let mut last_status = Instant::now();
+        loop {
+            let wait = match seg.waiting_since {
+                Some(t) => self.o.flush_interval.saturating_sub(t.elapsed()),
+                None => STATUS_INTERVAL.saturating_sub(last_status.elapsed()),
+            };
+            let received = Lsn(seg.segno * seg_size + seg.bytes.len() as u64);
+            match tokio::time::timeout(wait, conn.next()).await {
+                Err(_) => {} // time to write, or to say we are here
+                Ok(msg) => match msg? {
+                    Streamed::Data { start, data } => {
+                        self.take(seg, start, &data, &mut flushed).await?;
+                    }
+                    Streamed::Keepalive { reply } => {
+                        if reply {
+                            conn.status(received, flushed).await?;
+                            last_status = Instant::now();
+                        }
+                    }
+                    Streamed::EndOfTimeline { next } => {
+                        self.store_partial(seg).await?;
+                        log::info!(
+                            "wal-receive: timeline {} ended at {}{}",
+                            seg.timeline,
+                            Lsn(seg.segno * seg_size + seg.bytes.len() as u64),
+                            next.map(|(t, at)| format!("; timeline {t} starts at {at}"))
+                                .unwrap_or_default()
+                        );
+                        return Ok(());
+                    }
+                },
+            }
+            let due = seg
+                .waiting_since
+                .is_some_and(|t| t.elapsed() >= self.o.flush_interval)
+                || (self.o.synchronous && seg.waiting_since.is_some() && !conn.has_buffered());
+            if due {
+                self.store_partial(seg).await?;
+                flushed = Lsn(seg.segno * seg_size + seg.stored as u64);
+            }
+            if due || last_status.elapsed() >= STATUS_INTERVAL {
+                let received = Lsn(seg.segno * seg_size + seg.bytes.len() as u64);
+                conn.status(received, flushed).await?;
+                last_status = Instant::now();
+            }
+        }
+    }
+
+    /// Add WAL from `start` to the segment; a segment completed is stored, and the next
+    /// one begun.
+    async fn take(
+        &mut self,
+        seg: &mut Segment,
+        start: Lsn,
+        mut data: &[u8],
+        flushed: &mut Lsn,
+    ) -> Result<()> {
+        let seg_size = self.seg_size();
+        let at = seg.segno * seg_size + seg.bytes.len() as u64;
+        if start.0 > at {
+            return Err(Error::new(
+                ErrorKind::Postgres,
+                format!(
+                    "the server streamed WAL from {start}, after a gap from {}",
+                    Lsn(at)
+                ),
+            ));
+        }
+        // Bytes we hold already (a resend).
+        let skip = ((at - start.0) as usize).min(data.len());
+        data = &data[skip..];
+        while !data.is_empty() {
+            let room = seg_size as usize - seg.bytes.len();
+            let n = room.min(data.len());
+            seg.bytes.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            seg.waiting_since.get_or_insert_with(Instant::now);
+            if seg.bytes.len() == seg_size as usize {
+                self.store_segment(seg).await?;
+                *flushed = Lsn((seg.segno + 1) * seg_size);
+                seg.segno += 1;
+                seg.bytes.clear();
+                seg.stored = 0;
+                seg.waiting_since = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Store a completed segment as archive-push would (with its block-change map), then
+    /// remove its partial object.
+    async fn store_segment(&self, seg: &Segment) -> Result<()> {
+        let name = lsn::segment_name(seg.timeline, seg.segno, self.seg_size());
+        self.store_whole(&name, seg.bytes.clone()).await?;
+        let partial = layout::received_partial_name(&name);
+        for (s, (storage, stanza)) in self.repos.iter().zip(&self.opened) {
+            let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), &partial);
+            storage.delete(&key).await?;
+        }
+        log::info!("wal-receive: {name} complete");
+        Ok(())
+    }
+
+    /// Store WAL file `name` (a segment or a history file) in every repository, as
+    /// archive-push does.
+    async fn store_whole(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        let prepared = prepare_bytes(&self.repos[0], &self.opened[0].1, name, bytes, 1).await?;
+        // No pg_wal beside it: a record cut at the previous segment's end is read from
+        // the repository.
+        let beside = std::path::Path::new("/nonexistent/pg_wal").join(name);
+        store_prepared_all(&self.repos, &self.opened, &beside, &prepared).await
+    }
+
+    /// Replace the segment's partial object in every repository with the bytes received.
+    async fn store_partial(&self, seg: &mut Segment) -> Result<()> {
+        if seg.bytes.len() == seg.stored {
+            seg.waiting_since = None;
+            return Ok(());
+        }
+        let name = lsn::segment_name(seg.timeline, seg.segno, self.seg_size());
+        let partial = layout::received_partial_name(&name);
+        let compression = self.repos[0].compression;
+        let raw = seg.bytes.clone();
+        let obj: bytes::Bytes =
+            tokio::task::spawn_blocking(move || wal_object::encode(&raw, compression, 1))
+                .await
+                .expect("compress thread")
+                .into();
+        let writes = self
+            .repos
+            .iter()
+            .zip(&self.opened)
+            .map(|(s, (storage, stanza))| {
+                let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), &partial);
+                let obj = obj.clone();
+                async move { storage.replace(&key, &key, obj).await }
+            });
+        for r in futures::future::join_all(writes).await {
+            r?;
+        }
+        seg.stored = seg.bytes.len();
+        seg.waiting_since = None;
+        Ok(())
+    }
+}
