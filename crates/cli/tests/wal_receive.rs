@@ -110,10 +110,97 @@ fn synchronous_receive_keeps_every_commit_when_the_primary_is_lost() {
         .collect();
     assert!(!partials.is_empty(), "a partial segment is stored:\n{log}");
 
+    // The repository with a segment being received verifies, and info lists it.
+    env.ok(&["verify"]);
+    let info = env.ok(&["info"]);
+    eprintln!("{info}");
+
     let restored = env.restore_and_start("restored", &[]);
     let n = restored
         .psql("postgres", "SELECT count(*) FROM commits")
         .unwrap();
     assert_eq!(n.trim(), "1000", "every committed row restored:\n{log}");
+    restored.stop().unwrap();
+}
+
+/// Wait until the receiver reports flushed everything the server has written.
+fn wait_until_flushed(env: &Env, receiver: &mut Receiver) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let caught_up = env.sql(
+            "SELECT coalesce(flush_lsn >= pg_current_wal_insert_lsn(), false) FROM pg_stat_replication WHERE application_name = 'pgstrata_test'",
+        );
+        if caught_up.trim() == "t" {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("the receiver did not catch up:\n{}", receiver.kill());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// kill -9 of the receiver at random points under load: after each restart it goes on
+/// from its slot, the archive (written by the receiver alone: archive_command stores
+/// nothing) has no gap, and a restore equals the source.
+#[test]
+fn a_receiver_killed_anywhere_leaves_no_gap_and_restores_equal() {
+    let env = Env::new("walrcv-kill");
+    env.stanza_create();
+    env.pgbench_init(1);
+    env.backup(&["--type=full"]);
+    // From now on only the receiver stores WAL.
+    env.sql("ALTER SYSTEM SET archive_command = '/bin/true'");
+    env.sql("SELECT pg_reload_conf()");
+    let seed = test_seed();
+    eprintln!("seed {seed} (PGSTRATA_TEST_SEED)");
+    let mut rng = seed;
+    let mut next = |below: u64| {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) % below
+    };
+    let mut load = env
+        .cluster
+        .pgbench_spawn(&["-n", "-c", "2", "-T", "12", "postgres"])
+        .unwrap();
+    let mut logs = String::new();
+    for round in 0..4 {
+        let mut receiver = Receiver::start(&env, &["--wal-receive-flush-interval=1s"]);
+        std::thread::sleep(Duration::from_millis(300 + next(2000)));
+        if round % 2 == 1 {
+            env.sql("SELECT pg_switch_wal()");
+        }
+        std::thread::sleep(Duration::from_millis(next(500)));
+        logs.push_str(&receiver.kill());
+    }
+    assert!(load.wait().unwrap().success(), "pgbench");
+    env.sql("SELECT pg_switch_wal()");
+    env.sql("CREATE TABLE after_load AS SELECT generate_series(1, 1000) AS n");
+    let mut receiver = Receiver::start(&env, &[]);
+    wait_until_flushed(&env, &mut receiver);
+    let source = env.hashes();
+    pgstrata_testkit::run_ok(
+        env.cluster
+            .bin
+            .cmd("pg_ctl")
+            .arg("-D")
+            .arg(&env.cluster.data)
+            .args(["-m", "immediate", "-w", "stop"]),
+    )
+    .unwrap();
+    logs.push_str(&receiver.kill());
+    let out = env.cmd(&["--output=json", "verify"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let v = v.as_array().map(|a| a[0].clone()).unwrap_or(v);
+    assert_eq!(v["wal"]["gaps"], serde_json::json!([]), "{v}\n{logs}");
+    let restored = env.restore_and_start("restored", &[]);
+    assert_eq!(
+        restored.content_hashes().unwrap(),
+        source,
+        "restored from the received WAL\n{logs}"
+    );
     restored.stop().unwrap();
 }
