@@ -113,7 +113,10 @@ fn synchronous_receive_keeps_every_commit_when_the_primary_is_lost() {
     // The repository with a segment being received verifies, and info lists it.
     env.ok(&["verify"]);
     let info = env.ok(&["info"]);
-    eprintln!("{info}");
+    assert!(
+        info.contains("wal-receive: receiving 0000000100000000000000"),
+        "{info}"
+    );
 
     let restored = env.restore_and_start("restored", &[]);
     let n = restored

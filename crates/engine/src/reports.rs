@@ -2,7 +2,7 @@
 //! their Prometheus exposition (`commands/metrics.rs`) are made from.
 
 use crate::track::ChangeDetection;
-use crate::wal_archive::ArchiveLag;
+use crate::wal_archive::{ArchiveLag, WalReceiving};
 use pgstrata_repo::manifest::Manifest;
 use pgstrata_repo::Named;
 use serde::Serialize;
@@ -89,6 +89,9 @@ pub struct StanzaReport {
     /// WAL waiting in pg_wal to be archived, when pg-path is readable here.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub archive_lag: Option<ArchiveLag>,
+    /// The segment `wal-receive` is receiving, when it has stored part of one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wal_receiving: Option<WalReceiving>,
     /// Bytes of all objects in the stanza (packs, manifests, WAL).
     pub repo_size: u64,
     /// Bytes in packs that kept backups reference only in part (freed when those go).

@@ -907,12 +907,24 @@ pub(crate) fn archive_lag(
 
 /// The archived segments' extent, for info: lowest and highest names, and when the highest
 /// was stored, and every segment archived.
+/// The newest segment `wal-receive` stored in part (`<segment>.receive.partial`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WalReceiving {
+    pub segment: String,
+    /// Bytes of it received and stored.
+    pub stored_bytes: u64,
+    /// Unix seconds of the last write (the storage's clock).
+    pub written: i64,
+}
+
 pub(crate) struct ArchiveRange {
     pub min: String,
     pub max: String,
     /// Unix seconds the storage gives as the highest segment's last modification.
     pub max_modified: i64,
     pub segments: ArchivedSegments,
+    /// The segment wal-receive is receiving, when it stored part of one.
+    pub receiving: Option<WalReceiving>,
 }
 
 pub(crate) async fn archive_range(
@@ -923,10 +935,17 @@ pub(crate) async fn archive_range(
 ) -> Result<Option<ArchiveRange>> {
     let root = layout::archive_root(stanza, archive_id);
     let mut range: Option<ArchiveRange> = None;
+    let mut receiving: Option<(String, i64)> = None;
     for o in storage.list(&root).await? {
         let layout::ArchiveObject::Wal(name) = layout::parse_archive_object(&o.key) else {
             continue;
         };
+        if let Some(segment) = name.strip_suffix(".receive.partial") {
+            if receiving.as_ref().is_none_or(|(s, _)| segment > s.as_str()) {
+                receiving = Some((o.key.clone(), o.modified));
+            }
+            continue;
+        }
         if !lsn::is_segment_name(name) {
             continue;
         }
@@ -935,6 +954,7 @@ pub(crate) async fn archive_range(
             max: name.to_string(),
             max_modified: o.modified,
             segments: ArchivedSegments::new(),
+            receiving: None,
         });
         if let Some((tli, segno)) = lsn::parse_segment_name(name, seg_size) {
             r.segments.entry(tli).or_default().insert(segno);
@@ -946,6 +966,16 @@ pub(crate) async fn archive_range(
             r.max = name.to_string();
             r.max_modified = o.modified;
         }
+    }
+    if let (Some(r), Some((key, written))) = (range.as_mut(), receiving) {
+        // Its header says how much of the segment it holds.
+        let head = storage.get(&key).await?;
+        let name = key.rsplit('/').next().unwrap_or_default();
+        r.receiving = Some(WalReceiving {
+            segment: name.trim_end_matches(".receive.partial").to_string(),
+            stored_bytes: wal_object::parse_header(&head, &key)?.raw_len,
+            written,
+        });
     }
     Ok(range)
 }

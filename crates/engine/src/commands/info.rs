@@ -84,7 +84,8 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
         pg_version: stanza.cluster.major_version,
         archive_min: range.as_ref().map(|r| r.min.clone()),
         archive_max: range.as_ref().map(|r| r.max.clone()),
-        archive_max_time: range.map(|r| r.max_modified),
+        archive_max_time: range.as_ref().map(|r| r.max_modified),
+        wal_receiving: range.and_then(|r| r.receiving),
         archive_gaps,
         archive_lag,
         repo_size,
@@ -132,6 +133,16 @@ pub fn render_text(r: &StanzaReport) -> String {
     match (&r.archive_min, &r.archive_max) {
         (Some(a), Some(b)) => out.push_str(&format!("    wal archive min/max: {a} / {b}\n")),
         _ => out.push_str("    wal archive: empty\n"),
+    }
+    if let Some(w) = &r.wal_receiving {
+        let when = chrono::DateTime::from_timestamp(w.written, 0)
+            .unwrap_or_default()
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        out.push_str(&format!(
+            "    wal-receive: receiving {} ({} stored, last written {when})\n",
+            w.segment,
+            crate::progress::human_bytes(w.stored_bytes)
+        ));
     }
     for (a, b) in &r.archive_gaps {
         out.push_str(&format!(

@@ -219,6 +219,13 @@ fn archive_metrics(x: &mut Exposition, r: &StanzaReport, now: i64) {
             lag.oldest_ready_age_secs.unwrap_or(0) as f64,
         );
     }
+    if let Some(w) = &r.wal_receiving {
+        x.single(
+            "pgstrata_wal_receive_last_flush_seconds",
+            "Seconds since wal-receive last wrote the segment it is receiving (the storage's clock).",
+            (now - w.written) as f64,
+        );
+    }
     let Some((segment, stored)) = r.archive_max.as_ref().zip(r.archive_max_time) else {
         return;
     };
@@ -350,6 +357,7 @@ mod tests {
             archive_min: Some("000000010000000000000001".into()),
             archive_max: Some("000000010000000000000009".into()),
             archive_max_time: Some(1_699_999_900),
+            wal_receiving: None,
             archive_gaps: vec![],
             archive_lag: Some(crate::wal_archive::ArchiveLag {
                 ready: 2,
