@@ -414,7 +414,7 @@ pub(crate) const OPTIONS: &[OptionDef] = &[
         help: "Messages written to the log file in log-path." },
     OptionDef { name: "log-path", kind: Kind::Path, default: Some("/var/log/pgstrata"), scope: Scope::Config, secret: false, peer: false, commands: &[],
         help: "Directory for log files, named STANZA-COMMAND.log." },
-    OptionDef { name: "state-path", kind: Kind::Path, default: Some("/var/lib/pgstrata/state"), scope: Scope::Config, secret: false, peer: false, commands: &["backup", "expire", "info", "verify", "stanza-delete"],
+    OptionDef { name: "state-path", kind: Kind::Path, default: Some("/var/lib/pgstrata/state"), scope: Scope::Config, secret: false, peer: false, commands: &["backup", "expire", "info", "verify", "stanza-delete", "wal-receive"],
         help: "Directory where this host remembers the backups and newest WAL it saw in each repository, to report those that vanish without an expire record (an attacker deleting backups); created mode 0700. When it cannot be made, a warning, and only the repository's expire records are used." },
     OptionDef { name: "notify-command", kind: Kind::Path, default: None, scope: Scope::Config, secret: false, peer: false, commands: crate::notify::COMMANDS,
         help: "A program run on this host when backup, expire, verify, copy or restore-test ends (see notify-on), with a JSON summary on its standard input: command, stanza, repo, result (ok or failed), exit_code, report (what --output=json gives), duration_ms, error, host, time. It gets a clean environment (PATH and LANG only: no passphrases or keys) and runs for at most notify-timeout; its failure is logged and never changes the command's exit code." },

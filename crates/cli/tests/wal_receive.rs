@@ -84,11 +84,16 @@ fn synchronous_receive_keeps_every_commit_when_the_primary_is_lost() {
     let mut receiver = Receiver::start(&env, &["--wal-receive-synchronous"]);
     wait_until_sync(&env, &mut receiver);
 
-    // 1,000 transactions of one row each, every commit acknowledged.
+    // 1,000 transactions of one row each, every commit acknowledged; a time between the
+    // 500th and the 501st.
     let script = env.scratch.join("insert.sql");
     std::fs::write(&script, "INSERT INTO commits VALUES (1);\n").unwrap();
     pgstrata_testkit::give_to_pg_user(&script);
-    env.pgbench(&["-n", "-t", "1000", "-f", &script.display().to_string()]);
+    env.pgbench(&["-n", "-t", "500", "-f", &script.display().to_string()]);
+    std::thread::sleep(Duration::from_millis(1100));
+    let between = env.sql("SELECT now()").trim().to_string();
+    std::thread::sleep(Duration::from_millis(1100));
+    env.pgbench(&["-n", "-t", "500", "-f", &script.display().to_string()]);
     assert_eq!(env.sql("SELECT count(*) FROM commits").trim(), "1000");
 
     // The primary's host is lost: stopped at once, its data directory gone.
@@ -124,6 +129,15 @@ fn synchronous_receive_keeps_every_commit_when_the_primary_is_lost() {
         .unwrap();
     assert_eq!(n.trim(), "1000", "every committed row restored:\n{log}");
     restored.stop().unwrap();
+
+    // Point-in-time recovery to a time inside the partial segment.
+    let target = format!("--target={between}");
+    let at_time = env.restore_and_start("at-time", &["--type=time", &target]);
+    let n = at_time
+        .psql("postgres", "SELECT count(*) FROM commits")
+        .unwrap();
+    assert_eq!(n.trim(), "500", "recovered to {between}");
+    at_time.stop().unwrap();
 }
 
 /// Wait until the receiver reports flushed everything the server has written.
@@ -204,6 +218,82 @@ fn a_receiver_killed_anywhere_leaves_no_gap_and_restores_equal() {
         restored.content_hashes().unwrap(),
         source,
         "restored from the received WAL\n{logs}"
+    );
+    restored.stop().unwrap();
+}
+
+/// A receiver streaming from a standby follows it through its promotion: the new
+/// timeline's WAL and history file are stored (the standby archives nothing), and a
+/// restore across the timeline switch holds the commits of both timelines.
+#[test]
+fn the_receiver_follows_a_promoted_standby_onto_its_new_timeline() {
+    let env = Env::new("walrcv-promote");
+    env.stanza_create();
+    env.sql("CREATE TABLE before_promotion (n int)");
+    env.backup(&["--type=full"]);
+    let standby = crate::standby::start_standby(&env);
+    let host = format!("--pg-host={}", standby.socket_dir.display());
+    let port = format!("--pg-port={}", standby.port);
+    let mut receiver = Receiver::start(&env, &[&host, &port, "--wal-receive-flush-interval=1s"]);
+    env.sql("INSERT INTO before_promotion SELECT generate_series(1, 100)");
+    // The old primary goes away with the rows on the standby and in the repository.
+    let flushed = |c: &pgstrata_testkit::Cluster, receiver: &mut Receiver| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let caught_up = c.psql(
+                "postgres",
+                "SELECT coalesce(flush_lsn >= (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END), false) FROM pg_stat_replication WHERE application_name = 'pgstrata_test'",
+            ).unwrap_or_default();
+            if caught_up.trim() == "t" {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("the receiver did not catch up:\n{}", receiver.kill());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    env.sql("CHECKPOINT");
+    std::thread::sleep(Duration::from_millis(500));
+    flushed(&standby, &mut receiver);
+    env.cluster.stop().unwrap();
+    standby.promote().unwrap();
+    standby.wait_for_promotion(Duration::from_secs(60)).unwrap();
+    standby
+        .psql(
+            "postgres",
+            "CREATE TABLE after_promotion AS SELECT generate_series(1, 200) AS n",
+        )
+        .unwrap();
+    flushed(&standby, &mut receiver);
+    let source = standby.content_hashes().unwrap();
+    pgstrata_testkit::run_ok(
+        standby
+            .bin
+            .cmd("pg_ctl")
+            .arg("-D")
+            .arg(&standby.data)
+            .args(["-m", "immediate", "-w", "stop"]),
+    )
+    .unwrap();
+    let log = receiver.kill();
+    let objects = tree(&env.repo);
+    assert!(
+        objects.keys().any(|k| k.ends_with("/00000002.history")),
+        "the new timeline's history is stored:\n{log}"
+    );
+    assert!(
+        objects
+            .keys()
+            .any(|k| k.contains("/00000002000000000000000")),
+        "WAL of timeline 2 is stored: {:?}\n{log}",
+        objects.keys().collect::<Vec<_>>()
+    );
+    let restored = env.restore_and_start("across", &[]);
+    assert_eq!(
+        restored.content_hashes().unwrap(),
+        source,
+        "restored across the promotion\n{log}"
     );
     restored.stop().unwrap();
 }

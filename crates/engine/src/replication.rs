@@ -39,10 +39,10 @@ pub(crate) struct Replication {
 /// What the server streams after `START_REPLICATION`.
 #[derive(Debug)]
 pub(crate) enum Streamed {
-    /// WAL from `start` on.
-    Data { start: Lsn, data: Bytes },
+    /// WAL from `start` on; the server has written through `end`.
+    Data { start: Lsn, end: Lsn, data: Bytes },
     /// The server's WAL end; `reply` asks for a status update at once.
-    Keepalive { reply: bool },
+    Keepalive { end: Lsn, reply: bool },
     /// The timeline being streamed ended (the server was promoted, or follows a new one):
     /// the next timeline and where it starts, when the server said.
     EndOfTimeline { next: Option<(u32, Lsn)> },
@@ -325,11 +325,18 @@ impl Replication {
                 b'd' if body.first() == Some(&b'w') && body.len() >= 25 => {
                     body.advance(1);
                     let start = Lsn(body.get_u64());
-                    body.advance(16); // the server's WAL end and send time
-                    return Ok(Streamed::Data { start, data: body });
+                    let end = Lsn(body.get_u64());
+                    body.advance(8); // the send time
+                    return Ok(Streamed::Data {
+                        start,
+                        end,
+                        data: body,
+                    });
                 }
                 b'd' if body.first() == Some(&b'k') && body.len() >= 18 => {
+                    let end = Lsn(u64::from_be_bytes(body[1..9].try_into().expect("8 bytes")));
                     return Ok(Streamed::Keepalive {
+                        end,
                         reply: body[17] != 0,
                     });
                 }

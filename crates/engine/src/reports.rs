@@ -2,7 +2,7 @@
 //! their Prometheus exposition (`commands/metrics.rs`) are made from.
 
 use crate::track::ChangeDetection;
-use crate::wal_archive::{ArchiveLag, WalReceiving};
+use crate::wal_archive::{ArchiveLag, ReceiverStatus, WalReceiving};
 use pgstrata_repo::manifest::Manifest;
 use pgstrata_repo::Named;
 use serde::Serialize;
@@ -92,6 +92,9 @@ pub struct StanzaReport {
     /// The segment `wal-receive` is receiving, when it has stored part of one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wal_receiving: Option<WalReceiving>,
+    /// What this host's `wal-receive` of the stanza last said of its position.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wal_receiver: Option<ReceiverStatus>,
     /// Bytes of all objects in the stanza (packs, manifests, WAL).
     pub repo_size: u64,
     /// Bytes in packs that kept backups reference only in part (freed when those go).

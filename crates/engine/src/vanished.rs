@@ -24,7 +24,7 @@
 //! file is removed.
 
 use crate::wal_archive::ArchivedSegments;
-use crate::{Error, Result, Settings};
+use crate::{Result, Settings};
 use pgstrata_pg::lsn;
 use pgstrata_repo::expire_record::{ExpireRecord, ExpireRecords};
 use pgstrata_repo::{layout, Storage};
@@ -198,7 +198,7 @@ fn vanished_wal(
 /// (0700) when missing; `None`, with a warning, when there is no usable one.
 fn state_file(s: &Settings, storage: &Storage) -> Option<PathBuf> {
     let dir = s.state_path.as_deref()?;
-    if let Err(e) = make_private_dir(dir) {
+    if let Err(e) = pgstrata_repo::private_dir::create(dir, "state-path") {
         log::warn!(
             "{e}: vanished backups are told by the repository's expire records alone (set state-path to a directory this user can keep)"
         );
@@ -226,17 +226,6 @@ pub(crate) fn forget(s: &Settings, storage: &Storage) {
         }
         _ => {}
     }
-}
-
-fn make_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| Error::io(format!("state-path {}", dir.display()), e))?;
-    pgstrata_repo::private_dir::check(dir, "state-path", true)
-        .map_err(|why| Error::refused(why.to_string()))
 }
 
 fn read_state(path: &Path) -> Seen {

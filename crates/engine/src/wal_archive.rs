@@ -917,6 +917,56 @@ pub struct WalReceiving {
     pub written: i64,
 }
 
+/// What a running `wal-receive` last told of its position: `<state-path>/<stanza>-wal-receive.json`
+/// on its host, written with each status update it sends the server.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ReceiverStatus {
+    /// The server it streams from.
+    pub server: String,
+    pub timeline: u32,
+    /// WAL received, and stored in every repository, through these positions.
+    pub received: String,
+    pub flushed: String,
+    /// Where the server's WAL ended when it last said, and how far `flushed` is behind.
+    pub server_end: String,
+    pub lag_bytes: u64,
+    /// Unix seconds of this status.
+    pub updated: i64,
+}
+
+impl ReceiverStatus {
+    fn path(s: &Settings) -> Option<std::path::PathBuf> {
+        Some(
+            s.state_path
+                .as_deref()?
+                .join(format!("{}-wal-receive.json", s.stanza)),
+        )
+    }
+
+    /// Keep it in state-path (a temporary file renamed into place).
+    pub(crate) fn write(&self, s: &Settings) -> std::result::Result<(), String> {
+        let Some(path) = Self::path(s) else {
+            return Ok(());
+        };
+        let dir = path.parent().expect("in state-path");
+        let written = pgstrata_repo::private_dir::create(dir, "state-path")
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                let tmp = path.with_extension("json.tmp");
+                let json = serde_json::to_vec_pretty(self).expect("the status serializes");
+                std::fs::write(&tmp, json)
+                    .and_then(|()| std::fs::rename(&tmp, &path))
+                    .map_err(|e| e.to_string())
+            });
+        written.map_err(|e| format!("cannot keep its status in {}: {e}", path.display()))
+    }
+
+    /// The status this host's receiver of `s`'s stanza last wrote, if any.
+    pub(crate) fn read(s: &Settings) -> Option<ReceiverStatus> {
+        serde_json::from_slice(&std::fs::read(Self::path(s)?).ok()?).ok()
+    }
+}
+
 pub(crate) struct ArchiveRange {
     pub min: String,
     pub max: String,

@@ -15,6 +15,19 @@ use crate::{Error, ErrorKind};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+/// Make `dir` (and its parents) 0700 when missing, then [`check`] it.
+pub fn create(dir: &Path, what: &str) -> crate::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| {
+            Error::with_source(ErrorKind::Invalid, format!("{what} {}", dir.display()), e)
+        })?;
+    check(dir, what, true)
+}
+
 /// Whether `dir` is a directory of this user that no one else can write: `Err` with a
 /// sentence naming it as `what` (the option or purpose, e.g. `lock-path`), its owner and
 /// mode, what is wrong and how to fix it. A symbolic link at `dir` is refused unless

@@ -86,6 +86,7 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
         archive_max: range.as_ref().map(|r| r.max.clone()),
         archive_max_time: range.as_ref().map(|r| r.max_modified),
         wal_receiving: range.and_then(|r| r.receiving),
+        wal_receiver: crate::wal_archive::ReceiverStatus::read(s),
         archive_gaps,
         archive_lag,
         repo_size,
@@ -142,6 +143,18 @@ pub fn render_text(r: &StanzaReport) -> String {
             "    wal-receive: receiving {} ({} stored, last written {when})\n",
             w.segment,
             crate::progress::human_bytes(w.stored_bytes)
+        ));
+    }
+    if let Some(w) = &r.wal_receiver {
+        let when = chrono::DateTime::from_timestamp(w.updated, 0)
+            .unwrap_or_default()
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        out.push_str(&format!(
+            "    wal-receive on this host: stored through {} (timeline {}), the server at {}: {} behind, as of {when}\n",
+            w.flushed,
+            w.timeline,
+            w.server_end,
+            crate::progress::human_bytes(w.lag_bytes)
         ));
     }
     for (a, b) in &r.archive_gaps {

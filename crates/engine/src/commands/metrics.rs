@@ -219,6 +219,13 @@ fn archive_metrics(x: &mut Exposition, r: &StanzaReport, now: i64) {
             lag.oldest_ready_age_secs.unwrap_or(0) as f64,
         );
     }
+    if let Some(w) = &r.wal_receiver {
+        x.single(
+            "pgstrata_wal_receive_lag_bytes",
+            "Bytes of WAL the server had written that this host's wal-receive had not yet stored in every repository, when it last reported.",
+            w.lag_bytes as f64,
+        );
+    }
     if let Some(w) = &r.wal_receiving {
         x.single(
             "pgstrata_wal_receive_last_flush_seconds",
@@ -358,6 +365,7 @@ mod tests {
             archive_max: Some("000000010000000000000009".into()),
             archive_max_time: Some(1_699_999_900),
             wal_receiving: None,
+            wal_receiver: None,
             archive_gaps: vec![],
             archive_lag: Some(crate::wal_archive::ArchiveLag {
                 ready: 2,

@@ -25,7 +25,7 @@
 //! history file is stored. One receiver per stanza on a host (an `flock` in `lock-path`).
 
 use crate::replication::{Replication, Streamed};
-use crate::wal_archive::{prepare_bytes, store_prepared_all};
+use crate::wal_archive::{prepare_bytes, store_prepared_all, ReceiverStatus};
 use crate::{open_stanza, Error, ErrorKind, Result, Settings};
 use pgstrata_pg::lsn::{self, Lsn};
 use pgstrata_repo::stanza::StanzaInfo;
@@ -85,6 +85,7 @@ pub async fn wal_receive(repos: &[Settings], o: &WalReceiveOptions) -> Result<()
         opened,
         slot,
         o: o.clone(),
+        status_unkept: false,
     };
     let mut backoff = Duration::from_secs(1);
     loop {
@@ -136,11 +137,17 @@ struct Receiver {
     opened: Vec<(Storage, StanzaInfo)>,
     slot: String,
     o: WalReceiveOptions,
+    /// Whether the status file could not be written (said once).
+    status_unkept: bool,
 }
 
 /// The segment being received.
 struct Segment {
+    /// The newest timeline known, and where each earlier one of its history ended.
     timeline: u32,
+    history: Vec<(u32, Lsn)>,
+    /// The timeline being streamed (an earlier one while the stream is before its end).
+    streaming: u32,
     /// Its number, and its bytes received so far (from its start).
     segno: u64,
     bytes: Vec<u8>,
@@ -148,6 +155,53 @@ struct Segment {
     stored: usize,
     /// When the first byte not stored arrived.
     waiting_since: Option<Instant>,
+}
+
+/// Where the stream stands.
+struct Position {
+    /// Stored in every repository through here (what the server hears as flushed).
+    flushed: Lsn,
+    /// The server's WAL end, as it last said.
+    server_end: Lsn,
+    last_status: Instant,
+}
+
+impl Segment {
+    /// WAL received through here.
+    fn received(&self, seg_size: u64) -> Lsn {
+        Lsn(self.segno * seg_size + self.bytes.len() as u64)
+    }
+
+    /// The segment's file name: a segment that ends before a switch point of the history
+    /// belongs to the timeline that ended there (the switch segment itself, and those
+    /// after, to the newer one), as the server names its files.
+    fn name(&self, seg_size: u64) -> String {
+        let last = Lsn((self.segno + 1) * seg_size - 1);
+        let tli = timeline_at(&self.history, self.timeline, last);
+        lsn::segment_name(tli, self.segno, seg_size)
+    }
+}
+
+/// The timeline of position `at`: the first of `history` that ended after it, else
+/// `current`.
+fn timeline_at(history: &[(u32, Lsn)], current: u32, at: Lsn) -> u32 {
+    history
+        .iter()
+        .find(|(_, end)| at < *end)
+        .map_or(current, |(tli, _)| *tli)
+}
+
+/// A timeline history file's entries: each earlier timeline and where it ended.
+fn parse_history(content: &[u8]) -> Vec<(u32, Lsn)> {
+    String::from_utf8_lossy(content)
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let tli = f.next()?.parse().ok()?;
+            let end = f.next()?.parse().ok()?;
+            Some((tli, end))
+        })
+        .collect()
 }
 
 impl Receiver {
@@ -170,20 +224,27 @@ impl Receiver {
         let restart = self.slot_position(id.position).await?;
         let seg_size = self.seg_size();
         let segno = restart.segment(seg_size);
+        let mut history = Vec::new();
         if id.timeline > 1 {
             let (name, content) = conn.timeline_history(id.timeline).await?;
+            history = parse_history(&content);
             self.store_whole(&name, content).await?;
         }
         let start = Lsn(segno * seg_size);
-        conn.start(&self.slot, start, id.timeline).await?;
+        // A start before a switch point of the history is streamed on the timeline that
+        // holds it (the server names its files so); the server then says where the next
+        // one starts.
+        let timeline = timeline_at(&history, id.timeline, start);
+        conn.start(&self.slot, start, timeline).await?;
         log::info!(
-            "wal-receive: streaming timeline {} from {start} through slot {} of {}",
-            id.timeline,
+            "wal-receive: streaming timeline {timeline} from {start} through slot {} of {}",
             self.slot,
             conn.target
         );
         let mut seg = Segment {
             timeline: id.timeline,
+            history,
+            streaming: timeline,
             segno,
             bytes: Vec::with_capacity(seg_size as usize),
             stored: 0,
@@ -212,38 +273,43 @@ impl Receiver {
 
     async fn stream(&mut self, conn: &mut Replication, seg: &mut Segment) -> Result<()> {
         let seg_size = self.seg_size();
-        let mut flushed = Lsn(seg.segno * seg_size);
+        let mut at = Position {
+            flushed: Lsn(seg.segno * seg_size),
+            server_end: Lsn(seg.segno * seg_size),
+            last_status: Instant::now(),
+        };
         // At once: a synchronous standby counts only once it reported a flush position.
-        conn.status(flushed, flushed).await?;
-        let mut last_status = Instant::now();
+        self.report(conn, seg, &mut at).await?;
         loop {
             let wait = match seg.waiting_since {
                 Some(t) => self.o.flush_interval.saturating_sub(t.elapsed()),
-                None => STATUS_INTERVAL.saturating_sub(last_status.elapsed()),
+                None => STATUS_INTERVAL.saturating_sub(at.last_status.elapsed()),
             };
-            let received = Lsn(seg.segno * seg_size + seg.bytes.len() as u64);
+            let mut asked = false;
             match tokio::time::timeout(wait, conn.next()).await {
                 Err(_) => {} // time to write, or to say we are here
                 Ok(msg) => match msg? {
-                    Streamed::Data { start, data } => {
-                        self.take(seg, start, &data, &mut flushed).await?;
+                    Streamed::Data { start, end, data } => {
+                        at.server_end = at.server_end.max(end);
+                        self.take(seg, start, &data, &mut at.flushed).await?;
                     }
-                    Streamed::Keepalive { reply } => {
-                        if reply {
-                            conn.status(received, flushed).await?;
-                            last_status = Instant::now();
-                        }
+                    Streamed::Keepalive { end, reply } => {
+                        at.server_end = at.server_end.max(end);
+                        asked = reply;
                     }
                     Streamed::EndOfTimeline { next } => {
-                        self.store_partial(seg).await?;
                         log::info!(
                             "wal-receive: timeline {} ended at {}{}",
-                            seg.timeline,
-                            Lsn(seg.segno * seg_size + seg.bytes.len() as u64),
+                            seg.streaming,
+                            seg.received(seg_size),
                             next.map(|(t, at)| format!("; timeline {t} starts at {at}"))
                                 .unwrap_or_default()
                         );
-                        return Ok(());
+                        let Some((timeline, from)) = next else {
+                            self.store_partial(seg).await?;
+                            return Ok(()); // connect again, and ask
+                        };
+                        self.next_timeline(conn, seg, timeline, from).await?;
                     }
                 },
             }
@@ -253,14 +319,76 @@ impl Receiver {
                 || (self.o.synchronous && seg.waiting_since.is_some() && !conn.has_buffered());
             if due {
                 self.store_partial(seg).await?;
-                flushed = Lsn(seg.segno * seg_size + seg.stored as u64);
+                at.flushed = Lsn(seg.segno * seg_size + seg.stored as u64);
             }
-            if due || last_status.elapsed() >= STATUS_INTERVAL {
-                let received = Lsn(seg.segno * seg_size + seg.bytes.len() as u64);
-                conn.status(received, flushed).await?;
-                last_status = Instant::now();
+            if due || asked || at.last_status.elapsed() >= STATUS_INTERVAL {
+                self.report(conn, seg, &mut at).await?;
             }
         }
+    }
+
+    /// Go on with timeline `timeline` from `from` (where the one streamed ended): store its
+    /// history file, and stream it on the same connection. The segment holding the switch
+    /// is the new timeline's (its name changes): its bytes so far are stored under the new
+    /// name before the old name's partial object is removed.
+    async fn next_timeline(
+        &mut self,
+        conn: &mut Replication,
+        seg: &mut Segment,
+        timeline: u32,
+        from: Lsn,
+    ) -> Result<()> {
+        let seg_size = self.seg_size();
+        seg.streaming = timeline;
+        if timeline <= seg.timeline {
+            // Known: the history read at the start covers it.
+            conn.start(&self.slot, from, timeline).await?;
+            log::info!("wal-receive: streaming timeline {timeline} from {from}");
+            return Ok(());
+        }
+        let (name, content) = conn.timeline_history(timeline).await?;
+        self.store_whole(&name, content.clone()).await?;
+        let old = seg.name(seg_size);
+        seg.history = parse_history(&content);
+        seg.timeline = timeline;
+        if seg.name(seg_size) != old && seg.stored > 0 {
+            seg.stored = 0;
+            seg.waiting_since.get_or_insert_with(Instant::now);
+            self.store_partial(seg).await?;
+            self.delete_partial(&old).await?;
+        }
+        conn.start(&self.slot, from, timeline).await?;
+        log::info!("wal-receive: streaming timeline {timeline} from {from}");
+        Ok(())
+    }
+
+    /// Tell the server what is received and flushed, and keep the same in state-path.
+    async fn report(
+        &mut self,
+        conn: &mut Replication,
+        seg: &Segment,
+        at: &mut Position,
+    ) -> Result<()> {
+        let received = seg.received(self.seg_size());
+        conn.status(received, at.flushed).await?;
+        at.last_status = Instant::now();
+        let status = ReceiverStatus {
+            server: conn.target.clone(),
+            timeline: seg.streaming,
+            received: received.to_string(),
+            flushed: at.flushed.to_string(),
+            server_end: at.server_end.to_string(),
+            lag_bytes: at.server_end.0.saturating_sub(at.flushed.0),
+            updated: chrono::Utc::now().timestamp(),
+        };
+        match status.write(&self.repos[0]) {
+            Err(e) if !self.status_unkept => {
+                log::warn!("wal-receive: {e} (info and metrics on this host do without it)");
+                self.status_unkept = true;
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Add WAL from `start` to the segment; a segment completed is stored, and the next
@@ -307,14 +435,20 @@ impl Receiver {
     /// Store a completed segment as archive-push would (with its block-change map), then
     /// remove its partial object.
     async fn store_segment(&self, seg: &Segment) -> Result<()> {
-        let name = lsn::segment_name(seg.timeline, seg.segno, self.seg_size());
+        let name = seg.name(self.seg_size());
         self.store_whole(&name, seg.bytes.clone()).await?;
-        let partial = layout::received_partial_name(&name);
+        self.delete_partial(&name).await?;
+        log::info!("wal-receive: {name} complete");
+        Ok(())
+    }
+
+    /// Remove segment `name`'s partial object from every repository.
+    async fn delete_partial(&self, name: &str) -> Result<()> {
+        let partial = layout::received_partial_name(name);
         for (s, (storage, stanza)) in self.repos.iter().zip(&self.opened) {
             let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), &partial);
             storage.delete(&key).await?;
         }
-        log::info!("wal-receive: {name} complete");
         Ok(())
     }
 
@@ -334,7 +468,7 @@ impl Receiver {
             seg.waiting_since = None;
             return Ok(());
         }
-        let name = lsn::segment_name(seg.timeline, seg.segno, self.seg_size());
+        let name = seg.name(self.seg_size());
         let partial = layout::received_partial_name(&name);
         let compression = self.repos[0].compression;
         let raw = seg.bytes.clone();
@@ -358,5 +492,40 @@ impl Receiver {
         seg.stored = seg.bytes.len();
         seg.waiting_since = None;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_named_after_the_timeline_that_wrote_their_end() {
+        let seg = 16 << 20;
+        let history = parse_history(
+            b"1\t0/6800000\tno recovery target specified\n\n2\t0/9000000\tpromoted\n",
+        );
+        assert_eq!(history, [(1, Lsn(0x680_0000)), (2, Lsn(0x900_0000))]);
+        let s = |segno| {
+            Segment {
+                timeline: 3,
+                history: history.clone(),
+                streaming: 1,
+                segno,
+                bytes: Vec::new(),
+                stored: 0,
+                waiting_since: None,
+            }
+            .name(seg)
+        };
+        assert_eq!(s(5), "000000010000000000000005");
+        assert_eq!(
+            s(6),
+            "000000020000000000000006",
+            "the switch segment: the new timeline's"
+        );
+        // A switch at a segment boundary: the segment before it is the old timeline's.
+        assert_eq!(s(8), "000000020000000000000008");
+        assert_eq!(s(9), "000000030000000000000009");
     }
 }
