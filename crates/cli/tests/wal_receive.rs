@@ -83,6 +83,21 @@ fn synchronous_receive_keeps_every_commit_when_the_primary_is_lost() {
     env.sql("SELECT pg_reload_conf()");
     let mut receiver = Receiver::start(&env, &["--wal-receive-synchronous"]);
     wait_until_sync(&env, &mut receiver);
+    // check reports the receiver's slot in use.
+    let out = env
+        .cmd(&["--log-level-console=info", "check"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("replication slot pgstrata_test: in use by wal-receive"),
+        "{said}"
+    );
+    // A second receiver of the stanza is refused while the first runs.
+    let (code, err) = run_fail(env.cmd(&["wal-receive"]));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("wal-receive"), "{err}");
 
     // 1,000 transactions of one row each, every commit acknowledged; a time between the
     // 500th and the 501st.

@@ -326,6 +326,20 @@ impl Db {
         at.as_deref().map(server_lsn).transpose().map(Some)
     }
 
+    /// Replication slot `slot`: whether a receiver uses it now, and the bytes of WAL the
+    /// server keeps for it (None when it reserves none). None when there is no such slot.
+    pub(crate) async fn slot_state(&self, slot: &str) -> Result<Option<(bool, Option<i64>)>> {
+        let rows = self
+            .client
+            .query(
+                "SELECT active, pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() ELSE pg_current_wal_lsn() END, restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .map_err(pg_err("read the replication slots"))?;
+        Ok(rows.first().map(|r| (r.get(0), r.get(1))))
+    }
+
     /// Create physical replication slot `slot`, reserving WAL from now: its restart
     /// position.
     pub(crate) async fn create_physical_slot(&self, slot: &str) -> Result<Option<Lsn>> {

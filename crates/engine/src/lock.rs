@@ -207,7 +207,28 @@ pub(crate) async fn with_lock<T>(
     command: &str,
     work: impl std::future::Future<Output = Result<T>>,
 ) -> Result<T> {
-    let key = layout::lock(stanza);
+    with_lock_at(
+        storage,
+        stanza,
+        &layout::lock(stanza),
+        lock_path,
+        command,
+        work,
+    )
+    .await
+}
+
+/// [`with_lock`] with the lock object `key`: a lock of its own for work that must not run
+/// twice at once but may run beside backups (`wal-receive`).
+pub(crate) async fn with_lock_at<T>(
+    storage: &Storage,
+    stanza: &str,
+    key: &str,
+    lock_path: &Path,
+    command: &str,
+    work: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let key = key.to_string();
     let me = Holder::me(command);
     let body = serde_json::to_vec(&me).expect("serialize lock");
     let mut attempts = 0;

@@ -55,6 +55,9 @@ pub struct Settings {
     pub cipher_pass: Option<Passphrase>,
     /// Keep the opened master key in the host's key cache (`repo-cipher-key-cache`).
     pub cipher_key_cache: bool,
+    /// The physical replication slot `wal-receive` streams through, and `check` looks at
+    /// (`wal-receive-slot`, default `pgstrata_<stanza>`).
+    pub wal_receive_slot: String,
     /// Where this host remembers what it saw of each repository (`state-path`), to tell
     /// vanished backups from expired ones; `None`: not kept (the expire records alone).
     pub state_path: Option<PathBuf>,
@@ -109,6 +112,7 @@ impl Settings {
             cipher_key_cache: false,
             standby: None,
             state_path: None,
+            wal_receive_slot: String::new(),
             pg_read_rate_limit: None,
         }
     }

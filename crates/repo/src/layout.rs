@@ -62,6 +62,11 @@ pub fn lock(stanza: &str) -> String {
     format!("{stanza}/lock/backup.lock")
 }
 
+/// The lock a running `wal-receive` of the stanza holds (one receiver at a time).
+pub fn receiver_lock(stanza: &str) -> String {
+    format!("{stanza}/lock/wal-receive.lock")
+}
+
 /// The short-lived object stanza-create and check write twice to see that the store
 /// refuses the second create.
 pub fn create_only_probe(stanza: &str, unique: &str) -> String {

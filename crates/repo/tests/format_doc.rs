@@ -62,6 +62,7 @@ fn made_by(function: &str) -> Option<Vec<String>> {
         "layout::stanza_info" => vec![layout::stanza_info(s)],
         "layout::stanza_upgrade" => vec![layout::stanza_upgrade(s, 2)],
         "layout::lock" => vec![layout::lock(s)],
+        "layout::receiver_lock" => vec![layout::receiver_lock(s)],
         "layout::key_file" => vec![layout::key_file(s, "3f9a0c1d2b4e5f60")],
         "layout::key_grant" => vec![layout::key_grant(s, "3f9a0c1d2b4e5f60", 2)],
         "layout::create_only_probe" => vec![layout::create_only_probe(s, "4242-1795000000")],
@@ -88,12 +89,13 @@ fn made_by(function: &str) -> Option<Vec<String>> {
 }
 
 /// The functions [`made_by`] knows: every one must be in the document.
-const NAMING_FUNCTIONS: [&str; 16] = [
+const NAMING_FUNCTIONS: [&str; 17] = [
     "layout::stanza_info",
     "layout::stanza_upgrade",
     "layout::expire_record",
     "layout::annotation_record",
     "layout::lock",
+    "layout::receiver_lock",
     "layout::key_file",
     "layout::key_grant",
     "layout::create_only_probe",

@@ -88,7 +88,6 @@ pub(crate) fn command(inv: &Invocation) -> Result<Command, Error> {
         "wal-receive" => Command::WalReceive {
             repos: repos(inv)?,
             options: pgstrata_engine::commands::wal_receive::WalReceiveOptions {
-                slot: inv.get("wal-receive-slot").map(str::to_string),
                 flush_interval: Duration::from_secs(inv.int("wal-receive-flush-interval")),
                 synchronous: inv.flag("wal-receive-synchronous"),
             },
@@ -255,7 +254,7 @@ fn settings(inv: &Invocation) -> Result<Settings, Error> {
     let compression = Compression::new(inv.choice("compress-type"), inv.int_opt("compress-level"))?;
     let bundle_limit = inv.int("bundle-limit");
     Ok(Settings {
-        stanza,
+        stanza: stanza.clone(),
         repo_index: inv.repo_index,
         repo: repo_config(inv)?,
         opened: None,
@@ -281,6 +280,10 @@ fn settings(inv: &Invocation) -> Result<Settings, Error> {
         cipher_key_cache: inv.flag("repo-cipher-key-cache"),
         standby: standby_source(inv)?,
         state_path: Some(inv.text("state-path").into()),
+        wal_receive_slot: inv.get("wal-receive-slot").map_or_else(
+            || pgstrata_engine::commands::wal_receive::default_slot(&stanza),
+            str::to_string,
+        ),
         pg_read_rate_limit: inv.int_opt("pg-read-rate-limit"),
     })
 }

@@ -61,6 +61,7 @@ pub async fn check(s: &Settings) -> Result<()> {
             )));
         }
     }
+    check_receiver_slot(s, &db).await?;
     if id.in_recovery {
         log::info!("the server is a standby: skipping the WAL switch test");
         return Ok(());
@@ -79,5 +80,26 @@ pub async fn check(s: &Settings) -> Result<()> {
         "check passed: {segment} was archived to stanza '{}'",
         s.stanza
     );
+    Ok(())
+}
+
+/// The state of `wal-receive`'s slot, when there is one: in use, or WAL piling up for a
+/// receiver that is not running.
+async fn check_receiver_slot(s: &Settings, db: &crate::db::Db) -> Result<()> {
+    let slot = &s.wal_receive_slot;
+    let held =
+        |bytes: Option<i64>| crate::progress::human_bytes(bytes.map_or(0, |b| b.max(0) as u64));
+    match db.slot_state(slot).await? {
+        None => log::info!("no replication slot {slot}: wal-receive is not set up (it creates the slot when it first runs)"),
+        Some((true, retained)) => log::info!(
+            "replication slot {slot}: in use by wal-receive, the server keeps {} of WAL for it",
+            held(retained)
+        ),
+        Some((false, retained)) => log::warn!(
+            "replication slot {slot} is not in use: the server keeps {} of WAL for it, and more as it writes. Start wal-receive (systemctl start pgstrata-wal-receive@{}), or drop the slot if no receiver is meant to run (SELECT pg_drop_replication_slot('{slot}'))",
+            held(retained),
+            s.stanza
+        ),
+    }
     Ok(())
 }

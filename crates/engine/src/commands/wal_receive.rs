@@ -21,8 +21,9 @@
 //! A restart resumes at the start of the segment holding the slot's restart position (what
 //! was last reported flushed): that segment is received again whole. A lost connection is
 //! retried with backoff (1 s doubling to 30 s); the end of a timeline (a promotion) is
-//! followed by reconnecting: the server's new timeline is received from there on, and its
-//! history file is stored. One receiver per stanza on a host (an `flock` in `lock-path`).
+//! followed on the same connection: the server's next timeline is received from there on,
+//! and its history file is stored. One receiver per stanza: it holds the lock object
+//! `<stanza>/lock/wal-receive.lock` in the first repository while it runs.
 
 use crate::replication::{Replication, Streamed};
 use crate::wal_archive::{prepare_bytes, store_prepared_all, ReceiverStatus};
@@ -35,8 +36,6 @@ use std::time::{Duration, Instant};
 /// What `wal-receive` is told.
 #[derive(Debug, Clone)]
 pub struct WalReceiveOptions {
-    /// The physical replication slot; `pgstrata_<stanza>` when not given.
-    pub slot: Option<String>,
     /// Longest time received WAL waits before the partial segment is written.
     pub flush_interval: Duration,
     /// Write and report each pause of the stream at once (for synchronous replication).
@@ -64,7 +63,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// an error retrying cannot help (another cluster, a bad slot name).
 pub async fn wal_receive(repos: &[Settings], o: &WalReceiveOptions) -> Result<()> {
     let s = &repos[0];
-    let slot = o.slot.clone().unwrap_or_else(|| default_slot(&s.stanza));
+    let slot = s.wal_receive_slot.clone();
     if slot.is_empty()
         || slot.len() > 63
         || !slot
@@ -75,11 +74,32 @@ pub async fn wal_receive(repos: &[Settings], o: &WalReceiveOptions) -> Result<()
             "wal-receive-slot '{slot}': a replication slot name is 1 to 63 of a-z, 0-9 and _"
         )));
     }
-    let _lock = receiver_lock(s)?;
     let mut opened = Vec::new();
     for r in repos {
         opened.push(open_stanza(r).await?);
     }
+    // One receiver per stanza, on any host: a lock object of its own in the first
+    // repository (backups and expire take another).
+    let (storage, key) = (opened[0].0.clone(), layout::receiver_lock(&s.stanza));
+    let receive = receive_until_stopped(repos, opened, slot, o);
+    crate::lock::with_lock_at(
+        &storage,
+        &s.stanza,
+        &key,
+        &s.lock_path,
+        "wal-receive",
+        receive,
+    )
+    .await
+}
+
+/// Receive, connecting again after each failure a retry may cure.
+async fn receive_until_stopped(
+    repos: &[Settings],
+    opened: Vec<(Storage, StanzaInfo)>,
+    slot: String,
+    o: &WalReceiveOptions,
+) -> Result<()> {
     let mut receiver = Receiver {
         repos: repos.to_vec(),
         opened,
@@ -111,25 +131,6 @@ pub async fn wal_receive(repos: &[Settings], o: &WalReceiveOptions) -> Result<()
 /// Errors that a retry would meet again.
 fn permanent(e: &Error) -> bool {
     matches!(e.kind, ErrorKind::Refused | ErrorKind::Config)
-}
-
-/// One receiver per stanza on this host: an `flock` held while it runs.
-fn receiver_lock(s: &Settings) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    crate::lock::lock_dir(&s.lock_path)?;
-    let path = s.lock_path.join(format!("{}-wal-receive.lock", s.stanza));
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::io(format!("open lock file {}", path.display()), e))?;
-    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
-        Error::refused(format!(
-            "another wal-receive of stanza '{}' runs on this host (it holds {})",
-            s.stanza,
-            path.display()
-        ))
-    })
 }
 
 struct Receiver {
