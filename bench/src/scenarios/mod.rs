@@ -14,6 +14,7 @@ pub mod restore;
 pub mod s3_latency;
 pub mod wal_archive;
 pub mod wal_async;
+pub mod wal_receive;
 pub mod wal_tracking;
 
 use crate::args::Args;
@@ -38,6 +39,7 @@ pub fn run(name: &str, mut a: Args) -> Result<(), String> {
     match name {
         "full_backup" => scenario!(full_backup),
         "copy" => scenario!(copy),
+        "wal_receive" => scenario!(wal_receive),
         "incremental" => scenario!(incremental),
         "restore" => scenario!(restore),
         "bundling" => scenario!(bundling),

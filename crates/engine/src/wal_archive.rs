@@ -704,10 +704,9 @@ pub async fn archive_get(s: &Settings, name: &str, dest: &Path) -> Result<bool> 
     let obj = match storage.get(&key).await {
         Ok(o) => o,
         Err(e) if e.is_not_found() && lsn::is_segment_name(name) => {
-            let partial =
-                layout::archive_object(&s.stanza, &archive, &layout::received_partial_name(name));
+            let pieces = received_pieces(&storage, &s.stanza, &archive, name).await?;
             let seg_size = stanza.cluster.wal_segment_size;
-            return get_received_partial(&storage, &partial, seg_size, dest).await;
+            return get_received_partial(&storage, name, pieces, seg_size, dest).await;
         }
         Err(e) if e.is_not_found() => return Ok(false),
         Err(e) => return Err(e.into()),
@@ -720,23 +719,62 @@ pub async fn archive_get(s: &Settings, name: &str, dest: &Path) -> Result<bool> 
     Ok(true)
 }
 
-/// Segment `partial`'s bytes so far as `wal-receive` stored them, zero-filled to the
-/// segment's size, into `dest`: recovery replays what it holds and ends at its end (the
-/// last commits streamed), as with a `pg_receivewal` partial file. False when there is none.
+/// The pieces `wal-receive` stored of segment `segment` in archive `archive_id`: (start,
+/// end, key), by start.
+pub(crate) async fn received_pieces(
+    storage: &pgstrata_repo::Storage,
+    stanza: &str,
+    archive_id: &str,
+    segment: &str,
+) -> Result<Vec<(u64, u64, String)>> {
+    let key = layout::archive_object(stanza, archive_id, segment);
+    let dir = key.rsplit_once('/').map_or("", |(d, _)| d);
+    let mut pieces: Vec<(u64, u64, String)> = storage
+        .list(&format!("{dir}/"))
+        .await?
+        .into_iter()
+        .filter_map(|o| {
+            let name = o.key.rsplit('/').next()?;
+            let (of, start, end) = layout::parse_received_piece(name)?;
+            (of == segment).then(|| (start, end, o.key.clone()))
+        })
+        .collect();
+    pieces.sort();
+    Ok(pieces)
+}
+
+/// Segment `segment` from its `pieces` ([`received_pieces`]), chained from byte 0 and
+/// zero-filled to the segment's size, into `dest`: recovery replays what it holds and ends
+/// at its end (the last commits streamed), as with a `pg_receivewal` partial file. False
+/// when there is no piece from byte 0.
 async fn get_received_partial(
     storage: &pgstrata_repo::Storage,
-    partial: &str,
+    segment: &str,
+    pieces: Vec<(u64, u64, String)>,
     seg_size: u64,
     dest: &Path,
 ) -> Result<bool> {
-    let obj = match storage.get(partial).await {
-        Ok(o) => o,
-        Err(e) if e.is_not_found() => return Ok(false),
-        Err(e) => return Err(e.into()),
-    };
-    let (key, dest) = (partial.to_string(), dest.to_path_buf());
+    let mut raw: Vec<u8> = Vec::new();
+    // From the end so far, the piece that covers it and goes furthest.
+    while let Some((start, _, key)) = pieces
+        .iter()
+        .filter(|(s, e, _)| *s <= raw.len() as u64 && *e > raw.len() as u64)
+        .max_by_key(|(_, e, _)| *e)
+        .cloned()
+    {
+        let bytes = wal_object::decode(&storage.get(&key).await?, &key)?;
+        let from = raw.len() - start as usize;
+        raw.extend_from_slice(bytes.get(from..).unwrap_or_default());
+        if raw.len() as u64 >= seg_size {
+            break;
+        }
+    }
+    if raw.is_empty() {
+        return Ok(false);
+    }
+    let received = raw.len();
+    let dest = dest.to_path_buf();
     tokio::task::spawn_blocking(move || -> Result<()> {
-        let mut raw = wal_object::decode(&obj, &key)?;
         raw.resize(seg_size as usize, 0);
         let tmp = dest.with_file_name(format!(
             ".{}.pgstrata.tmp",
@@ -750,7 +788,7 @@ async fn get_received_partial(
     })
     .await
     .expect("archive-get write thread")?;
-    log::info!("restored {partial} (received so far by wal-receive, zero-filled)");
+    log::info!("restored {segment} from {received} bytes received by wal-receive, zero-filled");
     Ok(true)
 }
 
@@ -907,7 +945,7 @@ pub(crate) fn archive_lag(
 
 /// The archived segments' extent, for info: lowest and highest names, and when the highest
 /// was stored, and every segment archived.
-/// The newest segment `wal-receive` stored in part (`<segment>.receive.partial`).
+/// The newest segment `wal-receive` stored pieces of (`<segment>.<start>-<end>.receive.partial`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct WalReceiving {
     pub segment: String,
@@ -985,14 +1023,25 @@ pub(crate) async fn archive_range(
 ) -> Result<Option<ArchiveRange>> {
     let root = layout::archive_root(stanza, archive_id);
     let mut range: Option<ArchiveRange> = None;
-    let mut receiving: Option<(String, i64)> = None;
+    let mut receiving: Option<WalReceiving> = None;
     for o in storage.list(&root).await? {
         let layout::ArchiveObject::Wal(name) = layout::parse_archive_object(&o.key) else {
             continue;
         };
-        if let Some(segment) = name.strip_suffix(".receive.partial") {
-            if receiving.as_ref().is_none_or(|(s, _)| segment > s.as_str()) {
-                receiving = Some((o.key.clone(), o.modified));
+        if let Some((segment, _, end)) = layout::parse_received_piece(name) {
+            match &mut receiving {
+                Some(r) if r.segment.as_str() > segment => {}
+                Some(r) if r.segment == segment => {
+                    r.stored_bytes = r.stored_bytes.max(end);
+                    r.written = r.written.max(o.modified);
+                }
+                _ => {
+                    receiving = Some(WalReceiving {
+                        segment: segment.to_string(),
+                        stored_bytes: end,
+                        written: o.modified,
+                    })
+                }
             }
             continue;
         }
@@ -1017,15 +1066,8 @@ pub(crate) async fn archive_range(
             r.max_modified = o.modified;
         }
     }
-    if let (Some(r), Some((key, written))) = (range.as_mut(), receiving) {
-        // Its header says how much of the segment it holds.
-        let head = storage.get(&key).await?;
-        let name = key.rsplit('/').next().unwrap_or_default();
-        r.receiving = Some(WalReceiving {
-            segment: name.trim_end_matches(".receive.partial").to_string(),
-            stored_bytes: wal_object::parse_header(&head, &key)?.raw_len,
-            written,
-        });
+    if let Some(r) = range.as_mut() {
+        r.receiving = receiving;
     }
     Ok(range)
 }

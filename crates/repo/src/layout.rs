@@ -251,11 +251,26 @@ pub enum ArchiveObject<'a> {
     ChangeMap { segment: &'a str },
 }
 
-/// The WAL name (for [`archive_object`]) of segment `segment` while `wal-receive` receives
-/// it: the bytes received so far, replaced as more arrive, removed once the segment is
-/// stored whole. Not PostgreSQL's `.partial` (archive-push stores those create-only).
-pub fn received_partial_name(segment: &str) -> String {
-    format!("{segment}.receive.partial")
+/// The WAL name (for [`archive_object`]) of a piece of segment `segment` that `wal-receive`
+/// stored while receiving it: the segment's bytes `start..end`. Pieces are create-only
+/// (immutable repositories take them); a reader chains them from byte 0. Not PostgreSQL's
+/// `.partial` (archive-push stores those).
+pub fn received_piece_name(segment: &str, start: u64, end: u64) -> String {
+    format!("{segment}.{start:08X}-{end:08X}.receive.partial")
+}
+
+/// The (segment, start, end) of a [`received_piece_name`].
+pub fn parse_received_piece(name: &str) -> Option<(&str, u64, u64)> {
+    let rest = name.strip_suffix(".receive.partial")?;
+    let (segment, range) = rest.split_once('.')?;
+    let (start, end) = range.split_once('-')?;
+    let hex = |v: &str| {
+        (v.len() == 8)
+            .then(|| u64::from_str_radix(v, 16).ok())
+            .flatten()
+    };
+    let (start, end) = (hex(start)?, hex(end)?);
+    (segment.len() == 24 && start < end).then_some((segment, start, end))
 }
 
 /// The kind of archive object `key` (an [`archive_object`] or a [`change_map`]).
@@ -385,6 +400,25 @@ mod tests {
             parse_keys_object(&format!("{}/notes.txt", keys_dir(s))),
             None
         );
+    }
+
+    #[test]
+    fn received_pieces_round_trip() {
+        let seg = "000000010000000A0000002B";
+        let name = received_piece_name(seg, 0x2000, 0x10000);
+        assert_eq!(
+            name,
+            "000000010000000A0000002B.00002000-00010000.receive.partial"
+        );
+        assert_eq!(parse_received_piece(&name), Some((seg, 0x2000, 0x10000)));
+        for bad in [
+            "000000010000000A0000002B.receive.partial",
+            "000000010000000A0000002B.00002000-00002000.receive.partial",
+            "000000010000000A0000002B.2000-10000.receive.partial",
+            "000000010000000A0000002B.partial",
+        ] {
+            assert_eq!(parse_received_piece(bad), None, "{bad}");
+        }
     }
 
     #[test]

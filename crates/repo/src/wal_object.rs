@@ -29,7 +29,7 @@ pub(crate) const MAX_RAW_LEN: u64 = 1 << 30;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WalHeader {
     pub codec: CompressType,
-    pub raw_len: u64,
+    pub(crate) raw_len: u64,
     pub hash: [u8; 32],
     /// Length of the block-change map between the header and the payload (version 2).
     pub map_len: u32,

@@ -73,7 +73,7 @@ fn made_by(function: &str) -> Option<Vec<String>> {
         "layout::archive_object" => vec![
             layout::archive_object(s, a, seg),
             layout::archive_object(s, a, &format!("{seg}.partial")),
-            layout::archive_object(s, a, &layout::received_partial_name(seg)),
+            layout::archive_object(s, a, &layout::received_piece_name(seg, 0, 0x2000)),
             layout::archive_object(s, a, &format!("{seg}.00000028.backup")),
             layout::archive_object(s, a, "00000002.history"),
         ],
@@ -134,6 +134,7 @@ fn matches(pattern: &str, name: &str) -> bool {
             "first 16" => v.len() == 16 && all(upper_hex),
             "24-hex segment" => v.len() == 24 && all(upper_hex),
             "8-hex timeline" => v.len() == 8 && all(upper_hex),
+            "8-hex offset" => v.len() == 8 && all(upper_hex),
             "8 chars" => v.len() == 8 && !v.contains('/'),
             "worker" | "seq" | "n" | "generation" => !v.is_empty() && all(u8::is_ascii_digit),
             "id" => v.len() == 16 && all(lower_hex),
@@ -166,7 +167,7 @@ fn every_documented_object_name_is_made_by_layout() {
     let source = include_str!("../src/layout.rs");
     for sig in source.split("\npub fn ").skip(1) {
         let name = &sig[..sig.find('(').unwrap()];
-        let components = ["pack_name", "unique_name", "received_partial_name"];
+        let components = ["pack_name", "unique_name", "received_piece_name"];
         if sig.contains("-> String")
             && !name.ends_with("_root")
             && !name.ends_with("_dir")

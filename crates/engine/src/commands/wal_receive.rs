@@ -5,10 +5,13 @@
 //! streaming replication protocol through a physical replication slot and writes every
 //! repository of the stanza as WAL arrives:
 //!
-//! - the segment being received as `<segment>.receive.partial` (the bytes received so
-//!   far, in the same object format as archive-push's, its hash and header), replaced
-//!   whole every `wal-receive-flush-interval` and, in synchronous mode, each time the
-//!   stream pauses (after a commit, the server waits for us: the stream pauses);
+//! - the segment being received as create-only pieces `<segment>.<start>-<end>.receive.partial`
+//!   (the segment's bytes `start..end`, in the same object format as archive-push's, its
+//!   hash and header), written every `wal-receive-flush-interval` and, in synchronous
+//!   mode, each time the stream pauses (after a commit, the server waits for us: the
+//!   stream pauses). A piece holds what came since the last one, so a commit waits for a
+//!   write of its own bytes, not of the segment so far; every flush interval (or 32
+//!   pieces) a piece holds the whole segment so far and the pieces before it go;
 //! - a completed segment as the ordinary WAL object with its block-change map, exactly
 //!   what archive-push stores (so an archive-push of it afterwards is a no-op, and both
 //!   can run), after which its partial object is removed.
@@ -26,7 +29,7 @@
 //! `<stanza>/lock/wal-receive.lock` in the first repository while it runs.
 
 use crate::replication::{Replication, Streamed};
-use crate::wal_archive::{prepare_bytes, store_prepared_all, ReceiverStatus};
+use crate::wal_archive::{prepare_bytes, received_pieces, store_prepared_all, ReceiverStatus};
 use crate::{open_stanza, Error, ErrorKind, Result, Settings};
 use pgstrata_pg::lsn::{self, Lsn};
 use pgstrata_repo::stanza::StanzaInfo;
@@ -156,7 +159,14 @@ struct Segment {
     stored: usize,
     /// When the first byte not stored arrived.
     waiting_since: Option<Instant>,
+    /// The pieces written since the last whole one (that one first), by name.
+    pieces: Vec<String>,
+    /// When the last whole piece was written.
+    whole_at: Instant,
 }
+
+/// Pieces after a whole one before the next piece is whole again.
+const MAX_PIECES: usize = 32;
 
 /// Where the stream stands.
 struct Position {
@@ -250,6 +260,8 @@ impl Receiver {
             bytes: Vec::with_capacity(seg_size as usize),
             stored: 0,
             waiting_since: None,
+            pieces: Vec::new(),
+            whole_at: Instant::now(),
         };
         self.stream(&mut conn, &mut seg).await
     }
@@ -353,10 +365,11 @@ impl Receiver {
         seg.history = parse_history(&content);
         seg.timeline = timeline;
         if seg.name(seg_size) != old && seg.stored > 0 {
-            seg.stored = 0;
+            // Whole, under the new name, before the old name's pieces go.
+            (seg.stored, seg.pieces) = (0, Vec::new());
             seg.waiting_since.get_or_insert_with(Instant::now);
             self.store_partial(seg).await?;
-            self.delete_partial(&old).await?;
+            self.delete_pieces(&old).await?;
         }
         conn.start(&self.slot, from, timeline).await?;
         log::info!("wal-receive: streaming timeline {timeline} from {from}");
@@ -422,33 +435,42 @@ impl Receiver {
             data = &data[n..];
             seg.waiting_since.get_or_insert_with(Instant::now);
             if seg.bytes.len() == seg_size as usize {
-                self.store_segment(seg).await?;
+                let name = seg.name(seg_size);
+                let full = std::mem::replace(&mut seg.bytes, Vec::with_capacity(seg_size as usize));
+                self.store_segment(&name, full).await?;
                 *flushed = Lsn((seg.segno + 1) * seg_size);
                 seg.segno += 1;
-                seg.bytes.clear();
                 seg.stored = 0;
                 seg.waiting_since = None;
+                seg.pieces.clear();
             }
         }
         Ok(())
     }
 
-    /// Store a completed segment as archive-push would (with its block-change map), then
-    /// remove its partial object.
-    async fn store_segment(&self, seg: &Segment) -> Result<()> {
-        let name = seg.name(self.seg_size());
-        self.store_whole(&name, seg.bytes.clone()).await?;
-        self.delete_partial(&name).await?;
+    /// Store completed segment `name` as archive-push would (with its block-change map),
+    /// then remove its pieces.
+    async fn store_segment(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        self.store_whole(name, bytes).await?;
+        self.delete_pieces(name).await?;
         log::info!("wal-receive: {name} complete");
         Ok(())
     }
 
-    /// Remove segment `name`'s partial object from every repository.
-    async fn delete_partial(&self, name: &str) -> Result<()> {
-        let partial = layout::received_partial_name(name);
+    /// The key of WAL object `name` in repository `i`.
+    fn key(&self, i: usize, name: &str) -> String {
+        let (s, stanza) = (&self.repos[i], &self.opened[i].1);
+        layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), name)
+    }
+
+    /// Remove every piece of segment `name` from every repository (those of earlier runs
+    /// too: they are listed).
+    async fn delete_pieces(&self, name: &str) -> Result<()> {
         for (s, (storage, stanza)) in self.repos.iter().zip(&self.opened) {
-            let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), &partial);
-            storage.delete(&key).await?;
+            let pieces =
+                received_pieces(storage, &s.stanza, &stanza.cluster.archive_id(), name).await?;
+            let keys: Vec<String> = pieces.into_iter().map(|(_, _, k)| k).collect();
+            storage.delete_many(&keys).await?;
         }
         Ok(())
     }
@@ -463,34 +485,50 @@ impl Receiver {
         store_prepared_all(&self.repos, &self.opened, &beside, &prepared).await
     }
 
-    /// Replace the segment's partial object in every repository with the bytes received.
+    /// Make the bytes received durable in every repository: a piece of what came since the
+    /// last one, or the whole segment so far when a flush interval passed since the last
+    /// whole one or 32 pieces followed it (then the pieces it covers are removed), so that
+    /// a reader chains few pieces and a synchronous commit waits for its own bytes only.
     async fn store_partial(&self, seg: &mut Segment) -> Result<()> {
         if seg.bytes.len() == seg.stored {
             seg.waiting_since = None;
             return Ok(());
         }
         let name = seg.name(self.seg_size());
-        let partial = layout::received_partial_name(&name);
+        let whole =
+            seg.pieces.len() >= MAX_PIECES || seg.whole_at.elapsed() >= self.o.flush_interval;
+        let (start, end) = (if whole { 0 } else { seg.stored }, seg.bytes.len());
+        let piece = layout::received_piece_name(&name, start as u64, end as u64);
         let compression = self.repos[0].compression;
-        let raw = seg.bytes.clone();
+        let raw = seg.bytes[start..end].to_vec();
         let obj: bytes::Bytes =
             tokio::task::spawn_blocking(move || wal_object::encode(&raw, compression, 1))
                 .await
                 .expect("compress thread")
                 .into();
-        let writes = self
-            .repos
-            .iter()
-            .zip(&self.opened)
-            .map(|(s, (storage, stanza))| {
-                let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), &partial);
-                let obj = obj.clone();
-                async move { storage.replace(&key, &key, obj).await }
-            });
+        let writes = self.opened.iter().enumerate().map(|(i, (storage, _))| {
+            let (key, obj) = (self.key(i, &piece), obj.clone());
+            async move {
+                match storage.put_new(&key, obj).await {
+                    // Written by a receiver before a restart: the same WAL, the same bytes.
+                    Err(e) if e.kind == pgstrata_repo::ErrorKind::AlreadyExists => Ok(()),
+                    r => r,
+                }
+            }
+        });
         for r in futures::future::join_all(writes).await {
             r?;
         }
-        seg.stored = seg.bytes.len();
+        if whole {
+            let covered = std::mem::take(&mut seg.pieces);
+            for (i, (storage, _)) in self.opened.iter().enumerate() {
+                let keys: Vec<String> = covered.iter().map(|p| self.key(i, p)).collect();
+                storage.delete_many(&keys).await?;
+            }
+            seg.whole_at = Instant::now();
+        }
+        seg.pieces.push(piece);
+        seg.stored = end;
         seg.waiting_since = None;
         Ok(())
     }
@@ -516,6 +554,8 @@ mod tests {
                 bytes: Vec::new(),
                 stored: 0,
                 waiting_since: None,
+                pieces: Vec::new(),
+                whole_at: Instant::now(),
             }
             .name(seg)
         };
