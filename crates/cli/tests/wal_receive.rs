@@ -312,3 +312,24 @@ fn the_receiver_follows_a_promoted_standby_onto_its_new_timeline() {
     );
     restored.stop().unwrap();
 }
+
+/// A server of another cluster than the stanza's is refused at once (exit 3), naming both,
+/// and nothing is stored.
+#[test]
+fn a_server_of_another_cluster_is_refused() {
+    let env = Env::new("walrcv-other");
+    env.stanza_create();
+    let other = Env::new("walrcv-other-cluster");
+    let mut c = env.cmd(&["wal-receive"]);
+    c.env("PGSTRATA_PG_HOST", &other.cluster.socket_dir)
+        .env("PGSTRATA_PG_PORT", other.cluster.port.to_string());
+    let (code, err) = run_fail(c);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("is cluster"), "{err}");
+    assert!(
+        !tree(&env.repo)
+            .keys()
+            .any(|k| k.contains(".receive.partial")),
+        "nothing received"
+    );
+}
