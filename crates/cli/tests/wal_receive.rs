@@ -112,15 +112,7 @@ fn synchronous_receive_keeps_every_commit_when_the_primary_is_lost() {
     assert_eq!(env.sql("SELECT count(*) FROM commits").trim(), "1000");
 
     // The primary's host is lost: stopped at once, its data directory gone.
-    pgstrata_testkit::run_ok(
-        env.cluster
-            .bin
-            .cmd("pg_ctl")
-            .arg("-D")
-            .arg(&env.cluster.data)
-            .args(["-m", "immediate", "-w", "stop"]),
-    )
-    .unwrap();
+    stop_at_once(&env.cluster);
     let log = receiver.kill();
     eprintln!("receiver log:\n{log}");
     std::fs::remove_dir_all(&env.cluster.data).unwrap();
@@ -155,13 +147,17 @@ fn synchronous_receive_keeps_every_commit_when_the_primary_is_lost() {
     at_time.stop().unwrap();
 }
 
-/// Wait until the receiver reports flushed everything the server has written.
-fn wait_until_flushed(env: &Env, receiver: &mut Receiver) {
+/// Wait until the receiver reports flushed everything server `c` has written (replayed,
+/// on a standby).
+fn wait_until_flushed(c: &pgstrata_testkit::Cluster, receiver: &mut Receiver) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let caught_up = env.sql(
-            "SELECT coalesce(flush_lsn >= pg_current_wal_insert_lsn(), false) FROM pg_stat_replication WHERE application_name = 'pgstrata_test'",
-        );
+        let caught_up = c
+            .psql(
+                "postgres",
+                "SELECT coalesce(flush_lsn >= (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END), false) FROM pg_stat_replication WHERE application_name = 'pgstrata_test'",
+            )
+            .unwrap_or_default();
         if caught_up.trim() == "t" {
             return;
         }
@@ -170,6 +166,17 @@ fn wait_until_flushed(env: &Env, receiver: &mut Receiver) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The server's host is lost: `pg_ctl -m immediate stop`.
+fn stop_at_once(c: &pgstrata_testkit::Cluster) {
+    pgstrata_testkit::run_ok(c.bin.cmd("pg_ctl").arg("-D").arg(&c.data).args([
+        "-m",
+        "immediate",
+        "-w",
+        "stop",
+    ]))
+    .unwrap();
 }
 
 /// kill -9 of the receiver at random points under load: after each restart it goes on
@@ -211,17 +218,9 @@ fn a_receiver_killed_anywhere_leaves_no_gap_and_restores_equal() {
     env.sql("SELECT pg_switch_wal()");
     env.sql("CREATE TABLE after_load AS SELECT generate_series(1, 1000) AS n");
     let mut receiver = Receiver::start(&env, &[]);
-    wait_until_flushed(&env, &mut receiver);
+    wait_until_flushed(&env.cluster, &mut receiver);
     let source = env.hashes();
-    pgstrata_testkit::run_ok(
-        env.cluster
-            .bin
-            .cmd("pg_ctl")
-            .arg("-D")
-            .arg(&env.cluster.data)
-            .args(["-m", "immediate", "-w", "stop"]),
-    )
-    .unwrap();
+    stop_at_once(&env.cluster);
     logs.push_str(&receiver.kill());
     let out = env.cmd(&["--output=json", "verify"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
@@ -252,25 +251,9 @@ fn the_receiver_follows_a_promoted_standby_onto_its_new_timeline() {
     let mut receiver = Receiver::start(&env, &[&host, &port, "--wal-receive-flush-interval=1s"]);
     env.sql("INSERT INTO before_promotion SELECT generate_series(1, 100)");
     // The old primary goes away with the rows on the standby and in the repository.
-    let flushed = |c: &pgstrata_testkit::Cluster, receiver: &mut Receiver| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let caught_up = c.psql(
-                "postgres",
-                "SELECT coalesce(flush_lsn >= (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END), false) FROM pg_stat_replication WHERE application_name = 'pgstrata_test'",
-            ).unwrap_or_default();
-            if caught_up.trim() == "t" {
-                return;
-            }
-            if Instant::now() > deadline {
-                panic!("the receiver did not catch up:\n{}", receiver.kill());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
     env.sql("CHECKPOINT");
     std::thread::sleep(Duration::from_millis(500));
-    flushed(&standby, &mut receiver);
+    wait_until_flushed(&standby, &mut receiver);
     env.cluster.stop().unwrap();
     standby.promote().unwrap();
     standby.wait_for_promotion(Duration::from_secs(60)).unwrap();
@@ -280,17 +263,9 @@ fn the_receiver_follows_a_promoted_standby_onto_its_new_timeline() {
             "CREATE TABLE after_promotion AS SELECT generate_series(1, 200) AS n",
         )
         .unwrap();
-    flushed(&standby, &mut receiver);
+    wait_until_flushed(&standby, &mut receiver);
     let source = standby.content_hashes().unwrap();
-    pgstrata_testkit::run_ok(
-        standby
-            .bin
-            .cmd("pg_ctl")
-            .arg("-D")
-            .arg(&standby.data)
-            .args(["-m", "immediate", "-w", "stop"]),
-    )
-    .unwrap();
+    stop_at_once(&standby);
     let log = receiver.kill();
     let objects = tree(&env.repo);
     assert!(

@@ -756,13 +756,20 @@ async fn get_received_partial(
 ) -> Result<bool> {
     let mut raw: Vec<u8> = Vec::new();
     // From the end so far, the piece that covers it and goes furthest.
-    while let Some((start, _, key)) = pieces
+    while let Some((start, end, key)) = pieces
         .iter()
         .filter(|(s, e, _)| *s <= raw.len() as u64 && *e > raw.len() as u64)
         .max_by_key(|(_, e, _)| *e)
         .cloned()
     {
         let bytes = wal_object::decode(&storage.get(&key).await?, &key)?;
+        if bytes.len() as u64 != end - start {
+            return Err(Error::integrity(format!(
+                "{key}: holds {} bytes, and its name says {}",
+                bytes.len(),
+                end - start
+            )));
+        }
         let from = raw.len() - start as usize;
         raw.extend_from_slice(bytes.get(from..).unwrap_or_default());
         if raw.len() as u64 >= seg_size {
@@ -776,12 +783,7 @@ async fn get_received_partial(
     let dest = dest.to_path_buf();
     tokio::task::spawn_blocking(move || -> Result<()> {
         raw.resize(seg_size as usize, 0);
-        let tmp = dest.with_file_name(format!(
-            ".{}.pgstrata.tmp",
-            dest.file_name()
-                .map(|n| n.to_string_lossy().to_string())
-                .unwrap_or_default()
-        ));
+        let tmp = tmp_beside(&dest);
         std::fs::write(&tmp, &raw)
             .and_then(|()| std::fs::rename(&tmp, &dest))
             .map_err(|e| Error::io(format!("archive-get: write {}", dest.display()), e))
@@ -828,17 +830,23 @@ fn archive_to_get_from(s: &Settings, stanza: &pgstrata_repo::stanza::StanzaInfo)
 /// Decode stored WAL object `obj` (named `key` in messages) into `dest` for PostgreSQL,
 /// through a temporary file beside it: see [`write_verified`].
 pub(crate) fn write_verified_file(obj: &[u8], key: &str, dest: &Path) -> Result<()> {
-    let tmp = dest.with_file_name(format!(
-        ".{}.pgstrata.tmp",
-        dest.file_name()
-            .map(|n| n.to_string_lossy().to_string())
-            .unwrap_or_default()
-    ));
+    let tmp = tmp_beside(dest);
     let name = match layout::parse_archive_object(key) {
         layout::ArchiveObject::Wal(name) => name,
         layout::ArchiveObject::ChangeMap { .. } => key,
     };
     write_verified(obj, key, &tmp, dest, &format!("archive-get {name}"))
+}
+
+/// The temporary name a file for PostgreSQL at `dest` is written under before it is renamed
+/// into place.
+fn tmp_beside(dest: &Path) -> std::path::PathBuf {
+    dest.with_file_name(format!(
+        ".{}.pgstrata.tmp",
+        dest.file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default()
+    ))
 }
 
 /// Decode stored WAL object `obj` (stored as `key`) into `dest`, through `tmp`, which is

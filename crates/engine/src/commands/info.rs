@@ -97,11 +97,7 @@ pub async fn info(s: &Settings, set: Option<&str>) -> Result<StanzaReport> {
         immutable: storage
             .object_lock()
             .map(|l| format!("{}, {} days", pgstrata_repo::Named::name(l.mode), l.days)),
-        as_of: storage.read_as_of().map(|t| {
-            chrono::DateTime::from_timestamp(t, 0)
-                .unwrap_or_default()
-                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-        }),
+        as_of: storage.read_as_of().map(rfc3339),
         prior_clusters,
     })
 }
@@ -136,25 +132,21 @@ pub fn render_text(r: &StanzaReport) -> String {
         _ => out.push_str("    wal archive: empty\n"),
     }
     if let Some(w) = &r.wal_receiving {
-        let when = chrono::DateTime::from_timestamp(w.written, 0)
-            .unwrap_or_default()
-            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         out.push_str(&format!(
-            "    wal-receive: receiving {} ({} stored, last written {when})\n",
+            "    wal-receive: receiving {} ({} stored, last written {})\n",
             w.segment,
-            crate::progress::human_bytes(w.stored_bytes)
+            crate::progress::human_bytes(w.stored_bytes),
+            rfc3339(w.written)
         ));
     }
     if let Some(w) = &r.wal_receiver {
-        let when = chrono::DateTime::from_timestamp(w.updated, 0)
-            .unwrap_or_default()
-            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         out.push_str(&format!(
-            "    wal-receive on this host: stored through {} (timeline {}), the server at {}: {} behind, as of {when}\n",
+            "    wal-receive on this host: stored through {} (timeline {}), the server at {}: {} behind, as of {}\n",
             w.flushed,
             w.timeline,
             w.server_end,
-            crate::progress::human_bytes(w.lag_bytes)
+            crate::progress::human_bytes(w.lag_bytes),
+            rfc3339(w.updated)
         ));
     }
     for (a, b) in &r.archive_gaps {
@@ -304,4 +296,11 @@ fn render_backup(out: &mut String, b: &BackupInfo, before_upgrade: bool) {
             out.push_str(&format!("            {} blocks {:?}\n", bp.path, bp.blocks));
         }
     }
+}
+
+/// Unix seconds `t` as an RFC 3339 time, to the second.
+fn rfc3339(t: i64) -> String {
+    chrono::DateTime::from_timestamp(t, 0)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }

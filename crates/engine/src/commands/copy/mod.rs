@@ -645,7 +645,13 @@ fn checked_frame<'b>(
 /// or another copy) is there already.
 async fn put_as_stored(dst: &Storage, key: &str, bytes: Bytes) -> Result<Moved> {
     let len = bytes.len() as u64;
-    match dst.put_new_unsealed(key, bytes).await {
+    moved(dst.put_new_unsealed(key, bytes).await, key, len)
+}
+
+/// What a create-only write of `len` bytes to `key` did: an object already there (another
+/// writer's) is no failure.
+fn moved(written: pgstrata_repo::Result<()>, key: &str, len: u64) -> Result<Moved> {
+    match written {
         Err(e) if e.kind == pgstrata_repo::ErrorKind::AlreadyExists => Ok(Moved::There),
         r => r
             .map(|()| Moved::Written(key.to_string(), len))
@@ -666,10 +672,5 @@ async fn transfer_wal(src: &Storage, dst: &Storage, key: &str) -> Result<Moved> 
         wal_object::decode(&plain, key)?;
     }
     let len = plain.len() as u64;
-    match dst.put_new(key, plain).await {
-        Err(e) if e.kind == pgstrata_repo::ErrorKind::AlreadyExists => Ok(Moved::There),
-        r => r
-            .map(|()| Moved::Written(key.to_string(), len))
-            .map_err(Error::from),
-    }
+    moved(dst.put_new(key, plain).await, key, len)
 }
