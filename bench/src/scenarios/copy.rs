@@ -5,8 +5,10 @@
 //! incremental into repository 1, and a timed copy of it to each target. Each copy is set
 //! against a plain read of the same source objects (every file of the backup's directory
 //! and the WAL archive read to /dev/null, page cache as the copy sees it): the rate target
-//! is ≥ 0.8× that. What the copy of the incremental moves is set against what the
-//! incremental stores (target ≤ 1.2×).
+//! is ≥ 0.8× that. The same with the page cache dropped first (a plain read from the disk,
+//! and a copy to another local repository reading its source from the disk). What the
+//! copy of the incremental moves is set against what the incremental stores (target
+//! ≤ 1.2×).
 //!
 //! pgBackRest cannot copy a backup between repositories: its users back up into each
 //! (2.59.1, bundling and block incremental, repo1 then repo2: `--repo=2` is the extra
@@ -56,6 +58,8 @@ impl Opts {
 struct Target {
     case: String,
     env: Vec<(String, String)>,
+    /// The page cache is dropped before the copy: the source is read from the disk.
+    cold: bool,
 }
 
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
@@ -92,6 +96,8 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     b.wal_switch_and_wait()?;
     let local = b.dir("repo-copy-local")?;
     pgstrata_testkit::give_to_pg_user(&local);
+    let local_cold = b.dir("repo-copy-local-cold")?;
+    pgstrata_testkit::give_to_pg_user(&local_cold);
     let sealed = b.dir("repo-copy-sealed")?;
     pgstrata_testkit::give_to_pg_user(&sealed);
     let sealed_env: Vec<(String, String)> = [
@@ -113,14 +119,25 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         Target {
             case: "to local".into(),
             env: vec![("PGSTRATA_REPO2_PATH".into(), local.display().to_string())],
+            cold: false,
+        },
+        Target {
+            case: "to local, cold cache".into(),
+            env: vec![(
+                "PGSTRATA_REPO2_PATH".into(),
+                local_cold.display().to_string(),
+            )],
+            cold: true,
         },
         Target {
             case: "re-sealed to local".into(),
             env: sealed_env,
+            cold: false,
         },
         Target {
             case: format!("to S3 +{} ms", o.delay_ms),
             env: s3_env(proxy.port),
+            cold: false,
         },
     ];
     let source = &repos[0];
@@ -194,47 +211,26 @@ fn copy_to_each(
     label: &str,
     stored: Option<u64>,
 ) -> Result<(), String> {
-    let stanza_dir = source.dir.join(STANZA);
-    let read = plain_read(
-        b,
-        &[
-            stanza_dir.join("backup").join(label),
-            stanza_dir.join("archive"),
-        ],
-    )?;
-    let read_bytes =
-        dir_bytes(&stanza_dir.join("backup").join(label)) + dir_bytes(&stanza_dir.join("archive"));
-    b.results.record(
-        Row::timed(case, "plain read of the source objects", "cat", 1, &read)
-            .note(format!("{:.0} MB/s", mb_per_s(read_bytes, read.seconds))),
-    )?;
-    let floor = b.dir(&format!("copy-floor-{case}"))?;
-    let mut cp = Command::new("sh");
-    cp.args([
-        "-c",
-        &format!(
-            "cp -r '{}' '{}/backup' && cp -r '{}' '{}/archive' && sync",
-            stanza_dir.join("backup").join(label).display(),
-            floor.display(),
-            stanza_dir.join("archive").display(),
-            floor.display()
-        ),
-    ]);
-    let copied = b.run("cp-floor", &mut cp, true)?;
-    b.results.record(
-        Row::timed(case, "cp -r + sync of the same objects", "cat", 1, &copied)
-            .note(format!("{:.0} MB/s", mb_per_s(read_bytes, copied.seconds))),
-    )?;
-    std::fs::remove_dir_all(&floor).map_err(|e| format!("{}: {e}", floor.display()))?;
+    let (read_bytes, read, read_cold) = measure_floors(b, source, case, label)?;
     for t in targets {
         let mut c = pgstrata_cmd(source, &t.env);
         c.args(["--from-repo=1", "--output=json", "copy"]);
+        if t.cold {
+            crate::harness::drop_page_cache()?;
+        }
         let m = b.run(&format!("copy-{case}"), &mut c, true)?;
         let report: serde_json::Value =
             serde_json::from_str(&m.stdout).map_err(|e| format!("copy report: {e}"))?;
         let moved = report["bytes_copied"].as_u64().unwrap_or(0);
         let rate = mb_per_s(moved, m.seconds);
-        let plain = mb_per_s(read_bytes, read.seconds);
+        let plain = mb_per_s(
+            read_bytes,
+            if t.cold {
+                read_cold.seconds
+            } else {
+                read.seconds
+            },
+        );
         eprintln!(
             "[bench] copy {case} {}: {moved} bytes in {:.2} s ({rate:.0} MB/s, {:.2}x the plain read)",
             t.case,
@@ -279,6 +275,70 @@ fn copy_to_each(
         )?;
     }
     Ok(())
+}
+
+/// What copying backup `label` is set against: a plain read of its objects (page cache,
+/// then cold) and `cp -r` + sync of them. Returns their bytes and the two reads.
+fn measure_floors(
+    b: &mut Bench,
+    source: &Repo,
+    case: &str,
+    label: &str,
+) -> Result<(u64, Measured, Measured), String> {
+    let stanza_dir = source.dir.join(STANZA);
+    let read = plain_read(
+        b,
+        &[
+            stanza_dir.join("backup").join(label),
+            stanza_dir.join("archive"),
+        ],
+    )?;
+    let read_bytes =
+        dir_bytes(&stanza_dir.join("backup").join(label)) + dir_bytes(&stanza_dir.join("archive"));
+    b.results.record(
+        Row::timed(case, "plain read of the source objects", "cat", 1, &read)
+            .note(format!("{:.0} MB/s", mb_per_s(read_bytes, read.seconds))),
+    )?;
+    crate::harness::drop_page_cache()?;
+    let read_cold = plain_read(
+        b,
+        &[
+            stanza_dir.join("backup").join(label),
+            stanza_dir.join("archive"),
+        ],
+    )?;
+    b.results.record(
+        Row::timed(
+            case,
+            "plain read of the source objects, cold cache",
+            "cat",
+            1,
+            &read_cold,
+        )
+        .note(format!(
+            "{:.0} MB/s",
+            mb_per_s(read_bytes, read_cold.seconds)
+        )),
+    )?;
+    let floor = b.dir(&format!("copy-floor-{case}"))?;
+    let mut cp = Command::new("sh");
+    cp.args([
+        "-c",
+        &format!(
+            "cp -r '{}' '{}/backup' && cp -r '{}' '{}/archive' && sync",
+            stanza_dir.join("backup").join(label).display(),
+            floor.display(),
+            stanza_dir.join("archive").display(),
+            floor.display()
+        ),
+    ]);
+    let copied = b.run("cp-floor", &mut cp, true)?;
+    b.results.record(
+        Row::timed(case, "cp -r + sync of the same objects", "cat", 1, &copied)
+            .note(format!("{:.0} MB/s", mb_per_s(read_bytes, copied.seconds))),
+    )?;
+    std::fs::remove_dir_all(&floor).map_err(|e| format!("{}: {e}", floor.display()))?;
+    Ok((read_bytes, read, read_cold))
 }
 
 /// `source`'s pgstrata with its config and stanza, repository 2 as `env` gives it.

@@ -236,6 +236,42 @@ fn a_receiver_killed_anywhere_leaves_no_gap_and_restores_equal() {
     restored.stop().unwrap();
 }
 
+/// Asynchronously, a commit streamed when nothing was written for a flush interval is
+/// stored at once, not an interval later: the primary lost right after a quiet cluster's
+/// commit loses nothing.
+#[test]
+fn an_asynchronous_receiver_stores_a_quiet_clusters_commit_at_once() {
+    let env = Env::new("walrcv-quiet");
+    env.stanza_create();
+    env.backup(&["--type=full"]);
+    env.sql("ALTER SYSTEM SET archive_command = '/bin/true'");
+    env.sql("SELECT pg_reload_conf()");
+    let interval = Duration::from_secs(6);
+    let mut receiver = Receiver::start(&env, &["--wal-receive-flush-interval=6s"]);
+    wait_until_flushed(&env.cluster, &mut receiver);
+    std::thread::sleep(interval + Duration::from_millis(500));
+    env.sql("CREATE TABLE last_words AS SELECT 'kept' AS w");
+    let committed = Instant::now();
+    wait_until_flushed(&env.cluster, &mut receiver);
+    let took = committed.elapsed();
+    stop_at_once(&env.cluster);
+    let logs = receiver.kill();
+    assert!(
+        took < interval / 2,
+        "the commit waited {took:?} for a {interval:?} flush interval\n{logs}"
+    );
+    let restored = env.restore_and_start("restored", &[]);
+    assert_eq!(
+        restored
+            .psql("postgres", "SELECT w FROM last_words")
+            .unwrap()
+            .trim(),
+        "kept",
+        "{logs}"
+    );
+    restored.stop().unwrap();
+}
+
 /// A receiver streaming from a standby follows it through its promotion: the new
 /// timeline's WAL and history file are stored (the standby archives nothing), and a
 /// restore across the timeline switch holds the commits of both timelines.

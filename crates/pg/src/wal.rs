@@ -696,3 +696,110 @@ fn parse_xact_dropped(m: &[u8], out: &mut SegmentChanges) -> Result<()> {
     }
     Ok(())
 }
+
+/// Finds where transaction commits end in a segment as it is streamed, so that
+/// `wal-receive` can store a commit's WAL at once (a synchronous commit waits for it)
+/// without decoding every record: only record headers are read, and page headers skipped.
+///
+/// [`scan`](Self::scan) is given the segment's bytes from its start as they grow (any
+/// length, not whole pages). It is a hint, not a check: bytes that do not look like WAL
+/// (a zero length, the padding after a WAL switch) end the scan of the segment, and no
+/// CRC is checked; the segment is verified when it is stored whole.
+#[derive(Debug, Clone)]
+pub struct CommitScanner {
+    page_size: usize,
+    /// Offset in the segment scanned to.
+    pos: usize,
+    /// Length of the record in progress (0: between records) and bytes of it seen.
+    rec_len: usize,
+    rec_seen: usize,
+    /// The record in progress is a continuation from the previous segment (not read).
+    rec_skipped: bool,
+    /// Bytes 16 and 17 of the record header: xl_info, xl_rmid.
+    info_rmid: [u8; 2],
+    done: bool,
+}
+
+impl CommitScanner {
+    /// A scanner of a segment from its first byte, with pages of `page_size` bytes.
+    pub fn new(page_size: usize) -> CommitScanner {
+        CommitScanner {
+            page_size,
+            pos: 0,
+            rec_len: 0,
+            rec_seen: 0,
+            rec_skipped: false,
+            info_rmid: [0; 2],
+            done: false,
+        }
+    }
+
+    /// Scan what `seg` (the segment from its start) holds beyond what was scanned: the
+    /// offset just past the last record there that a synchronous commit waits for (commit,
+    /// prepare, commit or abort of a prepared transaction), if any.
+    pub fn scan(&mut self, seg: &[u8]) -> Option<usize> {
+        let mut last = None;
+        while !self.done && self.pos < seg.len() {
+            let in_page = self.pos % self.page_size;
+            if in_page == 0 {
+                // A page header, whole, before anything else on the page.
+                let long = u16_at_checked(seg, self.pos + 2).map(|i| i & XLP_LONG_HEADER != 0);
+                let Some(long) = long else { break };
+                let header = if long { LONG_PHD } else { SHORT_PHD };
+                if seg.len() < self.pos + header {
+                    break;
+                }
+                if self.pos == 0 && u16_at(seg, 2) & XLP_FIRST_IS_CONTRECORD != 0 {
+                    // The end of a record begun in the previous segment.
+                    self.rec_len = u32_at(seg, 16) as usize;
+                    self.rec_seen = 0;
+                    self.rec_skipped = true;
+                }
+                self.pos += header;
+                continue;
+            }
+            if self.rec_len == 0 {
+                // A record starts here; its length is always on this page.
+                if seg.len() < self.pos + 4 {
+                    break;
+                }
+                let len = u32_at(seg, self.pos) as usize;
+                if len < RECORD_HEADER {
+                    self.done = true; // end of written WAL, or padding after a switch
+                    break;
+                }
+                (self.rec_len, self.rec_seen, self.rec_skipped) = (len, 0, false);
+            }
+            let page_end = self.pos - in_page + self.page_size;
+            let n = (self.rec_len - self.rec_seen)
+                .min(page_end - self.pos)
+                .min(seg.len() - self.pos);
+            for (i, slot) in self.info_rmid.iter_mut().enumerate() {
+                let at = 16 + i;
+                if !self.rec_skipped && (self.rec_seen..self.rec_seen + n).contains(&at) {
+                    *slot = seg[self.pos + at - self.rec_seen];
+                }
+            }
+            self.pos += n;
+            self.rec_seen += n;
+            if self.rec_seen == self.rec_len {
+                let [info, rmid] = self.info_rmid;
+                // XLOG_XACT_OPMASK: COMMIT 0x00, PREPARE 0x10, COMMIT_PREPARED 0x30,
+                // ABORT_PREPARED 0x40.
+                if !self.rec_skipped
+                    && rmid == RM_XACT
+                    && matches!(info & 0x70, 0x00 | 0x10 | 0x30 | 0x40)
+                {
+                    last = Some(self.pos);
+                }
+                self.rec_len = 0;
+                self.pos = align8(self.pos).min(page_end);
+            }
+        }
+        last
+    }
+}
+
+fn u16_at_checked(b: &[u8], o: usize) -> Option<u16> {
+    (b.len() >= o + 2).then(|| u16_at(b, o))
+}

@@ -4,7 +4,8 @@
 //! continue across pages, CRC-32C), then decoded as they are and after random damage.
 
 use pgstrata_pg::wal::{
-    decode_segment, decode_segment_until, page_magic, RelFork, SegmentChanges, SegmentDecoder,
+    decode_segment, decode_segment_until, page_magic, CommitScanner, RelFork, SegmentChanges,
+    SegmentDecoder,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -60,16 +61,23 @@ fn page_header(seg: &mut [u8], page: usize, rem_len: usize) {
 /// Lay records out over `pages` pages; returns the segment and how many records it holds
 /// whole.
 fn segment(records: &[Vec<u8>], pages: usize) -> (Vec<u8>, usize) {
+    let (seg, ends) = layout(records, pages);
+    (seg, ends.len())
+}
+
+/// Lay records out over `pages` pages; returns the segment and the offset just past each
+/// record it holds whole.
+fn layout(records: &[Vec<u8>], pages: usize) -> (Vec<u8>, Vec<usize>) {
     let mut seg = vec![0u8; pages * PAGE];
     page_header(&mut seg, 0, 0);
-    let (mut page, mut pos, mut whole) = (0, 40, 0);
+    let (mut page, mut pos, mut ends) = (0, 40, Vec::new());
     for rec in records {
         let mut written = 0;
         while written < rec.len() {
             if pos == PAGE {
                 page += 1;
                 if page == pages {
-                    return (seg, whole);
+                    return (seg, ends);
                 }
                 let rem = if written > 0 { rec.len() - written } else { 0 };
                 page_header(&mut seg, page, rem);
@@ -81,10 +89,10 @@ fn segment(records: &[Vec<u8>], pages: usize) -> (Vec<u8>, usize) {
             written += n;
             pos += n;
         }
+        ends.push(page * PAGE + pos);
         pos = (pos + 7) & !7;
-        whole += 1;
     }
-    (seg, whole)
+    (seg, ends)
 }
 
 fn block_ref() -> impl Strategy<Value = BlockRef> {
@@ -105,6 +113,38 @@ fn any_record() -> impl Strategy<Value = Vec<u8>> {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// The commit scanner, given a segment as it grows by pieces of any length, reports
+    /// the end of the last commit (or prepare) record that each piece completes, and
+    /// nothing for other records.
+    #[test]
+    fn the_commit_scanner_finds_every_commit_end(
+        kinds in prop::collection::vec((prop::sample::select(vec![0u8, 1, 2, 10]), any::<u8>(), 0usize..9000), 1..30),
+        cuts in prop::collection::vec(1usize..4 * PAGE, 0..12),
+    ) {
+        let records: Vec<Vec<u8>> = kinds
+            .iter()
+            .map(|&(rmid, info, len)| record(rmid, info, &[], &vec![7u8; len]))
+            .collect();
+        let (seg, ends) = layout(&records, 4);
+        let commit_ends: Vec<usize> = ends
+            .iter()
+            .zip(&kinds)
+            .filter(|(_, &(rmid, info, _))| rmid == 1 && matches!(info & 0x70, 0x00 | 0x10 | 0x30 | 0x40))
+            .map(|(&end, _)| end)
+            .collect();
+        let mut cuts = cuts;
+        cuts.push(seg.len());
+        cuts.sort();
+        cuts.dedup();
+        let mut scanner = CommitScanner::new(PAGE);
+        let mut from = 0;
+        for cut in cuts {
+            let expected = commit_ends.iter().filter(|&&e| e > from && e <= cut).max().copied();
+            prop_assert_eq!(scanner.scan(&seg[..cut]), expected, "bytes {}..{}", from, cut);
+            from = cut;
+        }
+    }
 
     /// Well-formed segments decode, counting every whole record.
     #[test]
@@ -234,4 +274,23 @@ fn a_commit_record_announcing_missing_counts_is_refused() {
     let (seg, _) = segment(&[rec], 1);
     let err = decode_segment(&seg, MAJOR, PAGE).unwrap_err().to_string();
     assert!(err.contains("runs past the end"), "{err}");
+}
+
+/// A segment that starts with the end of a record begun in the previous one: the
+/// continuation (here across a page boundary) is passed over, the commit after it found.
+#[test]
+fn the_commit_scanner_passes_over_a_continued_record() {
+    let mut seg = vec![0u8; 2 * PAGE];
+    let cont = PAGE + 100 - 40;
+    page_header(&mut seg, 0, cont);
+    page_header(&mut seg, 1, cont - (PAGE - 40));
+    // Continuation bytes that would read as a commit record if taken for one.
+    let fake = record(1, 0, &[], &[1; 50]);
+    seg[40..40 + fake.len()].copy_from_slice(&fake);
+    let commit = record(1, 0, &[], &[9; 30]);
+    let at = PAGE + 24 + (cont - (PAGE - 40)).next_multiple_of(8);
+    seg[at..at + commit.len()].copy_from_slice(&commit);
+    let mut scanner = CommitScanner::new(PAGE);
+    assert_eq!(scanner.scan(&seg[..PAGE]), None);
+    assert_eq!(scanner.scan(&seg), Some(at + commit.len()));
 }

@@ -139,6 +139,51 @@ async fn a_streamed_object_appears_whole_on_commit_or_not_at_all() {
     assert!(s.stream_new("st/backup/x/pack/0-0").unwrap().is_none());
 }
 
+/// Staged objects (a copy's packs) are invisible until published together; publishing
+/// never replaces an object (it says which were there), and a staged object dropped
+/// unpublished leaves no file. Object stores stage nothing.
+#[tokio::test]
+async fn staged_objects_appear_on_publish_and_never_replace_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::local(dir.path()).unwrap();
+    s.put_new("st/backup/x/pack/0-1", Bytes::from_static(b"first"))
+        .await
+        .unwrap();
+    let a = s
+        .stage_new("st/backup/x/pack/0-0", b"staged zero")
+        .unwrap()
+        .expect("local stages");
+    let b = s
+        .stage_new("st/backup/x/pack/0-1", b"staged one")
+        .unwrap()
+        .unwrap();
+    let dropped = s
+        .stage_new("st/backup/x/pack/0-2", b"never")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        s.list("st/backup/x/").await.unwrap().len(),
+        1,
+        "invisible while staged"
+    );
+    drop(dropped);
+    assert_eq!(s.publish_staged(vec![a, b]).unwrap(), [true, false]);
+    assert_eq!(
+        &s.get("st/backup/x/pack/0-0").await.unwrap()[..],
+        b"staged zero"
+    );
+    assert_eq!(&s.get("st/backup/x/pack/0-1").await.unwrap()[..], b"first");
+    let files: Vec<String> = walkdir(dir.path())
+        .into_iter()
+        .map(|f| f.strip_prefix(dir.path()).unwrap().display().to_string())
+        .collect();
+    assert_eq!(files, ["st/backup/x/pack/0-0", "st/backup/x/pack/0-1"]);
+
+    let s = Storage::from_store(Arc::new(object_store::memory::InMemory::new()), "memory");
+    assert!(s.stage_new("st/backup/x/pack/0-0", b"x").unwrap().is_none());
+    assert!(s.publish_staged(Vec::new()).unwrap().is_empty());
+}
+
 /// Every file under `dir`, sorted.
 fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();

@@ -7,10 +7,15 @@
 //!
 //! - the segment being received as create-only pieces `<segment>.<start>-<end>.receive.partial`
 //!   (the segment's bytes `start..end`, in the same object format as archive-push's, its
-//!   hash and header), written every `wal-receive-flush-interval` and, in synchronous
-//!   mode, each time the stream pauses (after a commit, the server waits for us: the
-//!   stream pauses). A piece holds what came since the last one, so a commit waits for a
-//!   write of its own bytes, not of the segment so far; every flush interval (or 32
+//!   hash and header), written when received WAL has waited `wal-receive-flush-interval`
+//!   and when a transaction commit was streamed: in synchronous mode at once (the commit
+//!   waits for it; the write is made when the stream pauses, which it does when every
+//!   backend waits, and at the latest 2 ms after the commit arrived under a stream that
+//!   goes on), else when nothing was written for a flush interval (so a quiet
+//!   cluster's last commit is stored at once, and a busy one's writes stay one an
+//!   interval). Commits are found by reading record headers as the bytes arrive
+//!   ([`CommitScanner`]). A piece holds what came since the last one, so a commit waits
+//!   for a write of its own bytes, not of the segment so far; every flush interval (or 32
 //!   pieces) a piece holds the whole segment so far and the pieces before it go;
 //! - a completed segment as the ordinary WAL object with its block-change map, exactly
 //!   what archive-push stores (so an archive-push of it afterwards is a no-op, and both
@@ -32,6 +37,7 @@ use crate::replication::{Replication, Streamed};
 use crate::wal_archive::{prepare_bytes, received_pieces, store_prepared_all, ReceiverStatus};
 use crate::{open_stanza, Error, ErrorKind, Result, Settings};
 use pgstrata_pg::lsn::{self, Lsn};
+use pgstrata_pg::wal::CommitScanner;
 use pgstrata_repo::stanza::StanzaInfo;
 use pgstrata_repo::{layout, wal_object, Storage};
 use std::time::{Duration, Instant};
@@ -41,7 +47,7 @@ use std::time::{Duration, Instant};
 pub struct WalReceiveOptions {
     /// Longest time received WAL waits before the partial segment is written.
     pub flush_interval: Duration,
-    /// Write and report each pause of the stream at once (for synchronous replication).
+    /// Write and report each streamed commit at once (for synchronous replication).
     pub synchronous: bool,
 }
 
@@ -159,11 +165,22 @@ struct Segment {
     stored: usize,
     /// When the first byte not stored arrived.
     waiting_since: Option<Instant>,
+    /// Finds the commits in `bytes`; when the first commit not stored arrived.
+    commits: CommitScanner,
+    commit_since: Option<Instant>,
+    /// When WAL was last written to the repositories.
+    written_at: Instant,
     /// The pieces written since the last whole one (that one first), by name.
     pieces: Vec<String>,
     /// When the last whole piece was written.
     whole_at: Instant,
 }
+
+/// WAL page size (XLOG_BLCKSZ): 8 kB in every build this tool supports.
+const WAL_PAGE: usize = 8192;
+
+/// Longest a streamed commit waits in synchronous mode while more WAL keeps arriving.
+const SYNC_BATCH: Duration = Duration::from_millis(2);
 
 /// Pieces after a whole one before the next piece is whole again.
 const MAX_PIECES: usize = 32;
@@ -260,6 +277,12 @@ impl Receiver {
             bytes: Vec::with_capacity(seg_size as usize),
             stored: 0,
             waiting_since: None,
+            commits: CommitScanner::new(WAL_PAGE),
+            commit_since: None,
+            // Nothing written for a flush interval: the first commit is written at once.
+            written_at: Instant::now()
+                .checked_sub(self.o.flush_interval)
+                .unwrap_or_else(Instant::now),
             pieces: Vec::new(),
             whole_at: Instant::now(),
         };
@@ -329,7 +352,16 @@ impl Receiver {
             let due = seg
                 .waiting_since
                 .is_some_and(|t| t.elapsed() >= self.o.flush_interval)
-                || (self.o.synchronous && seg.waiting_since.is_some() && !conn.has_buffered());
+                || (self.o.synchronous && seg.waiting_since.is_some() && !conn.has_buffered())
+                || seg.commit_since.is_some_and(|t| {
+                    if self.o.synchronous {
+                        // The commit waits for us: at the latest after a moment under a
+                        // stream that never pauses (a pause writes at once, above).
+                        t.elapsed() >= SYNC_BATCH
+                    } else {
+                        seg.written_at.elapsed() >= self.o.flush_interval
+                    }
+                });
             if due {
                 self.store_partial(seg).await?;
                 at.flushed = Lsn(seg.segno * seg_size + seg.stored as u64);
@@ -434,6 +466,9 @@ impl Receiver {
             seg.bytes.extend_from_slice(&data[..n]);
             data = &data[n..];
             seg.waiting_since.get_or_insert_with(Instant::now);
+            if seg.commits.scan(&seg.bytes).is_some() {
+                seg.commit_since.get_or_insert_with(Instant::now);
+            }
             if seg.bytes.len() == seg_size as usize {
                 let name = seg.name(seg_size);
                 let full = std::mem::replace(&mut seg.bytes, Vec::with_capacity(seg_size as usize));
@@ -442,6 +477,9 @@ impl Receiver {
                 seg.segno += 1;
                 seg.stored = 0;
                 seg.waiting_since = None;
+                seg.commits = CommitScanner::new(WAL_PAGE);
+                seg.commit_since = None;
+                seg.written_at = Instant::now();
                 seg.pieces.clear();
             }
         }
@@ -491,7 +529,7 @@ impl Receiver {
     /// a reader chains few pieces and a synchronous commit waits for its own bytes only.
     async fn store_partial(&self, seg: &mut Segment) -> Result<()> {
         if seg.bytes.len() == seg.stored {
-            seg.waiting_since = None;
+            (seg.waiting_since, seg.commit_since) = (None, None);
             return Ok(());
         }
         let name = seg.name(self.seg_size());
@@ -529,7 +567,8 @@ impl Receiver {
         }
         seg.pieces.push(piece);
         seg.stored = end;
-        seg.waiting_since = None;
+        (seg.waiting_since, seg.commit_since) = (None, None);
+        seg.written_at = Instant::now();
         Ok(())
     }
 }
@@ -554,6 +593,9 @@ mod tests {
                 bytes: Vec::new(),
                 stored: 0,
                 waiting_since: None,
+                commits: CommitScanner::new(WAL_PAGE),
+                commit_since: None,
+                written_at: Instant::now(),
                 pieces: Vec::new(),
                 whole_at: Instant::now(),
             }

@@ -45,7 +45,7 @@ use pgstrata_repo::manifest::{check_part, list_backups, Entry, FileEntry, Manife
 use pgstrata_repo::{layout, wal_object, Storage};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 mod reseal;
 
@@ -290,6 +290,17 @@ type Frame = (u64, u32, u64);
 
 impl Job {
     async fn run(&mut self, o: &CopyOptions, archive_id: &str) -> Result<()> {
+        // Packs a killed copy staged and never published: every writer of backups holds
+        // the stanza lock this copy holds, so none is a write in progress.
+        let stale = self
+            .dst
+            .remove_stale_staging(&format!("{}/backup/", self.stanza), Duration::ZERO)?;
+        if !stale.is_empty() {
+            log::info!(
+                "removed {} staging file(s) an interrupted copy or backup left",
+                stale.len()
+            );
+        }
         self.target = self
             .dst
             .list(&format!("{}/", self.stanza))
@@ -493,16 +504,35 @@ impl Job {
         let (src, dst, to_repo) = (&self.src, &self.dst, self.to_repo);
         let mut moved = futures::stream::iter(todo)
             .map(|(key, frames, stored)| async move {
-                let m = transfer_pack(src, dst, &key, frames, to_repo).await?;
+                let m = transfer_pack(src, dst, key, frames.to_vec(), to_repo).await?;
                 Ok::<_, Error>((m, stored))
             })
             .buffer_unordered(self.in_flight);
         let mut done = Vec::new();
+        let mut staged = Vec::new();
         while let Some((m, stored)) = moved.try_next().await? {
             self.progress.counters.add(stored, 1);
-            done.push(m);
+            match m {
+                Transferred::Moved(m) => done.push(m),
+                Transferred::Staged(key, object) => staged.push((key, object)),
+            }
         }
         drop(moved);
+        // A local target: every pack written, one syncfs makes them all durable before
+        // they appear (the manifest follows them).
+        let (keys, objects): (Vec<_>, Vec<_>) = staged.into_iter().unzip();
+        let lens: Vec<u64> = objects.iter().map(|o| o.len()).collect();
+        let dst = self.dst.clone();
+        let published = tokio::task::spawn_blocking(move || dst.publish_staged(objects))
+            .await
+            .expect("publish thread")?;
+        for ((key, len), published) in keys.into_iter().zip(lens).zip(published) {
+            done.push(if published {
+                Moved::Written(key, len)
+            } else {
+                Moved::There
+            });
+        }
         for m in done {
             self.count(m);
         }
@@ -605,22 +635,45 @@ impl Job {
 
 /// Copy pack `key` as stored, after checking each of `frames` in it (and, in an encrypted
 /// stanza, opening it with the target's keys).
+/// A pack taken from the source: written, or (a local target) staged for
+/// [`Storage::publish_staged`].
+enum Transferred {
+    Moved(Moved),
+    Staged(String, pgstrata_repo::storage::StagedObject),
+}
+
+/// Read pack `key`, check every frame `frames` lists (and, into an encrypted target, that
+/// it opens), and write it as stored: to a staging file where the target is a local
+/// directory, else create-only.
 async fn transfer_pack(
     src: &Storage,
     dst: &Storage,
-    key: &str,
-    frames: &[Frame],
+    key: String,
+    frames: Vec<Frame>,
     to_repo: u8,
-) -> Result<Moved> {
-    let bytes = src.get_unsealed(key).await?;
-    let mut opened = Vec::new();
-    for &(offset, len, check) in frames {
-        let frame = checked_frame(&bytes, key, (offset, len, check), to_repo)?;
-        if let Some(cipher) = dst.cipher() {
-            cipher.open_frame_into(key, offset, frame, &mut opened, key)?;
+) -> Result<Transferred> {
+    let bytes = src.get_unsealed(&key).await?;
+    let checker = dst.clone();
+    // Checking (and staging) on a thread of its own: the packs in flight use every core.
+    let (key, bytes, staged) = tokio::task::spawn_blocking(move || -> Result<_> {
+        let mut opened = Vec::new();
+        for &(offset, len, check) in &frames {
+            let frame = checked_frame(&bytes, &key, (offset, len, check), to_repo)?;
+            if let Some(cipher) = checker.cipher() {
+                cipher.open_frame_into(&key, offset, frame, &mut opened, &key)?;
+            }
         }
+        let staged = checker.stage_new(&key, &bytes)?;
+        Ok((key, bytes, staged))
+    })
+    .await
+    .expect("pack check thread")?;
+    match staged {
+        Some(object) => Ok(Transferred::Staged(key, object)),
+        None => put_as_stored(dst, &key, bytes)
+            .await
+            .map(Transferred::Moved),
     }
-    put_as_stored(dst, key, bytes).await
 }
 
 /// Frame `(offset, len, check)` of pack `key` (stored as `bytes`), checked.
