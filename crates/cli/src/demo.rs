@@ -211,6 +211,7 @@ fn restore_options(label: &str, archive_get_command: String) -> RestoreOptions {
         db_include: vec![],
         db_exclude: vec![],
         recovery_options: vec![],
+        instant: false,
     }
 }
 

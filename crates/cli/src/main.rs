@@ -149,6 +149,15 @@ fn run(inv: &args::Invocation) -> Result<i32, Error> {
         Command::Verify(r) => verify(&r),
         Command::KeyAdd(k) => key_add(&k),
         Command::Copy(c) => copy(&c),
+        Command::InstantStatus {
+            pg_path,
+            wait,
+            output,
+        } => {
+            let status = pgstrata_engine::instant::instant_status(&pg_path, wait)?;
+            print_report(output, &status, pgstrata_engine::instant::render_status);
+            Ok(0)
+        }
         Command::WalReceive { repos, options } => {
             let repos = repos.selected_first();
             runtime(2).block_on(pgstrata_engine::commands::wal_receive::wal_receive(
@@ -347,6 +356,14 @@ fn apply_retention(repo: &Repo, rt: &tokio::runtime::Runtime) -> Result<(), Erro
 fn restore(r: &Restore) -> Result<i32, Error> {
     let s = &r.repos.selected().settings;
     let opts = &r.options;
+    if opts.instant {
+        return restore_instant(r);
+    }
+    if r.resume || r.foreground {
+        return Err(Error::config(
+            "--resume and --instant-foreground go with --instant",
+        ));
+    }
     if opts.dry_run {
         let (plan, settings) =
             runtime(2).block_on(pgstrata_engine::commands::restore::plan(s, opts))?;
@@ -364,6 +381,131 @@ fn restore(r: &Restore) -> Result<i32, Error> {
         r.label, r.counts.files_written, r.counts.files_patched, r.counts.files_kept, r.counts.files_zeroed, r.removed, r.counts.bytes_fetched
     );
     Ok(0)
+}
+
+/// `restore --instant`: restore all but the deferred files (unless resuming), then serve
+/// them from a background process (or this one, `--instant-foreground`).
+fn restore_instant(r: &Restore) -> Result<i32, Error> {
+    use pgstrata_engine::instant;
+    let s = &r.repos.selected().settings;
+    let opts = &r.options;
+    if opts.delta || opts.dry_run {
+        return Err(Error::config(
+            "--instant restores into an empty data directory: not with --delta or --dry-run",
+        ));
+    }
+    if nix::unistd::geteuid().is_root() {
+        return Err(Error::config(
+            "restore --instant mounts a FUSE filesystem that only its user can enter: run it as the cluster's OS user (e.g. sudo -u postgres pgstrata ...), not as root",
+        ));
+    }
+    let pg_path = s
+        .pg_path
+        .clone()
+        .ok_or_else(|| Error::config("restore needs pg-path"))?;
+    if r.foreground {
+        runtime(s.process_max.get() + 2).block_on(instant::serve(s, &pg_path))?;
+        return Ok(0);
+    }
+    if !r.resume {
+        let report = runtime(s.process_max.get())
+            .block_on(pgstrata_engine::commands::restore::restore(s, opts))?;
+        println!(
+            "restored backup {}: {} files written, {} zeroed, {} deferred (served on demand); {} bytes fetched",
+            report.label,
+            report.counts.files_written,
+            report.counts.files_zeroed,
+            report.counts.files_deferred,
+            report.counts.bytes_fetched
+        );
+    }
+    let (pid, log) = start_instant_server(r, &pg_path)?;
+    println!(
+        "serving the deferred files from process {pid} (log {}); the data directory can be started now; follow it with: pgstrata instant-status --pg-path={}",
+        log.display(),
+        pg_path.display()
+    );
+    Ok(0)
+}
+
+/// Start this restore again as the serving process (`--instant-foreground`, in a session
+/// of its own, its output to the log) and wait until it serves: its pid and log.
+fn start_instant_server(
+    r: &Restore,
+    pg_path: &std::path::Path,
+) -> Result<(u32, std::path::PathBuf), Error> {
+    use std::os::unix::process::CommandExt;
+    let s = &r.repos.selected().settings;
+    let dir = pgstrata_engine::instant::instant_dir(pg_path)?;
+    let open = |p: &std::path::Path| {
+        std::fs::create_dir_all(p.parent().expect("a directory")).and_then(|()| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+        })
+    };
+    // Beside the instant directory's other files when log-path cannot be written.
+    let mut log = r.log_path.join(format!("{}-instant.log", s.stanza));
+    let out = match open(&log) {
+        Ok(f) => f,
+        Err(_) => {
+            log = dir.join("serve.log");
+            open(&log).map_err(|e| Error::io(format!("open {}", log.display()), e))?
+        }
+    };
+    let err = out
+        .try_clone()
+        .map_err(|e| Error::io(format!("open {}", log.display()), e))?;
+    let exe = std::env::current_exe().map_err(|e| Error::io("find this program", e))?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    args.push("--instant-foreground".into());
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    // SAFETY: setsid only detaches the child from the terminal's session; nothing else
+    // runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::io("start the instant restore's process", e))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        if let Ok(st) = pgstrata_engine::instant::instant_status(pg_path, false) {
+            if st.pid == child.id() {
+                return Ok((child.id(), log));
+            }
+        }
+        if let Some(code) = child.try_wait().map_err(|e| Error::io("wait", e))? {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+            return Err(Error::new(
+                pgstrata_engine::ErrorKind::Io,
+                format!(
+                    "the instant restore's process stopped ({code}) before serving: {}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+                ),
+            ));
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            return Err(Error::new(
+                pgstrata_engine::ErrorKind::Io,
+                format!(
+                    "the instant restore's process did not start serving within 120 s (log {})",
+                    log.display()
+                ),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 fn restore_test(r: &RestoreTest) -> Result<i32, Error> {

@@ -13,6 +13,7 @@ mod copy;
 mod encryption;
 mod immutable;
 mod incremental;
+mod instant;
 mod manifest;
 mod monitoring;
 mod multi_repo;

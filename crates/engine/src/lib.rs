@@ -32,6 +32,7 @@ mod db;
 pub mod encryption;
 mod error;
 mod garbage;
+pub mod instant;
 mod local_cluster;
 mod lock;
 mod owner;
@@ -68,7 +69,7 @@ mod layers {
         &["settings", "walk"],
         &["db", "encryption"],
         &["replication"],
-        &["local_cluster", "wal_archive", "garbage"],
+        &["local_cluster", "wal_archive", "garbage", "instant"],
         &["track", "data_restore", "vanished"],
         &["reports"],
     ];

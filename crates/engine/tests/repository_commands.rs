@@ -567,6 +567,7 @@ fn restore_options(set: &str) -> RestoreOptions {
         db_include: vec![],
         db_exclude: vec![],
         recovery_options: vec![],
+        instant: false,
     }
 }
 

@@ -94,6 +94,11 @@ pub(crate) enum Command {
     Verify(Verify),
     Copy(Copy),
     /// `wal-receive`: every configured repository.
+    InstantStatus {
+        pg_path: PathBuf,
+        wait: bool,
+        output: ReportOutput,
+    },
     WalReceive {
         repos: Repos,
         options: pgstrata_engine::commands::wal_receive::WalReceiveOptions,
@@ -221,6 +226,12 @@ pub(crate) struct Backup {
 pub(crate) struct Restore {
     pub(crate) repos: Repos,
     pub(crate) options: RestoreOptions,
+    /// `--instant --resume`: serve an interrupted instant restore again.
+    pub(crate) resume: bool,
+    /// `--instant-foreground`: serve in this process.
+    pub(crate) foreground: bool,
+    /// Where the serving process's log goes.
+    pub(crate) log_path: PathBuf,
 }
 
 pub(crate) struct RestoreTest {

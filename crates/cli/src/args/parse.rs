@@ -85,6 +85,12 @@ pub(crate) fn command(inv: &Invocation) -> Result<Command, Error> {
             },
             output: inv.choice("output"),
         }),
+        "instant-status" => Command::InstantStatus {
+            pg_path: path(inv, "pg-path")
+                .ok_or_else(|| Error::config("instant-status needs --pg-path"))?,
+            wait: inv.flag("wait"),
+            output: inv.choice("output"),
+        },
         "wal-receive" => Command::WalReceive {
             repos: repos(inv)?,
             options: pgstrata_engine::commands::wal_receive::WalReceiveOptions {
@@ -546,9 +552,16 @@ fn restore(inv: &Invocation) -> Result<Restore, Error> {
         link_map,
         target_action: inv.choice_opt("target-action"),
         archive_off: inv.text("archive-mode") == "off",
+        instant: inv.flag("instant"),
         ..recovery_options(inv, &repos.selected().settings)
     };
-    Ok(Restore { repos, options })
+    Ok(Restore {
+        repos,
+        options,
+        resume: inv.flag("resume"),
+        foreground: inv.flag("instant-foreground"),
+        log_path: PathBuf::from(inv.text("log-path")),
+    })
 }
 
 /// A name postgresql.conf takes as a setting's key (`work_mem`, `myext.level`).
@@ -596,6 +609,7 @@ fn recovery_options(inv: &Invocation, s: &Settings) -> RestoreOptions {
         db_include: inv.list("db-include").to_vec(),
         db_exclude: inv.list("db-exclude").to_vec(),
         recovery_options: vec![],
+        instant: false,
     }
 }
 
@@ -738,6 +752,7 @@ mod tests {
             "archive-push" => "pg_wal/000000010000000000000001",
             "archive-get" => "000000010000000000000001 pg_wal/RECOVERYXLOG",
             "key-remove" => "--key-id=k1",
+            "instant-status" => "--pg-path=/tmp/instant",
             "annotate" => "--set=20261128-010000F",
             _ => "",
         };
@@ -752,7 +767,7 @@ mod tests {
             // Resolution itself reads --config (before any option can be looked up).
             _ if option == "config" => true,
             // No repository, no ssh.
-            "help" | "completions" | "version" | "demo" => option == "cmd-ssh",
+            "help" | "completions" | "version" | "demo" | "instant-status" => option == "cmd-ssh",
             // `agent repo` serves a local directory: repo-path; the agent's other
             // repository options are accepted (the forced command may share the backup
             // host's settings) and have no use there.

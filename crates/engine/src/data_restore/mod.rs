@@ -127,6 +127,8 @@ pub struct RestoreOptions {
     /// `recovery-option=KEY=VALUE`: more settings for postgresql.auto.conf, in order; one
     /// of pgstrata's own keys given here replaces pgstrata's value.
     pub recovery_options: Vec<(String, String)>,
+    /// `--instant`: large relation files are served on demand (`crate::instant`).
+    pub instant: bool,
 }
 
 #[derive(Debug, Default)]
@@ -154,6 +156,8 @@ pub struct RestoreCounts {
     /// Relation files of databases left out (`--db-include`, `--db-exclude`), written as
     /// sparse zeroed files.
     pub files_zeroed: u64,
+    /// Instant restore: relation files left to be served on demand.
+    pub files_deferred: u64,
     pub bytes_written: u64,
     /// Bytes read from the repository.
     pub bytes_fetched: u64,
@@ -161,7 +165,7 @@ pub struct RestoreCounts {
 
 impl RestoreCounts {
     fn add(&mut self, o: RestoreCounts) {
-        crate::add_fields!(self += o; files_written, files_patched, files_kept, files_zeroed, bytes_written, bytes_fetched);
+        crate::add_fields!(self += o; files_written, files_patched, files_kept, files_zeroed, files_deferred, bytes_written, bytes_fetched);
     }
 }
 
@@ -270,6 +274,10 @@ fn execute(
     };
     report.removed += prepare_targets(plan, &tree, &runtime, o.recovery_type)?;
     let chown = running_as_root();
+    let deferring = o
+        .instant
+        .then(|| crate::instant::Deferring::prepare(&plan.pg_path))
+        .transpose()?;
     let (files, bytes) = plan.manifest.files();
     let limit = crate::progress::repository_limit(storage);
     let progress = Progress::start("restore", bytes, files, limit);
@@ -282,6 +290,7 @@ fn execute(
         delta: plan.mode == WriteMode::Delta,
         selection: &plan.selection,
         chown,
+        instant: deferring.as_ref(),
         counters: &counters,
     };
     let mut tallies = Vec::new();
@@ -319,6 +328,9 @@ fn execute(
     });
     let root_ids = root_owner.and_then(|owner| layout.ids(&owner));
     recovery::write_recovery_files(&tree, m, o, root_ids, preserved.as_deref())?;
+    if let Some(d) = &deferring {
+        d.finish(&m.label, &plan.pg_path)?;
+    }
     // Everything but pg_control made durable at once (files are not fsynced one by one),
     // then pg_control, under a temporary name fsynced and renamed into place.
     tree.sync_filesystems()?;

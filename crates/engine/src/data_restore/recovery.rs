@@ -193,6 +193,7 @@ mod tests {
             db_include: vec![],
             db_exclude: vec![],
             recovery_options: vec![],
+            instant: false,
         }
     }
 

@@ -426,6 +426,15 @@ impl TargetTree {
         unreachable!("the loop returns on its second attempt")
     }
 
+    /// Put a symbolic link to `target` at `rel` (an instant restore's deferred file; the
+    /// directory is new, so nothing is there).
+    pub fn create_symlink(&self, rel: &str, target: &Path, cache: &mut ParentCache) -> Result<()> {
+        let parent = self.parent(rel, cache)?;
+        let name = base_name(rel);
+        rustix::fs::symlinkat(target, &parent.fd, name)
+            .map_err(|e| io_err("link", &parent.path.join(name), e))
+    }
+
     /// Open an existing regular file of its own for reading (`write: false`) or for
     /// patching in place; `None` when there is none (nothing, a link, a directory, a
     /// hard-linked file...): the caller then writes the file whole, replacing what is there.

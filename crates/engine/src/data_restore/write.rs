@@ -37,6 +37,8 @@ pub(super) struct Shared<'a> {
     pub selection: &'a super::selective::Selection,
     /// Running as root: give files to their recorded owners.
     pub chown: bool,
+    /// An instant restore: large relation files are deferred (`crate::instant`).
+    pub instant: Option<&'a crate::instant::Deferring>,
     pub counters: &'a crate::progress::Counters,
 }
 
@@ -119,13 +121,15 @@ enum Action {
     Patch(Vec<(u64, Chunk)>, PieceCheck),
     /// A sparse zeroed file of the recorded size (selective restore): nothing read.
     Zero,
+    /// Instant restore: a link to the file served on demand, its backing file sized.
+    Defer,
 }
 
 impl Action {
     /// The extents this action reads from the repository.
     fn needed<'a>(&'a self, f: &'a FileEntry) -> Box<dyn Iterator<Item = &'a Chunk> + 'a> {
         match self {
-            Action::Keep | Action::Zero => Box::new(std::iter::empty()),
+            Action::Keep | Action::Zero | Action::Defer => Box::new(std::iter::empty()),
             Action::Write => Box::new(f.chunks.iter()),
             Action::Patch(extents, _) => Box::new(extents.iter().map(|(_, c)| c)),
         }
@@ -135,6 +139,11 @@ impl Action {
 fn decide(sh: &Shared, w: &mut Worker, f: &FileEntry) -> Result<Action> {
     if sh.selection.is_zeroed(&f.path) {
         return Ok(Action::Zero);
+    }
+    if sh.instant.is_some()
+        && crate::instant::defers(&f.path, f.size, f.chunks.iter().map(|c| c.raw))
+    {
+        return Ok(Action::Defer);
     }
     if !sh.delta {
         return Ok(Action::Write);
@@ -189,6 +198,13 @@ fn restore_one(sh: &Shared, w: &mut Worker, f: &FileEntry, action: Action) -> Re
             fh.set_len(f.size)
                 .map_err(|e| Error::io(format!("extend {}", path.display()), e))?;
             w.tally.files_zeroed += 1;
+            fh
+        }
+        Action::Defer => {
+            let deferring = sh.instant.expect("deferred in an instant restore");
+            let (fh, target) = deferring.add(&f.path, f.size)?;
+            sh.tree.create_symlink(&f.path, &target, &mut w.cache)?;
+            w.tally.files_deferred += 1;
             fh
         }
         Action::Write => {
@@ -537,7 +553,7 @@ mod tests {
             Some(at)
         });
         match action {
-            Action::Keep | Action::Zero => Vec::new(),
+            Action::Keep | Action::Zero | Action::Defer => Vec::new(),
             Action::Write => starts
                 .zip(&f.chunks)
                 .filter(|(_, c)| !c.is_zero())
@@ -557,7 +573,7 @@ mod tests {
         match action {
             Action::Keep => local.expect("kept a file that is there").to_vec(),
             Action::Zero => vec![0; backup.len()],
-            Action::Write => backup.to_vec(),
+            Action::Write | Action::Defer => backup.to_vec(),
             Action::Patch(extents, _) => {
                 let mut out = local.expect("patched a file that is there").to_vec();
                 for (at, c) in extents {

@@ -1,0 +1,123 @@
+//! `restore --instant`: PostgreSQL starts on the data directory while its large relation
+//! files are still in the repository, answers queries (each block fetched the first time
+//! it is read), and ends with ordinary files equal to the source once hydrated.
+
+use crate::common::*;
+use std::time::{Duration, Instant};
+
+/// Unmounts a leftover instant mount (a failed test) so the scratch directory can go:
+/// not even root may enter a user's FUSE mount.
+struct MountGuard(std::path::PathBuf);
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.join("mnt"))
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+fn instant_dir(target: &std::path::Path) -> std::path::PathBuf {
+    target.with_file_name(format!(
+        ".{}.pgstrata-instant",
+        target.file_name().unwrap().to_string_lossy()
+    ))
+}
+
+/// Links left in the data directory (deferred files not yet handed over).
+fn links_under(dir: &std::path::Path) -> usize {
+    let mut n = 0;
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let t = e.file_type().unwrap();
+            if t.is_symlink() {
+                n += 1;
+            } else if t.is_dir() {
+                dirs.push(e.path());
+            }
+        }
+    }
+    n
+}
+
+/// A backup restored with --instant: the cluster starts and answers while hydrating, the
+/// status reaches complete, the links are gone, and after a restart (no pgstrata
+/// process left) every table equals the source.
+#[test]
+fn an_instant_restore_answers_at_once_and_ends_with_ordinary_files() {
+    let env = Env::new("instant");
+    env.stanza_create();
+    env.pgbench_init(5);
+    env.backup(&["--type=full"]);
+    let source = env.hashes();
+    let target = env.scratch.join("instant");
+    let _guard = MountGuard(instant_dir(&target));
+    let pg_path = format!("--pg-path={}", target.display());
+    let started = Instant::now();
+    let out = env.ok(&[
+        &pg_path,
+        "--process-max=2",
+        "--archive-mode=off",
+        "--type=immediate",
+        "--target-action=promote",
+        "--instant",
+        "restore",
+    ]);
+    let restored_in = started.elapsed();
+    assert!(out.contains("deferred"), "{out}");
+    assert!(links_under(&target) > 0, "no file was deferred: {out}");
+    let c = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &target, &env.scratch.path);
+    c.start().expect("start the instantly restored cluster");
+    c.wait_for_promotion(Duration::from_secs(180))
+        .expect("recovers");
+    let count = c
+        .psql("postgres", "SELECT count(*) FROM pgbench_accounts")
+        .unwrap();
+    assert_eq!(count.trim(), "500000");
+    let answered_in = started.elapsed();
+    eprintln!("restore returned after {restored_in:?}, first answer after {answered_in:?}");
+    let status = env.ok(&[&pg_path, "--wait", "--output=json", "instant-status"]);
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v["state"], "complete", "{v}");
+    assert_eq!(v["bytes_local"], v["bytes_total"], "{v}");
+    assert_eq!(links_under(&target), 0, "every link replaced by its file");
+    assert_eq!(c.content_hashes().unwrap(), source, "while still served");
+    c.stop().unwrap();
+    // The serving process leaves once PostgreSQL closed its files.
+    let pid = v["pid"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the serving process stays after the cluster stopped"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.start().unwrap();
+    assert_eq!(c.content_hashes().unwrap(), source, "after a restart");
+    let amcheck = c
+        .bin
+        .cmd("pg_amcheck")
+        .args(["--heapallindexed", "-h"])
+        .arg(&c.socket_dir)
+        .args([
+            "-p",
+            &c.port.to_string(),
+            "-U",
+            "postgres",
+            "--all",
+            "--install-missing",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        amcheck.status.success(),
+        "pg_amcheck: {}{}",
+        String::from_utf8_lossy(&amcheck.stdout),
+        String::from_utf8_lossy(&amcheck.stderr)
+    );
+    c.stop().unwrap();
+}

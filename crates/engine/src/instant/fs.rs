@@ -1,0 +1,394 @@
+//! The FUSE filesystem of an instant restore: one flat directory whose file `<id>` is
+//! deferred file `id`, its blocks local or fetched on demand ([`Served`]).
+//!
+//! Inode 1 is the directory, `2 + id` file `id`. Only what PostgreSQL does to a relation
+//! file through its link is served: open, read, write, fsync, truncate, fallocate, stat.
+//! Names cannot be created, removed or renamed here (PostgreSQL removes the link, not the
+//! file). Mounted by the restoring user through `fusermount3`, so only that user (the
+//! cluster's owner) can enter it: not even root.
+
+use super::served::Served;
+use super::BLOCK;
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, LockOwner, OpenFlags,
+    ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long the kernel may keep attributes: sizes change only through this filesystem,
+/// but a short time keeps `stat` after a hand-over honest.
+const TTL: Duration = Duration::from_secs(1);
+
+struct InstantFs {
+    served: Arc<Served>,
+}
+
+/// Mount the filesystem of `served` at `mnt`, served by threads of their own.
+///
+/// Through `fusermount3` (setuid root; `/dev/fuse` itself may be root's alone): it mounts
+/// for the calling user and hands back the open FUSE device over a socket. Only that
+/// user can enter the mount (not even root): no `allow_other`, no `allow_root`.
+pub(super) fn mount(served: Arc<Served>, mnt: &Path) -> crate::Result<fuser::BackgroundSession> {
+    let what = |e: std::io::Error| {
+        crate::Error::io(
+            format!(
+                "mount the instant restore's filesystem at {} (fusermount3, from the fuse3 package)",
+                mnt.display()
+            ),
+            e,
+        )
+    };
+    let fd = fusermount(mnt).map_err(what)?;
+    let mut config = fuser::Config::default();
+    config.n_threads = Some(4);
+    let session = fuser::Session::from_fd(InstantFs { served }, fd, SessionACL::Owner, config)
+        .map_err(what)?;
+    session.spawn().map_err(what)
+}
+
+/// Mount `mnt` with `fusermount3` and receive the FUSE device it opened.
+fn fusermount(mnt: &Path) -> std::io::Result<OwnedFd> {
+    use nix::sys::socket::{
+        recvmsg, socketpair, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType,
+    };
+    use std::os::unix::process::CommandExt;
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    let theirs_raw = theirs.as_raw_fd();
+    let mut cmd = std::process::Command::new("fusermount3");
+    cmd.args([
+        "-o",
+        "fsname=pgstrata-instant,subtype=pgstrata,nosuid,nodev,noexec,default_permissions",
+        "--",
+    ])
+    .arg(mnt)
+    .env("_FUSE_COMMFD", theirs_raw.to_string())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    // SAFETY: only clears close-on-exec of the socket fusermount3 answers on.
+    unsafe {
+        cmd.pre_exec(move || {
+            let flags = nix::fcntl::fcntl(theirs_raw, nix::fcntl::FcntlArg::F_GETFD)?;
+            let flags =
+                nix::fcntl::FdFlag::from_bits_retain(flags) & !nix::fcntl::FdFlag::FD_CLOEXEC;
+            nix::fcntl::fcntl(theirs_raw, nix::fcntl::FcntlArg::F_SETFD(flags))?;
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    drop(theirs);
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let received = recvmsg::<()>(
+        ours.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::empty(),
+    )
+    .ok()
+    .and_then(|msg| {
+        msg.cmsgs().ok()?.find_map(|c| match c {
+            ControlMessageOwned::ScmRights(fds) => fds.first().copied(),
+            _ => None,
+        })
+    });
+    let out = child.wait_with_output()?;
+    match received {
+        // SAFETY: a descriptor fusermount3 just passed to this process, owned by no one else.
+        Some(fd) if out.status.success() => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+        _ => Err(std::io::Error::other(format!(
+            "fusermount3 {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
+fn errno(e: &crate::Error) -> Errno {
+    log::warn!("instant restore: {e}");
+    Errno::EIO
+}
+
+fn time(secs: i64, nanos: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nanos as u32)
+    } else {
+        UNIX_EPOCH
+    }
+}
+
+impl InstantFs {
+    /// The file of inode `ino`.
+    fn file(&self, ino: INodeNo) -> Result<usize, Errno> {
+        let i = ino.0.checked_sub(2).ok_or(Errno::EISDIR)? as usize;
+        if i < self.served.files.len() {
+            Ok(i)
+        } else {
+            Err(Errno::ENOENT)
+        }
+    }
+
+    fn attr(&self, ino: INodeNo) -> Result<FileAttr, Errno> {
+        let (md, kind) = if ino.0 == 1 {
+            (
+                std::fs::metadata(self.served.dir.join("store")).map_err(Errno::from)?,
+                FileType::Directory,
+            )
+        } else {
+            let i = self.file(ino)?;
+            (
+                self.served.files[i]
+                    .backing
+                    .metadata()
+                    .map_err(Errno::from)?,
+                FileType::RegularFile,
+            )
+        };
+        Ok(FileAttr {
+            ino,
+            size: md.len(),
+            blocks: md.blocks(),
+            atime: time(md.atime(), md.atime_nsec()),
+            mtime: time(md.mtime(), md.mtime_nsec()),
+            ctime: time(md.ctime(), md.ctime_nsec()),
+            crtime: time(md.ctime(), md.ctime_nsec()),
+            kind,
+            perm: (md.permissions().mode() & 0o7777) as u16,
+            nlink: if kind == FileType::Directory { 2 } else { 1 },
+            uid: md.uid(),
+            gid: md.gid(),
+            rdev: 0,
+            blksize: BLOCK as u32,
+            flags: 0,
+        })
+    }
+}
+
+impl fuser::Filesystem for InstantFs {
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let id = name.to_str().and_then(|n| n.parse::<u64>().ok());
+        match (parent.0, id) {
+            (1, Some(id)) => match self.attr(INodeNo(id + 2)) {
+                Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+                Err(e) => reply.error(e),
+            },
+            _ => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.attr(ino) {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let i = match self.file(ino) {
+            Ok(i) => i,
+            Err(e) => return reply.error(e),
+        };
+        if let Some(size) = size {
+            if let Err(e) = self.served.truncate(i, size) {
+                return reply.error(errno(&e));
+            }
+        }
+        if let Some(mode) = mode {
+            let perms = std::fs::Permissions::from_mode(mode & 0o7777);
+            if let Err(e) = self.served.files[i].backing.set_permissions(perms) {
+                return reply.error(Errno::from(e));
+            }
+        }
+        match self.attr(ino) {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.file(ino) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let i = match self.file(ino) {
+            Ok(i) => i,
+            Err(e) => return reply.error(e),
+        };
+        let f = &self.served.files[i];
+        let len = f.backing.metadata().map(|m| m.len()).unwrap_or(0);
+        let end = (offset + size as u64).min(len);
+        if end <= offset {
+            return reply.data(&[]);
+        }
+        if let Err(e) = self
+            .served
+            .ensure_local(i, offset / BLOCK, (end - 1) / BLOCK, true)
+        {
+            return reply.error(errno(&e));
+        }
+        let mut buf = vec![0u8; (end - offset) as usize];
+        match f.backing.read_exact_at(&mut buf, offset) {
+            Ok(()) => reply.data(&buf),
+            Err(e) => reply.error(Errno::from(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let i = match self.file(ino) {
+            Ok(i) => i,
+            Err(e) => return reply.error(e),
+        };
+        match self.served.write(i, offset, data) {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.file(ino).map(|i| self.served.sync_file(i)) {
+            Ok(Ok(())) => reply.ok(),
+            Ok(Err(e)) => reply.error(errno(&e)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        // Plain allocation (PostgreSQL extends relations so): the file grows with zeros,
+        // blocks past the backed-up size, which are local already.
+        if mode != 0 {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let i = match self.file(ino) {
+            Ok(i) => i,
+            Err(e) => return reply.error(e),
+        };
+        let f = &self.served.files[i];
+        let len = f.backing.metadata().map(|m| m.len()).unwrap_or(0);
+        if offset + length > len {
+            if let Err(e) = self.served.truncate(i, offset + length) {
+                return reply.error(errno(&e));
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        if ino.0 != 1 {
+            return reply.error(Errno::ENOTDIR);
+        }
+        let n = self.served.files.len() as u64;
+        for k in offset..n + 2 {
+            let (ino, kind, name) = match k {
+                0 => (1, FileType::Directory, ".".to_string()),
+                1 => (1, FileType::Directory, "..".to_string()),
+                k => (k, FileType::RegularFile, (k - 2).to_string()),
+            };
+            if reply.add(INodeNo(ino), k + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match nix::sys::statvfs::statvfs(&self.served.dir) {
+            Ok(s) => reply.statfs(
+                s.blocks(),
+                s.blocks_free(),
+                s.blocks_available(),
+                s.files(),
+                s.files_free(),
+                s.block_size() as u32,
+                255,
+                s.fragment_size() as u32,
+            ),
+            Err(e) => reply.error(Errno::from_i32(e as i32)),
+        }
+    }
+}

@@ -1,0 +1,452 @@
+//! What an instant restore's serving process knows of each deferred file: which blocks
+//! are local, fetching what is not (on demand or to hydrate), PostgreSQL's writes, making
+//! both durable, and the hand-over once all is local.
+
+use super::{State, Status, BLOCK};
+use crate::{Error, Result};
+use pgstrata_repo::chunk::Chunk;
+use pgstrata_repo::manifest::Manifest;
+use pgstrata_repo::pack::FrameReader;
+use pgstrata_repo::Storage;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+/// Everything the filesystem and the hydrating workers share.
+pub(super) struct Served {
+    pub dir: PathBuf,
+    pub files: Vec<ServedFile>,
+    storage: Storage,
+    manifest: Manifest,
+    runtime: tokio::runtime::Handle,
+    bits: File,
+    pub stats: Stats,
+    /// Files read on demand lately, newest last: hydrated first.
+    hot: Mutex<VecDeque<usize>>,
+    /// The first failure (a damaged frame, a repository that cannot be read): the file
+    /// and why, with the exit code `instant-status` gives.
+    pub failed: Mutex<Option<(String, String, i32)>>,
+    /// Set once everything is local and handed over.
+    pub handed_over: AtomicBool,
+}
+
+/// One deferred file.
+pub(super) struct ServedFile {
+    pub path: String,
+    pub backing: File,
+    extents: Vec<(u64, Chunk)>,
+    bits_at: u64,
+    st: Mutex<FileState>,
+    cond: Condvar,
+}
+
+struct FileState {
+    /// A bit per block: local.
+    local: Vec<u64>,
+    local_blocks: u64,
+    /// Blocks as backed up (what hydration covers).
+    blocks: u64,
+    /// Extents being fetched.
+    fetching: HashSet<usize>,
+    /// Bits set since `local.bits` last had them.
+    dirty: bool,
+}
+
+impl FileState {
+    fn is_local(&self, b: u64) -> bool {
+        b >= self.blocks || self.local[(b / 64) as usize] & (1 << (b % 64)) != 0
+    }
+
+    fn mark(&mut self, b: u64) {
+        if b < self.blocks && !self.is_local(b) {
+            self.local[(b / 64) as usize] |= 1 << (b % 64);
+            self.local_blocks += 1;
+            self.dirty = true;
+        }
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Stats {
+    pub bytes_fetched: AtomicU64,
+    pub on_demand: AtomicU64,
+    pub on_demand_micros: AtomicU64,
+    pub on_demand_max_micros: AtomicU64,
+}
+
+impl Served {
+    pub(super) fn open(
+        dir: &Path,
+        state: &State,
+        storage: Storage,
+        manifest: Manifest,
+        runtime: tokio::runtime::Handle,
+        mut entries: HashMap<String, Vec<(u64, Chunk)>>,
+    ) -> Result<Served> {
+        let bits_path = dir.join("local.bits");
+        let bits = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&bits_path)
+            .map_err(|e| Error::io(format!("open {}", bits_path.display()), e))?;
+        let offsets = state.bit_offsets();
+        let mut files = Vec::with_capacity(state.files.len());
+        for (f, at) in state.files.iter().zip(offsets) {
+            let backing_path = dir.join("store").join(f.id.to_string());
+            let backing = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&backing_path)
+                .map_err(|e| Error::io(format!("open {}", backing_path.display()), e))?;
+            let words = f.blocks().div_ceil(64) as usize;
+            let mut raw = vec![0u8; words * 8];
+            bits.read_exact_at(&mut raw, at)
+                .map_err(|e| Error::io(format!("read {}", bits_path.display()), e))?;
+            let local: Vec<u64> = raw
+                .chunks_exact(8)
+                .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+                .collect();
+            let local_blocks = local.iter().map(|w| w.count_ones() as u64).sum();
+            let extents = entries.remove(&f.path).ok_or_else(|| {
+                Error::integrity(format!(
+                    "{} is not in backup {}'s manifest",
+                    f.path, state.label
+                ))
+            })?;
+            files.push(ServedFile {
+                path: f.path.clone(),
+                backing,
+                extents,
+                bits_at: at,
+                st: Mutex::new(FileState {
+                    local,
+                    local_blocks,
+                    blocks: f.blocks(),
+                    fetching: HashSet::new(),
+                    dirty: false,
+                }),
+                cond: Condvar::new(),
+            });
+        }
+        Ok(Served {
+            dir: dir.to_path_buf(),
+            files,
+            storage,
+            manifest,
+            runtime,
+            bits,
+            stats: Stats::default(),
+            hot: Mutex::new(VecDeque::new()),
+            failed: Mutex::new(None),
+            handed_over: AtomicBool::new(false),
+        })
+    }
+
+    /// Make blocks `first..=last` of file `i` local (fetching what is not), for a read or
+    /// a partial write by PostgreSQL (`on_demand`) or for hydration.
+    pub fn ensure_local(&self, i: usize, first: u64, last: u64, on_demand: bool) -> Result<()> {
+        let f = &self.files[i];
+        let started = Instant::now();
+        let mut fetched_any = false;
+        let mut b = first;
+        while b <= last {
+            let mut st = f.st.lock().expect("file state");
+            if st.is_local(b) {
+                b += 1;
+                continue;
+            }
+            let e = f.extent_of(b);
+            if st.fetching.contains(&e) {
+                drop(f.cond.wait_while(st, |s| s.fetching.contains(&e)));
+                continue;
+            }
+            st.fetching.insert(e);
+            drop(st);
+            let fetched = self.fetch(f, e);
+            let mut st = f.st.lock().expect("file state");
+            st.fetching.remove(&e);
+            f.cond.notify_all();
+            let data = match fetched {
+                Ok(data) => data,
+                Err(err) => {
+                    drop(st);
+                    self.fail(&f.path, &err);
+                    return Err(err);
+                }
+            };
+            let (at, _) = &f.extents[e];
+            // Only blocks still not local: a block PostgreSQL wrote meanwhile stays.
+            for (k, block) in data.chunks(BLOCK as usize).enumerate() {
+                let blk = at / BLOCK + k as u64;
+                if !st.is_local(blk) {
+                    f.backing
+                        .write_all_at(block, blk * BLOCK)
+                        .map_err(|e| Error::io(format!("write {}", f.path), e))?;
+                    st.mark(blk);
+                }
+            }
+            fetched_any = true;
+        }
+        if on_demand && fetched_any {
+            let us = started.elapsed().as_micros() as u64;
+            self.stats.on_demand.fetch_add(1, Ordering::Relaxed);
+            self.stats.on_demand_micros.fetch_add(us, Ordering::Relaxed);
+            self.stats
+                .on_demand_max_micros
+                .fetch_max(us, Ordering::Relaxed);
+            let mut hot = self.hot.lock().expect("hot files");
+            hot.retain(|&h| h != i);
+            hot.push_back(i);
+        }
+        Ok(())
+    }
+
+    /// The bytes of extent `e` of `f`, checked (zeros for an all-zero extent).
+    fn fetch(&self, f: &ServedFile, e: usize) -> Result<Vec<u8>> {
+        let (_, c) = &f.extents[e];
+        if c.is_zero() {
+            return Ok(vec![0; c.raw as usize]);
+        }
+        let mut reader = FrameReader::new(&self.storage, &self.manifest);
+        self.runtime.block_on(reader.load(&[c], &f.path))?;
+        let data = reader
+            .bytes(c)
+            .map_err(|e| Error::from(e).context(&f.path))?;
+        self.stats
+            .bytes_fetched
+            .fetch_add(c.stored as u64, Ordering::Relaxed);
+        Ok(data.to_vec())
+    }
+
+    /// PostgreSQL wrote `data` at `offset` of file `i`: blocks it covers only in part are
+    /// made local first, then the bytes are written and every block they touch is local.
+    pub fn write(&self, i: usize, offset: u64, data: &[u8]) -> Result<()> {
+        let end = offset + data.len() as u64;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
+        if !offset.is_multiple_of(BLOCK) {
+            self.ensure_local(i, first, first, true)?;
+        }
+        if !end.is_multiple_of(BLOCK) {
+            self.ensure_local(i, last, last, true)?;
+        }
+        let f = &self.files[i];
+        let mut st = f.st.lock().expect("file state");
+        f.backing
+            .write_all_at(data, offset)
+            .map_err(|e| Error::io(format!("write {}", f.path), e))?;
+        for b in first..=last {
+            st.mark(b);
+        }
+        Ok(())
+    }
+
+    /// The file was cut (or grown) to `size`: blocks past it have nothing to fetch.
+    pub fn truncate(&self, i: usize, size: u64) -> Result<()> {
+        let f = &self.files[i];
+        let mut st = f.st.lock().expect("file state");
+        f.backing
+            .set_len(size)
+            .map_err(|e| Error::io(format!("truncate {}", f.path), e))?;
+        // A block cut in part keeps what is left of it: fetched first (rare: PostgreSQL
+        // cuts at block boundaries).
+        for b in size.div_ceil(BLOCK)..st.blocks {
+            st.mark(b);
+        }
+        Ok(())
+    }
+
+    /// Make file `i`'s bytes durable, then its bits (PostgreSQL's fsync).
+    pub fn sync_file(&self, i: usize) -> Result<()> {
+        let f = &self.files[i];
+        f.backing
+            .sync_data()
+            .map_err(|e| Error::io(format!("fsync {}", f.path), e))?;
+        self.persist_bits(i)?;
+        self.bits
+            .sync_data()
+            .map_err(|e| Error::io("fsync local.bits", e))
+    }
+
+    /// Write file `i`'s bits to `local.bits` (its bytes must be durable already).
+    fn persist_bits(&self, i: usize) -> Result<()> {
+        let f = &self.files[i];
+        let raw: Vec<u8> = {
+            let mut st = f.st.lock().expect("file state");
+            if !st.dirty {
+                return Ok(());
+            }
+            st.dirty = false;
+            st.local.iter().flat_map(|w| w.to_le_bytes()).collect()
+        };
+        self.bits
+            .write_all_at(&raw, f.bits_at)
+            .map_err(|e| Error::io("write local.bits", e))
+    }
+
+    /// Every file's bytes durable, then every bit.
+    pub(super) fn persist_all(&self) -> Result<()> {
+        for i in 0..self.files.len() {
+            if self.files[i].st.lock().expect("file state").dirty {
+                self.files[i]
+                    .backing
+                    .sync_data()
+                    .map_err(|e| Error::io(format!("fsync {}", self.files[i].path), e))?;
+                self.persist_bits(i)?;
+            }
+        }
+        self.bits
+            .sync_data()
+            .map_err(|e| Error::io("fsync local.bits", e))
+    }
+
+    pub(super) fn fail(&self, path: &str, e: &Error) {
+        let code = if e.is_damage() { 4 } else { 3 };
+        log::error!("instant restore: {path}: {e}");
+        let mut failed = self.failed.lock().expect("failure");
+        failed.get_or_insert_with(|| (path.to_string(), e.to_string(), code));
+    }
+
+    /// Blocks local and in all.
+    pub(super) fn counts(&self) -> (u64, u64) {
+        self.files.iter().fold((0, 0), |(l, t), f| {
+            let st = f.st.lock().expect("file state");
+            (l + st.local_blocks, t + st.blocks)
+        })
+    }
+
+    /// The next extent to hydrate: in a file read lately, else the first file not local.
+    fn next_work(&self, from: &mut usize) -> Option<(usize, u64)> {
+        let hot: Vec<usize> = self
+            .hot
+            .lock()
+            .expect("hot")
+            .iter()
+            .rev()
+            .copied()
+            .collect();
+        for i in hot.into_iter().chain(*from..self.files.len()) {
+            let f = &self.files[i];
+            let st = f.st.lock().expect("file state");
+            if st.local_blocks == st.blocks {
+                if i == *from {
+                    *from += 1;
+                }
+                continue;
+            }
+            if let Some(b) =
+                (0..st.blocks).find(|&b| !st.is_local(b) && !st.fetching.contains(&f.extent_of(b)))
+            {
+                return Some((i, b));
+            }
+        }
+        None
+    }
+
+    /// A hydrating worker: fetch what is not local until nothing is left.
+    pub(super) fn hydrate(&self) {
+        let mut from = 0;
+        while self.failed.lock().expect("failure").is_none() {
+            let Some((i, b)) = self.next_work(&mut from) else {
+                return;
+            };
+            let f = &self.files[i];
+            let (at, c) = &f.extents[f.extent_of(b)];
+            let last = (at + c.raw as u64).div_ceil(BLOCK).saturating_sub(1);
+            if self.ensure_local(i, b, last.max(b), false).is_err() {
+                return;
+            }
+        }
+    }
+
+    pub(super) fn status(&self, started: Instant, state: &str) -> Status {
+        let (local, total) = self.counts();
+        let elapsed = started.elapsed().as_secs_f64().max(0.001);
+        let fetched = self.stats.bytes_fetched.load(Ordering::Relaxed);
+        let rate = fetched as f64 / elapsed;
+        let left = total.saturating_sub(local) * BLOCK;
+        let n = self.stats.on_demand.load(Ordering::Relaxed);
+        let failed = self.failed.lock().expect("failure").clone();
+        Status {
+            state: if failed.is_some() { "failed" } else { state }.to_string(),
+            pid: std::process::id(),
+            files_total: self.files.len() as u64,
+            files_local: self
+                .files
+                .iter()
+                .filter(|f| {
+                    let st = f.st.lock().expect("file state");
+                    st.local_blocks == st.blocks
+                })
+                .count() as u64,
+            bytes_total: total * BLOCK,
+            bytes_local: local * BLOCK,
+            bytes_fetched: fetched,
+            fetch_rate_bytes: rate as u64,
+            eta_seconds: (rate > 0.0).then(|| (left as f64 / rate).ceil() as u64),
+            on_demand_fetches: n,
+            on_demand_latency_ms: if n > 0 {
+                self.stats.on_demand_micros.load(Ordering::Relaxed) as f64 / n as f64 / 1000.0
+            } else {
+                0.0
+            },
+            on_demand_max_latency_ms: self.stats.on_demand_max_micros.load(Ordering::Relaxed)
+                as f64
+                / 1000.0,
+            failed_file: failed.as_ref().map(|f| f.0.clone()),
+            error: failed.as_ref().map(|f| f.1.clone()),
+            exit_code: failed.as_ref().map(|f| f.2),
+            updated: chrono::Utc::now().timestamp(),
+        }
+    }
+
+    /// Every block is local: each backing file takes its link's place (same inode, so what
+    /// is open through the mount stays the same file), durably.
+    pub(super) fn hand_over(&self, state: &State) -> Result<()> {
+        self.persist_all()?;
+        for (f, meta) in self.files.iter().zip(&state.files) {
+            let link = state.pg_path.join(&f.path);
+            let ours = self.dir.join("mnt").join(meta.id.to_string());
+            let backing = self.dir.join("store").join(meta.id.to_string());
+            match std::fs::read_link(&link) {
+                Ok(to) if to == ours => {
+                    std::fs::rename(&backing, &link).map_err(|e| {
+                        Error::io(
+                            format!("rename {} over {}", backing.display(), link.display()),
+                            e,
+                        )
+                    })?;
+                }
+                // Dropped by PostgreSQL meanwhile (its link removed): nothing to put back.
+                _ => {
+                    let _ = std::fs::remove_file(&backing);
+                }
+            }
+        }
+        sync_dir_fs(&state.pg_path)?;
+        self.handed_over.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl ServedFile {
+    /// The extent holding block `b` (extents are whole blocks, in order).
+    pub fn extent_of(&self, b: u64) -> usize {
+        let at = b * BLOCK;
+        self.extents
+            .partition_point(|(off, _)| *off <= at)
+            .saturating_sub(1)
+    }
+}
+
+fn sync_dir_fs(dir: &Path) -> Result<()> {
+    let fd = File::open(dir).map_err(|e| Error::io(format!("open {}", dir.display()), e))?;
+    nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&fd))
+        .map_err(|e| Error::io(format!("syncfs {}", dir.display()), e.into()))
+}
