@@ -419,6 +419,17 @@ fn restore_instant(r: &Restore) -> Result<i32, Error> {
             report.counts.bytes_fetched
         );
     }
+    if r.resume {
+        if let Ok(st) = instant::instant_status(&pg_path, false) {
+            if st.state == "complete" {
+                println!(
+                    "the instant restore of {} is complete: nothing to resume",
+                    pg_path.display()
+                );
+                return Ok(0);
+            }
+        }
+    }
     let (pid, log) = start_instant_server(r, &pg_path)?;
     println!(
         "serving the deferred files from process {pid} (log {}); the data directory can be started now; follow it with: pgstrata instant-status --pg-path={}",

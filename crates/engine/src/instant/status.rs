@@ -60,7 +60,7 @@ impl Status {
 
     /// Whether the serving process is gone without finishing (killed).
     fn is_orphaned(&self) -> bool {
-        self.state == "hydrating" && !Path::new(&format!("/proc/{}", self.pid)).exists()
+        self.state == "hydrating" && !process_runs(self.pid)
     }
 }
 
@@ -129,4 +129,19 @@ pub fn render_status(s: &Status) -> String {
         s.on_demand_latency_ms,
         s.on_demand_max_latency_ms
     )
+}
+
+/// Whether process `pid` runs (a zombie, killed and not yet reaped, does not).
+fn process_runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // The state follows the command name, which is in parentheses.
+            let after = stat.rsplit_once(')')?.1;
+            after
+                .split_whitespace()
+                .next()
+                .map(|state| state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
 }
