@@ -227,3 +227,86 @@ fn a_killed_instant_restore_resumes_and_loses_no_commit() {
     );
     c.stop().unwrap();
 }
+
+/// A damaged frame of a deferred file: PostgreSQL gets an I/O error for what it holds,
+/// never wrong bytes, and `instant-status` exits 4 naming the file.
+#[test]
+fn a_damaged_frame_is_an_io_error_and_instant_status_exits_4() {
+    let env = Env::new("instant-damage");
+    env.stanza_create();
+    env.pgbench_init(5);
+    let label = env.backup(&["--type=full"]);
+    let rel = env.sql("SELECT pg_relation_filepath('pgbench_accounts')");
+    let rel = rel.trim();
+    // The manifest's entries (inline, or in its parts) name the frames of that file.
+    let key = format!("{STANZA}/backup/{label}/backup.manifest");
+    let m: serde_json::Value = serde_json::from_str(&env.ok(&["repo-get", &key])).unwrap();
+    let mut entries: Vec<serde_json::Value> = m["entries"].as_array().cloned().unwrap_or_default();
+    for n in 0..m["parts"].as_array().map_or(0, |p| p.len()) {
+        let part = format!("{STANZA}/backup/{label}/manifest/{n}");
+        let p: serde_json::Value = serde_json::from_str(&env.ok(&["repo-get", &part])).unwrap();
+        entries.extend(
+            p.as_array()
+                .cloned()
+                .unwrap_or_else(|| p["entries"].as_array().cloned().unwrap_or_default()),
+        );
+    }
+    let file = entries
+        .iter()
+        .find(|e| e["path"] == rel)
+        .unwrap_or_else(|| panic!("{rel} not among {} entries: {m}", entries.len()));
+    // Its frames: the pack it uses most (a map, when it has one, is in another).
+    let packs = file["packs"].as_array().expect("packs");
+    let most = packs
+        .iter()
+        .max_by_key(|p| p["s"].as_u64().unwrap())
+        .unwrap();
+    let pack = env
+        .repo
+        .join(STANZA)
+        .join("backup")
+        .join(&label)
+        .join("pack")
+        .join(most["p"].as_str().unwrap());
+    let mut bytes = std::fs::read(&pack).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x5a;
+    std::fs::write(&pack, bytes).unwrap();
+    let damaged = 1;
+    assert!(damaged > 0, "{file}");
+    let target = env.scratch.join("instant");
+    let _guard = MountGuard(instant_dir(&target));
+    let pg_path = format!("--pg-path={}", target.display());
+    env.ok(&[
+        &pg_path,
+        "--archive-mode=off",
+        "--type=immediate",
+        "--target-action=promote",
+        "--instant",
+        "restore",
+    ]);
+    let c = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &target, &env.scratch.path);
+    c.start().unwrap();
+    c.wait_for_promotion(Duration::from_secs(180)).unwrap();
+    let read = c.psql("postgres", "SELECT sum(abalance) FROM pgbench_accounts");
+    let err = read
+        .expect_err("a damaged frame must not be read as data")
+        .to_string();
+    assert!(
+        err.contains("could not read") || err.contains("I/O error"),
+        "{err}"
+    );
+    let out = env
+        .cmd(&[&pg_path, "--wait", "instant-status"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains(rel), "names the file: {stderr}");
+    let _ = pgstrata_testkit::run_ok(c.bin.cmd("pg_ctl").arg("-D").arg(&c.data).args([
+        "-m",
+        "immediate",
+        "-w",
+        "stop",
+    ]));
+}

@@ -116,6 +116,16 @@ pub async fn repo_get(s: &Settings, path: &str) -> Result<Bytes> {
             let json = serde_json::to_vec_pretty(&m).expect("serialize manifest");
             return Ok(Bytes::from(json));
         }
+        if matches!(
+            layout::parse_backup_object(&s.stanza, original),
+            Some((_, BackupObject::Part(_)))
+        ) {
+            let entries = pgstrata_repo::manifest::decode_part(&plain, &key)?;
+            let json = serde_json::json!({ "entries": entries });
+            return Ok(Bytes::from(
+                serde_json::to_vec_pretty(&json).expect("serialize part"),
+            ));
+        }
         return Ok(plain);
     }
     if key.starts_with(&format!("{}/archive/", s.stanza)) {

@@ -86,7 +86,8 @@ fn run(served: Arc<Served>, state: State, workers: usize) -> Result<()> {
         done.store(true, Ordering::SeqCst);
         Ok(())
     })?;
-    if let Some((file, error, _)) = served.failed.lock().expect("failure").clone() {
+    let failed = served.failed.lock().expect("failure").clone();
+    if let Some((file, error, _)) = failed {
         write_status("failed");
         session.join().ok();
         return Err(Error::new(

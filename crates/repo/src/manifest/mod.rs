@@ -39,7 +39,7 @@ mod wire;
 pub use map::{
     FileMap, MapDelta, MapFrame, MapRun, PackUsage, PackUse, INLINE_MAX_BLOCKS, MAX_MAP_DEPTH,
 };
-pub use parts::{check_part, EncodedPart, PartsWriter};
+pub use parts::{check_part, decode_part, EncodedPart, PartsWriter};
 pub use stream::StoredManifest;
 pub use twins::DamagedTwin;
 pub use validate::{check_annotation, is_backup_label};

@@ -378,6 +378,19 @@ async fn fetch_part(
     .await
 }
 
+/// The entries of part `obj` (read from `key`), its stored form checked (`repo-get`
+/// shows them; readers of a backup use `for_each_part_entry`, which also checks the
+/// part against its manifest).
+pub fn decode_part(obj: &[u8], key: &str) -> Result<Vec<Entry>> {
+    Manifest::check_stored(obj, key)?;
+    let mut entries = Vec::new();
+    super::stream::read_entries::<Error>(obj, key, |e| {
+        entries.push(e);
+        Ok(())
+    })?;
+    Ok(entries)
+}
+
 /// A part read from `key` must be a stored manifest object whose hash `r` records.
 pub fn check_part(obj: &[u8], key: &str, r: &PartRef) -> Result<()> {
     Manifest::check_stored(obj, key)?;
