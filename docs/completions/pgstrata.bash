@@ -70,8 +70,8 @@ _pgstrata() {
         *" --wait") COMPREPLY=($(compgen -W "true false" -- "$cur")) ;;
         restore-test" --pg-path") COMPREPLY=($(compgen -f -- "$cur")) ;;
         *" --keep") COMPREPLY=($(compgen -W "true false" -- "$cur")) ;;
-        info" --output"|verify" --output") COMPREPLY=($(compgen -W "text json prometheus" -- "$cur")) ;;
-        key-list" --output"|restore-test" --output"|copy" --output"|expire" --output"|repo-ls" --output"|annotate" --output"|instant-status" --output") COMPREPLY=($(compgen -W "text json" -- "$cur")) ;;
+        info" --output"|verify" --output"|instant-status" --output") COMPREPLY=($(compgen -W "text json prometheus" -- "$cur")) ;;
+        key-list" --output"|restore-test" --output"|copy" --output"|expire" --output"|repo-ls" --output"|annotate" --output") COMPREPLY=($(compgen -W "text json" -- "$cur")) ;;
         stanza-delete" --force") COMPREPLY=($(compgen -W "true false" -- "$cur")) ;;
         *" --recurse") COMPREPLY=($(compgen -W "true false" -- "$cur")) ;;
         *" --progress") COMPREPLY=($(compgen -W "auto on off" -- "$cur")) ;;

@@ -155,7 +155,12 @@ fn run(inv: &args::Invocation) -> Result<i32, Error> {
             output,
         } => {
             let status = pgstrata_engine::instant::instant_status(&pg_path, wait)?;
-            print_report(output, &status, pgstrata_engine::instant::render_status);
+            print_report_or_metrics(
+                output,
+                &status,
+                pgstrata_engine::instant::render_status,
+                |s, now| pgstrata_engine::commands::metrics::render_instant(s, &pg_path, now),
+            );
             Ok(0)
         }
         Command::WalReceive { repos, options } => {

@@ -84,6 +84,17 @@ fn an_instant_restore_answers_at_once_and_ends_with_ordinary_files() {
     assert_eq!(v["state"], "complete", "{v}");
     assert_eq!(v["bytes_local"], v["bytes_total"], "{v}");
     assert_eq!(links_under(&target), 0, "every link replaced by its file");
+    let metrics = env.ok(&[&pg_path, "--output=prometheus", "instant-status"]);
+    let local = format!(
+        "pgstrata_instant_bytes_local{{data_directory=\"{}\"}} {}",
+        target.display(),
+        v["bytes_total"]
+    );
+    assert!(metrics.contains(&local), "{local} in:\n{metrics}");
+    assert!(
+        metrics.contains("pgstrata_instant_fetches_on_demand_total"),
+        "{metrics}"
+    );
     assert_eq!(c.content_hashes().unwrap(), source, "while still served");
     c.stop().unwrap();
     // The serving process leaves once PostgreSQL closed its files.

@@ -97,7 +97,7 @@ pub(crate) enum Command {
     InstantStatus {
         pg_path: PathBuf,
         wait: bool,
-        output: ReportOutput,
+        output: Output,
     },
     WalReceive {
         repos: Repos,
