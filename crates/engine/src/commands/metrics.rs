@@ -326,6 +326,51 @@ pub fn render_verify(r: &VerifyReport, now: i64) -> String {
     x.out
 }
 
+/// `instant-status --output=prometheus`: an instant restore's hydration, labelled with
+/// its data directory.
+pub fn render_instant(s: &crate::instant::Status, pg_path: &std::path::Path, now: i64) -> String {
+    let mut x = Exposition {
+        out: String::new(),
+        common: vec![("data_directory", pg_path.display().to_string())],
+    };
+    x.single(
+        "pgstrata_metrics_timestamp_seconds",
+        "When these values were read (Unix time).",
+        now as f64,
+    );
+    x.single(
+        "pgstrata_instant_bytes_local",
+        "Bytes of the deferred relation files that are local (fetched or written by PostgreSQL).",
+        s.bytes_local as f64,
+    );
+    x.single(
+        "pgstrata_instant_bytes_total",
+        "Bytes of the deferred relation files in all.",
+        s.bytes_total as f64,
+    );
+    x.single(
+        "pgstrata_instant_fetches_on_demand_total",
+        "Reads by PostgreSQL that waited for a fetch from the repository.",
+        s.on_demand_fetches as f64,
+    );
+    x.single(
+        "pgstrata_instant_on_demand_latency_seconds",
+        "Mean time such a read waited.",
+        s.on_demand_latency_ms / 1000.0,
+    );
+    x.single(
+        "pgstrata_instant_failed",
+        "1 when hydration stopped on an error (instant-status names the file), else 0.",
+        f64::from(u8::from(s.state == "failed")),
+    );
+    x.single(
+        "pgstrata_instant_status_age_seconds",
+        "Seconds since the serving process last wrote its status (grows when it is gone).",
+        (now - s.updated).max(0) as f64,
+    );
+    x.out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -411,49 +456,4 @@ mod tests {
             .lines()
             .any(|l| l.starts_with("pgstrata_backup_newest") && l.contains("type=\"diff\"")));
     }
-}
-
-/// `instant-status --output=prometheus`: an instant restore's hydration, labelled with
-/// its data directory.
-pub fn render_instant(s: &crate::instant::Status, pg_path: &std::path::Path, now: i64) -> String {
-    let mut x = Exposition {
-        out: String::new(),
-        common: vec![("data_directory", pg_path.display().to_string())],
-    };
-    x.single(
-        "pgstrata_metrics_timestamp_seconds",
-        "When these values were read (Unix time).",
-        now as f64,
-    );
-    x.single(
-        "pgstrata_instant_bytes_local",
-        "Bytes of the deferred relation files that are local (fetched or written by PostgreSQL).",
-        s.bytes_local as f64,
-    );
-    x.single(
-        "pgstrata_instant_bytes_total",
-        "Bytes of the deferred relation files in all.",
-        s.bytes_total as f64,
-    );
-    x.single(
-        "pgstrata_instant_fetches_on_demand_total",
-        "Reads by PostgreSQL that waited for a fetch from the repository.",
-        s.on_demand_fetches as f64,
-    );
-    x.single(
-        "pgstrata_instant_on_demand_latency_seconds",
-        "Mean time such a read waited.",
-        s.on_demand_latency_ms / 1000.0,
-    );
-    x.single(
-        "pgstrata_instant_failed",
-        "1 when hydration stopped on an error (instant-status names the file), else 0.",
-        f64::from(u8::from(s.state == "failed")),
-    );
-    x.single(
-        "pgstrata_instant_status_age_seconds",
-        "Seconds since the serving process last wrote its status (grows when it is gone).",
-        (now - s.updated).max(0) as f64,
-    );
-    x.out
 }
