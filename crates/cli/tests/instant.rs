@@ -321,3 +321,90 @@ fn a_damaged_frame_is_an_io_error_and_instant_status_exits_4() {
         "stop",
     ]));
 }
+
+/// Point-in-time recovery through an instant restore of a backup with a tablespace (its
+/// files deferred too, backed in its new location) and a database left out: the cluster
+/// recovers to the target while its files are served, the tablespace's table and the
+/// commits before the target are there, those after are not, and at the end no link is
+/// left in the data directory or the tablespace.
+#[test]
+fn an_instant_pitr_with_a_tablespace_and_a_database_left_out() {
+    let env = Env::new("instant-pitr");
+    let ts_dir = env.scratch.join("ts1");
+    std::fs::create_dir_all(&ts_dir).unwrap();
+    pgstrata_testkit::give_to_pg_user(&ts_dir);
+    env.sql(&format!(
+        "CREATE TABLESPACE ts1 LOCATION '{}'",
+        ts_dir.display()
+    ));
+    env.sql("CREATE TABLE in_ts TABLESPACE ts1 AS SELECT g AS id, md5(g::text) AS v FROM generate_series(1, 60000) g");
+    env.sql("CREATE DATABASE other");
+    env.cluster
+        .psql(
+            "other",
+            "CREATE TABLE t AS SELECT generate_series(1, 100000) AS n",
+        )
+        .unwrap();
+    let oid = env.sql("SELECT oid FROM pg_tablespace WHERE spcname = 'ts1'");
+    env.stanza_create();
+    env.pgbench_init(2);
+    env.backup(&["--type=full"]);
+    let in_ts = env.sql("SELECT sum(hashtext(v)) FROM in_ts");
+    // The backup's recorded end is its stop time, rounded up: the target comes after it.
+    std::thread::sleep(Duration::from_millis(1100));
+    env.pgbench(&["-n", "-t", "50"]);
+    let target_time = env.sql("SELECT now()");
+    std::thread::sleep(Duration::from_millis(1100));
+    env.pgbench(&["-n", "-t", "50"]);
+    env.flush_wal();
+
+    let target = env.scratch.join("instant");
+    let new_ts = env.scratch.join("ts1-moved");
+    let _guard = MountGuard(instant_dir(&target));
+    let pg_path = format!("--pg-path={}", target.display());
+    let out = env.ok(&[
+        &pg_path,
+        "--process-max=2",
+        "--archive-mode=off",
+        "--type=time",
+        &format!("--target={target_time}"),
+        "--target-action=promote",
+        "--db-include=postgres",
+        &format!("--tablespace-map={oid}={}", new_ts.display()),
+        "--instant",
+        "restore",
+    ]);
+    assert!(out.contains("deferred"), "{out}");
+    let ts_links = links_under(&new_ts);
+    assert!(ts_links > 0, "the tablespace's large file is deferred too");
+    let c = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &target, &env.scratch.path);
+    c.start().unwrap();
+    c.wait_for_promotion(Duration::from_secs(180)).unwrap();
+    let q = |sql: &str| c.psql("postgres", sql).unwrap().trim().to_string();
+    assert_eq!(
+        q("SELECT count(*) FROM pgbench_history"),
+        "50",
+        "recovered to the target"
+    );
+    assert_eq!(q("SELECT sum(hashtext(v)) FROM in_ts"), in_ts.trim());
+    env.ok(&[&pg_path, "--wait", "instant-status"]);
+    assert_eq!(
+        links_under(&target),
+        1,
+        "only pg_tblspc's link is left in the data directory"
+    );
+    assert_eq!(
+        links_under(&new_ts),
+        0,
+        "the tablespace's files are ordinary"
+    );
+    assert!(
+        std::fs::read_dir(&new_ts)
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().contains("pgstrata")),
+        "no store directory left in the tablespace"
+    );
+    assert_eq!(q("SELECT sum(hashtext(v)) FROM in_ts"), in_ts.trim());
+    c.stop().unwrap();
+}

@@ -202,7 +202,14 @@ fn restore_one(sh: &Shared, w: &mut Worker, f: &FileEntry, action: Action) -> Re
         }
         Action::Defer => {
             let deferring = sh.instant.expect("deferred in an instant restore");
-            let (fh, target) = deferring.add(&f.path, f.size)?;
+            // A tablespace's file is backed in its location: on its filesystem.
+            let store = f
+                .path
+                .strip_prefix("pg_tblspc/")
+                .and_then(|rest| rest.split('/').next()?.parse::<u32>().ok())
+                .and_then(|oid| sh.tree.tablespace(oid))
+                .map(|t| crate::instant::tablespace_store(&t.path, &deferring.pg_path));
+            let (fh, target) = deferring.add(&f.path, f.size, store)?;
             sh.tree.create_symlink(&f.path, &target, &mut w.cache)?;
             w.tally.files_deferred += 1;
             fh

@@ -2,9 +2,10 @@
 //! files have not arrived yet, and each block is fetched the first time it is needed.
 //!
 //! `restore --instant` writes every file as a restore does, except relation files of at
-//! least [`DEFER_MIN`] bytes under `base/` and `global/` (*deferred* files). For each of
-//! those it makes a sparse *backing file* of the recorded size in the instant directory
-//! beside the data directory, and puts at the file's place in the data directory a
+//! least [`DEFER_MIN`] bytes under `base/`, `global/` and the tablespaces (*deferred*
+//! files). For each of those it makes a sparse *backing file* of the recorded size in the
+//! instant directory beside the data directory (a tablespace's: in its location,
+//! [`tablespace_store`]), and puts at the file's place in the data directory a
 //! symbolic link to `<instant dir>/mnt/<id>`. A background process (`serve`) mounts a
 //! FUSE filesystem on `mnt/` that shows each backing file as `<id>` and:
 //!
@@ -96,12 +97,35 @@ pub struct DeferredFile {
     pub path: String,
     /// Its size as backed up.
     pub size: u64,
+    /// The directory of its backing file when not the instant directory's `store/`: a
+    /// tablespace's file is backed in its location (on its filesystem, so that the
+    /// backing file can take the link's place).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<PathBuf>,
 }
 
 impl DeferredFile {
     pub fn blocks(&self) -> u64 {
         self.size.div_ceil(BLOCK)
     }
+
+    /// Its backing file, for the instant directory `dir`.
+    pub fn backing(&self, dir: &Path) -> PathBuf {
+        self.store
+            .clone()
+            .unwrap_or_else(|| dir.join("store"))
+            .join(self.id.to_string())
+    }
+}
+
+/// The directory a tablespace's deferred files are backed in: in its location, beside the
+/// version directory PostgreSQL uses, named after the data directory.
+pub fn tablespace_store(location: &Path, pg_path: &Path) -> PathBuf {
+    let name = pg_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    location.join(format!(".{name}.pgstrata-instant-store"))
 }
 
 impl State {
@@ -137,15 +161,15 @@ impl State {
 /// Whether restore defers `f` (a relation file big enough, in the data directory itself,
 /// whose extents are whole blocks).
 pub fn defers(path: &str, size: u64, extents: impl Iterator<Item = u32>) -> bool {
-    let relation = {
-        let mut parts = path.split('/');
-        match (parts.next(), parts.next(), parts.next(), parts.next()) {
-            (Some("base"), Some(db), Some(file), None) => {
-                db.bytes().all(|b| b.is_ascii_digit()) && is_relation_file(file)
-            }
-            (Some("global"), Some(file), None, None) => is_relation_file(file),
-            _ => false,
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let parts: Vec<&str> = path.split('/').collect();
+    let relation = match parts.as_slice() {
+        ["base", db, file] => digits(db) && is_relation_file(file),
+        ["global", file] => is_relation_file(file),
+        ["pg_tblspc", oid, version, db, file] => {
+            digits(oid) && version.starts_with("PG_") && digits(db) && is_relation_file(file)
         }
+        _ => false,
     };
     if !relation || size < DEFER_MIN {
         return false;
@@ -170,6 +194,7 @@ fn is_relation_file(name: &str) -> bool {
 /// The deferred files of a restore being written (shared by its workers).
 pub struct Deferring {
     pub dir: PathBuf,
+    pub pg_path: PathBuf,
     next_id: AtomicU32,
     files: Mutex<Vec<DeferredFile>>,
 }
@@ -205,16 +230,32 @@ impl Deferring {
         }
         Ok(Deferring {
             dir,
+            pg_path: pg_path.to_path_buf(),
             next_id: AtomicU32::new(0),
             files: Mutex::new(Vec::new()),
         })
     }
 
-    /// Create the backing file of `path` (`size` bytes, sparse) and return it with the
-    /// link target to put at the file's place.
-    pub fn add(&self, path: &str, size: u64) -> Result<(std::fs::File, PathBuf)> {
+    /// Create the backing file of `path` (`size` bytes, sparse), in `store` when given
+    /// (a tablespace's: [`tablespace_store`]), and return it with the link target to put at
+    /// the file's place.
+    pub fn add(
+        &self,
+        path: &str,
+        size: u64,
+        store: Option<PathBuf>,
+    ) -> Result<(std::fs::File, PathBuf)> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let backing = self.dir.join("store").join(id.to_string());
+        if let Some(dir) = &store {
+            pgstrata_repo::private_dir::create(dir, "the instant restore directory")?;
+        }
+        let deferred = DeferredFile {
+            id,
+            path: path.to_string(),
+            size,
+            store,
+        };
+        let backing = deferred.backing(&self.dir);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -223,14 +264,7 @@ impl Deferring {
             .map_err(|e| Error::io(format!("create {}", backing.display()), e))?;
         file.set_len(size)
             .map_err(|e| Error::io(format!("extend {}", backing.display()), e))?;
-        self.files
-            .lock()
-            .expect("deferred files")
-            .push(DeferredFile {
-                id,
-                path: path.to_string(),
-                size,
-            });
+        self.files.lock().expect("deferred files").push(deferred);
         Ok((file, self.dir.join("mnt").join(id.to_string())))
     }
 
@@ -278,11 +312,17 @@ mod tests {
         assert!(!defers("base/5/16384", 64 << 10, blocks(1)), "small");
         assert!(!defers("base/5/pg_filenode.map", 4 << 20, blocks(4)));
         assert!(!defers("base/5/PG_VERSION", 4 << 20, blocks(4)));
-        assert!(!defers(
+        assert!(defers(
             "pg_tblspc/16400/PG_16_1/5/16384",
             4 << 20,
             blocks(4)
         ));
+        assert!(!defers(
+            "pg_tblspc/16400/PG_16_1/5/pg_filenode.map",
+            4 << 20,
+            blocks(4)
+        ));
+        assert!(!defers("pg_tblspc/16400/PG_16_1/5", 4 << 20, blocks(4)));
         assert!(!defers(
             "pg_wal/000000010000000000000001",
             16 << 20,

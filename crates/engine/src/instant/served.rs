@@ -96,7 +96,7 @@ impl Served {
         let offsets = state.bit_offsets();
         let mut files = Vec::with_capacity(state.files.len());
         for (f, at) in state.files.iter().zip(offsets) {
-            let backing_path = dir.join("store").join(f.id.to_string());
+            let backing_path = f.backing(dir);
             let backing = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -413,7 +413,7 @@ impl Served {
         for (f, meta) in self.files.iter().zip(&state.files) {
             let link = state.pg_path.join(&f.path);
             let ours = self.dir.join("mnt").join(meta.id.to_string());
-            let backing = self.dir.join("store").join(meta.id.to_string());
+            let backing = meta.backing(&self.dir);
             match std::fs::read_link(&link) {
                 Ok(to) if to == ours => {
                     std::fs::rename(&backing, &link).map_err(|e| {
@@ -430,6 +430,16 @@ impl Served {
             }
         }
         sync_dir_fs(&state.pg_path)?;
+        // Tablespaces' files, on their own filesystems; their store directories are empty.
+        let stores: std::collections::BTreeSet<&PathBuf> = state
+            .files
+            .iter()
+            .filter_map(|f| f.store.as_ref())
+            .collect();
+        for store in stores {
+            sync_dir_fs(store)?;
+            let _ = std::fs::remove_dir(store);
+        }
         self.handed_over.store(true, Ordering::SeqCst);
         Ok(())
     }
