@@ -24,7 +24,7 @@ usage: bench SCENARIO [options]      run one scenario (as root: the clusters run
        bench time-call LOG CMD [ARG...]  run CMD, append its wall time (µs) and exit code to
                                      LOG, exit with its code (wal_async's restore_command)
 
-scenarios: full_backup incremental restore bundling s3_latency wal_tracking wal_archive wal_async copy wal_receive
+scenarios: full_backup incremental restore bundling s3_latency wal_tracking wal_archive wal_async copy wal_receive instant
            decode_overhead remote_link many_files growth
            manifest_scale (no PostgreSQL: the metadata of a 1 TB backup, formats 1 and 2)
 

@@ -8,6 +8,7 @@ pub mod decode_overhead;
 pub mod full_backup;
 pub mod growth;
 pub mod incremental;
+pub mod instant;
 pub mod many_files;
 pub mod remote_link;
 pub mod restore;
@@ -40,6 +41,7 @@ pub fn run(name: &str, mut a: Args) -> Result<(), String> {
         "full_backup" => scenario!(full_backup),
         "copy" => scenario!(copy),
         "wal_receive" => scenario!(wal_receive),
+        "instant" => scenario!(instant),
         "incremental" => scenario!(incremental),
         "restore" => scenario!(restore),
         "bundling" => scenario!(bundling),

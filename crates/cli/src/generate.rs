@@ -316,7 +316,10 @@ mod tests {
                 .map(str::to_string)
                 .collect()
         };
-        assert_eq!(complete("resto"), ["restore", "restore-test"]);
+        assert_eq!(
+            complete("resto"),
+            ["restore", "restore-test", "restore-table"]
+        );
         assert_eq!(complete("backup --tra"), ["--track="]);
         assert_eq!(complete("backup --track=w"), ["wal"]);
         assert_eq!(

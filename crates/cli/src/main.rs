@@ -142,6 +142,17 @@ fn run(inv: &args::Invocation) -> Result<i32, Error> {
         Command::Backup(b) => backup(&b),
         Command::Restore(r) => restore(&r),
         Command::RestoreTest(r) => restore_test(&r),
+        Command::RestoreTable(r) => {
+            let s = &r.repos.selected().settings;
+            let report = runtime(s.process_max.get() + 2).block_on(
+                pgstrata_engine::commands::restore_test::restore_table(s, &r.options),
+            )?;
+            print!(
+                "{}",
+                pgstrata_engine::commands::restore_test::render_table_text(&report)
+            );
+            Ok(0)
+        }
         Command::ArchivePush(a) => archive_push(&a),
         Command::ArchiveGet(a) => archive_get(&a),
         Command::Expire { repos, output } => expire(&repos, output),

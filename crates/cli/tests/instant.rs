@@ -450,3 +450,74 @@ fn an_instant_restore_of_an_encrypted_stanza_on_s3() {
     assert_eq!(c.content_hashes().unwrap(), source);
     c.stop().unwrap();
 }
+
+/// `restore-table`: rows deleted by mistake, and a table dropped, come back from the
+/// backup and the WAL as of a time before, as a pg_dump file; the repository is read far
+/// less than a restore would.
+#[test]
+fn restore_table_gets_deleted_rows_and_a_dropped_table_back() {
+    let env = Env::new("restore-table");
+    env.stanza_create();
+    env.pgbench_init(10);
+    env.sql("CREATE TABLE precious AS SELECT g AS id, md5(g::text) AS v FROM generate_series(1, 50000) g");
+    env.sql("CREATE TABLE doomed AS SELECT g AS id FROM generate_series(1, 1000) g");
+    env.backup(&["--type=full"]);
+    env.pgbench(&["-n", "-t", "100"]);
+    std::thread::sleep(Duration::from_millis(1100));
+    let before = env.sql("SELECT now()");
+    let precious = env.sql("SELECT sum(hashtext(v)) FROM precious");
+    std::thread::sleep(Duration::from_millis(1100));
+    env.sql("DELETE FROM precious WHERE id % 3 = 0");
+    env.sql("DROP TABLE doomed");
+    env.flush_wal();
+
+    let out_file = env.scratch.join("dump").join("precious.sql");
+    std::fs::create_dir_all(out_file.parent().unwrap()).unwrap();
+    pgstrata_testkit::give_to_pg_user(out_file.parent().unwrap());
+    let out = env.ok(&[
+        &format!("--pg-path={}", env.scratch.join("table-scratch").display()),
+        "--db=postgres",
+        "--table=public.precious",
+        "--table=public.doomed",
+        &format!("--output={}", out_file.display()),
+        "--type=time",
+        &format!("--target={}", before.trim()),
+        "restore-table",
+    ]);
+    eprintln!("{out}");
+    // Read far less than the backup holds (its catalogs, the two tables, WAL replay's).
+    let pct: f64 = out
+        .split('(')
+        .nth(1)
+        .and_then(|s| s.split(" %").next())
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no share in: {out}"));
+    assert!(pct < 50.0, "fetched {pct} % of the backup: {out}");
+    // Loaded into the source: the rows and the table are back.
+    env.sql("ALTER TABLE precious RENAME TO precious_now");
+    let psql = env
+        .cluster
+        .bin
+        .client("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h"])
+        .arg(&env.cluster.socket_dir)
+        .args([
+            "-p",
+            &env.cluster.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-f",
+        ])
+        .arg(&out_file)
+        .output()
+        .unwrap();
+    assert!(
+        psql.status.success(),
+        "{}",
+        String::from_utf8_lossy(&psql.stderr)
+    );
+    assert_eq!(env.sql("SELECT sum(hashtext(v)) FROM precious"), precious);
+    assert_eq!(env.sql("SELECT count(*) FROM doomed"), "1000");
+}

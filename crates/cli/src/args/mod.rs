@@ -84,6 +84,8 @@ pub(crate) enum Command {
     Backup(Backup),
     Restore(Restore),
     RestoreTest(RestoreTest),
+    /// `restore-table`: restore-test's scratch cluster, dumping tables.
+    RestoreTable(RestoreTest),
     ArchivePush(ArchivePush),
     ArchiveGet(ArchiveGet),
     Expire {

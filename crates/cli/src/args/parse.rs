@@ -66,6 +66,7 @@ pub(crate) fn command(inv: &Invocation) -> Result<Command, Error> {
         "stanza-create" | "check" | "backup" => on_database_host(inv)?,
         "restore" => Command::Restore(restore(inv)?),
         "restore-test" => Command::RestoreTest(restore_test(inv)?),
+        "restore-table" => Command::RestoreTable(restore_table(inv)?),
         "archive-push" => Command::ArchivePush(archive_push(inv)?),
         "archive-get" => Command::ArchiveGet(archive_get(inv)?),
         "expire" => Command::Expire {
@@ -579,6 +580,7 @@ fn restore_test(inv: &Invocation) -> Result<RestoreTest, Error> {
         keep: inv.flag("keep"),
         pg_bin: path(inv, "pg-bin"),
         preload: inv.list("restore-test-preload").to_vec(),
+        dump: None,
     };
     Ok(RestoreTest {
         repos,
@@ -606,11 +608,44 @@ fn recovery_options(inv: &Invocation, s: &Settings) -> RestoreOptions {
         target_exclusive: inv.flag("target-exclusive"),
         archive_off: false,
         archive_get_command: archive_get_command(inv, s),
-        db_include: inv.list("db-include").to_vec(),
-        db_exclude: inv.list("db-exclude").to_vec(),
+        // restore-table names its one database itself (--db).
+        db_include: options::find("db-include", &inv.command)
+            .map(|_| inv.list("db-include").to_vec())
+            .unwrap_or_default(),
+        db_exclude: options::find("db-exclude", &inv.command)
+            .map(|_| inv.list("db-exclude").to_vec())
+            .unwrap_or_default(),
         recovery_options: vec![],
         instant: false,
     }
+}
+
+fn restore_table(inv: &Invocation) -> Result<RestoreTest, Error> {
+    let repos = repos(inv)?;
+    let database = inv
+        .get("db")
+        .ok_or_else(|| Error::config("restore-table needs --db=NAME"))?
+        .to_string();
+    let output = path(inv, "output").ok_or_else(|| {
+        Error::config("restore-table needs --output=FILE.sql (a new file for pg_dump's output)")
+    })?;
+    let options = RestoreTestOptions {
+        restore: recovery_options(inv, &repos.selected().settings),
+        scratch: path(inv, "pg-path"),
+        keep: false,
+        pg_bin: path(inv, "pg-bin"),
+        preload: vec![],
+        dump: Some(pgstrata_engine::commands::restore_test::TableDump {
+            database,
+            tables: inv.list("table").to_vec(),
+            output,
+        }),
+    };
+    Ok(RestoreTest {
+        repos,
+        options,
+        output: super::ReportOutput::Text,
+    })
 }
 
 fn archive_push(inv: &Invocation) -> Result<ArchivePush, Error> {
@@ -753,6 +788,7 @@ mod tests {
             "archive-get" => "000000010000000000000001 pg_wal/RECOVERYXLOG",
             "key-remove" => "--key-id=k1",
             "instant-status" => "--pg-path=/tmp/instant",
+            "restore-table" => "--db=postgres --table=public.t --output=/tmp/t.sql",
             "annotate" => "--set=20261128-010000F",
             _ => "",
         };
@@ -846,7 +882,7 @@ mod tests {
                     assert_eq!(r.options.target_action, None);
                     Some(&r.repos)
                 }
-                Command::RestoreTest(r) => {
+                Command::RestoreTest(r) | Command::RestoreTable(r) => {
                     assert_eq!(r.options.restore.recovery_type, RecoveryType::Immediate);
                     Some(&r.repos)
                 }

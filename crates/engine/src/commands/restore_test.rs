@@ -62,6 +62,197 @@ pub struct RestoreTestOptions {
     /// The scratch server's shared_preload_libraries (`--restore-test-preload`): the
     /// backup's own list is not used.
     pub preload: Vec<String>,
+    /// `restore-table`: dump these tables instead of checking everything.
+    pub dump: Option<TableDump>,
+}
+
+/// What `restore-table` dumps: tables of one database, into one file.
+#[derive(Debug, Clone)]
+pub struct TableDump {
+    pub database: String,
+    /// `SCHEMA.TABLE` (or `TABLE`, in the search path), as pg_dump's `--table` takes them.
+    pub tables: Vec<String>,
+    pub output: PathBuf,
+}
+
+/// What `restore-table` did.
+#[derive(Debug, Serialize)]
+pub struct RestoreTableReport {
+    pub backup: String,
+    pub database: String,
+    pub tables: Vec<String>,
+    pub output: PathBuf,
+    /// Bytes read from the repository: the files restore writes, then the blocks the
+    /// scratch server read (catalogs, the tables, what WAL replay touched).
+    pub bytes_fetched: u64,
+    /// Of the backup's size.
+    pub backup_bytes: u64,
+    pub duration_ms: u64,
+}
+
+pub fn render_table_text(r: &RestoreTableReport) -> String {
+    format!(
+        "restore-table: {} of database {} from backup {} written to {}; {} fetched from the repository ({:.1} % of the backup's {} as restored), in {:.1} s\n",
+        r.tables.join(", "),
+        r.database,
+        r.backup,
+        r.output.display(),
+        crate::progress::human_bytes(r.bytes_fetched),
+        r.bytes_fetched as f64 * 100.0 / r.backup_bytes.max(1) as f64,
+        crate::progress::human_bytes(r.backup_bytes),
+        r.duration_ms as f64 / 1000.0
+    )
+}
+
+/// `restore-table`: an instant restore of database `dump.database` into a scratch
+/// directory that fetches only what the scratch server reads (its catalogs, the tables,
+/// what WAL replay touches: nothing hydrates in the background), recovery to the target,
+/// `pg_dump` of the tables into `dump.output`, then everything torn down.
+///
+/// Runs as the cluster's OS user (the FUSE mount is that user's): refused as root.
+pub async fn restore_table(s: &Settings, o: &RestoreTestOptions) -> Result<RestoreTableReport> {
+    let started = Instant::now();
+    let dump = o.dump.clone().expect("restore-table has tables to dump");
+    if nix::unistd::geteuid().is_root() {
+        return Err(Error::config(
+            "restore-table serves the scratch cluster's files through a FUSE mount only its user can enter: run it as the cluster's OS user, not as root",
+        ));
+    }
+    if dump.tables.is_empty() {
+        return Err(Error::config("restore-table needs --table=SCHEMA.TABLE"));
+    }
+    if dump.output.exists() {
+        return Err(Error::refused(format!(
+            "restore-table: {} exists: give a new file with --output",
+            dump.output.display()
+        )));
+    }
+    check_recovery_type(o)?;
+    let scratch = make_scratch(s, o)?;
+    let data = scratch.join("pgdata");
+    let mut settings = s.clone();
+    settings.pg_path = Some(data.clone());
+    let restore = RestoreOptions {
+        tablespace_root: Some(scratch.join("tablespaces")),
+        archive_off: true,
+        target_action: Some(TargetAction::Promote),
+        delta: false,
+        force: false,
+        dry_run: false,
+        instant: true,
+        db_include: vec![dump.database.clone()],
+        db_exclude: vec![],
+        ..o.restore.clone()
+    };
+    let restored = crate::data_restore::restore(&settings, &restore).await?;
+    let mount = MountGuard(crate::instant::instant_dir(&data)?.join("mnt"));
+    let server = std::thread::spawn({
+        let (settings, data) = (settings.clone(), data.clone());
+        let runtime = tokio::runtime::Handle::current();
+        move || runtime.block_on(crate::instant::serve_with(&settings, &data, false))
+    });
+    wait_serving(&data, &server).await?;
+    let dumped = tokio::task::spawn_blocking({
+        let (o, dump, data) = (o.clone(), dump.clone(), data.clone());
+        let label = restored.label.clone();
+        let pg_version = restored.pg_version;
+        move || dump_tables(&scratch, &data, &label, pg_version, &o, &dump)
+    })
+    .await
+    .map_err(|e| Error::new(ErrorKind::Io, format!("restore-table stopped: {e}")))?;
+    let on_demand = crate::instant::instant_status(&data, false)
+        .map(|st| st.bytes_fetched)
+        .unwrap_or(0);
+    drop(mount);
+    let _ = tokio::task::spawn_blocking(move || server.join()).await;
+    dumped?;
+    Ok(RestoreTableReport {
+        backup: restored.label.clone(),
+        database: dump.database,
+        tables: dump.tables,
+        output: dump.output,
+        bytes_fetched: restored.counts.bytes_fetched + on_demand,
+        backup_bytes: restored.backup_bytes,
+        duration_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// Unmounts the scratch cluster's FUSE filesystem when dropped (the serving task then
+/// ends), whatever failed before.
+struct MountGuard(PathBuf);
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&self.0)
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// Wait until the instant restore of `data` serves (or its task failed).
+async fn wait_serving(data: &Path, server: &std::thread::JoinHandle<Result<()>>) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if crate::instant::instant_status(data, false).is_ok() {
+            return Ok(());
+        }
+        if server.is_finished() || Instant::now() > deadline {
+            return Err(Error::new(
+                ErrorKind::Io,
+                "restore-table: the scratch cluster's files could not be served (see the log)",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Start the scratch cluster, recover, `pg_dump` the tables, stop it.
+fn dump_tables(
+    scratch: &Scratch,
+    data: &Path,
+    label: &str,
+    pg_version: u32,
+    o: &RestoreTestOptions,
+    dump: &TableDump,
+) -> Result<()> {
+    let mut bin = server_binaries(o.pg_bin.as_deref(), pg_version)?;
+    let (env, _) = clean_environment(std::env::vars_os(), pg_version);
+    bin.env = Some(env);
+    let cluster = configure(scratch, data, bin, o)?;
+    cluster.start().map_err(|e| {
+        Error::refused(format!(
+            "restore-table: the scratch cluster of backup {label} did not start: {e}"
+        ))
+    })?;
+    let dumped = wait_until_promoted(&cluster, label).and_then(|()| {
+        let mut cmd = cluster.bin.client("pg_dump");
+        cmd.arg("-h")
+            .arg(&cluster.socket_dir)
+            .args(["-p", &cluster.port.to_string(), "-U", "postgres"])
+            .args(["-d", &dump.database, "-f"])
+            .arg(&dump.output);
+        for t in &dump.tables {
+            cmd.arg(format!("--table={t}"));
+        }
+        let out = cmd.output().map_err(|e| Error::io("run pg_dump", e))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            let _ = std::fs::remove_file(&dump.output);
+            Err(Error::refused(format!(
+                "restore-table: pg_dump of {} from database {} as of the target failed: {}",
+                dump.tables.join(", "),
+                dump.database,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )))
+        }
+    });
+    let stopped = cluster
+        .stop()
+        .map_err(|e| Error::refused(format!("restore-table: stop the scratch cluster: {e}")));
+    dumped.and(stopped)
 }
 
 #[derive(Debug, Serialize)]
@@ -103,20 +294,7 @@ pub struct PageCheck {
 
 pub async fn restore_test(s: &Settings, o: &RestoreTestOptions) -> Result<RestoreTestReport> {
     let started = Instant::now();
-    if let Some(bad) = o.preload.iter().find(|l| !is_library_name(l)) {
-        return Err(Error::config(format!(
-            "--restore-test-preload='{bad}': give one library name (letters, digits, _ $ . / -) per option"
-        )));
-    }
-    if matches!(
-        o.restore.recovery_type,
-        RecoveryType::Standby | RecoveryType::None | RecoveryType::Preserve
-    ) {
-        return Err(Error::config(format!(
-            "restore-test --type={}: the scratch cluster must recover and be promoted (immediate, default, or a target)",
-            pgstrata_repo::Named::name(o.restore.recovery_type)
-        )));
-    }
+    check_recovery_type(o)?;
     let scratch = make_scratch(s, o)?;
     let data = scratch.join("pgdata");
     let mut settings = s.clone();
@@ -152,6 +330,25 @@ pub async fn restore_test(s: &Settings, o: &RestoreTestOptions) -> Result<Restor
         report.kept = Some(scratch.path.clone());
     }
     Ok(report)
+}
+
+/// The preload list names libraries, and the recovery ends in a promoted cluster.
+fn check_recovery_type(o: &RestoreTestOptions) -> Result<()> {
+    if let Some(bad) = o.preload.iter().find(|l| !is_library_name(l)) {
+        return Err(Error::config(format!(
+            "--restore-test-preload='{bad}': give one library name (letters, digits, _ $ . / -) per option"
+        )));
+    }
+    if matches!(
+        o.restore.recovery_type,
+        RecoveryType::Standby | RecoveryType::None | RecoveryType::Preserve
+    ) {
+        return Err(Error::config(format!(
+            "restore-test --type={}: the scratch cluster must recover and be promoted (immediate, default, or a target)",
+            pgstrata_repo::Named::name(o.restore.recovery_type)
+        )));
+    }
+    Ok(())
 }
 
 /// The scratch directory: `--pg-path` when given (absent or empty: never someone's data

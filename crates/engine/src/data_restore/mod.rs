@@ -142,6 +142,8 @@ pub struct RestoreReport {
     pub data_checksums: bool,
     /// Databases left out by `--db-include`/`--db-exclude` (their files zeroed).
     pub excluded_databases: Vec<String>,
+    /// Bytes of the backup's files.
+    pub backup_bytes: u64,
 }
 
 /// What restore's workers did (each keeps its own; the report has their sum).
@@ -279,6 +281,7 @@ fn execute(
         .then(|| crate::instant::Deferring::prepare(&plan.pg_path))
         .transpose()?;
     let (files, bytes) = plan.manifest.files();
+    report.backup_bytes = bytes;
     let limit = crate::progress::repository_limit(storage);
     let progress = Progress::start("restore", bytes, files, limit);
     let counters = progress.counters.clone();

@@ -235,7 +235,10 @@ impl fuser::Filesystem for InstantFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.file(ino) {
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            // The kernel may keep what it read at an earlier open: every byte it ever
+            // read came through `read`, which made it local first, and every later change
+            // came through `write`, so nothing cached can be stale.
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(e),
         }
     }

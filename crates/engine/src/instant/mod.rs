@@ -51,7 +51,7 @@ mod serve;
 mod served;
 mod status;
 
-pub use serve::serve;
+pub use serve::{serve, serve_with};
 pub use status::{instant_status, render_status, Status};
 
 use crate::{Error, Result};

@@ -15,6 +15,12 @@ use std::time::{Duration, Instant};
 /// closed (or the process is killed). Runs in the foreground: `restore --instant` starts it
 /// as a process of its own.
 pub async fn serve(s: &Settings, pg_path: &Path) -> Result<()> {
+    serve_with(s, pg_path, true).await
+}
+
+/// [`serve`], or with `hydrate` false only what is read (nothing in the background, no
+/// hand-over): `restore-table`'s scratch cluster, served until its mount is let go.
+pub async fn serve_with(s: &Settings, pg_path: &Path, hydrate: bool) -> Result<()> {
     let dir = super::instant_dir(pg_path)?;
     let state = State::read(&dir)?;
     let (storage, _) = open_stanza(s).await?;
@@ -32,17 +38,17 @@ pub async fn serve(s: &Settings, pg_path: &Path) -> Result<()> {
     std::fs::write(dir.join("pid"), std::process::id().to_string())
         .map_err(|e| Error::io(format!("write {}", dir.join("pid").display()), e))?;
     let runtime = tokio::runtime::Handle::current();
-    let workers = s.process_max.get();
+    let workers = if hydrate { s.process_max.get() } else { 0 };
     let served = Arc::new(Served::open(
         &dir, &state, storage, manifest, runtime, entries,
     )?);
-    tokio::task::spawn_blocking(move || run(served, state, workers))
+    tokio::task::spawn_blocking(move || run(served, state, workers, hydrate))
         .await
         .map_err(|e| Error::new(ErrorKind::Io, format!("instant restore stopped: {e}")))?
 }
 
 /// Mount, hydrate, hand over, and wait for the mount to be let go.
-fn run(served: Arc<Served>, state: State, workers: usize) -> Result<()> {
+fn run(served: Arc<Served>, state: State, workers: usize, hydrate: bool) -> Result<()> {
     let started = Instant::now();
     let mnt = served.dir.join("mnt");
     // A mount left by a killed process: gone before this one.
@@ -60,6 +66,12 @@ fn run(served: Arc<Served>, state: State, workers: usize) -> Result<()> {
         status
     };
     write_status("hydrating");
+    if !hydrate {
+        log::info!("instant restore: serving {} on demand only", mnt.display());
+        session.join().ok();
+        write_status("hydrating");
+        return Ok(());
+    }
     log::info!(
         "instant restore of {}: serving {} deferred files at {}",
         state.pg_path.display(),
