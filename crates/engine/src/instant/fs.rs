@@ -259,8 +259,7 @@ impl fuser::Filesystem for InstantFs {
             Err(e) => return reply.error(e),
         };
         let f = &self.served.files[i];
-        let len = f.backing.metadata().map(|m| m.len()).unwrap_or(0);
-        let end = (offset + size as u64).min(len);
+        let end = (offset + size as u64).min(f.size());
         if end <= offset {
             return reply.data(&[]);
         }
@@ -345,8 +344,7 @@ impl fuser::Filesystem for InstantFs {
             Err(e) => return reply.error(e),
         };
         let f = &self.served.files[i];
-        let len = f.backing.metadata().map(|m| m.len()).unwrap_or(0);
-        if offset + length > len {
+        if offset + length > f.size() {
             if let Err(e) = self.served.truncate(i, offset + length) {
                 return reply.error(errno(&e));
             }

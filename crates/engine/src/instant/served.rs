@@ -54,6 +54,8 @@ struct FileState {
     fetching: HashSet<usize>,
     /// Bits set since `local.bits` last had them.
     dirty: bool,
+    /// The file's size now (changed only through this process: writes, truncation).
+    size: u64,
 }
 
 impl FileState {
@@ -102,6 +104,10 @@ impl Served {
                 .write(true)
                 .open(&backing_path)
                 .map_err(|e| Error::io(format!("open {}", backing_path.display()), e))?;
+            let size = backing
+                .metadata()
+                .map_err(|e| Error::io(format!("stat {}", backing_path.display()), e))?
+                .len();
             let words = f.blocks().div_ceil(64) as usize;
             let mut raw = vec![0u8; words * 8];
             bits.read_exact_at(&mut raw, at)
@@ -125,6 +131,7 @@ impl Served {
                 st: Mutex::new(FileState {
                     local,
                     local_blocks,
+                    size,
                     blocks: f.blocks(),
                     fetching: HashSet::new(),
                     dirty: false,
@@ -244,6 +251,7 @@ impl Served {
         for b in first..=last {
             st.mark(b);
         }
+        st.size = st.size.max(end);
         Ok(())
     }
 
@@ -254,6 +262,7 @@ impl Served {
         f.backing
             .set_len(size)
             .map_err(|e| Error::io(format!("truncate {}", f.path), e))?;
+        st.size = size;
         // A block cut in part keeps what is left of it: fetched first (rare: PostgreSQL
         // cuts at block boundaries).
         for b in size.div_ceil(BLOCK)..st.blocks {
@@ -446,6 +455,11 @@ impl Served {
 }
 
 impl ServedFile {
+    /// The file's size now (no system call: reads ask for it every time).
+    pub fn size(&self) -> u64 {
+        self.st.lock().expect("file state").size
+    }
+
     /// The extent holding block `b` (extents are whole blocks, in order).
     pub fn extent_of(&self, b: u64) -> usize {
         let at = b * BLOCK;
