@@ -125,24 +125,43 @@ fn seconds_row(step: &str, tool: &str, seconds: f64, note: String) -> Row {
     Row::timed(CASE, step, tool, 1, &m).note(note)
 }
 
-/// A normal restore by `r`, the first query after it, and (pgstrata) the reference TPS.
-fn normal_restore(b: &mut Bench, o: &Opts, r: &Repo) -> Result<Option<f64>, String> {
-    let dir = b.empty_data_dir("restore-normal")?;
+/// A restore by `r` with `args` into a new directory (`name`), timed, then the cluster
+/// started and the first query answered, timed from the restore's start (`tag` names the
+/// steps): the running cluster, its directory and when the restore started.
+fn restore_and_answer(
+    b: &mut Bench,
+    r: &Repo,
+    name: &str,
+    args: &[&str],
+    tag: &str,
+) -> Result<(Cluster, PathBuf, Instant), String> {
+    let dir = b.empty_data_dir(name)?;
     let t0 = Instant::now();
-    let m = r.restore(b, &dir, &["--type=immediate", "--target-action=promote"])?;
+    let m = r.restore(b, &dir, args)?;
     b.results
-        .record(Row::timed(CASE, "restore", &r.label, 1, &m))?;
-    let c = start(b, &dir, "normal")?;
-    let answered = t0.elapsed().as_secs_f64();
+        .record(Row::timed(CASE, &format!("restore{tag}"), &r.label, 1, &m))?;
+    let c = start(b, &dir, name)?;
     b.results.record(seconds_row(
-        "first query (from the restore's start)",
+        &format!("first query (from the restore's start){tag}"),
         &r.label,
-        answered,
+        t0.elapsed().as_secs_f64(),
         format!(
             "{FIRST_QUERY}: restore {:.2} s, then start and recovery",
             m.seconds
         ),
     ))?;
+    Ok((c, dir, t0))
+}
+
+/// A normal restore by `r`, the first query after it, and (pgstrata) the reference TPS.
+fn normal_restore(b: &mut Bench, o: &Opts, r: &Repo) -> Result<Option<f64>, String> {
+    let (c, dir, _) = restore_and_answer(
+        b,
+        r,
+        "restore-normal",
+        &["--type=immediate", "--target-action=promote"],
+        "",
+    )?;
     let tps = if r.is_pgstrata() {
         let tps = select_tps(&c, o.seconds)?;
         b.results.record(Row::text(
@@ -170,26 +189,13 @@ fn status(dir: &Path) -> Option<serde_json::Value> {
 }
 
 fn instant_restore(b: &mut Bench, o: &Opts, r: &Repo, reference: f64) -> Result<(), String> {
-    let dir: PathBuf = b.empty_data_dir("restore-instant")?;
-    let t0 = Instant::now();
-    let m = r.restore(
+    let (c, dir, t0) = restore_and_answer(
         b,
-        &dir,
+        r,
+        "restore-instant",
         &["--type=immediate", "--target-action=promote", "--instant"],
+        " --instant",
     )?;
-    b.results
-        .record(Row::timed(CASE, "restore --instant", &r.label, 1, &m))?;
-    let c = start(b, &dir, "instant")?;
-    let answered = t0.elapsed().as_secs_f64();
-    b.results.record(seconds_row(
-        "first query (from the restore's start), instant",
-        &r.label,
-        answered,
-        format!(
-            "{FIRST_QUERY}: restore {:.2} s, then start and recovery",
-            m.seconds
-        ),
-    ))?;
     // pgbench -S while hydrating, in windows.
     let mut window = 0;
     loop {

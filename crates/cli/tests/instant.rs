@@ -43,6 +43,40 @@ fn links_under(dir: &std::path::Path) -> usize {
     n
 }
 
+/// Start the cluster restored at `target` and wait until recovery ends.
+fn start_restored(env: &Env, target: &std::path::Path) -> pgstrata_testkit::Cluster {
+    let c = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, target, &env.scratch.path);
+    c.start().expect("start the instantly restored cluster");
+    c.wait_for_promotion(Duration::from_secs(180))
+        .expect("recovers");
+    c
+}
+
+/// `pg_amcheck --heapallindexed` of every database of `c` finds nothing.
+fn assert_amcheck_clean(c: &pgstrata_testkit::Cluster) {
+    let amcheck = c
+        .bin
+        .cmd("pg_amcheck")
+        .args(["--heapallindexed", "-h"])
+        .arg(&c.socket_dir)
+        .args([
+            "-p",
+            &c.port.to_string(),
+            "-U",
+            "postgres",
+            "--all",
+            "--install-missing",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        amcheck.status.success(),
+        "pg_amcheck: {}{}",
+        String::from_utf8_lossy(&amcheck.stdout),
+        String::from_utf8_lossy(&amcheck.stderr)
+    );
+}
+
 /// A backup restored with --instant: the cluster starts and answers while hydrating, the
 /// status reaches complete, the links are gone, and after a restart (no pgstrata
 /// process left) every table equals the source.
@@ -69,10 +103,7 @@ fn an_instant_restore_answers_at_once_and_ends_with_ordinary_files() {
     let restored_in = started.elapsed();
     assert!(out.contains("deferred"), "{out}");
     assert!(links_under(&target) > 0, "no file was deferred: {out}");
-    let c = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &target, &env.scratch.path);
-    c.start().expect("start the instantly restored cluster");
-    c.wait_for_promotion(Duration::from_secs(180))
-        .expect("recovers");
+    let c = start_restored(&env, &target);
     let count = c
         .psql("postgres", "SELECT count(*) FROM pgbench_accounts")
         .unwrap();
@@ -109,27 +140,7 @@ fn an_instant_restore_answers_at_once_and_ends_with_ordinary_files() {
     }
     c.start().unwrap();
     assert_eq!(c.content_hashes().unwrap(), source, "after a restart");
-    let amcheck = c
-        .bin
-        .cmd("pg_amcheck")
-        .args(["--heapallindexed", "-h"])
-        .arg(&c.socket_dir)
-        .args([
-            "-p",
-            &c.port.to_string(),
-            "-U",
-            "postgres",
-            "--all",
-            "--install-missing",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        amcheck.status.success(),
-        "pg_amcheck: {}{}",
-        String::from_utf8_lossy(&amcheck.stdout),
-        String::from_utf8_lossy(&amcheck.stderr)
-    );
+    assert_amcheck_clean(&c);
     c.stop().unwrap();
 }
 
@@ -158,9 +169,7 @@ fn a_killed_instant_restore_resumes_and_loses_no_commit() {
         "restore",
     ];
     env.ok(&args);
-    let c = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &target, &env.scratch.path);
-    c.start().unwrap();
-    c.wait_for_promotion(Duration::from_secs(180)).unwrap();
+    let c = start_restored(&env, &target);
     let out = c
         .pgbench(&["-n", "-c", "2", "-t", "20", "postgres"])
         .unwrap();
@@ -187,12 +196,7 @@ fn a_killed_instant_restore_resumes_and_loses_no_commit() {
         "killed during hydration: {status}"
     );
     // PostgreSQL's host is still up: stop it as a crash would.
-    let _ = pgstrata_testkit::run_ok(c.bin.cmd("pg_ctl").arg("-D").arg(&c.data).args([
-        "-m",
-        "immediate",
-        "-w",
-        "stop",
-    ]));
+    stop_at_once(&c);
     let failed = env.cmd(&[&pg_path, "instant-status"]).output().unwrap();
     assert_eq!(
         failed.status.code(),
@@ -216,26 +220,7 @@ fn a_killed_instant_restore_resumes_and_loses_no_commit() {
          AND (SELECT sum(bbalance) FROM pgbench_branches) = (SELECT sum(delta) FROM pgbench_history)",
     );
     assert_eq!(balances, "t", "balances agree with the history");
-    let amcheck = c
-        .bin
-        .cmd("pg_amcheck")
-        .args(["--heapallindexed", "-h"])
-        .arg(&c.socket_dir)
-        .args([
-            "-p",
-            &c.port.to_string(),
-            "-U",
-            "postgres",
-            "--all",
-            "--install-missing",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        amcheck.status.success(),
-        "pg_amcheck: {}",
-        String::from_utf8_lossy(&amcheck.stdout)
-    );
+    assert_amcheck_clean(&c);
     c.stop().unwrap();
 }
 
@@ -296,9 +281,7 @@ fn a_damaged_frame_is_an_io_error_and_instant_status_exits_4() {
         "--instant",
         "restore",
     ]);
-    let c = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &target, &env.scratch.path);
-    c.start().unwrap();
-    c.wait_for_promotion(Duration::from_secs(180)).unwrap();
+    let c = start_restored(&env, &target);
     let read = c.psql("postgres", "SELECT sum(abalance) FROM pgbench_accounts");
     let err = read
         .expect_err("a damaged frame must not be read as data")
@@ -314,12 +297,7 @@ fn a_damaged_frame_is_an_io_error_and_instant_status_exits_4() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{stderr}");
     assert!(stderr.contains(rel), "names the file: {stderr}");
-    let _ = pgstrata_testkit::run_ok(c.bin.cmd("pg_ctl").arg("-D").arg(&c.data).args([
-        "-m",
-        "immediate",
-        "-w",
-        "stop",
-    ]));
+    stop_at_once(&c);
 }
 
 /// Point-in-time recovery through an instant restore of a backup with a tablespace (its
@@ -377,9 +355,7 @@ fn an_instant_pitr_with_a_tablespace_and_a_database_left_out() {
     assert!(out.contains("deferred"), "{out}");
     let ts_links = links_under(&new_ts);
     assert!(ts_links > 0, "the tablespace's large file is deferred too");
-    let c = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &target, &env.scratch.path);
-    c.start().unwrap();
-    c.wait_for_promotion(Duration::from_secs(180)).unwrap();
+    let c = start_restored(&env, &target);
     let q = |sql: &str| c.psql("postgres", sql).unwrap().trim().to_string();
     assert_eq!(
         q("SELECT count(*) FROM pgbench_history"),
@@ -437,9 +413,7 @@ fn an_instant_restore_of_an_encrypted_stanza_on_s3() {
         "restore",
     ]);
     assert!(links_under(&target) > 0, "{out}");
-    let c = pgstrata_testkit::Cluster::adopt(&env.cluster.bin, &target, &env.scratch.path);
-    c.start().unwrap();
-    c.wait_for_promotion(Duration::from_secs(180)).unwrap();
+    let c = start_restored(&env, &target);
     assert_eq!(
         c.psql("postgres", "SELECT count(*) FROM pgbench_accounts")
             .unwrap()

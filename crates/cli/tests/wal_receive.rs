@@ -168,17 +168,6 @@ fn wait_until_flushed(c: &pgstrata_testkit::Cluster, receiver: &mut Receiver) {
     }
 }
 
-/// The server's host is lost: `pg_ctl -m immediate stop`.
-fn stop_at_once(c: &pgstrata_testkit::Cluster) {
-    pgstrata_testkit::run_ok(c.bin.cmd("pg_ctl").arg("-D").arg(&c.data).args([
-        "-m",
-        "immediate",
-        "-w",
-        "stop",
-    ]))
-    .unwrap();
-}
-
 /// kill -9 of the receiver at random points under load: after each restart it goes on
 /// from its slot, the archive (written by the receiver alone: archive_command stores
 /// nothing) has no gap, and a restore equals the source.

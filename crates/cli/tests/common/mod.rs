@@ -537,3 +537,14 @@ pub fn test_seed() -> u64 {
                 .as_nanos() as u64
         })
 }
+
+/// The server's host is lost: `pg_ctl -m immediate stop`.
+pub fn stop_at_once(c: &pgstrata_testkit::Cluster) {
+    pgstrata_testkit::run_ok(c.bin.cmd("pg_ctl").arg("-D").arg(&c.data).args([
+        "-m",
+        "immediate",
+        "-w",
+        "stop",
+    ]))
+    .unwrap();
+}

@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
@@ -30,8 +30,6 @@ pub(super) struct Served {
     /// The first failure (a damaged frame, a repository that cannot be read): the file
     /// and why, with the exit code `instant-status` gives.
     pub failed: Mutex<Option<(String, String, i32)>>,
-    /// Set once everything is local and handed over.
-    pub handed_over: AtomicBool,
 }
 
 /// One deferred file.
@@ -149,7 +147,6 @@ impl Served {
             stats: Stats::default(),
             hot: Mutex::new(VecDeque::new()),
             failed: Mutex::new(None),
-            handed_over: AtomicBool::new(false),
         })
     }
 
@@ -449,7 +446,6 @@ impl Served {
             sync_dir_fs(store)?;
             let _ = std::fs::remove_dir(store);
         }
-        self.handed_over.store(true, Ordering::SeqCst);
         Ok(())
     }
 }
