@@ -21,6 +21,8 @@ pub struct Measured {
     pub sys: f64,
     pub stdout: String,
     pub stderr: String,
+    /// What the scratch directory's disk did while the command ran, where it can be read.
+    pub disk: Option<crate::harness::DiskTraffic>,
 }
 
 pub const COLUMNS: &[&str] = &[

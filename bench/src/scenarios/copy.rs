@@ -240,10 +240,11 @@ fn copy_to_each(
         let step = format!("copy {}", t.case);
         b.results
             .record(Row::timed(case, &step, &source.label, 1, &m).note(format!(
-                "{rate:.0} MB/s = {:.2}x the plain read; {} objects, {} already there",
+                "{rate:.0} MB/s = {:.2}x the plain read; {} objects, {} already there{}",
                 rate / plain,
                 report["objects_copied"],
-                report["objects_skipped"]
+                report["objects_skipped"],
+                disk_share(&m, &read_cold)
             )))?;
         let wal = report["wal_bytes_copied"].as_u64().unwrap_or(0);
         b.results.record(Row::bytes(
@@ -316,8 +317,12 @@ fn measure_floors(
             &read_cold,
         )
         .note(format!(
-            "{:.0} MB/s",
-            mb_per_s(read_bytes, read_cold.seconds)
+            "{:.0} MB/s; {}",
+            mb_per_s(read_bytes, read_cold.seconds),
+            read_cold
+                .disk
+                .map(|d| d.describe(read_cold.seconds))
+                .unwrap_or_default()
         )),
     )?;
     let floor = b.dir(&format!("copy-floor-{case}"))?;
@@ -339,6 +344,23 @@ fn measure_floors(
     )?;
     std::fs::remove_dir_all(&floor).map_err(|e| format!("{}: {e}", floor.display()))?;
     Ok((read_bytes, read, read_cold))
+}
+
+/// What the disk did during `copy` set against what it did during the cold plain read:
+/// a copy to the same disk reads and writes every byte, so when the two move as many
+/// bytes a second, the copy is as fast as the disk lets it be, whatever the plain read's rate.
+fn disk_share(copy: &Measured, read_cold: &Measured) -> String {
+    let (Some(c), Some(r)) = (copy.disk, read_cold.disk) else {
+        return String::new();
+    };
+    let together = |d: &crate::harness::DiskTraffic, s: f64| {
+        (d.read_bytes + d.written_bytes) as f64 / s.max(1e-6)
+    };
+    format!(
+        "; {}; {:.2}x the bytes a second the disk moved in the cold plain read",
+        c.describe(copy.seconds),
+        together(&c, copy.seconds) / together(&r, read_cold.seconds).max(1.0)
+    )
 }
 
 /// `source`'s pgstrata with its config and stanza, repository 2 as `env` gives it.
