@@ -8,7 +8,7 @@
 //! and `ru_maxrss` is the peak of the largest single process (pgstrata is one process;
 //! pgBackRest runs `process-max` worker processes beside its main one).
 
-use crate::results::{Measured, Results};
+use crate::results::{DiskTraffic, Measured, Results};
 use crate::tools::Tool;
 use pgstrata_testkit::{as_user, give_to_pg_user, Cluster, PgBin, Scratch, PG_OS_USER};
 use std::path::{Path, PathBuf};
@@ -355,69 +355,6 @@ pub fn file_count(path: &Path) -> u64 {
 }
 
 /// Flush dirty pages left by earlier steps, so no timed command pays for them.
-/// Bytes a disk read and wrote and the milliseconds it was busy (`/proc/diskstats`):
-/// whether a step was bound by the disk, and by how much of it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DiskTraffic {
-    pub read_bytes: u64,
-    pub written_bytes: u64,
-    pub busy_ms: u64,
-}
-
-impl DiskTraffic {
-    /// The counters of the disk (or partition) holding `dir`.
-    pub fn now(dir: &Path) -> Option<DiskTraffic> {
-        let out = Command::new("df")
-            .args(["--output=source"])
-            .arg(dir)
-            .output()
-            .ok()?;
-        let source = String::from_utf8_lossy(&out.stdout);
-        let name = source
-            .lines()
-            .last()?
-            .trim()
-            .strip_prefix("/dev/")?
-            .to_string();
-        let stats = std::fs::read_to_string("/proc/diskstats").ok()?;
-        // Fields: major minor name, then reads completed, merged, sectors read, ms reading,
-        // writes completed, merged, sectors written, ms writing, in flight, ms doing I/O.
-        let fields: Vec<u64> = stats
-            .lines()
-            .map(|l| l.split_whitespace().collect::<Vec<_>>())
-            .find(|f| f.get(2) == Some(&name.as_str()))?[3..]
-            .iter()
-            .map(|v| v.parse().unwrap_or(0))
-            .collect();
-        Some(DiskTraffic {
-            read_bytes: fields.get(2)? * 512,
-            written_bytes: fields.get(6)? * 512,
-            busy_ms: *fields.get(9)?,
-        })
-    }
-
-    /// What happened between `before` and these counters.
-    pub fn since(&self, before: &DiskTraffic) -> DiskTraffic {
-        DiskTraffic {
-            read_bytes: self.read_bytes.saturating_sub(before.read_bytes),
-            written_bytes: self.written_bytes.saturating_sub(before.written_bytes),
-            busy_ms: self.busy_ms.saturating_sub(before.busy_ms),
-        }
-    }
-
-    /// "R MB read + W MB written (X MB/s together), busy B %" over `seconds`.
-    pub fn describe(&self, seconds: f64) -> String {
-        let mb = |b: u64| b as f64 / 1e6;
-        format!(
-            "disk: {:.0} MB read + {:.0} MB written ({:.0} MB/s together), busy {:.0} %",
-            mb(self.read_bytes),
-            mb(self.written_bytes),
-            mb(self.read_bytes + self.written_bytes) / seconds.max(1e-6),
-            self.busy_ms as f64 / 10.0 / seconds.max(1e-6)
-        )
-    }
-}
-
 pub fn settle() {
     unsafe { libc::sync() };
     std::thread::sleep(Duration::from_secs(1));

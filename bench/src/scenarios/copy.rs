@@ -353,7 +353,7 @@ fn disk_share(copy: &Measured, read_cold: &Measured) -> String {
     let (Some(c), Some(r)) = (copy.disk, read_cold.disk) else {
         return String::new();
     };
-    let together = |d: &crate::harness::DiskTraffic, s: f64| {
+    let together = |d: &crate::results::DiskTraffic, s: f64| {
         (d.read_bytes + d.written_bytes) as f64 / s.max(1e-6)
     };
     format!(

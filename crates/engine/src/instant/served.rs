@@ -25,6 +25,9 @@ pub(super) struct Served {
     runtime: tokio::runtime::Handle,
     bits: File,
     pub stats: Stats,
+    /// Bytes a hydrating worker fetches at once, at most: [`HYDRATE_BYTES`], less under a
+    /// rate limit (a tenth of a second of it), which an on-demand fetch would wait behind.
+    batch_bytes: u64,
     /// Files read on demand lately, newest last: hydrated first.
     hot: Mutex<VecDeque<usize>>,
     /// The first failure (a damaged frame, a repository that cannot be read): the file
@@ -54,6 +57,8 @@ struct FileState {
     dirty: bool,
     /// The file's size now (changed only through this process: writes, truncation).
     size: u64,
+    /// No block before this one is not local: where hydration looks from.
+    scan_from: u64,
 }
 
 impl FileState {
@@ -72,10 +77,29 @@ impl FileState {
 
 #[derive(Default)]
 pub(super) struct Stats {
+    /// On-demand fetches under way: hydration starts no new batch meanwhile, so that
+    /// PostgreSQL's reads have the disk, the cores and the rate limit first.
+    pub on_demand_pending: AtomicU64,
     pub bytes_fetched: AtomicU64,
     pub on_demand: AtomicU64,
     pub on_demand_micros: AtomicU64,
     pub on_demand_max_micros: AtomicU64,
+}
+
+/// An on-demand fetch under way, counted in [`Stats::on_demand_pending`] while it lives.
+struct OnDemand<'s>(&'s Stats);
+
+impl<'s> OnDemand<'s> {
+    fn begin(stats: &'s Stats) -> OnDemand<'s> {
+        stats.on_demand_pending.fetch_add(1, Ordering::SeqCst);
+        OnDemand(stats)
+    }
+}
+
+impl Drop for OnDemand<'_> {
+    fn drop(&mut self) {
+        self.0.on_demand_pending.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Served {
@@ -133,11 +157,16 @@ impl Served {
                     blocks: f.blocks(),
                     fetching: HashSet::new(),
                     dirty: false,
+                    scan_from: 0,
                 }),
                 cond: Condvar::new(),
             });
         }
+        let batch_bytes = storage
+            .rate_limit()
+            .map_or(HYDRATE_BYTES, |r| (r / 10).min(HYDRATE_BYTES));
         Ok(Served {
+            batch_bytes,
             dir: dir.to_path_buf(),
             files,
             storage,
@@ -170,29 +199,8 @@ impl Served {
             }
             st.fetching.insert(e);
             drop(st);
-            let fetched = self.fetch(f, e);
-            let mut st = f.st.lock().expect("file state");
-            st.fetching.remove(&e);
-            f.cond.notify_all();
-            let data = match fetched {
-                Ok(data) => data,
-                Err(err) => {
-                    drop(st);
-                    self.fail(&f.path, &err);
-                    return Err(err);
-                }
-            };
-            let (at, _) = &f.extents[e];
-            // Only blocks still not local: a block PostgreSQL wrote meanwhile stays.
-            for (k, block) in data.chunks(BLOCK as usize).enumerate() {
-                let blk = at / BLOCK + k as u64;
-                if !st.is_local(blk) {
-                    f.backing
-                        .write_all_at(block, blk * BLOCK)
-                        .map_err(|e| Error::io(format!("write {}", f.path), e))?;
-                    st.mark(blk);
-                }
-            }
+            let _first = on_demand.then(|| OnDemand::begin(&self.stats));
+            self.fetch_and_store(f, &[e])?;
             fetched_any = true;
         }
         if on_demand && fetched_any {
@@ -209,21 +217,54 @@ impl Served {
         Ok(())
     }
 
-    /// The bytes of extent `e` of `f`, checked (zeros for an all-zero extent).
-    fn fetch(&self, f: &ServedFile, e: usize) -> Result<Vec<u8>> {
-        let (_, c) = &f.extents[e];
-        if c.is_zero() {
-            return Ok(vec![0; c.raw as usize]);
+    /// Fetch extents `claimed` of `f` (the caller put them in `fetching`) and write each
+    /// block of them that is still not local; then they are no longer being fetched. A
+    /// failure is recorded ([`Served::fail`]) and returned.
+    fn fetch_and_store(&self, f: &ServedFile, claimed: &[usize]) -> Result<()> {
+        let fetched = self.fetch(f, claimed);
+        let mut st = f.st.lock().expect("file state");
+        for e in claimed {
+            st.fetching.remove(e);
         }
+        f.cond.notify_all();
+        let stored = fetched.and_then(|data| {
+            claimed
+                .iter()
+                .zip(data)
+                .try_for_each(|(&e, data)| f.store(&mut st, e, &data))
+        });
+        drop(st);
+        if let Err(err) = &stored {
+            self.fail(&f.path, err);
+        }
+        stored
+    }
+
+    /// The bytes of extents `es` of `f`, checked (zeros for an all-zero extent): one
+    /// ranged read for each run of neighbouring frames.
+    fn fetch(&self, f: &ServedFile, es: &[usize]) -> Result<Vec<Vec<u8>>> {
+        let chunks: Vec<&Chunk> = es
+            .iter()
+            .map(|&e| &f.extents[e].1)
+            .filter(|c| !c.is_zero())
+            .collect();
         let mut reader = FrameReader::new(&self.storage, &self.manifest);
-        self.runtime.block_on(reader.load(&[c], &f.path))?;
-        let data = reader
-            .bytes(c)
-            .map_err(|e| Error::from(e).context(&f.path))?;
-        self.stats
-            .bytes_fetched
-            .fetch_add(c.stored as u64, Ordering::Relaxed);
-        Ok(data.to_vec())
+        self.runtime.block_on(reader.load(&chunks, &f.path))?;
+        es.iter()
+            .map(|&e| {
+                let (_, c) = &f.extents[e];
+                if c.is_zero() {
+                    return Ok(vec![0; c.raw as usize]);
+                }
+                let data = reader
+                    .bytes(c)
+                    .map_err(|e| Error::from(e).context(&f.path))?;
+                self.stats
+                    .bytes_fetched
+                    .fetch_add(c.stored as u64, Ordering::Relaxed);
+                Ok(data.to_vec())
+            })
+            .collect()
     }
 
     /// PostgreSQL wrote `data` at `offset` of file `i`: blocks it covers only in part are
@@ -327,8 +368,9 @@ impl Served {
         })
     }
 
-    /// The next extent to hydrate: in a file read lately, else the first file not local.
-    fn next_work(&self, from: &mut usize) -> Option<(usize, u64)> {
+    /// The next extents to hydrate, claimed (in `fetching`): in a file read lately, else
+    /// the first file not local, from its first block not local on.
+    fn next_work(&self, from: &mut usize) -> Option<(usize, Vec<usize>)> {
         let hot: Vec<usize> = self
             .hot
             .lock()
@@ -339,33 +381,34 @@ impl Served {
             .collect();
         for i in hot.into_iter().chain(*from..self.files.len()) {
             let f = &self.files[i];
-            let st = f.st.lock().expect("file state");
+            let mut st = f.st.lock().expect("file state");
             if st.local_blocks == st.blocks {
                 if i == *from {
                     *from += 1;
                 }
                 continue;
             }
-            if let Some(b) =
-                (0..st.blocks).find(|&b| !st.is_local(b) && !st.fetching.contains(&f.extent_of(b)))
-            {
-                return Some((i, b));
+            let claimed = f.claim(&mut st, self.batch_bytes);
+            if !claimed.is_empty() {
+                return Some((i, claimed));
             }
         }
         None
     }
 
-    /// A hydrating worker: fetch what is not local until nothing is left.
+    /// A hydrating worker: fetch what is not local until nothing is left, a batch of
+    /// neighbouring extents at a time.
     pub(super) fn hydrate(&self) {
         let mut from = 0;
         while self.failed.lock().expect("failure").is_none() {
-            let Some((i, b)) = self.next_work(&mut from) else {
+            if self.stats.on_demand_pending.load(Ordering::SeqCst) > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                continue;
+            }
+            let Some((i, claimed)) = self.next_work(&mut from) else {
                 return;
             };
-            let f = &self.files[i];
-            let (at, c) = &f.extents[f.extent_of(b)];
-            let last = (at + c.raw as u64).div_ceil(BLOCK).saturating_sub(1);
-            if self.ensure_local(i, b, last.max(b), false).is_err() {
+            if self.fetch_and_store(&self.files[i], &claimed).is_err() {
                 return;
             }
         }
@@ -450,7 +493,71 @@ impl Served {
     }
 }
 
+/// Extents a hydrating worker fetches at once, at most: neighbouring frames of one pack
+/// are one ranged read, as a normal restore reads them.
+const HYDRATE_EXTENTS: usize = 64;
+/// Bytes (as restored) a hydrating worker fetches at once, at most.
+const HYDRATE_BYTES: u64 = 8 << 20;
+
 impl ServedFile {
+    /// Claim for hydration (put in `fetching`) the first extent with a block not local
+    /// that nobody fetches, and the extents after it, up to a batch: a run that stops at
+    /// an extent being fetched; extents all local are passed over.
+    fn claim(&self, st: &mut FileState, batch_bytes: u64) -> Vec<usize> {
+        while st.scan_from < st.blocks && st.is_local(st.scan_from) {
+            st.scan_from += 1;
+        }
+        let Some(b) = (st.scan_from..st.blocks)
+            .find(|&b| !st.is_local(b) && !st.fetching.contains(&self.extent_of(b)))
+        else {
+            return Vec::new();
+        };
+        let mut claimed = Vec::new();
+        let mut bytes = 0;
+        for e in self.extent_of(b)..self.extents.len() {
+            if claimed.len() >= HYDRATE_EXTENTS || bytes >= batch_bytes {
+                break;
+            }
+            if st.fetching.contains(&e) {
+                break;
+            }
+            let (at, c) = &self.extents[e];
+            if (at / BLOCK..(at + c.raw as u64).div_ceil(BLOCK)).all(|b| st.is_local(b)) {
+                continue;
+            }
+            st.fetching.insert(e);
+            claimed.push(e);
+            bytes += c.raw as u64;
+        }
+        claimed
+    }
+
+    /// Write the blocks of extent `e` (its bytes `data`) that are still not local, a run
+    /// of them at a time: a block PostgreSQL wrote meanwhile stays as it wrote it.
+    fn store(&self, st: &mut FileState, e: usize, data: &[u8]) -> Result<()> {
+        let first = self.extents[e].0 / BLOCK;
+        let n = data.len().div_ceil(BLOCK as usize) as u64;
+        let mut k = 0;
+        while k < n {
+            if st.is_local(first + k) {
+                k += 1;
+                continue;
+            }
+            let run = k;
+            while k < n && !st.is_local(first + k) {
+                k += 1;
+            }
+            let bytes = &data[(run * BLOCK) as usize..((k * BLOCK) as usize).min(data.len())];
+            self.backing
+                .write_all_at(bytes, (first + run) * BLOCK)
+                .map_err(|e| Error::io(format!("write {}", self.path), e))?;
+            for b in run..k {
+                st.mark(first + b);
+            }
+        }
+        Ok(())
+    }
+
     /// The file's size now (no system call: reads ask for it every time).
     pub fn size(&self) -> u64 {
         self.st.lock().expect("file state").size
