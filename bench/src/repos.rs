@@ -115,7 +115,7 @@ impl Repo {
         self.tool.is_pgstrata()
     }
 
-    fn cmd(&self) -> Command {
+    pub fn cmd(&self) -> Command {
         let mut c = Command::new(&self.tool.bin);
         c.arg(format!("--config={}", self.config.display()))
             .arg(format!("--stanza={STANZA}"));

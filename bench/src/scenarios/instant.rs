@@ -9,7 +9,12 @@
 //!   `pgbench -S` in windows of 5 s while it hydrates (TPS and how much was local at each
 //!   window's end), the time until `instant-status --wait` returns (hydration complete,
 //!   from the restore's start), `pgbench -S` for SECONDS once hydrated, and the serving
-//!   process's peak RSS (VmHWM, read before it leaves).
+//!   process's peak RSS (VmHWM, read before it leaves). The windows alternate `pgbench -S`
+//!   and pgbench's read-write transactions, each against the same on the normal restore;
+//! - pgstrata `restore-table` of a table of about 10 MB (`victim`, created before the
+//!   backup) to a time before a `DELETE` of a tenth of its rows: its time and the bytes it
+//!   read from the repository, against a full restore, the first query and `pg_dump` of
+//!   the table; the dump is checked to hold every row.
 //!
 //! Options: --scale N (30) --copies N (8) --codec C (zst) --seconds N (10)
 
@@ -51,9 +56,25 @@ impl Opts {
 
 const CASE: &str = "full";
 const FIRST_QUERY: &str = "SELECT count(*) FROM pgbench_branches";
+/// The table restore-table brings back: about 10 MB with its primary key.
+const VICTIM_ROWS: u64 = 110_000;
+
+/// What the instant restore is set against: the normal restore's TPS (`pgbench -S`, then
+/// read-write), and its time with the first query and a `pg_dump` of the victim table.
+#[derive(Default, Clone, Copy)]
+struct Reference {
+    select_tps: f64,
+    write_tps: f64,
+    restore_and_dump: f64,
+}
 
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     load_settled_pgbench(b, o.scale, o.copies)?;
+    b.sql(&format!(
+        "CREATE TABLE victim (id int PRIMARY KEY, v text); \
+         INSERT INTO victim SELECT g, md5(g::text) FROM generate_series(1, {VICTIM_ROWS}) g; \
+         CHECKPOINT"
+    ))?;
     let repos = repos(
         b,
         "instant",
@@ -69,17 +90,20 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         b.results
             .record(Row::timed(CASE, "full backup", &r.label, 1, &m))?;
     }
+    let before_delete = delete_by_mistake(b)?;
     b.archive_nowhere();
-    let mut reference_tps = None;
+    let mut reference = Reference::default();
     for r in &repos {
-        let tps = normal_restore(b, o, r)?;
-        reference_tps = reference_tps.or(tps);
+        if let Some(measured) = normal_restore(b, o, r)? {
+            reference = measured;
+        }
     }
     let pgstrata = repos
         .iter()
         .find(|r| r.is_pgstrata())
         .ok_or("no pgstrata repository")?;
-    instant_restore(b, o, pgstrata, reference_tps.unwrap_or(0.0))?;
+    instant_restore(b, o, pgstrata, reference)?;
+    restore_table(b, pgstrata, &before_delete, reference)?;
     remove_repos(b, &repos);
     Ok(())
 }
@@ -95,19 +119,26 @@ fn start(b: &Bench, data: &Path, tag: &str) -> Result<Cluster, String> {
     Ok(c)
 }
 
-/// `pgbench -S` for `seconds` against `c`: its TPS.
-fn select_tps(c: &Cluster, seconds: u64) -> Result<f64, String> {
-    let out = c.pgbench(&[
-        "-n",
-        "-S",
-        "-c",
-        "2",
-        "-j",
-        "2",
-        "-T",
-        &seconds.to_string(),
-        "postgres",
-    ])?;
+/// The accident restore-table undoes: a tenth of the victim table's rows deleted, a
+/// moment after the time returned (the target), and the WAL archived.
+fn delete_by_mistake(b: &mut Bench) -> Result<String, String> {
+    std::thread::sleep(Duration::from_millis(1100));
+    let before = b.sql("SELECT now()")?.trim().to_string();
+    std::thread::sleep(Duration::from_millis(1100));
+    b.sql("DELETE FROM victim WHERE id % 10 = 0")?;
+    b.wal_switch_and_wait()?;
+    Ok(before)
+}
+
+/// `pgbench -S` (`select_only`), else its read-write transactions, for `seconds` against
+/// `c`: the TPS.
+fn tps(c: &Cluster, seconds: u64, select_only: bool) -> Result<f64, String> {
+    let seconds = seconds.to_string();
+    let mut args = vec!["-n", "-c", "2", "-j", "2", "-T", &seconds, "postgres"];
+    if select_only {
+        args.insert(1, "-S");
+    }
+    let out = c.pgbench(&args)?;
     out.lines()
         .find_map(|l| {
             l.strip_prefix("tps = ")
@@ -153,30 +184,64 @@ fn restore_and_answer(
     Ok((c, dir, t0))
 }
 
-/// A normal restore by `r`, the first query after it, and (pgstrata) the reference TPS.
-fn normal_restore(b: &mut Bench, o: &Opts, r: &Repo) -> Result<Option<f64>, String> {
-    let (c, dir, _) = restore_and_answer(
+/// A normal restore by `r`, the first query after it, and (pgstrata) the reference: TPS,
+/// and the restore with a `pg_dump` of the victim table.
+fn normal_restore(b: &mut Bench, o: &Opts, r: &Repo) -> Result<Option<Reference>, String> {
+    let (c, dir, t0) = restore_and_answer(
         b,
         r,
         "restore-normal",
         &["--type=immediate", "--target-action=promote"],
         "",
     )?;
-    let tps = if r.is_pgstrata() {
-        let tps = select_tps(&c, o.seconds)?;
-        b.results.record(Row::text(
-            CASE,
-            "pgbench -S TPS, normal restore",
+    let reference = if r.is_pgstrata() {
+        let dump_dir = b.dir("dump-normal")?;
+        pgstrata_testkit::give_to_pg_user(&dump_dir);
+        let dump = dump_dir.join("victim.sql");
+        let mut pg_dump = c.bin.client("pg_dump");
+        pg_dump
+            .arg("-h")
+            .arg(&c.socket_dir)
+            .args([
+                "-p",
+                &c.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+            ])
+            .args(["--table=public.victim", "-f"])
+            .arg(&dump);
+        let dumped = b.run("pg-dump-victim", &mut pg_dump, false)?;
+        let restore_and_dump = t0.elapsed().as_secs_f64();
+        b.results.record(seconds_row(
+            "full restore, first query and pg_dump of a 10 MB table",
             &r.label,
-            &format!("{tps:.0} (2 clients, {} s)", o.seconds),
+            restore_and_dump,
+            format!("pg_dump {:.2} s", dumped.seconds),
         ))?;
-        Some(tps)
+        let _ = std::fs::remove_dir_all(&dump_dir);
+        let select_tps = tps(&c, o.seconds, true)?;
+        let write_tps = tps(&c, o.seconds, false)?;
+        for (step, t) in [("-S", select_tps), ("read-write", write_tps)] {
+            b.results.record(Row::text(
+                CASE,
+                &format!("pgbench {step} TPS, normal restore"),
+                &r.label,
+                &format!("{t:.0} (2 clients, {} s)", o.seconds),
+            ))?;
+        }
+        Some(Reference {
+            select_tps,
+            write_tps,
+            restore_and_dump,
+        })
     } else {
         None
     };
     c.stop()?;
     std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    Ok(tps)
+    Ok(reference)
 }
 
 /// The instant directory's status, as the serving process last wrote it.
@@ -188,7 +253,7 @@ fn status(dir: &Path) -> Option<serde_json::Value> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
-fn instant_restore(b: &mut Bench, o: &Opts, r: &Repo, reference: f64) -> Result<(), String> {
+fn instant_restore(b: &mut Bench, o: &Opts, r: &Repo, reference: Reference) -> Result<(), String> {
     let (c, dir, t0) = restore_and_answer(
         b,
         r,
@@ -196,7 +261,7 @@ fn instant_restore(b: &mut Bench, o: &Opts, r: &Repo, reference: f64) -> Result<
         &["--type=immediate", "--target-action=promote", "--instant"],
         " --instant",
     )?;
-    // pgbench -S while hydrating, in windows.
+    // pgbench while hydrating, in windows: -S, then read-write, and so on.
     let mut window = 0;
     loop {
         let s = status(&dir).ok_or("no status.json")?;
@@ -204,21 +269,27 @@ fn instant_restore(b: &mut Bench, o: &Opts, r: &Repo, reference: f64) -> Result<
             break;
         }
         window += 1;
-        let tps = select_tps(&c, 5)?;
+        let select_only = window % 2 == 1;
+        let (kind, normal) = if select_only {
+            ("-S", reference.select_tps)
+        } else {
+            ("read-write", reference.write_tps)
+        };
+        let tps = tps(&c, 5, select_only)?;
         let s = status(&dir).ok_or("no status.json")?;
         let pct = s["bytes_local"].as_f64().unwrap_or(0.0) * 100.0
             / s["bytes_total"].as_f64().unwrap_or(1.0).max(1.0);
         eprintln!(
-            "[bench] instant: window {window}: {tps:.0} TPS ({:.2}x the normal restore's), {pct:.0} % local",
-            tps / reference.max(1.0)
+            "[bench] instant: window {window}: pgbench {kind} {tps:.0} TPS ({:.2}x the normal restore's), {pct:.0} % local",
+            tps / normal.max(1.0)
         );
         b.results.record(Row::text(
             CASE,
-            &format!("pgbench -S TPS while hydrating, window {window}"),
+            &format!("pgbench TPS while hydrating, window {window}"),
             &r.label,
             &format!(
-                "{tps:.0} ({:.2}x the normal restore's; {pct:.0} % local at its end, t = {:.0} s)",
-                tps / reference.max(1.0),
+                "{kind} {tps:.0} ({:.2}x the normal restore's; {pct:.0} % local at its end, t = {:.0} s)",
+                tps / normal.max(1.0),
                 t0.elapsed().as_secs_f64()
             ),
         ))?;
@@ -254,17 +325,75 @@ fn instant_restore(b: &mut Bench, o: &Opts, r: &Repo, reference: f64) -> Result<
         &r.label,
         &hwm.map_or("gone".into(), |kb| format!("{:.1} MB", kb as f64 / 1024.0)),
     ))?;
-    let tps = select_tps(&c, o.seconds)?;
-    b.results.record(Row::text(
-        CASE,
-        "pgbench -S TPS once hydrated",
-        &r.label,
-        &format!(
-            "{tps:.0} ({:.2}x the normal restore's)",
-            tps / reference.max(1.0)
-        ),
-    ))?;
+    for (select_only, kind, normal) in [
+        (true, "-S", reference.select_tps),
+        (false, "read-write", reference.write_tps),
+    ] {
+        let tps = tps(&c, o.seconds, select_only)?;
+        b.results.record(Row::text(
+            CASE,
+            &format!("pgbench {kind} TPS once hydrated"),
+            &r.label,
+            &format!(
+                "{tps:.0} ({:.2}x the normal restore's)",
+                tps / normal.max(1.0)
+            ),
+        ))?;
+    }
     c.stop()?;
+    Ok(())
+}
+
+/// `restore-table` of the victim table as of `before` (the deleted rows there): its time
+/// and the share of a full restore's reads it read, against a full restore with
+/// `pg_dump`; the dump must hold every row.
+fn restore_table(
+    b: &mut Bench,
+    r: &Repo,
+    before: &str,
+    reference: Reference,
+) -> Result<(), String> {
+    let scratch = b.dir("restore-table")?;
+    pgstrata_testkit::give_to_pg_user(&scratch);
+    let dump = scratch.join("victim.sql");
+    let mut c = r.cmd();
+    c.arg(format!("--pg-path={}", scratch.join("pgdata").display()))
+        .args(["--db=postgres", "--table=public.victim"])
+        .arg(format!("--output={}", dump.display()))
+        .args([
+            "--type=time",
+            &format!("--target={before}"),
+            "restore-table",
+        ]);
+    let m = b.run_as(&r.user, "restore-table", &mut c, true)?;
+    // "... N read from the repository (P % of the M a full restore reads; ...)"
+    let share = m
+        .stdout
+        .split_once(" read from the repository (")
+        .and_then(|(_, rest)| rest.split(" %").next()?.trim().parse::<f64>().ok())
+        .ok_or_else(|| format!("no share read in restore-table's output: {}", m.stdout))?;
+    let text = std::fs::read_to_string(&dump).map_err(|e| format!("{}: {e}", dump.display()))?;
+    let rows = text
+        .split_once("COPY public.victim")
+        .and_then(|(_, data)| data.split_once('\n')?.1.split_once("\n\\.\n"))
+        .map_or(0, |(rows, _)| rows.lines().count() as u64);
+    if rows != VICTIM_ROWS {
+        return Err(format!(
+            "restore-table's dump holds {rows} rows of victim, not {VICTIM_ROWS}"
+        ));
+    }
+    eprintln!(
+        "[bench] restore-table: {:.2} s ({:.2}x a full restore + pg_dump), {share:.1} % of a full restore's reads, {rows} rows back",
+        m.seconds,
+        m.seconds / reference.restore_and_dump.max(0.001)
+    );
+    b.results.record(
+        Row::timed(CASE, "restore-table of a 10 MB table", &r.label, 1, &m).note(format!(
+            "{:.2}x a full restore + first query + pg_dump; {share:.1} % of what a full restore reads from the repository; every one of the {rows} rows back",
+            m.seconds / reference.restore_and_dump.max(0.001)
+        )),
+    )?;
+    std::fs::remove_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
     Ok(())
 }
 

@@ -150,6 +150,20 @@ pub(crate) fn with_streamed_jobs<T: Send, R>(
     })
 }
 
+/// Bytes of the repository the frames of `chunks` hold, each frame once (the extents of
+/// one frame follow each other): what reading them all reads.
+pub(crate) fn stored_bytes<'c>(chunks: impl IntoIterator<Item = &'c Chunk>) -> u64 {
+    let mut last: Option<&Chunk> = None;
+    let mut bytes = 0;
+    for c in chunks.into_iter().filter(|c| !c.is_zero()) {
+        if last.is_none_or(|p| (&p.backup, &p.pack, p.offset) != (&c.backup, &c.pack, c.offset)) {
+            bytes += c.stored as u64;
+        }
+        last = Some(c);
+    }
+    bytes
+}
+
 /// A file's extents with the file offset each one starts at.
 pub(crate) fn extents_of(f: &FileEntry) -> Vec<(u64, Chunk)> {
     let mut offset = 0u64;

@@ -1312,7 +1312,7 @@ impl StreamedObject {
         if fcntl(fd, FcntlArg::F_SETFL(plain | OFlag::O_DIRECT)).is_err() {
             return Ok(false);
         }
-        let written = DIRECT_BUFFER.with_borrow_mut(|buffer| {
+        let written = with_direct_buffer(|buffer| {
             let start = buffer.as_ptr().align_offset(DIRECT_ALIGN);
             let aligned = &mut buffer[start..start + DIRECT_CHUNK];
             let mut offset = 0;
@@ -1398,10 +1398,21 @@ const DIRECT_ALIGN: usize = 4096;
 /// Bytes a direct write takes at once.
 const DIRECT_CHUNK: usize = 4 << 20;
 
-thread_local! {
-    /// Each thread's buffer for direct writes, with room to align its start.
-    static DIRECT_BUFFER: std::cell::RefCell<Vec<u8>> =
-        std::cell::RefCell::new(vec![0; DIRECT_CHUNK + DIRECT_ALIGN]);
+/// Buffers for direct writes (each with room to align its start), kept between writes:
+/// as many as write at once, and at most [`DIRECT_BUFFERS_KEPT`] when they are done.
+static DIRECT_BUFFERS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+const DIRECT_BUFFERS_KEPT: usize = 4;
+
+/// Run `write` with a buffer from [`DIRECT_BUFFERS`], then give it back.
+fn with_direct_buffer<T>(write: impl FnOnce(&mut Vec<u8>) -> T) -> T {
+    let taken = DIRECT_BUFFERS.lock().expect("direct buffers").pop();
+    let mut buffer = taken.unwrap_or_else(|| vec![0; DIRECT_CHUNK + DIRECT_ALIGN]);
+    let out = write(&mut buffer);
+    let mut kept = DIRECT_BUFFERS.lock().expect("direct buffers");
+    if kept.len() < DIRECT_BUFFERS_KEPT {
+        kept.push(buffer);
+    }
+    out
 }
 
 /// Write all of `buf` to `file` at `offset`.

@@ -163,11 +163,14 @@ pub struct RestoreCounts {
     pub bytes_written: u64,
     /// Bytes read from the repository.
     pub bytes_fetched: u64,
+    /// Instant restore: bytes of the repository the deferred files' frames hold (each
+    /// frame once), which a full restore would have read.
+    pub bytes_deferred: u64,
 }
 
 impl RestoreCounts {
     fn add(&mut self, o: RestoreCounts) {
-        crate::add_fields!(self += o; files_written, files_patched, files_kept, files_zeroed, files_deferred, bytes_written, bytes_fetched);
+        crate::add_fields!(self += o; files_written, files_patched, files_kept, files_zeroed, files_deferred, bytes_written, bytes_fetched, bytes_deferred);
     }
 }
 

@@ -212,6 +212,7 @@ fn restore_one(sh: &Shared, w: &mut Worker, f: &FileEntry, action: Action) -> Re
             let (fh, target) = deferring.add(&f.path, f.size, store)?;
             sh.tree.create_symlink(&f.path, &target, &mut w.cache)?;
             w.tally.files_deferred += 1;
+            w.tally.bytes_deferred += crate::content::stored_bytes(&f.chunks);
             fh
         }
         Action::Write => {
