@@ -21,9 +21,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// How long the kernel may keep attributes: sizes change only through this filesystem,
-/// but a short time keeps `stat` after a hand-over honest.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may keep attributes: not at all. After the hand-over a file is
+/// written through its ordinary name too, and a backend that still has it open through
+/// the mount must see its size as it is (PostgreSQL finds a relation's length with
+/// `lseek(SEEK_END)`: a stale size would have it extend over a block already there).
+const TTL: Duration = Duration::ZERO;
 
 struct InstantFs {
     served: Arc<Served>,
@@ -235,10 +237,12 @@ impl fuser::Filesystem for InstantFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.file(ino) {
-            // The kernel may keep what it read at an earlier open: every byte it ever
-            // read came through `read`, which made it local first, and every later change
-            // came through `write`, so nothing cached can be stale.
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            // No page cache of the mount's own: after the hand-over the same file is also
+            // read and written through its ordinary name (by backends that open it then),
+            // and a page the kernel kept for this path would hide their writes from the
+            // backends still reading through it: lost updates. Every read comes here and
+            // reads the backing file, whose page cache both paths share.
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
             Err(e) => reply.error(e),
         }
     }
@@ -259,21 +263,29 @@ impl fuser::Filesystem for InstantFs {
             Err(e) => return reply.error(e),
         };
         let f = &self.served.files[i];
-        let end = (offset + size as u64).min(f.size());
-        if end <= offset {
+        if size == 0 {
             return reply.data(&[]);
         }
+        let end = offset + size as u64;
+        // Blocks past the backed-up ones are local (written here or, after the hand-over,
+        // through the file's ordinary name): the backing file says how far it reaches.
         if let Err(e) = self
             .served
             .ensure_local(i, offset / BLOCK, (end - 1) / BLOCK, true)
         {
             return reply.error(errno(&e));
         }
-        let mut buf = vec![0u8; (end - offset) as usize];
-        match f.backing.read_exact_at(&mut buf, offset) {
-            Ok(()) => reply.data(&buf),
-            Err(e) => reply.error(Errno::from(e)),
+        let mut buf = vec![0u8; size as usize];
+        let mut got = 0;
+        while got < buf.len() {
+            match f.backing.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return reply.error(Errno::from(e)),
+            }
         }
+        reply.data(&buf[..got])
     }
 
     fn write(
@@ -343,13 +355,10 @@ impl fuser::Filesystem for InstantFs {
             Ok(i) => i,
             Err(e) => return reply.error(e),
         };
-        let f = &self.served.files[i];
-        if offset + length > f.size() {
-            if let Err(e) = self.served.truncate(i, offset + length) {
-                return reply.error(errno(&e));
-            }
+        match self.served.allocate(i, offset, length) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
         }
-        reply.ok();
     }
 
     fn readdir(

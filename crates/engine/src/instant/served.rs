@@ -55,8 +55,6 @@ struct FileState {
     fetching: HashSet<usize>,
     /// Bits set since `local.bits` last had them.
     dirty: bool,
-    /// The file's size now (changed only through this process: writes, truncation).
-    size: u64,
     /// No block before this one is not local: where hydration looks from.
     scan_from: u64,
 }
@@ -126,10 +124,6 @@ impl Served {
                 .write(true)
                 .open(&backing_path)
                 .map_err(|e| Error::io(format!("open {}", backing_path.display()), e))?;
-            let size = backing
-                .metadata()
-                .map_err(|e| Error::io(format!("stat {}", backing_path.display()), e))?
-                .len();
             let words = f.blocks().div_ceil(64) as usize;
             let mut raw = vec![0u8; words * 8];
             bits.read_exact_at(&mut raw, at)
@@ -153,7 +147,6 @@ impl Served {
                 st: Mutex::new(FileState {
                     local,
                     local_blocks,
-                    size,
                     blocks: f.blocks(),
                     fetching: HashSet::new(),
                     dirty: false,
@@ -289,7 +282,6 @@ impl Served {
         for b in first..=last {
             st.mark(b);
         }
-        st.size = st.size.max(end);
         Ok(())
     }
 
@@ -300,12 +292,26 @@ impl Served {
         f.backing
             .set_len(size)
             .map_err(|e| Error::io(format!("truncate {}", f.path), e))?;
-        st.size = size;
         // A block cut in part keeps what is left of it: fetched first (rare: PostgreSQL
         // cuts at block boundaries).
         for b in size.div_ceil(BLOCK)..st.blocks {
             st.mark(b);
         }
+        Ok(())
+    }
+
+    /// PostgreSQL allocated `length` bytes at `offset` of file `i` (plain `fallocate`):
+    /// the backing file is allocated so, growing with zeros where it is shorter and never
+    /// shrinking (after the hand-over it may have grown through its ordinary name).
+    pub fn allocate(&self, i: usize, offset: u64, length: u64) -> Result<()> {
+        let f = &self.files[i];
+        nix::fcntl::fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(&f.backing),
+            nix::fcntl::FallocateFlags::empty(),
+            offset as i64,
+            length as i64,
+        )
+        .map_err(|e| Error::io(format!("allocate {}", f.path), e.into()))?;
         Ok(())
     }
 
@@ -556,11 +562,6 @@ impl ServedFile {
             }
         }
         Ok(())
-    }
-
-    /// The file's size now (no system call: reads ask for it every time).
-    pub fn size(&self) -> u64 {
-        self.st.lock().expect("file state").size
     }
 
     /// The extent holding block `b` (extents are whole blocks, in order).
