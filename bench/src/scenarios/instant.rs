@@ -11,6 +11,8 @@
 //!   from the restore's start), `pgbench -S` for SECONDS once hydrated, and the serving
 //!   process's peak RSS (VmHWM, read before it leaves). The windows alternate `pgbench -S`
 //!   and pgbench's read-write transactions, each against the same on the normal restore;
+//! - pgstrata `restore --instant` again, PostgreSQL not started: the time until hydration
+//!   is complete, against the normal restore's;
 //! - pgstrata `restore-table` of a table of about 10 MB (`victim`, created before the
 //!   backup) to a time before a `DELETE` of a tenth of its rows: its time and the bytes it
 //!   read from the repository, against a full restore, the first query and `pg_dump` of
@@ -66,6 +68,8 @@ struct Reference {
     select_tps: f64,
     write_tps: f64,
     restore_and_dump: f64,
+    /// The normal restore alone.
+    restore_seconds: f64,
 }
 
 pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
@@ -103,6 +107,7 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         .find(|r| r.is_pgstrata())
         .ok_or("no pgstrata repository")?;
     instant_restore(b, o, pgstrata, reference)?;
+    idle_hydration(b, pgstrata, reference)?;
     restore_table(b, pgstrata, &before_delete, reference)?;
     remove_repos(b, &repos);
     Ok(())
@@ -158,14 +163,15 @@ fn seconds_row(step: &str, tool: &str, seconds: f64, note: String) -> Row {
 
 /// A restore by `r` with `args` into a new directory (`name`), timed, then the cluster
 /// started and the first query answered, timed from the restore's start (`tag` names the
-/// steps): the running cluster, its directory and when the restore started.
+/// steps): the running cluster, its directory, when the restore started and how long it
+/// took.
 fn restore_and_answer(
     b: &mut Bench,
     r: &Repo,
     name: &str,
     args: &[&str],
     tag: &str,
-) -> Result<(Cluster, PathBuf, Instant), String> {
+) -> Result<(Cluster, PathBuf, Instant, f64), String> {
     let dir = b.empty_data_dir(name)?;
     let t0 = Instant::now();
     let m = r.restore(b, &dir, args)?;
@@ -181,13 +187,13 @@ fn restore_and_answer(
             m.seconds
         ),
     ))?;
-    Ok((c, dir, t0))
+    Ok((c, dir, t0, m.seconds))
 }
 
 /// A normal restore by `r`, the first query after it, and (pgstrata) the reference: TPS,
 /// and the restore with a `pg_dump` of the victim table.
 fn normal_restore(b: &mut Bench, o: &Opts, r: &Repo) -> Result<Option<Reference>, String> {
-    let (c, dir, t0) = restore_and_answer(
+    let (c, dir, t0, restore_seconds) = restore_and_answer(
         b,
         r,
         "restore-normal",
@@ -235,6 +241,7 @@ fn normal_restore(b: &mut Bench, o: &Opts, r: &Repo) -> Result<Option<Reference>
             select_tps,
             write_tps,
             restore_and_dump,
+            restore_seconds,
         })
     } else {
         None
@@ -254,7 +261,7 @@ fn status(dir: &Path) -> Option<serde_json::Value> {
 }
 
 fn instant_restore(b: &mut Bench, o: &Opts, r: &Repo, reference: Reference) -> Result<(), String> {
-    let (c, dir, t0) = restore_and_answer(
+    let (c, dir, t0, _) = restore_and_answer(
         b,
         r,
         "restore-instant",
@@ -341,6 +348,41 @@ fn instant_restore(b: &mut Bench, o: &Opts, r: &Repo, reference: Reference) -> R
         ))?;
     }
     c.stop()?;
+    Ok(())
+}
+
+/// An instant restore that nothing reads (PostgreSQL not started): how long hydration
+/// takes with the machine to itself, against the normal restore's time, the two doing
+/// the same work.
+fn idle_hydration(b: &mut Bench, r: &Repo, reference: Reference) -> Result<(), String> {
+    let dir = b.empty_data_dir("restore-instant-idle")?;
+    let t0 = Instant::now();
+    r.restore(
+        b,
+        &dir,
+        &["--type=immediate", "--target-action=promote", "--instant"],
+    )?;
+    // instant-status takes no stanza: the data directory is all it needs.
+    let mut wait = std::process::Command::new(&r.tool.bin);
+    wait.arg(format!("--pg-path={}", dir.display()))
+        .args(["--wait", "instant-status"]);
+    b.run_as(&r.user, "instant-status-wait", &mut wait, false)?;
+    let hydrated = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "[bench] instant, idle: hydrated in {hydrated:.2} s ({:.2}x the normal restore's {:.2} s)",
+        hydrated / reference.restore_seconds.max(0.001),
+        reference.restore_seconds
+    );
+    b.results.record(seconds_row(
+        "hydration complete, nothing reading (from the restore's start)",
+        &r.label,
+        hydrated,
+        format!(
+            "{:.2}x the normal restore's {:.2} s",
+            hydrated / reference.restore_seconds.max(0.001),
+            reference.restore_seconds
+        ),
+    ))?;
     Ok(())
 }
 

@@ -213,24 +213,52 @@ impl Served {
     /// Fetch extents `claimed` of `f` (the caller put them in `fetching`) and write each
     /// block of them that is still not local; then they are no longer being fetched. A
     /// failure is recorded ([`Served::fail`]) and returned.
+    ///
+    /// The bytes are written without the file's lock held, so that reads of its other
+    /// blocks go on meanwhile: while an extent is being fetched, nothing else changes its
+    /// blocks (reads of them, PostgreSQL's writes to them and truncation wait for it).
     fn fetch_and_store(&self, f: &ServedFile, claimed: &[usize]) -> Result<()> {
-        let fetched = self.fetch(f, claimed);
+        let stored = self.fetch(f, claimed).and_then(|data| {
+            let runs = {
+                let st = f.st.lock().expect("file state");
+                claimed
+                    .iter()
+                    .zip(&data)
+                    .enumerate()
+                    .flat_map(|(k, (&e, data))| {
+                        f.runs_not_local(&st, e, data.len())
+                            .into_iter()
+                            .map(move |run| (k, run))
+                    })
+                    .collect::<Vec<_>>()
+            };
+            for (k, run) in &runs {
+                f.backing
+                    .write_all_at(&data[*k][run.bytes.clone()], run.blocks.start * BLOCK)
+                    .map_err(|e| Error::io(format!("write {}", f.path), e))?;
+            }
+            Ok(runs)
+        });
         let mut st = f.st.lock().expect("file state");
+        if let Ok(runs) = &stored {
+            for (_, run) in runs {
+                for b in run.blocks.clone() {
+                    st.mark(b);
+                }
+            }
+        }
         for e in claimed {
             st.fetching.remove(e);
         }
         f.cond.notify_all();
-        let stored = fetched.and_then(|data| {
-            claimed
-                .iter()
-                .zip(data)
-                .try_for_each(|(&e, data)| f.store(&mut st, e, &data))
-        });
         drop(st);
-        if let Err(err) = &stored {
-            self.fail(&f.path, err);
+        match stored {
+            Ok(_) => Ok(()),
+            Err(err) => {
+                self.fail(&f.path, &err);
+                Err(err)
+            }
         }
-        stored
     }
 
     /// The bytes of extents `es` of `f`, checked (zeros for an all-zero extent): one
@@ -275,7 +303,13 @@ impl Served {
             self.ensure_local(i, last, last, true)?;
         }
         let f = &self.files[i];
-        let mut st = f.st.lock().expect("file state");
+        // A block of an extent being fetched is written once the fetch has stored it:
+        // its bytes are written without the lock, and this write must come after them.
+        let st = f.st.lock().expect("file state");
+        let mut st = f
+            .cond
+            .wait_while(st, |st| (first..=last).any(|b| f.is_fetching(st, b)))
+            .expect("file state");
         f.backing
             .write_all_at(data, offset)
             .map_err(|e| Error::io(format!("write {}", f.path), e))?;
@@ -288,7 +322,12 @@ impl Served {
     /// The file was cut (or grown) to `size`: blocks past it have nothing to fetch.
     pub fn truncate(&self, i: usize, size: u64) -> Result<()> {
         let f = &self.files[i];
-        let mut st = f.st.lock().expect("file state");
+        // Not while a fetch is writing blocks (it might write past the new end).
+        let st = f.st.lock().expect("file state");
+        let mut st = f
+            .cond
+            .wait_while(st, |st| !st.fetching.is_empty())
+            .expect("file state");
         f.backing
             .set_len(size)
             .map_err(|e| Error::io(format!("truncate {}", f.path), e))?;
@@ -499,6 +538,12 @@ impl Served {
     }
 }
 
+/// Blocks of an extent that are not local, and where their bytes are in its data.
+struct Run {
+    blocks: std::ops::Range<u64>,
+    bytes: std::ops::Range<usize>,
+}
+
 /// Extents a hydrating worker fetches at once, at most: neighbouring frames of one pack
 /// are one ranged read, as a normal restore reads them.
 const HYDRATE_EXTENTS: usize = 64;
@@ -538,11 +583,12 @@ impl ServedFile {
         claimed
     }
 
-    /// Write the blocks of extent `e` (its bytes `data`) that are still not local, a run
-    /// of them at a time: a block PostgreSQL wrote meanwhile stays as it wrote it.
-    fn store(&self, st: &mut FileState, e: usize, data: &[u8]) -> Result<()> {
+    /// The runs of blocks of extent `e` (whose bytes are `len` long) that are not local.
+    /// A block PostgreSQL wrote meanwhile stays as it wrote it.
+    fn runs_not_local(&self, st: &FileState, e: usize, len: usize) -> Vec<Run> {
         let first = self.extents[e].0 / BLOCK;
-        let n = data.len().div_ceil(BLOCK as usize) as u64;
+        let n = len.div_ceil(BLOCK as usize) as u64;
+        let mut runs = Vec::new();
         let mut k = 0;
         while k < n {
             if st.is_local(first + k) {
@@ -553,15 +599,17 @@ impl ServedFile {
             while k < n && !st.is_local(first + k) {
                 k += 1;
             }
-            let bytes = &data[(run * BLOCK) as usize..((k * BLOCK) as usize).min(data.len())];
-            self.backing
-                .write_all_at(bytes, (first + run) * BLOCK)
-                .map_err(|e| Error::io(format!("write {}", self.path), e))?;
-            for b in run..k {
-                st.mark(first + b);
-            }
+            runs.push(Run {
+                blocks: first + run..first + k,
+                bytes: (run * BLOCK) as usize..((k * BLOCK) as usize).min(len),
+            });
         }
-        Ok(())
+        runs
+    }
+
+    /// Whether block `b` is in an extent being fetched.
+    fn is_fetching(&self, st: &FileState, b: u64) -> bool {
+        b < st.blocks && st.fetching.contains(&self.extent_of(b))
     }
 
     /// The extent holding block `b` (extents are whole blocks, in order).
