@@ -337,16 +337,7 @@ impl WriteBehind {
 
     fn start_writeback(&mut self) {
         if self.written > self.started {
-            use std::os::fd::AsRawFd;
-            // SAFETY: a plain syscall on an open descriptor; no memory is passed.
-            unsafe {
-                libc::sync_file_range(
-                    self.file.as_raw_fd(),
-                    self.started as libc::off64_t,
-                    (self.written - self.started) as libc::off64_t,
-                    libc::SYNC_FILE_RANGE_WRITE,
-                );
-            }
+            crate::content::start_writeback(&self.file, self.started, self.written - self.started);
             self.started = self.written;
         }
     }

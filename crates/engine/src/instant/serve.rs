@@ -84,11 +84,15 @@ fn run(served: Arc<Served>, state: State, workers: usize, hydrate: bool) -> Resu
             .map(|_| scope.spawn(|| served.hydrate()))
             .collect();
         scope.spawn(|| {
+            let mut persisted = Instant::now();
             while !done.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(250).min(PERSIST_EVERY));
                 write_status("hydrating");
-                if let Err(e) = served.persist_all() {
-                    log::warn!("instant restore: {e}");
+                if persisted.elapsed() >= PERSIST_EVERY {
+                    if let Err(e) = served.persist_all() {
+                        log::warn!("instant restore: {e}");
+                    }
+                    persisted = Instant::now();
                 }
             }
         });

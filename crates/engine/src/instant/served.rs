@@ -210,82 +210,73 @@ impl Served {
         Ok(())
     }
 
-    /// Fetch extents `claimed` of `f` (the caller put them in `fetching`) and write each
-    /// block of them that is still not local; then they are no longer being fetched. A
-    /// failure is recorded ([`Served::fail`]) and returned.
-    ///
-    /// The bytes are written without the file's lock held, so that reads of its other
-    /// blocks go on meanwhile: while an extent is being fetched, nothing else changes its
-    /// blocks (reads of them, PostgreSQL's writes to them and truncation wait for it).
+    /// Fetch extents `claimed` of `f` (the caller put them in `fetching`: neighbours, read
+    /// together, one ranged read for each run of neighbouring frames) and write each block
+    /// of them that is still not local. Each extent is let go (no longer being fetched) as
+    /// soon as its blocks are written: a read waiting for one waits for it alone, not for
+    /// the batch. A failure is recorded ([`Served::fail`]) and returned.
     fn fetch_and_store(&self, f: &ServedFile, claimed: &[usize]) -> Result<()> {
-        let stored = self.fetch(f, claimed).and_then(|data| {
-            let runs = {
-                let st = f.st.lock().expect("file state");
-                claimed
-                    .iter()
-                    .zip(&data)
-                    .enumerate()
-                    .flat_map(|(k, (&e, data))| {
-                        f.runs_not_local(&st, e, data.len())
-                            .into_iter()
-                            .map(move |run| (k, run))
-                    })
-                    .collect::<Vec<_>>()
-            };
-            for (k, run) in &runs {
-                f.backing
-                    .write_all_at(&data[*k][run.bytes.clone()], run.blocks.start * BLOCK)
-                    .map_err(|e| Error::io(format!("write {}", f.path), e))?;
-            }
-            Ok(runs)
-        });
-        let mut st = f.st.lock().expect("file state");
-        if let Ok(runs) = &stored {
-            for (_, run) in runs {
-                for b in run.blocks.clone() {
-                    st.mark(b);
-                }
-            }
-        }
-        for e in claimed {
-            st.fetching.remove(e);
-        }
-        f.cond.notify_all();
-        drop(st);
-        match stored {
-            Ok(_) => Ok(()),
-            Err(err) => {
-                self.fail(&f.path, &err);
-                Err(err)
-            }
-        }
-    }
-
-    /// The bytes of extents `es` of `f`, checked (zeros for an all-zero extent): one
-    /// ranged read for each run of neighbouring frames.
-    fn fetch(&self, f: &ServedFile, es: &[usize]) -> Result<Vec<Vec<u8>>> {
-        let chunks: Vec<&Chunk> = es
+        let chunks: Vec<&Chunk> = claimed
             .iter()
             .map(|&e| &f.extents[e].1)
             .filter(|c| !c.is_zero())
             .collect();
         let mut reader = FrameReader::new(&self.storage, &self.manifest);
-        self.runtime.block_on(reader.load(&chunks, &f.path))?;
-        es.iter()
-            .map(|&e| {
-                let (_, c) = &f.extents[e];
-                if c.is_zero() {
-                    return Ok(vec![0; c.raw as usize]);
-                }
-                let data = reader
-                    .bytes(c)
-                    .map_err(|e| Error::from(e).context(&f.path))?;
-                self.stats
-                    .bytes_fetched
-                    .fetch_add(c.stored as u64, Ordering::Relaxed);
-                Ok(data.to_vec())
-            })
-            .collect()
+        let mut result = self
+            .runtime
+            .block_on(reader.load(&chunks, &f.path))
+            .map_err(Error::from);
+        for &e in claimed {
+            let written = match &result {
+                Ok(()) => self.write_extent(f, &mut reader, e),
+                Err(_) => Ok(Vec::new()),
+            };
+            let mut st = f.st.lock().expect("file state");
+            match written {
+                Ok(runs) => runs
+                    .into_iter()
+                    .flat_map(|r| r.blocks)
+                    .for_each(|b| st.mark(b)),
+                Err(err) => result = Err(err),
+            }
+            st.fetching.remove(&e);
+            f.cond.notify_all();
+        }
+        if let Err(err) = &result {
+            self.fail(&f.path, err);
+        }
+        result
+    }
+
+    /// Write the blocks of extent `e` of `f` (its frame loaded in `reader`; checked) that
+    /// are not local, without the file's lock: while an extent is being fetched nothing
+    /// else changes its blocks (reads of them, PostgreSQL's writes to them and truncation
+    /// wait for it). Returns the runs written, for the caller to mark.
+    fn write_extent(&self, f: &ServedFile, reader: &mut FrameReader, e: usize) -> Result<Vec<Run>> {
+        let (_, c) = &f.extents[e];
+        let zeros;
+        let data: &[u8] = if c.is_zero() {
+            zeros = vec![0; c.raw as usize];
+            &zeros
+        } else {
+            self.stats
+                .bytes_fetched
+                .fetch_add(c.stored as u64, Ordering::Relaxed);
+            reader
+                .bytes(c)
+                .map_err(|e| Error::from(e).context(&f.path))?
+        };
+        let runs = f.runs_not_local(&f.st.lock().expect("file state"), e, data.len());
+        for run in &runs {
+            f.backing
+                .write_all_at(&data[run.bytes.clone()], run.blocks.start * BLOCK)
+                .map_err(|e| Error::io(format!("write {}", f.path), e))?;
+        }
+        if let (Some(a), Some(z)) = (runs.first(), runs.last()) {
+            let (start, end) = (a.blocks.start * BLOCK, z.blocks.end * BLOCK);
+            crate::content::start_writeback(&f.backing, start, end - start);
+        }
+        Ok(runs)
     }
 
     /// PostgreSQL wrote `data` at `offset` of file `i`: blocks it covers only in part are
