@@ -173,8 +173,8 @@ fn restore_and_answer(
     tag: &str,
 ) -> Result<(Cluster, PathBuf, Instant, f64), String> {
     let dir = b.empty_data_dir(name)?;
-    let t0 = Instant::now();
     let m = r.restore(b, &dir, args)?;
+    let t0 = restore_started(&m);
     b.results
         .record(Row::timed(CASE, &format!("restore{tag}"), &r.label, 1, &m))?;
     let c = start(b, &dir, name)?;
@@ -253,11 +253,14 @@ fn normal_restore(b: &mut Bench, o: &Opts, r: &Repo) -> Result<Option<Reference>
 
 /// The instant directory's status, as the serving process last wrote it.
 fn status(dir: &Path) -> Option<serde_json::Value> {
-    let path = dir.with_file_name(format!(
+    serde_json::from_slice(&std::fs::read(status_path(dir)?).ok()?).ok()
+}
+
+fn status_path(dir: &Path) -> Option<PathBuf> {
+    Some(dir.with_file_name(format!(
         ".{}.pgstrata-instant/status.json",
         dir.file_name()?.to_string_lossy()
-    ));
-    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    )))
 }
 
 fn instant_restore(b: &mut Bench, o: &Opts, r: &Repo, reference: Reference) -> Result<(), String> {
@@ -305,10 +308,14 @@ fn instant_restore(b: &mut Bench, o: &Opts, r: &Repo, reference: Reference) -> R
     if s["state"] == "failed" {
         return Err(format!("instant restore failed: {s}"));
     }
-    // instant-status --wait has returned by now (the state left hydrating): its time is
-    // the status's last update.
-    let hydrated =
-        s["updated"].as_i64().unwrap_or(0) as f64 - (chrono_now() - t0.elapsed().as_secs_f64());
+    // Hydration ended when the status said so last: the file's modification time (its
+    // `updated` field has whole seconds only).
+    let written = status_path(&dir)
+        .and_then(|p| std::fs::metadata(p).ok()?.modified().ok())
+        .ok_or("no status.json")?;
+    let hydrated = written
+        .duration_since(std::time::SystemTime::now() - t0.elapsed())
+        .map_or(0.0, |d| d.as_secs_f64());
     b.results.record(seconds_row(
         "hydration complete (from the restore's start)",
         &r.label,
@@ -348,7 +355,30 @@ fn instant_restore(b: &mut Bench, o: &Opts, r: &Repo, reference: Reference) -> R
         ))?;
     }
     c.stop()?;
+    remove_instant(&dir, pid)
+}
+
+/// Remove the instantly restored `dir` and its instant directory once its serving process
+/// `pid` has left (when nothing has its files open through the mount): room for the next
+/// restore at 20 GB.
+fn remove_instant(dir: &Path, pid: u64) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let instant = status_path(dir)
+        .and_then(|p| Some(p.parent()?.to_path_buf()))
+        .ok_or("no instant directory")?;
+    for d in [dir, instant.as_path()] {
+        std::fs::remove_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
     Ok(())
+}
+
+/// When the restore measured by `m` started: its command's start, not the `sync` and
+/// pause that come before every timed command.
+fn restore_started(m: &Measured) -> Instant {
+    Instant::now() - Duration::from_secs_f64(m.seconds)
 }
 
 /// An instant restore that nothing reads (PostgreSQL not started): how long hydration
@@ -356,18 +386,21 @@ fn instant_restore(b: &mut Bench, o: &Opts, r: &Repo, reference: Reference) -> R
 /// the same work.
 fn idle_hydration(b: &mut Bench, r: &Repo, reference: Reference) -> Result<(), String> {
     let dir = b.empty_data_dir("restore-instant-idle")?;
-    let t0 = Instant::now();
-    r.restore(
+    let m = r.restore(
         b,
         &dir,
         &["--type=immediate", "--target-action=promote", "--instant"],
     )?;
+    let t0 = restore_started(&m);
     // instant-status takes no stanza: the data directory is all it needs.
     let mut wait = std::process::Command::new(&r.tool.bin);
     wait.arg(format!("--pg-path={}", dir.display()))
         .args(["--wait", "instant-status"]);
     b.run_as(&r.user, "instant-status-wait", &mut wait, false)?;
     let hydrated = t0.elapsed().as_secs_f64();
+    let pid = status(&dir)
+        .and_then(|s| s["pid"].as_u64())
+        .ok_or("no status.json")?;
     eprintln!(
         "[bench] instant, idle: hydrated in {hydrated:.2} s ({:.2}x the normal restore's {:.2} s)",
         hydrated / reference.restore_seconds.max(0.001),
@@ -383,7 +416,7 @@ fn idle_hydration(b: &mut Bench, r: &Repo, reference: Reference) -> Result<(), S
             reference.restore_seconds
         ),
     ))?;
-    Ok(())
+    remove_instant(&dir, pid)
 }
 
 /// `restore-table` of the victim table as of `before` (the deleted rows there): its time
@@ -437,12 +470,4 @@ fn restore_table(
     )?;
     std::fs::remove_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
     Ok(())
-}
-
-/// Seconds since the Unix epoch.
-fn chrono_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
