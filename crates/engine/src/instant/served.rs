@@ -312,6 +312,11 @@ impl Served {
 
     /// The file was cut (or grown) to `size`: blocks past it have nothing to fetch.
     pub fn truncate(&self, i: usize, size: u64) -> Result<()> {
+        // A block cut in part keeps what is left of it: fetched first (rare: PostgreSQL
+        // cuts at block boundaries), so that no fetch writes it whole again later.
+        if !size.is_multiple_of(BLOCK) {
+            self.ensure_local(i, size / BLOCK, size / BLOCK, true)?;
+        }
         let f = &self.files[i];
         // Not while a fetch is writing blocks (it might write past the new end).
         let st = f.st.lock().expect("file state");
@@ -322,8 +327,6 @@ impl Served {
         f.backing
             .set_len(size)
             .map_err(|e| Error::io(format!("truncate {}", f.path), e))?;
-        // A block cut in part keeps what is left of it: fetched first (rare: PostgreSQL
-        // cuts at block boundaries).
         for b in size.div_ceil(BLOCK)..st.blocks {
             st.mark(b);
         }
