@@ -110,6 +110,29 @@ fn assert_only_the_owner_enters_the_mount(target: &std::path::Path) {
     );
 }
 
+/// A full backup stored as the database holds it (pgbench's tables compress 20 to 1: so
+/// a rate limit keeps hydration under way for seconds), and where to restore it: the
+/// target, the guard that unmounts whatever is left there, and `--pg-path=` for it.
+fn uncompressed_backup_and_target(env: &Env) -> (std::path::PathBuf, MountGuard, String) {
+    env.backup(&["--type=full", "--compress-type=none"]);
+    let target = env.scratch.join("instant");
+    let guard = MountGuard(instant_dir(&target));
+    let pg_path = format!("--pg-path={}", target.display());
+    (target, guard, pg_path)
+}
+
+/// pgbench's balances in `c` add up to its history: no transaction lost in part.
+fn assert_balances_agree(c: &pgstrata_testkit::Cluster) {
+    let balances = c
+        .psql(
+            "postgres",
+            "SELECT (SELECT sum(abalance) FROM pgbench_accounts) = (SELECT sum(delta) FROM pgbench_history) \
+             AND (SELECT sum(bbalance) FROM pgbench_branches) = (SELECT sum(delta) FROM pgbench_history)",
+        )
+        .unwrap();
+    assert_eq!(balances.trim(), "t", "balances agree with the history");
+}
+
 /// `pg_amcheck --heapallindexed` of every database of `c` finds nothing.
 fn assert_amcheck_clean(c: &pgstrata_testkit::Cluster) {
     let amcheck = c
@@ -212,12 +235,7 @@ fn a_killed_instant_restore_resumes_and_loses_no_commit() {
     let env = Env::new("instant-kill");
     env.stanza_create();
     env.pgbench_init(10);
-    // Stored as the database holds it, so that the rate limit below keeps hydration under
-    // way for many seconds (pgbench's tables compress 20 to 1).
-    env.backup(&["--type=full", "--compress-type=none"]);
-    let target = env.scratch.join("instant");
-    let _guard = MountGuard(instant_dir(&target));
-    let pg_path = format!("--pg-path={}", target.display());
+    let (target, _guard, pg_path) = uncompressed_backup_and_target(&env);
     let args = [
         pg_path.as_str(),
         "--process-max=2",
@@ -279,11 +297,7 @@ fn a_killed_instant_restore_resumes_and_loses_no_commit() {
         committed.to_string(),
         "every commit kept"
     );
-    let balances = q(
-        "SELECT (SELECT sum(abalance) FROM pgbench_accounts) = (SELECT sum(delta) FROM pgbench_history) \
-         AND (SELECT sum(bbalance) FROM pgbench_branches) = (SELECT sum(delta) FROM pgbench_history)",
-    );
-    assert_eq!(balances, "t", "balances agree with the history");
+    assert_balances_agree(&c);
     assert_amcheck_clean(&c);
     c.stop().unwrap();
 }
@@ -299,10 +313,7 @@ fn writes_across_the_hand_over_lose_nothing() {
     let env = Env::new("instant-rw");
     env.stanza_create();
     env.pgbench_init(10);
-    env.backup(&["--type=full", "--compress-type=none"]);
-    let target = env.scratch.join("instant");
-    let _guard = MountGuard(instant_dir(&target));
-    let pg_path = format!("--pg-path={}", target.display());
+    let (target, _guard, pg_path) = uncompressed_backup_and_target(&env);
     env.ok(&[
         pg_path.as_str(),
         "--process-max=2",
@@ -331,11 +342,7 @@ fn writes_across_the_hand_over_lose_nothing() {
     }
     c.psql("postgres", "CHECKPOINT").unwrap();
     let q = |sql: &str| c.psql("postgres", sql).unwrap().trim().to_string();
-    let balances = q(
-        "SELECT (SELECT sum(abalance) FROM pgbench_accounts) = (SELECT sum(delta) FROM pgbench_history) \
-         AND (SELECT sum(bbalance) FROM pgbench_branches) = (SELECT sum(delta) FROM pgbench_history)",
-    );
-    assert_eq!(balances, "t", "balances agree with the history");
+    assert_balances_agree(&c);
     assert_amcheck_clean(&c);
     c.stop().unwrap();
     c.start().unwrap();
