@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 pub const STANZA: &str = "bench";
 
 pub struct Bench {
+    /// The device the scratch directory is on: its traffic is recorded around each command.
+    disk: Option<String>,
     pub process_max: u64,
     pub runs: u64,
     pub verify: bool,
@@ -63,6 +65,7 @@ impl Bench {
         let results = Results::create(&common.out_dir, scenario, &params, &tools, &pg)?;
         eprintln!("[bench] {scenario}: scratch {}", scratch.path.display());
         Ok(Bench {
+            disk: crate::results::disk_device(&scratch.path),
             process_max: common.process_max,
             runs: common.runs,
             verify: common.verify,
@@ -127,7 +130,7 @@ impl Bench {
         if timed {
             settle();
         }
-        let disk_before = DiskTraffic::now(&self.scratch.path);
+        let disk_before = self.disk.as_deref().and_then(DiskTraffic::now);
         let t0 = Instant::now();
         let child = cmd
             .spawn()
@@ -142,7 +145,7 @@ impl Bench {
             stdout: std::fs::read_to_string(&out_path).unwrap_or_default(),
             stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
             disk: disk_before
-                .zip(DiskTraffic::now(&self.scratch.path))
+                .zip(self.disk.as_deref().and_then(DiskTraffic::now))
                 .map(|(before, after)| after.since(&before)),
         };
         if status != 0 {

@@ -322,6 +322,17 @@ pub fn commit() -> String {
     format!("{head}{}", if dirty { "-dirty" } else { "" })
 }
 
+/// The device holding `dir` (`/dev/vda`), as `df` names it.
+pub fn disk_device(dir: &Path) -> Option<String> {
+    let out = std::process::Command::new("df")
+        .arg("--output=source")
+        .arg(dir)
+        .output()
+        .ok()?;
+    let source = String::from_utf8_lossy(&out.stdout);
+    Some(source.lines().last()?.trim().to_string()).filter(|d| !d.is_empty())
+}
+
 /// "2 CPUs, 23 GiB RAM, disk vda (virtio, SSD) 252G": what the numbers were measured on.
 pub fn machine(dir: &Path) -> String {
     let cpus = std::thread::available_parallelism()
@@ -345,10 +356,7 @@ pub fn machine(dir: &Path) -> String {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default()
     };
-    let dev = sh(&format!(
-        "df --output=source '{}' | tail -n 1",
-        dir.display()
-    ));
+    let dev = disk_device(dir).unwrap_or_default();
     let disk = sh(&format!(
         "lsblk -dno NAME,ROTA,SIZE,MODEL $(lsblk -no PKNAME '{dev}' 2>/dev/null | head -n1 | sed 's|^|/dev/|' | grep -v '^/dev/$' || echo '{dev}') 2>/dev/null | head -n1"
     ));
@@ -717,27 +725,16 @@ pub struct DiskTraffic {
 }
 
 impl DiskTraffic {
-    /// The counters of the disk (or partition) holding `dir`.
-    pub fn now(dir: &std::path::Path) -> Option<DiskTraffic> {
-        let out = std::process::Command::new("df")
-            .args(["--output=source"])
-            .arg(dir)
-            .output()
-            .ok()?;
-        let source = String::from_utf8_lossy(&out.stdout);
-        let name = source
-            .lines()
-            .last()?
-            .trim()
-            .strip_prefix("/dev/")?
-            .to_string();
+    /// The counters of `device` ([`disk_device`]: a disk or partition).
+    pub fn now(device: &str) -> Option<DiskTraffic> {
+        let name = device.strip_prefix("/dev/")?;
         let stats = std::fs::read_to_string("/proc/diskstats").ok()?;
         // Fields: major minor name, then reads completed, merged, sectors read, ms reading,
         // writes completed, merged, sectors written, ms writing, in flight, ms doing I/O.
         let fields: Vec<u64> = stats
             .lines()
             .map(|l| l.split_whitespace().collect::<Vec<_>>())
-            .find(|f| f.get(2) == Some(&name.as_str()))?[3..]
+            .find(|f| f.get(2) == Some(&name))?[3..]
             .iter()
             .map(|v| v.parse().unwrap_or(0))
             .collect();

@@ -121,6 +121,22 @@ fn uncompressed_backup_and_target(env: &Env) -> (std::path::PathBuf, MountGuard,
     (target, guard, pg_path)
 }
 
+/// The arguments of `restore --instant` of the newest backup (to its end, promoted, no
+/// archiving) into `pg_path` (`--pg-path=DIR`), hydration slowed by `rate_limit`
+/// (`--repo-rate-limit=...`) so that it is under way for seconds.
+fn slowed_instant_restore<'a>(pg_path: &'a str, rate_limit: &'a str) -> [&'a str; 8] {
+    [
+        pg_path,
+        "--process-max=2",
+        rate_limit,
+        "--archive-mode=off",
+        "--type=immediate",
+        "--target-action=promote",
+        "--instant",
+        "restore",
+    ]
+}
+
 /// pgbench's balances in `c` add up to its history: no transaction lost in part.
 fn assert_balances_agree(c: &pgstrata_testkit::Cluster) {
     let balances = c
@@ -236,16 +252,7 @@ fn a_killed_instant_restore_resumes_and_loses_no_commit() {
     env.stanza_create();
     env.pgbench_init(10);
     let (target, _guard, pg_path) = uncompressed_backup_and_target(&env);
-    let args = [
-        pg_path.as_str(),
-        "--process-max=2",
-        "--repo-rate-limit=6MiB",
-        "--archive-mode=off",
-        "--type=immediate",
-        "--target-action=promote",
-        "--instant",
-        "restore",
-    ];
+    let args = slowed_instant_restore(&pg_path, "--repo-rate-limit=6MiB");
     env.ok(&args);
     assert_only_the_owner_enters_the_mount(&target);
     let c = start_restored(&env, &target);
@@ -314,16 +321,7 @@ fn writes_across_the_hand_over_lose_nothing() {
     env.stanza_create();
     env.pgbench_init(10);
     let (target, _guard, pg_path) = uncompressed_backup_and_target(&env);
-    env.ok(&[
-        pg_path.as_str(),
-        "--process-max=2",
-        "--repo-rate-limit=24MiB",
-        "--archive-mode=off",
-        "--type=immediate",
-        "--target-action=promote",
-        "--instant",
-        "restore",
-    ]);
+    env.ok(&slowed_instant_restore(&pg_path, "--repo-rate-limit=24MiB"));
     let c = start_restored(&env, &target);
     // New connections now and then (-C): backends opening files before and after the
     // hand-over, beside the checkpointer's and the long-lived ones'.
@@ -439,13 +437,7 @@ fn a_damaged_frame_is_an_io_error_and_instant_status_exits_4() {
 #[test]
 fn an_instant_pitr_with_a_tablespace_and_a_database_left_out() {
     let env = Env::new("instant-pitr");
-    let ts_dir = env.scratch.join("ts1");
-    std::fs::create_dir_all(&ts_dir).unwrap();
-    pgstrata_testkit::give_to_pg_user(&ts_dir);
-    env.sql(&format!(
-        "CREATE TABLESPACE ts1 LOCATION '{}'",
-        ts_dir.display()
-    ));
+    env.create_tablespace("ts1");
     env.sql("CREATE TABLE in_ts TABLESPACE ts1 AS SELECT g AS id, md5(g::text) AS v FROM generate_series(1, 60000) g");
     env.sql("CREATE DATABASE other");
     env.cluster

@@ -124,10 +124,7 @@ fn delta_and_force_refuse_a_directory_that_is_not_a_data_directory() {
 #[test]
 fn a_copy_on_the_source_host_never_touches_the_source_tablespaces_but_in_place_restores_do() {
     let env = Env::new("tsguard");
-    let ts = env.scratch.join("ts");
-    std::fs::create_dir_all(&ts).unwrap();
-    pgstrata_testkit::give_to_pg_user(&ts);
-    env.sql(&format!("CREATE TABLESPACE ts LOCATION '{}'", ts.display()));
+    let ts = env.create_tablespace("ts");
     env.sql("CREATE TABLE t TABLESPACE ts AS SELECT g AS id FROM generate_series(1, 5000) g");
     let oid = env.sql("SELECT oid FROM pg_tablespace WHERE spcname = 'ts'");
     env.stanza_create();

@@ -70,13 +70,7 @@ fn restore_test_passes_a_sound_backup_and_names_a_corrupt_index() {
     env.sql("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 300) g");
     // A tablespace: restore-test restores it inside its scratch directory, never over the
     // source's location.
-    let ts = env.scratch.join("ts1");
-    std::fs::create_dir(&ts).unwrap();
-    pgstrata_testkit::give_to_pg_user(&ts);
-    env.sql(&format!(
-        "CREATE TABLESPACE ts1 LOCATION '{}'",
-        ts.display()
-    ));
+    let ts = env.create_tablespace("ts1");
     env.sql("CREATE TABLE in_ts1 (id int PRIMARY KEY) TABLESPACE ts1; INSERT INTO in_ts1 SELECT generate_series(1, 100)");
     let source_ts: Vec<String> = content_tree(&ts).into_keys().collect();
     let label = env.backup(&[

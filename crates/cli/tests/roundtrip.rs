@@ -129,13 +129,7 @@ fn point_in_time_restore_to_time_lsn_xid_and_name() {
 #[test]
 fn tablespace_outside_the_data_directory_is_restored_and_remapped() {
     let env = Env::new("tblspc");
-    let ts_dir = env.scratch.join("ts1");
-    std::fs::create_dir_all(&ts_dir).unwrap();
-    pgstrata_testkit::give_to_pg_user(&ts_dir);
-    env.sql(&format!(
-        "CREATE TABLESPACE ts1 LOCATION '{}'",
-        ts_dir.display()
-    ));
+    env.create_tablespace("ts1");
     env.sql("CREATE TABLE in_ts TABLESPACE ts1 AS SELECT g AS id, md5(g::text) AS v FROM generate_series(1, 20000) g");
     env.sql("CREATE TABLE in_base AS SELECT g AS id FROM generate_series(1, 100) g");
     let oid = env.sql("SELECT oid FROM pg_tablespace WHERE spcname = 'ts1'");

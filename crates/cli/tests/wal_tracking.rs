@@ -77,10 +77,7 @@ fn promote_standby(env: &mut Env, label: &str, ts_oid: &str) {
 #[test]
 fn randomized_workload_restores_exactly_from_wal_tracked_incrementals() {
     let mut env = Env::new("walrandom");
-    let ts = env.scratch.join("ts");
-    std::fs::create_dir_all(&ts).unwrap();
-    pgstrata_testkit::give_to_pg_user(&ts);
-    env.sql(&format!("CREATE TABLESPACE ts LOCATION '{}'", ts.display()));
+    env.create_tablespace("ts");
     env.sql("ALTER SYSTEM SET autovacuum = off");
     env.sql("SELECT pg_reload_conf()");
     for i in 0..4 {

@@ -174,12 +174,17 @@ pub(crate) fn stored_bytes<'c>(chunks: impl IntoIterator<Item = &'c Chunk>) -> u
     let mut last: Option<&Chunk> = None;
     let mut bytes = 0;
     for c in chunks.into_iter().filter(|c| !c.is_zero()) {
-        if last.is_none_or(|p| (&p.backup, &p.pack, p.offset) != (&c.backup, &c.pack, c.offset)) {
+        if !last.is_some_and(|p| same_frame(p, c)) {
             bytes += c.stored as u64;
         }
         last = Some(c);
     }
     bytes
+}
+
+/// Whether extents `a` and `b` are cut from one frame.
+fn same_frame(a: &Chunk, b: &Chunk) -> bool {
+    (&a.backup, &a.pack, a.offset) == (&b.backup, &b.pack, b.offset)
 }
 
 /// A file's extents with the file offset each one starts at.
@@ -231,10 +236,7 @@ pub(crate) fn for_each_extent(
             let c = &extents[j].1;
             if !c.is_zero() {
                 // Extents of one frame follow each other: count each frame once.
-                let same_frame = batch.last().is_some_and(|p| {
-                    (&p.backup, &p.pack, p.offset) == (&c.backup, &c.pack, c.offset)
-                });
-                if !same_frame {
+                if !batch.last().is_some_and(|p| same_frame(p, c)) {
                     stored += c.stored as u64;
                     decoded += c.frame_len() as u64;
                 }

@@ -1323,11 +1323,13 @@ impl StreamedObject {
                 if let Some(rate) = &self.rate {
                     rate.acquire_blocking(chunk.len() as u64);
                 }
-                match write_all_at(file, &aligned[..whole], offset) {
+                match std::os::unix::fs::FileExt::write_all_at(file, &aligned[..whole], offset) {
                     Ok(()) => offset += chunk.len() as u64,
                     // Refused at the first write: alignment this filesystem does not take.
-                    Err(nix::errno::Errno::EINVAL) if offset == 0 => return Ok(false),
-                    Err(e) => return Err(local_err(e.into(), "write", &path)),
+                    Err(e) if offset == 0 && e.raw_os_error() == Some(nix::libc::EINVAL) => {
+                        return Ok(false)
+                    }
+                    Err(e) => return Err(local_err(e, "write", &path)),
                 }
             }
             Ok(true)
@@ -1413,19 +1415,6 @@ fn with_direct_buffer<T>(write: impl FnOnce(&mut Vec<u8>) -> T) -> T {
         kept.push(buffer);
     }
     out
-}
-
-/// Write all of `buf` to `file` at `offset`.
-fn write_all_at(file: &std::fs::File, mut buf: &[u8], mut offset: u64) -> nix::Result<()> {
-    while !buf.is_empty() {
-        let n = nix::sys::uio::pwrite(file, buf, offset as i64)?;
-        if n == 0 {
-            return Err(nix::errno::Errno::EIO);
-        }
-        buf = &buf[n..];
-        offset += n as u64;
-    }
-    Ok(())
 }
 
 /// An object written to its staging file and not yet durable ([`StreamedObject::stage`]):

@@ -240,6 +240,19 @@ impl Env {
         self.cluster.psql("postgres", sql).expect("sql")
     }
 
+    /// Create tablespace `name` in a new directory of the scratch space (the cluster's
+    /// user owns it): its location.
+    pub fn create_tablespace(&self, name: &str) -> std::path::PathBuf {
+        let dir = self.scratch.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        pgstrata_testkit::give_to_pg_user(&dir);
+        self.sql(&format!(
+            "CREATE TABLESPACE {name} LOCATION '{}'",
+            dir.display()
+        ));
+        dir
+    }
+
     /// Switch WAL and wait until the switched segment is archived (pgstrata check does both).
     pub fn flush_wal(&self) {
         self.ok(&["check"]);

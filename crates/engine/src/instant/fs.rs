@@ -16,7 +16,7 @@ use fuser::{
 };
 use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -276,16 +276,10 @@ impl fuser::Filesystem for InstantFs {
             return reply.error(errno(&e));
         }
         let mut buf = vec![0u8; size as usize];
-        let mut got = 0;
-        while got < buf.len() {
-            match f.backing.read_at(&mut buf[got..], offset + got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return reply.error(Errno::from(e)),
-            }
+        match crate::content::read_full_at(&f.backing, &mut buf, offset) {
+            Ok(got) => reply.data(&buf[..got]),
+            Err(e) => reply.error(Errno::from(e)),
         }
-        reply.data(&buf[..got])
     }
 
     fn write(

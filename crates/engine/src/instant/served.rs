@@ -192,7 +192,7 @@ impl Served {
             }
             st.fetching.insert(e);
             drop(st);
-            let _first = on_demand.then(|| OnDemand::begin(&self.stats));
+            let _pending = on_demand.then(|| OnDemand::begin(&self.stats));
             self.fetch_and_store(f, &[e])?;
             fetched_any = true;
         }
@@ -552,8 +552,8 @@ impl ServedFile {
         while st.scan_from < st.blocks && st.is_local(st.scan_from) {
             st.scan_from += 1;
         }
-        let Some(b) = (st.scan_from..st.blocks)
-            .find(|&b| !st.is_local(b) && !st.fetching.contains(&self.extent_of(b)))
+        let Some(b) =
+            (st.scan_from..st.blocks).find(|&b| !st.is_local(b) && !self.is_fetching(st, b))
         else {
             return Vec::new();
         };
