@@ -15,7 +15,14 @@
 //! cost), which reads the database again. Its repo2 backups are timed beside the copies,
 //! with what they read from the database.
 //!
+//! A last target sits on another device (OTHER_DEVICE, a tmpfs by default), the page
+//! cache dropped first: the source is read from the disk and nothing is written to it, so
+//! the copy is set against the cold plain read on equal terms — the case of a second
+//! repository on its own disk. On one disk a copy reads and writes every byte, and the
+//! rows above say what share of the disk's rate it got.
+//!
 //! Options: --scale N (20) --copies N (1) --change-pct P (1) --delay-ms MS (20) --codec C (zst)
+//! --other-device DIR (/dev/shm; skipped when DIR is on the scratch directory's device)
 
 use super::s3_latency::{S3Proxy, BUCKET};
 use super::{delete_ranges, load_settled_pgbench, pgbr_modes, pgbr_setup, PgbrMode};
@@ -32,6 +39,7 @@ pub struct Opts {
     change_pct: u64,
     delay_ms: u64,
     codec: String,
+    other_device: String,
 }
 
 impl Opts {
@@ -42,13 +50,14 @@ impl Opts {
             change_pct: a.uint("change-pct", 1, 1)?,
             delay_ms: a.uint("delay-ms", 20, 0)?,
             codec: a.string("codec", "zst"),
+            other_device: a.string("other-device", "/dev/shm"),
         })
     }
 
     pub fn params(&self) -> String {
         format!(
-            "scale={} copies={} change-pct={} delay-ms={} codec={}",
-            self.scale, self.copies, self.change_pct, self.delay_ms, self.codec
+            "scale={} copies={} change-pct={} delay-ms={} codec={} other-device={}",
+            self.scale, self.copies, self.change_pct, self.delay_ms, self.codec, self.other_device
         )
     }
 }
@@ -94,52 +103,8 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     super::stanza_create_all(b, &repos)?;
     b.sql("CHECKPOINT")?;
     b.wal_switch_and_wait()?;
-    let local = b.dir("repo-copy-local")?;
-    pgstrata_testkit::give_to_pg_user(&local);
-    let local_cold = b.dir("repo-copy-local-cold")?;
-    pgstrata_testkit::give_to_pg_user(&local_cold);
-    let sealed = b.dir("repo-copy-sealed")?;
-    pgstrata_testkit::give_to_pg_user(&sealed);
-    let sealed_env: Vec<(String, String)> = [
-        ("PGSTRATA_REPO2_PATH", sealed.display().to_string()),
-        ("PGSTRATA_REPO2_CIPHER_TYPE", "aes-256-gcm".into()),
-        (
-            "PGSTRATA_REPO2_CIPHER_PASS",
-            "bench passphrase of repository 2".into(),
-        ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    // Its own stanza, so its master keys are not the source's: every frame is re-sealed.
-    let mut create = pgstrata_cmd(&repos[0], &sealed_env);
-    create.arg("stanza-create");
-    b.run("stanza-create-sealed", &mut create, false)?;
-    let targets = [
-        Target {
-            case: "to local".into(),
-            env: vec![("PGSTRATA_REPO2_PATH".into(), local.display().to_string())],
-            cold: false,
-        },
-        Target {
-            case: "to local, cold cache".into(),
-            env: vec![(
-                "PGSTRATA_REPO2_PATH".into(),
-                local_cold.display().to_string(),
-            )],
-            cold: true,
-        },
-        Target {
-            case: "re-sealed to local".into(),
-            env: sealed_env,
-            cold: false,
-        },
-        Target {
-            case: format!("to S3 +{} ms", o.delay_ms),
-            env: s3_env(proxy.port),
-            cold: false,
-        },
-    ];
+    let other = OtherDevice::create(b, &o.other_device)?;
+    let targets = copy_targets(b, &repos[0], o, proxy.port, other.as_ref())?;
     let source = &repos[0];
     let (m, full) = source.backup(b, "full", &[])?;
     b.results
@@ -161,6 +126,105 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
     copy_to_each(b, source, &targets, "incr", &incr, stored)?;
     drop(moto);
     Ok(())
+}
+
+/// The repositories each copy goes to (each a repository 2 given by environment), their
+/// directories made; the re-sealed one's stanza created.
+fn copy_targets(
+    b: &mut Bench,
+    source: &Repo,
+    o: &Opts,
+    s3_port: u16,
+    other: Option<&OtherDevice>,
+) -> Result<Vec<Target>, String> {
+    let local = b.dir("repo-copy-local")?;
+    pgstrata_testkit::give_to_pg_user(&local);
+    let local_cold = b.dir("repo-copy-local-cold")?;
+    pgstrata_testkit::give_to_pg_user(&local_cold);
+    let sealed = b.dir("repo-copy-sealed")?;
+    pgstrata_testkit::give_to_pg_user(&sealed);
+    let sealed_env: Vec<(String, String)> = [
+        ("PGSTRATA_REPO2_PATH", sealed.display().to_string()),
+        ("PGSTRATA_REPO2_CIPHER_TYPE", "aes-256-gcm".into()),
+        (
+            "PGSTRATA_REPO2_CIPHER_PASS",
+            "bench passphrase of repository 2".into(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    // Its own stanza, so its master keys are not the source's: every frame is re-sealed.
+    let mut create = pgstrata_cmd(source, &sealed_env);
+    create.arg("stanza-create");
+    b.run("stanza-create-sealed", &mut create, false)?;
+    let mut targets = vec![
+        Target {
+            case: "to local".into(),
+            env: vec![("PGSTRATA_REPO2_PATH".into(), local.display().to_string())],
+            cold: false,
+        },
+        Target {
+            case: "to local, cold cache".into(),
+            env: vec![(
+                "PGSTRATA_REPO2_PATH".into(),
+                local_cold.display().to_string(),
+            )],
+            cold: true,
+        },
+        Target {
+            case: "re-sealed to local".into(),
+            env: sealed_env,
+            cold: false,
+        },
+        Target {
+            case: format!("to S3 +{} ms", o.delay_ms),
+            env: s3_env(s3_port),
+            cold: false,
+        },
+    ];
+    if let Some(other) = other {
+        targets.push(Target {
+            case: format!("to another device ({}), cold cache", other.0.display()),
+            env: vec![("PGSTRATA_REPO2_PATH".into(), other.0.display().to_string())],
+            cold: true,
+        });
+    }
+    Ok(targets)
+}
+
+/// A repository directory on a device other than the scratch directory's, removed when
+/// the run ends (on a tmpfs it holds memory), kept with --keep.
+struct OtherDevice(std::path::PathBuf, bool);
+
+impl OtherDevice {
+    fn create(b: &Bench, parent: &str) -> Result<Option<OtherDevice>, String> {
+        use std::os::unix::fs::MetadataExt;
+        let device = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+        let parent = Path::new(parent);
+        if parent.as_os_str().is_empty() || device(parent).is_none() {
+            return Ok(None);
+        }
+        if device(parent) == device(&b.scratch.path) {
+            eprintln!(
+                "[bench] {} is on the scratch directory's device: no copy to another device",
+                parent.display()
+            );
+            return Ok(None);
+        }
+        let dir = parent.join(format!("pgstrata-bench-copy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        pgstrata_testkit::give_to_pg_user(&dir);
+        Ok(Some(OtherDevice(dir, b.scratch.keep)))
+    }
+}
+
+impl Drop for OtherDevice {
+    fn drop(&mut self) {
+        if !self.1 {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// What pgBackRest's users do instead of a copy: a `kind` backup of each of `repos` into

@@ -146,57 +146,12 @@ pub(crate) fn checked_wal_name(wal_path: &Path) -> Result<String> {
     Ok(name)
 }
 
-/// Buffers WAL files are read into, kept for the next file: at most [`READ_BUFFERS_KEPT`],
-/// and only as many as were in use at once.
-///
-/// A segment is 16 MiB. Read into a fresh `Vec` each time, glibc's malloc (its mmap
-/// threshold rises to the size of a freed mapping) then served each segment from the arena
-/// of whichever blocking thread read it, and every thread kept its freed one: the
-/// asynchronous worker ended up holding about 60 MB more than the files in hand. A fresh
-/// mapping per file instead costs its page faults, 10 % more CPU. Measured on 29 segments
-/// pushed asynchronously into a local repository (all of the tool's processes): peak RSS
-/// 108–144 MB with fresh `Vec`s, 68–74 MB with a mapping per file, 73–76 MB with kept
-/// buffers, at the CPU of fresh `Vec`s.
-static READ_BUFFERS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
-const READ_BUFFERS_KEPT: usize = 4;
-
-/// The whole of WAL file `path`, in a kept buffer that goes back when dropped.
-struct WalFileBytes(Vec<u8>);
-
-impl WalFileBytes {
-    fn read(path: &Path) -> std::io::Result<WalFileBytes> {
-        use std::io::Read;
-        let mut file = std::fs::File::open(path)?;
-        let len = file.metadata()?.len() as usize;
-        let mut buf = READ_BUFFERS.lock().unwrap().pop().unwrap_or_default();
-        buf.clear();
-        buf.reserve(len);
-        let mut read = WalFileBytes(buf);
-        file.read_to_end(&mut read.0)?;
-        Ok(read)
-    }
-}
-
-impl std::ops::Deref for WalFileBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl Drop for WalFileBytes {
-    fn drop(&mut self) {
-        let mut kept = READ_BUFFERS.lock().unwrap();
-        if kept.len() < READ_BUFFERS_KEPT {
-            kept.push(std::mem::take(&mut self.0));
-        }
-    }
-}
-
 /// A WAL file read, checked, compressed, hashed and decoded once, ready to be stored in
 /// every repository of its stanza (each seals it with its own key, if any).
 pub(crate) struct PreparedWal {
     name: String,
+    /// The WAL object without a map (version 1), until [`store_prepared_all`] hands it to
+    /// [`store_prepared`].
     obj: bytes::Bytes,
     hash: [u8; 32],
     /// The decoded changes of a full segment, or why they could not be decoded.
@@ -214,16 +169,8 @@ pub(crate) async fn prepare_push(
     wal_path: &Path,
     workers: u32,
 ) -> Result<PreparedWal> {
-    let path = wal_path.to_path_buf();
-    // The read is blocking work too: it goes to the blocking pool, off the scheduler that
-    // drives the stores in flight (archive-async).
-    let raw = tokio::task::spawn_blocking(move || {
-        WalFileBytes::read(&path)
-            .map_err(|e| Error::io(format!("archive-push: read {}", path.display()), e))
-    })
-    .await
-    .expect("read thread")?;
-    prepare_read(s, stanza, name, raw, workers).await
+    let input = WalInput::File(wal_path.to_path_buf());
+    prepare_read(s, stanza, name, input, workers).await
 }
 
 /// [`prepare_push`] of WAL file `name` received as `bytes` (wal-receive).
@@ -234,15 +181,25 @@ pub(crate) async fn prepare_bytes(
     bytes: Vec<u8>,
     workers: u32,
 ) -> Result<PreparedWal> {
-    prepare_read(s, stanza, name, WalFileBytes(bytes), workers).await
+    prepare_read(s, stanza, name, WalInput::Bytes(bytes), workers).await
 }
 
-/// Check, compress (with `workers` threads) and decode WAL file `name`, read as `raw`.
+/// Where a WAL file to store comes from.
+enum WalInput {
+    /// A file (in pg_wal), read piece by piece.
+    File(std::path::PathBuf),
+    /// Bytes in memory (wal-receive).
+    Bytes(Vec<u8>),
+}
+
+/// Check, compress (with `workers` threads) and decode WAL file `name` from `input`, in
+/// one pass over its pieces ([`wal_object::encode_read`]): the 16 MiB segment is never held
+/// whole (archive-push's memory is a few pieces and the compressed object).
 async fn prepare_read(
     s: &Settings,
     stanza: &pgstrata_repo::stanza::StanzaInfo,
     name: &str,
-    raw: WalFileBytes,
+    input: WalInput,
     workers: u32,
 ) -> Result<PreparedWal> {
     let seg_size = stanza.cluster.wal_segment_size;
@@ -252,37 +209,70 @@ async fn prepare_read(
     let checked = lsn::is_segment_name(name) || name.ends_with(".partial");
     let decode = lsn::is_segment_name(name);
     let name_owned = name.to_string();
+    // The read is blocking work: it goes to the blocking pool, off the scheduler that
+    // drives the stores in flight (archive-async).
     let (obj, decoded, head) = tokio::task::spawn_blocking(move || -> Result<_> {
         let name = name_owned;
+        let (mut reader, len, what): (Box<dyn std::io::Read>, u64, String) = match input {
+            WalInput::File(path) => {
+                let what = format!("archive-push: read {}", path.display());
+                let file = std::fs::File::open(&path).map_err(|e| Error::io(&what, e))?;
+                let len = file.metadata().map_err(|e| Error::io(&what, e))?.len();
+                (Box::new(file), len, what)
+            }
+            WalInput::Bytes(bytes) => {
+                let len = bytes.len() as u64;
+                (Box::new(std::io::Cursor::new(bytes)), len, name.clone())
+            }
+        };
         if checked {
-            check_segment(&raw, &name, seg_size, &sysid)?;
+            check_segment_len(len, &name, seg_size)?;
         }
-        let decode = decode && raw.len() as u64 == seg_size;
-        // The head of this segment, for completing a record cut at the previous one's end.
-        let head: Option<Vec<u8>> = pgstrata_pg::wal::starts_with_continuation(&raw)
-            .then(|| raw[..raw.len().min(CUT_RECORD_PAGES * 8192)].to_vec());
-        // Decoding (for the block-change map) and hashing run beside compression, so they
-        // add little to archive_command's latency; compression itself uses `workers` of the
-        // host's cores (PostgreSQL runs archive_command for one segment at a time).
-        if workers <= 1 {
-            // All on this thread: the caller runs as many files at once as it has cores.
-            let decoded = decode.then(|| {
-                decoded_or_why(std::panic::catch_unwind(|| {
-                    pgstrata_pg::wal::decode_segment(&raw, major, 8192)
-                }))
-            });
-            return Ok((wal_object::encode(&raw, compression, 1), decoded, head));
+        // The block-change map of a full segment is decoded as its pieces are read, beside
+        // their compression, so it adds little to archive_command's latency.
+        let mut decoding = (decode && len == seg_size)
+            .then(|| pgstrata_pg::wal::SegmentDecoder::new(major, 8192, None, u64::MAX))
+            .map(|d| d.map_err(Error::from));
+        let (mut first_page, mut head) = (Ok(()), None);
+        let mut pieces = 0;
+        let obj = wal_object::encode_read(&mut reader, compression, workers, &mut |piece| {
+            if pieces == 0 {
+                if checked {
+                    first_page = check_segment_cluster(piece, &name, &sysid);
+                }
+                // The head of this segment, for completing a record cut at the previous
+                // one's end.
+                head = pgstrata_pg::wal::starts_with_continuation(piece)
+                    .then(|| piece[..piece.len().min(CUT_RECORD_PAGES * 8192)].to_vec());
+            }
+            pieces += 1;
+            if let Some(Ok(decoder)) = &mut decoding {
+                let fed =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decoder.feed(piece)));
+                if let Err(why) = decoded_or_why(fed) {
+                    decoding = Some(Err(why));
+                }
+            }
+        })
+        .map_err(|e| Error::io(&what, e))?;
+        first_page?;
+        let read = wal_object::parse_header(&obj, &name)?.raw_len();
+        if read != len {
+            return Err(Error::refused(format!(
+                "{name} changed while it was read ({len} bytes, then {read}): nothing was stored"
+            )));
         }
-        Ok(std::thread::scope(|scope| {
-            let decoded =
-                decode.then(|| scope.spawn(|| pgstrata_pg::wal::decode_segment(&raw, major, 8192)));
-            let obj = wal_object::encode(&raw, compression, workers);
-            let decoded = decoded.map(|t| decoded_or_why(t.join()));
-            (obj, decoded, head)
-        }))
+        let decoded = decoding.map(|d| {
+            d.and_then(|decoder| {
+                decoded_or_why(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                    || Ok(decoder.finish()),
+                )))
+            })
+        });
+        Ok((obj, decoded, head))
     })
     .await
-    .expect("compress thread")?;
+    .expect("WAL read thread")?;
     let hash = wal_object::parse_header(&obj, name)?.hash;
     Ok(PreparedWal {
         name: name.to_string(),
@@ -302,17 +292,22 @@ pub(crate) async fn push_opened(
     wal_path: &Path,
     workers: u32,
 ) -> Result<PushOutcome> {
-    let prepared = prepare_push(s, stanza, name, wal_path, workers).await?;
-    store_prepared(s, storage, stanza, wal_path, &prepared).await
+    let mut prepared = prepare_push(s, stanza, name, wal_path, workers).await?;
+    let obj = std::mem::take(&mut prepared.obj);
+    store_prepared(s, storage, stanza, wal_path, &prepared, obj).await
 }
 
-/// Store a prepared WAL file, and its block-change map, into one repository's stanza.
+/// Store a prepared WAL file, its object `obj` (`p.obj` or a share of it), and its
+/// block-change map, into one repository's stanza. When `obj` is the only share, the map
+/// goes into it in place ([`wal_object::with_map_owned`]): archive-push holds the
+/// compressed segment once.
 pub(crate) async fn store_prepared(
     s: &Settings,
     storage: &pgstrata_repo::Storage,
     stanza: &pgstrata_repo::stanza::StanzaInfo,
     wal_path: &Path,
     p: &PreparedWal,
+    obj: bytes::Bytes,
 ) -> Result<PushOutcome> {
     let name = &p.name;
     let key = layout::archive_object(&s.stanza, &stanza.cluster.archive_id(), name);
@@ -350,8 +345,8 @@ pub(crate) async fn store_prepared(
     // stays an object of its own, which a backup reads without fetching the segment.
     let embed = storage.cipher().is_none();
     let obj = match &map {
-        Some(m) if embed => wal_object::with_map(&p.obj, &m.encode()).into(),
-        _ => p.obj.clone(),
+        Some(m) if embed => wal_object::with_map_owned(obj.into(), &m.encode()).into(),
+        _ => obj,
     };
     let stored_bytes = obj.len();
     let (outcome, map_inside) = match storage.put_new(&key, obj).await {
@@ -415,7 +410,7 @@ pub(crate) async fn push_prepared_all(
     workers: u32,
 ) -> Result<()> {
     let prepared = prepare_push_all(repos, opened, name, wal_path, workers).await?;
-    store_prepared_all(repos, opened, wal_path, &prepared).await
+    store_prepared_all(repos, opened, wal_path, prepared).await
 }
 
 /// [`prepare_push`] for every opened repository (`opened`, in the order of `repos`), which
@@ -447,15 +442,15 @@ pub(crate) async fn store_prepared_all(
     repos: &[Settings],
     opened: &[(pgstrata_repo::Storage, pgstrata_repo::stanza::StanzaInfo)],
     wal_path: &Path,
-    prepared: &PreparedWal,
+    mut prepared: PreparedWal,
 ) -> Result<()> {
-    let results = futures::future::join_all(
-        repos
-            .iter()
-            .zip(opened)
-            .map(|(s, (storage, stanza))| store_prepared(s, storage, stanza, wal_path, prepared)),
-    )
-    .await;
+    let obj = std::mem::take(&mut prepared.obj);
+    let prepared = &prepared;
+    let results =
+        futures::future::join_all(repos.iter().zip(opened).map(|(s, (storage, stanza))| {
+            store_prepared(s, storage, stanza, wal_path, prepared, obj.clone())
+        }))
+        .await;
     first_failure(repos, results.into_iter().map(|r| r.map(|_| ())))
 }
 
@@ -574,11 +569,9 @@ fn decode_caught<T>(decode: impl FnOnce() -> pgstrata_pg::Result<T>) -> Option<T
 /// A segment's decoding, or why it failed (an error, or a decoder panic: a bug, which must
 /// not fail the push, or archiving would stall and pg_wal fill up; it becomes an unusable
 /// map, and backups hash instead).
-fn decoded_or_why(
-    r: std::thread::Result<pgstrata_pg::Result<SegmentChanges>>,
-) -> Result<SegmentChanges> {
+fn decoded_or_why<T>(r: std::thread::Result<pgstrata_pg::Result<T>>) -> Result<T> {
     match r {
-        Ok(Ok(changes)) => Ok(changes),
+        Ok(Ok(decoded)) => Ok(decoded),
         Ok(Err(e)) => Err(e.into()),
         Err(p) => Err(Error::new(crate::ErrorKind::Io, panic_reason(&*p))),
     }
@@ -673,19 +666,23 @@ pub(crate) fn valid_wal_name(name: &str) -> bool {
     false
 }
 
-/// A segment must have the segment size and come from the stanza's cluster: its first
-/// page's long header names the system identifier.
-fn check_segment(raw: &[u8], name: &str, seg_size: u64, sysid: &str) -> Result<()> {
-    if !name.ends_with(".partial") && raw.len() as u64 != seg_size {
+/// A segment must have the segment size (a .partial one may be shorter).
+fn check_segment_len(len: u64, name: &str, seg_size: u64) -> Result<()> {
+    if !name.ends_with(".partial") && len != seg_size {
         return Err(Error::refused(format!(
-            "{name} is {} bytes but WAL segments of this cluster are {seg_size} bytes",
-            raw.len()
+            "{name} is {len} bytes but WAL segments of this cluster are {seg_size} bytes"
         )));
     }
-    if raw.len() >= 40 {
-        let info = u16::from_le_bytes([raw[2], raw[3]]);
+    Ok(())
+}
+
+/// Refuse a segment whose first page (in `start`, the file's first bytes) names another
+/// cluster than the stanza's.
+fn check_segment_cluster(start: &[u8], name: &str, sysid: &str) -> Result<()> {
+    if start.len() >= 40 {
+        let info = u16::from_le_bytes([start[2], start[3]]);
         if info & 0x0002 != 0 {
-            let seg_sysid = u64::from_le_bytes(raw[24..32].try_into().unwrap());
+            let seg_sysid = u64::from_le_bytes(start[24..32].try_into().unwrap());
             if seg_sysid.to_string() != sysid {
                 return Err(Error::refused(format!(
                     "{name} was written by cluster {seg_sysid}, but this stanza belongs to cluster {sysid}: check --stanza (after pg_upgrade, run stanza-upgrade first)"
@@ -1113,27 +1110,6 @@ pub(crate) async fn wait_for_wal(
 #[cfg(test)]
 mod tests {
     use super::*;
-    /// A kept buffer holds nothing of the file read into it before: a shorter file after a
-    /// longer one reads as itself.
-    #[test]
-    fn kept_read_buffers_read_each_file_whole_and_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let long: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
-        std::fs::write(dir.path().join("long"), &long).unwrap();
-        std::fs::write(dir.path().join("short"), b"short").unwrap();
-        std::fs::write(dir.path().join("empty"), b"").unwrap();
-        for _ in 0..2 {
-            assert_eq!(
-                &*WalFileBytes::read(&dir.path().join("long")).unwrap(),
-                &long[..]
-            );
-            let short = WalFileBytes::read(&dir.path().join("short")).unwrap();
-            let empty = WalFileBytes::read(&dir.path().join("empty")).unwrap();
-            assert_eq!((&*short, &*empty), (&b"short"[..], &b""[..]));
-        }
-        assert!(WalFileBytes::read(&dir.path().join("missing")).is_err());
-        assert!(READ_BUFFERS.lock().unwrap().len() <= READ_BUFFERS_KEPT);
-    }
     #[test]
     fn a_decoder_panic_becomes_an_unusable_map() {
         let caught = std::thread::scope(|scope| {

@@ -84,36 +84,153 @@ impl Compression {
     }
 
     /// [`Compression::compress`] of one large input (a WAL segment) with up to `workers`
-    /// threads. zstd compresses it as independent frames of [`WAL_FRAME`] bytes each,
-    /// concatenated: one standard stream, which any zstd decoder reads in order, and whose
-    /// frames a reader can also decode in parallel (archive-get, `wal_object::decode_to`). Other
-    /// codecs use one thread and one stream.
+    /// threads: [`Compression::compress_read`] of `raw`.
     pub fn compress_parallel(&self, raw: &[u8], workers: u32) -> Vec<u8> {
-        if self.kind != CompressType::Zst || raw.is_empty() {
-            return self.compress(raw);
+        let mut out = Vec::new();
+        self.compress_read(&mut &raw[..], workers, &mut out, &mut |_| {})
+            .expect("reading memory cannot fail");
+        out
+    }
+
+    /// Compress all of `input` (a WAL file) onto the end of `out` as one stream of the
+    /// codec, reading it in pieces of [`WAL_FRAME`] bytes, and return how many bytes were
+    /// read. `each` sees every piece, in order, before it is compressed (archive-push hashes
+    /// and decodes the segment there), so no more than `workers` + 1 pieces are held at
+    /// once: a 16 MiB segment is never in memory whole.
+    ///
+    /// zstd compresses each piece as an independent frame, on up to `workers` threads, the
+    /// frames concatenated: one standard stream, which any zstd decoder reads in order, and
+    /// whose frames a reader can also decode in parallel (archive-get,
+    /// `wal_object::decode_to`). Other codecs stream on this thread.
+    pub fn compress_read(
+        &self,
+        input: &mut dyn Read,
+        workers: u32,
+        out: &mut Vec<u8>,
+        each: &mut dyn FnMut(&[u8]),
+    ) -> std::io::Result<u64> {
+        let mut piece = Vec::new();
+        let mut total = 0u64;
+        let mut next_piece = |piece: &mut Vec<u8>| -> std::io::Result<usize> {
+            let n = read_piece(input, piece, WAL_FRAME)?;
+            total += n as u64;
+            if n > 0 {
+                each(piece);
+            }
+            Ok(n)
+        };
+        match self.kind {
+            CompressType::Zst if workers > 1 => {
+                self.zstd_frames_in_parallel(&mut next_piece, workers as usize, out)?
+            }
+            CompressType::Zst => {
+                // On this thread, whose compression context lives on from the last file (a
+                // new thread would build one for every file).
+                while next_piece(&mut piece)? > 0 {
+                    out.extend_from_slice(&self.compress(&piece));
+                }
+            }
+            CompressType::None => {
+                while next_piece(&mut piece)? > 0 {
+                    out.extend_from_slice(&piece);
+                }
+            }
+            _ => {
+                let mut enc = self.stream_encoder(std::mem::take(out));
+                while next_piece(&mut piece)? > 0 {
+                    enc.write_all(&piece)?;
+                }
+                *out = enc.finish()?;
+            }
         }
-        let chunks: Vec<&[u8]> = raw.chunks(WAL_FRAME).collect();
-        let workers = (workers.max(1) as usize).min(chunks.len().max(1));
-        if workers == 1 {
-            // On this thread, whose compression context lives on from the last file (a
-            // new thread would build one for every file).
-            let frames: Vec<Vec<u8>> = chunks.iter().map(|c| self.compress(c)).collect();
-            return frames.concat();
-        }
-        let mut frames: Vec<Vec<u8>> = vec![Vec::new(); chunks.len()];
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let done = std::sync::Mutex::new(&mut frames);
+        Ok(total)
+    }
+
+    /// The zstd frames of the pieces `next_piece` fills, compressed on `workers` threads
+    /// and appended to `out` in order. Each piece buffer goes back to the reader once its
+    /// frame is made; frames done out of order wait (they are small) for the ones before.
+    fn zstd_frames_in_parallel(
+        &self,
+        next_piece: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<usize>,
+        workers: usize,
+        out: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        use std::sync::mpsc::{channel, sync_channel};
+        let (work_tx, work_rx) = sync_channel::<(usize, Vec<u8>)>(workers + 1);
+        let work_rx = std::sync::Mutex::new(work_rx);
+        let (done_tx, done_rx) = channel::<(usize, Vec<u8>, Vec<u8>)>();
         std::thread::scope(|scope| {
             for _ in 0..workers {
-                scope.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(chunk) = chunks.get(i) else { return };
-                    let frame = self.compress(chunk);
-                    done.lock().expect("no panics while held")[i] = frame;
+                let done_tx = done_tx.clone();
+                let work_rx = &work_rx;
+                scope.spawn(move || loop {
+                    let next = work_rx.lock().expect("no panics while held").recv();
+                    let Ok((i, piece)) = next else { return };
+                    let frame = self.compress(&piece);
+                    if done_tx.send((i, frame, piece)).is_err() {
+                        return;
+                    }
                 });
             }
-        });
-        frames.concat()
+            drop(done_tx);
+            let mut waiting = std::collections::BTreeMap::new();
+            let mut written = 0;
+            let mut free: Vec<Vec<u8>> = Vec::new();
+            let mut place = |(i, frame, piece): (usize, Vec<u8>, Vec<u8>),
+                             free: &mut Vec<Vec<u8>>| {
+                free.push(piece);
+                waiting.insert(i, frame);
+                while let Some(frame) = waiting.remove(&written) {
+                    out.extend_from_slice(&frame);
+                    written += 1;
+                }
+            };
+            // Pieces held: one being compressed by each worker, one queued for the first
+            // to finish, and the one being read.
+            let (mut sent, mut in_flight) = (0, 0);
+            let read = loop {
+                while let Ok(done) = done_rx.try_recv() {
+                    in_flight -= 1;
+                    place(done, &mut free);
+                }
+                if in_flight > workers {
+                    in_flight -= 1;
+                    place(done_rx.recv().expect("workers run"), &mut free);
+                }
+                let mut piece = free.pop().unwrap_or_default();
+                match next_piece(&mut piece) {
+                    Ok(0) => break Ok(()),
+                    Ok(_) => {}
+                    Err(e) => break Err(e),
+                }
+                work_tx.send((sent, piece)).expect("workers run");
+                sent += 1;
+                in_flight += 1;
+            };
+            drop(work_tx);
+            for done in done_rx {
+                place(done, &mut free);
+            }
+            read
+        })
+    }
+
+    /// A streaming encoder of one stream of this (non-zstd) codec into `out`.
+    fn stream_encoder(&self, out: Vec<u8>) -> Box<dyn StreamEncoder> {
+        match self.kind {
+            CompressType::Lz4 => Box::new(lz4_flex::frame::FrameEncoder::new(out)),
+            CompressType::Gz => Box::new(flate2::write::GzEncoder::new(
+                out,
+                flate2::Compression::new(self.level as u32),
+            )),
+            CompressType::Bz2 => Box::new(bzip2::write::BzEncoder::new(
+                out,
+                bzip2::Compression::new(self.level as u32),
+            )),
+            CompressType::Zst | CompressType::None => {
+                unreachable!("zstd and none are not streamed through an encoder")
+            }
+        }
     }
 
     pub fn compress(&self, raw: &[u8]) -> Vec<u8> {
@@ -132,33 +249,43 @@ impl Compression {
                 let (_, ctx) = c.as_mut().expect("set above");
                 ctx.compress(raw).expect("zstd compress into memory")
             }),
-            CompressType::Lz4 => {
-                let enc = lz4_flex::frame::FrameEncoder::new(Vec::with_capacity(raw.len() / 2));
-                stream_into_memory(enc, raw, |e| e.finish().expect("lz4 finish into memory"))
-            }
-            CompressType::Gz => {
-                let level = flate2::Compression::new(self.level as u32);
-                let enc = flate2::write::GzEncoder::new(Vec::with_capacity(raw.len() / 2), level);
-                stream_into_memory(enc, raw, |e| e.finish().expect("gzip finish into memory"))
-            }
-            CompressType::Bz2 => {
-                let level = bzip2::Compression::new(self.level as u32);
-                let enc = bzip2::write::BzEncoder::new(Vec::with_capacity(raw.len() / 2), level);
-                stream_into_memory(enc, raw, |e| e.finish().expect("bzip2 finish into memory"))
+            _ => {
+                let mut enc = self.stream_encoder(Vec::with_capacity(raw.len() / 2));
+                enc.write_all(raw).expect("compress into memory");
+                enc.finish().expect("compress into memory")
             }
         }
     }
 }
 
-/// Compress `raw` into memory through a streaming encoder; `finish` ends the stream and
-/// returns the bytes.
-fn stream_into_memory<E: Write>(
-    mut enc: E,
-    raw: &[u8],
-    finish: impl FnOnce(E) -> Vec<u8>,
-) -> Vec<u8> {
-    enc.write_all(raw).expect("compress into memory");
-    finish(enc)
+/// One stream of a codec being written into memory; `finish` ends it and returns the bytes.
+trait StreamEncoder: Write {
+    fn finish(self: Box<Self>) -> std::io::Result<Vec<u8>>;
+}
+
+impl StreamEncoder for lz4_flex::frame::FrameEncoder<Vec<u8>> {
+    fn finish(self: Box<Self>) -> std::io::Result<Vec<u8>> {
+        (*self).finish().map_err(std::io::Error::other)
+    }
+}
+
+impl StreamEncoder for flate2::write::GzEncoder<Vec<u8>> {
+    fn finish(self: Box<Self>) -> std::io::Result<Vec<u8>> {
+        (*self).finish()
+    }
+}
+
+impl StreamEncoder for bzip2::write::BzEncoder<Vec<u8>> {
+    fn finish(self: Box<Self>) -> std::io::Result<Vec<u8>> {
+        (*self).finish()
+    }
+}
+
+/// Fill `piece` with up to `len` bytes of `input` (fewer only at its end); returns how many.
+fn read_piece(input: &mut dyn Read, piece: &mut Vec<u8>, len: usize) -> std::io::Result<usize> {
+    piece.clear();
+    piece.reserve(len);
+    input.take(len as u64).read_to_end(piece)
 }
 
 thread_local! {

@@ -36,6 +36,11 @@ pub struct WalHeader {
 }
 
 impl WalHeader {
+    /// Length of the WAL file stored.
+    pub fn raw_len(&self) -> u64 {
+        self.raw_len
+    }
+
     /// Where the compressed WAL starts in the object.
     pub fn payload_start(&self) -> usize {
         HEADER_LEN + self.map_len as usize
@@ -46,44 +51,57 @@ impl WalHeader {
 /// records touch at most once, in runs, compressed: far below this for a 1 GiB segment.
 const MAX_MAP_LEN: u32 = 64 << 20;
 
-/// Encode a WAL file: its BLAKE3 hash (on a second thread) beside its compression with up to
-/// `workers` threads ([`Compression::compress_parallel`]), so archive_command waits for the
-/// slower of the two, not their sum. With one worker, both on this thread.
+/// Encode a WAL file held in memory: [`encode_read`] of `raw`.
 pub fn encode(raw: &[u8], compression: Compression, workers: u32) -> Vec<u8> {
-    let (hash, payload) = if workers <= 1 {
-        (hash(raw), compression.compress_parallel(raw, 1))
-    } else {
-        std::thread::scope(|scope| {
-            let hash = scope.spawn(|| hash(raw));
-            let payload = compression.compress_parallel(raw, workers);
-            (hash.join().expect("hash thread"), payload)
-        })
-    };
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    encode_read(&mut &raw[..], compression, workers, &mut |_| {})
+        .expect("reading memory cannot fail")
+}
+
+/// Encode the WAL file `input` reads (a version-1 object: no map), reading it in pieces:
+/// `each` sees every piece in order (archive-push checks and decodes the segment there),
+/// this thread hashes it, and up to `workers` threads compress it
+/// ([`Compression::compress_read`]), so archive_command waits for about the slowest of
+/// the three and holds a few pieces, not the file.
+pub fn encode_read(
+    input: &mut dyn std::io::Read,
+    compression: Compression,
+    workers: u32,
+    each: &mut dyn FnMut(&[u8]),
+) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
     out.extend_from_slice(MAGIC);
     out.push(1);
     out.push(compression.kind.id());
     out.extend_from_slice(&[0u8; 6]);
-    out.extend_from_slice(&(raw.len() as u64).to_le_bytes());
-    out.extend_from_slice(&hash);
-    out.extend_from_slice(&payload);
-    out
+    // The raw length and hash are known at the end.
+    out.resize(HEADER_LEN, 0);
+    let mut hasher = blake3::Hasher::new();
+    let raw_len = compression.compress_read(input, workers, &mut out, &mut |piece| {
+        hasher.update(piece);
+        each(piece);
+    })?;
+    out[16..24].copy_from_slice(&raw_len.to_le_bytes());
+    out[24..HEADER_LEN].copy_from_slice(hasher.finalize().as_bytes());
+    Ok(out)
 }
 
 /// A WAL object from [`encode`] (version 1) with `map`, the encoded block-change map of
 /// its segment, placed before its payload (version 2).
 pub fn with_map(obj: &[u8], map: &[u8]) -> Vec<u8> {
+    with_map_owned(obj.to_vec(), map)
+}
+
+/// [`with_map`] of an object the caller owns: the map goes in in place, so no second copy
+/// of the compressed WAL is made (archive-push).
+pub fn with_map_owned(mut obj: Vec<u8>, map: &[u8]) -> Vec<u8> {
     let map_len = u32::try_from(map.len())
         .ok()
         .filter(|&m| m <= MAX_MAP_LEN)
         .expect("a block-change map of a sane size");
-    let mut out = Vec::with_capacity(obj.len() + map.len());
-    out.extend_from_slice(&obj[..HEADER_LEN]);
-    out[8] = 2;
-    out[12..16].copy_from_slice(&map_len.to_le_bytes());
-    out.extend_from_slice(map);
-    out.extend_from_slice(&obj[HEADER_LEN..]);
-    out
+    obj.splice(HEADER_LEN..HEADER_LEN, map.iter().copied());
+    obj[8] = 2;
+    obj[12..16].copy_from_slice(&map_len.to_le_bytes());
+    obj
 }
 
 /// WAL object `obj` without its block-change map: the version-1 object [`with_map`] was
@@ -537,6 +555,59 @@ mod tests {
         }
     }
 
+    /// archive-push's one pass: whatever the codec, the worker count and the reads' sizes,
+    /// the pieces seen are the file in order, in frames, the object decodes to the file,
+    /// and zstd's frames come out the same with one thread or four.
+    #[test]
+    fn encoding_while_reading_sees_the_file_in_order_and_stores_it() {
+        /// Hands out at most 7,000 bytes a read, as a pipe or a slow disk may.
+        struct Dribble<'a>(&'a [u8]);
+        impl std::io::Read for Dribble<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = buf.len().min(7000).min(self.0.len());
+                buf[..n].copy_from_slice(&self.0[..n]);
+                self.0 = &self.0[n..];
+                Ok(n)
+            }
+        }
+        let data: Vec<u8> = (0..(5 << 20) + 12345u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8 & 0x1f)
+            .collect();
+        for len in [0, 1, WAL_FRAME, data.len()] {
+            let raw = &data[..len];
+            for &kind in CompressType::ALL {
+                let mut objects = Vec::new();
+                for workers in [1, 2, 4] {
+                    let mut seen = Vec::new();
+                    let mut sizes = Vec::new();
+                    let obj = encode_read(
+                        &mut Dribble(raw),
+                        Compression::new(kind, None).unwrap(),
+                        workers,
+                        &mut |piece| {
+                            seen.extend_from_slice(piece);
+                            sizes.push(piece.len());
+                        },
+                    )
+                    .unwrap();
+                    assert!(seen == raw, "{kind:?} {workers} {len}");
+                    assert_eq!(sizes.len(), len.div_ceil(WAL_FRAME), "{kind:?} {len}");
+                    assert!(sizes.iter().rev().skip(1).all(|&n| n == WAL_FRAME));
+                    assert_eq!(parse_header(&obj, "x").unwrap().raw_len(), len as u64);
+                    assert!(
+                        decode(&obj, "x").unwrap() == raw,
+                        "{kind:?} {workers} {len}"
+                    );
+                    assert!(obj == encode(raw, Compression::new(kind, None).unwrap(), workers));
+                    objects.push(obj);
+                }
+                if matches!(kind, CompressType::Zst | CompressType::None) {
+                    assert!(objects.windows(2).all(|w| w[0] == w[1]), "{kind:?} {len}");
+                }
+            }
+        }
+    }
+
     /// A version-2 object carries its map before the WAL: the map reads from the object's
     /// first bytes alone, the WAL decodes as from version 1, and a header that claims more
     /// map than the object holds is damage.
@@ -548,6 +619,7 @@ mod tests {
             let v1 = encode(&raw, Compression::new(kind, None).unwrap(), 2);
             assert_eq!(embedded_map(&v1, "x").unwrap(), None);
             let v2 = with_map(&v1, &map);
+            assert_eq!(with_map_owned(v1.clone(), &map), v2);
             assert_eq!(v2[8], 2);
             assert_eq!(without_map(&v2, "x").unwrap(), v1);
             assert_eq!(without_map(&v1, "x").unwrap(), v1);

@@ -561,7 +561,7 @@ async fn push_and_acknowledge(
         .buffer_unordered(width.min(cores))
         .map(|(name, stamp, path, prepared)| async move {
             let stored = match prepared {
-                Ok(p) => wal_archive::store_prepared_all(repos, opened, &path, &p).await,
+                Ok(p) => wal_archive::store_prepared_all(repos, opened, &path, p).await,
                 Err(e) => Err(e),
             };
             // Acknowledged only once every repository has it.

@@ -520,7 +520,7 @@ impl Receiver {
         // No pg_wal beside it: a record cut at the previous segment's end is read from
         // the repository.
         let beside = std::path::Path::new("/nonexistent/pg_wal").join(name);
-        store_prepared_all(&self.repos, &self.opened, &beside, &prepared).await
+        store_prepared_all(&self.repos, &self.opened, &beside, prepared).await
     }
 
     /// Make the bytes received durable in every repository: a piece of what came since the
