@@ -206,83 +206,6 @@ fn map_err(e: object_store::Error, what: String) -> Error {
 /// `bytes` if all `want` bytes came. A short read is transient (a dropped connection) or a
 /// truncated object: a storage failure, retried, and reported naming the object if it
 /// persists.
-/// The bytes of a whole-object get. A file (a local repository's object) of at least
-/// [`POOLED_MIN`] bytes is read into a buffer kept from an earlier read: a fresh buffer's
-/// every page is faulted in and zeroed by the kernel before the read fills it, which cost
-/// `copy` about a sixth of its CPU on a pack-sized object.
-async fn read_whole(r: object_store::GetResult) -> object_store::Result<Bytes> {
-    use object_store::GetResultPayload::File;
-    let len = r.range.end - r.range.start;
-    if len < POOLED_MIN || !matches!(r.payload, File(..)) {
-        return r.bytes().await;
-    }
-    let File(file, path) = r.payload else {
-        unreachable!("a file, as matched above")
-    };
-    let start = r.range.start;
-    tokio::task::spawn_blocking(move || {
-        use std::io::{Read, Seek, SeekFrom};
-        let mut file = file;
-        let mut buf = PooledBuffer::take(len as usize);
-        file.seek(SeekFrom::Start(start))
-            .and_then(|_| file.take(len).read_to_end(&mut buf.0))
-            .map_err(|source| object_store::Error::Generic {
-                store: "LocalFileSystem",
-                source: format!("read {}: {source}", path.display()).into(),
-            })?;
-        Ok(Bytes::from_owner(buf))
-    })
-    .await
-    .expect("read thread")
-}
-
-/// Objects this long or longer are read into [`PooledBuffer`]s.
-const POOLED_MIN: u64 = 1 << 20;
-
-/// Buffers whole objects were read into, kept for the next read: at most
-/// [`READ_BUFFERS_KEPT`], each of at most [`READ_BUFFER_KEPT_MAX`] bytes (a pack of the
-/// default `bundle-size` is 16 MiB), and only as many as were in use at once.
-static READ_BUFFERS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
-const READ_BUFFERS_KEPT: usize = 4;
-const READ_BUFFER_KEPT_MAX: usize = 64 << 20;
-
-/// A buffer from [`READ_BUFFERS`], which goes back when the last `Bytes` of it is dropped.
-struct PooledBuffer(Vec<u8>);
-
-impl PooledBuffer {
-    /// An empty buffer for `len` bytes: a kept one not more than twice as large (a small
-    /// object must not hold a large buffer for as long as it is kept), else a new one.
-    fn take(len: usize) -> PooledBuffer {
-        let mut kept = READ_BUFFERS.lock().expect("no panics while held");
-        let fits = kept
-            .iter()
-            .position(|b| b.capacity() >= len && b.capacity() <= len.saturating_mul(2));
-        let mut buf = fits.map(|i| kept.swap_remove(i)).unwrap_or_default();
-        drop(kept);
-        buf.clear();
-        buf.reserve_exact(len);
-        PooledBuffer(buf)
-    }
-}
-
-impl AsRef<[u8]> for PooledBuffer {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl Drop for PooledBuffer {
-    fn drop(&mut self) {
-        if self.0.capacity() > READ_BUFFER_KEPT_MAX {
-            return;
-        }
-        let mut kept = READ_BUFFERS.lock().expect("no panics while held");
-        if kept.len() < READ_BUFFERS_KEPT {
-            kept.push(std::mem::take(&mut self.0));
-        }
-    }
-}
-
 fn whole(bytes: Bytes, want: u64, what: &str) -> Result<Bytes> {
     if bytes.len() as u64 != want {
         return Err(Error::new(
@@ -1009,7 +932,7 @@ impl Storage {
                 .await
                 .map_err(|e| map_err(e, what.clone()))?;
             let expected = r.meta.size;
-            let b = read_whole(r).await.map_err(|e| map_err(e, what.clone()))?;
+            let b = r.bytes().await.map_err(|e| map_err(e, what.clone()))?;
             whole(b, expected, &what)
         })
         .await

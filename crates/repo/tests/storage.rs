@@ -220,41 +220,6 @@ async fn large_staged_objects_keep_every_byte() {
     }
 }
 
-/// Whole objects of a local repository read into kept buffers: each read returns its own
-/// object's bytes, however many are held at once and whichever buffer (of another, longer
-/// or shorter object before) it got, and a ranged read of one is its slice.
-#[tokio::test]
-async fn whole_reads_into_kept_buffers_return_each_objects_own_bytes() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Storage::local(dir.path()).unwrap();
-    let lens = [3 << 20, (1 << 20) + 1, (5 << 20) + 17, 1 << 20, 2 << 20, 100];
-    let mut objects = Vec::new();
-    for (n, len) in lens.into_iter().enumerate() {
-        let data: Vec<u8> = (0..len).map(|i| (i * 13 + n * 101 + i / 999) as u8).collect();
-        let key = format!("st/backup/x/pack/{n}");
-        s.put_new(&key, Bytes::from(data.clone())).await.unwrap();
-        objects.push((key, data));
-    }
-    for round in 0..3 {
-        // Round 0 holds every read at once; later rounds drop each at once, so buffers go
-        // back and are taken again by objects of other lengths.
-        let mut held = Vec::new();
-        for (key, data) in objects.iter().rev().cycle().skip(round).take(objects.len()) {
-            let got = s.get_unsealed(key).await.unwrap();
-            assert!(got[..] == data[..], "{key}, round {round}: bytes differ");
-            if round == 0 {
-                held.push((got, data));
-            }
-        }
-        for (got, data) in &held {
-            assert!(got[..] == data[..], "held reads stay their own");
-        }
-    }
-    let (key, data) = &objects[2];
-    let range = s.get_range(key, 4096..(3 << 20)).await.unwrap();
-    assert!(range[..] == data[4096..3 << 20]);
-}
-
 /// Every file under `dir`, sorted.
 fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();
