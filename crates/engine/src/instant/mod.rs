@@ -28,12 +28,16 @@
 //! file by file as each becomes an ordinary file again.
 //!
 //! **Crash safety.** Which blocks are local is kept in `local.bits` (a bit per 8 kB
-//! block of each deferred file), and a bit is written only after the block's bytes are
-//! durable: when PostgreSQL fsyncs a file (its checkpoints do) and every
-//! [`PERSIST_EVERY`]. A block whose bit was lost is fetched again, which overwrites only a
-//! PostgreSQL write that was never fsynced: PostgreSQL's crash recovery (which it needs
-//! anyway once its files failed under it) rewrites such blocks from the WAL, as after a
-//! power loss. `restore --instant --resume --pg-path=DIR` starts the process again.
+//! block of each deferred file). A block PostgreSQL wrote (or cut off) gets its bit
+//! written at once, with the write: if this process is killed, the kernel still has the
+//! bytes, and PostgreSQL's crash recovery, which starts at its last checkpoint, expects
+//! to find every page that checkpoint wrote (with `fsync = off` too). A fetched block gets
+//! its bit only after its bytes are durable (when PostgreSQL fsyncs the file, and every
+//! [`PERSIST_EVERY`]), since nothing else would rewrite it; one whose bit was lost is
+//! fetched again. After a power loss, a PostgreSQL write that was never fsynced may be
+//! lost with its bit kept: the block then holds what it held before, and crash recovery
+//! rewrites it from the WAL, as on any disk. `restore --instant --resume --pg-path=DIR`
+//! starts the process again.
 //!
 //! The instant directory, `<parent>/.<data directory name>.pgstrata-instant/`:
 //!

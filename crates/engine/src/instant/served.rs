@@ -55,6 +55,8 @@ struct FileState {
     fetching: HashSet<usize>,
     /// Bits set since `local.bits` last had them.
     dirty: bool,
+    /// The bits `local.bits` holds for this file (written only under this state's lock).
+    durable: Vec<u64>,
     /// No block before this one is not local: where hydration looks from.
     scan_from: u64,
 }
@@ -145,6 +147,7 @@ impl Served {
                 extents,
                 bits_at: at,
                 st: Mutex::new(FileState {
+                    durable: local.clone(),
                     local,
                     local_blocks,
                     blocks: f.blocks(),
@@ -307,7 +310,41 @@ impl Served {
         for b in first..=last {
             st.mark(b);
         }
-        Ok(())
+        self.record_written(f, &mut st, first..last + 1)
+    }
+
+    /// Write to `local.bits` at once (without waiting for the periodic write) that blocks
+    /// `blocks` of `f` are PostgreSQL's: after this process is killed, its writes are in
+    /// the backing file (the kernel has them), and a block whose bit was lost would be
+    /// fetched again over a write PostgreSQL expects to find. Before, such a bit waited
+    /// for PostgreSQL's fsync or the next periodic write: with `fsync = off`, or killed
+    /// within that interval of a checkpoint, pages the checkpoint wrote were fetched again
+    /// on resume and crash recovery, which starts at that checkpoint, lost their changes
+    /// (an index without the entries of heap tuples). No fsync here: a write PostgreSQL
+    /// never fsynced is rewritten from the WAL after a power loss, whatever the backing
+    /// file holds. Fetched blocks still get their bits only once their bytes are durable
+    /// ([`Served::sync_and_persist`]): nothing would rewrite them.
+    fn record_written(
+        &self,
+        f: &ServedFile,
+        st: &mut FileState,
+        blocks: std::ops::Range<u64>,
+    ) -> Result<()> {
+        let blocks = blocks.start..blocks.end.min(st.blocks);
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        for b in blocks.clone() {
+            st.durable[(b / 64) as usize] |= 1 << (b % 64);
+        }
+        let words = (blocks.start / 64) as usize..=((blocks.end - 1) / 64) as usize;
+        let raw: Vec<u8> = st.durable[words.clone()]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        self.bits
+            .write_all_at(&raw, f.bits_at + *words.start() as u64 * 8)
+            .map_err(|e| Error::io("write local.bits", e))
     }
 
     /// The file was cut (or grown) to `size`: blocks past it have nothing to fetch.
@@ -327,10 +364,11 @@ impl Served {
         f.backing
             .set_len(size)
             .map_err(|e| Error::io(format!("truncate {}", f.path), e))?;
-        for b in size.div_ceil(BLOCK)..st.blocks {
+        let cut = size.div_ceil(BLOCK)..st.blocks;
+        for b in cut.clone() {
             st.mark(b);
         }
-        Ok(())
+        self.record_written(f, &mut st, cut)
     }
 
     /// PostgreSQL allocated `length` bytes at `offset` of file `i` (plain `fallocate`):
@@ -350,27 +388,33 @@ impl Served {
 
     /// Make file `i`'s bytes durable, then its bits (PostgreSQL's fsync).
     pub fn sync_file(&self, i: usize) -> Result<()> {
-        let f = &self.files[i];
-        f.backing
-            .sync_data()
-            .map_err(|e| Error::io(format!("fsync {}", f.path), e))?;
-        self.persist_bits(i)?;
+        self.sync_and_persist(i)?;
         self.bits
             .sync_data()
             .map_err(|e| Error::io("fsync local.bits", e))
     }
 
-    /// Write file `i`'s bits to `local.bits` (its bytes must be durable already).
-    fn persist_bits(&self, i: usize) -> Result<()> {
+    /// Make file `i`'s bytes durable, then write to `local.bits` every bit that was set
+    /// before they were: the bits are taken first, so that a block fetched meanwhile (its
+    /// bytes maybe not durable yet) waits for the next time.
+    fn sync_and_persist(&self, i: usize) -> Result<()> {
         let f = &self.files[i];
-        let raw: Vec<u8> = {
+        let taken = {
             let mut st = f.st.lock().expect("file state");
-            if !st.dirty {
-                return Ok(());
-            }
-            st.dirty = false;
-            st.local.iter().flat_map(|w| w.to_le_bytes()).collect()
+            std::mem::take(&mut st.dirty).then(|| st.local.clone())
         };
+        if let Err(e) = f.backing.sync_data() {
+            if taken.is_some() {
+                f.st.lock().expect("file state").dirty = true;
+            }
+            return Err(Error::io(format!("fsync {}", f.path), e));
+        }
+        let Some(taken) = taken else { return Ok(()) };
+        let mut st = f.st.lock().expect("file state");
+        for (d, w) in st.durable.iter_mut().zip(&taken) {
+            *d |= w;
+        }
+        let raw: Vec<u8> = st.durable.iter().flat_map(|w| w.to_le_bytes()).collect();
         self.bits
             .write_all_at(&raw, f.bits_at)
             .map_err(|e| Error::io("write local.bits", e))
@@ -380,11 +424,7 @@ impl Served {
     pub(super) fn persist_all(&self) -> Result<()> {
         for i in 0..self.files.len() {
             if self.files[i].st.lock().expect("file state").dirty {
-                self.files[i]
-                    .backing
-                    .sync_data()
-                    .map_err(|e| Error::io(format!("fsync {}", self.files[i].path), e))?;
-                self.persist_bits(i)?;
+                self.sync_and_persist(i)?;
             }
         }
         self.bits
