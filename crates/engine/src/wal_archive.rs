@@ -234,9 +234,9 @@ async fn prepare_read(
             .then(|| pgstrata_pg::wal::SegmentDecoder::new(major, 8192, None, u64::MAX))
             .map(|d| d.map_err(Error::from));
         let (mut first_page, mut head) = (Ok(()), None);
-        let mut pieces = 0;
+        let mut first = true;
         let obj = wal_object::encode_read(&mut reader, compression, workers, &mut |piece| {
-            if pieces == 0 {
+            if std::mem::take(&mut first) {
                 if checked {
                     first_page = check_segment_cluster(piece, &name, &sysid);
                 }
@@ -245,7 +245,6 @@ async fn prepare_read(
                 head = pgstrata_pg::wal::starts_with_continuation(piece)
                     .then(|| piece[..piece.len().min(CUT_RECORD_PAGES * 8192)].to_vec());
             }
-            pieces += 1;
             if let Some(Ok(decoder)) = &mut decoding {
                 let fed =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decoder.feed(piece)));

@@ -60,7 +60,7 @@ pub struct Compression {
     pub level: i32,
 }
 
-/// Raw bytes per zstd frame of a WAL object ([`Compression::compress_parallel`]). A frame
+/// Raw bytes per zstd frame of a WAL object ([`Compression::compress_read`]). A frame
 /// of 512 KiB fits a core's L2 cache on many servers (512 KiB to 2 MiB), where zstd's
 /// match finder then finds the bytes it compares: level 3 compresses WAL 4-10 % faster than in 1 MiB
 /// frames, to the same size within 0.3 % (measured on pgbench WAL). Writers before
@@ -83,20 +83,12 @@ impl Compression {
         Ok(Compression { kind, level })
     }
 
-    /// [`Compression::compress`] of one large input (a WAL segment) with up to `workers`
-    /// threads: [`Compression::compress_read`] of `raw`.
-    pub fn compress_parallel(&self, raw: &[u8], workers: u32) -> Vec<u8> {
-        let mut out = Vec::new();
-        self.compress_read(&mut &raw[..], workers, &mut out, &mut |_| {})
-            .expect("reading memory cannot fail");
-        out
-    }
-
     /// Compress all of `input` (a WAL file) onto the end of `out` as one stream of the
     /// codec, reading it in pieces of [`WAL_FRAME`] bytes, and return how many bytes were
     /// read. `each` sees every piece, in order, before it is compressed (archive-push hashes
-    /// and decodes the segment there), so no more than `workers` + 1 pieces are held at
-    /// once: a 16 MiB segment is never in memory whole.
+    /// and decodes the segment there), so no more than `workers` + 2 pieces are held at
+    /// once (one being read, one queued, one per worker): a 16 MiB segment is never in
+    /// memory whole.
     ///
     /// zstd compresses each piece as an independent frame, on up to `workers` threads, the
     /// frames concatenated: one standard stream, which any zstd decoder reads in order, and

@@ -284,7 +284,7 @@ pub fn decode_to(obj: &[u8], what: &str, out: &mut (impl std::io::Write + Send))
 
 /// The frames of a zstd stream of several, each with its decoded size, when every frame
 /// states a size of at most [`MAX_FRAME_RAW`]: a WAL object written as independent frames
-/// ([`Compression::compress_parallel`]). `None` for one frame (objects written before) or
+/// ([`Compression::compress_read`]). `None` for one frame (objects written before) or
 /// anything else, which is decoded as one stream.
 fn zstd_frames(body: &[u8]) -> Option<Vec<(&[u8], usize)>> {
     use zstd::zstd_safe;

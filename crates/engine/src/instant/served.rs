@@ -334,8 +334,15 @@ impl Served {
         if blocks.is_empty() {
             return Ok(());
         }
+        let mut new = false;
         for b in blocks.clone() {
-            st.durable[(b / 64) as usize] |= 1 << (b % 64);
+            let (w, bit) = ((b / 64) as usize, 1 << (b % 64));
+            new |= st.durable[w] & bit == 0;
+            st.durable[w] |= bit;
+        }
+        // Blocks written again (most of PostgreSQL's writes) cost no write here.
+        if !new {
+            return Ok(());
         }
         let words = (blocks.start / 64) as usize..=((blocks.end - 1) / 64) as usize;
         let raw: Vec<u8> = st.durable[words.clone()]
