@@ -24,6 +24,7 @@
 //! - [`s3_versions`]: the S3 requests object_store does not make (Object Lock, object
 //!   versions), for immutable repositories; [`as_of`]: a repository read as it was at a
 //!   time (`repo-target-time`).
+//! - `direct`: direct I/O on a local repository's files (a copy's reads and writes).
 //! - [`cache`]: objects of a remote repository kept on this host; [`private_dir`]: the
 //!   check that a directory pgstrata keeps state in is this user's alone.
 
@@ -35,6 +36,7 @@ mod checked;
 pub mod chunk;
 pub mod cipher;
 pub mod codec;
+mod direct;
 pub mod error;
 pub mod expire_record;
 #[cfg(feature = "fault-injection")]

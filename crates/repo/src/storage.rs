@@ -961,6 +961,29 @@ impl Storage {
         .await
     }
 
+    /// [`Storage::get_unsealed`] of an object read once, by a copy to another repository:
+    /// where this repository is a local directory and the object is large, it is read with
+    /// direct I/O ([`crate::direct`]), past the page cache, into a buffer a direct write
+    /// takes as it is. Anywhere else, or where the filesystem refuses direct I/O, as
+    /// `get_unsealed` reads it.
+    pub async fn get_unsealed_once(&self, key: &str) -> Result<Bytes> {
+        if let Some(root) = &self.local_root {
+            let path = root.join(Self::path(key)?.as_ref());
+            let rate = self.rate.clone();
+            let what = format!("read {key}");
+            let read = tokio::task::spawn_blocking(move || {
+                crate::direct::read_whole(&path, rate.as_deref())
+            })
+            .await
+            .expect("direct read thread")
+            .map_err(|e| Error::with_source(ErrorKind::Storage, what, e))?;
+            if let Some(bytes) = read {
+                return Ok(bytes);
+            }
+        }
+        self.get_unsealed(key).await
+    }
+
     /// Read bytes of an object as stored (pack frames, which are sealed one by one).
     pub async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes> {
         let what = format!("read {key} bytes {}..{}", range.start, range.end);
@@ -1293,48 +1316,18 @@ impl StreamedObject {
             .map_err(|e| local_err(e, "fsync", dir))
     }
 
-    /// Write `data`, the whole object, with `O_DIRECT`: from an aligned buffer straight to
-    /// the disk, without the kernel copying every byte into the page cache and writing it
-    /// back later (the larger part of a local copy's time when it was written through the
+    /// Write `data`, the whole object, with `O_DIRECT` ([`crate::direct`]): straight to the
+    /// disk, without the kernel copying every byte into the page cache and writing it back
+    /// later (the larger part of a local copy's time when it was written through the
     /// cache). Direct writes are still not durable until the device's cache is flushed, so
-    /// the object is staged and published as any other. The last block is written whole,
-    /// zero-padded, and the file cut to its length. Returns false, having written nothing,
-    /// where the filesystem refuses direct I/O (tmpfs, some network filesystems).
+    /// the object is staged and published as any other. Returns false, having written
+    /// nothing, where the filesystem refuses direct I/O.
     fn write_direct(&mut self, data: &[u8]) -> Result<bool> {
-        use nix::fcntl::{fcntl, FcntlArg, OFlag};
         debug_assert!(self.len == 0 && self.file.buffer().is_empty());
         let path = self.staging.clone().expect("a staging file");
         let file = self.file.get_ref();
-        let fd = std::os::fd::AsRawFd::as_raw_fd(file);
-        let plain = OFlag::from_bits_retain(
-            fcntl(fd, FcntlArg::F_GETFL).map_err(|e| local_err(e.into(), "fcntl", &path))?,
-        );
-        if fcntl(fd, FcntlArg::F_SETFL(plain | OFlag::O_DIRECT)).is_err() {
-            return Ok(false);
-        }
-        let written = with_direct_buffer(|buffer| {
-            let start = buffer.as_ptr().align_offset(DIRECT_ALIGN);
-            let aligned = &mut buffer[start..start + DIRECT_CHUNK];
-            let mut offset = 0;
-            for chunk in data.chunks(DIRECT_CHUNK) {
-                let whole = chunk.len().next_multiple_of(DIRECT_ALIGN);
-                aligned[..chunk.len()].copy_from_slice(chunk);
-                aligned[chunk.len()..whole].fill(0);
-                if let Some(rate) = &self.rate {
-                    rate.acquire_blocking(chunk.len() as u64);
-                }
-                match std::os::unix::fs::FileExt::write_all_at(file, &aligned[..whole], offset) {
-                    Ok(()) => offset += chunk.len() as u64,
-                    // Refused at the first write: alignment this filesystem does not take.
-                    Err(e) if offset == 0 && e.raw_os_error() == Some(nix::libc::EINVAL) => {
-                        return Ok(false)
-                    }
-                    Err(e) => return Err(local_err(e, "write", &path)),
-                }
-            }
-            Ok(true)
-        })?;
-        fcntl(fd, FcntlArg::F_SETFL(plain)).map_err(|e| local_err(e.into(), "fcntl", &path))?;
+        let written = crate::direct::write_all(file, data, self.rate.as_deref())
+            .map_err(|e| local_err(e, "write", &path))?;
         if written {
             file.set_len(data.len() as u64)
                 .map_err(|e| local_err(e, "truncate", &path))?;
@@ -1390,32 +1383,7 @@ impl StreamedObject {
     }
 }
 
-/// Objects of this many bytes or more are staged with direct I/O
-/// ([`StreamedObject::write_direct`]); below it, a copy through the page cache costs less
-/// than a system call a block would.
-pub const DIRECT_MIN: usize = 1 << 20;
-/// What direct I/O's buffers, offsets and lengths are aligned to: the largest logical
-/// block size disks have.
-const DIRECT_ALIGN: usize = 4096;
-/// Bytes a direct write takes at once.
-const DIRECT_CHUNK: usize = 4 << 20;
-
-/// Buffers for direct writes (each with room to align its start), kept between writes:
-/// as many as write at once, and at most [`DIRECT_BUFFERS_KEPT`] when they are done.
-static DIRECT_BUFFERS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
-const DIRECT_BUFFERS_KEPT: usize = 4;
-
-/// Run `write` with a buffer from [`DIRECT_BUFFERS`], then give it back.
-fn with_direct_buffer<T>(write: impl FnOnce(&mut Vec<u8>) -> T) -> T {
-    let taken = DIRECT_BUFFERS.lock().expect("direct buffers").pop();
-    let mut buffer = taken.unwrap_or_else(|| vec![0; DIRECT_CHUNK + DIRECT_ALIGN]);
-    let out = write(&mut buffer);
-    let mut kept = DIRECT_BUFFERS.lock().expect("direct buffers");
-    if kept.len() < DIRECT_BUFFERS_KEPT {
-        kept.push(buffer);
-    }
-    out
-}
+pub use crate::direct::DIRECT_MIN;
 
 /// An object written to its staging file and not yet durable ([`StreamedObject::stage`]):
 /// invisible (listings skip staging names) until [`Storage::publish_staged`]; dropped

@@ -186,7 +186,8 @@ async fn staged_objects_appear_on_publish_and_never_replace_one() {
 
 /// Large staged objects (written with direct I/O where the filesystem takes it: the bulk
 /// from an aligned buffer, the last block padded and cut) publish exactly their bytes,
-/// whatever their length, on a disk filesystem and on tmpfs.
+/// whatever their length, on a disk filesystem and on tmpfs; so do they when read once for
+/// a copy and staged again.
 #[tokio::test]
 async fn large_staged_objects_keep_every_byte() {
     let on_disk = tempfile::tempdir().unwrap();
@@ -216,7 +217,24 @@ async fn large_staged_objects_keep_every_byte() {
                 "{key} in {}: bytes differ",
                 dir.display()
             );
+            // A copy's read (direct I/O, an aligned buffer) staged again elsewhere (its
+            // blocks written from where they are) keeps every byte too.
+            let once = s.get_unsealed_once(&key).await.unwrap();
+            assert!(once[..] == data[..], "{key}: read once, bytes differ");
+            let again = format!("{key}-again");
+            let object = s.stage_new(&again, &once).unwrap().unwrap();
+            assert_eq!(s.publish_staged(vec![object]).unwrap(), [true]);
+            assert!(
+                s.get(&again).await.unwrap()[..] == data[..],
+                "{again}: bytes differ"
+            );
         }
+        let missing = s.get_unsealed_once("st/backup/x/pack/absent").await;
+        assert_eq!(
+            missing.unwrap_err().kind,
+            pgstrata_repo::ErrorKind::NotFound,
+            "an absent object reads as absent, directly or not"
+        );
     }
 }
 

@@ -652,7 +652,7 @@ async fn transfer_pack(
     frames: Vec<Frame>,
     to_repo: u8,
 ) -> Result<Transferred> {
-    let bytes = src.get_unsealed(&key).await?;
+    let bytes = src.get_unsealed_once(&key).await?;
     let checker = dst.clone();
     // Checking (and staging) on a thread of its own: the packs in flight use every core.
     let (key, bytes, staged) = tokio::task::spawn_blocking(move || -> Result<_> {

@@ -213,7 +213,7 @@ impl Job {
         let mut reads = futures::stream::iter(wanted)
             .map(|((owner, pack), frames)| async move {
                 let key = layout::pack(stanza, &owner, &pack);
-                let bytes = src.get_unsealed(&key).await?;
+                let bytes = src.get_unsealed_once(&key).await?;
                 for (&offset, &(len, check)) in &frames {
                     checked_frame(&bytes, &key, (offset, len, check), to_repo)?;
                 }
