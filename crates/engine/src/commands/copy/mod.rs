@@ -715,9 +715,9 @@ fn moved(written: pgstrata_repo::Result<()>, key: &str, len: u64) -> Result<Move
 /// Copy WAL object `key` (a WAL file or a block-change map), decoded and checked against
 /// its BLAKE3 on the way, sealed again for the target.
 async fn transfer_wal(src: &Storage, dst: &Storage, key: &str) -> Result<Moved> {
-    let plain = match src.get(key).await {
+    let plain = match src.get_unsealed_once(key).await {
         Err(e) if e.is_not_found() => return Ok(Moved::Gone), // expired meanwhile
-        r => r?,
+        r => src.open_stored(key, r?)?,
     };
     if key.ends_with(".map") {
         ChangeMap::decode(&plain, key)?;
