@@ -22,6 +22,13 @@ pub(crate) const HEADER_LEN: usize = 40;
 /// The zstd level of every body: the manifest's codec does not apply to it.
 const LEVEL: i32 = 3;
 
+/// The window of a body written as a stream ([`Encoder`]): 128 KiB, where level 3 would
+/// take 2 MiB. Entries repeat their neighbours' keys and paths, not text a megabyte back:
+/// a manifest part of 32,768 entries came out 7 % smaller with it (1.76 MB against 1.90),
+/// the encoder's state fell from 3.7 MiB to about 1 MiB, and a reader's from 2.6 MiB to
+/// a few hundred KiB (a decoder holds the window the frame declares).
+const STREAM_WINDOW_LOG: u32 = 17;
+
 /// `value` as a checked object, its JSON compressed as it is written (never held whole).
 pub(crate) fn encode(magic: &[u8; 8], value: &impl Serialize) -> Vec<u8> {
     let mut enc = Encoder::new(magic);
@@ -53,7 +60,8 @@ impl Encoder {
         let mut out = Vec::with_capacity(64 << 10);
         out.extend_from_slice(magic);
         out.extend_from_slice(&[0; 32]);
-        let enc = zstd::stream::write::Encoder::new(out, LEVEL).expect("zstd encoder");
+        let mut enc = zstd::stream::write::Encoder::new(out, LEVEL).expect("zstd encoder");
+        enc.window_log(STREAM_WINDOW_LOG).expect("zstd window");
         Encoder {
             json: std::io::BufWriter::with_capacity(64 << 10, enc),
         }
