@@ -218,11 +218,12 @@ pub(crate) fn for_each_extent(
     file: &str,
     mut sink: impl FnMut(u64, &[u8]) -> Result<()>,
 ) -> Result<()> {
-    // Two batches are held at once: 4 MiB of stored bytes each is what one read fetches,
-    // and 4 MiB of decoded frames each is what memory holds (frames of mostly empty pages
-    // compress 20-fold and more, so the stored bound alone would let a batch decode to
-    // hundreds of MiB). At 8 MiB decoded, two workers' batches were most of a restore's
-    // memory.
+    // Two batches are held at once, as stored: the reader decodes a frame when its first
+    // extent is written and keeps two decoded. A batch is at most 4 MiB of stored bytes
+    // (what one read fetches) and 4 MiB of decoded frames (frames of mostly empty pages
+    // compress 20-fold and more: the decoded bound keeps the reads, and so the requests
+    // to an object store, as they were when batches were held decoded, which made two
+    // workers' batches most of a restore's memory).
     const BATCH: u64 = 4 * 1024 * 1024;
     const BATCH_DECODED: u64 = 4 * 1024 * 1024;
     let mut batches: Vec<(usize, usize, Vec<&Chunk>)> = Vec::new();

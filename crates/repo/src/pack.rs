@@ -243,12 +243,14 @@ pub struct FrameReader<'a> {
     manifest: &'a crate::manifest::Manifest,
     /// Decoded frames.
     frames: std::collections::HashMap<FrameKey, Vec<u8>>,
-    /// While pinned: frames fetched and checked but kept as stored (opened, still
-    /// compressed), decoded when an extent is read, and the decoded ones in the order they
-    /// were decoded. A group of small files loads hundreds of frames at once: held
-    /// decoded, 8 MiB a group were most of a restore's memory; stored they are a twentieth
-    /// of that, and only the last [`DECODED_KEEP`] stay decoded (files of a group come in
-    /// frame order, so a frame is rarely decoded twice).
+    /// Frames fetched and checked but kept as stored (opened, still compressed), decoded
+    /// when an extent is read, and the decoded ones, the one read last at the back. A
+    /// group of small files loads hundreds of frames at once, and a restore fetches a
+    /// large file's next batch while it writes the current one: held decoded, they were
+    /// most of a restore's memory, where stored they are a fraction (frames of mostly
+    /// empty pages decode to 20 times their size and more). Only the [`DECODED_KEEP`]
+    /// (pinned) or [`DECODED_KEEP_READING`] read last stay decoded: extents are read in
+    /// frame order, so a frame is rarely decoded twice.
     stored: std::collections::HashMap<FrameKey, StoredFrame>,
     decoded: std::collections::VecDeque<FrameKey>,
     /// Decode buffers of cleared frames, reused.
@@ -272,6 +274,9 @@ struct StoredFrame {
 
 /// Frames a pinned [`FrameReader`] keeps decoded.
 const DECODED_KEEP: usize = 4;
+/// Frames an unpinned [`FrameReader`] keeps decoded: the one a file's extents are being
+/// read from, and the one an incremental's changed blocks interleave with it.
+const DECODED_KEEP_READING: usize = 2;
 
 /// A frame a reader still has to fetch: the extent that needs it, and its identity.
 struct WantedFrame<'c> {
@@ -475,44 +480,33 @@ impl<'a> FrameReader<'a> {
         self.requests += 1;
         for (w, opened) in run.iter().zip(opened) {
             self.fetched += w.chunk.stored as u64;
-            let what = format!("{} (frame at {key} offset {})", w.file, w.offset());
             let codec = self.manifest.codec_of(owner);
             let raw_len = w.chunk.frame_len() as usize;
-            self.keep_frame(&w.key, codec, raw_len, &opened, || opened.clone(), &what)?;
+            self.keep_frame(&w.key, codec, raw_len, opened);
         }
         Ok(())
     }
 
-    /// Keep frame `key`, opened (decrypted) but compressed with `codec` (`raw_len` bytes
-    /// decoded): while pinned as it is, `owned` giving it as owned bytes (a copy only where
-    /// it was opened into a scratch buffer), otherwise decoded into a pooled buffer. `what`
-    /// names it in a decoding error.
+    /// Keep frame `key` as loaded: opened (decrypted) but still compressed with `codec`,
+    /// `raw_len` bytes decoded. It is decoded when an extent of it is read
+    /// ([`FrameReader::bytes`]).
     fn keep_frame(
         &mut self,
         key: &FrameKey,
         codec: CompressType,
         raw_len: usize,
-        opened: &[u8],
-        owned: impl FnOnce() -> bytes::Bytes,
-        what: &str,
-    ) -> Result<()> {
-        if self.pinned {
-            let frame = StoredFrame {
-                bytes: owned(),
-                codec,
-                raw_len,
-            };
-            self.stored.insert(key.clone(), frame);
-            return Ok(());
-        }
-        let mut raw = self.pool.pop().unwrap_or_default();
-        decompress_into(codec, opened, raw_len, what, &mut raw)?;
-        self.frames.insert(key.clone(), raw);
-        Ok(())
+        bytes: bytes::Bytes,
+    ) {
+        let frame = StoredFrame {
+            bytes,
+            codec,
+            raw_len,
+        };
+        self.stored.insert(key.clone(), frame);
     }
 
-    /// Load one run of neighbouring frames of pack `key` with one ranged read, checking,
-    /// opening (in an encrypted stanza) and decoding each (kept as stored while pinned).
+    /// Load one run of neighbouring frames of pack `key` with one ranged read, checking and
+    /// opening (in an encrypted stanza) each, kept as stored until an extent is read.
     /// `in_context` names the file of the run's first frame in a failed read.
     async fn load_run(
         &mut self,
@@ -551,34 +545,31 @@ impl<'a> FrameReader<'a> {
                     .map(|()| Some(&scratch[..])),
                 None => Ok(None),
             };
-            let kept = opened.and_then(|opened| {
-                let owned = || match opened {
-                    Some(o) => bytes::Bytes::copy_from_slice(o),
-                    None => bytes.slice(lo..lo + w.chunk.stored as usize),
-                };
-                self.keep_frame(
-                    &w.key,
-                    codec,
-                    raw_len,
-                    opened.unwrap_or(stored),
-                    owned,
-                    &what,
-                )
+            // A copy only where the frame was opened into the scratch buffer; a frame
+            // stored in the clear is a slice of the read.
+            let kept = opened.map(|opened| match opened {
+                Some(o) => bytes::Bytes::copy_from_slice(o),
+                None => bytes.slice(lo..lo + w.chunk.stored as usize),
             });
             self.opened = scratch;
-            kept?;
+            self.keep_frame(&w.key, codec, raw_len, kept?);
         }
         Ok(())
     }
 
-    /// Decode frame `k`, loaded while pinned, dropping the decoded frame used longest ago
-    /// past [`DECODED_KEEP`] (it stays loaded, as stored).
+    /// Decode frame `k`, loaded, dropping the decoded frame read longest ago past
+    /// [`DECODED_KEEP`] or [`DECODED_KEEP_READING`] (it stays loaded, as stored).
     fn decode(&mut self, k: &FrameKey) -> Result<()> {
         let f = self.stored.get(k).expect("bytes() of a frame not loaded");
         let mut raw = self.pool.pop().unwrap_or_default();
         let what = format!("frame at pack {} offset {} (backup {})", k.1, k.2, k.0);
         decompress_into(f.codec, &f.bytes, f.raw_len, &what, &mut raw)?;
-        if self.decoded.len() >= DECODED_KEEP {
+        let keep = if self.pinned {
+            DECODED_KEEP
+        } else {
+            DECODED_KEEP_READING
+        };
+        if self.decoded.len() >= keep {
             if let Some(old) = self.decoded.pop_front() {
                 if let Some(buf) = self.frames.remove(&old) {
                     if self.pool.len() < POOL_MAX {
@@ -600,6 +591,13 @@ impl<'a> FrameReader<'a> {
             .expect("bytes() of an all-zero extent");
         if !self.frames.contains_key(&k) {
             self.decode(&k)?;
+        } else if self.decoded.back() != Some(&k) {
+            // Read again: the last to be dropped (an incremental's changed blocks take the
+            // reader back and forth between a prior frame and its own).
+            if let Some(at) = self.decoded.iter().position(|d| d == &k) {
+                let again = self.decoded.remove(at).expect("found");
+                self.decoded.push_back(again);
+            }
         }
         let frame = &self.frames[&k];
         let (start, end) = (c.at as usize, c.at as usize + c.raw as usize);
