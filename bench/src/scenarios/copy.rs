@@ -550,16 +550,7 @@ fn pgstrata_cmd(source: &Repo, env: &[(String, String)]) -> Command {
 
 /// Read every file under `dirs` to /dev/null, timed as a tool's command is.
 fn plain_read(b: &mut Bench, dirs: &[std::path::PathBuf]) -> Result<Measured, String> {
-    let mut c = Command::new("sh");
-    let list: Vec<String> = dirs.iter().map(|d| format!("'{}'", d.display())).collect();
-    c.args([
-        "-c",
-        &format!(
-            "find {} -type f -exec cat {{}} + > /dev/null",
-            list.join(" ")
-        ),
-    ]);
-    b.run("plain-read", &mut c, true)
+    read_each_file(b, "plain-read", dirs, "cat {} + > /dev/null")
 }
 
 /// [`plain_read`] with direct I/O: each file read by `dd iflag=direct` in 4 MiB requests,
@@ -567,16 +558,24 @@ fn plain_read(b: &mut Bench, dirs: &[std::path::PathBuf]) -> Result<Measured, St
 /// allocates and fills on a buffered read, at a cost in system time that on a small
 /// virtual machine can exceed the disk's).
 fn plain_read_direct(b: &mut Bench, dirs: &[std::path::PathBuf]) -> Result<Measured, String> {
-    let mut c = Command::new("sh");
+    let dd = "sh -c 'for f; do dd if=\"$f\" of=/dev/null bs=4M iflag=direct status=none || exit 1; done' sh {} +";
+    read_each_file(b, "plain-read-direct", dirs, dd)
+}
+
+/// Run `find DIRS -type f -exec EXEC`, timed as `name`.
+fn read_each_file(
+    b: &mut Bench,
+    name: &str,
+    dirs: &[std::path::PathBuf],
+    exec: &str,
+) -> Result<Measured, String> {
     let list: Vec<String> = dirs.iter().map(|d| format!("'{}'", d.display())).collect();
+    let mut c = Command::new("sh");
     c.args([
         "-c",
-        &format!(
-            "find {} -type f -exec sh -c 'for f; do dd if=\"$f\" of=/dev/null bs=4M iflag=direct status=none || exit 1; done' sh {{}} +",
-            list.join(" ")
-        ),
+        &format!("find {} -type f -exec {exec}", list.join(" ")),
     ]);
-    b.run("plain-read-direct", &mut c, true)
+    b.run(name, &mut c, true)
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
