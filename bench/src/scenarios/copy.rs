@@ -436,35 +436,21 @@ fn record_cold_read(b: &mut Bench, case: &str, floors: &Floors) -> Result<(), St
 /// and `cp -r` + sync of them.
 fn measure_floors(b: &mut Bench, source: &Repo, case: &str, label: &str) -> Result<Floors, String> {
     let stanza_dir = source.dir.join(STANZA);
-    let read = plain_read(
-        b,
-        &[
-            stanza_dir.join("backup").join(label),
-            stanza_dir.join("archive"),
-        ],
-    )?;
-    let read_bytes =
-        dir_bytes(&stanza_dir.join("backup").join(label)) + dir_bytes(&stanza_dir.join("archive"));
+    let (backup, archive) = (
+        stanza_dir.join("backup").join(label),
+        stanza_dir.join("archive"),
+    );
+    let dirs = vec![backup.clone(), archive.clone()];
+    let read = plain_read(b, &dirs)?;
+    let read_bytes = dir_bytes(&backup) + dir_bytes(&archive);
     b.results.record(
         Row::timed(case, "plain read of the source objects", "cat", 1, &read)
             .note(format!("{:.0} MB/s", mb_per_s(read_bytes, read.seconds))),
     )?;
     crate::harness::drop_page_cache()?;
-    let read_cold = plain_read(
-        b,
-        &[
-            stanza_dir.join("backup").join(label),
-            stanza_dir.join("archive"),
-        ],
-    )?;
+    let read_cold = plain_read(b, &dirs)?;
     crate::harness::drop_page_cache()?;
-    let read_direct = plain_read_direct(
-        b,
-        &[
-            stanza_dir.join("backup").join(label),
-            stanza_dir.join("archive"),
-        ],
-    )?;
+    let read_direct = plain_read_direct(b, &dirs)?;
     b.results.record(
         Row::timed(
             case,
@@ -484,9 +470,9 @@ fn measure_floors(b: &mut Bench, source: &Repo, case: &str, label: &str) -> Resu
         "-c",
         &format!(
             "cp -r '{}' '{}/backup' && cp -r '{}' '{}/archive' && sync",
-            stanza_dir.join("backup").join(label).display(),
+            backup.display(),
             floor.display(),
-            stanza_dir.join("archive").display(),
+            archive.display(),
             floor.display()
         ),
     ]);
@@ -497,10 +483,7 @@ fn measure_floors(b: &mut Bench, source: &Repo, case: &str, label: &str) -> Resu
     )?;
     std::fs::remove_dir_all(&floor).map_err(|e| format!("{}: {e}", floor.display()))?;
     Ok(Floors {
-        dirs: vec![
-            stanza_dir.join("backup").join(label),
-            stanza_dir.join("archive"),
-        ],
+        dirs,
         read_bytes,
         read,
         read_cold,

@@ -40,14 +40,10 @@ pub(crate) const ALIGN: usize = 4096;
 /// Bytes a direct read or write asks for at once.
 const CHUNK: usize = 4 << 20;
 
-/// Buffers for direct writes of unaligned data (each with room to align its start), kept
+/// Buffers for the copied part of direct writes (each with room to align its start), kept
 /// between writes: as many as write at once, and at most [`BUFFERS_KEPT`] when they are done.
 static BUFFERS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
 const BUFFERS_KEPT: usize = 4;
-
-/// One block, aligned for direct I/O: where a write's last partial block is padded.
-#[repr(C, align(4096))]
-struct Block([u8; ALIGN]);
 
 /// Read the whole file at `path` with direct I/O, into a buffer whose start is aligned
 /// (so that [`write_all`] can hand it to the disk as it is). `Ok(None)`, having read
@@ -126,11 +122,12 @@ pub fn read_whole(path: &Path, rate: Option<&RateLimiter>) -> std::io::Result<Op
 }
 
 /// Write `data` at the start of `file`, opened for writing, with direct I/O. Where `data`
-/// starts aligned (a [`read_whole`] buffer), its blocks go to the disk from where they
-/// are; otherwise each chunk is copied into an aligned buffer first. The last partial
-/// block is padded with zeros: the caller cuts the file to `data.len()`. Returns false,
-/// having written nothing and with the file's flags as they were, where the filesystem
-/// refuses direct I/O. Each chunk takes its bytes from `rate` first.
+/// starts aligned (a [`read_whole`] buffer), its whole blocks go to the disk from where
+/// they are; the rest (all of unaligned data, the last partial block of aligned data) is
+/// copied into an aligned buffer first, its last block padded with zeros: the caller cuts
+/// the file to `data.len()`. Returns false, having written nothing and with the file's
+/// flags as they were, where the filesystem refuses direct I/O. Each write takes its
+/// bytes from `rate` first.
 pub(crate) fn write_all(
     file: &File,
     data: &[u8],
@@ -142,63 +139,59 @@ pub(crate) fn write_all(
     if fcntl(fd, FcntlArg::F_SETFL(plain | OFlag::O_DIRECT)).is_err() {
         return Ok(false);
     }
-    let written = if data.as_ptr().align_offset(ALIGN) == 0 {
-        write_aligned(file, data, rate)
-    } else {
-        write_copied(file, data, rate)
-    };
+    let mut buffer = None;
+    let written = write_blocks(file, data, rate, &mut buffer);
+    if let Some(buffer) = buffer {
+        let mut kept = BUFFERS.lock().expect("direct buffers");
+        if kept.len() < BUFFERS_KEPT {
+            kept.push(buffer);
+        }
+    }
     fcntl(fd, FcntlArg::F_SETFL(plain))?;
     written
 }
 
-/// [`write_all`] of data whose start is aligned: whole blocks from where they are.
-fn write_aligned(file: &File, data: &[u8], rate: Option<&RateLimiter>) -> std::io::Result<bool> {
-    let whole = data.len() / ALIGN * ALIGN;
+/// [`write_all`]'s writes, a chunk at a time; `buffer` is taken from [`BUFFERS`] when a
+/// chunk has to be copied.
+fn write_blocks(
+    file: &File,
+    data: &[u8],
+    rate: Option<&RateLimiter>,
+    buffer: &mut Option<Vec<u8>>,
+) -> std::io::Result<bool> {
+    let in_place = data.as_ptr().align_offset(ALIGN) == 0;
     let mut offset = 0;
-    for chunk in data[..whole].chunks(CHUNK) {
-        if !write_chunk(file, chunk, chunk.len(), offset, rate)? {
+    for chunk in data.chunks(CHUNK) {
+        let whole = if in_place {
+            chunk.len() / ALIGN * ALIGN
+        } else {
+            0
+        };
+        if whole > 0 && !write_chunk(file, &chunk[..whole], whole, offset, rate)? {
             return Ok(false);
         }
-        offset += chunk.len();
-    }
-    if whole < data.len() {
-        let mut last = Box::new(Block([0; ALIGN]));
-        last.0[..data.len() - whole].copy_from_slice(&data[whole..]);
-        if !write_chunk(file, &last.0, data.len() - whole, offset, rate)? {
+        offset += whole;
+        let rest = &chunk[whole..];
+        if rest.is_empty() {
+            continue;
+        }
+        let buffer = buffer.get_or_insert_with(|| {
+            let taken = BUFFERS.lock().expect("direct buffers").pop();
+            taken.unwrap_or_else(|| vec![0; CHUNK + ALIGN])
+        });
+        let start = buffer.as_ptr().align_offset(ALIGN);
+        let aligned = &mut buffer[start..start + rest.len().next_multiple_of(ALIGN)];
+        aligned[..rest.len()].copy_from_slice(rest);
+        aligned[rest.len()..].fill(0);
+        if !write_chunk(file, aligned, rest.len(), offset, rate)? {
             return Ok(false);
         }
+        offset += rest.len();
     }
     Ok(true)
 }
 
-/// [`write_all`] of unaligned data: each chunk copied into an aligned buffer and padded.
-fn write_copied(file: &File, data: &[u8], rate: Option<&RateLimiter>) -> std::io::Result<bool> {
-    let taken = BUFFERS.lock().expect("direct buffers").pop();
-    let mut buffer = taken.unwrap_or_else(|| vec![0; CHUNK + ALIGN]);
-    let start = buffer.as_ptr().align_offset(ALIGN);
-    let aligned = &mut buffer[start..start + CHUNK];
-    let mut outcome = Ok(true);
-    let mut offset = 0;
-    for chunk in data.chunks(CHUNK) {
-        let padded = chunk.len().next_multiple_of(ALIGN);
-        aligned[..chunk.len()].copy_from_slice(chunk);
-        aligned[chunk.len()..padded].fill(0);
-        match write_chunk(file, &aligned[..padded], chunk.len(), offset, rate) {
-            Ok(true) => offset += chunk.len(),
-            other => {
-                outcome = other;
-                break;
-            }
-        }
-    }
-    let mut kept = BUFFERS.lock().expect("direct buffers");
-    if kept.len() < BUFFERS_KEPT {
-        kept.push(buffer);
-    }
-    outcome
-}
-
-/// Write the aligned `block` (`len` of its bytes the object's) at `offset`. False where
+/// Write the aligned `blocks` (`len` of its bytes the object's) at `offset`. False where
 /// the first write is refused as unaligned: the filesystem does not take direct I/O.
 fn write_chunk(
     file: &File,
