@@ -134,6 +134,9 @@ pub struct Common {
     pub runs: u64,
     pub verify: bool,
     pub keep: bool,
+    /// A timed command still running after this long is stopped and recorded as a lower
+    /// bound (`--step-limit SECS`; None: no limit).
+    pub step_limit: Option<std::time::Duration>,
     pub pg_major: u32,
     pub out_dir: PathBuf,
     pub pgstrata: Vec<(String, PathBuf)>,
@@ -178,6 +181,10 @@ impl Common {
             process_max: a.uint("process-max", 2, 1)?,
             runs: a.uint("runs", 1, 1)?,
             verify: a.flag("verify"),
+            step_limit: match a.uint("step-limit", 0, 0)? {
+                0 => None,
+                n => Some(std::time::Duration::from_secs(n)),
+            },
             pgstrata,
             pgbackrest,
             ..Common::parse_without_tools(a)?
@@ -222,6 +229,7 @@ impl Common {
             runs: 1,
             verify: false,
             keep: a.flag("keep"),
+            step_limit: None,
             pg_major: a.uint("pg-major", 15, 10)? as u32,
             out_dir: a
                 .opt_string("out-dir")

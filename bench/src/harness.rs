@@ -23,6 +23,8 @@ pub struct Bench {
     pub process_max: u64,
     pub runs: u64,
     pub verify: bool,
+    /// `--step-limit`: how long a timed command may run before it is stopped.
+    pub step_limit: Option<std::time::Duration>,
     pub pg: PgBin,
     pub scratch: Scratch,
     pub log_dir: PathBuf,
@@ -69,6 +71,7 @@ impl Bench {
             process_max: common.process_max,
             runs: common.runs,
             verify: common.verify,
+            step_limit: common.step_limit,
             pg,
             archive_env: bin_dir.join("archive.env"),
             scratch,
@@ -131,12 +134,19 @@ impl Bench {
             settle();
         }
         let disk_before = self.disk.as_deref().and_then(DiskTraffic::now);
+        let limit = self.step_limit.filter(|_| timed);
+        if limit.is_some() {
+            // Its own process group, so that stopping it stops its workers too.
+            std::os::unix::process::CommandExt::process_group(cmd, 0);
+        }
         let t0 = Instant::now();
         let child = cmd
             .spawn()
             .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+        let stopper = limit.map(|l| stop_after(child.id() as i32, l));
         let (status, ru) = wait4(child.id() as i32)?;
         let seconds = t0.elapsed().as_secs_f64();
+        let stopped_at_limit = stopper.is_some_and(Stopper::finish);
         let m = Measured {
             seconds,
             max_rss_kb: ru.ru_maxrss as u64,
@@ -147,7 +157,12 @@ impl Bench {
             disk: disk_before
                 .zip(self.disk.as_deref().and_then(DiskTraffic::now))
                 .map(|(before, after)| after.since(&before)),
+            stopped_at_limit,
         };
+        if stopped_at_limit {
+            eprintln!("[bench] {name}: stopped at the step limit after {seconds:.0} s");
+            return Ok(m);
+        }
         if status != 0 {
             return Err(format!(
                 "{name} failed (wait status {status}): {cmd:?}\n--- stdout ({}):\n{}\n--- stderr ({}):\n{}",
@@ -369,6 +384,37 @@ pub fn drop_page_cache() -> Result<(), String> {
     unsafe { libc::sync() };
     std::fs::write("/proc/sys/vm/drop_caches", "3")
         .map_err(|e| format!("drop the page cache (/proc/sys/vm/drop_caches, needs root): {e}"))
+}
+
+/// Stops a process group when it is still running at the step limit.
+struct Stopper {
+    done: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<bool>,
+}
+
+/// Watch process group `pgid`: past `limit`, SIGTERM, and SIGKILL 10 s later.
+fn stop_after(pgid: i32, limit: std::time::Duration) -> Stopper {
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        use std::sync::mpsc::RecvTimeoutError::Timeout;
+        if finished.recv_timeout(limit) != Err(Timeout) {
+            return false;
+        }
+        unsafe { libc::kill(-pgid, libc::SIGTERM) };
+        if finished.recv_timeout(std::time::Duration::from_secs(10)) == Err(Timeout) {
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        }
+        true
+    });
+    Stopper { done, thread }
+}
+
+impl Stopper {
+    /// After the command ended: whether it was stopped.
+    fn finish(self) -> bool {
+        let _ = self.done.send(());
+        self.thread.join().unwrap_or(false)
+    }
 }
 
 fn wait4(pid: i32) -> Result<(i32, libc::rusage), String> {

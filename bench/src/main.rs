@@ -40,6 +40,8 @@ options of every scenario:
   --pg-major N            PostgreSQL major of the source cluster (default 15)
   --out-dir DIR           where the CSV goes (default bench/runs/DATE)
   --keep                  keep the scratch directory (repositories, logs)
+  --step-limit SECS       stop a timed command still running after SECS (its process group)
+                          and record it as taking at least SECS (a peer's hours-long restore)
 scenario options: see bench/README.md, or the top of bench/src/scenarios/SCENARIO.rs";
 
 fn main() {

@@ -23,6 +23,8 @@ pub struct Measured {
     pub stderr: String,
     /// What the scratch directory's disk did while the command ran, where it can be read.
     pub disk: Option<DiskTraffic>,
+    /// Stopped at the bench's `--step-limit`: `seconds` is a lower bound.
+    pub stopped_at_limit: bool,
 }
 
 pub const COLUMNS: &[&str] = &[
@@ -59,6 +61,8 @@ pub struct Row {
     pub bytes: Option<u64>,
     pub count: Option<u64>,
     pub note: String,
+    /// `seconds` is a lower bound (the command was stopped at the step limit).
+    pub stopped_at_limit: bool,
 }
 
 impl Row {
@@ -72,6 +76,7 @@ impl Row {
             max_rss_mb: Some(m.max_rss_kb as f64 / 1024.0),
             user_s: Some(m.user),
             sys_s: Some(m.sys),
+            stopped_at_limit: m.stopped_at_limit,
             ..Row::default()
         }
     }
@@ -115,6 +120,10 @@ impl Row {
         self
     }
 }
+
+/// How a row's note begins when its command was stopped at the step limit (the CSV has no
+/// column for it: older CSVs stay readable).
+const STOPPED: &str = "stopped at the step limit";
 
 /// The rows of one invocation, as written to and read from the CSV.
 #[derive(Clone, Debug, Default)]
@@ -229,7 +238,11 @@ impl Results {
             f(row.sys_s, 2),
             row.bytes.map(|b| b.to_string()).unwrap_or_default(),
             row.count.map(|b| b.to_string()).unwrap_or_default(),
-            row.note,
+            if row.stopped_at_limit {
+                format!("{STOPPED}; {}", row.note)
+            } else {
+                row.note
+            },
         ];
         let line = values
             .iter()
@@ -480,9 +493,13 @@ fn heading(
         .filter(|r| r.num("seconds").is_some() && r.get("tool") != "source")
         .collect();
     let all_processes = !timed.is_empty()
-        && timed
-            .iter()
-            .all(|r| r.get("note").starts_with("all processes"));
+        && timed.iter().all(|r| {
+            let note = r.get("note");
+            let note = note
+                .strip_prefix(STOPPED)
+                .map_or(note, |n| n.trim_start_matches("; "));
+            note.starts_with("all processes")
+        });
     let rss = if all_processes {
         "all the tool's processes summed, sampled from /proc"
     } else {
@@ -524,7 +541,12 @@ fn cell(
             .num("count")
             .map(|c| format!(", {c:.0} req"))
             .unwrap_or_default();
-        return Some((s, format!("{s:.2} s{req}"), b.num("max_rss_mb")));
+        let at_least = if b.get("note").starts_with(STOPPED) {
+            "≥ "
+        } else {
+            ""
+        };
+        return Some((s, format!("{at_least}{s:.2} s{req}"), b.num("max_rss_mb")));
     }
     let r = rs.first()?;
     if let Some(bytes) = r.num("bytes") {
@@ -556,7 +578,9 @@ fn tables(records: &[Record], tools: &[String], keys: &[(String, String)]) -> St
             .map(|(i, c)| match (c, reference) {
                 (None, _) => String::new(),
                 (Some((v, t, _)), Some(r)) if i > 0 && v.is_finite() => {
-                    format!("{t} ({:.2}×)", v / r)
+                    // A lower bound's ratio is one too.
+                    let at_least = if t.starts_with('≥') { "≥ " } else { "" };
+                    format!("{t} ({at_least}{:.2}×)", v / r)
                 }
                 (Some((_, t, _)), _) => t.clone(),
             })
@@ -821,6 +845,36 @@ mod tests {
         assert!(
             table.contains("| zst | restore | 1 | 2 |"),
             "peak RSS in MB:\n{table}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_command_stopped_at_the_step_limit_is_shown_as_a_lower_bound() {
+        let dir = std::env::temp_dir().join(format!("bench-limit-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut r = results(&dir);
+        std::fs::write(&r.file, COLUMNS.join(",") + "\n").unwrap();
+        r.declare(&["pgstrata", "peer"]);
+        let done = Measured {
+            seconds: 10.0,
+            ..Default::default()
+        };
+        let stopped = Measured {
+            seconds: 600.0,
+            stopped_at_limit: true,
+            ..Default::default()
+        };
+        r.record(Row::timed("c", "restore", "pgstrata", 1, &done))
+            .unwrap();
+        r.record(Row::timed("c", "restore", "peer", 1, &stopped).note("12 req"))
+            .unwrap();
+        let back = read_csv(&r.file).unwrap();
+        assert_eq!(back[1].get("note"), "stopped at the step limit; 12 req");
+        let table = render(&back);
+        assert!(
+            table.contains("| c | restore | 10.00 s | ≥ 600.00 s (≥ 60.00×) |"),
+            "{table}"
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

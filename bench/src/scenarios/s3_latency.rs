@@ -223,39 +223,52 @@ fn target_repo(
     setup.process_max = Some(t.process_max);
     if let Some(ep) = &t.endpoint {
         setup.remote = true;
-        let s = if t.tool.is_pgstrata() {
-            let mut s = vec![
-                "repo-type = \"s3\"".to_string(),
-                format!("repo-path = \"/{prefix}\""),
-                format!("repo-s3-bucket = \"{BUCKET}\""),
-                format!("repo-s3-endpoint = \"{ep}\""),
-                "repo-s3-region = \"us-east-1\"".into(),
-                "repo-s3-uri-style = \"path\"".into(),
-                "repo-s3-key = \"test\"".into(),
-                "repo-s3-key-secret = \"test\"".into(),
-            ];
-            if let (true, Some(ca)) = (ep.starts_with("https"), &env.ca) {
-                s.push(format!("repo-s3-ca-file = \"{}\"", ca.display()));
-            }
-            s
-        } else {
-            [
-                "repo1-type=s3".to_string(),
-                format!("repo1-path=/{prefix}"),
-                format!("repo1-s3-bucket={BUCKET}"),
-                "repo1-s3-endpoint=127.0.0.1".into(),
-                format!("repo1-storage-port={ep}"),
-                "repo1-storage-verify-tls=n".into(),
-                "repo1-s3-region=us-east-1".into(),
-                "repo1-s3-uri-style=path".into(),
-                "repo1-s3-key=test".into(),
-                "repo1-s3-key-secret=test".into(),
-            ]
-            .to_vec()
-        };
-        setup.settings.extend(s);
+        let ca = env.ca.as_deref();
+        setup
+            .settings
+            .extend(repo_settings(&t.tool, ep, &prefix, ca));
     }
     Repo::new(b, &t.tool, &t.label, tag, codec, setup)
+}
+
+/// A repository of `tool` under `/prefix` of the bench bucket at `endpoint`: pgstrata's
+/// TOML lines (`https://` endpoints trust `ca`), pgBackRest's `key=value` lines (it is given
+/// the port alone, on 127.0.0.1, over TLS without verification).
+pub(super) fn repo_settings(
+    tool: &Tool,
+    endpoint: &str,
+    prefix: &str,
+    ca: Option<&std::path::Path>,
+) -> Vec<String> {
+    if tool.is_pgstrata() {
+        let mut s = vec![
+            "repo-type = \"s3\"".to_string(),
+            format!("repo-path = \"/{prefix}\""),
+            format!("repo-s3-bucket = \"{BUCKET}\""),
+            format!("repo-s3-endpoint = \"{endpoint}\""),
+            "repo-s3-region = \"us-east-1\"".into(),
+            "repo-s3-uri-style = \"path\"".into(),
+            "repo-s3-key = \"test\"".into(),
+            "repo-s3-key-secret = \"test\"".into(),
+        ];
+        if let (true, Some(ca)) = (endpoint.starts_with("https"), ca) {
+            s.push(format!("repo-s3-ca-file = \"{}\"", ca.display()));
+        }
+        s
+    } else {
+        vec![
+            "repo1-type=s3".to_string(),
+            format!("repo1-path=/{prefix}"),
+            format!("repo1-s3-bucket={BUCKET}"),
+            "repo1-s3-endpoint=127.0.0.1".into(),
+            format!("repo1-storage-port={endpoint}"),
+            "repo1-storage-verify-tls=n".into(),
+            "repo1-s3-region=us-east-1".into(),
+            "repo1-s3-uri-style=path".into(),
+            "repo1-s3-key=test".into(),
+            "repo1-s3-key-secret=test".into(),
+        ]
+    }
 }
 
 /// Run one step of a target, counting its requests when it goes through the proxy.
@@ -280,22 +293,24 @@ fn step<T>(
     }
 }
 
-/// Objects and bytes under a key prefix, listed from moto directly (not counted, not delayed).
-fn s3_objects(moto_port: u16, prefix: &str) -> Result<(u64, u64), String> {
+/// Every object under a key prefix with its size, listed from moto directly (not counted,
+/// not delayed).
+pub(super) fn list_objects(moto_port: u16, prefix: &str) -> Result<Vec<(String, u64)>, String> {
     use std::io::{Read, Write};
-    let (mut n, mut bytes, mut token) = (0, 0, None::<String>);
+    let (mut out, mut token) = (Vec::new(), None::<String>);
+    let escape = |t: &str| {
+        t.replace('%', "%25")
+            .replace('+', "%2B")
+            .replace('/', "%2F")
+            .replace('=', "%3D")
+    };
     loop {
         let mut q = format!(
             "/{BUCKET}?list-type=2&max-keys=1000&prefix={}",
-            prefix.replace('/', "%2F")
+            escape(prefix)
         );
         if let Some(t) = &token {
-            q += &format!(
-                "&continuation-token={}",
-                t.replace('+', "%2B")
-                    .replace('/', "%2F")
-                    .replace('=', "%3D")
-            );
+            q += &format!("&continuation-token={}", escape(t));
         }
         let mut s =
             std::net::TcpStream::connect(("127.0.0.1", moto_port)).map_err(|e| e.to_string())?;
@@ -306,25 +321,25 @@ fn s3_objects(moto_port: u16, prefix: &str) -> Result<(u64, u64), String> {
         .map_err(|e| e.to_string())?;
         let mut body = String::new();
         s.read_to_string(&mut body).map_err(|e| e.to_string())?;
-        for part in body.split("<Size>").skip(1) {
-            n += 1;
-            bytes += part
-                .split('<')
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
+        let field = |x: &str, tag: &str| {
+            x.split(&format!("<{tag}>"))
+                .nth(1)
+                .and_then(|v| v.split('<').next())
+                .map(str::to_string)
+        };
+        for item in body.split("<Contents>").skip(1) {
+            let key = field(item, "Key").unwrap_or_default();
+            let size = field(item, "Size")
+                .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
+            out.push((key, size));
         }
         token = body
             .contains("<IsTruncated>true")
-            .then(|| {
-                body.split("<NextContinuationToken>")
-                    .nth(1)
-                    .and_then(|x| x.split('<').next())
-                    .map(str::to_string)
-            })
+            .then(|| field(&body, "NextContinuationToken"))
             .flatten();
         if token.is_none() {
-            return Ok((n, bytes));
+            return Ok(out);
         }
     }
 }
@@ -338,7 +353,7 @@ fn objects(env: &Env, r: &Repo, t: &Target, tag: &str) -> Result<u64, String> {
     } else {
         format!("bench-{tag}/backup/{STANZA}/")
     };
-    Ok(s3_objects(env.moto_port, &area)?.0)
+    Ok(list_objects(env.moto_port, &area)?.len() as u64)
 }
 
 /// A CA and a server certificate for 127.0.0.1 (pgBackRest only speaks https to S3).

@@ -625,44 +625,23 @@ fn repo(
     ca: Option<&Path>,
 ) -> Result<Repo, String> {
     let prefix = format!("bench-{tag}");
-    let settings = if t.tool.is_pgstrata() {
-        let mut s = vec![
-            "repo-type = \"s3\"".to_string(),
-            format!("repo-path = \"/{prefix}\""),
-            format!("repo-s3-bucket = \"{BUCKET}\""),
-            format!("repo-s3-endpoint = \"{endpoint}\""),
-            "repo-s3-region = \"us-east-1\"".into(),
-            "repo-s3-uri-style = \"path\"".into(),
-            "repo-s3-key = \"test\"".into(),
-            "repo-s3-key-secret = \"test\"".into(),
+    let mut settings = super::s3_latency::repo_settings(&t.tool, endpoint, &prefix, ca);
+    if t.tool.is_pgstrata() {
+        settings.extend([
             format!("archive-async = {}", t.asynchronous),
             format!("spool-path = \"{}\"", spool.display()),
             "archive-timeout = 600".into(),
-        ];
+        ]);
         if !t.asynchronous {
-            s.push("archive-get-queue-max = 0".into());
+            settings.push("archive-get-queue-max = 0".into());
         }
-        if let (true, Some(ca)) = (endpoint.starts_with("https"), ca) {
-            s.push(format!("repo-s3-ca-file = \"{}\"", ca.display()));
-        }
-        s
     } else {
-        vec![
-            "repo1-type=s3".to_string(),
-            format!("repo1-path=/{prefix}"),
-            format!("repo1-s3-bucket={BUCKET}"),
-            "repo1-s3-endpoint=127.0.0.1".into(),
-            format!("repo1-storage-port={endpoint}"),
-            "repo1-storage-verify-tls=n".into(),
-            "repo1-s3-region=us-east-1".into(),
-            "repo1-s3-uri-style=path".into(),
-            "repo1-s3-key=test".into(),
-            "repo1-s3-key-secret=test".into(),
+        settings.extend([
             format!("archive-async={}", if t.asynchronous { "y" } else { "n" }),
             format!("spool-path={}", spool.display()),
             "archive-timeout=600".into(),
-        ]
-    };
+        ]);
+    }
     let setup = Setup {
         settings,
         remote: true,

@@ -720,7 +720,12 @@ fn end_tls(
         conn.complete_io(&mut tcp)?;
     }
     let mut buf = vec![0u8; CHUNK];
-    let mut client_done = false;
+    // A client may send its first request with its last handshake message: rustls holds it
+    // decrypted already, and no further bytes would wake the poll below for it.
+    let mut client_done = pass_plain(&mut conn, &mut plain, &mut buf)?;
+    if client_done {
+        let _ = plain.shutdown(Shutdown::Write);
+    }
     loop {
         while conn.wants_write() {
             conn.write_tls(&mut tcp)?;
@@ -739,17 +744,7 @@ fn end_tls(
         if tcp_ready {
             let n = conn.read_tls(&mut tcp)?;
             conn.process_new_packets().map_err(std::io::Error::other)?;
-            loop {
-                match conn.reader().read(&mut buf) {
-                    Ok(0) => {
-                        client_done = true;
-                        break;
-                    }
-                    Ok(k) => plain.write_all(&buf[..k])?,
-                    Err(x) if x.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(x) => return Err(x),
-                }
-            }
+            client_done = pass_plain(&mut conn, &mut plain, &mut buf)?;
             if n == 0 || client_done {
                 client_done = true;
                 let _ = plain.shutdown(Shutdown::Write);
@@ -766,6 +761,22 @@ fn end_tls(
                 return Ok(());
             }
             conn.writer().write_all(&buf[..n])?;
+        }
+    }
+}
+
+/// Write what `conn` holds decrypted to `plain`; true when the client closed its side.
+fn pass_plain(
+    conn: &mut rustls::ServerConnection,
+    plain: &mut UnixStream,
+    buf: &mut [u8],
+) -> std::io::Result<bool> {
+    loop {
+        match conn.reader().read(buf) {
+            Ok(0) => return Ok(true),
+            Ok(k) => plain.write_all(&buf[..k])?,
+            Err(x) if x.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+            Err(x) => return Err(x),
         }
     }
 }
