@@ -35,6 +35,14 @@ pub(super) struct Served {
     pub failed: Mutex<Option<(String, String, i32)>>,
 }
 
+/// Extents of one file claimed for hydration (in its `fetching`), with their frames read.
+struct Batch<'s> {
+    file: usize,
+    claimed: Vec<usize>,
+    reader: FrameReader<'s>,
+    loaded: Result<()>,
+}
+
 /// One deferred file.
 pub(super) struct ServedFile {
     pub path: String,
@@ -196,7 +204,7 @@ impl Served {
             st.fetching.insert(e);
             drop(st);
             let _pending = on_demand.then(|| OnDemand::begin(&self.stats));
-            self.fetch_and_store(f, &[e])?;
+            self.fetch_and_store(i, vec![e])?;
             fetched_any = true;
         }
         if on_demand && fetched_any {
@@ -213,23 +221,47 @@ impl Served {
         Ok(())
     }
 
-    /// Fetch extents `claimed` of `f` (the caller put them in `fetching`: neighbours, read
-    /// together, one ranged read for each run of neighbouring frames) and write each block
-    /// of them that is still not local. Each extent is let go (no longer being fetched) as
-    /// soon as its blocks are written: a read waiting for one waits for it alone, not for
-    /// the batch. A failure is recorded ([`Served::fail`]) and returned.
-    fn fetch_and_store(&self, f: &ServedFile, claimed: &[usize]) -> Result<()> {
+    /// Fetch extents `claimed` of file `i` (the caller put them in `fetching`: neighbours,
+    /// read together, one ranged read for each run of neighbouring frames) and write each
+    /// block of them that is still not local ([`Served::load`], [`Served::store`]).
+    fn fetch_and_store(&self, i: usize, claimed: Vec<usize>) -> Result<()> {
+        self.store(self.load(i, claimed))
+    }
+
+    /// Read the frames of a claimed batch.
+    fn load(&self, file: usize, claimed: Vec<usize>) -> Batch<'_> {
+        let f = &self.files[file];
         let chunks: Vec<&Chunk> = claimed
             .iter()
             .map(|&e| &f.extents[e].1)
             .filter(|c| !c.is_zero())
             .collect();
         let mut reader = FrameReader::new(&self.storage, &self.manifest);
-        let mut result = self
+        let loaded = self
             .runtime
             .block_on(reader.load(&chunks, &f.path))
             .map_err(Error::from);
-        for &e in claimed {
+        Batch {
+            file,
+            claimed,
+            reader,
+            loaded,
+        }
+    }
+
+    /// Write what a loaded batch holds that is still not local. Each extent is let go (no
+    /// longer being fetched) as soon as its blocks are written: a read waiting for one
+    /// waits for it alone, not for the batch. A failure is recorded ([`Served::fail`]) and
+    /// returned; the extents not written are let go too.
+    fn store(&self, batch: Batch<'_>) -> Result<()> {
+        let Batch {
+            file,
+            claimed,
+            mut reader,
+            loaded: mut result,
+        } = batch;
+        let f = &self.files[file];
+        for e in claimed {
             let written = match &result {
                 Ok(()) => self.write_extent(f, &mut reader, e),
                 Err(_) => Ok(Vec::new()),
@@ -455,8 +487,12 @@ impl Served {
     }
 
     /// The next extents to hydrate, claimed (in `fetching`): in a file read lately, else
-    /// the first file not local, from its first block not local on.
-    fn next_work(&self, from: &mut usize) -> Option<(usize, Vec<usize>)> {
+    /// the first file not local, from its first block not local on. A file another worker
+    /// is fetching from is taken only when no other is left: two writers of one file
+    /// queue on its inode lock (ext4 serializes buffered writes to a file), and the kernel
+    /// spun on that lock for a quarter of a 20 GB hydration's time. `own`: the file of the
+    /// batch the caller holds, which it goes on with.
+    fn next_work(&self, from: &mut usize, own: Option<usize>) -> Option<(usize, Vec<usize>)> {
         let hot: Vec<usize> = self
             .hot
             .lock()
@@ -465,39 +501,80 @@ impl Served {
             .rev()
             .copied()
             .collect();
-        for i in hot.into_iter().chain(*from..self.files.len()) {
-            let f = &self.files[i];
-            let mut st = f.st.lock().expect("file state");
-            if st.local_blocks == st.blocks {
-                if i == *from {
-                    *from += 1;
+        for shared in [false, true] {
+            for i in hot.iter().copied().chain(*from..self.files.len()) {
+                let f = &self.files[i];
+                let mut st = f.st.lock().expect("file state");
+                if st.local_blocks == st.blocks {
+                    if i == *from {
+                        *from += 1;
+                    }
+                    continue;
                 }
-                continue;
-            }
-            let claimed = f.claim(&mut st, self.batch_bytes);
-            if !claimed.is_empty() {
-                return Some((i, claimed));
+                if !shared && !st.fetching.is_empty() && own != Some(i) {
+                    continue;
+                }
+                let claimed = f.claim(&mut st, self.batch_bytes);
+                if !claimed.is_empty() {
+                    return Some((i, claimed));
+                }
             }
         }
         None
     }
 
     /// A hydrating worker: fetch what is not local until nothing is left, a batch of
-    /// neighbouring extents at a time.
+    /// neighbouring extents at a time, reading the next batch while writing one (as
+    /// restore does: the repository's latency and the writes overlap). New work waits
+    /// while an on-demand fetch is under way; a batch already claimed never does (a read
+    /// may be waiting for it).
     pub(super) fn hydrate(&self) {
         let mut from = 0;
-        while self.failed.lock().expect("failure").is_none() {
-            if self.stats.on_demand_pending.load(Ordering::SeqCst) > 0 {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-                continue;
-            }
-            let Some((i, claimed)) = self.next_work(&mut from) else {
+        let mut current: Option<Batch<'_>> = None;
+        loop {
+            if self.failed.lock().expect("failure").is_some() {
+                if let Some(batch) = current {
+                    self.release(batch);
+                }
                 return;
+            }
+            let pending = self.stats.on_demand_pending.load(Ordering::SeqCst) > 0;
+            let next = if pending {
+                None
+            } else {
+                self.next_work(&mut from, current.as_ref().map(|b| b.file))
             };
-            if self.fetch_and_store(&self.files[i], &claimed).is_err() {
+            let Some(batch) = current.take() else {
+                match next {
+                    Some((i, claimed)) => current = Some(self.load(i, claimed)),
+                    None if pending => std::thread::sleep(std::time::Duration::from_millis(1)),
+                    None => return,
+                }
+                continue;
+            };
+            let (stored, loaded) = std::thread::scope(|scope| {
+                let loading = next.map(|(i, claimed)| scope.spawn(move || self.load(i, claimed)));
+                let stored = self.store(batch);
+                (stored, loading.map(|h| h.join().expect("hydration read")))
+            });
+            current = loaded;
+            if stored.is_err() {
+                if let Some(batch) = current {
+                    self.release(batch);
+                }
                 return;
             }
         }
+    }
+
+    /// Let go of a claimed batch without writing it (hydration stopped at a failure).
+    fn release(&self, batch: Batch<'_>) {
+        let f = &self.files[batch.file];
+        let mut st = f.st.lock().expect("file state");
+        for e in &batch.claimed {
+            st.fetching.remove(e);
+        }
+        f.cond.notify_all();
     }
 
     pub(super) fn status(&self, started: Instant, state: &str) -> Status {

@@ -143,6 +143,35 @@ fn referenced_packs(m: &Manifest) -> BTreeSet<(String, String)> {
         .collect()
 }
 
+/// Above this many packs of one backup, [`missing_packs`] lists them instead of asking for
+/// each: a listing answers for a thousand objects a request.
+const LIST_PACKS_OVER: usize = 4;
+
+/// The first of backup `owner`'s `packs` that does not exist, if any.
+async fn missing_packs(
+    storage: &Storage,
+    stanza: &str,
+    owner: &str,
+    packs: Vec<String>,
+) -> Result<Option<String>> {
+    if packs.len() > LIST_PACKS_OVER {
+        let dir = format!("{}/", layout::pack_dir(stanza, owner));
+        let found: BTreeSet<String> = storage
+            .list(&layout::pack_dir(stanza, owner))
+            .await?
+            .into_iter()
+            .filter_map(|o| o.key.strip_prefix(&dir).map(str::to_string))
+            .collect();
+        return Ok(packs.into_iter().find(|p| !found.contains(p)));
+    }
+    for pack in packs {
+        if !storage.exists(&layout::pack(stanza, owner, &pack)).await? {
+            return Ok(Some(pack));
+        }
+    }
+    Ok(None)
+}
+
 /// Write the manifest (its parts are written), once the prior backup and every pack of another backup it
 /// references are known to still exist.
 pub(super) async fn publish(storage: &Storage, m: &mut Manifest) -> Result<()> {
@@ -157,21 +186,62 @@ pub(super) async fn publish(storage: &Storage, m: &mut Manifest) -> Result<()> {
             return Err(refuse(format!("its prior backup {prior}")));
         }
     }
-    let packs = referenced_packs(m);
+    let mut by_owner: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (owner, pack) in referenced_packs(m) {
+        by_owner.entry(owner).or_default().push(pack);
+    }
     let stanza = m.stanza.clone();
     let stanza = &stanza;
-    let mut checks = futures::stream::iter(packs)
-        .map(|(owner, pack)| async move {
-            let key = layout::pack(stanza, &owner, &pack);
-            storage.exists(&key).await.map(|found| (found, key))
+    let mut checks = futures::stream::iter(by_owner)
+        .map(|(owner, packs)| async move {
+            let missing = missing_packs(storage, stanza, &owner, packs).await?;
+            Ok::<_, Error>(missing.map(|pack| layout::pack(stanza, &owner, &pack)))
         })
         .buffer_unordered(16);
     while let Some(checked) = checks.next().await {
-        let (found, key) = checked?;
-        if !found {
+        if let Some(key) = checked? {
             return Err(refuse(format!("pack {key}, which it references,")));
         }
     }
     drop(checks);
     Ok(m.publish_object(storage).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pack deleted under a running backup is found both when the packs of its backup
+    /// are asked for one by one and when they are listed (many of them).
+    #[tokio::test]
+    async fn a_missing_pack_is_found_whether_listed_or_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Storage::local(dir.path()).unwrap();
+        let names = |n: usize| (0..n).map(|k| format!("0-{k}")).collect::<Vec<_>>();
+        for name in names(8) {
+            let key = layout::pack("st", "L", &name);
+            storage.put_new(&key, "x".into()).await.unwrap();
+        }
+        // Another backup's pack, whose key the listing of "L" must not take for L's.
+        let other = layout::pack("st", "L2", "0-9");
+        storage.put_new(&other, "x".into()).await.unwrap();
+        let listed = names(LIST_PACKS_OVER + 3);
+        let asked = names(LIST_PACKS_OVER - 1);
+        for packs in [&listed, &asked] {
+            let missing = missing_packs(&storage, "st", "L", packs.clone()).await;
+            assert_eq!(missing.unwrap(), None);
+        }
+        let mut with_other = listed.clone();
+        with_other.push("0-9".into());
+        let missing = missing_packs(&storage, "st", "L", with_other).await;
+        assert_eq!(missing.unwrap().as_deref(), Some("0-9"));
+        storage
+            .delete(&layout::pack("st", "L", "0-2"))
+            .await
+            .unwrap();
+        for packs in [&listed, &asked] {
+            let missing = missing_packs(&storage, "st", "L", packs.clone()).await;
+            assert_eq!(missing.unwrap().as_deref(), Some("0-2"));
+        }
+    }
 }
