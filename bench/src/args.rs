@@ -18,6 +18,7 @@ const FLAGS: &[&str] = &[
     "no-build",
     "no-restore",
     "s3-nodelay",
+    "s3",
     "help",
 ];
 
