@@ -22,8 +22,8 @@
 use super::bundling::{locks_for, small_tables_source};
 use super::s3_latency::{list_objects, pki, repo_settings, S3Proxy, BUCKET};
 use super::{
-    all_processes, manifest_bytes, new_repos, pgbr_setup, remove_repos, rotated, stanza_create_all,
-    PgbrMode,
+    all_processes, manifest_bytes, manifest_sizes, new_repos, pgbr_setup, remove_repos, rotated,
+    stanza_create_all, PgbrMode,
 };
 use crate::args::Args;
 use crate::harness::{file_count, Bench, STANZA};
@@ -81,32 +81,41 @@ impl S3 {
 
     /// Where `r`'s repository keeps its backups in the bucket.
     fn backup_area(r: &Repo) -> String {
-        let prefix = Self::prefix(r);
+        let prefix = prefix(&r.config.file_stem().unwrap_or_default().to_string_lossy());
         if r.is_pgstrata() {
             format!("{prefix}/{STANZA}/backup/")
         } else {
             format!("{prefix}/backup/{STANZA}/")
         }
     }
+}
 
-    fn prefix(r: &Repo) -> String {
-        format!(
-            "bench-{}",
-            r.config.file_stem().unwrap_or_default().to_string_lossy()
-        )
-    }
+/// The key prefix of the repository whose configuration is named `name` (`<case>-<n>`).
+fn prefix(name: &str) -> String {
+    format!("bench-{name}")
+}
 
-    /// Run a step of `r`, with the requests it made through the proxy: (count, by kind).
-    fn counted<T>(
-        &mut self,
-        f: impl FnOnce() -> Result<(Measured, T, String), String>,
-    ) -> Result<(Measured, T, String, u64), String> {
-        let before = self.proxy.turns()?;
-        let (m, x, note) = f()?;
-        let after = self.proxy.turns()?;
-        let mix = self.proxy.mix(before + 1, after);
-        Ok((m, x, format!("{note}; requests: {mix}"), after - before))
-    }
+/// A step of `r`, measured over all its processes, with the requests it made through the
+/// proxy when on S3: (cost, result, note, requests).
+fn measured<T>(
+    s3: Option<&mut S3>,
+    r: &Repo,
+    f: impl FnOnce() -> Result<(Measured, T), String>,
+) -> Result<(Measured, T, String, Option<u64>), String> {
+    let Some(s3) = s3 else {
+        let (m, x, note) = all_processes(r, f)?;
+        return Ok((m, x, note, None));
+    };
+    let before = s3.proxy.turns()?;
+    let (m, x, note) = all_processes(r, f)?;
+    let after = s3.proxy.turns()?;
+    let mix = s3.proxy.mix(before + 1, after);
+    Ok((
+        m,
+        x,
+        format!("{note}; requests: {mix}"),
+        Some(after - before),
+    ))
 }
 
 /// The repositories of run `run`: pgstrata with its defaults, pgBackRest with bundling and
@@ -133,8 +142,8 @@ fn run_repos(b: &Bench, o: &Opts, run: u64, s3: Option<&S3>) -> Result<Vec<Repo>
             } else {
                 tls.to_string()
             };
-            // The prefix is the configuration's name (S3::prefix): `<case>-<n>`.
-            let prefix = format!("bench-{case}-{n}");
+            // new_repos names the configurations `<case>-<n>`.
+            let prefix = prefix(&format!("{case}-{n}"));
             setup.remote = true;
             setup
                 .settings
@@ -182,17 +191,8 @@ pub fn run(b: &mut Bench, o: &Opts) -> Result<(), String> {
         for r in &order {
             let dir = b.empty_data_dir("restore")?;
             let set = format!("--set={}", incr[&r.label]);
-            let mut restore = || all_processes(r, || Ok((r.restore(b, &dir, &[&set])?, ())));
-            let (m, (), note, requests) = match s3.as_mut() {
-                Some(s3) => {
-                    let (m, x, note, n) = s3.counted(restore)?;
-                    (m, x, note, Some(n))
-                }
-                None => {
-                    let (m, x, note) = restore()?;
-                    (m, x, note, None)
-                }
-            };
+            let (m, (), note, requests) =
+                measured(s3.as_mut(), r, || Ok((r.restore(b, &dir, &[&set])?, ())))?;
             b.results.record(
                 Row::timed(&case, "full restore of the incr", &r.label, run, &m)
                     .with_count(requests)
@@ -219,29 +219,17 @@ fn backup(
     run: u64,
     kind: &str,
 ) -> Result<String, String> {
-    let objects = |s3: &Option<&mut S3>| -> Result<Vec<(String, u64)>, String> {
-        match s3 {
-            Some(s3) => list_objects(s3.moto.port, &S3::backup_area(r)),
-            None => Ok(Vec::new()),
-        }
+    let objects = |s3: &Option<&mut S3>| match s3 {
+        Some(s3) => Ok(list_objects(s3.moto.port, &S3::backup_area(r))?.len() as u64),
+        None => Ok::<_, String>(file_count(&r.backup_area())),
     };
-    let before_local = file_count(&r.backup_area());
     let before = objects(&s3)?;
     let step = if kind == "full" {
         "full backup"
     } else {
         "no-change incr"
     };
-    let (m, label, note, requests) = match s3.as_deref_mut() {
-        Some(s3) => {
-            let (m, label, note, n) = s3.counted(|| all_processes(r, || r.backup(b, kind, &[])))?;
-            (m, label, note, Some(n))
-        }
-        None => {
-            let (m, label, note) = all_processes(r, || r.backup(b, kind, &[]))?;
-            (m, label, note, None)
-        }
-    };
+    let (m, label, note, requests) = measured(s3.as_deref_mut(), r, || r.backup(b, kind, &[]))?;
     b.results.record(
         Row::timed(case, step, &r.label, run, &m)
             .with_count(requests)
@@ -254,32 +242,18 @@ fn backup(
             r.label, sizes.kind
         ));
     }
-    let (objects, manifest, with_copy) = if s3.is_some() {
-        let after = objects(&s3)?;
-        let area = S3::backup_area(r);
-        let of_label: Vec<(String, u64)> = after
-            .iter()
-            .filter_map(|(k, n)| {
-                Some((k.strip_prefix(&area)?.strip_prefix(&label)?.to_string(), *n))
-            })
-            .collect();
-        let is_manifest =
-            |k: &str| k.starts_with("/backup.manifest") || k.starts_with("/manifest/");
-        let sum = |copies: bool| -> u64 {
-            of_label
-                .iter()
-                .filter(|(k, _)| is_manifest(k) && (copies || !k.ends_with(".copy")))
-                .map(|(_, n)| n)
-                .sum()
-        };
-        ((after.len() - before.len()) as u64, sum(false), sum(true))
-    } else {
-        let (manifest, with_copy) = manifest_bytes(r, &label)?;
-        (
-            file_count(&r.backup_area()) - before_local,
-            manifest,
-            with_copy,
-        )
+    let objects = objects(&s3)? - before;
+    let (manifest, with_copy) = match &s3 {
+        Some(s3) => {
+            let dir = format!("{}{label}/", S3::backup_area(r));
+            let listed = list_objects(s3.moto.port, &dir)?;
+            manifest_sizes(
+                listed
+                    .iter()
+                    .filter_map(|(k, n)| Some((k.strip_prefix(&dir)?, *n))),
+            )
+        }
+        None => manifest_bytes(r, &label)?,
     };
     b.results.record(Row::count(
         case,

@@ -467,24 +467,34 @@ pub fn all_processes<T>(
     Ok((m, x, note))
 }
 
-/// Bytes of a backup's manifest in `repo`'s backup area: `backup.manifest` (and, in
-/// pgstrata's format 4, the parts of its entries, `manifest/<n>`), and with every copy
-/// (both tools write a `.copy`).
+/// Whether `rel`, a path in a backup's directory, is part of its manifest
+/// (`backup.manifest` and, in pgstrata's format 4, the parts of its entries, `manifest/<n>`),
+/// and if so whether it is a copy (both tools write a `.copy`).
+pub fn manifest_object(rel: &str) -> Option<bool> {
+    let of_manifest =
+        (rel.starts_with("backup.manifest") && !rel.contains('/')) || rel.starts_with("manifest/");
+    of_manifest.then(|| rel.ends_with(".copy"))
+}
+
+/// Bytes of the manifest among a backup's objects (path in its directory, size): without
+/// its copies, and with them.
+pub fn manifest_sizes<'a>(objects: impl IntoIterator<Item = (&'a str, u64)>) -> (u64, u64) {
+    objects
+        .into_iter()
+        .filter_map(|(rel, n)| Some((manifest_object(rel)?, n)))
+        .fold((0, 0), |(main, all), (copy, n)| {
+            (if copy { main } else { main + n }, all + n)
+        })
+}
+
+/// Bytes of a backup's manifest in `repo`'s local backup area ([`manifest_object`]): without
+/// its copies, and with them.
 pub fn manifest_bytes(repo: &Repo, label: &str) -> Result<(u64, u64), String> {
     let dir = repo.backup_area().join(label);
     std::fs::metadata(dir.join("backup.manifest"))
         .map_err(|e| format!("{}: {}/backup.manifest: {e}", repo.label, dir.display()))?;
-    let parts = dir.join("manifest");
-    let of_manifest = |p: &std::path::Path| {
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().to_string())
-            .unwrap_or_default();
-        (p.parent() == Some(dir.as_path()) && name.starts_with("backup.manifest"))
-            || p.parent() == Some(parts.as_path())
-    };
-    let is_copy = |p: &std::path::Path| p.to_string_lossy().ends_with(".copy");
-    let main = crate::harness::dir_size(&dir, &mut |p| of_manifest(p) && !is_copy(p));
-    let all = crate::harness::dir_size(&dir, &mut |p| of_manifest(p));
+    let kind = |p: &std::path::Path| manifest_object(&p.strip_prefix(&dir).ok()?.to_string_lossy());
+    let main = crate::harness::dir_size(&dir, &mut |p| kind(p) == Some(false));
+    let all = crate::harness::dir_size(&dir, &mut |p| kind(p).is_some());
     Ok((main, all))
 }
