@@ -57,7 +57,7 @@ fn run(served: Arc<Served>, state: State, workers: usize, hydrate: bool) -> Resu
         .arg(&mnt)
         .stderr(std::process::Stdio::null())
         .status();
-    let session = super::fs::mount(served.clone(), &mnt)?;
+    let mounted = super::fs::mount(served.clone(), &mnt)?;
     let write_status = |st: &str| {
         let status = served.status(started, st);
         if let Err(e) = status.write(&served.dir) {
@@ -68,7 +68,7 @@ fn run(served: Arc<Served>, state: State, workers: usize, hydrate: bool) -> Resu
     write_status("hydrating");
     if !hydrate {
         log::info!("instant restore: serving {} on demand only", mnt.display());
-        session.join().ok();
+        mounted.session.join().ok();
         write_status("hydrating");
         return Ok(());
     }
@@ -105,12 +105,14 @@ fn run(served: Arc<Served>, state: State, workers: usize, hydrate: bool) -> Resu
     let failed = served.failed.lock().expect("failure").clone();
     if let Some((file, error, _)) = failed {
         write_status("failed");
-        session.join().ok();
+        mounted.session.join().ok();
         return Err(Error::new(
             ErrorKind::Integrity,
             format!("instant restore failed at {file}: {error}"),
         ));
     }
+    // Before any file is also reachable by its ordinary name.
+    mounted.stop_caching();
     served.hand_over(&state)?;
     write_status("complete");
     log::info!(
@@ -124,7 +126,7 @@ fn run(served: Arc<Served>, state: State, workers: usize, hydrate: bool) -> Resu
         .args(["-u", "-z"])
         .arg(&mnt)
         .status();
-    session.join().ok();
+    mounted.session.join().ok();
     let _ = std::fs::remove_file(served.dir.join("pid"));
     let _ = std::fs::remove_dir(&mnt);
     let _ = std::fs::remove_dir(served.dir.join("store"));
