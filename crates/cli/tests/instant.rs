@@ -211,7 +211,16 @@ fn an_instant_restore_answers_at_once_and_ends_with_ordinary_files() {
     let v: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(v["state"], "complete", "{v}");
     assert_eq!(v["bytes_local"], v["bytes_total"], "{v}");
-    assert_eq!(links_under(&target), 0, "every link replaced by its file");
+    // Each file nothing has open through the mount is ordinary already (the status is
+    // read first: files still open only become fewer).
+    let v: serde_json::Value =
+        serde_json::from_str(&env.ok(&[&pg_path, "--output=json", "instant-status"])).unwrap();
+    let links = links_under(&target) as u64;
+    let open = v["files_open_through_mount"].as_u64().unwrap();
+    assert!(
+        links <= open,
+        "{links} links left with {open} files open through the mount"
+    );
     let metrics = env.ok(&[&pg_path, "--output=prometheus", "instant-status"]);
     let local = format!(
         "pgstrata_instant_bytes_local{{data_directory=\"{}\"}} {}",
@@ -224,9 +233,18 @@ fn an_instant_restore_answers_at_once_and_ends_with_ordinary_files() {
         "{metrics}"
     );
     assert_eq!(c.content_hashes().unwrap(), source, "while still served");
+    stop_and_see_the_serving_process_leave(&c, v["pid"].as_u64().unwrap());
+    assert_eq!(links_under(&target), 0, "every link replaced by its file");
+    c.start().unwrap();
+    assert_eq!(c.content_hashes().unwrap(), source, "after a restart");
+    assert_amcheck_clean(&c);
     c.stop().unwrap();
-    // The serving process leaves once PostgreSQL closed its files.
-    let pid = v["pid"].as_u64().unwrap();
+}
+
+/// Stop the restored cluster: the serving process (`pid`) hands over the files it still
+/// served, now closed, and leaves.
+fn stop_and_see_the_serving_process_leave(c: &pgstrata_testkit::Cluster, pid: u64) {
+    c.stop().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::path::Path::new(&format!("/proc/{pid}")).exists() {
         assert!(
@@ -235,10 +253,6 @@ fn an_instant_restore_answers_at_once_and_ends_with_ordinary_files() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    c.start().unwrap();
-    assert_eq!(c.content_hashes().unwrap(), source, "after a restart");
-    assert_amcheck_clean(&c);
-    c.stop().unwrap();
 }
 
 /// The serving process killed (-9) at random points of hydration, again after each
@@ -330,23 +344,50 @@ fn writes_across_the_hand_over_lose_nothing() {
     let (target, _guard, pg_path) = uncompressed_backup_and_target(&env);
     env.ok(&slowed_instant_restore(&pg_path, "--repo-rate-limit=24MiB"));
     let c = start_restored(&env, &target);
-    // New connections now and then (-C): backends opening files before and after the
-    // hand-over, beside the checkpointer's and the long-lived ones'.
-    let out = c
-        .pgbench(&["-n", "-c", "4", "-j", "2", "-T", "12", "postgres"])
-        .unwrap();
+    let q = |sql: &str| c.psql("postgres", sql).unwrap().trim().to_string();
+    let accounts = target.join(q("SELECT pg_relation_filepath('pgbench_accounts')"));
+    // Backends that have pgbench_accounts open through the mount from before hydration
+    // completes until after: the file is not handed over under them.
+    let (out, status) = std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            c.pgbench(&["-n", "-c", "4", "-j", "2", "-T", "15", "postgres"])
+                .unwrap()
+        });
+        let status: serde_json::Value =
+            serde_json::from_str(&env.ok(&[&pg_path, "--wait", "--output=json", "instant-status"]))
+                .unwrap();
+        assert_eq!(status["state"], "complete", "{status}");
+        assert!(!load.is_finished(), "hydration took longer than the load");
+        assert!(
+            accounts.is_symlink(),
+            "pgbench_accounts was handed over while open through the mount"
+        );
+        (load.join().unwrap(), status)
+    });
+    assert!(
+        status["files_open_through_mount"].as_u64().unwrap() > 0,
+        "{status}"
+    );
+    // New connections now and then (-C): backends opening files after the hand-over of
+    // some, beside the checkpointer's and the long-lived ones'.
     let out_c = c
         .pgbench(&["-n", "-C", "-c", "2", "-j", "2", "-T", "3", "postgres"])
         .unwrap();
-    let status: serde_json::Value =
-        serde_json::from_str(&env.ok(&[&pg_path, "--wait", "--output=json", "instant-status"]))
-            .unwrap();
-    assert_eq!(status["state"], "complete", "{status}");
     for o in [&out, &out_c] {
         assert!(!o.contains("error"), "pgbench failed: {o}");
     }
+    // Once closed (the clients gone; the checkpointer and the background writer close
+    // their files after a checkpoint), every file is ordinary, the cluster still running.
     c.psql("postgres", "CHECKPOINT").unwrap();
-    let q = |sql: &str| c.psql("postgres", sql).unwrap().trim().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while links_under(&target) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} files still served after their backends closed them",
+            links_under(&target)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     assert_balances_agree(&c);
     assert_amcheck_clean(&c);
     c.stop().unwrap();
@@ -493,7 +534,11 @@ fn an_instant_pitr_with_a_tablespace_and_a_database_left_out() {
         "recovered to the target"
     );
     assert_eq!(q("SELECT sum(hashtext(v)) FROM in_ts"), in_ts.trim());
-    env.ok(&[&pg_path, "--wait", "instant-status"]);
+    let status: serde_json::Value =
+        serde_json::from_str(&env.ok(&[&pg_path, "--wait", "--output=json", "instant-status"]))
+            .unwrap();
+    assert_eq!(q("SELECT sum(hashtext(v)) FROM in_ts"), in_ts.trim());
+    stop_and_see_the_serving_process_leave(&c, status["pid"].as_u64().unwrap());
     assert_eq!(
         links_under(&target),
         1,
@@ -511,8 +556,6 @@ fn an_instant_pitr_with_a_tablespace_and_a_database_left_out() {
             .all(|e| !e.file_name().to_string_lossy().contains("pgstrata")),
         "no store directory left in the tablespace"
     );
-    assert_eq!(q("SELECT sum(hashtext(v)) FROM in_ts"), in_ts.trim());
-    c.stop().unwrap();
 }
 
 /// An instant restore of an encrypted stanza on S3 (the S3 test server): frames fetched

@@ -7,19 +7,15 @@
 //! file). Mounted by the restoring user through `fusermount3`, so only that user (the
 //! cluster's owner) can enter it: not even root.
 //!
-//! **The kernel's page cache for the mount.** Until the hand-over every access to a
-//! deferred file comes through here, so the kernel may keep the pages read through the
-//! mount and the files' attributes ([`KernelCache`]): a block read once, then dropped from
-//! PostgreSQL's buffers, is read again from memory without a round trip to this process.
-//! After the hand-over the backing file is also written through its ordinary name, which
-//! the mount's cache knows nothing of; a backend that still has the file open through the
-//! mount must then never be served a page kept from before. So, before the first backing
-//! file takes its link's place: every page and attribute the kernel keeps for the mount is
-//! dropped, attributes are no longer cached, and each `getattr` reports a modification
-//! time never reported before, which under `FUSE_AUTO_INVAL_DATA` (the kernel asks for the
-//! attributes before every read) drops the file's pages before the read: each read then
-//! reads the backing file, whose page cache both paths share. A kernel without
-//! `FUSE_AUTO_INVAL_DATA` gets direct I/O from the start.
+//! **The kernel's page cache for the mount.** A file is reached through the mount alone
+//! until it is handed over, so the kernel may keep the pages read through the mount and
+//! the file's attributes: a block read once, then dropped from PostgreSQL's buffers, is
+//! read again from memory, without a round trip to this process. A file is handed over
+//! only when nothing has it open through the mount ([`Served::opened`], counted until the
+//! kernel releases it), so no backend ever reaches one file by both paths with pages kept
+//! for the mount: the kernel's cache of it is dropped first, and an open of it through the
+//! mount after that (one that found the link just before it went) is direct I/O, each read
+//! reading the backing file, whose page cache both paths share.
 
 use super::served::Served;
 use super::BLOCK;
@@ -32,65 +28,46 @@ use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// How long the kernel may keep attributes before the hand-over: until it is told to drop
-/// them (every size change comes through the mount until then).
+/// How long the kernel may keep a file's attributes before its hand-over: until it is
+/// told to drop them ([`Mounted::forget`]); every size change comes through the mount.
 const TTL_SERVING: Duration = Duration::from_secs(24 * 3600);
 
-/// After the hand-over: not at all. A file is written through its ordinary name too, and a
-/// backend that still has it open through the mount must see its size as it is
+/// After it (and for the directory): not at all. The file is written through its ordinary
+/// name too, and a backend that opens it through the mount must see its size as it is
 /// (PostgreSQL finds a relation's length with `lseek(SEEK_END)`: a stale size would have
-/// it extend over a block already there), and its pages dropped (see the module docs).
+/// it extend over a block already there).
 const TTL_HANDED_OVER: Duration = Duration::ZERO;
 
-/// What the kernel may keep of the mount, shared by the filesystem and the hand-over.
-#[derive(Default)]
-struct KernelCache {
-    /// The kernel agreed to `FUSE_AUTO_INVAL_DATA`: opens keep the page cache (else they
-    /// are direct I/O).
-    pages: AtomicBool,
-    /// The hand-over has begun: no attribute is cached, each `getattr` a new mtime.
-    handed_over: AtomicBool,
-    /// Counts `getattr`s after the hand-over: the nanoseconds of the mtime reported.
-    generation: AtomicU64,
-}
+/// The handle of an open whose pages the kernel keeps (counted in [`Served::opened`]).
+const CACHED: u64 = 1;
 
 struct InstantFs {
     served: Arc<Served>,
-    cache: Arc<KernelCache>,
-    /// The modification time reported before the hand-over: one that never changes, so
-    /// that PostgreSQL's own writes do not drop the pages kept for the file.
-    mtime: SystemTime,
 }
 
 /// A mounted instant restore filesystem.
 pub(super) struct Mounted {
     pub session: fuser::BackgroundSession,
-    cache: Arc<KernelCache>,
-    files: usize,
 }
 
 impl Mounted {
-    /// Before any backing file takes its link's place: from now on the kernel keeps
-    /// nothing of the mount across a read (see the module docs), and what it kept is
-    /// dropped.
-    pub fn stop_caching(&self) {
-        self.cache.handed_over.store(true, Ordering::SeqCst);
-        if !self.cache.pages.load(Ordering::SeqCst) {
-            return;
-        }
-        let notifier = self.session.notifier();
-        for i in 0..self.files {
-            // Attributes, then every page (`len` 0: to the end). An inode the kernel does
-            // not have (never looked up, or forgotten) has nothing to drop.
-            if let Err(e) = notifier.inval_inode(INodeNo(2 + i as u64), 0, 0) {
-                log::warn!("instant restore: drop the kernel's cache of file {i}: {e}");
-            }
+    /// Drop what the kernel keeps of file `i` (its attributes and every page): called as
+    /// the file is handed over, when nothing has it open through the mount.
+    pub fn forget(&self, i: usize) {
+        // An inode the kernel does not have (never looked up, or forgotten) has nothing to
+        // drop; `len` 0 is to the end.
+        if let Err(e) = self.session.notifier().inval_inode(inode(i), 0, 0) {
+            log::warn!("instant restore: drop the kernel's cache of file {i}: {e}");
         }
     }
+}
+
+/// The inode of file `i`.
+fn inode(i: usize) -> INodeNo {
+    INodeNo(2 + i as u64)
 }
 
 /// Mount the filesystem of `served` at `mnt`, served by threads of their own.
@@ -111,18 +88,10 @@ pub(super) fn mount(served: Arc<Served>, mnt: &Path) -> crate::Result<Mounted> {
     let fd = fusermount(mnt).map_err(what)?;
     let mut config = fuser::Config::default();
     config.n_threads = Some(4);
-    let cache = Arc::new(KernelCache::default());
-    let files = served.files.len();
-    let fs = InstantFs {
-        served,
-        cache: cache.clone(),
-        mtime: SystemTime::now(),
-    };
-    let session = fuser::Session::from_fd(fs, fd, SessionACL::Owner, config).map_err(what)?;
+    let session = fuser::Session::from_fd(InstantFs { served }, fd, SessionACL::Owner, config)
+        .map_err(what)?;
     Ok(Mounted {
         session: session.spawn().map_err(what)?,
-        cache,
-        files,
     })
 }
 
@@ -213,12 +182,11 @@ impl InstantFs {
         }
     }
 
-    /// How long the kernel may keep attributes now.
-    fn ttl(&self) -> Duration {
-        if self.cache.handed_over.load(Ordering::SeqCst) {
-            TTL_HANDED_OVER
-        } else {
-            TTL_SERVING
+    /// How long the kernel may keep the attributes of inode `ino` now.
+    fn ttl(&self, ino: INodeNo) -> Duration {
+        match self.file(ino) {
+            Ok(i) if !self.served.is_handed_over(i) => TTL_SERVING,
+            _ => TTL_HANDED_OVER,
         }
     }
 
@@ -238,20 +206,12 @@ impl InstantFs {
                 FileType::RegularFile,
             )
         };
-        let mtime = if kind == FileType::Directory {
-            time(md.mtime(), md.mtime_nsec())
-        } else if self.cache.handed_over.load(Ordering::SeqCst) {
-            let n = self.cache.generation.fetch_add(1, Ordering::SeqCst);
-            time(md.mtime(), (n % 1_000_000_000) as i64)
-        } else {
-            self.mtime
-        };
         Ok(FileAttr {
             ino,
             size: md.len(),
             blocks: md.blocks(),
             atime: time(md.atime(), md.atime_nsec()),
-            mtime,
+            mtime: time(md.mtime(), md.mtime_nsec()),
             ctime: time(md.ctime(), md.ctime_nsec()),
             crtime: time(md.ctime(), md.ctime_nsec()),
             kind,
@@ -267,21 +227,11 @@ impl InstantFs {
 }
 
 impl fuser::Filesystem for InstantFs {
-    fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
-        let auto_inval = fuser::InitFlags::FUSE_AUTO_INVAL_DATA;
-        let pages = config.add_capabilities(auto_inval).is_ok();
-        if !pages {
-            log::info!("instant restore: the kernel has no FUSE_AUTO_INVAL_DATA: direct I/O");
-        }
-        self.cache.pages.store(pages, Ordering::SeqCst);
-        Ok(())
-    }
-
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let id = name.to_str().and_then(|n| n.parse::<u64>().ok());
         match (parent.0, id) {
             (1, Some(id)) => match self.attr(INodeNo(id + 2)) {
-                Ok(attr) => reply.entry(&self.ttl(), &attr, Generation(0)),
+                Ok(attr) => reply.entry(&self.ttl(attr.ino), &attr, Generation(0)),
                 Err(e) => reply.error(e),
             },
             _ => reply.error(Errno::ENOENT),
@@ -290,7 +240,7 @@ impl fuser::Filesystem for InstantFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.attr(ino) {
-            Ok(attr) => reply.attr(&self.ttl(), &attr),
+            Ok(attr) => reply.attr(&self.ttl(ino), &attr),
             Err(e) => reply.error(e),
         }
     }
@@ -329,23 +279,37 @@ impl fuser::Filesystem for InstantFs {
             }
         }
         match self.attr(ino) {
-            Ok(attr) => reply.attr(&self.ttl(), &attr),
+            Ok(attr) => reply.attr(&self.ttl(ino), &attr),
             Err(e) => reply.error(e),
         }
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        // Pages kept across opens (each backend opens the file): safe while the module
-        // docs' rule holds, else every read comes here.
-        let flags = if self.cache.pages.load(Ordering::SeqCst) {
-            FopenFlags::FOPEN_KEEP_CACHE
-        } else {
-            FopenFlags::FOPEN_DIRECT_IO
-        };
+        // Until the hand-over, pages kept across opens (each backend opens the file);
+        // the handle says which kind of open it is, for `release`.
         match self.file(ino) {
-            Ok(_) => reply.opened(FileHandle(0), flags),
+            Ok(i) if self.served.opened(i) => {
+                reply.opened(FileHandle(CACHED), FopenFlags::FOPEN_KEEP_CACHE)
+            }
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
             Err(e) => reply.error(e),
         }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if let (Ok(i), FileHandle(CACHED)) = (self.file(ino), fh) {
+            self.served.closed(i);
+        }
+        reply.ok();
     }
 
     fn read(
@@ -368,6 +332,7 @@ impl fuser::Filesystem for InstantFs {
             return reply.data(&[]);
         }
         let end = offset + size as u64;
+        self.served.stats.note_read();
         // Blocks past the backed-up ones are local (written here or, after the hand-over,
         // through the file's ordinary name): the backing file says how far it reaches.
         if let Err(e) = self

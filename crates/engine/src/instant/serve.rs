@@ -81,7 +81,10 @@ fn run(served: Arc<Served>, state: State, workers: usize, hydrate: bool) -> Resu
     let done = AtomicBool::new(false);
     std::thread::scope(|scope| -> Result<()> {
         let hydrators: Vec<_> = (0..workers)
-            .map(|_| scope.spawn(|| served.hydrate()))
+            .map(|worker| {
+                let served = &served;
+                scope.spawn(move || served.hydrate(worker))
+            })
             .collect();
         scope.spawn(|| {
             let mut persisted = Instant::now();
@@ -111,14 +114,31 @@ fn run(served: Arc<Served>, state: State, workers: usize, hydrate: bool) -> Resu
             format!("instant restore failed at {file}: {error}"),
         ));
     }
-    // Before any file is also reachable by its ordinary name.
-    mounted.stop_caching();
-    served.hand_over(&state)?;
-    write_status("complete");
+    served.persist_all()?;
     log::info!(
-        "instant restore of {}: every block local after {:.1} s; the data directory holds ordinary files now",
+        "instant restore of {}: every block local after {:.1} s",
         state.pg_path.display(),
         started.elapsed().as_secs_f64()
+    );
+    // Each file becomes an ordinary one once nothing has it open through the mount: at
+    // once for most, at PostgreSQL's next restart at the latest for the rest.
+    let mut written = None;
+    loop {
+        let waiting = served.hand_over_closed(&state, |i| mounted.forget(i))?;
+        served.files_waiting.store(waiting as u64, Ordering::SeqCst);
+        if written.is_none_or(|at: Instant| at.elapsed() >= Duration::from_secs(1)) {
+            write_status("complete");
+            written = Some(Instant::now());
+        }
+        if waiting == 0 {
+            write_status("complete");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    log::info!(
+        "instant restore of {}: the data directory holds ordinary files now",
+        state.pg_path.display()
     );
     // Detached at once: new opens find ordinary files; files open through the mount are
     // served until they are closed (at PostgreSQL's next restart at the latest).

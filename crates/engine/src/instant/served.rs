@@ -33,6 +33,9 @@ pub(super) struct Served {
     /// The first failure (a damaged frame, a repository that cannot be read): the file
     /// and why, with the exit code `instant-status` gives.
     pub failed: Mutex<Option<(String, String, i32)>>,
+    /// Once every block is local: files not yet handed over because PostgreSQL has them
+    /// open through the mount.
+    pub files_waiting: AtomicU64,
 }
 
 /// Extents of one file claimed for hydration (in its `fetching`), with their frames read.
@@ -67,6 +70,10 @@ struct FileState {
     durable: Vec<u64>,
     /// No block before this one is not local: where hydration looks from.
     scan_from: u64,
+    /// Opens through the mount whose pages the kernel keeps, not yet released.
+    opens: u32,
+    /// The backing file has taken (or is taking) its link's place.
+    handed_over: bool,
 }
 
 impl FileState {
@@ -83,15 +90,50 @@ impl FileState {
     }
 }
 
-#[derive(Default)]
 pub(super) struct Stats {
     /// On-demand fetches under way: hydration starts no new batch meanwhile, so that
     /// PostgreSQL's reads have the disk, the cores and the rate limit first.
     pub on_demand_pending: AtomicU64,
+    /// When PostgreSQL last read through the mount, in milliseconds from `since`.
+    last_read_ms: AtomicU64,
+    since: Instant,
     pub bytes_fetched: AtomicU64,
     pub on_demand: AtomicU64,
     pub on_demand_micros: AtomicU64,
     pub on_demand_max_micros: AtomicU64,
+}
+
+impl Default for Stats {
+    fn default() -> Stats {
+        Stats {
+            on_demand_pending: AtomicU64::new(0),
+            last_read_ms: AtomicU64::new(0),
+            since: Instant::now(),
+            bytes_fetched: AtomicU64::new(0),
+            on_demand: AtomicU64::new(0),
+            on_demand_micros: AtomicU64::new(0),
+            on_demand_max_micros: AtomicU64::new(0),
+        }
+    }
+}
+
+/// How lately PostgreSQL must have read through the mount for hydration to leave the
+/// cores to it ([`Served::hydrate`]).
+const READING_LATELY_MS: u64 = 50;
+
+impl Stats {
+    /// PostgreSQL reads through the mount (a block not yet in the kernel's page cache).
+    pub fn note_read(&self) {
+        let now = self.since.elapsed().as_millis() as u64;
+        self.last_read_ms.store(now.max(1), Ordering::Relaxed);
+    }
+
+    /// Whether PostgreSQL read through the mount within the last [`READING_LATELY_MS`].
+    fn reading_lately(&self) -> bool {
+        let last = self.last_read_ms.load(Ordering::Relaxed);
+        last > 0
+            && (self.since.elapsed().as_millis() as u64).saturating_sub(last) < READING_LATELY_MS
+    }
 }
 
 /// An on-demand fetch under way, counted in [`Stats::on_demand_pending`] while it lives.
@@ -162,6 +204,8 @@ impl Served {
                     fetching: HashSet::new(),
                     dirty: false,
                     scan_from: 0,
+                    opens: 0,
+                    handed_over: false,
                 }),
                 cond: Condvar::new(),
             });
@@ -180,6 +224,7 @@ impl Served {
             stats: Stats::default(),
             hot: Mutex::new(VecDeque::new()),
             failed: Mutex::new(None),
+            files_waiting: AtomicU64::new(0),
         })
     }
 
@@ -526,9 +571,10 @@ impl Served {
     /// A hydrating worker: fetch what is not local until nothing is left, a batch of
     /// neighbouring extents at a time, reading the next batch while writing one (as
     /// restore does: the repository's latency and the writes overlap). New work waits
-    /// while an on-demand fetch is under way; a batch already claimed never does (a read
-    /// may be waiting for it).
-    pub(super) fn hydrate(&self) {
+    /// while an on-demand fetch is under way, and, for every worker but the first
+    /// (`worker` 0), while PostgreSQL reads through the mount; a batch already claimed
+    /// never waits (a read may be waiting for it).
+    pub(super) fn hydrate(&self, worker: usize) {
         let mut from = 0;
         let mut current: Option<Batch<'_>> = None;
         loop {
@@ -538,7 +584,12 @@ impl Served {
                 }
                 return;
             }
-            let pending = self.stats.on_demand_pending.load(Ordering::SeqCst) > 0;
+            // The first worker goes on while PostgreSQL reads through the mount; the others
+            // wait, leaving it the cores (on 2 cores, hydrating at full speed beside
+            // pgbench cut its transactions to a fifth while its blocks came in through the
+            // mount; one worker hydrates about as fast where the disk bounds it).
+            let pending = self.stats.on_demand_pending.load(Ordering::SeqCst) > 0
+                || (worker > 0 && self.stats.reading_lately());
             let next = if pending {
                 None
             } else {
@@ -611,6 +662,7 @@ impl Served {
             on_demand_max_latency_ms: self.stats.on_demand_max_micros.load(Ordering::Relaxed)
                 as f64
                 / 1000.0,
+            files_open_through_mount: self.files_waiting.load(Ordering::SeqCst),
             failed_file: failed.as_ref().map(|f| f.0.clone()),
             error: failed.as_ref().map(|f| f.1.clone()),
             exit_code: failed.as_ref().map(|f| f.2),
@@ -618,11 +670,52 @@ impl Served {
         }
     }
 
-    /// Every block is local: each backing file takes its link's place (same inode, so what
-    /// is open through the mount stays the same file), durably.
-    pub(super) fn hand_over(&self, state: &State) -> Result<()> {
-        self.persist_all()?;
-        for (f, meta) in self.files.iter().zip(&state.files) {
+    /// PostgreSQL opens file `i` through the mount: whether the kernel may keep its pages.
+    /// Until the hand-over it may (the mount is the only way to the file), and the open is
+    /// counted until [`Served::closed`]; after it, not (the file is also written by its
+    /// ordinary name).
+    pub fn opened(&self, i: usize) -> bool {
+        let mut st = self.files[i].st.lock().expect("file state");
+        if st.handed_over {
+            return false;
+        }
+        st.opens += 1;
+        true
+    }
+
+    /// The kernel released an open of file `i` that [`Served::opened`] counted.
+    pub fn closed(&self, i: usize) {
+        let mut st = self.files[i].st.lock().expect("file state");
+        st.opens = st.opens.saturating_sub(1);
+    }
+
+    pub fn is_handed_over(&self, i: usize) -> bool {
+        self.files[i].st.lock().expect("file state").handed_over
+    }
+
+    /// Every block is local: each file that nothing has open through the mount takes its
+    /// link's place, durably (the backing file renamed over the link: the same inode).
+    /// `forget(i)` drops what the kernel keeps of file `i` for the mount, before. A file
+    /// still open through the mount waits for a later call: until it is released, reads of
+    /// it are served from the pages the kernel keeps, which a write through the ordinary
+    /// name would leave stale. Returns how many files wait.
+    pub(super) fn hand_over_closed(&self, state: &State, forget: impl Fn(usize)) -> Result<usize> {
+        let mut waiting = 0;
+        let mut moved = false;
+        for (i, (f, meta)) in self.files.iter().zip(&state.files).enumerate() {
+            {
+                let mut st = f.st.lock().expect("file state");
+                if st.handed_over {
+                    continue;
+                }
+                if st.opens > 0 {
+                    waiting += 1;
+                    continue;
+                }
+                // From here an open through the mount is direct I/O.
+                st.handed_over = true;
+            }
+            forget(i);
             let link = state.pg_path.join(&f.path);
             let ours = self.dir.join("mnt").join(meta.id.to_string());
             let backing = meta.backing(&self.dir);
@@ -640,19 +733,27 @@ impl Served {
                     let _ = std::fs::remove_file(&backing);
                 }
             }
+            moved = true;
         }
-        sync_dir_fs(&state.pg_path)?;
-        // Tablespaces' files, on their own filesystems; their store directories are empty.
+        // Tablespaces' files, on their own filesystems.
         let stores: std::collections::BTreeSet<&PathBuf> = state
             .files
             .iter()
             .filter_map(|f| f.store.as_ref())
             .collect();
-        for store in stores {
-            sync_dir_fs(store)?;
-            let _ = std::fs::remove_dir(store);
+        if moved {
+            sync_dir_fs(&state.pg_path)?;
+            for store in &stores {
+                sync_dir_fs(store)?;
+            }
         }
-        Ok(())
+        if waiting == 0 {
+            // Their store directories are empty now.
+            for store in stores {
+                let _ = std::fs::remove_dir(store);
+            }
+        }
+        Ok(waiting)
     }
 }
 

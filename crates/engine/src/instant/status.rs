@@ -25,6 +25,11 @@ pub struct Status {
     pub on_demand_fetches: u64,
     pub on_demand_latency_ms: f64,
     pub on_demand_max_latency_ms: f64,
+    /// Once `complete`: files still served through the mount because PostgreSQL has them
+    /// open there; each becomes an ordinary file when closed (at PostgreSQL's next
+    /// restart at the latest).
+    #[serde(default)]
+    pub files_open_through_mount: u64,
     pub failed_file: Option<String>,
     pub error: Option<String>,
     /// What `instant-status` exits with when it failed: 4 damage, 3 anything else.
@@ -58,9 +63,10 @@ impl Status {
             .map_err(|e| Error::integrity(format!("{}: {e}", path.display())))
     }
 
-    /// Whether the serving process is gone without finishing (killed).
+    /// Whether the serving process is gone without finishing (killed): while hydrating,
+    /// or while files it serves wait to be handed over.
     fn is_orphaned(&self) -> bool {
-        self.state == "hydrating" && !process_runs(self.pid)
+        (self.state == "hydrating" || self.files_open_through_mount > 0) && !process_runs(self.pid)
     }
 }
 
@@ -117,8 +123,14 @@ pub fn render_status(s: &Status) -> String {
         ("hydrating", Some(eta)) => format!(", about {eta} s left"),
         _ => String::new(),
     };
+    let waiting = match s.files_open_through_mount {
+        0 => String::new(),
+        n => format!(
+            "; {n} files still open through the mount (each an ordinary file once PostgreSQL closes it, at its next restart at the latest)"
+        ),
+    };
     format!(
-        "instant restore {}: {} of {} local ({pct:.1} %), {} of {} files; fetching {}/s{eta}; {} on-demand fetches, {:.1} ms on average ({:.1} ms at most)\n",
+        "instant restore {}: {} of {} local ({pct:.1} %), {} of {} files; fetching {}/s{eta}; {} on-demand fetches, {:.1} ms on average ({:.1} ms at most){waiting}\n",
         s.state,
         human_bytes(s.bytes_local),
         human_bytes(s.bytes_total),
