@@ -54,12 +54,13 @@ pub(super) struct Mounted {
 }
 
 impl Mounted {
-    /// Drop what the kernel keeps of file `i` (its attributes and every page): called as
-    /// the file is handed over, when nothing has it open through the mount.
-    pub fn forget(&self, i: usize) {
+    /// Drop what the kernel keeps of file `i`: its attributes, and with `pages` every page.
+    /// Called as the file is handed over, when nothing has it open through the mount.
+    pub fn forget(&self, i: usize, pages: bool) {
         // An inode the kernel does not have (never looked up, or forgotten) has nothing to
-        // drop; `len` 0 is to the end.
-        if let Err(e) = self.session.notifier().inval_inode(inode(i), 0, 0) {
+        // drop; offset -1 is the attributes alone, `len` 0 to the end.
+        let offset = if pages { 0 } else { -1 };
+        if let Err(e) = self.session.notifier().inval_inode(inode(i), offset, 0) {
             log::warn!("instant restore: drop the kernel's cache of file {i}: {e}");
         }
     }

@@ -124,7 +124,7 @@ fn run(served: Arc<Served>, state: State, workers: usize, hydrate: bool) -> Resu
     // once for most, at PostgreSQL's next restart at the latest for the rest.
     let mut written = None;
     loop {
-        let waiting = served.hand_over_closed(&state, |i| mounted.forget(i))?;
+        let waiting = served.hand_over_closed(&state, |i, pages| mounted.forget(i, pages))?;
         served.files_waiting.store(waiting as u64, Ordering::SeqCst);
         if written.is_none_or(|at: Instant| at.elapsed() >= Duration::from_secs(1)) {
             write_status("complete");

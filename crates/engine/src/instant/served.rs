@@ -695,11 +695,19 @@ impl Served {
 
     /// Every block is local: each file that nothing has open through the mount takes its
     /// link's place, durably (the backing file renamed over the link: the same inode).
-    /// `forget(i)` drops what the kernel keeps of file `i` for the mount, before. A file
-    /// still open through the mount waits for a later call: until it is released, reads of
-    /// it are served from the pages the kernel keeps, which a write through the ordinary
-    /// name would leave stale. Returns how many files wait.
-    pub(super) fn hand_over_closed(&self, state: &State, forget: impl Fn(usize)) -> Result<usize> {
+    /// `forget(i, pages)` drops what the kernel keeps of file `i` for the mount: its
+    /// attributes before (an open through the mount racing the rename must see the size
+    /// as it is), its pages after (no open that could read them is left, and an open from
+    /// now on is direct I/O: the window between is kept short, since an open in it stays
+    /// direct I/O for its life). A file still open through the mount waits for a later
+    /// call: until it is released, reads of it are served from the pages the kernel keeps,
+    /// which a write through the ordinary name would leave stale. Returns how many files
+    /// wait.
+    pub(super) fn hand_over_closed(
+        &self,
+        state: &State,
+        forget: impl Fn(usize, bool),
+    ) -> Result<usize> {
         let mut waiting = 0;
         let mut moved = false;
         for (i, (f, meta)) in self.files.iter().zip(&state.files).enumerate() {
@@ -715,7 +723,7 @@ impl Served {
                 // From here an open through the mount is direct I/O.
                 st.handed_over = true;
             }
-            forget(i);
+            forget(i, false);
             let link = state.pg_path.join(&f.path);
             let ours = self.dir.join("mnt").join(meta.id.to_string());
             let backing = meta.backing(&self.dir);
@@ -733,6 +741,7 @@ impl Served {
                     let _ = std::fs::remove_file(&backing);
                 }
             }
+            forget(i, true);
             moved = true;
         }
         // Tablespaces' files, on their own filesystems.
