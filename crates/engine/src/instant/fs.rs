@@ -10,12 +10,21 @@
 //! **The kernel's page cache for the mount.** A file is reached through the mount alone
 //! until it is handed over, so the kernel may keep the pages read through the mount and
 //! the file's attributes: a block read once, then dropped from PostgreSQL's buffers, is
-//! read again from memory, without a round trip to this process. A file is handed over
-//! only when nothing has it open through the mount ([`Served::opened`], counted until the
-//! kernel releases it), so no backend ever reaches one file by both paths with pages kept
-//! for the mount: the kernel's cache of it is dropped first, and an open of it through the
-//! mount after that (one that found the link just before it went) is direct I/O, each read
-//! reading the backing file, whose page cache both paths share.
+//! read again from memory, without a round trip to this process. After the hand-over the
+//! backing file is also written through its ordinary name, which the mount's pages know
+//! nothing of, so a file is handed over when nothing has it open through the mount
+//! ([`Served::opened`], counted until the kernel releases it): the kernel's cache of it is
+//! dropped, and an open of it through the mount after that (one that found the link just
+//! before it went) is direct I/O, each read reading the backing file, whose page cache both
+//! paths share. A file still open [`HAND_OVER_GRACE`] after hydration completed (a
+//! connection pool's backends; the background writer until the next checkpoint) is handed
+//! over all the same where the kernel has `FUSE_AUTO_INVAL_DATA`: from then on its
+//! attributes are not cached and each `getattr` reports a modification time never
+//! reported before, and under that flag the kernel asks for the attributes before every
+//! read through an open that keeps pages, and drops the pages when the time changed. Such
+//! an open then costs two round trips a read until it is closed; the mtime reported
+//! before the hand-over never changes, so that PostgreSQL's own writes through the mount
+//! do not drop the pages kept.
 
 use super::served::Served;
 use super::BLOCK;
@@ -28,6 +37,7 @@ use std::ffi::OsStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -44,16 +54,33 @@ const TTL_HANDED_OVER: Duration = Duration::ZERO;
 /// The handle of an open whose pages the kernel keeps (counted in [`Served::opened`]).
 const CACHED: u64 = 1;
 
+/// How long after hydration completed a file still open through the mount waits for its
+/// hand-over before it is handed over under the opens (see the module docs).
+pub(super) const HAND_OVER_GRACE: Duration = Duration::from_secs(5);
+
 struct InstantFs {
     served: Arc<Served>,
+    /// The kernel agreed to `FUSE_AUTO_INVAL_DATA`.
+    auto_inval: Arc<AtomicBool>,
+    /// The modification time reported before a file's hand-over.
+    mtime: SystemTime,
+    /// Counts `getattr`s of files handed over: the nanoseconds of the mtime reported.
+    generation: AtomicU64,
 }
 
 /// A mounted instant restore filesystem.
 pub(super) struct Mounted {
     pub session: fuser::BackgroundSession,
+    auto_inval: Arc<AtomicBool>,
 }
 
 impl Mounted {
+    /// Whether a file still open through the mount can be handed over: the kernel
+    /// revalidates the pages it keeps before each read (see the module docs).
+    pub fn can_hand_over_open_files(&self) -> bool {
+        self.auto_inval.load(Ordering::SeqCst)
+    }
+
     /// Drop what the kernel keeps of file `i`: its attributes, and with `pages` every page.
     /// Called as the file is handed over, when nothing has it open through the mount.
     pub fn forget(&self, i: usize, pages: bool) {
@@ -89,10 +116,17 @@ pub(super) fn mount(served: Arc<Served>, mnt: &Path) -> crate::Result<Mounted> {
     let fd = fusermount(mnt).map_err(what)?;
     let mut config = fuser::Config::default();
     config.n_threads = Some(4);
-    let session = fuser::Session::from_fd(InstantFs { served }, fd, SessionACL::Owner, config)
-        .map_err(what)?;
+    let auto_inval = Arc::new(AtomicBool::new(false));
+    let fs = InstantFs {
+        served,
+        auto_inval: auto_inval.clone(),
+        mtime: SystemTime::now(),
+        generation: AtomicU64::new(0),
+    };
+    let session = fuser::Session::from_fd(fs, fd, SessionACL::Owner, config).map_err(what)?;
     Ok(Mounted {
         session: session.spawn().map_err(what)?,
+        auto_inval,
     })
 }
 
@@ -207,12 +241,20 @@ impl InstantFs {
                 FileType::RegularFile,
             )
         };
+        let mtime = match self.file(ino) {
+            Ok(i) if !self.served.is_handed_over(i) => self.mtime,
+            Ok(_) => {
+                let n = self.generation.fetch_add(1, Ordering::SeqCst);
+                time(md.mtime(), (n % 1_000_000_000) as i64)
+            }
+            Err(_) => time(md.mtime(), md.mtime_nsec()),
+        };
         Ok(FileAttr {
             ino,
             size: md.len(),
             blocks: md.blocks(),
             atime: time(md.atime(), md.atime_nsec()),
-            mtime: time(md.mtime(), md.mtime_nsec()),
+            mtime,
             ctime: time(md.ctime(), md.ctime_nsec()),
             crtime: time(md.ctime(), md.ctime_nsec()),
             kind,
@@ -228,6 +270,19 @@ impl InstantFs {
 }
 
 impl fuser::Filesystem for InstantFs {
+    fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+        let agreed = config
+            .add_capabilities(fuser::InitFlags::FUSE_AUTO_INVAL_DATA)
+            .is_ok();
+        if !agreed {
+            log::info!(
+                "instant restore: the kernel has no FUSE_AUTO_INVAL_DATA: files open through the mount are handed over once closed"
+            );
+        }
+        self.auto_inval.store(agreed, Ordering::SeqCst);
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let id = name.to_str().and_then(|n| n.parse::<u64>().ok());
         match (parent.0, id) {

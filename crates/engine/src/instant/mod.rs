@@ -20,9 +20,10 @@
 //!   what PostgreSQL opens from then on is the ordinary file) as soon as nothing has it
 //!   open through the mount: until then the kernel keeps the pages read through the mount
 //!   ([`fs`]'s module docs say why both cannot be), and reads of them cost no round trip.
-//!   Backends close their files when they exit, the checkpointer and the background
-//!   writer after each checkpoint. Then it detaches the mount and exits; after the next
-//!   PostgreSQL restart at the latest, nothing of pgstrata is in the way.
+//!   A file still open [`fs::HAND_OVER_GRACE`] later is handed over all the same, its
+//!   pages then revalidated before each read through those opens. It detaches the mount
+//!   (lazily: open files are served until closed) and exits when the last one is; after
+//!   the next PostgreSQL restart nothing of pgstrata is in the way.
 //!
 //! Why links to a flat filesystem rather than a filesystem over the whole data directory:
 //! PostgreSQL opens, reads, writes, truncates, fsyncs and unlinks relation files, and

@@ -120,11 +120,14 @@ fn run(served: Arc<Served>, state: State, workers: usize, hydrate: bool) -> Resu
         state.pg_path.display(),
         started.elapsed().as_secs_f64()
     );
-    // Each file becomes an ordinary one once nothing has it open through the mount: at
-    // once for most, at PostgreSQL's next restart at the latest for the rest.
+    // Each file becomes an ordinary one once nothing has it open through the mount (at
+    // once for most), or after a grace all the same where the kernel allows it.
+    let completed = Instant::now();
     let mut written = None;
     loop {
-        let waiting = served.hand_over_closed(&state, |i, pages| mounted.forget(i, pages))?;
+        let open_too =
+            mounted.can_hand_over_open_files() && completed.elapsed() >= super::fs::HAND_OVER_GRACE;
+        let waiting = served.hand_over(&state, open_too, |i, pages| mounted.forget(i, pages))?;
         served.files_waiting.store(waiting as u64, Ordering::SeqCst);
         if written.is_none_or(|at: Instant| at.elapsed() >= Duration::from_secs(1)) {
             write_status("complete");

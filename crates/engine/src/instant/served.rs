@@ -700,12 +700,14 @@ impl Served {
     /// as it is), its pages after (no open that could read them is left, and an open from
     /// now on is direct I/O: the window between is kept short, since an open in it stays
     /// direct I/O for its life). A file still open through the mount waits for a later
-    /// call: until it is released, reads of it are served from the pages the kernel keeps,
-    /// which a write through the ordinary name would leave stale. Returns how many files
-    /// wait.
-    pub(super) fn hand_over_closed(
+    /// call, unless `open_too`: until it is released, reads of it are served from the
+    /// pages the kernel keeps, which a write through the ordinary name would leave stale
+    /// unless the kernel revalidates them before each read (`fs`'s module docs). Returns
+    /// how many files wait.
+    pub(super) fn hand_over(
         &self,
         state: &State,
+        open_too: bool,
         forget: impl Fn(usize, bool),
     ) -> Result<usize> {
         let mut waiting = 0;
@@ -716,7 +718,7 @@ impl Served {
                 if st.handed_over {
                     continue;
                 }
-                if st.opens > 0 {
+                if st.opens > 0 && !open_too {
                     waiting += 1;
                     continue;
                 }
