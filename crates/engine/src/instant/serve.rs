@@ -120,25 +120,7 @@ fn run(served: Arc<Served>, state: State, workers: usize, hydrate: bool) -> Resu
         state.pg_path.display(),
         started.elapsed().as_secs_f64()
     );
-    // Each file becomes an ordinary one once nothing has it open through the mount (at
-    // once for most), or after a grace all the same where the kernel allows it.
-    let completed = Instant::now();
-    let mut written = None;
-    loop {
-        let open_too =
-            mounted.can_hand_over_open_files() && completed.elapsed() >= super::fs::HAND_OVER_GRACE;
-        let waiting = served.hand_over(&state, open_too, |i, pages| mounted.forget(i, pages))?;
-        served.files_waiting.store(waiting as u64, Ordering::SeqCst);
-        if written.is_none_or(|at: Instant| at.elapsed() >= Duration::from_secs(1)) {
-            write_status("complete");
-            written = Some(Instant::now());
-        }
-        if waiting == 0 {
-            write_status("complete");
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    hand_over(&served, &state, &mounted, &write_status)?;
     log::info!(
         "instant restore of {}: the data directory holds ordinary files now",
         state.pg_path.display()
@@ -153,5 +135,34 @@ fn run(served: Arc<Served>, state: State, workers: usize, hydrate: bool) -> Resu
     let _ = std::fs::remove_file(served.dir.join("pid"));
     let _ = std::fs::remove_dir(&mnt);
     let _ = std::fs::remove_dir(served.dir.join("store"));
+    Ok(())
+}
+
+/// Every block is local: hand each file over (`Served::hand_over`), those open through
+/// the mount at once too where the kernel allows it, else once they are closed; the
+/// status says how many wait.
+fn hand_over(
+    served: &Served,
+    state: &State,
+    mounted: &super::fs::Mounted,
+    write_status: &dyn Fn(&str) -> super::Status,
+) -> Result<()> {
+    let completed = Instant::now();
+    let mut written = None;
+    loop {
+        let open_too =
+            mounted.can_hand_over_open_files() && completed.elapsed() >= super::fs::HAND_OVER_GRACE;
+        let waiting = served.hand_over(state, open_too, |i, pages| mounted.forget(i, pages))?;
+        served.files_waiting.store(waiting as u64, Ordering::SeqCst);
+        if written.is_none_or(|at: Instant| at.elapsed() >= Duration::from_secs(1)) {
+            write_status("complete");
+            written = Some(Instant::now());
+        }
+        if waiting == 0 {
+            write_status("complete");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     Ok(())
 }
