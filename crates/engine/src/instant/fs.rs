@@ -16,9 +16,10 @@
 //! ([`Served::opened`], counted until the kernel releases it): the kernel's cache of it is
 //! dropped, and an open of it through the mount after that (one that found the link just
 //! before it went) is direct I/O, each read reading the backing file, whose page cache both
-//! paths share. A file still open [`HAND_OVER_GRACE`] after hydration completed (at once:
-//! a connection pool's backends; the background writer until the next checkpoint) is
-//! handed over all the same where the kernel has `FUSE_AUTO_INVAL_DATA`: from then on its
+//! paths share. A file still open when hydration completes (a connection pool's backends;
+//! the background writer until the next checkpoint) is handed over at once all the same
+//! where the kernel has `FUSE_AUTO_INVAL_DATA` ([`Mounted::can_hand_over_open_files`]
+//! says why not later): from then on its
 //! attributes are not cached and each `getattr` reports a modification time never
 //! reported before, and under that flag the kernel asks for the attributes before every
 //! read through an open that keeps pages, and drops the pages when the time changed. Such
@@ -54,15 +55,6 @@ const TTL_HANDED_OVER: Duration = Duration::ZERO;
 /// The handle of an open whose pages the kernel keeps (counted in [`Served::opened`]).
 const CACHED: u64 = 1;
 
-/// How long after hydration completed a file still open through the mount waits for its
-/// hand-over before it is handed over under the opens (see the module docs): not at all.
-/// Measured both ways (bench `instant`, 4 GB): waiting until closed kept new connections
-/// on the mount while the background writer held a file (`pgbench -S` once hydrated at
-/// 0.56× a normal restore's), and a 5 s grace left the connections opened in it paying two
-/// round trips a read (0.19×); handed over at once, new connections use the ordinary files
-/// and only those open across the moment pay.
-pub(super) const HAND_OVER_GRACE: Duration = Duration::ZERO;
-
 struct InstantFs {
     served: Arc<Served>,
     /// The kernel agreed to `FUSE_AUTO_INVAL_DATA`.
@@ -81,7 +73,12 @@ pub(super) struct Mounted {
 
 impl Mounted {
     /// Whether a file still open through the mount can be handed over: the kernel
-    /// revalidates the pages it keeps before each read (see the module docs).
+    /// revalidates the pages it keeps before each read (see the module docs). Then it is,
+    /// at once. Measured the other ways (bench `instant`, 4 GB): waiting until closed kept
+    /// new connections on the mount while the background writer held a file (`pgbench -S`
+    /// once hydrated at 0.56× a normal restore's), and a 5 s grace left the connections
+    /// opened in it paying two round trips a read (0.19×); handed over at once, new
+    /// connections use the ordinary files and only those open across the moment pay.
     pub fn can_hand_over_open_files(&self) -> bool {
         self.auto_inval.load(Ordering::SeqCst)
     }

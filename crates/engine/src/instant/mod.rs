@@ -20,8 +20,8 @@
 //!   what PostgreSQL opens from then on is the ordinary file) as soon as nothing has it
 //!   open through the mount: until then the kernel keeps the pages read through the mount
 //!   ([`fs`]'s module docs say why both cannot be), and reads of them cost no round trip.
-//!   A file still open is handed over all the same ([`fs::HAND_OVER_GRACE`]), its pages
-//!   then revalidated before each read through those opens. It detaches the mount
+//!   A file still open is handed over at once all the same where the kernel allows it,
+//!   its pages then revalidated before each read through those opens. It detaches the mount
 //!   (lazily: open files are served until closed) and exits when the last one is; after
 //!   the next PostgreSQL restart nothing of pgstrata is in the way.
 //!

@@ -147,11 +147,9 @@ fn hand_over(
     mounted: &super::fs::Mounted,
     write_status: &dyn Fn(&str) -> super::Status,
 ) -> Result<()> {
-    let completed = Instant::now();
+    let open_too = mounted.can_hand_over_open_files();
     let mut written = None;
     loop {
-        let open_too =
-            mounted.can_hand_over_open_files() && completed.elapsed() >= super::fs::HAND_OVER_GRACE;
         let waiting = served.hand_over(state, open_too, |i, pages| mounted.forget(i, pages))?;
         served.files_waiting.store(waiting as u64, Ordering::SeqCst);
         if written.is_none_or(|at: Instant| at.elapsed() >= Duration::from_secs(1)) {
