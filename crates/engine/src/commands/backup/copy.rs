@@ -268,7 +268,8 @@ fn open_job(job: &Job) -> Result<Option<File>> {
     }
 }
 
-/// Read a file block by block, front to back, hashing the whole of it.
+/// Read a file block by block, front to back: each block hashed (the block map), and the
+/// whole file too unless it is a relation file ([`whole_file_hash`]).
 fn copy_whole(
     ctx: &CopyContext,
     job: &Job,
@@ -283,7 +284,9 @@ fn copy_whole(
     let prior_blocks = prior
         .filter(|(_, e)| e.block_size == bs)
         .map(|(p, e)| PriorBlocks::new(e, p.label(), &ctx.label));
-    let mut copier = BlockCopier::new(ctx, job, &f, bs, prior_blocks, job.size, true, writer)?;
+    let whole_hash = whole_file_hash(&job.rel);
+    let mut copier =
+        BlockCopier::new(ctx, job, &f, bs, prior_blocks, job.size, whole_hash, writer)?;
     // A whole number of blocks per read, so blocks never straddle two reads; no more than
     // the file needs (most files of a database are a block or two, and a frame-sized
     // buffer zeroed for each cost a backup of a million files more than the copying).
@@ -305,6 +308,19 @@ fn copy_whole(
         }
     }
     copier.finish(writer, out).map(Some)
+}
+
+/// Whether a file read whole gets a BLAKE3 of its content besides its block map. A relation
+/// file does not: its block map (an XXH3-64 of each block) covers every byte, and restore,
+/// delta restore and verify check it block by block, as they always did a WAL-tracked file.
+/// The second hash over every byte was a sixth of a full backup's CPU (BLAKE3 at
+/// 8 GB/s a core beside zstd). It guards against accidental damage no better than the
+/// block map; against someone who can write the repository neither hash helps, since the
+/// manifest that holds them has no key (encryption is what stops forgery:
+/// repository-format.md §6, §15). Other files (`pg_control`, configuration, small files)
+/// keep it: they are few and small.
+fn whole_file_hash(rel: &str) -> bool {
+    data_dir::relation_file(rel).is_none()
 }
 
 /// A WAL-tracked file opened, its size, and the blocks of `entry.block_size` to read: those
@@ -628,41 +644,42 @@ impl<'a> BlockCopier<'a> {
             h.update(data);
         }
         let bs = self.block_size as usize;
-        for (i, block) in data.chunks(bs).enumerate() {
-            let block_offset = offset + (i * bs) as u64;
-            let index = (block_offset / bs as u64) as usize;
-            let h = block_hash(block);
-            self.hashes.push(h);
-            let len = block.len() as u32;
-            if block.iter().all(|b| *b == 0) {
-                self.extents.push(Chunk::zeros(len));
-                continue;
+        // Each block: its hash, and where it is stored already (all zeros, unchanged since
+        // the prior backup, or stored by the interrupted one), or `None`: new.
+        let known: Vec<Option<Chunk>> = data
+            .chunks(bs)
+            .enumerate()
+            .map(|(i, block)| {
+                let h = block_hash(block);
+                self.hashes.push(h);
+                self.stored_already(out, block, offset + (i * bs) as u64, h)
+            })
+            .collect();
+        // What a full backup reads most: a frame's worth of new blocks and nothing pending.
+        // They are one frame as they are, compressed from the read buffer: copying them into
+        // the frame buffer first moved every byte once more.
+        if self.new.buf.is_empty()
+            && data.len() >= self.ctx.frame_size
+            && known.iter().all(Option::is_none)
+        {
+            let frame = writer.add(&self.ctx.compression.compress(data), data.len())?;
+            for (i, block) in data.chunks(bs).enumerate() {
+                self.extents
+                    .push(frame.slice((i * bs) as u32, block.len() as u32));
             }
-            let unchanged = self
-                .prior
-                .as_ref()
-                .filter(|p| p.entry.block_hash(index) == Some(h))
-                .and_then(|p| p.locate(block_offset, len))
-                .or_else(|| {
-                    // Stored by the interrupted backup, in its own packs only.
-                    let r = self.resumed.as_ref()?;
-                    if r.entry.block_hash(index) != Some(h) {
-                        return None;
-                    }
-                    let c = r.locate_own(block_offset, len)?;
-                    out.resumed += len as u64;
-                    Some(c)
-                });
-            match unchanged {
-                Some(c) => self.extents.push(c),
-                None => {
-                    let at = self.new.buf.len() as u32;
-                    self.new.pending.push((self.extents.len(), at, len));
-                    self.new.buf.extend_from_slice(block);
-                    self.extents.push(Chunk::zeros(len)); // placeholder until the frame is written
-                    if self.new.buf.len() >= self.ctx.frame_size {
-                        self.new.flush(self.ctx, writer, &mut self.extents)?;
-                    }
+        } else {
+            for (block, known) in data.chunks(bs).zip(known) {
+                if let Some(c) = known {
+                    self.extents.push(c);
+                    continue;
+                }
+                let len = block.len() as u32;
+                let at = self.new.buf.len() as u32;
+                self.new.pending.push((self.extents.len(), at, len));
+                self.new.buf.extend_from_slice(block);
+                self.extents.push(Chunk::zeros(len)); // placeholder until the frame is written
+                if self.new.buf.len() >= self.ctx.frame_size {
+                    self.new.flush(self.ctx, writer, &mut self.extents)?;
                 }
             }
         }
@@ -673,6 +690,38 @@ impl<'a> BlockCopier<'a> {
         self.end = offset + n;
         self.compact();
         Ok(())
+    }
+
+    /// Where the block of `block_offset` (hash `h`) is stored already: all zeros, unchanged
+    /// since the prior backup, or stored by the interrupted backup (in its own packs only).
+    /// `None`: it is new.
+    fn stored_already(
+        &self,
+        out: &mut CopyOutcome,
+        block: &[u8],
+        block_offset: u64,
+        h: u64,
+    ) -> Option<Chunk> {
+        let len = block.len() as u32;
+        if block.iter().all(|b| *b == 0) {
+            return Some(Chunk::zeros(len));
+        }
+        let index = (block_offset / self.block_size as u64) as usize;
+        if let Some(c) = self
+            .prior
+            .as_ref()
+            .filter(|p| p.entry.block_hash(index) == Some(h))
+            .and_then(|p| p.locate(block_offset, len))
+        {
+            return Some(c);
+        }
+        let r = self.resumed.as_ref()?;
+        if r.entry.block_hash(index) != Some(h) {
+            return None;
+        }
+        let c = r.locate_own(block_offset, len)?;
+        out.resumed += len as u64;
+        Some(c)
     }
 
     fn check_pages(&mut self, out: &mut CopyOutcome, data: &mut [u8], offset: u64, first: u64) {
@@ -967,6 +1016,26 @@ mod tests {
             gid: 1,
             user: None,
             group: None,
+        }
+    }
+
+    #[test]
+    fn relation_files_are_checked_by_their_block_maps_alone() {
+        for rel in [
+            "base/5/16384",
+            "base/5/16384.2",
+            "base/5/16384_fsm",
+            "global/1262",
+        ] {
+            assert!(!whole_file_hash(rel), "{rel}");
+        }
+        for rel in [
+            "global/pg_control",
+            "postgresql.conf",
+            "base/5/PG_VERSION",
+            "pg_xact/0000",
+        ] {
+            assert!(whole_file_hash(rel), "{rel}");
         }
     }
 
