@@ -300,8 +300,8 @@ pub(crate) fn for_each_extent(
     Ok(())
 }
 
-/// Checks restored bytes against the backup: the file's BLAKE3, or, for files copied by
-/// WAL tracking (which have none), each block's XXH3 from the block map.
+/// Checks restored bytes against the backup: the file's BLAKE3, or, for files without one
+/// (relation files, and files copied by WAL tracking), each block's XXH3 from the block map.
 pub(crate) struct ContentCheck<'a> {
     f: &'a FileEntry,
     blake: blake3::Hasher,
@@ -328,6 +328,13 @@ impl<'a> ContentCheck<'a> {
         }
         let bs = self.f.block_size.max(1) as usize;
         while !data.is_empty() {
+            // Whole blocks are checked where they are, not copied aside first.
+            if self.pending.is_empty() && data.len() >= bs {
+                let (block, rest) = data.split_at(bs);
+                self.check(block);
+                data = rest;
+                continue;
+            }
             let take = (bs - self.pending.len()).min(data.len());
             self.pending.extend_from_slice(&data[..take]);
             data = &data[take..];
@@ -338,13 +345,18 @@ impl<'a> ContentCheck<'a> {
     }
 
     fn check_block(&mut self) {
-        if self.f.block_hash(self.block) != Some(block_hash(&self.pending))
-            && self.bad_block.is_none()
-        {
+        let pending = std::mem::take(&mut self.pending);
+        self.check(&pending);
+        self.pending = pending;
+        self.pending.clear();
+    }
+
+    /// Check the next block, `block` its bytes.
+    fn check(&mut self, block: &[u8]) {
+        if self.f.block_hash(self.block) != Some(block_hash(block)) && self.bad_block.is_none() {
             self.bad_block = Some(self.block);
         }
         self.block += 1;
-        self.pending.clear();
     }
 
     pub(crate) fn finish(mut self) -> Result<()> {
@@ -419,6 +431,39 @@ mod tests {
             "chunks": [{"p": format!("0-{pack}"), "o": offset, "s": 100, "r": 100}],
         }))
         .unwrap()
+    }
+
+    /// A file without a whole hash is checked block by block, however its bytes arrive:
+    /// whole blocks checked in place, pieces of blocks gathered first.
+    #[test]
+    fn a_file_without_a_whole_hash_is_checked_by_every_block() {
+        let bs = 1024;
+        let content: Vec<u8> = (0..bs * 3 + 500).map(|i| (i * 7 % 251) as u8).collect();
+        let map: String = content
+            .chunks(bs)
+            .map(|b| format!("{:016x}", block_hash(b)))
+            .collect();
+        let f: FileEntry = serde_json::from_value(serde_json::json!({
+            "path": "base/5/16384", "size": content.len(), "mtime": 0, "mode": 0o600,
+            "uid": 0, "gid": 0, "hash": "", "chunks": [], "block_size": bs,
+            "block_hashes": map,
+        }))
+        .unwrap();
+        let check_in = |data: &[u8], piece: usize| {
+            let mut c = ContentCheck::new(&f);
+            data.chunks(piece).for_each(|p| c.update(p));
+            c.finish()
+        };
+        for piece in [1, 100, bs - 1, bs, bs + 1, 3000, content.len()] {
+            assert!(check_in(&content, piece).is_ok(), "pieces of {piece}");
+            let mut changed = content.clone();
+            changed[bs * 2 + 9] ^= 1;
+            assert!(check_in(&changed, piece).is_err(), "pieces of {piece}");
+            assert!(
+                check_in(&content[..bs * 3], piece).is_err(),
+                "short, {piece}"
+            );
+        }
     }
 
     /// Every file sent comes out in exactly one job, over several windows, each group of
