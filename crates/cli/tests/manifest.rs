@@ -139,6 +139,53 @@ fn forged_manifests_are_refused_before_restore_writes_anything() {
     );
 }
 
+/// A manifest that points a relation file at genuine frames of another file of the same
+/// size (every frame's check passes, the extents add up) is refused by restore as damaged,
+/// naming the file: a relation file has no whole-file hash, and its block map is what
+/// proves the bytes written are the ones backed up.
+#[test]
+fn genuine_frames_under_another_files_name_are_refused() {
+    let env = Env::new("swapped-frames");
+    env.stanza_create();
+    env.sql("CREATE TABLE a AS SELECT g AS x FROM generate_series(1, 1000) g");
+    env.sql("CREATE TABLE b AS SELECT g + 1000 AS x FROM generate_series(1, 1000) g");
+    env.sql("CHECKPOINT");
+    let path_of = |t: &str| {
+        env.sql(&format!("SELECT pg_relation_filepath('{t}')"))
+            .trim()
+            .to_string()
+    };
+    let (a, b) = (path_of("a"), path_of("b"));
+    let label = env.backup(&["--type=full"]);
+    let mut m = crate::common::manifest(&env.repo, &label);
+    let theirs = file_mut(&mut m, &b).clone();
+    let ours = file_mut(&mut m, &a);
+    assert!(
+        ours.hash.is_none(),
+        "a relation file has no whole-file hash"
+    );
+    assert_eq!(ours.size, theirs.size, "two tables of the same size");
+    assert!(ours.map.is_none() && theirs.map.is_none(), "extents inline");
+    assert_ne!(
+        ours.block_hash(0),
+        theirs.block_hash(0),
+        "with other content"
+    );
+    ours.chunks = theirs.chunks;
+    forge_in_place(&env, &mut m);
+    let target = env.scratch.join("swapped");
+    let (code, err) = run_fail(env.cmd_as_invoker(&[
+        &format!("--pg-path={}", target.display()),
+        "--archive-mode=off",
+        "restore",
+    ]));
+    assert_eq!(code, 4, "damaged-data exit code: {err}");
+    assert!(
+        err.contains(&a) && err.contains("does not match the hashes recorded at backup time"),
+        "names the file {a}: {err}"
+    );
+}
+
 /// Modes a repository writer forged (0777 with sticky and setgid bits, which pass
 /// validation and are masked to permission bits there) never reach the restored cluster
 /// as such: files get at most read and write for the owner and read for the group,

@@ -331,7 +331,7 @@ impl<'a> ContentCheck<'a> {
             // Whole blocks are checked where they are, not copied aside first.
             if self.pending.is_empty() && data.len() >= bs {
                 let (block, rest) = data.split_at(bs);
-                self.check(block);
+                self.check(block_hash(block));
                 data = rest;
                 continue;
             }
@@ -344,16 +344,16 @@ impl<'a> ContentCheck<'a> {
         }
     }
 
+    /// Check the block gathered in `pending`.
     fn check_block(&mut self) {
-        let pending = std::mem::take(&mut self.pending);
-        self.check(&pending);
-        self.pending = pending;
+        let h = block_hash(&self.pending);
         self.pending.clear();
+        self.check(h);
     }
 
-    /// Check the next block, `block` its bytes.
-    fn check(&mut self, block: &[u8]) {
-        if self.f.block_hash(self.block) != Some(block_hash(block)) && self.bad_block.is_none() {
+    /// Check the next block, `h` the hash of its bytes.
+    fn check(&mut self, h: u64) {
+        if self.f.block_hash(self.block) != Some(h) && self.bad_block.is_none() {
             self.bad_block = Some(self.block);
         }
         self.block += 1;

@@ -310,9 +310,9 @@ pub struct FileEntry {
     pub mtime: i64,
     #[serde(flatten)]
     pub owner: Owner,
-    /// BLAKE3 of the content (stored as hex); none (stored as `""`) when the file was
-    /// copied by WAL tracking without reading every block (then each block's hash in
-    /// `block_hashes` is the check).
+    /// BLAKE3 of the content (stored as hex); none (stored as `""`) for a relation file,
+    /// and for a file copied by WAL tracking without reading every block: then each
+    /// block's hash in `block_hashes` is the check.
     #[serde(with = "text::content_hash")]
     pub hash: Option<[u8; 32]>,
     pub chunks: Chunks,
